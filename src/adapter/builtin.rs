@@ -1,0 +1,5 @@
+//! The builtin adapter.
+
+#[derive(Debug)]
+pub struct BuiltinAdapter;
+pub const BUILTIN_NAMES: &[&str] = &[];

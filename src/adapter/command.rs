@@ -1,0 +1,4 @@
+//! The command adapter.
+
+#[derive(Debug)]
+pub struct CommandAdapter;

@@ -1,0 +1,4 @@
+//! The http adapter.
+
+#[derive(Debug)]
+pub struct HttpAdapter;

@@ -1,0 +1,86 @@
+//! The `toolgate` command line: flag definitions and dispatch.
+//!
+//! This is the only place that prints a command's final error and picks the process
+//! exit code (see [`Exit`]).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Exit codes, as documented in docs/operations.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Success.
+    Ok = 0,
+    /// Generic failure (an I/O error, a server that could not start).
+    Failure = 1,
+    /// Verification found a truncation or a fork (audit).
+    Truncated = 2,
+    /// A key or signature problem (audit).
+    Signature = 3,
+    /// Invalid configuration: a policy that does not load, bad flags.
+    InvalidConfig = 4,
+    /// A schema error: a document that does not match its JSON Schema.
+    SchemaError = 5,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit as u8)
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(name = "toolgate", version, about = "Policy-and-audit enforcement sidecar for AI agents")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check, review and test the policy.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Load and validate the policy; print the versions and hashes, or every problem.
+    Check(PolicyCheckArgs),
+}
+
+/// Where the policy lives.
+#[derive(Debug, Clone, Args)]
+pub struct PolicyLocation {
+    /// Directory holding roles.yaml and lanes.yaml.
+    #[arg(long, default_value = "policy")]
+    pub policy_dir: PathBuf,
+    /// The tool registry.
+    #[arg(long, default_value = "tools/tool_registry.yaml")]
+    pub tools: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyCheckArgs {
+    #[command(flatten)]
+    pub location: PolicyLocation,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+}
+
+/// Parses the command line and runs the command.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let exit = match cli.command {
+        Command::Policy(PolicyCommand::Check(args)) => crate::policy::check_command(&args),
+    };
+    exit.into()
+}

@@ -1,0 +1,25 @@
+//! toolgate: a policy-and-audit enforcement sidecar for AI agents.
+//!
+//! # Layout
+//!
+//! - [`policy`]: loads and validates the three YAML registries into a [`policy::Policy`].
+//! - [`diagnostic`]: the catalog of refusal reasons and the structured diagnostic block.
+//! - [`authz`]: the pure authorization checks (pipeline steps 2-8); no I/O, no clock.
+//! - [`pipeline`]: the 13 steps of a tool call, in order, in one function.
+//! - [`adapter`]: executes authorized calls (builtin, command, http).
+//! - [`audit`]: the hash-chained, append-only audit log in SQLite, its checkpoints,
+//!   verification and export.
+//! - [`runs`]: run records, pinned to the policy versions they were created under.
+//! - [`server`]: the HTTP API (hyper); the only module that knows HTTP.
+//! - [`cli`]: the `toolgate` command line; `main.rs` only calls [`cli::main`].
+
+pub mod adapter;
+pub mod audit;
+pub mod canonical;
+pub mod cli;
+pub mod diagnostic;
+pub mod policy;
+
+/// The version of the tool gateway contract this build implements, recorded in every
+/// audit event.
+pub const CONTRACT_VERSION: &str = "v1";

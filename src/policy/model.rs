@@ -1,0 +1,233 @@
+//! The validated policy model: what the gateway decides with.
+//!
+//! These types are built only by `policy::load` after every file parsed and every
+//! cross-reference checked, so code that holds a `Policy` may rely on its invariants
+//! (listed on each type) without checking again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// One complete, validated policy: the three registries loaded together.
+///
+/// INVARIANT: every id a role, lane or tool names exists in the same `Policy`; a tool's
+/// `allowed_lanes` and the lanes' `tools` allowlists agree; a tool with write targets is
+/// only allowlisted in write lanes; every schema compiled.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub roles: BTreeMap<String, Role>,
+    pub admins: Vec<Admin>,
+    pub lanes: BTreeMap<String, Lane>,
+    pub tools: BTreeMap<String, Tool>,
+    /// Versions and content hashes of the three files, pinned into every run record.
+    pub versions: PolicyVersions,
+    /// Where the policy came from (directory and, when inside a git work tree, the commit).
+    pub source: PolicySource,
+}
+
+/// The `version:` an author wrote and the sha256 of the file bytes, for each registry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyVersions {
+    pub roles: FileVersion,
+    pub lanes: FileVersion,
+    pub registry: FileVersion,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileVersion {
+    /// The author's `version:` string.
+    pub version: String,
+    /// Lowercase hex sha256 of the file bytes as read.
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PolicySource {
+    pub policy_dir: String,
+    pub tools_file: String,
+    /// The git commit the policy directory was loaded from, if it is inside a work tree.
+    pub git_commit: Option<String>,
+    /// Whether the policy files differ from that commit.
+    pub git_dirty: Option<bool>,
+}
+
+/// How a caller proves it holds a role (or the admin right).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// Lowercase hex sha256 of the bearer token; the token itself is never stored.
+    TokenSha256(String),
+    /// The token is read from this environment variable when the policy loads; only its
+    /// sha256 is kept in memory.
+    TokenEnv { var: String, sha256: Option<String> },
+}
+
+#[derive(Debug, Clone)]
+pub struct Role {
+    pub role_id: String,
+    pub description: String,
+    pub enabled: bool,
+    /// Lanes this role may act in, sorted.
+    pub lanes: Vec<String>,
+    pub credential: Credential,
+}
+
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub admin_id: String,
+    pub description: String,
+    pub credential: Credential,
+}
+
+/// Run statuses; a lane lists the ones in which it may act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Active,
+    Suspended,
+    Closed,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Active => "active",
+            RunStatus::Suspended => "suspended",
+            RunStatus::Closed => "closed",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Lane {
+    pub lane_id: String,
+    pub description: String,
+    /// Tool allowlist, sorted.
+    pub tools: Vec<String>,
+    /// Scope keys every call in this lane must carry, sorted.
+    pub required_scope_keys: Vec<String>,
+    /// Flags that deny a call in this lane (see `Prohibition`).
+    pub prohibited_flags: Vec<String>,
+    /// Run statuses in which this lane may act; never empty.
+    pub run_statuses: Vec<RunStatus>,
+    /// A write lane may host tools with write targets.
+    pub write: bool,
+}
+
+/// How a tool behaves when called twice (contract 000, section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Determinism {
+    Pure,
+    Idempotent,
+    SideEffectful,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    pub timeout_ms_max: u64,
+    pub max_output_bytes: u64,
+    pub max_concurrency: u32,
+}
+
+/// A rule that raises a flag on a call from its (normalized) arguments, evaluated at
+/// step 8 before execution, e.g. `read_document` raises `privileged` when `/path` starts
+/// with `privileged/`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FlagRule {
+    pub flag: String,
+    /// JSON pointer into the normalized arguments.
+    pub pointer: String,
+    pub matcher: FlagMatcher,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlagMatcher {
+    /// The string value equals this.
+    Equals(String),
+    /// The string value starts with this (for paths: a normalized relative path).
+    Prefix(String),
+    /// The value is boolean `true`.
+    IsTrue,
+}
+
+/// How a tool is executed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AdapterConfig {
+    /// A tool implemented in Rust inside toolgate; `name` picks the implementation and
+    /// `settings` configure it (checked by `adapter::build`, not by the policy loader).
+    Builtin {
+        name: String,
+        settings: BTreeMap<String, Value>,
+    },
+    /// A program run with an argument vector, never through a shell.
+    Command {
+        /// argv[0] and fixed arguments; the call's arguments are passed as JSON on stdin.
+        argv: Vec<String>,
+        /// Working directory, relative to the repository root / policy base directory.
+        working_dir: Option<String>,
+        /// Environment variables passed through from toolgate's environment; all
+        /// others are cleared.
+        env_allowlist: Vec<String>,
+    },
+    /// An upstream that takes the arguments as a JSON POST body and answers JSON.
+    Http {
+        url: String,
+        /// Hosts (host or host:port) the adapter may connect to.
+        allowed_hosts: Vec<String>,
+    },
+    /// A tool on an upstream MCP server.
+    Mcp {
+        /// Start this server over stdio (argv), or
+        command: Option<Vec<String>>,
+        /// connect to this Streamable HTTP endpoint.
+        url: Option<String>,
+        /// The tool's name on the upstream server.
+        tool: String,
+    },
+}
+
+/// What the audit log keeps of a call's arguments as readable text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum Redaction {
+    /// Keep the canonical arguments.
+    Full,
+    /// Replace the values at these JSON pointers with "[redacted]".
+    Fields { pointers: Vec<String> },
+    /// Keep only the hash and the HMAC commitment.
+    HashOnly,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tool {
+    pub tool_name: String,
+    pub description: String,
+    pub enabled: bool,
+    pub version: semver::Version,
+    pub determinism: Determinism,
+    pub idempotent: bool,
+    pub timeout_default_ms: u64,
+    pub limits: Limits,
+    /// Sorted.
+    pub allowed_lanes: Vec<String>,
+    /// Sorted.
+    pub required_scope_keys: Vec<String>,
+    /// Sorted.
+    pub prohibited_flags: Vec<String>,
+    /// Rules that raise flags from arguments (see `FlagRule`).
+    pub flag_rules: Vec<FlagRule>,
+    /// Where the tool writes (empty for read-only tools), e.g. `data:drafts/{case_id}`.
+    pub write_targets: Vec<String>,
+    pub adapter: AdapterConfig,
+    pub redaction: Redaction,
+    pub input_schema: Arc<Value>,
+    pub output_schema: Arc<Value>,
+    /// Compiled validators for the two schemas.
+    pub input_validator: Arc<jsonschema::Validator>,
+    pub output_validator: Arc<jsonschema::Validator>,
+}
+
