@@ -32,7 +32,11 @@ impl From<Exit> for ExitCode {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "toolgate", version, about = "Policy-and-audit enforcement sidecar for AI agents")]
+#[command(
+    name = "toolgate",
+    version,
+    about = "Policy-and-audit enforcement sidecar for AI agents"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -40,6 +44,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the sidecar: the HTTP API on the loaded policy.
+    Serve(crate::serve::ServeArgs),
     /// Check, review and test the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -80,6 +86,7 @@ pub struct PolicyCheckArgs {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let exit = match cli.command {
+        Command::Serve(args) => crate::serve::serve_command(&args),
         Command::Policy(PolicyCommand::Check(args)) => crate::policy::check_command(&args),
     };
     exit.into()

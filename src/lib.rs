@@ -14,11 +14,20 @@
 //! - [`cli`]: the `toolgate` command line; `main.rs` only calls [`cli::main`].
 
 pub mod adapter;
+pub mod artifacts;
 pub mod audit;
+pub mod authz;
+pub mod call;
 pub mod canonical;
 pub mod cli;
 pub mod diagnostic;
+pub mod gateway;
+pub mod idempotency;
+pub mod pipeline;
 pub mod policy;
+pub mod runs;
+pub mod serve;
+pub mod server;
 
 /// The version of the tool gateway contract this build implements, recorded in every
 /// audit event.

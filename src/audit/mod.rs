@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use crate::policy::PolicyVersions;
 
 /// The kinds of event the log records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventType {
     ToolRequested,
@@ -102,3 +102,6 @@ impl NewEvent {
         }
     }
 }
+
+mod interim;
+pub use interim::*;

@@ -28,14 +28,14 @@ pub struct Policy {
 }
 
 /// The `version:` an author wrote and the sha256 of the file bytes, for each registry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct PolicyVersions {
     pub roles: FileVersion,
     pub lanes: FileVersion,
     pub registry: FileVersion,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct FileVersion {
     /// The author's `version:` string.
     pub version: String,
@@ -81,7 +81,9 @@ pub struct Admin {
 }
 
 /// Run statuses; a lane lists the ones in which it may act.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     Active,
@@ -230,4 +232,3 @@ pub struct Tool {
     pub input_validator: Arc<jsonschema::Validator>,
     pub output_validator: Arc<jsonschema::Validator>,
 }
-

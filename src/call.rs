@@ -1,0 +1,400 @@
+//! A tool call's request and response, and the decision trace they carry.
+//!
+//! Parsing is strict and lists every problem at once: malformed JSON, missing fields,
+//! wrong types and unknown fields all come back together in one `request_malformed`
+//! refusal.
+
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use crate::diagnostic::{Diagnostic, ErrorCode, Reason, Refusal};
+
+/// Longest id (role, run, lane, tool) accepted.
+const MAX_ID_LEN: usize = 128;
+/// Longest idempotency key accepted.
+const MAX_KEY_LEN: usize = 256;
+
+/// A parsed, well-formed tool-call request (not yet authorized).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallRequest {
+    pub role_id: String,
+    pub run_id: String,
+    pub lane_id: String,
+    pub tool_name: String,
+    pub arguments: Value,
+    pub scope: Map<String, Value>,
+    pub timeout_ms: Option<u64>,
+    pub idempotency_key: Option<String>,
+    /// Decide and trace, never execute.
+    pub dry_run: bool,
+}
+
+/// What a malformed request still tells us, for the audit record of its refusal.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PartialRequest {
+    pub role_id: Option<String>,
+    pub run_id: Option<String>,
+    pub lane_id: Option<String>,
+    pub tool_name: Option<String>,
+}
+
+const FIELDS: [&str; 9] = [
+    "role_id",
+    "run_id",
+    "lane_id",
+    "tool_name",
+    "arguments",
+    "scope",
+    "timeout_ms",
+    "idempotency_key",
+    "dry_run",
+];
+
+/// Parses a request body. On failure returns the refusal (listing every problem) and
+/// whatever ids could be read, so the refusal can still be audited under them.
+pub fn parse_request(body: &[u8]) -> Result<CallRequest, (Refusal, PartialRequest)> {
+    let value: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            let problem = if std::str::from_utf8(body).is_err() {
+                "the body is not valid UTF-8".to_string()
+            } else {
+                format!("the body is not valid JSON: {e}")
+            };
+            return Err((malformed(vec![problem]), PartialRequest::default()));
+        }
+    };
+    parse_request_value(value)
+}
+
+/// Parses a request already read as JSON (the MCP front builds one from headers).
+pub fn parse_request_value(value: Value) -> Result<CallRequest, (Refusal, PartialRequest)> {
+    let Value::Object(mut obj) = value else {
+        return Err((
+            malformed(vec!["the body must be a JSON object".into()]),
+            PartialRequest::default(),
+        ));
+    };
+    let mut problems = Vec::new();
+    let mut unknown: Vec<&String> = obj
+        .keys()
+        .filter(|k| !FIELDS.contains(&k.as_str()))
+        .collect();
+    unknown.sort();
+    for key in unknown {
+        problems.push(format!("unknown field `{}`", truncate(key, 64)));
+    }
+    let id = |name: &str, problems: &mut Vec<String>| -> Option<String> {
+        match obj.get(name) {
+            None | Some(Value::Null) => {
+                problems.push(format!("missing required field `{name}`"));
+                None
+            }
+            Some(Value::String(s)) if s.is_empty() || s.len() > MAX_ID_LEN => {
+                problems.push(format!("`{name}` must be 1 to {MAX_ID_LEN} bytes"));
+                None
+            }
+            Some(Value::String(s)) if s.chars().any(char::is_control) => {
+                problems.push(format!("`{name}` must not contain control characters"));
+                None
+            }
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => {
+                problems.push(format!("`{name}` must be a string, not {}", kind(other)));
+                None
+            }
+        }
+    };
+    let role_id = id("role_id", &mut problems);
+    let run_id = id("run_id", &mut problems);
+    let lane_id = id("lane_id", &mut problems);
+    let tool_name = id("tool_name", &mut problems);
+    let partial = PartialRequest {
+        role_id: role_id.clone(),
+        run_id: run_id.clone(),
+        lane_id: lane_id.clone(),
+        tool_name: tool_name.clone(),
+    };
+    let arguments = match obj.remove("arguments") {
+        Some(v @ Value::Object(_)) => Some(v),
+        None | Some(Value::Null) => {
+            problems.push("missing required field `arguments` (use {} for none)".into());
+            None
+        }
+        Some(other) => {
+            problems.push(format!(
+                "`arguments` must be an object, not {}",
+                kind(&other)
+            ));
+            None
+        }
+    };
+    let scope = match obj.remove("scope") {
+        Some(Value::Object(m)) => Some(m),
+        None | Some(Value::Null) => {
+            problems.push("missing required field `scope` (use {} for none)".into());
+            None
+        }
+        Some(other) => {
+            problems.push(format!("`scope` must be an object, not {}", kind(&other)));
+            None
+        }
+    };
+    let timeout_ms = match obj.get("timeout_ms") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(ms) if ms > 0 => Some(ms),
+            _ => {
+                problems.push("`timeout_ms` must be a positive integer".into());
+                None
+            }
+        },
+    };
+    let idempotency_key = match obj.get("idempotency_key") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_KEY_LEN => Some(s.clone()),
+        Some(_) => {
+            problems.push(format!(
+                "`idempotency_key` must be a string of 1 to {MAX_KEY_LEN} bytes"
+            ));
+            None
+        }
+    };
+    let dry_run = match obj.get("dry_run") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            problems.push(format!("`dry_run` must be a boolean, not {}", kind(other)));
+            false
+        }
+    };
+    match (role_id, run_id, lane_id, tool_name, arguments, scope) {
+        (
+            Some(role_id),
+            Some(run_id),
+            Some(lane_id),
+            Some(tool_name),
+            Some(arguments),
+            Some(scope),
+        ) if problems.is_empty() => Ok(CallRequest {
+            role_id,
+            run_id,
+            lane_id,
+            tool_name,
+            arguments,
+            scope,
+            timeout_ms,
+            idempotency_key,
+            dry_run,
+        }),
+        _ => Err((malformed(problems), partial)),
+    }
+}
+
+fn malformed(problems: Vec<String>) -> Refusal {
+    let first = problems.first().cloned().unwrap_or_default();
+    let message = if problems.len() > 1 {
+        format!(
+            "malformed request: {first} (and {} more)",
+            problems.len() - 1
+        )
+    } else {
+        format!("malformed request: {first}")
+    };
+    Refusal::new(Reason::RequestMalformed, message).with_details(json!({ "problems": problems }))
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+/// The four outcomes of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Success,
+    Failed,
+    Denied,
+    Timeout,
+}
+
+impl Status {
+    /// The status a refusal or failure gives the call.
+    pub fn of(reason: Reason) -> Status {
+        match reason.info().error_code {
+            ErrorCode::Timeout => Status::Timeout,
+            ErrorCode::Denied | ErrorCode::InvalidArguments => Status::Denied,
+            ErrorCode::NotImplemented | ErrorCode::DependencyDown | ErrorCode::InternalError => {
+                Status::Failed
+            }
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Success => "success",
+            Status::Failed => "failed",
+            Status::Denied => "denied",
+            Status::Timeout => "timeout",
+        }
+    }
+}
+
+/// An output too large to return inline, stored content-addressed in the data
+/// directory and fetched with `GET /v1/artifacts/{sha256}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArtifactRef {
+    pub sha256: String,
+    pub bytes: u64,
+    pub media_type: &'static str,
+    pub uri: String,
+}
+
+/// The names of the 13 pipeline steps, as the contract gives them.
+pub const STEP_NAMES: [&str; 13] = [
+    "receive request",
+    "verify caller identity",
+    "verify run_id exists",
+    "validate lane authorization",
+    "validate tool is registered and enabled",
+    "validate lane permits tool",
+    "validate required scope keys",
+    "enforce prohibition rules",
+    "emit tool_requested",
+    "execute tool via adapter",
+    "capture output and register artifacts",
+    "emit closing audit event",
+    "return response",
+];
+
+/// The decision trace: what the call matched and how far it got.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Trace {
+    /// The matched role, lane and registry entry (`name@version`).
+    pub role: Option<String>,
+    pub lane: Option<String>,
+    pub tool: Option<String>,
+    /// Flags the call raised (step 8).
+    pub flags: Vec<String>,
+    /// The last step that passed (0 when step 1 failed).
+    pub passed_step: u8,
+    /// The first failing check, `step:reason`, if any.
+    pub failed: Option<String>,
+}
+
+impl Trace {
+    /// The compact form kept in the audit log: `role -> lane -> tool@version`.
+    pub fn matched(&self) -> String {
+        let part = |p: &Option<String>| p.clone().unwrap_or_else(|| "?".into());
+        format!(
+            "{} -> {} -> {}",
+            part(&self.role),
+            part(&self.lane),
+            part(&self.tool)
+        )
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "matched": self.matched(),
+            "flags": self.flags,
+            "passed_step": self.passed_step,
+            "failed": self.failed,
+        })
+    }
+}
+
+/// The response to a tool call: the same shape for every outcome.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallResponse {
+    pub call_id: String,
+    pub status: Status,
+    pub tool_name: Option<String>,
+    pub tool_version: Option<String>,
+    pub execution_time_ms: u64,
+    pub output: Option<Value>,
+    pub artifact: Option<ArtifactRef>,
+    pub error_code: Option<ErrorCode>,
+    pub error_message: Option<String>,
+    /// The event that closed this call in the audit log.
+    pub audit_event_id: Option<String>,
+    pub diagnostic: Option<Diagnostic>,
+    pub trace: Trace,
+    /// Present on dry runs: the decision, never executed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<DryRun>,
+    /// True when this is the stored outcome of an earlier call with the same
+    /// idempotency key, returned without executing again.
+    pub replayed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DryRun {
+    pub decision: Decision,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Allow,
+    Deny,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn every_problem_is_listed_at_once() {
+        let body = br#"{"role_id": 7, "lane_id": "", "tool_name": "t", "arguments": [], "extra": 1, "dry_run": "yes"}"#;
+        let (refusal, partial) = parse_request(body).unwrap_err();
+        assert_eq!(refusal.reason, Reason::RequestMalformed);
+        let problems: Vec<String> =
+            serde_json::from_value(refusal.details["problems"].clone()).unwrap();
+        let all = problems.join("\n");
+        for needle in [
+            "unknown field `extra`",
+            "`role_id` must be a string",
+            "missing required field `run_id`",
+            "`lane_id` must be 1 to",
+            "`arguments` must be an object",
+            "missing required field `scope`",
+            "`dry_run` must be a boolean",
+        ] {
+            assert!(all.contains(needle), "{needle} not in {all}");
+        }
+        assert_eq!(partial.tool_name.as_deref(), Some("t"));
+    }
+
+    #[test]
+    fn not_json_and_not_utf8_are_malformed() {
+        let (r, _) = parse_request(b"\xff\xfe").unwrap_err();
+        assert!(r.message.contains("UTF-8"), "{}", r.message);
+        let (r, _) = parse_request(b"{nope").unwrap_err();
+        assert!(r.message.contains("not valid JSON"), "{}", r.message);
+        let deep = "[".repeat(10_000);
+        let (r, _) = parse_request(deep.as_bytes()).unwrap_err();
+        assert_eq!(r.reason, Reason::RequestMalformed);
+    }
+
+    #[test]
+    fn a_good_request_parses() {
+        let body = br#"{"role_id":"r","run_id":"u","lane_id":"l","tool_name":"t","arguments":{},"scope":{"case_id":"C"},"timeout_ms":50,"idempotency_key":"k"}"#;
+        let req = parse_request(body).unwrap();
+        assert_eq!(req.timeout_ms, Some(50));
+        assert_eq!(req.idempotency_key.as_deref(), Some("k"));
+        assert!(!req.dry_run);
+    }
+}

@@ -1,0 +1,497 @@
+//! The gateway: the loaded policy, the audit log, runs, the safety lock and the
+//! operations on them. The call pipeline itself is in `pipeline.rs`.
+//!
+//! INVARIANT: the policy is swapped as a whole (`ArcSwap`): a call takes one snapshot
+//! at step 1 and decides with it to the end. Every state change (run created, run
+//! status, safety lock, policy loaded) is written to the audit log before it takes
+//! effect.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::adapter::{Adapter, AdapterEnv, Adapters};
+use crate::artifacts::ArtifactStore;
+use crate::audit::{AuditError, AuditLog, EventFilter, EventType, NewEvent};
+use crate::authz;
+use crate::diagnostic::{Reason, Refusal};
+use crate::idempotency::Idempotency;
+use crate::policy::{Policy, RunStatus, Tool};
+use crate::runs::{RunError, RunRecord, RunStore};
+
+/// How long a caller over a tool's concurrency limit is told to wait.
+const RETRY_AFTER_MS: u64 = 100;
+
+/// A policy together with what was built from it.
+pub struct Loaded {
+    pub policy: Policy,
+    pub adapters: Adapters,
+    /// One semaphore per tool, sized by its max_concurrency.
+    concurrency: BTreeMap<String, Arc<Semaphore>>,
+}
+
+impl Loaded {
+    pub fn new(policy: Policy, adapters: Adapters) -> Loaded {
+        let concurrency = policy
+            .tools
+            .values()
+            .map(|t| {
+                let permits = t.limits.max_concurrency as usize;
+                (t.tool_name.clone(), Arc::new(Semaphore::new(permits)))
+            })
+            .collect();
+        Loaded {
+            policy,
+            adapters,
+            concurrency,
+        }
+    }
+
+    /// The adapter of a registered tool.
+    pub fn adapter(&self, tool_name: &str) -> Result<&Adapter, Refusal> {
+        self.adapters.by_tool.get(tool_name).ok_or_else(|| {
+            Refusal::new(
+                Reason::AdapterNotImplemented,
+                format!("no adapter is built for tool `{tool_name}`"),
+            )
+        })
+    }
+
+    /// A slot under the tool's max_concurrency, or a retryable refusal.
+    pub fn acquire(&self, tool: &Tool) -> Result<OwnedSemaphorePermit, Refusal> {
+        let semaphore = self.concurrency.get(&tool.tool_name).ok_or_else(|| {
+            Refusal::new(Reason::InternalError, "no concurrency limit for the tool")
+        })?;
+        semaphore.clone().try_acquire_owned().map_err(|_| {
+            Refusal::new(
+                Reason::ConcurrencyLimitReached,
+                format!(
+                    "`{}` is already running {} calls, its max_concurrency",
+                    tool.tool_name, tool.limits.max_concurrency
+                ),
+            )
+            .with_details(json!({ "retry_after_ms": RETRY_AFTER_MS }))
+        })
+    }
+}
+
+/// The safety lock's state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SafetyLock {
+    pub engaged: bool,
+    pub reason: Option<String>,
+    pub changed_by: Option<String>,
+}
+
+/// The running gateway.
+pub struct Gateway {
+    loaded: ArcSwap<Loaded>,
+    pub audit: AuditLog,
+    pub runs: RunStore,
+    lock: RwLock<SafetyLock>,
+    pub(crate) idempotency: Idempotency,
+    pub(crate) artifacts: ArtifactStore,
+    pub env: AdapterEnv,
+}
+
+impl Gateway {
+    /// Starts the gateway on an open audit log: rebuilds runs and the safety lock from
+    /// the log, then records `policy_loaded`.
+    pub async fn start(
+        loaded: Loaded,
+        audit: AuditLog,
+        env: AdapterEnv,
+    ) -> Result<Gateway, AuditError> {
+        let runs = RunStore::rebuild(&audit).await?;
+        let lock = rebuild_lock(&audit).await?;
+        record_policy_loaded(&audit, &loaded.policy, "start").await?;
+        Ok(Gateway {
+            loaded: ArcSwap::from_pointee(loaded),
+            audit,
+            runs,
+            lock: RwLock::new(lock),
+            idempotency: Idempotency::default(),
+            artifacts: ArtifactStore::new(env.data_dir.join("artifacts")),
+            env,
+        })
+    }
+
+    /// The current policy snapshot.
+    pub fn current(&self) -> Arc<Loaded> {
+        self.loaded.load_full()
+    }
+
+    /// Replaces the policy as a whole, after recording `policy_loaded`.
+    pub async fn swap_policy(&self, loaded: Loaded, trigger: &str) -> Result<(), AuditError> {
+        record_policy_loaded(&self.audit, &loaded.policy, trigger).await?;
+        self.loaded.store(Arc::new(loaded));
+        Ok(())
+    }
+
+    /// Step 1 refuses every call while the safety lock is engaged.
+    pub(crate) fn check_safety_lock(&self) -> Result<(), Refusal> {
+        let lock = self.safety_lock();
+        if lock.engaged {
+            return Err(Refusal::new(
+                Reason::SafetyLockEngaged,
+                "the safety lock is engaged; no tool call is executed",
+            )
+            .with_details(json!({ "lock_reason": lock.reason })));
+        }
+        Ok(())
+    }
+
+    pub fn safety_lock(&self) -> SafetyLock {
+        self.lock.read().map(|l| l.clone()).unwrap_or(SafetyLock {
+            // A poisoned lock cannot be read: fail closed.
+            engaged: true,
+            reason: Some("safety lock state unreadable".into()),
+            changed_by: None,
+        })
+    }
+
+    /// Engages or releases the safety lock (admin).
+    pub async fn set_safety_lock(
+        &self,
+        token: Option<&str>,
+        body: &[u8],
+    ) -> Result<SafetyLock, Refusal> {
+        let admin = authz::verify_admin(&self.current().policy, token)?
+            .admin_id
+            .clone();
+        let body = parse_object(body, &["engaged", "reason"])?;
+        let Some(engaged) = body.get("engaged").and_then(Value::as_bool) else {
+            return Err(malformed("`engaged` must be a boolean"));
+        };
+        let reason = match body.get("reason") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.len() <= 1024 => Some(s.clone()),
+            Some(_) => return Err(malformed("`reason` must be a string of at most 1024 bytes")),
+        };
+        let event_type = if engaged {
+            EventType::SafetyLockEngaged
+        } else {
+            EventType::SafetyLockReleased
+        };
+        let mut event = NewEvent::new(event_type);
+        event.details.insert("by".into(), json!(admin));
+        event.details.insert("reason".into(), json!(reason));
+        // Hold the lock while recording so the log order and the state agree.
+        let new = SafetyLock {
+            engaged,
+            reason,
+            changed_by: Some(admin),
+        };
+        self.audit.append(event).await.map_err(audit_refusal)?;
+        if let Ok(mut lock) = self.lock.write() {
+            *lock = new.clone();
+        }
+        Ok(new)
+    }
+
+    /// Creates a run bound to a scope and pinned to the loaded policy versions (admin).
+    pub async fn create_run(&self, token: Option<&str>, body: &[u8]) -> Result<RunRecord, Refusal> {
+        let loaded = self.current();
+        let admin = authz::verify_admin(&loaded.policy, token)?.admin_id.clone();
+        let body = parse_object(body, &["run_id", "scope"])?;
+        let run_id = match body.get("run_id") {
+            None | Some(Value::Null) => format!("run-{}", uuid::Uuid::new_v4()),
+            Some(Value::String(s)) if valid_run_id(s) => s.clone(),
+            Some(_) => return Err(malformed("`run_id` must match ^[A-Za-z0-9._-]{1,128}$")),
+        };
+        let scope = match body.get("scope") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(_) => return Err(malformed("`scope` must be an object")),
+        };
+        if self.runs.len() >= crate::runs::MAX_RUNS {
+            return Err(Refusal::new(Reason::InternalError, "the run table is full"));
+        }
+        let record = RunRecord {
+            run_id,
+            status: RunStatus::Active,
+            scope,
+            policy_versions: loaded.policy.versions.clone(),
+            created_at: now_rfc3339(),
+            created_by: admin,
+        };
+        self.runs
+            .create(&self.audit, record)
+            .await
+            .map_err(run_refusal)
+    }
+
+    /// Reads a run (admin or any role credential).
+    pub fn get_run(&self, token: Option<&str>, run_id: &str) -> Result<RunRecord, Refusal> {
+        self.verify_any(token)?;
+        self.runs.get(run_id).ok_or_else(|| {
+            Refusal::new(
+                Reason::RunNotFound,
+                format!("run `{run_id}` does not exist"),
+            )
+        })
+    }
+
+    /// Changes a run's status (admin).
+    pub async fn set_run_status(
+        &self,
+        token: Option<&str>,
+        run_id: &str,
+        body: &[u8],
+    ) -> Result<RunRecord, Refusal> {
+        let admin = authz::verify_admin(&self.current().policy, token)?
+            .admin_id
+            .clone();
+        let body = parse_object(body, &["status"])?;
+        let status = body
+            .get("status")
+            .and_then(|s| serde_json::from_value::<RunStatus>(s.clone()).ok())
+            .ok_or_else(|| malformed("`status` must be one of active, suspended, closed"))?;
+        self.runs
+            .set_status(&self.audit, run_id, status, &admin)
+            .await
+            .map_err(run_refusal)
+    }
+
+    /// The tools a role may use in a lane, with schemas and a prompt-ready description.
+    pub fn tool_catalog(
+        &self,
+        token: Option<&str>,
+        role_id: &str,
+        lane_id: &str,
+    ) -> Result<Value, Refusal> {
+        let loaded = self.current();
+        let policy = &loaded.policy;
+        let role = authz::verify_identity(policy, role_id, token)?;
+        let lane = policy.lanes.get(lane_id).ok_or_else(|| {
+            Refusal::new(
+                Reason::LaneUnknown,
+                format!("lane `{lane_id}` is not defined"),
+            )
+        })?;
+        if !role.lanes.iter().any(|l| l == lane_id) {
+            return Err(Refusal::new(
+                Reason::LaneNotAllowedForRole,
+                format!("role `{role_id}` may not act in lane `{lane_id}`"),
+            ));
+        }
+        let tools: Vec<Value> = lane
+            .tools
+            .iter()
+            .filter_map(|name| policy.tools.get(name))
+            .filter(|t| t.enabled)
+            .map(|t| tool_entry(t, lane))
+            .collect();
+        Ok(json!({
+            "role_id": role_id,
+            "lane_id": lane_id,
+            "required_scope_keys": lane.required_scope_keys,
+            "tools": tools,
+        }))
+    }
+
+    /// Accepts any role's or admin's credential (read-only endpoints).
+    pub fn verify_any(&self, token: Option<&str>) -> Result<(), Refusal> {
+        let loaded = self.current();
+        let policy = &loaded.policy;
+        if authz::verify_admin(policy, token).is_ok() {
+            return Ok(());
+        }
+        let any_role = policy
+            .roles
+            .keys()
+            .any(|role_id| authz::verify_identity(policy, role_id, token).is_ok());
+        if any_role {
+            Ok(())
+        } else if token.is_none() {
+            Err(Refusal::new(
+                Reason::CredentialMissing,
+                "no bearer token in the Authorization header",
+            ))
+        } else {
+            Err(Refusal::new(
+                Reason::CredentialInvalid,
+                "the bearer token is not a known credential",
+            ))
+        }
+    }
+
+    /// Reads an artifact by its sha256 (any credential).
+    pub async fn artifact(&self, token: Option<&str>, sha256: &str) -> Result<Vec<u8>, Refusal> {
+        self.verify_any(token)?;
+        self.artifacts
+            .get(sha256)
+            .await
+            .map_err(|_| Refusal::new(Reason::RequestMalformed, format!("no artifact `{sha256}`")))
+    }
+
+    /// Audit events for operators (admin).
+    pub async fn audit_events(
+        &self,
+        token: Option<&str>,
+        filter: EventFilter,
+    ) -> Result<Vec<Value>, Refusal> {
+        authz::verify_admin(&self.current().policy, token)?;
+        let events = self.audit.events(filter).await.map_err(audit_refusal)?;
+        Ok(events.into_iter().map(|e| e.value).collect())
+    }
+}
+
+/// One tool in the catalog.
+fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> Value {
+    let mut scope_keys: Vec<&String> = lane
+        .required_scope_keys
+        .iter()
+        .chain(tool.required_scope_keys.iter())
+        .collect();
+    scope_keys.sort();
+    scope_keys.dedup();
+    let prompt = format!(
+        "{} (v{}): {} Call it through toolgate with scope keys {}. {}",
+        tool.tool_name,
+        tool.version,
+        tool.description.trim(),
+        if scope_keys.is_empty() {
+            "(none)".to_string()
+        } else {
+            scope_keys
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+        if tool.idempotent {
+            "Safe to retry with the same idempotency_key."
+        } else {
+            "Not idempotent: never retry blindly."
+        }
+    );
+    json!({
+        "tool_name": tool.tool_name,
+        "version": tool.version.to_string(),
+        "description": tool.description,
+        "determinism": tool.determinism,
+        "idempotent": tool.idempotent,
+        "timeout_default_ms": tool.timeout_default_ms,
+        "limits": tool.limits,
+        "required_scope_keys": scope_keys,
+        "input_schema": *tool.input_schema,
+        "output_schema": *tool.output_schema,
+        "prompt": prompt,
+    })
+}
+
+async fn record_policy_loaded(
+    audit: &AuditLog,
+    policy: &Policy,
+    trigger: &str,
+) -> Result<(), AuditError> {
+    let mut event = NewEvent::new(EventType::PolicyLoaded);
+    event.policy_versions = Some(policy.versions.clone());
+    event.details.insert("trigger".into(), json!(trigger));
+    event.details.insert("source".into(), json!(policy.source));
+    event.details.insert(
+        "counts".into(),
+        json!({ "roles": policy.roles.len(), "lanes": policy.lanes.len(), "tools": policy.tools.len() }),
+    );
+    audit.append(event).await.map(|_| ())
+}
+
+/// The safety lock as the last lock event in the log left it.
+async fn rebuild_lock(audit: &AuditLog) -> Result<SafetyLock, AuditError> {
+    let events = audit
+        .events(EventFilter {
+            event_types: vec![EventType::SafetyLockEngaged, EventType::SafetyLockReleased],
+            ..EventFilter::default()
+        })
+        .await?;
+    Ok(match events.last() {
+        None => SafetyLock::default(),
+        Some(last) => SafetyLock {
+            engaged: last.value["type"] == "safety_lock_engaged",
+            reason: last.value["details"]["reason"].as_str().map(str::to_string),
+            changed_by: last.value["details"]["by"].as_str().map(str::to_string),
+        },
+    })
+}
+
+fn valid_run_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+fn malformed(message: &str) -> Refusal {
+    Refusal::new(
+        Reason::RequestMalformed,
+        format!("malformed request: {message}"),
+    )
+    .with_details(json!({ "problems": [message] }))
+}
+
+/// Parses an admin request body: a JSON object with only the allowed fields.
+fn parse_object(body: &[u8], allowed: &[&str]) -> Result<Map<String, Value>, Refusal> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}" as &[u8]
+    } else {
+        body
+    };
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => {
+            let mut unknown: Vec<String> = map
+                .keys()
+                .filter(|k| !allowed.contains(&k.as_str()))
+                .map(|k| format!("unknown field `{}`", k.chars().take(64).collect::<String>()))
+                .collect();
+            unknown.sort();
+            if unknown.is_empty() {
+                Ok(map)
+            } else {
+                Err(Refusal::new(
+                    Reason::RequestMalformed,
+                    format!("malformed request: {}", unknown[0]),
+                )
+                .with_details(json!({ "problems": unknown })))
+            }
+        }
+        Ok(_) => Err(malformed("the body must be a JSON object")),
+        Err(e) => Err(malformed(&format!("the body is not valid JSON: {e}"))),
+    }
+}
+
+fn audit_refusal(e: AuditError) -> Refusal {
+    Refusal::new(
+        Reason::AuditUnavailable,
+        format!("the audit log could not record the change: {e}"),
+    )
+}
+
+fn run_refusal(e: RunError) -> Refusal {
+    match e {
+        RunError::Exists(id) => Refusal::new(
+            Reason::RequestMalformed,
+            format!("run `{id}` exists already"),
+        )
+        .with_details(json!({ "problems": [format!("run `{id}` exists already")] })),
+        RunError::NotFound(id) => {
+            Refusal::new(Reason::RunNotFound, format!("run `{id}` does not exist"))
+        }
+        RunError::Closed(id) => Refusal::new(
+            Reason::RunNotActive,
+            format!("run `{id}` is closed; closed is final"),
+        ),
+        RunError::Audit(e) => audit_refusal(e),
+    }
+}
+
+/// The current time as RFC 3339 UTC.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}

@@ -1,0 +1,529 @@
+//! The 13-step tool-call pipeline of the gateway contract, in order, in one function
+//! ([`Gateway::handle`]). A step that fails stops the call there: the refusal skips to
+//! step 12 (the closing audit event) and step 13 (the response).
+//!
+//! INVARIANT: a tool is executed only after steps 2-8 passed and its `tool_requested`
+//! event is durable (step 9); every call, allowed or not, ends with exactly one closing
+//! event (step 12) whose id the response carries; if that event cannot be written, no
+//! output is returned (fail closed).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio::time::Instant;
+
+use crate::adapter::{Adapter, ExecContext, ExecError};
+use crate::audit::{EventType, NewEvent};
+use crate::authz;
+use crate::call::{
+    ArtifactRef, CallRequest, CallResponse, Decision, DryRun, PartialRequest, Status, Trace,
+};
+use crate::canonical::{sha256_hex, to_canonical_bytes};
+use crate::diagnostic::{Reason, Refusal};
+use crate::gateway::{Gateway, Loaded};
+use crate::idempotency::{Claim, Key};
+use crate::policy::{Redaction, Role, Tool};
+use crate::runs::RunRecord;
+
+/// How long past its deadline an adapter may take to report the timeout before the
+/// pipeline stops waiting (the adapter's own kill runs at the deadline).
+const DEADLINE_BACKSTOP: Duration = Duration::from_millis(50);
+
+/// A call that passed steps 1-8.
+struct Allowed<'p> {
+    request: CallRequest,
+    role: &'p Role,
+    tool: &'p Tool,
+    adapter: &'p Adapter,
+    run: RunRecord,
+    /// The validated, sanitized, normalized arguments: what runs and what is hashed.
+    arguments: Value,
+}
+
+/// What a successful execution produced (step 11).
+struct Captured {
+    output: Option<Value>,
+    artifact: Option<ArtifactRef>,
+    output_hash: String,
+    tool_ms: u64,
+}
+
+/// What the pipeline knows about the call so far, for its audit events and response.
+struct Call {
+    call_id: String,
+    started: Instant,
+    ids: PartialRequest,
+    tool_version: Option<String>,
+    /// The arguments as received, then as normalized once step 8 passed.
+    arguments: Option<Value>,
+    /// How to keep the arguments readable; unknown until the tool is found, and then
+    /// only the hash and the commitment are kept.
+    redaction: Redaction,
+    trace: Trace,
+    dry_run: bool,
+    /// Whether a failed execution may be retried: the tool is idempotent and the call
+    /// carries an idempotency key (contract: retry rule).
+    retry_safe: bool,
+    /// The versions of the policy snapshot deciding this call.
+    policy_versions: crate::policy::PolicyVersions,
+}
+
+impl Gateway {
+    /// Runs one tool call through the 13 steps and returns its response.
+    pub async fn handle(
+        &self,
+        token: Option<&str>,
+        request: Result<CallRequest, (Refusal, PartialRequest)>,
+    ) -> CallResponse {
+        // One policy snapshot for the whole call: a reload never mixes two policies.
+        let loaded: Arc<Loaded> = self.current();
+        let mut call = Call::new(&request, &loaded.policy.versions);
+
+        let decided = (|| -> Result<Allowed<'_>, Refusal> {
+            // 1. receive request
+            let request = request.map_err(|(refusal, _)| refusal)?;
+            self.check_safety_lock()?;
+            call.trace.passed_step = 1;
+
+            // 2. verify caller identity (role_id)
+            let policy = &loaded.policy;
+            let role = authz::verify_identity(policy, &request.role_id, token)?;
+            call.trace.role = Some(role.role_id.clone());
+            call.trace.passed_step = 2;
+
+            // 3. verify run_id exists (and is pinned to the loaded policy versions)
+            let run = self.runs.get(&request.run_id);
+            let run = authz::verify_run(run.as_ref(), &request.run_id, &policy.versions)?.clone();
+            call.trace.passed_step = 3;
+
+            // 4. validate lane authorization for the role (and the run's status)
+            let lane = authz::authorize_lane(policy, role, &request.lane_id, &run)?;
+            call.trace.lane = Some(lane.lane_id.clone());
+            call.trace.passed_step = 4;
+
+            // 5. validate the tool is registered and enabled
+            let tool = authz::find_tool(policy, &request.tool_name)?;
+            call.tool_version = Some(tool.version.to_string());
+            call.redaction = tool.redaction.clone();
+            call.retry_safe = tool.idempotent && request.idempotency_key.is_some();
+            call.trace.tool = Some(format!("{}@{}", tool.tool_name, tool.version));
+            call.trace.passed_step = 5;
+
+            // 6. validate the lane permits tool_name
+            authz::lane_permits(lane, tool)?;
+            call.trace.passed_step = 6;
+
+            // 7. validate required scope keys (lane and tool; no contradiction with the run)
+            authz::check_scope(lane, tool, &request.scope, &run)?;
+            call.trace.passed_step = 7;
+
+            // 8. enforce prohibition rules (lane and tool), on arguments that were first
+            //    validated against the input schema, sanitized and normalized
+            authz::check_arguments(tool, &request.arguments)?;
+            let adapter = loaded.adapter(&tool.tool_name)?;
+            adapter.validate(tool, &request.arguments, &request.scope)?;
+            let arguments = adapter.normalize(tool, &request.arguments);
+            call.arguments = Some(arguments.clone());
+            call.trace.flags = authz::raised_flags(tool, &request.scope, &arguments);
+            authz::check_prohibitions(lane, tool, &call.trace.flags)?;
+            call.trace.passed_step = 8;
+
+            Ok(Allowed {
+                request,
+                role,
+                tool,
+                adapter,
+                run,
+                arguments,
+            })
+        })();
+
+        let allowed = match decided {
+            Ok(allowed) => allowed,
+            Err(refusal) => return self.close(call, Err(refusal)).await,
+        };
+        if call.dry_run {
+            return self.close_dry_run(call).await;
+        }
+
+        // 9. emit audit event: tool_requested (durable before anything runs; once per
+        //    idempotency key: a repeat returns the first outcome)
+        let guard = match &allowed.request.idempotency_key {
+            None => None,
+            Some(key) => {
+                let key = Key {
+                    run_id: allowed.run.run_id.clone(),
+                    role_id: allowed.role.role_id.clone(),
+                    tool_name: allowed.tool.tool_name.clone(),
+                    idempotency_key: key.clone(),
+                };
+                match self
+                    .idempotency
+                    .claim(key, &sha256_hex(&to_canonical_bytes(&allowed.arguments)))
+                {
+                    Claim::First(guard) => Some(guard),
+                    Claim::Replay(first) => return replayed(&first),
+                    Claim::Wait(mut outcome) => {
+                        let first = outcome
+                            .wait_for(Option::is_some)
+                            .await
+                            .ok()
+                            .and_then(|f| f.clone());
+                        return match first {
+                            Some(first) => replayed(&first),
+                            None => self.close(call, Err(Refusal::new(Reason::InternalError, "the first call with this idempotency key ended without an outcome"))).await,
+                        };
+                    }
+                    Claim::Conflict => {
+                        let refusal = Refusal::new(
+                            Reason::IdempotencyConflict,
+                            "`idempotency_key` was already used with different arguments",
+                        );
+                        return self.close(call, Err(refusal)).await;
+                    }
+                }
+            }
+        };
+        if let Err(e) = self
+            .audit
+            .append(call.event(self, EventType::ToolRequested))
+            .await
+        {
+            let refusal = Refusal::new(
+                Reason::AuditUnavailable,
+                format!("the audit log could not record the request: {e}"),
+            );
+            return self.close(call, Err(refusal)).await;
+        }
+        call.trace.passed_step = 9;
+
+        // 10. execute the tool via its adapter (within its concurrency limit and deadline)
+        let executed = self.execute(&loaded, &allowed, &call).await;
+        if executed.is_ok() {
+            call.trace.passed_step = 10;
+        }
+
+        // 11. capture output and register derived artifacts
+        let captured = match executed {
+            Ok((output, tool_ms)) => self.capture(allowed.tool, output, tool_ms).await,
+            Err(refusal) => Err(refusal),
+        };
+        if captured.is_ok() {
+            call.trace.passed_step = 11;
+        }
+
+        // 12. emit audit event: tool_executed | tool_failed | tool_denied | tool_timeout
+        // 13. return the response
+        let keep = !matches!(&captured, Err(r) if call.retry_safe && r.diagnostic().retryable);
+        let response = self.close_executed(call, &allowed, captured).await;
+        if let Some(guard) = guard {
+            guard.complete(Arc::new(response.clone()), keep);
+        }
+        response
+    }
+
+    /// Step 10: runs the adapter under the tool's concurrency limit and the call's
+    /// deadline (the request's timeout_ms capped by the tool's timeout_ms_max).
+    async fn execute(
+        &self,
+        loaded: &Loaded,
+        allowed: &Allowed<'_>,
+        call: &Call,
+    ) -> Result<(Value, u64), Refusal> {
+        let tool = allowed.tool;
+        let _permit = loaded.acquire(tool)?;
+        let timeout_ms = allowed
+            .request
+            .timeout_ms
+            .unwrap_or(tool.timeout_default_ms)
+            .min(tool.limits.timeout_ms_max);
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(timeout_ms);
+        let ctx = ExecContext {
+            call_id: &call.call_id,
+            run_id: &allowed.run.run_id,
+            scope: &allowed.request.scope,
+            deadline,
+        };
+        let run = allowed.adapter.execute(tool, &allowed.arguments, ctx);
+        let result = match tokio::time::timeout_at(deadline + DEADLINE_BACKSTOP, run).await {
+            Ok(result) => result,
+            Err(_) => Err(ExecError::Timeout),
+        };
+        let tool_ms = started.elapsed().as_millis() as u64;
+        result.map(|output| (output, tool_ms)).map_err(|e| {
+            let refusal = Adapter::classify_error(tool, &e);
+            if matches!(e, ExecError::Timeout) {
+                let message = format!(
+                    "`{}` did not finish within {timeout_ms} ms and was terminated",
+                    tool.tool_name
+                );
+                Refusal { message, ..refusal }.with_details(json!({ "timeout_ms": timeout_ms }))
+            } else {
+                refusal
+            }
+        })
+    }
+
+    /// Step 11: the output must match the tool's output schema; one larger than the
+    /// tool's max_output_bytes is stored whole as an artifact and referenced.
+    async fn capture(&self, tool: &Tool, output: Value, tool_ms: u64) -> Result<Captured, Refusal> {
+        let violations: Vec<Value> = tool
+            .output_validator
+            .iter_errors(&output)
+            .take(50)
+            .map(|e| json!({ "pointer": e.instance_path().as_str(), "message": e.masked().to_string() }))
+            .collect();
+        if !violations.is_empty() {
+            return Err(Refusal::new(
+                Reason::OutputSchemaViolation,
+                format!(
+                    "the output of `{}` does not match its output schema; it was withheld",
+                    tool.tool_name
+                ),
+            )
+            .with_details(json!({ "violations": violations })));
+        }
+        let bytes = to_canonical_bytes(&output);
+        let output_hash = sha256_hex(&bytes);
+        if bytes.len() as u64 <= tool.limits.max_output_bytes {
+            return Ok(Captured {
+                output: Some(output),
+                artifact: None,
+                output_hash,
+                tool_ms,
+            });
+        }
+        match self.artifacts.put(bytes).await {
+            Ok(artifact) => Ok(Captured {
+                output: None,
+                artifact: Some(artifact),
+                output_hash,
+                tool_ms,
+            }),
+            Err(e) => Err(Refusal::new(
+                Reason::ArtifactStoreFailed,
+                format!("the output could not be stored as an artifact: {e}"),
+            )),
+        }
+    }
+
+    /// Steps 12 and 13 for an executed call.
+    async fn close_executed(
+        &self,
+        call: Call,
+        allowed: &Allowed<'_>,
+        captured: Result<Captured, Refusal>,
+    ) -> CallResponse {
+        match captured {
+            Err(refusal) => self.close(call, Err(refusal)).await,
+            Ok(captured) => {
+                let mut details = Map::new();
+                details.insert("tool_ms".into(), json!(captured.tool_ms));
+                if !allowed.tool.write_targets.is_empty() {
+                    details.insert("write_targets".into(), json!(allowed.tool.write_targets));
+                }
+                if let Some(artifact) = &captured.artifact {
+                    details.insert("artifact".into(), json!(artifact));
+                }
+                self.close(call, Ok((captured, details))).await
+            }
+        }
+    }
+
+    /// A dry run: the decision and the trace, audited as `tool_allowed`, never executed.
+    async fn close_dry_run(&self, mut call: Call) -> CallResponse {
+        let event = call.event(self, EventType::ToolAllowed);
+        match self.audit.append(event).await {
+            Ok(appended) => {
+                let mut response = call.response(Status::Success, None);
+                response.audit_event_id = Some(appended.event_id);
+                response.dry_run = Some(DryRun {
+                    decision: Decision::Allow,
+                });
+                response
+            }
+            Err(e) => {
+                call.dry_run = true;
+                let refusal = Refusal::new(
+                    Reason::AuditUnavailable,
+                    format!("the audit log could not record the dry run: {e}"),
+                );
+                self.close(call, Err(refusal)).await
+            }
+        }
+    }
+
+    /// Step 12 (emit the closing event) and step 13 (return the response). If the
+    /// closing event cannot be written, the call fails closed: no output is returned.
+    async fn close(
+        &self,
+        call: Call,
+        outcome: Result<(Captured, Map<String, Value>), Refusal>,
+    ) -> CallResponse {
+        let (event_type, refusal) = match &outcome {
+            Ok(_) => (EventType::ToolExecuted, None),
+            Err(refusal) => {
+                let mut refusal = refusal.clone();
+                if refusal.reason.info().step >= 10 && !call.retry_safe {
+                    // A retry could repeat a side effect: only idempotent tools called
+                    // with an idempotency key may be retried.
+                    refusal.retryable = Some(false);
+                }
+                let event_type = match Status::of(refusal.reason) {
+                    Status::Timeout => EventType::ToolTimeout,
+                    Status::Denied => EventType::ToolDenied,
+                    Status::Failed | Status::Success => EventType::ToolFailed,
+                };
+                (event_type, Some(refusal))
+            }
+        };
+        let mut call = call;
+        if let Some(refusal) = &refusal {
+            call.trace.failed = Some(format!("{}:{}", refusal.step(), refusal.reason.as_str()));
+        }
+        let mut event = call.event(self, event_type);
+        event.execution_time_ms = Some(call.started.elapsed().as_millis() as u64);
+        match (&outcome, &refusal) {
+            (Ok((captured, details)), _) => {
+                event.output_hash_sha256 = Some(captured.output_hash.clone());
+                event.details.extend(details.clone());
+            }
+            (Err(_), Some(refusal)) => {
+                let diagnostic = refusal.diagnostic();
+                event.error_code = Some(diagnostic.error_code.as_str().to_string());
+                event.reason = Some(refusal.reason.as_str().to_string());
+                event.failed_step = Some(diagnostic.failed_step);
+                event
+                    .details
+                    .insert("message".into(), json!(refusal.message));
+                event
+                    .details
+                    .insert("diagnostic_details".into(), refusal.details.clone());
+            }
+            (Err(_), None) => {}
+        }
+        let appended = self.audit.append(event).await;
+
+        // 13. return the response
+        match (outcome, refusal, appended) {
+            (Ok((captured, _)), _, Ok(appended)) => {
+                let mut response = call.response(Status::Success, None);
+                response.output = captured.output;
+                response.artifact = captured.artifact;
+                response.audit_event_id = Some(appended.event_id);
+                response
+            }
+            (_, Some(refusal), Ok(appended)) => {
+                let mut response = call.response(Status::of(refusal.reason), Some(&refusal));
+                response.audit_event_id = Some(appended.event_id);
+                response
+            }
+            (_, _, Err(e)) => {
+                let refusal = Refusal::new(
+                    Reason::AuditUnavailable,
+                    format!(
+                        "the audit log could not record the outcome; no output is returned: {e}"
+                    ),
+                )
+                .at_step(12)
+                .with_retryable(call.retry_safe || call.trace.passed_step < 9);
+                call.response(Status::Failed, Some(&refusal))
+            }
+            (Err(_), None, Ok(_)) => call.response(Status::Failed, None),
+        }
+    }
+}
+
+/// The stored outcome of an earlier call with the same idempotency key.
+fn replayed(first: &CallResponse) -> CallResponse {
+    CallResponse {
+        replayed: true,
+        ..first.clone()
+    }
+}
+
+impl Call {
+    fn new(
+        request: &Result<CallRequest, (Refusal, PartialRequest)>,
+        versions: &crate::policy::PolicyVersions,
+    ) -> Call {
+        let (ids, arguments, dry_run) = match request {
+            Ok(r) => (
+                PartialRequest {
+                    role_id: Some(r.role_id.clone()),
+                    run_id: Some(r.run_id.clone()),
+                    lane_id: Some(r.lane_id.clone()),
+                    tool_name: Some(r.tool_name.clone()),
+                },
+                Some(r.arguments.clone()),
+                r.dry_run,
+            ),
+            Err((_, partial)) => (partial.clone(), None, false),
+        };
+        Call {
+            call_id: format!("call-{}", uuid::Uuid::new_v4()),
+            started: Instant::now(),
+            ids,
+            tool_version: None,
+            arguments,
+            redaction: Redaction::HashOnly,
+            trace: Trace::default(),
+            dry_run,
+            retry_safe: false,
+            policy_versions: versions.clone(),
+        }
+    }
+
+    /// An audit event of this call, carrying everything known so far.
+    fn event(&self, gateway: &Gateway, event_type: EventType) -> NewEvent {
+        let mut event = NewEvent::new(event_type);
+        event.call_id = Some(self.call_id.clone());
+        event.run_id = self.ids.run_id.clone();
+        event.role_id = self.ids.role_id.clone();
+        event.lane_id = self.ids.lane_id.clone();
+        event.tool_name = self.ids.tool_name.clone();
+        event.tool_version = self.tool_version.clone();
+        event.policy_versions = Some(self.policy_versions.clone());
+        if let Some(arguments) = &self.arguments {
+            let commitment = gateway
+                .audit
+                .commit_arguments(&to_canonical_bytes(arguments));
+            event.arguments_hash_sha256 = Some(commitment.sha256);
+            event.arguments_hmac_sha256 = Some(commitment.hmac_sha256);
+            event.arguments = crate::audit::redact(arguments, &self.redaction);
+        }
+        event.details.insert("trace".into(), self.trace.to_json());
+        if self.dry_run {
+            event.details.insert("dry_run".into(), json!(true));
+        }
+        event
+    }
+
+    fn response(&self, status: Status, refusal: Option<&Refusal>) -> CallResponse {
+        let diagnostic = refusal.map(Refusal::diagnostic);
+        CallResponse {
+            call_id: self.call_id.clone(),
+            status,
+            tool_name: self.ids.tool_name.clone(),
+            tool_version: self.tool_version.clone(),
+            execution_time_ms: self.started.elapsed().as_millis() as u64,
+            output: None,
+            artifact: None,
+            error_code: diagnostic.as_ref().map(|d| d.error_code),
+            error_message: refusal.map(|r| r.message.clone()),
+            audit_event_id: None,
+            diagnostic,
+            trace: self.trace.clone(),
+            dry_run: self.dry_run.then_some(DryRun {
+                decision: if refusal.is_some() {
+                    Decision::Deny
+                } else {
+                    Decision::Allow
+                },
+            }),
+            replayed: false,
+        }
+    }
+}

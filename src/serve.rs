@@ -1,0 +1,215 @@
+//! `toolgate serve`: loads the policy, opens the audit log, and serves the API until
+//! SIGTERM or Ctrl-C, then drains in-flight calls and closes the audit log.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::adapter::{self, AdapterEnv};
+use crate::audit::{AuditLog, AuditOptions, Durability};
+use crate::cli::{Exit, PolicyLocation};
+use crate::gateway::{Gateway, Loaded};
+use crate::policy::{self, Problem};
+use crate::server::{self, ServerOptions};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port; the chosen one is printed).
+    #[arg(long, default_value = "127.0.0.1:8787")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub location: PolicyLocation,
+    /// Directory for the audit database, keys, artifacts and tool writes.
+    #[arg(long, default_value = "var")]
+    pub data_dir: PathBuf,
+    /// Audit durability: full (every acknowledged event survives power loss) or normal.
+    #[arg(long, value_enum, default_value = "full")]
+    pub durability: DurabilityArg,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    Full,
+    Normal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// Loads and validates the policy and builds its adapters: what `serve` starts with
+/// and what a reload swaps in.
+pub fn load(location: &PolicyLocation, data_dir: &Path) -> Result<Loaded, Vec<Problem>> {
+    let policy = policy::load(&location.policy_dir, &location.tools)?;
+    let env = adapter_env(location, data_dir);
+    let adapters = adapter::build(&policy, &env)?;
+    Ok(Loaded::new(policy, adapters))
+}
+
+pub fn adapter_env(location: &PolicyLocation, data_dir: &Path) -> AdapterEnv {
+    let tools_dir = location
+        .tools
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    AdapterEnv {
+        tools_dir,
+        data_dir: data_dir.to_path_buf(),
+    }
+}
+
+pub fn serve_command(args: &ServeArgs) -> Exit {
+    init_logging(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return Exit::Failure;
+        }
+    };
+    runtime.block_on(run(args))
+}
+
+async fn run(args: &ServeArgs) -> Exit {
+    let loaded = match load(&args.location, &args.data_dir) {
+        Ok(loaded) => loaded,
+        Err(problems) => {
+            eprintln!("error: the policy did not load; nothing is served");
+            for problem in &problems {
+                eprintln!("{problem}");
+            }
+            return Exit::InvalidConfig;
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(&args.data_dir) {
+        eprintln!(
+            "error: cannot create data directory `{}`: {e}",
+            args.data_dir.display()
+        );
+        return Exit::Failure;
+    }
+    let options = AuditOptions {
+        db_path: args.data_dir.join("audit.db"),
+        key_dir: args.data_dir.join("keys"),
+        durability: match args.durability {
+            DurabilityArg::Full => Durability::Full,
+            DurabilityArg::Normal => Durability::Normal,
+        },
+        checkpoint_every_events: 1000,
+        checkpoint_interval: Duration::from_secs(10),
+        origin: "toolgate/audit".into(),
+    };
+    let audit = match AuditLog::open(options) {
+        Ok(audit) => audit,
+        Err(e) => {
+            eprintln!("error: cannot open the audit log: {e}");
+            return Exit::Failure;
+        }
+    };
+    let env = adapter_env(&args.location, &args.data_dir);
+    let drain = drain_time(&loaded);
+    let gateway = match Gateway::start(loaded, audit.clone(), env).await {
+        Ok(g) => Arc::new(g),
+        Err(e) => {
+            eprintln!("error: cannot start the gateway: {e}");
+            return Exit::Failure;
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot listen on {}: {e}", args.listen);
+            return Exit::Failure;
+        }
+    };
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let versions = gateway.current().policy.versions.clone();
+    println!("toolgate listening on http://{addr}");
+    println!(
+        "policy: roles {} ({}), lanes {} ({}), registry {} ({})",
+        versions.roles.version,
+        short(&versions.roles.sha256),
+        versions.lanes.version,
+        short(&versions.lanes.sha256),
+        versions.registry.version,
+        short(&versions.registry.sha256),
+    );
+    println!("data dir: {}", args.data_dir.display());
+    let server_options = ServerOptions {
+        max_body_bytes: args.max_body_bytes,
+        ..ServerOptions::default()
+    };
+    server::serve(listener, gateway, server_options, shutdown_signal(), drain).await;
+    let exit = match audit.close().await {
+        Ok(()) => Exit::Ok,
+        Err(e) => {
+            eprintln!("error: closing the audit log: {e}");
+            Exit::Failure
+        }
+    };
+    println!("toolgate stopped");
+    exit
+}
+
+/// In-flight calls may run up to the largest tool deadline; give them that and a second.
+fn drain_time(loaded: &Loaded) -> Duration {
+    let max_ms = loaded
+        .policy
+        .tools
+        .values()
+        .map(|t| t.limits.timeout_ms_max)
+        .max()
+        .unwrap_or(0);
+    Duration::from_millis(max_ms + 1000)
+}
+
+fn short(sha256: &str) -> &str {
+    sha256.get(..12).unwrap_or(sha256)
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+    tracing::info!("shutdown requested; draining in-flight calls");
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("TOOLGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
