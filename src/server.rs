@@ -415,3 +415,15 @@ fn log_call(response: &CallResponse) {
         "tool call"
     );
 }
+
+/// The diagnostic catalog with the HTTP status of each reason: what
+/// contract/diagnostics.json publishes.
+pub fn published_catalog() -> Value {
+    let mut catalog = crate::diagnostic::catalog_json();
+    if let Some(reasons) = catalog["reasons"].as_array_mut() {
+        for (entry, reason) in reasons.iter_mut().zip(Reason::ALL) {
+            entry["http_status"] = json!(http_status(reason).as_u16());
+        }
+    }
+    catalog
+}

@@ -1,0 +1,265 @@
+//! Test harness: starts the real `toolgate serve` binary on an ephemeral port with a
+//! temporary data directory, and talks to it over real HTTP.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_toolgate");
+
+/// The repository root (where the demo policy lives).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn token(role: &str) -> String {
+    format!("demo-{role}")
+}
+
+pub const ADMIN: &str = "demo-admin";
+
+/// A running gateway.
+pub struct Server {
+    child: Option<Child>,
+    pub base: String,
+    pub data_dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    agent: ureq::Agent,
+}
+
+/// How to start a server.
+pub struct Start {
+    pub policy_dir: PathBuf,
+    pub tools: PathBuf,
+    pub data_dir: Option<PathBuf>,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for Start {
+    fn default() -> Self {
+        Start {
+            policy_dir: repo().join("policy"),
+            tools: repo().join("tools/tool_registry.yaml"),
+            data_dir: None,
+            args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+}
+
+impl Server {
+    /// The demo policy, a fresh data directory.
+    pub fn start() -> Server {
+        Server::start_with(Start::default())
+    }
+
+    pub fn start_with(start: Start) -> Server {
+        let (tmp, data_dir) = match start.data_dir {
+            Some(d) => (None, d),
+            None => {
+                let t = tempfile::tempdir().unwrap();
+                let d = t.path().join("var");
+                (Some(t), d)
+            }
+        };
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--policy-dir")
+            .arg(&start.policy_dir)
+            .arg("--tools")
+            .arg(&start.tools)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(&start.args)
+            .env("TOOLGATE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in &start.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start toolgate");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut base = None;
+        while Instant::now() < deadline {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(addr) = line.strip_prefix("toolgate listening on ") {
+                        base = Some(addr.trim().to_string());
+                        break;
+                    }
+                }
+                _ => break,
+            }
+        }
+        let Some(base) = base else {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "server did not start: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if std::env::var_os("TOOLGATE_TEST_STDERR").is_some() {
+                    eprintln!("[server] {line}");
+                }
+            }
+        });
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(60)))
+            .build()
+            .into();
+        Server {
+            child: Some(child),
+            base,
+            data_dir,
+            _tmp: tmp,
+            agent,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.data_dir.join("audit.db")
+    }
+
+    /// Sends a raw request body.
+    pub fn post_raw(&self, path: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
+        let mut req = self.agent.post(format!("{}{}", self.base, path));
+        if let Some(t) = token {
+            req = req.header("Authorization", &format!("Bearer {t}"));
+        }
+        let mut resp = req
+            .header("Content-Type", "application/json")
+            .send(body)
+            .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap();
+        let value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+        (status, value)
+    }
+
+    pub fn post(&self, path: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
+        self.post_raw(path, token, body.to_string().as_bytes())
+    }
+
+    pub fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        let mut req = self.agent.get(format!("{}{}", self.base, path));
+        if let Some(t) = token {
+            req = req.header("Authorization", &format!("Bearer {t}"));
+        }
+        let mut resp = req.call().unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap();
+        let value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+        (status, value)
+    }
+
+    /// Creates a run bound to `scope` and returns its id.
+    pub fn create_run(&self, scope: Value) -> String {
+        let (status, body) = self.post("/v1/runs", Some(ADMIN), &json!({ "scope": scope }));
+        assert_eq!(status, 201, "{body}");
+        body["run_id"].as_str().unwrap().to_string()
+    }
+
+    /// Makes a tool call as `role` (with that role's demo token).
+    pub fn call(
+        &self,
+        role: &str,
+        run_id: &str,
+        lane: &str,
+        tool: &str,
+        arguments: Value,
+        scope: Value,
+    ) -> (u16, Value) {
+        let body = json!({
+            "role_id": role, "run_id": run_id, "lane_id": lane, "tool_name": tool,
+            "arguments": arguments, "scope": scope,
+        });
+        self.post("/v1/tool-calls", Some(&token(role)), &body)
+    }
+
+    /// Stops the server with SIGTERM and waits for it.
+    pub fn stop(mut self) -> ExitStatus {
+        let mut child = self.child.take().unwrap();
+        unsafe_free_kill(child.id(), "TERM");
+        child.wait().unwrap()
+    }
+
+    /// Kills the server with SIGKILL.
+    pub fn kill9(mut self) -> PathBuf {
+        let mut child = self.child.take().unwrap();
+        unsafe_free_kill(child.id(), "KILL");
+        child.wait().unwrap();
+        self.data_dir.clone()
+    }
+}
+
+/// Sends a signal with the `kill` program (no unsafe code in tests).
+pub fn unsafe_free_kill(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs the toolgate binary with `args` in `dir`; returns exit code, stdout, stderr.
+pub fn run(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Asserts that every field of `expected` is in `actual` with the same value
+/// (objects are compared recursively; arrays and scalars exactly).
+pub fn assert_subset(expected: &Value, actual: &Value, path: &str) {
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => {
+            for (k, v) in e {
+                let p = format!("{path}/{k}");
+                let Some(av) = a.get(k) else {
+                    panic!("missing {p} in {actual}")
+                };
+                assert_subset(v, av, &p);
+            }
+        }
+        _ => assert_eq!(expected, actual, "at {path}"),
+    }
+}

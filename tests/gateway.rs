@@ -1,0 +1,481 @@
+//! The gateway over real HTTP: every outcome and denial of the pipeline, driven by the
+//! golden examples in contract/examples/, and the API around it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::{ADMIN, Server, Start, assert_subset, repo, token};
+use serde_json::{Value, json};
+
+/// Replaces `$RUN` and `$DRAFT` placeholders in a golden request.
+fn substitute(value: &Value, run: &str, draft: &str) -> Value {
+    match value {
+        Value::String(s) if s == "$RUN" => json!(run),
+        Value::String(s) if s == "$DRAFT" => json!(draft),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| (k.clone(), substitute(v, run, draft)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(|v| substitute(v, run, draft)).collect()),
+        other => other.clone(),
+    }
+}
+
+fn send(server: &Server, request: &Value, run: &str, draft: &str) -> (u16, Value) {
+    let body = substitute(&request["body"], run, draft);
+    let token = request["token"].as_str().filter(|t| !t.is_empty());
+    server.post("/v1/tool-calls", token, &body)
+}
+
+/// Copies the demo policy to `dir` with the lanes file's version changed.
+fn other_policy(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let policy = dir.join("policy");
+    let tools = dir.join("tools");
+    copy_dir(&repo().join("policy"), &policy);
+    copy_dir(&repo().join("tools"), &tools);
+    let lanes = fs::read_to_string(policy.join("lanes.yaml")).unwrap();
+    let mut replaced = false;
+    let changed: String = lanes
+        .lines()
+        .map(|l| {
+            if !replaced && l.starts_with("version:") {
+                replaced = true;
+                "version: \"0.0.1-other\"\n".to_string()
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert!(replaced, "lanes.yaml has no top-level version line");
+    fs::write(policy.join("lanes.yaml"), changed).unwrap();
+    (policy, tools.join("tool_registry.yaml"))
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn golden_examples_hold_over_http() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("var");
+    // A run created under another policy version, for the version-mismatch example.
+    let (other_dir, other_tools) = other_policy(tmp.path());
+    let old = Server::start_with(Start {
+        policy_dir: other_dir,
+        tools: other_tools,
+        data_dir: Some(data_dir.clone()),
+        ..Start::default()
+    });
+    let old_run = old.create_run(json!({"case_id": "C-1001"}));
+    assert!(old.stop().success());
+
+    let server = Server::start_with(Start {
+        data_dir: Some(data_dir),
+        ..Start::default()
+    });
+    let mut files: Vec<_> = fs::read_dir(repo().join("contract/examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 20,
+        "expected the golden examples, found {}",
+        files.len()
+    );
+    for file in files {
+        let name = file.file_stem().unwrap().to_string_lossy().to_string();
+        let example: Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+        let setup = &example["setup"];
+        let run = if setup["run_under_other_policy"] == true {
+            old_run.clone()
+        } else {
+            server.create_run(setup["run_scope"].clone())
+        };
+        if let Some(status) = setup["run_status"].as_str() {
+            let (code, body) = server.post(
+                &format!("/v1/runs/{run}/status"),
+                Some(ADMIN),
+                &json!({"status": status}),
+            );
+            assert_eq!(code, 200, "{name}: {body}");
+        }
+        let mut draft = String::new();
+        for before in setup["before"].as_array().cloned().unwrap_or_default() {
+            let (code, body) = send(&server, &before, &run, "");
+            assert_eq!(code, 200, "{name}: setup call failed: {body}");
+            if let Some(id) = body["output"]["draft_id"].as_str() {
+                draft = id.to_string();
+            }
+        }
+        if setup["safety_lock"] == true {
+            let (code, _) = server.post(
+                "/v1/safety-lock",
+                Some(ADMIN),
+                &json!({"engaged": true, "reason": "drill"}),
+            );
+            assert_eq!(code, 200);
+        }
+        let (code, body) = send(&server, &example["request"], &run, &draft);
+        if setup["safety_lock"] == true {
+            let (code, _) = server.post("/v1/safety-lock", Some(ADMIN), &json!({"engaged": false}));
+            assert_eq!(code, 200);
+        }
+        let expected = &example["response"];
+        assert_eq!(
+            code as u64,
+            expected["http_status"].as_u64().unwrap(),
+            "{name}: {body}"
+        );
+        assert_subset(&expected["body"], &body, &name);
+        // Every response names its closing audit event and carries the trace.
+        assert!(body["audit_event_id"].is_string(), "{name}: {body}");
+        assert!(
+            body["call_id"].as_str().unwrap().starts_with("call-"),
+            "{name}"
+        );
+        if body["status"] != "success" {
+            let d = &body["diagnostic"];
+            for field in [
+                "error_code",
+                "category",
+                "message",
+                "likely_cause",
+                "suggested_fix",
+                "retryable",
+                "severity",
+                "reason",
+                "failed_step",
+            ] {
+                assert!(
+                    !d[field].is_null(),
+                    "{name}: diagnostic.{field} missing: {body}"
+                );
+            }
+            let trace_failed = body["trace"]["failed"].as_str().unwrap();
+            assert_eq!(
+                trace_failed,
+                format!("{}:{}", d["failed_step"], d["reason"].as_str().unwrap()),
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn invalid_arguments_list_every_violation_with_its_pointer() {
+    let server = Server::start();
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let (code, body) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "legal_search",
+        json!({"query": "", "limit": 500, "extra": true}),
+        json!({"case_id": "C-1001"}),
+    );
+    assert_eq!(code, 400, "{body}");
+    let violations = body["diagnostic"]["details"]["violations"]
+        .as_array()
+        .unwrap();
+    let pointers: Vec<&str> = violations
+        .iter()
+        .map(|v| v["pointer"].as_str().unwrap())
+        .collect();
+    assert!(pointers.contains(&"/query"), "{pointers:?}");
+    assert!(pointers.contains(&"/limit"), "{pointers:?}");
+    assert!(violations.len() >= 3, "{violations:?}");
+}
+
+#[test]
+fn a_research_call_executes_real_work_and_is_audited() {
+    let server = Server::start();
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let (code, body) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "legal_search",
+        json!({"query": "negligence", "limit": 3}),
+        json!({"case_id": "C-1001"}),
+    );
+    assert_eq!(code, 200, "{body}");
+    let results = body["output"]["results"].as_array().unwrap();
+    assert!(!results.is_empty() && results.len() <= 3, "{body}");
+    for r in results {
+        assert!(
+            r["text"]
+                .as_str()
+                .unwrap()
+                .to_lowercase()
+                .contains("negligence")
+        );
+    }
+    // The audit log has the request (before execution) and the closing event.
+    let (code, events) = server.get(&format!("/v1/audit/events?run_id={run}"), Some(ADMIN));
+    assert_eq!(code, 200, "{events}");
+    let types: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        ["run_created", "tool_requested", "tool_executed"],
+        "{events}"
+    );
+    let closing = &events["events"][2];
+    assert_eq!(closing["event_id"], body["audit_event_id"]);
+    assert_eq!(closing["call_id"], body["call_id"]);
+    assert!(closing["output_hash_sha256"].as_str().unwrap().len() == 64);
+    assert!(closing["arguments_hash_sha256"].as_str().unwrap().len() == 64);
+    // Operators only: a role's token cannot read the audit log.
+    let (code, _) = server.get("/v1/audit/events", Some(&token("research_agent")));
+    assert_eq!(code, 401);
+}
+
+#[test]
+fn idempotent_repeat_returns_the_first_outcome_without_executing_again() {
+    let server = Server::start();
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let body = json!({
+        "role_id": "drafting_agent", "run_id": run, "lane_id": "drafting", "tool_name": "draft_document",
+        "arguments": {"title": "Motion to dismiss", "body": "Comes now the defendant."},
+        "scope": {"case_id": "C-1001"}, "idempotency_key": "draft-1",
+    });
+    let t = token("drafting_agent");
+    let (c1, first) = server.post("/v1/tool-calls", Some(&t), &body);
+    let (c2, second) = server.post("/v1/tool-calls", Some(&t), &body);
+    assert_eq!((c1, c2), (200, 200), "{first} {second}");
+    assert_eq!(first["call_id"], second["call_id"]);
+    assert_eq!(first["output"], second["output"]);
+    assert_eq!(second["replayed"], true);
+    // Executed once: one tool_requested for the run.
+    let (_, events) = server.get(
+        &format!("/v1/audit/events?run_id={run}&type=tool_requested"),
+        Some(ADMIN),
+    );
+    assert_eq!(events["events"].as_array().unwrap().len(), 1, "{events}");
+    // The draft really exists in the data directory.
+    let path = server
+        .data_dir
+        .join(first["output"]["path"].as_str().unwrap());
+    assert!(path.exists(), "{path:?}");
+    // Same key, other arguments: 409.
+    let mut other = body.clone();
+    other["arguments"]["body"] = json!("Something else.");
+    let (c3, conflict) = server.post("/v1/tool-calls", Some(&t), &other);
+    assert_eq!(c3, 409, "{conflict}");
+    assert_eq!(conflict["diagnostic"]["reason"], "idempotency_conflict");
+}
+
+#[test]
+fn runs_lifecycle_and_admin_endpoints() {
+    let server = Server::start();
+    // Admin only.
+    let (code, body) = server.post("/v1/runs", Some(&token("research_agent")), &json!({}));
+    assert_eq!(code, 401, "{body}");
+    assert_eq!(body["diagnostic"]["reason"], "credential_invalid");
+    let (code, run) = server.post(
+        "/v1/runs",
+        Some(ADMIN),
+        &json!({"run_id": "run-42", "scope": {"case_id": "C-1001"}}),
+    );
+    assert_eq!(code, 201, "{run}");
+    assert_eq!(run["status"], "active");
+    assert_eq!(
+        run["policy_versions"]["roles"]["sha256"]
+            .as_str()
+            .unwrap()
+            .len(),
+        64
+    );
+    let (code, again) = server.post("/v1/runs", Some(ADMIN), &json!({"run_id": "run-42"}));
+    assert_eq!(code, 400, "{again}");
+    let (code, got) = server.get("/v1/runs/run-42", Some(&token("research_agent")));
+    assert_eq!((code, &got["scope"]), (200, &json!({"case_id": "C-1001"})));
+    let (code, closed) = server.post(
+        "/v1/runs/run-42/status",
+        Some(ADMIN),
+        &json!({"status": "closed"}),
+    );
+    assert_eq!((code, &closed["status"]), (200, &json!("closed")));
+    let (code, reopen) = server.post(
+        "/v1/runs/run-42/status",
+        Some(ADMIN),
+        &json!({"status": "active"}),
+    );
+    assert_eq!(code, 403, "closed is final: {reopen}");
+    let (code, bad) = server.post(
+        "/v1/runs/run-42/status",
+        Some(ADMIN),
+        &json!({"status": "paused"}),
+    );
+    assert_eq!(code, 400, "{bad}");
+}
+
+#[test]
+fn runs_and_the_safety_lock_survive_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("var");
+    let server = Server::start_with(Start {
+        data_dir: Some(data_dir.clone()),
+        ..Start::default()
+    });
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let (code, _) = server.post(
+        "/v1/safety-lock",
+        Some(ADMIN),
+        &json!({"engaged": true, "reason": "incident 7"}),
+    );
+    assert_eq!(code, 200);
+    assert!(server.stop().success());
+
+    let server = Server::start_with(Start {
+        data_dir: Some(data_dir),
+        ..Start::default()
+    });
+    let (code, got) = server.get(&format!("/v1/runs/{run}"), Some(ADMIN));
+    assert_eq!(code, 200, "{got}");
+    let (code, body) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "case_lookup",
+        json!({}),
+        json!({"case_id": "C-1001"}),
+    );
+    assert_eq!(code, 403, "the lock must still be engaged: {body}");
+    assert_eq!(body["diagnostic"]["reason"], "safety_lock_engaged");
+    assert_eq!(body["diagnostic"]["details"]["lock_reason"], "incident 7");
+    server.post("/v1/safety-lock", Some(ADMIN), &json!({"engaged": false}));
+    let (code, body) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "case_lookup",
+        json!({}),
+        json!({"case_id": "C-1001"}),
+    );
+    assert_eq!(code, 200, "{body}");
+}
+
+#[test]
+fn tool_catalog_lists_only_what_the_caller_may_use() {
+    let server = Server::start();
+    let (code, catalog) = server.get(
+        "/v1/tools?role_id=research_agent&lane_id=research",
+        Some(&token("research_agent")),
+    );
+    assert_eq!(code, 200, "{catalog}");
+    let names: Vec<&str> = catalog["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tool_name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["case_lookup", "legal_search", "read_document"],
+        "disabled tools are not listed"
+    );
+    let first = &catalog["tools"][0];
+    assert!(first["input_schema"].is_object() && first["output_schema"].is_object());
+    assert!(first["prompt"].as_str().unwrap().contains("case_lookup"));
+    let (code, denied) = server.get(
+        "/v1/tools?role_id=research_agent&lane_id=filing",
+        Some(&token("research_agent")),
+    );
+    assert_eq!(code, 403, "{denied}");
+    assert_eq!(denied["diagnostic"]["reason"], "lane_not_allowed_for_role");
+}
+
+#[test]
+fn every_malformed_input_gets_a_structured_answer() {
+    let server = Server::start();
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let t = token("research_agent");
+    let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("not json", b"hello".to_vec(), 400),
+        ("not utf-8", vec![0xff, 0xfe, 0x00, 0x80], 400),
+        ("empty", Vec::new(), 400),
+        ("array", b"[1,2]".to_vec(), 400),
+        ("nested 10000 deep", deep.into_bytes(), 400),
+        ("too large", vec![b' '; 2 * 1024 * 1024], 413),
+    ];
+    for (name, body, expected) in cases {
+        let (code, resp) = server.post_raw("/v1/tool-calls", Some(&t), &body);
+        assert_eq!(code, expected, "{name}: {resp}");
+        assert!(resp["diagnostic"]["reason"].is_string(), "{name}: {resp}");
+        assert!(
+            resp["audit_event_id"].is_string(),
+            "{name}: refusals are audited too: {resp}"
+        );
+    }
+    // Hostile arguments: traversal, shell metacharacters, absolute paths, NUL.
+    for path in [
+        "../../../../etc/passwd",
+        "/etc/passwd",
+        "notes.md; rm -rf /",
+        "notes.md\u{0}",
+        "..\\..\\x",
+        "$(reboot)",
+    ] {
+        let (code, resp) = server.call(
+            "research_agent",
+            &run,
+            "research",
+            "read_document",
+            json!({"path": path}),
+            json!({"case_id": "C-1001"}),
+        );
+        assert!(code == 400 || code == 500, "{path}: {code} {resp}");
+        assert!(resp["diagnostic"]["reason"].is_string(), "{path}: {resp}");
+        assert!(resp["output"].is_null(), "{path}: {resp}");
+    }
+    // Unknown endpoint and wrong method.
+    let (code, resp) = server.get("/v1/nothing-here", None);
+    assert_eq!(
+        (code, &resp["diagnostic"]["reason"]),
+        (404, &json!("endpoint_not_found"))
+    );
+    let (code, _) = server.get("/v1/tool-calls", None);
+    assert_eq!(code, 404);
+    // The server is still healthy.
+    let (code, _) = server.get("/healthz", None);
+    assert_eq!(code, 200);
+}
+
+#[test]
+fn sigterm_shuts_down_cleanly() {
+    let server = Server::start();
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let (code, _) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "case_lookup",
+        json!({}),
+        json!({"case_id": "C-1001"}),
+    );
+    assert_eq!(code, 200);
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+}
