@@ -106,6 +106,7 @@ pub enum Reason {
     OutputSchemaViolation,
     ArtifactStoreFailed,
     PolicyUnavailable,
+    PolicyInvalid,
     InternalError,
 }
 
@@ -128,7 +129,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in catalog order.
-    pub const ALL: [Reason; 32] = [
+    pub const ALL: [Reason; 33] = [
         Reason::RequestMalformed,
         Reason::RequestTooLarge,
         Reason::EndpointNotFound,
@@ -160,6 +161,7 @@ impl Reason {
         Reason::OutputSchemaViolation,
         Reason::ArtifactStoreFailed,
         Reason::PolicyUnavailable,
+        Reason::PolicyInvalid,
         Reason::InternalError,
     ];
 
@@ -197,6 +199,7 @@ impl Reason {
             Reason::OutputSchemaViolation => "output_schema_violation",
             Reason::ArtifactStoreFailed => "artifact_store_failed",
             Reason::PolicyUnavailable => "policy_unavailable",
+            Reason::PolicyInvalid => "policy_invalid",
             Reason::InternalError => "internal_error",
         }
     }
@@ -517,6 +520,16 @@ impl Reason {
                     "no valid policy is loaded",
                     "the policy failed to load",
                     "operators: run `toolgate policy check` and fix the reported problems",
+                ),
+                Reason::PolicyInvalid => (
+                    E::InvalidArguments,
+                    C::Request,
+                    1,
+                    false,
+                    S::Error,
+                    "a candidate policy failed to load, so the current policy stays in force",
+                    "the edited policy files have errors (see details.problems)",
+                    "run `toolgate policy check`, fix every problem, and reload again",
                 ),
                 Reason::InternalError => (
                     E::InternalError,

@@ -7,6 +7,7 @@
 //! effect.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use arc_swap::ArcSwap;
@@ -20,7 +21,7 @@ use crate::audit::{AuditError, AuditLog, EventFilter, EventType, NewEvent};
 use crate::authz;
 use crate::diagnostic::{Reason, Refusal};
 use crate::idempotency::Idempotency;
-use crate::policy::{Policy, RunStatus, Tool};
+use crate::policy::{Policy, Problem, RunStatus, Tool};
 use crate::runs::{RunError, RunRecord, RunStore};
 
 /// How long a caller over a tool's concurrency limit is told to wait.
@@ -35,6 +36,19 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// Loads and validates the policy and builds its adapters: what the gateway starts
+    /// with and what a reload swaps in. Every problem is returned; nothing half-loaded.
+    pub fn load(
+        policy_dir: &Path,
+        tools_file: &Path,
+        data_dir: &Path,
+    ) -> Result<Loaded, Vec<Problem>> {
+        let policy = crate::policy::load(policy_dir, tools_file)?;
+        let env = adapter_env(tools_file, data_dir);
+        let adapters = crate::adapter::build(&policy, &env)?;
+        Ok(Loaded::new(policy, adapters))
+    }
+
     pub fn new(policy: Policy, adapters: Adapters) -> Loaded {
         let concurrency = policy
             .tools
@@ -79,6 +93,27 @@ impl Loaded {
     }
 }
 
+/// Where adapters find their files: data next to the tool registry, writes in the data
+/// directory.
+pub fn adapter_env(tools_file: &Path, data_dir: &Path) -> AdapterEnv {
+    let tools_dir = tools_file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    AdapterEnv {
+        tools_dir,
+        data_dir: data_dir.to_path_buf(),
+    }
+}
+
+/// Where the policy is reloaded from.
+#[derive(Debug, Clone)]
+pub struct PolicySourcePaths {
+    pub policy_dir: PathBuf,
+    pub tools_file: PathBuf,
+}
+
 /// The safety lock's state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SafetyLock {
@@ -96,6 +131,10 @@ pub struct Gateway {
     pub(crate) idempotency: Idempotency,
     pub(crate) artifacts: ArtifactStore,
     pub env: AdapterEnv,
+    /// Where reloads read the policy from.
+    source: PolicySourcePaths,
+    /// Serializes reloads so the audit order and the swap order agree.
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl Gateway {
@@ -105,6 +144,7 @@ impl Gateway {
         loaded: Loaded,
         audit: AuditLog,
         env: AdapterEnv,
+        source: PolicySourcePaths,
     ) -> Result<Gateway, AuditError> {
         let runs = RunStore::rebuild(&audit).await?;
         let lock = rebuild_lock(&audit).await?;
@@ -117,6 +157,8 @@ impl Gateway {
             idempotency: Idempotency::default(),
             artifacts: ArtifactStore::new(env.data_dir.join("artifacts")),
             env,
+            source,
+            reloading: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -125,11 +167,44 @@ impl Gateway {
         self.loaded.load_full()
     }
 
-    /// Replaces the policy as a whole, after recording `policy_loaded`.
-    pub async fn swap_policy(&self, loaded: Loaded, trigger: &str) -> Result<(), AuditError> {
-        record_policy_loaded(&self.audit, &loaded.policy, trigger).await?;
+    /// Reloads the policy from its source: the candidate is fully loaded and validated
+    /// first, `policy_loaded` is recorded, then the whole policy is swapped at once. A
+    /// candidate that fails to load changes nothing and says why.
+    pub async fn reload(&self, trigger: &str) -> Result<crate::policy::PolicyVersions, Refusal> {
+        let _one_at_a_time = self.reloading.lock().await;
+        let source = self.source.clone();
+        let data_dir = self.env.data_dir.clone();
+        let candidate = tokio::task::spawn_blocking(move || {
+            Loaded::load(&source.policy_dir, &source.tools_file, &data_dir)
+        })
+        .await
+        .map_err(|_| Refusal::new(Reason::InternalError, "the reload task failed"))?;
+        let loaded = candidate.map_err(|problems| {
+            let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            Refusal::new(
+                Reason::PolicyInvalid,
+                format!(
+                    "the candidate policy did not load ({} problems); the current policy stays",
+                    listed.len()
+                ),
+            )
+            .with_details(json!({ "problems": listed }))
+        })?;
+        let versions = loaded.policy.versions.clone();
+        record_policy_loaded(&self.audit, &loaded.policy, trigger)
+            .await
+            .map_err(audit_refusal)?;
         self.loaded.store(Arc::new(loaded));
-        Ok(())
+        Ok(versions)
+    }
+
+    /// `POST /v1/policy/reload` (admin).
+    pub async fn reload_as_admin(&self, token: Option<&str>) -> Result<Value, Refusal> {
+        let admin = authz::verify_admin(&self.current().policy, token)?
+            .admin_id
+            .clone();
+        let versions = self.reload(&format!("admin:{admin}")).await?;
+        Ok(json!({ "reloaded": true, "policy_versions": versions }))
     }
 
     /// Step 1 refuses every call while the safety lock is engaged.

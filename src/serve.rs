@@ -2,17 +2,15 @@
 //! SIGTERM or Ctrl-C, then drains in-flight calls and closes the audit log.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::adapter::{self, AdapterEnv};
 use crate::audit::{AuditLog, AuditOptions, Durability};
 use crate::cli::{Exit, PolicyLocation};
-use crate::gateway::{Gateway, Loaded};
-use crate::policy::{self, Problem};
+use crate::gateway::{Gateway, Loaded, PolicySourcePaths, adapter_env};
 use crate::server::{self, ServerOptions};
 
 #[derive(Debug, Args)]
@@ -48,28 +46,6 @@ pub enum LogFormat {
     Text,
 }
 
-/// Loads and validates the policy and builds its adapters: what `serve` starts with
-/// and what a reload swaps in.
-pub fn load(location: &PolicyLocation, data_dir: &Path) -> Result<Loaded, Vec<Problem>> {
-    let policy = policy::load(&location.policy_dir, &location.tools)?;
-    let env = adapter_env(location, data_dir);
-    let adapters = adapter::build(&policy, &env)?;
-    Ok(Loaded::new(policy, adapters))
-}
-
-pub fn adapter_env(location: &PolicyLocation, data_dir: &Path) -> AdapterEnv {
-    let tools_dir = location
-        .tools
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    AdapterEnv {
-        tools_dir,
-        data_dir: data_dir.to_path_buf(),
-    }
-}
-
 pub fn serve_command(args: &ServeArgs) -> Exit {
     init_logging(args.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -86,7 +62,11 @@ pub fn serve_command(args: &ServeArgs) -> Exit {
 }
 
 async fn run(args: &ServeArgs) -> Exit {
-    let loaded = match load(&args.location, &args.data_dir) {
+    let loaded = match Loaded::load(
+        &args.location.policy_dir,
+        &args.location.tools,
+        &args.data_dir,
+    ) {
         Ok(loaded) => loaded,
         Err(problems) => {
             eprintln!("error: the policy did not load; nothing is served");
@@ -121,9 +101,13 @@ async fn run(args: &ServeArgs) -> Exit {
             return Exit::Failure;
         }
     };
-    let env = adapter_env(&args.location, &args.data_dir);
+    let env = adapter_env(&args.location.tools, &args.data_dir);
     let drain = drain_time(&loaded);
-    let gateway = match Gateway::start(loaded, audit.clone(), env).await {
+    let source = PolicySourcePaths {
+        policy_dir: args.location.policy_dir.clone(),
+        tools_file: args.location.tools.clone(),
+    };
+    let gateway = match Gateway::start(loaded, audit.clone(), env, source).await {
         Ok(g) => Arc::new(g),
         Err(e) => {
             eprintln!("error: cannot start the gateway: {e}");
@@ -153,6 +137,7 @@ async fn run(args: &ServeArgs) -> Exit {
         short(&versions.registry.sha256),
     );
     println!("data dir: {}", args.data_dir.display());
+    tokio::spawn(reload_on_sighup(gateway.clone()));
     let server_options = ServerOptions {
         max_body_bytes: args.max_body_bytes,
         ..ServerOptions::default()
@@ -183,6 +168,27 @@ fn drain_time(loaded: &Loaded) -> Duration {
 
 fn short(sha256: &str) -> &str {
     sha256.get(..12).unwrap_or(sha256)
+}
+
+/// Reloads the policy on every SIGHUP; a failed reload keeps the current policy.
+async fn reload_on_sighup(gateway: Arc<Gateway>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; reload with POST /v1/policy/reload");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        match gateway.reload("sighup").await {
+            Ok(v) => tracing::info!(
+                roles = %v.roles.version, lanes = %v.lanes.version, registry = %v.registry.version,
+                "policy reloaded"
+            ),
+            Err(refusal) => tracing::error!(
+                reason = refusal.reason.as_str(), message = %refusal.message,
+                problems = %refusal.details["problems"], "policy reload failed; the current policy stays"
+            ),
+        }
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).

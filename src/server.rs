@@ -206,6 +206,20 @@ async fn route(
                 Err(r) => refusal_response(&r),
             }
         }
+        (&Method::POST, ["v1", "policy", "reload"]) => respond(
+            gateway.reload_as_admin(token.as_deref()).await,
+            StatusCode::OK,
+        ),
+        (&Method::GET, ["v1", "policy"]) => match gateway.verify_any(token.as_deref()) {
+            Ok(()) => {
+                let loaded = gateway.current();
+                json_response(
+                    StatusCode::OK,
+                    &json!({ "policy_versions": loaded.policy.versions, "source": loaded.policy.source }),
+                )
+            }
+            Err(r) => refusal_response(&r),
+        },
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, &json!({ "status": "ok" })),
         (&Method::GET, ["readyz"]) => {
             let loaded = gateway.current();
@@ -315,9 +329,10 @@ fn audit_filter(query: &HashMap<String, String>) -> Result<EventFilter, Refusal>
 /// The one place that derives an HTTP status from a diagnostic.
 pub fn http_status(reason: Reason) -> StatusCode {
     match reason {
-        Reason::RequestMalformed | Reason::ArgumentsInvalid | Reason::ArgumentUnsafe => {
-            StatusCode::BAD_REQUEST
-        }
+        Reason::RequestMalformed
+        | Reason::ArgumentsInvalid
+        | Reason::ArgumentUnsafe
+        | Reason::PolicyInvalid => StatusCode::BAD_REQUEST,
         Reason::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Reason::EndpointNotFound => StatusCode::NOT_FOUND,
         Reason::CredentialMissing | Reason::CredentialInvalid | Reason::RoleUnknown => {
