@@ -53,6 +53,17 @@ pub fn verify_identity<'p>(
             format!("the bearer token does not prove role `{role_id}`"),
         ));
     }
+    find_role(policy, role_id)
+}
+
+/// Step 2 without a credential (offline decisions): the role exists and is enabled.
+pub fn find_role<'p>(policy: &'p Policy, role_id: &str) -> Result<&'p Role, Refusal> {
+    let Some(role) = policy.roles.get(role_id) else {
+        return Err(Refusal::new(
+            Reason::RoleUnknown,
+            format!("role `{role_id}` is not defined"),
+        ));
+    };
     if !role.enabled {
         return Err(Refusal::new(
             Reason::RoleDisabled,

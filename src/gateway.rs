@@ -207,19 +207,6 @@ impl Gateway {
         Ok(json!({ "reloaded": true, "policy_versions": versions }))
     }
 
-    /// Step 1 refuses every call while the safety lock is engaged.
-    pub(crate) fn check_safety_lock(&self) -> Result<(), Refusal> {
-        let lock = self.safety_lock();
-        if lock.engaged {
-            return Err(Refusal::new(
-                Reason::SafetyLockEngaged,
-                "the safety lock is engaged; no tool call is executed",
-            )
-            .with_details(json!({ "lock_reason": lock.reason })));
-        }
-        Ok(())
-    }
-
     pub fn safety_lock(&self) -> SafetyLock {
         self.lock.read().map(|l| l.clone()).unwrap_or(SafetyLock {
             // A poisoned lock cannot be read: fail closed.

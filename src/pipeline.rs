@@ -21,7 +21,7 @@ use crate::call::{
 };
 use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
-use crate::gateway::{Gateway, Loaded};
+use crate::gateway::{Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key};
 use crate::policy::{Redaction, Role, Tool};
 use crate::runs::RunRecord;
@@ -57,6 +57,8 @@ struct Call {
     tool_version: Option<String>,
     /// The arguments as received, then as normalized once step 8 passed.
     arguments: Option<Value>,
+    /// The scope as received (case and matter ids, flags), kept for replay and review.
+    scope: Option<Map<String, Value>>,
     /// How to keep the arguments readable; unknown until the tool is found, and then
     /// only the hash and the commitment are kept.
     redaction: Redaction,
@@ -67,6 +69,144 @@ struct Call {
     retry_safe: bool,
     /// The versions of the policy snapshot deciding this call.
     policy_versions: crate::policy::PolicyVersions,
+}
+
+/// Who is calling: a bearer token from the request, or an offline tool (`policy explain`,
+/// `policy test`, replay) that decides on behalf of a role without its credential.
+#[derive(Debug, Clone, Copy)]
+pub enum Caller<'a> {
+    Token(Option<&'a str>),
+    Offline,
+}
+
+/// Steps 1-8: the decision. Reads only what it is given (the policy snapshot, the run
+/// table, the lock state): no I/O beyond the adapter's sanitization, no clock.
+fn decide<'p>(
+    loaded: &'p Loaded,
+    caller: Caller<'_>,
+    request: Result<CallRequest, (Refusal, PartialRequest)>,
+    runs: &dyn Fn(&str) -> Option<RunRecord>,
+    lock: &SafetyLock,
+    call: &mut Call,
+) -> Result<Allowed<'p>, Refusal> {
+    // 1. receive request
+    let request = request.map_err(|(refusal, _)| refusal)?;
+    if lock.engaged {
+        return Err(Refusal::new(
+            Reason::SafetyLockEngaged,
+            "the safety lock is engaged; no tool call is executed",
+        )
+        .with_details(json!({ "lock_reason": lock.reason })));
+    }
+    call.trace.passed_step = 1;
+
+    // 2. verify caller identity (role_id)
+    let policy = &loaded.policy;
+    let role = match caller {
+        Caller::Token(token) => authz::verify_identity(policy, &request.role_id, token)?,
+        Caller::Offline => authz::find_role(policy, &request.role_id)?,
+    };
+    call.trace.role = Some(role.role_id.clone());
+    call.trace.passed_step = 2;
+
+    // 3. verify run_id exists (and is pinned to the loaded policy versions)
+    let run = runs(&request.run_id);
+    let run = authz::verify_run(run.as_ref(), &request.run_id, &policy.versions)?.clone();
+    call.trace.passed_step = 3;
+
+    // 4. validate lane authorization for the role (and the run's status)
+    let lane = authz::authorize_lane(policy, role, &request.lane_id, &run)?;
+    call.trace.lane = Some(lane.lane_id.clone());
+    call.trace.passed_step = 4;
+
+    // 5. validate the tool is registered and enabled
+    let tool = authz::find_tool(policy, &request.tool_name)?;
+    call.tool_version = Some(tool.version.to_string());
+    call.redaction = tool.redaction.clone();
+    call.retry_safe = tool.idempotent && request.idempotency_key.is_some();
+    call.trace.tool = Some(format!("{}@{}", tool.tool_name, tool.version));
+    call.trace.passed_step = 5;
+
+    // 6. validate the lane permits tool_name
+    authz::lane_permits(lane, tool)?;
+    call.trace.passed_step = 6;
+
+    // 7. validate required scope keys (lane and tool; no contradiction with the run)
+    authz::check_scope(lane, tool, &request.scope, &run)?;
+    call.trace.passed_step = 7;
+
+    // 8. enforce prohibition rules (lane and tool), on arguments that were first
+    //    validated against the input schema, sanitized and normalized
+    authz::check_arguments(tool, &request.arguments)?;
+    let adapter = loaded.adapter(&tool.tool_name)?;
+    adapter.validate(tool, &request.arguments, &request.scope)?;
+    let arguments = adapter.normalize(tool, &request.arguments);
+    call.arguments = Some(arguments.clone());
+    call.trace.flags = authz::raised_flags(tool, &request.scope, &arguments);
+    authz::check_prohibitions(lane, tool, &call.trace.flags)?;
+    call.trace.passed_step = 8;
+
+    Ok(Allowed {
+        request,
+        role,
+        tool,
+        adapter,
+        run,
+        arguments,
+    })
+}
+
+/// The decision of steps 1-8 for one request, offline: nothing is executed or audited.
+/// `policy explain`, `policy test` and replay use it.
+pub fn explain(loaded: &Loaded, request: CallRequest, run: Option<RunRecord>) -> Explanation {
+    let mut call = Call::new(&Ok(request.clone()), &loaded.policy.versions);
+    let runs = move |id: &str| run.clone().filter(|r| r.run_id == id);
+    let decided = decide(
+        loaded,
+        Caller::Offline,
+        Ok(request),
+        &runs,
+        &SafetyLock::default(),
+        &mut call,
+    );
+    let refusal = decided.err();
+    if let Some(r) = &refusal {
+        call.trace.failed = Some(format!("{}:{}", r.step(), r.reason.as_str()));
+    }
+    Explanation {
+        trace: call.trace,
+        refusal,
+    }
+}
+
+/// What `explain` found.
+#[derive(Debug, Clone)]
+pub struct Explanation {
+    pub trace: Trace,
+    /// The first failing check, or None when steps 1-8 all pass.
+    pub refusal: Option<Refusal>,
+}
+
+impl Explanation {
+    /// One line per step 1-8: pass, fail (with the message) or not reached.
+    pub fn steps(&self) -> Vec<(u8, &'static str, String)> {
+        (1..=8u8)
+            .map(|step| {
+                let name = crate::call::STEP_NAMES[usize::from(step) - 1];
+                let outcome = if step <= self.trace.passed_step {
+                    "pass".to_string()
+                } else if step == self.trace.passed_step + 1 {
+                    match &self.refusal {
+                        Some(r) => format!("fail: {} ({})", r.message, r.reason.as_str()),
+                        None => "pass".to_string(),
+                    }
+                } else {
+                    "not reached".to_string()
+                };
+                (step, name, outcome)
+            })
+            .collect()
+    }
 }
 
 impl Gateway {
@@ -80,64 +220,17 @@ impl Gateway {
         let loaded: Arc<Loaded> = self.current();
         let mut call = Call::new(&request, &loaded.policy.versions);
 
-        let decided = (|| -> Result<Allowed<'_>, Refusal> {
-            // 1. receive request
-            let request = request.map_err(|(refusal, _)| refusal)?;
-            self.check_safety_lock()?;
-            call.trace.passed_step = 1;
-
-            // 2. verify caller identity (role_id)
-            let policy = &loaded.policy;
-            let role = authz::verify_identity(policy, &request.role_id, token)?;
-            call.trace.role = Some(role.role_id.clone());
-            call.trace.passed_step = 2;
-
-            // 3. verify run_id exists (and is pinned to the loaded policy versions)
-            let run = self.runs.get(&request.run_id);
-            let run = authz::verify_run(run.as_ref(), &request.run_id, &policy.versions)?.clone();
-            call.trace.passed_step = 3;
-
-            // 4. validate lane authorization for the role (and the run's status)
-            let lane = authz::authorize_lane(policy, role, &request.lane_id, &run)?;
-            call.trace.lane = Some(lane.lane_id.clone());
-            call.trace.passed_step = 4;
-
-            // 5. validate the tool is registered and enabled
-            let tool = authz::find_tool(policy, &request.tool_name)?;
-            call.tool_version = Some(tool.version.to_string());
-            call.redaction = tool.redaction.clone();
-            call.retry_safe = tool.idempotent && request.idempotency_key.is_some();
-            call.trace.tool = Some(format!("{}@{}", tool.tool_name, tool.version));
-            call.trace.passed_step = 5;
-
-            // 6. validate the lane permits tool_name
-            authz::lane_permits(lane, tool)?;
-            call.trace.passed_step = 6;
-
-            // 7. validate required scope keys (lane and tool; no contradiction with the run)
-            authz::check_scope(lane, tool, &request.scope, &run)?;
-            call.trace.passed_step = 7;
-
-            // 8. enforce prohibition rules (lane and tool), on arguments that were first
-            //    validated against the input schema, sanitized and normalized
-            authz::check_arguments(tool, &request.arguments)?;
-            let adapter = loaded.adapter(&tool.tool_name)?;
-            adapter.validate(tool, &request.arguments, &request.scope)?;
-            let arguments = adapter.normalize(tool, &request.arguments);
-            call.arguments = Some(arguments.clone());
-            call.trace.flags = authz::raised_flags(tool, &request.scope, &arguments);
-            authz::check_prohibitions(lane, tool, &call.trace.flags)?;
-            call.trace.passed_step = 8;
-
-            Ok(Allowed {
-                request,
-                role,
-                tool,
-                adapter,
-                run,
-                arguments,
-            })
-        })();
+        // 1-8. decide: receive the request and run the authorization checks
+        let lock = self.safety_lock();
+        let runs = |run_id: &str| self.runs.get(run_id);
+        let decided = decide(
+            &loaded,
+            Caller::Token(token),
+            request,
+            &runs,
+            &lock,
+            &mut call,
+        );
 
         let allowed = match decided {
             Ok(allowed) => allowed,
@@ -449,7 +542,7 @@ impl Call {
         request: &Result<CallRequest, (Refusal, PartialRequest)>,
         versions: &crate::policy::PolicyVersions,
     ) -> Call {
-        let (ids, arguments, dry_run) = match request {
+        let (ids, arguments, scope, dry_run) = match request {
             Ok(r) => (
                 PartialRequest {
                     role_id: Some(r.role_id.clone()),
@@ -458,9 +551,10 @@ impl Call {
                     tool_name: Some(r.tool_name.clone()),
                 },
                 Some(r.arguments.clone()),
+                Some(r.scope.clone()),
                 r.dry_run,
             ),
-            Err((_, partial)) => (partial.clone(), None, false),
+            Err((_, partial)) => (partial.clone(), None, None, false),
         };
         Call {
             call_id: format!("call-{}", uuid::Uuid::new_v4()),
@@ -468,6 +562,7 @@ impl Call {
             ids,
             tool_version: None,
             arguments,
+            scope,
             redaction: Redaction::HashOnly,
             trace: Trace::default(),
             dry_run,
@@ -493,6 +588,11 @@ impl Call {
             event.arguments_hash_sha256 = Some(commitment.sha256);
             event.arguments_hmac_sha256 = Some(commitment.hmac_sha256);
             event.arguments = crate::audit::redact(arguments, &self.redaction);
+        }
+        if let Some(scope) = &self.scope {
+            event
+                .details
+                .insert("scope".into(), Value::Object(scope.clone()));
         }
         event.details.insert("trace".into(), self.trace.to_json());
         if self.dry_run {
