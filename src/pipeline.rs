@@ -19,7 +19,7 @@ use crate::authz;
 use crate::call::{
     ArtifactRef, CallRequest, CallResponse, Decision, DryRun, PartialRequest, Status, Trace,
 };
-use crate::canonical::{sha256_hex, to_canonical_bytes};
+use crate::canonical::{audit_safe, sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key};
@@ -587,7 +587,8 @@ impl Call {
                 .commit_arguments(&to_canonical_bytes(arguments));
             event.arguments_hash_sha256 = Some(commitment.sha256);
             event.arguments_hmac_sha256 = Some(commitment.hmac_sha256);
-            event.arguments = crate::audit::redact(arguments, &self.redaction);
+            event.arguments =
+                crate::audit::redact(arguments, &self.redaction).map(|a| audit_safe(&a));
         }
         if let Some(scope) = &self.scope {
             event
