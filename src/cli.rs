@@ -55,6 +55,8 @@ pub enum Command {
 pub enum PolicyCommand {
     /// Load and validate the policy; print the versions and hashes, or every problem.
     Check(PolicyCheckArgs),
+    /// Run the authorization steps for one request and print each with pass or fail.
+    Explain(crate::review::explain::ExplainArgs),
 }
 
 /// Where the policy lives.
@@ -88,6 +90,9 @@ pub fn main() -> ExitCode {
     let exit = match cli.command {
         Command::Serve(args) => crate::serve::serve_command(&args),
         Command::Policy(PolicyCommand::Check(args)) => crate::policy::check_command(&args),
+        Command::Policy(PolicyCommand::Explain(args)) => {
+            crate::review::explain::explain_command(&args)
+        }
     };
     exit.into()
 }

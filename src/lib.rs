@@ -25,6 +25,7 @@ pub mod gateway;
 pub mod idempotency;
 pub mod pipeline;
 pub mod policy;
+pub mod review;
 pub mod runs;
 pub mod serve;
 pub mod server;
