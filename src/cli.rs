@@ -57,6 +57,8 @@ pub enum PolicyCommand {
     Check(PolicyCheckArgs),
     /// Run the authorization steps for one request and print each with pass or fail.
     Explain(crate::review::explain::ExplainArgs),
+    /// Run the policy test cases (policy/tests/*.yaml) offline.
+    Test(crate::review::test::TestArgs),
 }
 
 /// Where the policy lives.

@@ -61,3 +61,6 @@ pub fn check_command(args: &crate::cli::PolicyCheckArgs) -> crate::cli::Exit {
     let _ = args;
     crate::cli::Exit::Failure
 }
+
+mod cases;
+pub use cases::{CaseExpect, CaseRequest, CaseRun, ExpectedDecision, PolicyCase, load_cases};

@@ -1,8 +1,10 @@
 //! Policy as code: the commands a policy author or reviewer runs before a change ships.
 //!
 //! - `explain`: the decision of steps 1-8 for one request, step by step, offline.
+//! - `test`: YAML test cases of requests and expected decisions, with coverage.
 //!
 //! They decide with the same code as the live gateway (`pipeline::explain`), so what
 //! they say is what the gateway would do.
 
 pub mod explain;
+pub mod test;

@@ -1,0 +1,188 @@
+//! `toolgate policy test [DIR]`: runs the YAML test cases under `policy/tests/` against
+//! the policy, offline, prints `N passed, N failed`, and reports the (role, lane, tool)
+//! triples no test covers.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde_json::{Value, json};
+
+use crate::cli::{Exit, Format, PolicyLocation};
+use crate::gateway::Loaded;
+use crate::pipeline::explain;
+use crate::policy::{ExpectedDecision, Policy, PolicyCase, RunStatus, load_cases};
+use crate::review::explain::{offline_request, offline_run};
+
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// Directory of test cases (default: `<policy-dir>/tests`).
+    pub dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub location: PolicyLocation,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+}
+
+/// The outcome of one case.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    pub file: String,
+    pub name: String,
+    /// None when the case passed; what differed otherwise.
+    pub failure: Option<String>,
+}
+
+/// Decides one case with the gateway's own decision code.
+pub fn run_case(loaded: &Loaded, case: &PolicyCase) -> Option<String> {
+    let request = &case.request;
+    let mut run = offline_run(
+        case.run.scope.as_ref().unwrap_or(&request.scope),
+        case.run.status.unwrap_or(RunStatus::Active),
+        &loaded.policy.versions,
+    );
+    if let Some(scope) = &case.run.scope {
+        run.scope = scope.clone();
+    }
+    if case.run.other_policy {
+        run.policy_versions.lanes.sha256 = "0".repeat(64);
+    }
+    let run = (!case.run.missing).then_some(run);
+    let req = offline_request(
+        &request.role,
+        &request.lane,
+        &request.tool,
+        request.scope.clone(),
+        request.arguments.clone(),
+    );
+    let explanation = explain(loaded, req, run);
+    match (&explanation.refusal, case.expect.decision) {
+        (None, ExpectedDecision::Allow) => None,
+        (None, ExpectedDecision::Deny) => Some("expected deny, got allow".to_string()),
+        (Some(r), ExpectedDecision::Allow) => Some(format!(
+            "expected allow, got deny at step {} ({}): {}",
+            r.step(),
+            r.reason.as_str(),
+            r.message
+        )),
+        (Some(r), ExpectedDecision::Deny) => {
+            if let Some(reason) = &case.expect.reason
+                && reason != r.reason.as_str()
+            {
+                return Some(format!(
+                    "expected reason `{reason}`, got `{}`: {}",
+                    r.reason.as_str(),
+                    r.message
+                ));
+            }
+            if let Some(step) = case.expect.step
+                && step != r.step()
+            {
+                return Some(format!("expected step {step}, got step {}", r.step()));
+            }
+            None
+        }
+    }
+}
+
+/// Every (role, lane, tool) triple the policy allows on paper.
+pub fn triples(policy: &Policy) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for role in policy.roles.values() {
+        for lane_id in &role.lanes {
+            if let Some(lane) = policy.lanes.get(lane_id) {
+                for tool in &lane.tools {
+                    out.insert((role.role_id.clone(), lane_id.clone(), tool.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn test_command(args: &TestArgs) -> Exit {
+    let loaded = match Loaded::load(
+        &args.location.policy_dir,
+        &args.location.tools,
+        Path::new("var"),
+    ) {
+        Ok(l) => l,
+        Err(problems) => {
+            eprintln!("error: the policy did not load");
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            return Exit::InvalidConfig;
+        }
+    };
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| args.location.policy_dir.join("tests"));
+    let cases = match load_cases(&dir) {
+        Ok(c) => c,
+        Err(problems) => {
+            eprintln!("error: the test cases did not load");
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            return Exit::InvalidConfig;
+        }
+    };
+    let results: Vec<CaseResult> = cases
+        .iter()
+        .map(|(file, case)| CaseResult {
+            file: file.clone(),
+            name: case.name.clone(),
+            failure: run_case(&loaded, case),
+        })
+        .collect();
+    let covered: BTreeSet<(String, String, String)> = cases
+        .iter()
+        .map(|(_, c)| {
+            (
+                c.request.role.clone(),
+                c.request.lane.clone(),
+                c.request.tool.clone(),
+            )
+        })
+        .collect();
+    let uncovered: Vec<_> = triples(&loaded.policy)
+        .difference(&covered)
+        .cloned()
+        .collect();
+    let failed = results.iter().filter(|r| r.failure.is_some()).count();
+    let passed = results.len() - failed;
+    match args.format {
+        Format::Text => {
+            for r in &results {
+                match &r.failure {
+                    None => println!("ok    {} ({})", r.name, r.file),
+                    Some(why) => println!("FAIL  {} ({}): {why}", r.name, r.file),
+                }
+            }
+            if uncovered.is_empty() {
+                println!("coverage: every (role, lane, tool) triple has a test");
+            } else {
+                println!(
+                    "coverage: {} (role, lane, tool) triples have no test:",
+                    uncovered.len()
+                );
+                for (role, lane, tool) in &uncovered {
+                    println!("  {role} / {lane} / {tool}");
+                }
+            }
+            println!("{passed} passed, {failed} failed");
+        }
+        Format::Json => {
+            let body = json!({
+                "passed": passed,
+                "failed": failed,
+                "results": results.iter().map(|r| json!({"file": r.file, "name": r.name, "ok": r.failure.is_none(), "failure": r.failure})).collect::<Vec<Value>>(),
+                "uncovered": uncovered.iter().map(|(r, l, t)| json!({"role": r, "lane": l, "tool": t})).collect::<Vec<Value>>(),
+            });
+            println!("{body}");
+        }
+    }
+    if failed == 0 { Exit::Ok } else { Exit::Failure }
+}
