@@ -95,6 +95,7 @@ pub fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Explain(args)) => {
             crate::review::explain::explain_command(&args)
         }
+        Command::Policy(PolicyCommand::Test(args)) => crate::review::test::test_command(&args),
     };
     exit.into()
 }
