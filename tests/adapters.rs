@@ -935,6 +935,9 @@ async fn read_document_refuses_symlinks_that_resolve_outside() {
     std::os::unix::fs::symlink("../C-1002", case.join("sibling")).unwrap();
     std::os::unix::fs::symlink("/etc", case.join("etc")).unwrap();
     std::os::unix::fs::symlink("notes.md", case.join("alias.md")).unwrap();
+    std::fs::write(case.join("privileged/strategy.md"), "privileged").unwrap();
+    std::os::unix::fs::symlink("privileged/strategy.md", case.join("harmless.md")).unwrap();
+    std::os::unix::fs::symlink("privileged", case.join("public")).unwrap();
 
     let env = AdapterEnv {
         tools_dir: tools,
@@ -955,9 +958,45 @@ async fn read_document_refuses_symlinks_that_resolve_outside() {
         assert_eq!(refusal.reason, Reason::ArgumentUnsafe, "{bad}: {refusal:?}");
         assert_eq!(refusal.details["pointer"], "/path");
     }
-    // A symlink that stays inside the case folder is fine.
+    // Inside the folder, a symlink would make flag rules (which see the normalized
+    // path: `harmless.md` raises no `privileged`) judge another file than the one
+    // read, so every symlink on the way is refused.
+    for aliased in ["alias.md", "harmless.md", "public/strategy.md"] {
+        let refusal = gate
+            .call(
+                "read_document",
+                json!({"path": aliased}),
+                scope.clone(),
+                2000,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refusal.reason,
+            Reason::ArgumentUnsafe,
+            "{aliased}: {refusal:?}"
+        );
+        assert!(
+            refusal.details["problem"]
+                .as_str()
+                .unwrap()
+                .contains("symlink"),
+            "{refusal:?}"
+        );
+    }
+    // The real paths read fine.
     let out = gate
-        .call("read_document", json!({"path": "alias.md"}), scope, 2000)
+        .call(
+            "read_document",
+            json!({"path": "privileged/strategy.md"}),
+            scope.clone(),
+            2000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out["content"], "privileged");
+    let out = gate
+        .call("read_document", json!({"path": "notes.md"}), scope, 2000)
         .await
         .unwrap();
     assert_eq!(

@@ -1,12 +1,19 @@
-//! The builtin adapter: the demo deployment's tools, implemented in Rust over the data
-//! shipped in `<tools dir>/data/` (see docs in `notes/demo_tools.md`).
+//! The builtin adapter: the demo deployment's tools (legal services), implemented in
+//! Rust over the data shipped in `<tools dir>/data/`; their argument and output
+//! schemas are registered in `tools/tool_registry.yaml`.
 //!
-//! INVARIANT: `read_document` reads only inside `data/cases/<case_id>/` (lexical
-//! normalization first, then the resolved path must stay under the resolved case
-//! folder, so symlinks cannot lead out); `draft_document` writes only inside
-//! `<data_dir>/drafts/<case_id>/`; `case_id` must be a plain identifier before it is
-//! used in a path. File I/O runs on tokio's blocking pool and every call is bounded by
-//! its deadline.
+//! INVARIANT: `read_document` reads exactly the file its normalized `path` names,
+//! inside `data/cases/<case_id>/`: the path is normalized lexically first, then the
+//! resolved path must equal the resolved case folder joined with it, so a symlink can
+//! neither lead out of the folder nor make flag rules (evaluated on the normalized
+//! path, e.g. `privileged/`) see another file than the one read. `draft_document`
+//! writes only inside `<data_dir>/drafts/<case_id>/`. `case_id` must be a plain
+//! identifier before it is used in a path.
+//!
+//! File I/O runs on tokio's blocking pool and every call is bounded by its deadline.
+//! A blocking read or write already running when the deadline passes finishes in the
+//! background and its result is discarded; a draft write is atomic (temp file and
+//! rename), so it leaves either the old or the new draft, never a partial one.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -574,12 +581,22 @@ fn read_confined(
         }
         _ => ExecError::Failed(format!("document `{rel}` cannot be opened: {e}")),
     })?;
-    // INVARIANT: the resolved target is inside the resolved case folder.
-    if !target.starts_with(&root) || target == root {
-        return Err(ExecError::ArgumentUnsafe {
-            pointer: "/path".into(),
-            problem: "the path resolves outside the case folder (through a symlink)".into(),
-        });
+    // INVARIANT: the resolved target is inside the resolved case folder, and is the
+    // very file the normalized path names (no symlink on the way).
+    match target.strip_prefix(&root) {
+        Ok(inside) if inside == Path::new(rel) => {}
+        Ok(_) => {
+            return Err(ExecError::ArgumentUnsafe {
+                pointer: "/path".into(),
+                problem: "the path goes through a symlink; pass the document's real path".into(),
+            });
+        }
+        Err(_) => {
+            return Err(ExecError::ArgumentUnsafe {
+                pointer: "/path".into(),
+                problem: "the path resolves outside the case folder (through a symlink)".into(),
+            });
+        }
     }
     // O_NOFOLLOW: the final component was resolved above; it must not have become a
     // symlink since.

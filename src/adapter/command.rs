@@ -181,8 +181,10 @@ impl CommandAdapter {
         let mut child = command
             .spawn()
             .map_err(|e| ExecError::Failed(format!("could not start `{}`: {e}", self.argv0)))?;
-        // Declared after `child`, so it is dropped first: the group is killed while
-        // the leader is not yet reaped, and its pid (the group id) cannot be reused.
+        // Declared after `child`, so it is dropped first. On the deadline and
+        // cancellation paths the group is killed before the leader is reaped, so its
+        // pid (the group id) cannot have been reused; after a normal exit the kill
+        // reaches only processes the program left behind, which keep the id alive.
         let group = ProcessGroup::of(child.id());
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
