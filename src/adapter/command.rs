@@ -1,4 +1,449 @@
-//! The command adapter.
+//! The command adapter: runs a program with a fixed argument vector, the call's
+//! arguments as JSON on stdin, and reads one JSON value from its stdout.
+//!
+//! INVARIANT: programs are never run through a shell (argv is passed to `execve` as
+//! is, so shell metacharacters in arguments are plain bytes), with a cleared
+//! environment plus the tool's `env_allowlist`, in their own process group. When a
+//! call ends, by any path (success, failure, deadline, or the call future being
+//! dropped), the whole process group is sent SIGKILL: a call leaves no process behind
+//! unless a process deliberately left the group (`setsid`), which only an OS sandbox
+//! (cgroups) could prevent.
 
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::{
+    AdapterEnv, ExecContext, ExecError, SettingProblem, output_hard_cap, strings_with_pointers,
+    unsafe_argument,
+};
+use crate::canonical::{to_canonical_bytes, to_canonical_string};
+use crate::diagnostic::Refusal;
+use crate::policy::Tool;
+
+/// Largest arguments (as JSON) a program is given.
+pub const MAX_ARGUMENT_BYTES: usize = 1024 * 1024;
+/// How much of stderr is kept (its end) for the error message.
+const STDERR_TAIL_BYTES: usize = 4096;
+/// How much of that tail goes into the error message.
+const STDERR_MESSAGE_BYTES: usize = 1536;
+/// How long to wait for a killed program to be reaped before leaving it to the runtime.
+const REAP_GRACE: Duration = Duration::from_millis(500);
+/// Allowlisted variables whose values are removed from error messages.
+const SECRET_NAME_PARTS: &[&str] = &["TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL"];
+
+/// The command adapter of one tool.
 #[derive(Debug)]
-pub struct CommandAdapter;
+pub struct CommandAdapter {
+    /// argv[0] as written in the registry, for messages.
+    argv0: String,
+    /// The program to execute: absolute, resolved on PATH at build for bare names.
+    program: PathBuf,
+    /// argv[1..].
+    args: Vec<String>,
+    /// Absolute or relative to the process's working directory; checked at build.
+    working_dir: PathBuf,
+    /// Variables passed through from toolgate's environment (read at each call).
+    env_allowlist: Vec<String>,
+}
+
+impl CommandAdapter {
+    pub(super) fn build(
+        argv: &[String],
+        working_dir: Option<&str>,
+        env_allowlist: &[String],
+        env: &AdapterEnv,
+    ) -> Result<Self, Vec<SettingProblem>> {
+        let mut problems = Vec::new();
+        let program = match argv.first() {
+            None => {
+                problems.push(
+                    SettingProblem::new("`argv` is empty")
+                        .help("give the program and its fixed arguments, e.g. [\"python3\", \"scripts/tool.py\"]"),
+                );
+                None
+            }
+            Some(argv0) => match resolve_program(argv0) {
+                Ok(p) => Some(p),
+                Err(p) => {
+                    problems.push(p);
+                    None
+                }
+            },
+        };
+        for (i, arg) in argv.iter().enumerate() {
+            if arg.contains('\0') {
+                problems.push(SettingProblem::new(format!(
+                    "`argv[{i}]` contains a nul byte"
+                )));
+            }
+        }
+        let dir = match working_dir {
+            None => env.tools_dir.clone(),
+            Some(d) if Path::new(d).is_absolute() => PathBuf::from(d),
+            Some(d) => env.tools_dir.join(d),
+        };
+        if !dir.is_dir() {
+            problems.push(
+                SettingProblem::new(format!(
+                    "working_dir `{}` is not an existing directory",
+                    dir.display()
+                ))
+                .help("relative working_dirs resolve against the directory of tool_registry.yaml"),
+            );
+        }
+        for name in env_allowlist {
+            let valid = !name.is_empty()
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && !name.starts_with(|c: char| c.is_ascii_digit());
+            if !valid {
+                problems.push(
+                    SettingProblem::new(format!(
+                        "`env_allowlist` entry `{name}` is not a variable name"
+                    ))
+                    .help("use names like `PATH` or `LANG` (letters, digits, underscore)"),
+                );
+            } else if name.starts_with("TOOLGATE_") {
+                problems.push(SettingProblem::new(format!(
+                    "`env_allowlist` entry `{name}` is reserved (toolgate sets TOOLGATE_* itself)"
+                )));
+            }
+        }
+        match (program, problems.is_empty()) {
+            (Some(program), true) => Ok(CommandAdapter {
+                argv0: argv.first().cloned().unwrap_or_default(),
+                program,
+                args: argv.iter().skip(1).cloned().collect(),
+                working_dir: dir,
+                env_allowlist: env_allowlist.to_vec(),
+            }),
+            _ => Err(problems),
+        }
+    }
+
+    /// Arguments never reach a shell (they go to the program's stdin as JSON), so
+    /// shell metacharacters are harmless; refused are NUL bytes in any string (a
+    /// program written in C would see a truncated value) and arguments larger than
+    /// [`MAX_ARGUMENT_BYTES`].
+    pub(super) fn validate(&self, arguments: &Value) -> Result<(), Refusal> {
+        let size = to_canonical_bytes(arguments).len();
+        if size > MAX_ARGUMENT_BYTES {
+            return Err(unsafe_argument(
+                "",
+                &format!(
+                    "the arguments are {size} bytes, more than the {MAX_ARGUMENT_BYTES} a program is given"
+                ),
+            ));
+        }
+        for (pointer, s) in strings_with_pointers(arguments) {
+            if s.contains('\0') {
+                return Err(unsafe_argument(&pointer, "contains a nul byte"));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn execute(
+        &self,
+        tool: &Tool,
+        arguments: &Value,
+        ctx: ExecContext<'_>,
+    ) -> Result<Value, ExecError> {
+        let input = to_canonical_bytes(arguments);
+        let mut command = tokio::process::Command::new(&self.program);
+        command
+            .args(&self.args)
+            .env_clear()
+            .current_dir(&self.working_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut secrets = Vec::new();
+        for name in &self.env_allowlist {
+            if let Some(value) = std::env::var_os(name) {
+                if is_secret_name(name) && value.len() >= 4 {
+                    secrets.push(value.to_string_lossy().into_owned());
+                }
+                command.env(name, value);
+            }
+        }
+        command
+            .env("TOOLGATE_CALL_ID", ctx.call_id)
+            .env("TOOLGATE_RUN_ID", ctx.run_id)
+            .env("TOOLGATE_SCOPE", scope_json(ctx.scope));
+
+        let mut child = command
+            .spawn()
+            .map_err(|e| ExecError::Failed(format!("could not start `{}`: {e}", self.argv0)))?;
+        // Declared after `child`, so it is dropped first. On the deadline and
+        // cancellation paths the group is killed before the leader is reaped, so its
+        // pid (the group id) cannot have been reused; after a normal exit the kill
+        // reaches only processes the program left behind, which keep the id alive.
+        let group = ProcessGroup::of(child.id());
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let cap = output_hard_cap(tool);
+
+        let work = async {
+            let write = async {
+                if let Some(mut stdin) = stdin {
+                    // A program that does not read its stdin closes the pipe; that is
+                    // its choice, not an error.
+                    let _ = stdin.write_all(&input).await;
+                    let _ = stdin.shutdown().await;
+                }
+            };
+            let read_out = async {
+                let result = read_capped(stdout, cap).await;
+                if result.is_err() {
+                    group.kill();
+                }
+                result
+            };
+            let (_, out, err, status) = tokio::join!(
+                write,
+                read_out,
+                read_tail(stderr, STDERR_TAIL_BYTES),
+                child.wait()
+            );
+            (out, err, status)
+        };
+        let (out, err, status) = match tokio::time::timeout_at(ctx.deadline, work).await {
+            Ok(done) => done,
+            Err(_) => {
+                group.kill();
+                let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
+                return Err(ExecError::Timeout);
+            }
+        };
+        let stdout = out.map_err(|e| match e {
+            ReadError::Overflow => ExecError::Failed(format!(
+                "`{}` wrote more than {cap} bytes to stdout",
+                self.argv0
+            )),
+            ReadError::Io(e) => {
+                ExecError::Failed(format!("reading stdout of `{}` failed: {e}", self.argv0))
+            }
+        })?;
+        let status = status
+            .map_err(|e| ExecError::Failed(format!("waiting for `{}` failed: {e}", self.argv0)))?;
+        if !status.success() {
+            let how = match (status.code(), status.signal()) {
+                (Some(code), _) => format!("exited with status {code}"),
+                (None, Some(signal)) => format!("was killed by signal {signal}"),
+                (None, None) => "failed".to_string(),
+            };
+            let tail = redact(&String::from_utf8_lossy(&err), &secrets);
+            let tail = tail_of(tail.trim(), STDERR_MESSAGE_BYTES);
+            let stderr_part = if tail.is_empty() {
+                "stderr is empty".to_string()
+            } else {
+                format!("stderr: {tail}")
+            };
+            return Err(ExecError::Failed(format!(
+                "`{}` {how}; {stderr_part}",
+                self.argv0
+            )));
+        }
+        if stdout.iter().all(u8::is_ascii_whitespace) {
+            return Err(ExecError::OutputNotJson(format!(
+                "`{}` wrote nothing to stdout",
+                self.argv0
+            )));
+        }
+        serde_json::from_slice(&stdout).map_err(|e| {
+            ExecError::OutputNotJson(format!(
+                "stdout of `{}` is not one json value: {e}",
+                self.argv0
+            ))
+        })
+    }
+}
+
+/// Resolves argv[0]: an absolute path to an executable file, or a bare name found on
+/// toolgate's PATH now (the program itself runs without PATH unless allowlisted).
+fn resolve_program(argv0: &str) -> Result<PathBuf, SettingProblem> {
+    let path = Path::new(argv0);
+    if argv0.is_empty() {
+        return Err(SettingProblem::new("`argv[0]` is empty"));
+    }
+    if path.is_absolute() {
+        return if is_executable(path) {
+            Ok(path.to_path_buf())
+        } else {
+            Err(SettingProblem::new(format!(
+                "`argv[0]` `{argv0}` is not an executable file"
+            )))
+        };
+    }
+    if argv0.contains('/') {
+        return Err(SettingProblem::new(format!(
+            "`argv[0]` `{argv0}` is a relative path"
+        ))
+        .help("use an absolute path or a bare program name on PATH; run a shipped script through its interpreter, e.g. [\"python3\", \"scripts/tool.py\"] with `working_dir`"));
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .filter(|dir| dir.is_absolute())
+            .map(|dir| dir.join(argv0))
+            .find(|candidate| is_executable(candidate))
+    });
+    found.ok_or_else(|| {
+        SettingProblem::new(format!("`argv[0]` `{argv0}` is not found on PATH"))
+            .help("install the program, or give its absolute path")
+    })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn is_secret_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    SECRET_NAME_PARTS.iter().any(|part| upper.contains(part))
+}
+
+fn redact(text: &str, secrets: &[String]) -> String {
+    let mut text = text.to_string();
+    for secret in secrets {
+        text = text.replace(secret.as_str(), "[redacted]");
+    }
+    text
+}
+
+/// The last `max` bytes of `text`, on a character boundary, marked when cut.
+fn tail_of(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("...{}", &text[start..])
+}
+
+fn scope_json(scope: &Map<String, Value>) -> String {
+    to_canonical_string(&Value::Object(scope.clone()))
+}
+
+/// The process group of a spawned program; killed when dropped.
+struct ProcessGroup {
+    pgid: Option<libc::pid_t>,
+}
+
+impl ProcessGroup {
+    fn of(pid: Option<u32>) -> Self {
+        // INVARIANT: never 0, 1 or negative: killpg(0) would kill toolgate's own group.
+        let pgid = pid
+            .and_then(|p| libc::pid_t::try_from(p).ok())
+            .filter(|p| *p > 1);
+        ProcessGroup { pgid }
+    }
+
+    fn kill(&self) {
+        if let Some(pgid) = self.pgid {
+            // SAFETY: killpg only sends a signal; `pgid` is the id of a group this
+            // adapter created (process_group(0) makes the child's pid its group id).
+            unsafe {
+                libc::killpg(pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+enum ReadError {
+    Overflow,
+    Io(std::io::Error),
+}
+
+/// Reads all of `reader`, failing once more than `cap` bytes arrive.
+async fn read_capped<R: AsyncRead + Unpin>(
+    reader: Option<R>,
+    cap: usize,
+) -> Result<Vec<u8>, ReadError> {
+    let Some(reader) = reader else {
+        return Ok(Vec::new());
+    };
+    let mut buf = Vec::new();
+    let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
+    reader
+        .take(limit)
+        .read_to_end(&mut buf)
+        .await
+        .map_err(ReadError::Io)?;
+    if buf.len() > cap {
+        return Err(ReadError::Overflow);
+    }
+    Ok(buf)
+}
+
+/// Reads all of `reader`, keeping only the last `keep` bytes.
+async fn read_tail<R: AsyncRead + Unpin>(reader: Option<R>, keep: usize) -> Vec<u8> {
+    let Some(mut reader) = reader else {
+        return Vec::new();
+    };
+    let mut tail = Vec::with_capacity(keep * 2);
+    let mut chunk = [0u8; 4096];
+    loop {
+        match reader.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                tail.extend_from_slice(&chunk[..n]);
+                if tail.len() > keep {
+                    tail.drain(..tail.len() - keep);
+                }
+            }
+        }
+    }
+    tail
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tails_are_bounded_on_char_boundaries() {
+        let s = format!("{}end", "\u{e9}".repeat(1000));
+        let t = tail_of(&s, 11);
+        assert!(t.starts_with("..."));
+        assert!(t.ends_with("end"));
+        assert!(t.len() <= 14);
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        assert!(is_secret_name("API_TOKEN"));
+        assert!(!is_secret_name("LANG"));
+        assert_eq!(
+            redact("bad token s3cr3t!", &["s3cr3t".to_string()]),
+            "bad token [redacted]!"
+        );
+    }
+
+    #[test]
+    fn relative_and_missing_programs_are_problems() {
+        assert!(resolve_program("./tool").is_err());
+        assert!(resolve_program("bin/tool").is_err());
+        assert!(resolve_program("/nonexistent/tool").is_err());
+        assert!(resolve_program("no-such-program-toolgate").is_err());
+        assert!(resolve_program("").is_err());
+        assert!(resolve_program("cat").unwrap().is_absolute());
+    }
+}

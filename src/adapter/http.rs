@@ -1,4 +1,465 @@
-//! The http adapter.
+//! The http adapter: POSTs a call's arguments as JSON to an upstream and returns the
+//! JSON it answers. [`Upstream`] is also the client of builtins that call out
+//! (`file_with_court`).
+//!
+//! INVARIANT: a request only ever goes to a host:port in the tool's `allowed_hosts`,
+//! checked when the adapter is built and again before every request; redirects are
+//! not followed. Only plain `http://` upstreams are supported (no TLS in this build).
 
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderValue, USER_AGENT};
+use hyper::http::uri::{Authority, Scheme};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde_json::Value;
+
+use super::{
+    ExecContext, ExecError, SettingProblem, output_hard_cap, strings_with_pointers, truncate,
+    unsafe_argument,
+};
+use crate::canonical::to_canonical_bytes;
+use crate::diagnostic::Refusal;
+use crate::policy::Tool;
+
+/// How long connecting may take before the upstream counts as down.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How much of an error answer's body goes into the error message.
+const ERROR_BODY_BYTES: usize = 1024;
+/// Idle pooled connections are closed after this long.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One allowed host, `host` (any port) or `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HostPattern {
+    /// Lowercase host, IPv6 literals in brackets.
+    host: String,
+    port: Option<u16>,
+}
+
+/// The hosts an adapter may reach.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HostAllowlist {
+    patterns: Vec<HostPattern>,
+}
+
+impl HostAllowlist {
+    /// Parses `host` or `host:port` entries; returns the entries that do not parse.
+    pub(crate) fn parse(entries: &[String]) -> Result<Self, Vec<SettingProblem>> {
+        let mut patterns = Vec::new();
+        let mut problems = Vec::new();
+        for entry in entries {
+            match entry.parse::<Authority>() {
+                Ok(a) if !entry.contains('@') && !a.host().is_empty() => {
+                    patterns.push(HostPattern {
+                        host: a.host().to_ascii_lowercase(),
+                        port: a.port_u16(),
+                    })
+                }
+                _ => problems.push(
+                    SettingProblem::new(format!(
+                        "allowed host `{entry}` is not `host` or `host:port`"
+                    ))
+                    .help("write entries like `127.0.0.1:8799` or `api.example.com`"),
+                ),
+            }
+        }
+        if problems.is_empty() {
+            Ok(HostAllowlist { patterns })
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// Whether `uri` (an absolute http(s) URI) points at an allowed host and port. An
+    /// entry without a port allows every port of that host.
+    pub(crate) fn allows(&self, uri: &Uri) -> bool {
+        let Some(authority) = uri.authority() else {
+            return false;
+        };
+        let host = authority.host().to_ascii_lowercase();
+        let port = authority.port_u16().or(match uri.scheme_str() {
+            Some("http") => Some(80),
+            Some("https") => Some(443),
+            _ => None,
+        });
+        self.patterns
+            .iter()
+            .any(|p| p.host == host && (p.port.is_none() || p.port == port))
+    }
+
+    /// The entries, for messages.
+    fn describe(&self) -> String {
+        let entries: Vec<String> = self
+            .patterns
+            .iter()
+            .map(|p| match p.port {
+                Some(port) => format!("{}:{port}", p.host),
+                None => p.host.clone(),
+            })
+            .collect();
+        entries.join(", ")
+    }
+}
+
+/// An http upstream: a fixed URL, its allowlist and a pooled client.
 #[derive(Debug)]
-pub struct HttpAdapter;
+pub(crate) struct Upstream {
+    uri: Uri,
+    /// `host:port` of `uri`, for messages (never includes credentials: URLs with
+    /// user info are refused at build).
+    label: String,
+    allowed: HostAllowlist,
+    /// One client per adapter, so connections are pooled across calls.
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Upstream {
+    /// Checks the URL (absolute `http://`, no user info, host in `allowed_hosts`) and
+    /// builds the client. Needs no tokio runtime.
+    pub(crate) fn build(url: &str, allowed_hosts: &[String]) -> Result<Self, Vec<SettingProblem>> {
+        let mut problems = Vec::new();
+        let allowed = match HostAllowlist::parse(allowed_hosts) {
+            Ok(a) => a,
+            Err(found) => {
+                problems.extend(found);
+                HostAllowlist::default()
+            }
+        };
+        if allowed_hosts.is_empty() {
+            problems.push(
+                SettingProblem::new("`allowed_hosts` is empty")
+                    .help("list the host:port of the url in `allowed_hosts`"),
+            );
+        }
+        let uri = match url.parse::<Uri>() {
+            Ok(uri) => Some(uri),
+            Err(e) => {
+                problems.push(
+                    SettingProblem::new(format!("url `{url}` does not parse: {e}"))
+                        .help("write an absolute url like `http://127.0.0.1:8799/path`"),
+                );
+                None
+            }
+        };
+        if let Some(uri) = &uri {
+            if uri.scheme() == Some(&Scheme::HTTPS) {
+                problems.push(
+                    SettingProblem::new(format!(
+                        "url `{url}` is https, which this build does not support"
+                    ))
+                    .help("use an `http://` url, for example a local tls-terminating proxy"),
+                );
+            } else if uri.scheme() != Some(&Scheme::HTTP) || uri.authority().is_none() {
+                problems.push(
+                    SettingProblem::new(format!("url `{url}` is not an absolute http url"))
+                        .help("write an absolute url like `http://127.0.0.1:8799/path`"),
+                );
+            } else if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+                problems.push(
+                    SettingProblem::new("url carries user info (credentials)")
+                        .help("remove `user:password@` from the url; credentials do not belong in the registry"),
+                );
+            } else if !allowed_hosts.is_empty() && !allowed.allows(uri) {
+                problems.push(
+                    SettingProblem::new(format!(
+                        "url `{url}` points at a host not in its own `allowed_hosts` ({})",
+                        allowed.describe()
+                    ))
+                    .help("add the url's host:port to `allowed_hosts`, or fix the url"),
+                );
+            }
+        }
+        match uri {
+            Some(uri) if problems.is_empty() => {
+                let label = uri
+                    .authority()
+                    .map(|a| a.as_str().to_string())
+                    .unwrap_or_default();
+                Ok(Upstream {
+                    uri,
+                    label,
+                    allowed,
+                    client: new_client(),
+                })
+            }
+            _ => Err(problems),
+        }
+    }
+
+    /// The allowlist, for argument checks.
+    pub(crate) fn allowed(&self) -> &HostAllowlist {
+        &self.allowed
+    }
+
+    /// POSTs `body` as JSON and returns the JSON answer, within `ctx.deadline`; the
+    /// answer body is read up to `cap` bytes.
+    pub(crate) async fn post_json(
+        &self,
+        body: &Value,
+        ctx: &ExecContext<'_>,
+        cap: usize,
+    ) -> Result<Value, ExecError> {
+        // INVARIANT: checked at build too; checked again so no code path can send a
+        // request elsewhere.
+        if !self.allowed.allows(&self.uri) {
+            return Err(ExecError::Failed(format!(
+                "upstream `{}` is not in the tool's allowed hosts",
+                self.label
+            )));
+        }
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(self.uri.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json")
+            .header(USER_AGENT, concat!("toolgate/", env!("CARGO_PKG_VERSION")));
+        for (name, value) in [
+            ("x-toolgate-call-id", ctx.call_id),
+            ("x-toolgate-run-id", ctx.run_id),
+        ] {
+            if let Ok(v) = HeaderValue::from_str(value) {
+                request = request.header(name, v);
+            }
+        }
+        let request = request
+            .body(Full::new(Bytes::from(to_canonical_bytes(body))))
+            .map_err(|e| ExecError::Failed(format!("could not build the request: {e}")))?;
+
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| self.request_error(&e))?;
+            let status = response.status();
+            let bytes = match Limited::new(response.into_body(), cap).collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                    return Err(ExecError::Failed(format!(
+                        "upstream `{}` answered more than {cap} bytes",
+                        self.label
+                    )));
+                }
+                Err(e) => {
+                    return Err(ExecError::DependencyDown(format!(
+                        "upstream `{}` dropped the connection while answering: {}",
+                        self.label,
+                        error_chain(e.as_ref())
+                    )));
+                }
+            };
+            self.answer(status, &bytes)
+        };
+        match tokio::time::timeout_at(ctx.deadline, exchange).await {
+            Ok(result) => result,
+            // Dropping the exchange future aborts the request and its connection.
+            Err(_) => Err(ExecError::Timeout),
+        }
+    }
+
+    fn request_error(&self, e: &hyper_util::client::legacy::Error) -> ExecError {
+        let what = if e.is_connect() {
+            "could not connect to"
+        } else {
+            "lost the connection to"
+        };
+        ExecError::DependencyDown(format!(
+            "{what} upstream `{}`: {}",
+            self.label,
+            error_chain(e)
+        ))
+    }
+
+    fn answer(&self, status: StatusCode, body: &[u8]) -> Result<Value, ExecError> {
+        let label = &self.label;
+        if status.is_success() {
+            return serde_json::from_slice(body).map_err(|e| {
+                ExecError::OutputNotJson(format!(
+                    "upstream `{label}` answered {status} with a body that is not one json value: {e}"
+                ))
+            });
+        }
+        let excerpt = truncate(String::from_utf8_lossy(body).trim(), ERROR_BODY_BYTES);
+        if status.is_server_error() {
+            Err(ExecError::DependencyDown(format!(
+                "upstream `{label}` answered {status}: {excerpt}"
+            )))
+        } else {
+            Err(ExecError::Failed(format!(
+                "upstream `{label}` answered {status}: {excerpt}"
+            )))
+        }
+    }
+}
+
+fn new_client() -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    connector.set_nodelay(true);
+    // `enforce_http` (the default) refuses anything but http:// at connect time too.
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_timer(TokioTimer::new())
+        .build(connector)
+}
+
+/// An error and its sources, joined by `: `, bounded.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    let mut depth = 0;
+    while let Some(s) = source {
+        if depth >= 8 {
+            break;
+        }
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+        depth += 1;
+    }
+    truncate(&text, 512)
+}
+
+/// Refuses every string argument that is a URL (any `scheme://`) unless it is an
+/// http(s) URL to an allowed host.
+pub(crate) fn check_url_arguments(
+    arguments: &Value,
+    allowed: &HostAllowlist,
+) -> Result<(), Refusal> {
+    for (pointer, s) in strings_with_pointers(arguments) {
+        let candidate = s.trim();
+        let Some(scheme_end) = candidate.find("://") else {
+            continue;
+        };
+        let scheme = &candidate[..scheme_end];
+        let looks_like_scheme = !scheme.is_empty()
+            && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        if !looks_like_scheme {
+            continue;
+        }
+        let scheme = scheme.to_ascii_lowercase();
+        if scheme != "http" && scheme != "https" {
+            return Err(unsafe_argument(
+                &pointer,
+                &format!("url scheme `{scheme}` is not allowed (only http and https)"),
+            ));
+        }
+        let Ok(uri) = candidate.parse::<Uri>() else {
+            return Err(unsafe_argument(&pointer, "the url does not parse"));
+        };
+        if !allowed.allows(&uri) {
+            let host = uri.authority().map(|a| a.host()).unwrap_or("");
+            return Err(unsafe_argument(
+                &pointer,
+                &format!("url host `{host}` is not in the tool's allowed hosts"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The http adapter of one tool.
+#[derive(Debug)]
+pub struct HttpAdapter {
+    upstream: Upstream,
+}
+
+impl HttpAdapter {
+    pub(super) fn build(url: &str, allowed_hosts: &[String]) -> Result<Self, Vec<SettingProblem>> {
+        Upstream::build(url, allowed_hosts).map(|upstream| HttpAdapter { upstream })
+    }
+
+    pub(super) fn validate(&self, arguments: &Value) -> Result<(), Refusal> {
+        check_url_arguments(arguments, self.upstream.allowed())
+    }
+
+    pub(super) async fn execute(
+        &self,
+        tool: &Tool,
+        arguments: &Value,
+        ctx: ExecContext<'_>,
+    ) -> Result<Value, ExecError> {
+        self.upstream
+            .post_json(arguments, &ctx, output_hard_cap(tool))
+            .await
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn allow(entries: &[&str]) -> HostAllowlist {
+        HostAllowlist::parse(&entries.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    #[test]
+    fn allowlist_matches_host_and_port() {
+        let a = allow(&["127.0.0.1:8799", "Example.com"]);
+        assert!(a.allows(&"http://127.0.0.1:8799/x".parse().unwrap()));
+        assert!(!a.allows(&"http://127.0.0.1:8800/x".parse().unwrap()));
+        assert!(!a.allows(&"http://127.0.0.1/x".parse().unwrap()));
+        assert!(a.allows(&"https://example.COM/x".parse().unwrap()));
+        assert!(a.allows(&"http://example.com:9000/".parse().unwrap()));
+        assert!(!a.allows(&"http://127.0.0.1:8799@evil.com/".parse().unwrap()));
+        assert!(!a.allows(&"http://evil.com/".parse().unwrap()));
+    }
+
+    #[test]
+    fn bad_allowlist_entries_are_problems() {
+        let entries = vec![
+            "http://x/".to_string(),
+            "a@b".to_string(),
+            "ok:1".to_string(),
+        ];
+        let problems = HostAllowlist::parse(&entries).unwrap_err();
+        assert_eq!(problems.len(), 2);
+    }
+
+    #[test]
+    fn url_arguments_are_checked() {
+        let a = allow(&["127.0.0.1:8799"]);
+        assert!(check_url_arguments(&json!({"url": "http://127.0.0.1:8799/a"}), &a).is_ok());
+        assert!(check_url_arguments(&json!({"text": "see section 3: notes"}), &a).is_ok());
+        for bad in [
+            "http://evil.example/x",
+            "file:///etc/passwd",
+            "HTTP://10.0.0.1:8799/",
+            "http://127.0.0.1:8799@evil.example/",
+            "http://127.0.0.1:8799\\@evil.example/",
+        ] {
+            let r = check_url_arguments(&json!({"nested": [{"u": bad}]}), &a).unwrap_err();
+            assert_eq!(r.reason, crate::diagnostic::Reason::ArgumentUnsafe, "{bad}");
+            assert_eq!(r.details["pointer"], "/nested/0/u");
+        }
+    }
+
+    #[test]
+    fn build_refuses_https_userinfo_and_foreign_hosts() {
+        let hosts = vec!["127.0.0.1:8799".to_string()];
+        assert!(Upstream::build("http://127.0.0.1:8799/filings", &hosts).is_ok());
+        for bad in [
+            "https://127.0.0.1:8799/filings",
+            "http://u:p@127.0.0.1:8799/filings",
+            "http://127.0.0.1:9999/filings",
+            "ftp://127.0.0.1:8799/",
+            "/relative",
+            "http://[::1",
+        ] {
+            let problems = Upstream::build(bad, &hosts).unwrap_err();
+            assert_eq!(problems.len(), 1, "{bad}: {problems:?}");
+        }
+        assert!(Upstream::build("http://127.0.0.1:8799/", &[]).is_err());
+    }
+}

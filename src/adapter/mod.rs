@@ -14,11 +14,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
 use crate::diagnostic::{Reason, Refusal};
-use crate::policy::{Policy, Problem, Tool};
+use crate::policy::{AdapterConfig, Policy, Problem, Tool};
 
 /// Where adapters find their files.
 #[derive(Debug, Clone)]
@@ -53,6 +53,10 @@ pub enum ExecError {
     OutputNotJson(String),
     /// The adapter kind or builtin is not available.
     NotImplemented(String),
+    /// An argument turned out unsafe only when the file system was consulted (a symlink
+    /// resolving outside the folder the tool is confined to). `pointer` is a JSON
+    /// pointer into the arguments.
+    ArgumentUnsafe { pointer: String, problem: String },
 }
 
 mod builtin;
@@ -67,6 +71,11 @@ pub enum Adapter {
     Builtin(builtin::BuiltinAdapter),
     Command(command::CommandAdapter),
     Http(http::HttpAdapter),
+    /// An adapter kind this build cannot execute (`mcp`): the tool loads, and every
+    /// call to it fails with `adapter_not_implemented`.
+    NotImplemented {
+        kind: &'static str,
+    },
 }
 
 /// The adapters of one policy, by tool name.
@@ -75,55 +84,300 @@ pub struct Adapters {
     pub by_tool: BTreeMap<String, Adapter>,
 }
 
+/// Largest tool error message kept in a refusal's details.
+pub const MAX_TOOL_ERROR_BYTES: usize = 2048;
+
+/// Largest output an adapter accepts from a tool, whatever its `max_output_bytes`:
+/// larger outputs are turned into artifacts by the pipeline, up to this hard cap.
+const HARD_CAP_FLOOR: u64 = 16 * 1024 * 1024;
+const HARD_CAP_CEILING: u64 = 256 * 1024 * 1024;
+
+/// The most bytes an adapter reads from a tool's output:
+/// `max(max_output_bytes * 16, 16 MiB)`, never more than 256 MiB.
+pub fn output_hard_cap(tool: &Tool) -> usize {
+    let cap = tool
+        .limits
+        .max_output_bytes
+        .saturating_mul(16)
+        .clamp(HARD_CAP_FLOOR, HARD_CAP_CEILING);
+    usize::try_from(cap).unwrap_or(usize::MAX)
+}
+
+/// A problem found in one tool's adapter settings, before it is located in a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SettingProblem {
+    pub message: String,
+    pub help: Option<String>,
+}
+
+impl SettingProblem {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        SettingProblem {
+            message: message.into(),
+            help: None,
+        }
+    }
+
+    pub(crate) fn help(mut self, help: impl Into<String>) -> Self {
+        self.help = Some(help.into());
+        self
+    }
+}
+
 /// Builds an adapter for every registered tool, checking each adapter's settings
 /// (unknown builtin, empty argv, bad URL, host not in its own allowlist, ...).
-/// Problems point at the tool in `tool_registry.yaml`.
+/// Problems point at the tool in `tool_registry.yaml`; every problem is reported.
 pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>> {
-    let _ = (policy, env);
-    Err(Vec::new())
+    let mut adapters = Adapters::default();
+    let mut problems = Vec::new();
+    for (name, tool) in &policy.tools {
+        let built = match &tool.adapter {
+            AdapterConfig::Builtin { name, settings } => {
+                builtin::BuiltinAdapter::build(name, settings, env).map(Adapter::Builtin)
+            }
+            AdapterConfig::Command {
+                argv,
+                working_dir,
+                env_allowlist,
+            } => command::CommandAdapter::build(argv, working_dir.as_deref(), env_allowlist, env)
+                .map(Adapter::Command),
+            AdapterConfig::Http { url, allowed_hosts } => {
+                http::HttpAdapter::build(url, allowed_hosts).map(Adapter::Http)
+            }
+            AdapterConfig::Mcp { .. } => Ok(Adapter::NotImplemented { kind: "mcp" }),
+        };
+        match built {
+            Ok(adapter) => {
+                adapters.by_tool.insert(name.clone(), adapter);
+            }
+            Err(found) => problems.extend(found.into_iter().map(|p| Problem {
+                file: policy.source.tools_file.clone(),
+                line: None,
+                column: None,
+                message: format!("tool `{name}`: {}", p.message),
+                help: p.help,
+            })),
+        }
+    }
+    if problems.is_empty() {
+        Ok(adapters)
+    } else {
+        Err(problems)
+    }
 }
 
 impl Adapter {
-    /// Sanitizes the arguments: refuses path traversal, shell metacharacters where a
-    /// plain value is expected, and URLs to hosts outside the allowlist.
-    /// Runs after the input schema has been checked.
+    /// Sanitizes the arguments: refuses path traversal, NUL bytes and oversized
+    /// arguments for programs, and URLs to hosts outside the allowlist.
+    /// Runs after the input schema has been checked. A refusal has reason
+    /// `argument_unsafe` and details `{"location", "pointer", "problem"}`.
     pub fn validate(
         &self,
         tool: &Tool,
         arguments: &Value,
         scope: &Map<String, Value>,
     ) -> Result<(), Refusal> {
-        let _ = (tool, arguments, scope);
-        Err(Refusal::new(
-            Reason::AdapterNotImplemented,
-            "adapters are not built yet",
-        ))
+        let _ = tool;
+        match self {
+            Adapter::Builtin(b) => b.validate(arguments, scope),
+            Adapter::Command(c) => c.validate(arguments),
+            Adapter::Http(h) => h.validate(arguments),
+            Adapter::NotImplemented { .. } => Ok(()),
+        }
     }
 
     /// The canonical form of the arguments: what is hashed into the audit log and
     /// what flag rules are evaluated on (e.g. `./a/../notes.md` becomes `notes.md`).
+    /// Only called on arguments that passed [`Adapter::validate`].
     pub fn normalize(&self, tool: &Tool, arguments: &Value) -> Value {
         let _ = tool;
-        arguments.clone()
+        match self {
+            Adapter::Builtin(b) => b.normalize(arguments),
+            Adapter::Command(_) | Adapter::Http(_) | Adapter::NotImplemented { .. } => {
+                arguments.clone()
+            }
+        }
     }
 
-    /// Executes the call; must return by `ctx.deadline` (then with `ExecError::Timeout`).
+    /// Executes the call; returns by `ctx.deadline` (then with `ExecError::Timeout`,
+    /// the work terminated).
     pub async fn execute(
         &self,
         tool: &Tool,
         arguments: &Value,
         ctx: ExecContext<'_>,
     ) -> Result<Value, ExecError> {
-        let _ = (tool, arguments, ctx);
-        Err(ExecError::NotImplemented(
-            "adapters are not built yet".into(),
-        ))
+        match self {
+            Adapter::Builtin(b) => b.execute(tool, arguments, ctx).await,
+            Adapter::Command(c) => c.execute(tool, arguments, ctx).await,
+            Adapter::Http(h) => h.execute(tool, arguments, ctx).await,
+            Adapter::NotImplemented { kind } => Err(ExecError::NotImplemented(format!(
+                "the {kind} adapter is not available in this build"
+            ))),
+        }
     }
 
     /// Maps an execution error to the contract's reason (and so error code) and
-    /// whether a retry may help.
+    /// whether a retry may help. Messages are bounded to [`MAX_TOOL_ERROR_BYTES`].
     pub fn classify_error(tool: &Tool, error: &ExecError) -> Refusal {
-        let _ = tool;
-        Refusal::new(Reason::InternalError, format!("{error:?}"))
+        let name = &tool.tool_name;
+        match error {
+            ExecError::Timeout => Refusal::new(
+                Reason::ToolTimeout,
+                format!("tool `{name}` did not finish before its deadline and was terminated"),
+            )
+            .with_retryable(tool.idempotent),
+            ExecError::DependencyDown(m) => Refusal::new(
+                Reason::DependencyDown,
+                format!("the upstream of tool `{name}` could not be reached"),
+            )
+            .with_details(json!({ "dependency_error": bounded(m) }))
+            .with_retryable(true),
+            ExecError::Failed(m) => Refusal::new(
+                Reason::ToolError,
+                format!("tool `{name}` reported an error"),
+            )
+            .with_details(json!({ "tool_error": bounded(m) })),
+            ExecError::OutputNotJson(m) => Refusal::new(
+                Reason::OutputSchemaViolation,
+                format!("the output of tool `{name}` is not a json value"),
+            )
+            .with_details(json!({
+                "violations": [{ "pointer": "", "message": bounded(m) }]
+            })),
+            ExecError::NotImplemented(m) => Refusal::new(
+                Reason::AdapterNotImplemented,
+                format!("tool `{name}` cannot be executed: {}", bounded(m)),
+            ),
+            ExecError::ArgumentUnsafe { pointer, problem } => {
+                unsafe_argument(pointer, &bounded(problem))
+            }
+        }
+    }
+}
+
+/// An `argument_unsafe` refusal for the argument at `pointer`.
+pub(crate) fn unsafe_argument(pointer: &str, problem: &str) -> Refusal {
+    Refusal::new(
+        Reason::ArgumentUnsafe,
+        format!("argument `{pointer}` is unsafe: {problem}"),
+    )
+    .with_details(json!({ "location": "arguments", "pointer": pointer, "problem": problem }))
+}
+
+/// An `argument_unsafe` refusal for the scope value under `key`.
+pub(crate) fn unsafe_scope(key: &str, problem: &str) -> Refusal {
+    Refusal::new(
+        Reason::ArgumentUnsafe,
+        format!("scope key `{key}` is unsafe: {problem}"),
+    )
+    .with_details(json!({ "location": "scope", "pointer": format!("/{key}"), "problem": problem }))
+}
+
+/// `text` cut to at most [`MAX_TOOL_ERROR_BYTES`] bytes on a character boundary.
+pub(crate) fn bounded(text: &str) -> String {
+    truncate(text, MAX_TOOL_ERROR_BYTES)
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, marked when cut.
+pub(crate) fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    const MARK: &str = "...";
+    let mut end = max.saturating_sub(MARK.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &text[..end])
+}
+
+/// Appends one JSON pointer token (RFC 6901 escaping) to `base`.
+pub(crate) fn pointer_push(base: &str, token: &str) -> String {
+    format!("{base}/{}", token.replace('~', "~0").replace('/', "~1"))
+}
+
+/// Every string in `value` (object keys included) with the JSON pointer of where it
+/// is, in document order. Iterative, so any depth is safe.
+pub(crate) fn strings_with_pointers(value: &Value) -> Vec<(String, &str)> {
+    let mut found = Vec::new();
+    let mut stack: Vec<(String, &Value)> = vec![(String::new(), value)];
+    while let Some((pointer, v)) = stack.pop() {
+        match v {
+            Value::String(s) => found.push((pointer, s.as_str())),
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate().rev() {
+                    stack.push((pointer_push(&pointer, &i.to_string()), item));
+                }
+            }
+            Value::Object(map) => {
+                for (k, item) in map.iter().rev() {
+                    let child = pointer_push(&pointer, k);
+                    found.push((child.clone(), k.as_str()));
+                    stack.push((child, item));
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+    found
+}
+
+/// Whether `s` is a safe identifier for a file name component: `^[A-Za-z0-9_-]{1,64}$`.
+pub(crate) fn is_safe_id(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The scope value under `key`, which must be a string matching `^[A-Za-z0-9_-]{1,64}$`
+/// (it names a folder).
+pub(crate) fn scope_id<'a>(scope: &'a Map<String, Value>, key: &str) -> Result<&'a str, Refusal> {
+    match scope.get(key) {
+        Some(Value::String(s)) if is_safe_id(s) => Ok(s),
+        Some(Value::String(_)) => Err(unsafe_scope(
+            key,
+            "must match ^[A-Za-z0-9_-]{1,64}$ (it names a folder)",
+        )),
+        Some(_) => Err(unsafe_scope(key, "must be a string")),
+        None => Err(unsafe_scope(key, "is missing")),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncate_respects_char_boundaries() {
+        let s = "\u{e9}".repeat(2000);
+        let t = truncate(&s, 2048);
+        assert!(t.len() <= 2048);
+        assert!(t.ends_with("..."));
+        assert_eq!(truncate("short", 2048), "short");
+    }
+
+    #[test]
+    fn strings_are_found_with_escaped_pointers() {
+        let v = json!({"a/b": ["x", {"c~d": "y"}], "n": 1});
+        let found: Vec<(String, String)> = strings_with_pointers(&v)
+            .into_iter()
+            .map(|(p, s)| (p, s.to_string()))
+            .collect();
+        assert!(found.contains(&("/a~1b/0".into(), "x".into())));
+        assert!(found.contains(&("/a~1b/1/c~0d".into(), "y".into())));
+        assert!(found.contains(&("/a~1b/1/c~0d".into(), "c~d".into())));
+        assert!(found.contains(&("/n".into(), "n".into())));
+    }
+
+    #[test]
+    fn safe_ids() {
+        assert!(is_safe_id("C-1001"));
+        assert!(is_safe_id("a_b"));
+        assert!(!is_safe_id(""));
+        assert!(!is_safe_id("../x"));
+        assert!(!is_safe_id("a.b"));
+        assert!(!is_safe_id(&"a".repeat(65)));
     }
 }
