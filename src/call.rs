@@ -38,6 +38,9 @@ pub struct PartialRequest {
     pub tool_name: Option<String>,
 }
 
+/// A request as received: parsed, or refused with whatever ids could be read.
+pub type Received = Result<CallRequest, Box<(Refusal, PartialRequest)>>;
+
 const FIELDS: [&str; 9] = [
     "role_id",
     "run_id",
@@ -52,7 +55,7 @@ const FIELDS: [&str; 9] = [
 
 /// Parses a request body. On failure returns the refusal (listing every problem) and
 /// whatever ids could be read, so the refusal can still be audited under them.
-pub fn parse_request(body: &[u8]) -> Result<CallRequest, (Refusal, PartialRequest)> {
+pub fn parse_request(body: &[u8]) -> Received {
     let value: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {
@@ -61,19 +64,22 @@ pub fn parse_request(body: &[u8]) -> Result<CallRequest, (Refusal, PartialReques
             } else {
                 format!("the body is not valid JSON: {e}")
             };
-            return Err((malformed(vec![problem]), PartialRequest::default()));
+            return Err(Box::new((
+                malformed(vec![problem]),
+                PartialRequest::default(),
+            )));
         }
     };
     parse_request_value(value)
 }
 
 /// Parses a request already read as JSON (the MCP front builds one from headers).
-pub fn parse_request_value(value: Value) -> Result<CallRequest, (Refusal, PartialRequest)> {
+pub fn parse_request_value(value: Value) -> Received {
     let Value::Object(mut obj) = value else {
-        return Err((
+        return Err(Box::new((
             malformed(vec!["the body must be a JSON object".into()]),
             PartialRequest::default(),
-        ));
+        )));
     };
     let mut problems = Vec::new();
     let mut unknown: Vec<&String> = obj
@@ -187,7 +193,7 @@ pub fn parse_request_value(value: Value) -> Result<CallRequest, (Refusal, Partia
             idempotency_key,
             dry_run,
         }),
-        _ => Err((malformed(problems), partial)),
+        _ => Err(Box::new((malformed(problems), partial))),
     }
 }
 
@@ -359,7 +365,7 @@ mod tests {
     #[test]
     fn every_problem_is_listed_at_once() {
         let body = br#"{"role_id": 7, "lane_id": "", "tool_name": "t", "arguments": [], "extra": 1, "dry_run": "yes"}"#;
-        let (refusal, partial) = parse_request(body).unwrap_err();
+        let (refusal, partial) = *parse_request(body).unwrap_err();
         assert_eq!(refusal.reason, Reason::RequestMalformed);
         let problems: Vec<String> =
             serde_json::from_value(refusal.details["problems"].clone()).unwrap();
@@ -380,12 +386,12 @@ mod tests {
 
     #[test]
     fn not_json_and_not_utf8_are_malformed() {
-        let (r, _) = parse_request(b"\xff\xfe").unwrap_err();
+        let (r, _) = *parse_request(b"\xff\xfe").unwrap_err();
         assert!(r.message.contains("UTF-8"), "{}", r.message);
-        let (r, _) = parse_request(b"{nope").unwrap_err();
+        let (r, _) = *parse_request(b"{nope").unwrap_err();
         assert!(r.message.contains("not valid JSON"), "{}", r.message);
         let deep = "[".repeat(10_000);
-        let (r, _) = parse_request(deep.as_bytes()).unwrap_err();
+        let (r, _) = *parse_request(deep.as_bytes()).unwrap_err();
         assert_eq!(r.reason, Reason::RequestMalformed);
     }
 

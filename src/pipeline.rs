@@ -17,7 +17,8 @@ use crate::adapter::{Adapter, ExecContext, ExecError};
 use crate::audit::{EventType, NewEvent};
 use crate::authz;
 use crate::call::{
-    ArtifactRef, CallRequest, CallResponse, Decision, DryRun, PartialRequest, Status, Trace,
+    ArtifactRef, CallRequest, CallResponse, Decision, DryRun, PartialRequest, Received, Status,
+    Trace,
 };
 use crate::canonical::{audit_safe, sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
@@ -84,13 +85,13 @@ pub enum Caller<'a> {
 fn decide<'p>(
     loaded: &'p Loaded,
     caller: Caller<'_>,
-    request: Result<CallRequest, (Refusal, PartialRequest)>,
+    request: Received,
     runs: &dyn Fn(&str) -> Option<RunRecord>,
     lock: &SafetyLock,
     call: &mut Call,
 ) -> Result<Allowed<'p>, Refusal> {
     // 1. receive request
-    let request = request.map_err(|(refusal, _)| refusal)?;
+    let request = request.map_err(|rejected| rejected.0)?;
     if lock.engaged {
         return Err(Refusal::new(
             Reason::SafetyLockEngaged,
@@ -211,11 +212,7 @@ impl Explanation {
 
 impl Gateway {
     /// Runs one tool call through the 13 steps and returns its response.
-    pub async fn handle(
-        &self,
-        token: Option<&str>,
-        request: Result<CallRequest, (Refusal, PartialRequest)>,
-    ) -> CallResponse {
+    pub async fn handle(&self, token: Option<&str>, request: Received) -> CallResponse {
         // One policy snapshot for the whole call: a reload never mixes two policies.
         let loaded: Arc<Loaded> = self.current();
         let mut call = Call::new(&request, &loaded.policy.versions);
@@ -346,7 +343,11 @@ impl Gateway {
         };
         let tool_ms = started.elapsed().as_millis() as u64;
         result.map(|output| (output, tool_ms)).map_err(|e| {
-            let refusal = Adapter::classify_error(tool, &e);
+            let mut refusal = Adapter::classify_error(tool, &e);
+            if refusal.step() < 10 {
+                // Found while executing (e.g. a symlink out of the case folder): say so.
+                refusal = refusal.at_step(10);
+            }
             if matches!(e, ExecError::Timeout) {
                 let message = format!(
                     "`{}` did not finish within {timeout_ms} ms and was terminated",
@@ -538,10 +539,7 @@ fn replayed(first: &CallResponse) -> CallResponse {
 }
 
 impl Call {
-    fn new(
-        request: &Result<CallRequest, (Refusal, PartialRequest)>,
-        versions: &crate::policy::PolicyVersions,
-    ) -> Call {
+    fn new(request: &Received, versions: &crate::policy::PolicyVersions) -> Call {
         let (ids, arguments, scope, dry_run) = match request {
             Ok(r) => (
                 PartialRequest {
@@ -554,7 +552,7 @@ impl Call {
                 Some(r.scope.clone()),
                 r.dry_run,
             ),
-            Err((_, partial)) => (partial.clone(), None, None, false),
+            Err(rejected) => (rejected.1.clone(), None, None, false),
         };
         Call {
             call_id: format!("call-{}", uuid::Uuid::new_v4()),

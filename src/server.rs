@@ -128,7 +128,7 @@ async fn route(
         Err(refusal) => {
             if (method, segments.as_slice()) == (Method::POST, ["v1", "tool-calls"].as_slice()) {
                 // A refused tool call is still a tool call: it gets its audit record.
-                let request = Err((refusal, Default::default()));
+                let request = Err(Box::new((refusal, Default::default())));
                 let response = gateway.handle(token.as_deref(), request).await;
                 return Ok(call_response(&response));
             }
