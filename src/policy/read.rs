@@ -49,7 +49,7 @@ pub(crate) fn read_file(path: &Path, root: &Path) -> Result<SourceFile, Problem>
             )
         } else {
             fail(
-                format!("cannot read `{display}`: {err}"),
+                format!("cannot read `{display}`: {}", io_reason(&err)),
                 "check the file's permissions",
             )
         });
@@ -57,10 +57,19 @@ pub(crate) fn read_file(path: &Path, root: &Path) -> Result<SourceFile, Problem>
     let resolved = match path.canonicalize() {
         Ok(resolved) => resolved,
         Err(err) => {
-            return Err(fail(
-                format!("cannot resolve `{display}`: {err}"),
-                "a symlink whose target does not exist cannot be read; point it at a real file",
-            ));
+            return Err(match std::fs::read_link(path) {
+                Ok(target) => fail(
+                    format!(
+                        "`{display}` is a symlink to `{}`, which does not exist",
+                        target.display()
+                    ),
+                    "point the symlink at a real file inside the policy directory, or replace it with the file",
+                ),
+                Err(_) => fail(
+                    format!("cannot resolve `{display}`: {}", io_reason(&err)),
+                    "check the path and its permissions",
+                ),
+            });
         }
     };
     let root_resolved = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
@@ -79,7 +88,7 @@ pub(crate) fn read_file(path: &Path, root: &Path) -> Result<SourceFile, Problem>
         Ok(metadata) => metadata,
         Err(err) => {
             return Err(fail(
-                format!("cannot read `{display}`: {err}"),
+                format!("cannot read `{display}`: {}", io_reason(&err)),
                 "check the file's permissions",
             ));
         }
@@ -103,7 +112,7 @@ pub(crate) fn read_file(path: &Path, root: &Path) -> Result<SourceFile, Problem>
         Ok(bytes) => bytes,
         Err(err) => {
             return Err(fail(
-                format!("cannot read `{display}`: {err}"),
+                format!("cannot read `{display}`: {}", io_reason(&err)),
                 "check the file's permissions",
             ));
         }
@@ -112,6 +121,13 @@ pub(crate) fn read_file(path: &Path, root: &Path) -> Result<SourceFile, Problem>
         return Err(too_large(&display, bytes.len() as u64));
     }
     Ok(SourceFile { display, bytes })
+}
+
+/// An I/O error as a lowercase phrase without the OS error number.
+fn io_reason(err: &std::io::Error) -> String {
+    let text = err.to_string();
+    let text = text.split(" (os error").next().unwrap_or(&text).to_string();
+    lowercase_first(&text)
 }
 
 fn too_large(display: &str, len: u64) -> Problem {
@@ -225,8 +241,8 @@ pub(crate) fn parse_json(file: &SourceFile) -> Result<serde_json::Value, Problem
     serde_json::from_str(text).map_err(|err| {
         Problem::at(
             &file.display,
-            err.line(),
-            err.column(),
+            err.line().max(1),
+            err.column().max(1),
             format!(
                 "`{}` is not valid JSON: {}",
                 file.display,
@@ -280,11 +296,14 @@ fn yaml_problem(display: &str, err: &YamlError) -> Problem {
             "add the field; every required field is listed in docs/policy.md".to_string(),
         ),
         YamlError::DuplicateMappingKey { .. } => (text, "write each key once".to_string()),
+        YamlError::InvalidScalar { ty, .. } => (
+            format!("wrong type: expected {}", scalar_kind(ty)),
+            "check the field's type in docs/policy.md".to_string(),
+        ),
         YamlError::SerdeInvalidType { .. }
         | YamlError::SerdeInvalidValue { .. }
         | YamlError::InvalidBooleanStrict { .. }
-        | YamlError::NullIntoString { .. }
-        | YamlError::InvalidScalar { .. } => (
+        | YamlError::NullIntoString { .. } => (
             format!("wrong type: {text}"),
             "check the field's type in docs/policy.md (booleans are `true`/`false`; quote strings that look like numbers)"
                 .to_string(),
@@ -305,6 +324,16 @@ fn yaml_problem(display: &str, err: &YamlError) -> Problem {
             Some(&help),
         ),
         None => Problem::at_file(display, message, Some(&help)),
+    }
+}
+
+/// What a scalar of Rust type `ty` must look like, in the policy author's words.
+fn scalar_kind(ty: &str) -> String {
+    match ty {
+        "u64" => "a whole number from 0 to 18446744073709551615".into(),
+        "u32" => "a whole number from 0 to 4294967295".into(),
+        "bool" => "`true` or `false`".into(),
+        other => format!("a value of type {other}"),
     }
 }
 

@@ -238,13 +238,17 @@ fn check_path(path: &str, tool_name: &str) -> Result<(), String> {
         ));
     }
     let segments: Vec<&str> = path.split('/').collect();
-    if path.starts_with('/')
-        || segments
-            .iter()
-            .any(|s| s.is_empty() || *s == "." || *s == "..")
+    if path.starts_with('/') {
+        return Err(format!(
+            "schema path `{path}` is absolute; it must be relative to the registry's directory"
+        ));
+    }
+    if segments
+        .iter()
+        .any(|s| s.is_empty() || *s == "." || *s == "..")
     {
         return Err(format!(
-            "schema path `{path}` must be relative, without empty, `.` or `..` components"
+            "schema path `{path}` holds an empty, `.` or `..` component"
         ));
     }
     if segments.len() < 3 || segments[0] != tool_name || segments[1] != "schema" {

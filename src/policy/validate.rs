@@ -1027,7 +1027,7 @@ fn check_adapter(
                         kind.as_str()
                     ),
                     format!(
-                        "a `{}` adapter takes: {}",
+                        "an adapter of kind `{}` takes: {}",
                         kind.as_str(),
                         allowed.join(", ")
                     ),
@@ -1035,18 +1035,7 @@ fn check_adapter(
             }
         }
     }
-    let missing = |report: &mut Report<'_>, field: &str| {
-        report.spanned(
-            file,
-            adapter,
-            format!("{owner}: a `{}` adapter needs `{field}`", kind.as_str()),
-            format!(
-                "a `{}` adapter takes: {}",
-                kind.as_str(),
-                allowed.join(", ")
-            ),
-        );
-    };
+    let mut missing = Vec::new();
     let non_empty = |report: &mut Report<'_>, field: &str, value: &Spanned<String>| {
         if value.value.trim().is_empty() {
             report.spanned(
@@ -1078,7 +1067,7 @@ fn check_adapter(
             let name = raw.name.as_ref();
             match name {
                 Some(name) => non_empty(report, "name", name),
-                None => missing(report, "name"),
+                None => missing.push("name"),
             }
             name.map(|name| AdapterConfig::Builtin {
                 name: name.value.clone(),
@@ -1092,7 +1081,7 @@ fn check_adapter(
         RawAdapterKind::Command => {
             match &raw.argv {
                 Some(argv) => argv_ok(report, "argv", argv),
-                None => missing(report, "argv"),
+                None => missing.push("argv"),
             }
             let mut env_allowlist = Vec::new();
             for var in raw.env_allowlist.iter().flat_map(|l| &l.value) {
@@ -1120,7 +1109,7 @@ fn check_adapter(
         RawAdapterKind::Http => {
             match &raw.url {
                 Some(url) => non_empty(report, "url", url),
-                None => missing(report, "url"),
+                None => missing.push("url"),
             }
             let hosts: Vec<String> = raw
                 .allowed_hosts
@@ -1135,7 +1124,7 @@ fn check_adapter(
                     format!("{owner}: `allowed_hosts` is empty"),
                     "list the host (or host:port) the adapter may connect to",
                 ),
-                None => missing(report, "allowed_hosts"),
+                None => missing.push("allowed_hosts"),
                 Some(_) => {}
             }
             raw.url.as_ref().map(|url| AdapterConfig::Http {
@@ -1146,7 +1135,7 @@ fn check_adapter(
         RawAdapterKind::Mcp => {
             match &raw.tool {
                 Some(tool) => non_empty(report, "tool", tool),
-                None => missing(report, "tool"),
+                None => missing.push("tool"),
             }
             match (&raw.command, &raw.url) {
                 (Some(command), None) => argv_ok(report, "command", command),
@@ -1154,7 +1143,9 @@ fn check_adapter(
                 _ => report.spanned(
                     file,
                     adapter,
-                    format!("{owner}: an `mcp` adapter needs exactly one of `command` or `url`"),
+                    format!(
+                        "{owner}: adapter of kind `mcp` needs exactly one of `command` or `url`"
+                    ),
                     "start the server with `command: [argv...]` or connect to it with `url:`",
                 ),
             }
@@ -1165,6 +1156,26 @@ fn check_adapter(
             })
         }
     };
+    if !missing.is_empty() {
+        report.spanned(
+            file,
+            adapter,
+            format!(
+                "{owner}: adapter of kind `{}` is missing {}",
+                kind.as_str(),
+                missing
+                    .iter()
+                    .map(|f| format!("`{f}`"))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
+            format!(
+                "an adapter of kind `{}` takes: {}",
+                kind.as_str(),
+                allowed.join(", ")
+            ),
+        );
+    }
     (report.problems.len() == before)
         .then_some(config)
         .flatten()
@@ -1267,6 +1278,10 @@ fn check_lanes_and_tools(
     for entry in &lanes_raw.lanes {
         let lane = &entry.value;
         let lane_id = &lane.lane_id.value;
+        if !is_id(lane_id) {
+            // Already reported; its allowlist cannot be matched against anything.
+            continue;
+        }
         for tool_ref in &lane.tools {
             let tool_name = &tool_ref.value;
             if !is_id(tool_name) {
