@@ -199,10 +199,10 @@ fn check_fixture(case: &Path) -> Result<(), String> {
             expect.message
         ));
     }
-    if let Some(count) = expect.count {
-        if errors.len() != count {
-            return Err(format!("{} problems, want {count}\n{out}", errors.len()));
-        }
+    if let Some(count) = expect.count
+        && errors.len() != count
+    {
+        return Err(format!("{} problems, want {count}\n{out}", errors.len()));
     }
     // Every problem comes with advice, and the summary counts them.
     let lines: Vec<&str> = out.lines().collect();

@@ -89,6 +89,7 @@ pub fn prohibitions(lane: &Lane, tool: &Tool, raised: &BTreeSet<String>) -> Vec<
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use std::path::Path;
 

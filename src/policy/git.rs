@@ -80,6 +80,7 @@ fn run_git(dir: &Path, args: &[&str]) -> Option<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -361,6 +361,7 @@ fn lowercase_first(text: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use crate::policy::raw::LanesFile;

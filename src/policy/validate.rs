@@ -629,10 +629,9 @@ fn check_tools(
             check_id(report, file, "tool name", name)
         };
         let unique = name_ok && check_unique(report, file, "tool name", &mut seen, name);
-        if let Some(tool) = check_tool(report, file, entry, tools_dir, name_ok) {
-            if unique {
-                tools.insert(tool.tool_name.clone(), tool);
-            }
+        let tool = check_tool(report, file, entry, tools_dir, name_ok);
+        if let (true, Some(tool)) = (unique, tool) {
+            tools.insert(tool.tool_name.clone(), tool);
         }
     }
     tools
@@ -827,7 +826,7 @@ fn check_limits(report: &mut Report<'_>, file: &str, owner: &str, raw: &RawTool)
             "lower the default or raise the maximum; callers may only ask for timeouts up to the maximum",
         );
     }
-    (report.problems.len() == before).then(|| Limits {
+    (report.problems.len() == before).then_some(Limits {
         timeout_ms_max: limits.timeout_ms_max.value,
         max_output_bytes: limits.max_output_bytes.value,
         max_concurrency: limits.max_concurrency.value,
@@ -1016,23 +1015,23 @@ fn check_adapter(
         RawAdapterKind::Mcp => &["command", "url", "tool"],
     };
     for (field, location) in present {
-        if let Some(location) = location {
-            if !allowed.contains(&field) {
-                report.at(
-                    file,
-                    location,
-                    adapter.referenced,
-                    format!(
-                        "{owner}: adapter field `{field}` does not apply to kind `{}`",
-                        kind.as_str()
-                    ),
-                    format!(
-                        "an adapter of kind `{}` takes: {}",
-                        kind.as_str(),
-                        allowed.join(", ")
-                    ),
-                );
-            }
+        if let Some(location) = location
+            && !allowed.contains(&field)
+        {
+            report.at(
+                file,
+                location,
+                adapter.referenced,
+                format!(
+                    "{owner}: adapter field `{field}` does not apply to kind `{}`",
+                    kind.as_str()
+                ),
+                format!(
+                    "an adapter of kind `{}` takes: {}",
+                    kind.as_str(),
+                    allowed.join(", ")
+                ),
+            );
         }
     }
     let mut missing = Vec::new();
@@ -1348,6 +1347,7 @@ fn check_lanes_and_tools(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -1428,5 +1428,294 @@ mod tests {
         assert!(pointer_fits_schema("/pth", &schema).is_err());
         let open = serde_json::json!({"type": "object", "properties": {}});
         assert!(pointer_fits_schema("/pth", &open).is_ok());
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Whole-policy checks over small in-memory registries.
+
+    use crate::policy::raw::{LanesFile, RegistryFile, RolesFile};
+    use crate::policy::read::parse_yaml;
+
+    const ROLES: &str = "version: \"1\"
+roles:
+  - role_id: reader
+    description: Reads.
+    enabled: true
+    lanes: [research]
+    credential: {token_sha256: 1111111111111111111111111111111111111111111111111111111111111111}
+  - role_id: writer
+    description: Writes.
+    enabled: true
+    lanes: [drafting]
+    credential: {token_env: WRITER_TOKEN}
+admins:
+  - admin_id: ops
+    description: Operations.
+    credential: {token_sha256: 2222222222222222222222222222222222222222222222222222222222222222}
+";
+
+    const LANES: &str = "version: \"1\"
+lanes:
+  - lane_id: research
+    description: Research.
+    tools: [lookup]
+    required_scope_keys: [case_id]
+    prohibited_flags: [sealed]
+    run_statuses: [active]
+    write: false
+  - lane_id: drafting
+    description: Drafting.
+    tools: [lookup, save_draft]
+    required_scope_keys: [case_id]
+    prohibited_flags: []
+    run_statuses: [active, suspended]
+    write: true
+";
+
+    const REGISTRY: &str = "version: \"1\"
+tools:
+  - tool_name: lookup
+    description: Looks up.
+    enabled: true
+    version: 1.0.0
+    determinism: pure
+    idempotent: true
+    timeout_default_ms: 100
+    limits: {timeout_ms_max: 1000, max_output_bytes: 1024, max_concurrency: 2}
+    allowed_lanes: [research, drafting]
+    required_scope_keys: []
+    prohibited_flags: []
+    flag_rules:
+      - {flag: privileged, pointer: /path, prefix: privileged/}
+    write_targets: []
+    adapter: {kind: builtin, name: lookup}
+    input_schema: {type: object, additionalProperties: false, properties: {path: {type: string}}}
+    output_schema: {type: object}
+  - tool_name: save_draft
+    description: Saves.
+    enabled: true
+    version: 1.0.0
+    determinism: side_effectful
+    idempotent: false
+    timeout_default_ms: 100
+    limits: {timeout_ms_max: 1000, max_output_bytes: 1024, max_concurrency: 2}
+    allowed_lanes: [drafting]
+    required_scope_keys: [case_id]
+    prohibited_flags: [sealed]
+    write_targets: [\"data_dir:drafts/\"]
+    adapter: {kind: command, argv: [save]}
+    redaction: {mode: fields, pointers: [/body]}
+    input_schema: {type: object}
+    output_schema: {type: object}
+";
+
+    fn source(display: &str, text: &str) -> SourceFile {
+        SourceFile {
+            display: display.into(),
+            bytes: text.as_bytes().to_vec(),
+        }
+    }
+
+    fn parsed<T: serde::de::DeserializeOwned>(display: &str, text: &str) -> Parsed<T> {
+        let file = source(display, text);
+        let raw = parse_yaml(&file).unwrap_or_else(|p| panic!("{p}"));
+        Parsed { file, raw }
+    }
+
+    /// Validates the three texts; the problems as `file:line:col: message`.
+    fn check(roles: &str, lanes: &str, registry: &str) -> Result<Policy, Vec<String>> {
+        let dir = tempfile::tempdir().unwrap();
+        let env = |var: &str| (var == "WRITER_TOKEN").then(|| "writer-token".to_string());
+        let input = Input {
+            roles: Some(parsed::<RolesFile>("roles.yaml", roles)),
+            lanes: Some(parsed::<LanesFile>("lanes.yaml", lanes)),
+            registry: Some(parsed::<RegistryFile>("tool_registry.yaml", registry)),
+            tools_dir: dir.path(),
+            env: &env,
+        };
+        let mut problems = Vec::new();
+        let policy = build(input, &mut problems);
+        crate::policy::sort_problems(&mut problems);
+        match policy {
+            Some(policy) if problems.is_empty() => Ok(policy),
+            _ => Err(problems
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}:{}:{}: {}",
+                        p.file,
+                        p.line.unwrap_or(0),
+                        p.column.unwrap_or(0),
+                        p.message
+                    )
+                })
+                .collect()),
+        }
+    }
+
+    fn problems(roles: &str, lanes: &str, registry: &str) -> Vec<String> {
+        check(roles, lanes, registry).err().unwrap_or_default()
+    }
+
+    #[test]
+    fn the_base_policy_builds_with_sorted_lists() {
+        let policy = check(ROLES, LANES, REGISTRY).unwrap();
+        assert_eq!(policy.lanes["drafting"].tools, ["lookup", "save_draft"]);
+        assert_eq!(
+            policy.tools["lookup"].allowed_lanes,
+            ["drafting", "research"]
+        );
+        assert_eq!(
+            policy.lanes["drafting"].run_statuses,
+            [RunStatus::Active, RunStatus::Suspended]
+        );
+        assert_eq!(
+            policy.roles["writer"].credential,
+            Credential::TokenEnv {
+                var: "WRITER_TOKEN".into(),
+                sha256: Some(crate::canonical::sha256_hex(b"writer-token"))
+            }
+        );
+        assert_eq!(
+            policy.tools["save_draft"].redaction,
+            Redaction::Fields {
+                pointers: vec!["/body".into()]
+            }
+        );
+        assert_eq!(policy.tools["lookup"].redaction, Redaction::Full);
+        assert!(
+            policy.tools["lookup"]
+                .input_validator
+                .is_valid(&serde_json::json!({"path": "a"}))
+        );
+        assert!(
+            !policy.tools["lookup"]
+                .input_validator
+                .is_valid(&serde_json::json!({"pth": "a"}))
+        );
+    }
+
+    #[test]
+    fn a_role_naming_an_unknown_lane() {
+        let roles = ROLES.replace("lanes: [research]", "lanes: [research, filing]");
+        assert_eq!(
+            problems(&roles, LANES, REGISTRY),
+            ["roles.yaml:6:23: role `reader` names unknown lane `filing`"]
+        );
+    }
+
+    #[test]
+    fn a_lane_allowlisting_an_unregistered_tool() {
+        let lanes = LANES.replace("tools: [lookup]", "tools: [lookup, search]");
+        assert_eq!(
+            problems(ROLES, &lanes, REGISTRY),
+            ["lanes.yaml:5:21: lane `research` allowlists unregistered tool `search`"]
+        );
+    }
+
+    #[test]
+    fn allowlists_must_agree_in_both_directions() {
+        // The lane lists the tool; the tool does not list the lane.
+        let registry = REGISTRY.replace(
+            "allowed_lanes: [research, drafting]",
+            "allowed_lanes: [drafting]",
+        );
+        assert_eq!(
+            problems(ROLES, LANES, &registry),
+            [
+                "lanes.yaml:5:13: lane `research` allowlists tool `lookup`, but the tool's `allowed_lanes` does not include `research`"
+            ]
+        );
+        // The tool lists the lane; the lane does not list the tool.
+        let lanes = LANES.replace("tools: [lookup, save_draft]", "tools: [save_draft]");
+        assert_eq!(
+            problems(ROLES, &lanes, REGISTRY),
+            [
+                "tool_registry.yaml:11:31: tool `lookup` lists lane `drafting` in `allowed_lanes`, but that lane does not allowlist it"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_tool_that_writes_only_in_write_lanes() {
+        let lanes = LANES.replace("tools: [lookup]", "tools: [lookup, save_draft]");
+        let registry = REGISTRY.replace(
+            "allowed_lanes: [drafting]",
+            "allowed_lanes: [drafting, research]",
+        );
+        assert_eq!(
+            problems(ROLES, &lanes, &registry),
+            [
+                "lanes.yaml:5:21: lane `research` is not a write lane, but allowlists `save_draft`, which writes"
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_ids_point_back_at_the_first() {
+        let lanes = LANES.replace("lane_id: drafting", "lane_id: research");
+        let found = problems(ROLES, &lanes, REGISTRY);
+        assert!(
+            found.contains(
+                &"lanes.yaml:10:14: duplicate lane id `research` (first defined at line 3)"
+                    .to_string()
+            ),
+            "{found:#?}"
+        );
+    }
+
+    #[test]
+    fn two_principals_may_not_share_a_token() {
+        let roles = ROLES.replace(&"2".repeat(64), &"1".repeat(64));
+        assert_eq!(
+            problems(&roles, LANES, REGISTRY),
+            ["roles.yaml:16:17: admin `ops` has the same credential as role `reader`"]
+        );
+    }
+
+    #[test]
+    fn determinism_write_targets_and_idempotence_agree() {
+        let pure_writer = REGISTRY.replace(
+            "determinism: side_effectful\n    idempotent: false",
+            "determinism: pure\n    idempotent: false",
+        );
+        assert_eq!(
+            problems(ROLES, LANES, &pure_writer),
+            [
+                "tool_registry.yaml:25:17: tool `save_draft` is `pure` but says `idempotent: false`",
+                "tool_registry.yaml:31:20: tool `save_draft` is `pure` but declares write targets",
+            ]
+        );
+        let silent_writer = REGISTRY.replace("[\"data_dir:drafts/\"]", "[]");
+        assert_eq!(
+            problems(ROLES, LANES, &silent_writer),
+            [
+                "tool_registry.yaml:31:20: tool `save_draft` is `side_effectful` but declares no write targets"
+            ]
+        );
+        // Side effectful yet idempotent (a write that repeats identically) is allowed.
+        let idempotent_writer = REGISTRY.replace(
+            "determinism: side_effectful\n    idempotent: false",
+            "determinism: side_effectful\n    idempotent: true",
+        );
+        assert!(check(ROLES, LANES, &idempotent_writer).is_ok());
+    }
+
+    #[test]
+    fn one_file_failing_to_parse_skips_the_checks_that_need_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = |_: &str| Some("t".to_string());
+        let roles = ROLES.replace("lanes: [research]", "lanes: [nowhere]");
+        let input = Input {
+            roles: Some(parsed::<RolesFile>("roles.yaml", &roles)),
+            lanes: None,
+            registry: Some(parsed::<RegistryFile>("tool_registry.yaml", REGISTRY)),
+            tools_dir: dir.path(),
+            env: &env,
+        };
+        let mut found = Vec::new();
+        assert!(build(input, &mut found).is_none());
+        // No "unknown lane" noise: lanes.yaml did not parse, so nothing can be said.
+        assert!(found.is_empty(), "{found:#?}");
     }
 }
