@@ -38,7 +38,7 @@ pub fn check_command(args: &PolicyCheckArgs) -> Exit {
 
 /// Loads the policy, then builds its adapters (which check adapter settings) with the
 /// tools directory and the default data directory.
-pub fn check(policy_dir: &Path, tools_file: &Path) -> Result<Policy, Vec<Problem>> {
+fn check(policy_dir: &Path, tools_file: &Path) -> Result<Policy, Vec<Problem>> {
     let policy = load(policy_dir, tools_file)?;
     let env = crate::adapter::AdapterEnv {
         tools_dir: tools_dir(tools_file),
