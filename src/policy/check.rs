@@ -1,0 +1,160 @@
+//! `toolgate policy check`: load the policy (and build its adapters) and report.
+//!
+//! Text output is for people: the three files with their versions and hashes, or every
+//! problem as `file:line:col: error: message` with a `help:` line. `--format json`
+//! prints one JSON object for machines. Both go to stdout; the exit code says which.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use super::{Policy, Problem, load, sort_problems, tools_dir};
+use crate::cli::{Exit, Format, PolicyCheckArgs};
+
+/// Runs the check; `Exit::Ok` when the policy loads and its adapters build,
+/// `Exit::InvalidConfig` when there is any problem, `Exit::Failure` when the report
+/// cannot be written.
+pub fn check_command(args: &PolicyCheckArgs) -> Exit {
+    let outcome = check(&args.location.policy_dir, &args.location.tools);
+    let exit = if outcome.is_ok() {
+        Exit::Ok
+    } else {
+        Exit::InvalidConfig
+    };
+    let text = match args.format {
+        Format::Text => render_text(&outcome),
+        Format::Json => render_json(&outcome),
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => exit,
+        Err(_) => Exit::Failure,
+    }
+}
+
+/// Loads the policy, then builds its adapters (which check adapter settings) with the
+/// tools directory and the default data directory.
+fn check(policy_dir: &Path, tools_file: &Path) -> Result<Policy, Vec<Problem>> {
+    let policy = load(policy_dir, tools_file)?;
+    let env = crate::adapter::AdapterEnv {
+        tools_dir: tools_dir(tools_file),
+        data_dir: PathBuf::from("var"),
+    };
+    match crate::adapter::build(&policy, &env) {
+        // An empty list carries no problem (the adapters are not built by this check).
+        Err(mut problems) if !problems.is_empty() => {
+            sort_problems(&mut problems);
+            Err(problems)
+        }
+        _ => Ok(policy),
+    }
+}
+
+fn render_text(outcome: &Result<Policy, Vec<Problem>>) -> String {
+    let mut out = String::new();
+    match outcome {
+        Ok(policy) => {
+            let v = &policy.versions;
+            let source = &policy.source;
+            let roles_file = Path::new(&source.policy_dir)
+                .join("roles.yaml")
+                .display()
+                .to_string();
+            let lanes_file = Path::new(&source.policy_dir)
+                .join("lanes.yaml")
+                .display()
+                .to_string();
+            let files = [
+                (roles_file, &v.roles),
+                (lanes_file, &v.lanes),
+                (source.tools_file.clone(), &v.registry),
+            ];
+            let width = files.iter().map(|(f, _)| f.len()).max().unwrap_or(0);
+            for (file, version) in &files {
+                out.push_str(&format!(
+                    "{file:width$}  version {}  sha256 {}\n",
+                    version.version, version.sha256
+                ));
+            }
+            match (&source.git_commit, source.git_dirty) {
+                (Some(commit), Some(true)) => {
+                    out.push_str(&format!("git commit {commit} (policy files modified)\n"))
+                }
+                (Some(commit), Some(false)) => {
+                    out.push_str(&format!("git commit {commit} (clean)\n"))
+                }
+                (Some(commit), None) => out.push_str(&format!("git commit {commit}\n")),
+                (None, _) => out.push_str("git: not inside a work tree\n"),
+            }
+            let enabled = policy.tools.values().filter(|t| t.enabled).count();
+            out.push_str(&format!(
+                "ok: {}, {}, {}, {} ({enabled} enabled)\n",
+                count(policy.roles.len(), "role"),
+                count(policy.admins.len(), "admin"),
+                count(policy.lanes.len(), "lane"),
+                count(policy.tools.len(), "tool"),
+            ));
+        }
+        Err(problems) => {
+            for problem in problems {
+                out.push_str(&problem.file);
+                if let Some(line) = problem.line {
+                    out.push_str(&format!(":{line}"));
+                    if let Some(column) = problem.column {
+                        out.push_str(&format!(":{column}"));
+                    }
+                }
+                out.push_str(&format!(": error: {}\n", problem.message));
+                if let Some(help) = &problem.help {
+                    out.push_str(&format!("  help: {help}\n"));
+                }
+            }
+            out.push_str(&format!(
+                "error: {} found; the policy was not loaded\n",
+                count(problems.len(), "problem")
+            ));
+        }
+    }
+    out
+}
+
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+fn render_json(outcome: &Result<Policy, Vec<Problem>>) -> String {
+    let value: Value = match outcome {
+        Ok(policy) => json!({
+            "ok": true,
+            "versions": policy.versions,
+            "source": policy.source,
+            "counts": {
+                "roles": policy.roles.len(),
+                "admins": policy.admins.len(),
+                "lanes": policy.lanes.len(),
+                "tools": policy.tools.len(),
+                "tools_enabled": policy.tools.values().filter(|t| t.enabled).count(),
+            },
+            "problems": [],
+        }),
+        Err(problems) => json!({
+            "ok": false,
+            "versions": null,
+            "source": null,
+            "counts": null,
+            "problems": problems,
+        }),
+    };
+    let mut text =
+        serde_json::to_string_pretty(&value).unwrap_or_else(|_| String::from("{\"ok\": false}"));
+    text.push('\n');
+    text
+}

@@ -1,0 +1,189 @@
+//! Raw serde types for the three registry files, exactly as written in YAML.
+//!
+//! Every struct rejects unknown fields, so a misspelled key is an error rather than a
+//! silently ignored setting. Ids and references are wrapped in [`Spanned`] so the
+//! validation step (`validate.rs`) can point at the line and column of a dangling
+//! reference, not only at YAML syntax errors.
+//!
+//! Shapes that are "one of" several forms (credential, adapter, redaction, flag
+//! matcher, schema reference) are flat structs of optional fields here: serde's tagged
+//! and untagged enums buffer their content and lose source positions, and a flat struct
+//! lets validation say precisely which field is missing or does not belong.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+use serde_saphyr::Spanned;
+
+use super::model::RunStatus;
+
+/// `policy/roles.yaml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RolesFile {
+    pub version: Spanned<String>,
+    pub roles: Vec<Spanned<RawRole>>,
+    pub admins: Vec<Spanned<RawAdmin>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRole {
+    pub role_id: Spanned<String>,
+    pub description: Spanned<String>,
+    pub enabled: bool,
+    pub lanes: Vec<Spanned<String>>,
+    pub credential: Spanned<RawCredential>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    pub admin_id: Spanned<String>,
+    pub description: Spanned<String>,
+    pub credential: Spanned<RawCredential>,
+}
+
+/// Exactly one of the two fields must be set (checked in validation).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCredential {
+    pub token_sha256: Option<Spanned<String>>,
+    pub token_env: Option<Spanned<String>>,
+}
+
+/// `policy/lanes.yaml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LanesFile {
+    pub version: Spanned<String>,
+    pub lanes: Vec<Spanned<RawLane>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLane {
+    pub lane_id: Spanned<String>,
+    pub description: Spanned<String>,
+    pub tools: Vec<Spanned<String>>,
+    pub required_scope_keys: Vec<Spanned<String>>,
+    pub prohibited_flags: Vec<Spanned<String>>,
+    pub run_statuses: Spanned<Vec<Spanned<RunStatus>>>,
+    pub write: bool,
+}
+
+/// `tools/tool_registry.yaml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RegistryFile {
+    pub version: Spanned<String>,
+    pub tools: Vec<Spanned<RawTool>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTool {
+    pub tool_name: Spanned<String>,
+    pub description: Spanned<String>,
+    pub enabled: bool,
+    pub version: Spanned<String>,
+    pub determinism: Spanned<RawDeterminism>,
+    pub idempotent: Spanned<bool>,
+    pub timeout_default_ms: Spanned<u64>,
+    pub limits: RawLimits,
+    pub allowed_lanes: Vec<Spanned<String>>,
+    pub required_scope_keys: Vec<Spanned<String>>,
+    pub prohibited_flags: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub flag_rules: Vec<Spanned<RawFlagRule>>,
+    pub write_targets: Spanned<Vec<Spanned<String>>>,
+    pub adapter: Spanned<RawAdapter>,
+    pub redaction: Option<Spanned<RawRedaction>>,
+    pub input_schema: Spanned<Value>,
+    pub output_schema: Spanned<Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawDeterminism {
+    Pure,
+    Idempotent,
+    SideEffectful,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimits {
+    pub timeout_ms_max: Spanned<u64>,
+    pub max_output_bytes: Spanned<u64>,
+    pub max_concurrency: Spanned<u32>,
+}
+
+/// `flag` and `pointer`, plus exactly one matcher (checked in validation).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFlagRule {
+    pub flag: Spanned<String>,
+    pub pointer: Spanned<String>,
+    pub prefix: Option<Spanned<String>>,
+    pub equals: Option<Spanned<String>>,
+    pub is_true: Option<Spanned<bool>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawAdapterKind {
+    Builtin,
+    Command,
+    Http,
+    Mcp,
+}
+
+impl RawAdapterKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RawAdapterKind::Builtin => "builtin",
+            RawAdapterKind::Command => "command",
+            RawAdapterKind::Http => "http",
+            RawAdapterKind::Mcp => "mcp",
+        }
+    }
+}
+
+/// Every adapter field of every kind; validation checks that only the fields of the
+/// chosen `kind` are set.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdapter {
+    pub kind: Spanned<RawAdapterKind>,
+    // builtin
+    pub name: Option<Spanned<String>>,
+    pub settings: Option<Spanned<BTreeMap<String, Value>>>,
+    // command (and mcp over stdio)
+    pub argv: Option<Spanned<Vec<String>>>,
+    pub working_dir: Option<Spanned<String>>,
+    pub env_allowlist: Option<Spanned<Vec<Spanned<String>>>>,
+    // mcp over stdio
+    pub command: Option<Spanned<Vec<String>>>,
+    // http (and mcp over streamable http)
+    pub url: Option<Spanned<String>>,
+    pub allowed_hosts: Option<Spanned<Vec<Spanned<String>>>>,
+    // mcp
+    pub tool: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawRedactionMode {
+    Full,
+    Fields,
+    HashOnly,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedaction {
+    pub mode: Spanned<RawRedactionMode>,
+    pub pointers: Option<Vec<Spanned<String>>>,
+}

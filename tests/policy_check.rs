@@ -1,0 +1,486 @@
+//! `toolgate policy check` through the real binary: the shipped policy passes, every
+//! broken fixture under tests/fixtures/policy/ is refused with its problem, the JSON
+//! format parses, and the contract schemas accept the shipped YAML.
+//!
+//! Fixtures are discovered by listing the directory, so a new case is a new directory
+//! (see tests/fixtures/policy/README.md for the format).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+const BIN: &str = env!("CARGO_BIN_EXE_toolgate");
+/// The environment variable the `token_env_unset` fixture names; never set in tests.
+const UNSET_VAR: &str = "TOOLGATE_FIXTURE_UNSET_TOKEN";
+/// A generous bound that only proves "no hang" (an alias bomb must not take minutes).
+const NO_HANG: Duration = Duration::from_secs(60);
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixtures() -> PathBuf {
+    repo().join("tests/fixtures/policy")
+}
+
+/// Runs the binary in `dir` and waits at most [`NO_HANG`].
+fn toolgate(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .current_dir(dir)
+        .env_remove(UNSET_VAR)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > NO_HANG {
+            child.kill().unwrap();
+            panic!(
+                "toolgate {args:?} in {} did not finish within {NO_HANG:?}",
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A temp dir holding a copy of the shipped `policy/` and `tools/`.
+fn demo_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&repo().join("policy"), &dir.path().join("policy"));
+    copy_dir(&repo().join("tools"), &dir.path().join("tools"));
+    dir
+}
+
+fn sha256_file(path: &Path) -> String {
+    hex::encode(Sha256::digest(fs::read(path).unwrap()))
+}
+
+// ---------------------------------------------------------------------------------------
+// Fixtures
+
+/// One fixture's expect.txt.
+#[derive(Debug)]
+struct Expect {
+    setup: Vec<Vec<String>>,
+    file: String,
+    line: Option<usize>,
+    message: String,
+    count: Option<usize>,
+}
+
+fn parse_expect(text: &str) -> Expect {
+    let mut expect = Expect {
+        setup: Vec::new(),
+        file: String::new(),
+        line: None,
+        message: String::new(),
+        count: None,
+    };
+    for line in text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+    {
+        let (key, value) = line
+            .split_once(": ")
+            .unwrap_or_else(|| panic!("bad expect.txt line {line:?}"));
+        match key {
+            "setup" => expect
+                .setup
+                .push(value.split_whitespace().map(str::to_string).collect()),
+            "file" => expect.file = value.to_string(),
+            "line" => {
+                expect.line = if value == "-" {
+                    None
+                } else {
+                    Some(value.parse().unwrap())
+                }
+            }
+            "message" => expect.message = value.to_string(),
+            "count" => expect.count = Some(value.parse().unwrap()),
+            other => panic!("unknown expect.txt key {other:?}"),
+        }
+    }
+    assert!(
+        !expect.file.is_empty() && !expect.message.is_empty(),
+        "expect.txt needs file and message"
+    );
+    expect
+}
+
+/// The demo policy with the fixture's files laid over it, then its setup steps applied.
+fn materialize(case: &Path, expect: &Expect) -> tempfile::TempDir {
+    let dir = demo_copy();
+    for entry in fs::read_dir(case).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &dir.path().join(entry.file_name()));
+        }
+    }
+    for step in &expect.setup {
+        let path = dir.path().join(&step[1]);
+        match step[0].as_str() {
+            // Over 10 MiB, generated here rather than committed.
+            "oversize" => {
+                let mut text = fs::read_to_string(&path).unwrap();
+                text.push('#');
+                text.push_str(&"x".repeat(10 * 1024 * 1024));
+                text.push('\n');
+                fs::write(&path, text).unwrap();
+            }
+            "symlink" => {
+                fs::remove_file(&path).unwrap();
+                std::os::unix::fs::symlink(&step[2], &path).unwrap();
+            }
+            "directory" => {
+                fs::remove_file(&path).unwrap();
+                fs::create_dir(&path).unwrap();
+            }
+            "remove" => fs::remove_file(&path).unwrap(),
+            other => panic!("unknown setup step {other:?}"),
+        }
+    }
+    dir
+}
+
+/// Checks one fixture; returns what is wrong, if anything.
+fn check_fixture(case: &Path) -> Result<(), String> {
+    let expect = parse_expect(&fs::read_to_string(case.join("expect.txt")).unwrap());
+    let dir = materialize(case, &expect);
+    let output = toolgate(dir.path(), &["policy", "check"], &[]);
+    let out = stdout(&output);
+    if output.status.code() != Some(4) {
+        return Err(format!("exit {:?}, want 4\n{out}", output.status.code()));
+    }
+    let errors: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains(": error: ") && !l.starts_with("error:"))
+        .collect();
+    let location = match expect.line {
+        Some(line) => format!("{}:{line}:", expect.file),
+        None => format!("{}: error: ", expect.file),
+    };
+    if !errors
+        .iter()
+        .any(|l| l.starts_with(&location) && l.contains(&expect.message))
+    {
+        return Err(format!(
+            "no problem at `{location}` containing `{}`\n{out}",
+            expect.message
+        ));
+    }
+    if let Some(count) = expect.count
+        && errors.len() != count
+    {
+        return Err(format!("{} problems, want {count}\n{out}", errors.len()));
+    }
+    // Every problem comes with advice, and the summary counts them.
+    let lines: Vec<&str> = out.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if errors.contains(line)
+            && !lines
+                .get(i + 1)
+                .is_some_and(|next| next.starts_with("  help: "))
+        {
+            return Err(format!("problem without a help line: {line}"));
+        }
+    }
+    let summary = if errors.len() == 1 {
+        "error: 1 problem found".to_string()
+    } else {
+        format!("error: {} problems found", errors.len())
+    };
+    if !out.contains(&summary) {
+        return Err(format!("missing summary `{summary}`\n{out}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn every_broken_fixture_is_refused_with_its_problem() {
+    let mut cases: Vec<PathBuf> = fs::read_dir(fixtures())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 18, "only {} fixtures", cases.len());
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|case| {
+            check_fixture(case)
+                .err()
+                .map(|why| format!("--- {}: {why}", case.file_name().unwrap().to_string_lossy()))
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} fixtures failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn problems_are_reported_all_at_once_and_sorted() {
+    let dir = demo_copy();
+    let roles = dir.path().join("policy/roles.yaml");
+    let text = fs::read_to_string(&roles)
+        .unwrap()
+        .replace("lanes: [research]", "lanes: [reserch]");
+    fs::write(&roles, text).unwrap();
+    let registry = dir.path().join("tools/tool_registry.yaml");
+    let text = fs::read_to_string(&registry)
+        .unwrap()
+        .replace("version: 1.0.0", "version: \"1\"");
+    fs::write(&registry, text).unwrap();
+
+    let output = toolgate(dir.path(), &["policy", "check"], &[]);
+    assert_eq!(output.status.code(), Some(4));
+    let out = stdout(&output);
+    let errors: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains(": error: ") && !l.starts_with("error:"))
+        .collect();
+    // One dangling lane plus one bad version per tool (7 tools).
+    assert_eq!(errors.len(), 8, "{out}");
+    assert!(errors[0].starts_with("policy/roles.yaml:"), "{out}");
+    let key = |l: &&str| -> (String, usize) {
+        let mut parts = l.split(':');
+        (
+            parts.next().unwrap().to_string(),
+            parts.next().unwrap().parse().unwrap(),
+        )
+    };
+    let keys: Vec<(String, usize)> = errors.iter().map(key).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+}
+
+// ---------------------------------------------------------------------------------------
+// The shipped policy
+
+#[test]
+fn the_shipped_policy_passes_and_prints_versions_and_hashes() {
+    let output = toolgate(&repo(), &["policy", "check"], &[]);
+    let out = stdout(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for file in [
+        "policy/roles.yaml",
+        "policy/lanes.yaml",
+        "tools/tool_registry.yaml",
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(file))
+            .unwrap_or_else(|| panic!("{file} missing\n{out}"));
+        assert!(line.contains("version 2026.11.1"), "{line}");
+        assert!(
+            line.contains(&format!("sha256 {}", sha256_file(&repo().join(file)))),
+            "{line}"
+        );
+    }
+    assert!(
+        out.contains("ok: 5 roles, 1 admin, 4 lanes, 7 tools (6 enabled)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_json_format_parses_for_success_and_failure() {
+    let output = toolgate(&repo(), &["policy", "check", "--format", "json"], &[]);
+    assert_eq!(output.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["problems"], serde_json::json!([]));
+    assert_eq!(report["counts"]["tools"], 7);
+    for (key, file) in [
+        ("roles", "policy/roles.yaml"),
+        ("lanes", "policy/lanes.yaml"),
+        ("registry", "tools/tool_registry.yaml"),
+    ] {
+        assert_eq!(report["versions"][key]["version"], "2026.11.1");
+        assert_eq!(
+            report["versions"][key]["sha256"],
+            sha256_file(&repo().join(file)).as_str()
+        );
+    }
+    assert_eq!(report["source"]["policy_dir"], "policy");
+
+    let case = fixtures().join("dangling_role_lane");
+    let dir = materialize(
+        &case,
+        &parse_expect(&fs::read_to_string(case.join("expect.txt")).unwrap()),
+    );
+    let output = toolgate(dir.path(), &["policy", "check", "--format", "json"], &[]);
+    assert_eq!(output.status.code(), Some(4));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["versions"], Value::Null);
+    let problems = report["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1);
+    assert_eq!(problems[0]["file"], "policy/roles.yaml");
+    assert_eq!(problems[0]["line"], 31);
+    assert_eq!(problems[0]["column"], 13);
+    assert!(
+        problems[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown lane `reserch`")
+    );
+    assert!(
+        problems[0]["help"]
+            .as_str()
+            .unwrap()
+            .contains("did you mean `research`?")
+    );
+}
+
+#[test]
+fn a_token_env_credential_loads_when_its_variable_is_set() {
+    let dir = demo_copy();
+    let roles = dir.path().join("policy/roles.yaml");
+    let text = fs::read_to_string(&roles).unwrap().replace(
+        "token_sha256: 16d03fae9f13c31ac5d0b7bfa9cdce62d2b435c88519002c541a7509c216f0a5",
+        "token_env: TOOLGATE_TEST_FILING_TOKEN",
+    );
+    fs::write(&roles, text).unwrap();
+    let set = toolgate(
+        dir.path(),
+        &["policy", "check"],
+        &[("TOOLGATE_TEST_FILING_TOKEN", "demo-filing_agent")],
+    );
+    assert_eq!(set.status.code(), Some(0), "{}", stdout(&set));
+    let unset = toolgate(dir.path(), &["policy", "check"], &[]);
+    assert_eq!(unset.status.code(), Some(4));
+    assert!(
+        stdout(&unset).contains("environment variable `TOOLGATE_TEST_FILING_TOKEN` is not set")
+    );
+}
+
+#[test]
+fn paths_are_taken_from_the_flags() {
+    let dir = demo_copy();
+    fs::rename(dir.path().join("policy"), dir.path().join("rules")).unwrap();
+    fs::rename(dir.path().join("tools"), dir.path().join("registry")).unwrap();
+    let output = toolgate(
+        dir.path(),
+        &[
+            "policy",
+            "check",
+            "--policy-dir",
+            "rules",
+            "--tools",
+            "registry/tool_registry.yaml",
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stdout(&output));
+    assert!(stdout(&output).contains("rules/roles.yaml"));
+    let output = toolgate(dir.path(), &["policy", "check"], &[]);
+    assert_eq!(output.status.code(), Some(4));
+    assert!(
+        stdout(&output)
+            .contains("policy/roles.yaml: error: file `policy/roles.yaml` does not exist")
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Contract schemas
+
+fn yaml_to_json(path: &Path) -> Value {
+    serde_saphyr::from_str(&fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn contract(name: &str) -> jsonschema::Validator {
+    let schema: Value =
+        serde_json::from_slice(&fs::read(repo().join("contract").join(name)).unwrap()).unwrap();
+    jsonschema::options().build(&schema).unwrap()
+}
+
+#[test]
+fn the_shipped_yaml_validates_against_the_contract_schemas() {
+    for (file, schema) in [
+        ("policy/roles.yaml", "roles.schema.json"),
+        ("policy/lanes.yaml", "lanes.schema.json"),
+        ("tools/tool_registry.yaml", "tool_registry.schema.json"),
+    ] {
+        let validator = contract(schema);
+        let document = yaml_to_json(&repo().join(file));
+        let errors: Vec<String> = validator
+            .iter_errors(&document)
+            .map(|e| format!("{}: {e}", e.instance_path()))
+            .collect();
+        assert!(errors.is_empty(), "{file} against {schema}: {errors:#?}");
+    }
+}
+
+#[test]
+fn broken_fixtures_do_not_validate_against_the_contract_schemas() {
+    for (fixture, file, schema) in [
+        ("unknown_field", "policy/roles.yaml", "roles.schema.json"),
+        (
+            "empty_run_statuses",
+            "policy/lanes.yaml",
+            "lanes.schema.json",
+        ),
+        (
+            "missing_required_field",
+            "tools/tool_registry.yaml",
+            "tool_registry.schema.json",
+        ),
+        (
+            "invalid_semver",
+            "tools/tool_registry.yaml",
+            "tool_registry.schema.json",
+        ),
+        (
+            "flag_rule_bad_pointer",
+            "tools/tool_registry.yaml",
+            "tool_registry.schema.json",
+        ),
+    ] {
+        let document = yaml_to_json(&fixtures().join(fixture).join(file));
+        assert!(
+            !contract(schema).is_valid(&document),
+            "{fixture}/{file} validates against {schema}"
+        );
+    }
+}
