@@ -10,7 +10,9 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::diagnostic::{Reason, Refusal};
-use crate::policy::{Admin, Credential, FlagMatcher, Lane, Policy, PolicyVersions, Role, Tool};
+use std::collections::BTreeSet;
+
+use crate::policy::{Admin, Credential, Lane, Policy, PolicyVersions, ProhibitedBy, Role, Tool};
 use crate::runs::RunRecord;
 
 /// The most schema violations listed in one refusal.
@@ -283,55 +285,38 @@ pub fn check_arguments(tool: &Tool, arguments: &Value) -> Result<(), Refusal> {
     .with_details(json!({ "violations": violations })))
 }
 
-/// The flags a call raises: every scope key whose value is boolean `true`, and every
-/// flag a tool flag rule raises on the normalized arguments. Sorted, no duplicates.
+/// The flags a call raises (scope `true` keys and the tool's flag rules over the
+/// normalized arguments), sorted; see `policy::raised_flags`.
 pub fn raised_flags(tool: &Tool, scope: &Map<String, Value>, normalized: &Value) -> Vec<String> {
-    let mut flags: Vec<String> = scope
-        .iter()
-        .filter(|(_, v)| **v == Value::Bool(true))
-        .map(|(k, _)| k.clone())
-        .collect();
-    for rule in &tool.flag_rules {
-        let value = normalized.pointer(&rule.pointer);
-        let raised = match (&rule.matcher, value) {
-            (FlagMatcher::Equals(s), Some(Value::String(v))) => v == s,
-            (FlagMatcher::Prefix(p), Some(Value::String(v))) => v.starts_with(p.as_str()),
-            (FlagMatcher::IsTrue, Some(Value::Bool(true))) => true,
-            _ => false,
-        };
-        if raised {
-            flags.push(rule.flag.clone());
-        }
-    }
-    flags.sort();
-    flags.dedup();
-    flags
+    crate::policy::raised_flags(scope, tool, normalized)
+        .into_iter()
+        .collect()
 }
 
 /// Step 8: no raised flag is prohibited by the lane or by the tool.
 pub fn check_prohibitions(lane: &Lane, tool: &Tool, flags: &[String]) -> Result<(), Refusal> {
-    for flag in flags {
-        let by_lane = lane.prohibited_flags.contains(flag);
-        let by_tool = tool.prohibited_flags.contains(flag);
-        if by_lane || by_tool {
-            let mut prohibited_by = Vec::new();
-            if by_lane {
-                prohibited_by.push(format!("lane:{}", lane.lane_id));
-            }
-            if by_tool {
-                prohibited_by.push(format!("tool:{}", tool.tool_name));
-            }
-            return Err(Refusal::new(
-                Reason::ProhibitedFlag,
-                format!(
-                    "flag `{flag}` is prohibited by {}",
-                    prohibited_by.join(" and ")
-                ),
-            )
-            .with_details(
-                json!({ "flag": flag, "prohibited_by": prohibited_by, "raised_flags": flags }),
-            ));
-        }
-    }
-    Ok(())
+    let raised: BTreeSet<String> = flags.iter().cloned().collect();
+    let hits = crate::policy::prohibitions(lane, tool, &raised);
+    let Some(first) = hits.first() else {
+        return Ok(());
+    };
+    let prohibited_by: Vec<String> = hits
+        .iter()
+        .filter(|h| h.flag == first.flag)
+        .map(|h| match &h.by {
+            ProhibitedBy::Lane(id) => format!("lane:{id}"),
+            ProhibitedBy::Tool(id) => format!("tool:{id}"),
+        })
+        .collect();
+    Err(Refusal::new(
+        Reason::ProhibitedFlag,
+        format!(
+            "flag `{}` is prohibited by {}",
+            first.flag,
+            prohibited_by.join(" and ")
+        ),
+    )
+    .with_details(
+        json!({ "flag": first.flag, "prohibited_by": prohibited_by, "raised_flags": flags }),
+    ))
 }

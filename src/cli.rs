@@ -88,7 +88,21 @@ pub struct PolicyCheckArgs {
 
 /// Parses the command line and runs the command.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; a usage error is an
+            // invalid configuration (exit 4), not clap's default 2 (which we use for
+            // a truncated audit log).
+            let _ = e.print();
+            return if e.use_stderr() {
+                Exit::InvalidConfig
+            } else {
+                Exit::Ok
+            }
+            .into();
+        }
+    };
     let exit = match cli.command {
         Command::Serve(args) => crate::serve::serve_command(&args),
         Command::Policy(PolicyCommand::Check(args)) => crate::policy::check_command(&args),

@@ -175,7 +175,10 @@ fn start_upstream() -> String {
                     let head = String::from_utf8_lossy(&buf[..pos]).to_lowercase();
                     let len = head
                         .lines()
-                        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                        .find_map(|l| {
+                            l.strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap_or(0))
+                        })
                         .unwrap_or(0);
                     break (pos + 4, len);
                 }
@@ -207,12 +210,22 @@ fn lab(dir: &Path) -> Start {
     fs::create_dir_all(&tools).unwrap();
     fs::write(
         policy.join("roles.yaml"),
-        ROLES.replace("TESTER_SHA", &sha("demo-tester")).replace("ADMIN_SHA", &sha("demo-admin")),
+        ROLES
+            .replace("TESTER_SHA", &sha("demo-tester"))
+            .replace("ADMIN_SHA", &sha("demo-admin")),
     )
     .unwrap();
     fs::write(policy.join("lanes.yaml"), LANES).unwrap();
-    fs::write(tools.join("tool_registry.yaml"), TOOLS.replace("UPSTREAM", &upstream)).unwrap();
-    Start { policy_dir: policy, tools: tools.join("tool_registry.yaml"), ..Start::default() }
+    fs::write(
+        tools.join("tool_registry.yaml"),
+        TOOLS.replace("UPSTREAM", &upstream),
+    )
+    .unwrap();
+    Start {
+        policy_dir: policy,
+        tools: tools.join("tool_registry.yaml"),
+        ..Start::default()
+    }
 }
 
 fn call(server: &Server, run: &str, tool: &str, arguments: Value, extra: Value) -> (u16, Value) {
@@ -230,10 +243,15 @@ fn call(server: &Server, run: &str, tool: &str, arguments: Value, extra: Value) 
 fn processes_with(marker: &str) -> Vec<String> {
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else { continue };
+        let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if cmdline.contains(marker) {
-            found.push(format!("{}: {cmdline}", entry.file_name().to_string_lossy()));
+            found.push(format!(
+                "{}: {cmdline}",
+                entry.file_name().to_string_lossy()
+            ));
         }
     }
     found
@@ -245,7 +263,13 @@ fn a_command_tool_past_its_deadline_times_out_and_leaves_no_process() {
     let server = Server::start_with(lab(tmp.path()));
     let run = server.create_run(json!({}));
     let started = Instant::now();
-    let (code, body) = call(&server, &run, "sleeper", json!({}), json!({"timeout_ms": 300}));
+    let (code, body) = call(
+        &server,
+        &run,
+        "sleeper",
+        json!({}),
+        json!({"timeout_ms": 300}),
+    );
     let elapsed = started.elapsed();
     assert_eq!(code, 504, "{body}");
     assert_eq!(body["status"], "timeout");
@@ -257,7 +281,10 @@ fn a_command_tool_past_its_deadline_times_out_and_leaves_no_process() {
     eprintln!("timeout answered after {elapsed:?} for a 300 ms deadline");
     // The contract's bound, measured inside the gateway (receipt to response).
     let inside = body["execution_time_ms"].as_u64().unwrap();
-    assert!(inside < 300 + 100, "timeout took {inside} ms in the gateway");
+    assert!(
+        inside < 300 + 100,
+        "timeout took {inside} ms in the gateway"
+    );
     // Generous bound (the measured figure is printed above): proves "no hang".
     assert!(elapsed < Duration::from_millis(300 + 1000), "{elapsed:?}");
     // The whole process group is gone, the background child included.
@@ -268,7 +295,13 @@ fn a_command_tool_past_its_deadline_times_out_and_leaves_no_process() {
     assert_eq!(processes_with("sleep 47.25"), Vec::<String>::new());
     // A deadline above the tool's maximum is capped (1000 ms), not honoured.
     let started = Instant::now();
-    let (code, body) = call(&server, &run, "sleeper", json!({}), json!({"timeout_ms": 60000}));
+    let (code, body) = call(
+        &server,
+        &run,
+        "sleeper",
+        json!({}),
+        json!({"timeout_ms": 60000}),
+    );
     assert_eq!(code, 504, "{body}");
     assert_eq!(body["diagnostic"]["details"]["timeout_ms"], 1000);
     assert!(started.elapsed() < Duration::from_secs(3));
@@ -280,7 +313,13 @@ fn execution_outcomes_each_get_their_status_reason_and_audit_event() {
     let server = Server::start_with(lab(tmp.path()));
     let run = server.create_run(json!({}));
 
-    let (code, body) = call(&server, &run, "echo_cmd", json!({"text": "hello"}), json!({}));
+    let (code, body) = call(
+        &server,
+        &run,
+        "echo_cmd",
+        json!({"text": "hello"}),
+        json!({}),
+    );
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["output"], json!({"text": "hello"}));
 
@@ -289,15 +328,26 @@ fn execution_outcomes_each_get_their_status_reason_and_audit_event() {
     assert_eq!(body["status"], "failed");
     assert_eq!(body["diagnostic"]["reason"], "output_schema_violation");
     assert_eq!(body["diagnostic"]["failed_step"], 11);
-    assert!(body["output"].is_null(), "a bad output is never passed on: {body}");
+    assert!(
+        body["output"].is_null(),
+        "a bad output is never passed on: {body}"
+    );
 
     let (code, body) = call(&server, &run, "failing", json!({}), json!({}));
     assert_eq!(code, 500, "{body}");
     assert_eq!(body["diagnostic"]["reason"], "tool_error");
-    let tool_error = body["diagnostic"]["details"]["tool_error"].as_str().unwrap();
+    let tool_error = body["diagnostic"]["details"]["tool_error"]
+        .as_str()
+        .unwrap();
     assert!(tool_error.contains("the court is closed"), "{tool_error}");
 
-    let (code, body) = call(&server, &run, "upstream_echo", json!({"q": "status"}), json!({}));
+    let (code, body) = call(
+        &server,
+        &run,
+        "upstream_echo",
+        json!({"q": "status"}),
+        json!({}),
+    );
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["output"]["received"], json!({"q": "status"}));
 
@@ -312,21 +362,41 @@ fn execution_outcomes_each_get_their_status_reason_and_audit_event() {
         .header("Authorization", "Bearer demo-tester")
         .call()
         .unwrap();
-    let bytes = resp.body_mut().with_config().limit(10 << 20).read_to_vec().unwrap();
+    let bytes = resp
+        .body_mut()
+        .with_config()
+        .limit(10 << 20)
+        .read_to_vec()
+        .unwrap();
     assert_eq!(hex::encode(Sha256::digest(&bytes)), sha256);
     let stored: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(stored["blob"].as_str().unwrap().len(), 200_000);
 
     // Every call has exactly one closing event, and it is the one the response names.
-    let (_, events) = server.get(&format!("/v1/audit/events?run_id={run}&limit=1000"), Some("demo-admin"));
+    let (_, events) = server.get(
+        &format!("/v1/audit/events?run_id={run}&limit=1000"),
+        Some("demo-admin"),
+    );
     let events = events["events"].as_array().unwrap();
     let closing: Vec<&str> = events
         .iter()
         .filter(|e| e["type"] != "tool_requested" && e["type"] != "run_created")
         .map(|e| e["type"].as_str().unwrap())
         .collect();
-    assert_eq!(closing, ["tool_executed", "tool_failed", "tool_failed", "tool_executed", "tool_executed"]);
-    assert_eq!(events.last().unwrap()["details"]["artifact"]["sha256"], sha256);
+    assert_eq!(
+        closing,
+        [
+            "tool_executed",
+            "tool_failed",
+            "tool_failed",
+            "tool_executed",
+            "tool_executed"
+        ]
+    );
+    assert_eq!(
+        events.last().unwrap()["details"]["artifact"]["sha256"],
+        sha256
+    );
 }
 
 #[test]
@@ -344,8 +414,16 @@ fn over_max_concurrency_is_refused_with_retry_after() {
     let (code, body) = call(&server, &run, "slow_one", json!({}), json!({}));
     assert_eq!(code, 429, "{body}");
     assert_eq!(body["diagnostic"]["reason"], "concurrency_limit_reached");
-    assert_eq!(body["diagnostic"]["retryable"], true, "nothing ran, so a retry is safe");
-    assert!(body["diagnostic"]["details"]["retry_after_ms"].as_u64().unwrap() > 0);
+    assert_eq!(
+        body["diagnostic"]["retryable"], true,
+        "nothing ran, so a retry is safe"
+    );
+    assert!(
+        body["diagnostic"]["details"]["retry_after_ms"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     let (code, body) = first.join().unwrap();
     assert_eq!(code, 200, "{body}");
 }

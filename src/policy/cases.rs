@@ -14,10 +14,8 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::read::{parse_yaml, read_file};
 use super::{Problem, RunStatus};
-
-/// The largest test file read.
-const MAX_CASES_FILE_BYTES: u64 = 1024 * 1024;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -115,27 +113,10 @@ pub fn load_cases(dir: &Path) -> Result<Vec<(String, PolicyCase)>, Vec<Problem>>
     let mut problems = Vec::new();
     for path in files {
         let name = path.display().to_string();
-        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        if size > MAX_CASES_FILE_BYTES {
-            problems.push(problem(
-                name,
-                format!("test file is larger than {MAX_CASES_FILE_BYTES} bytes"),
-            ));
-            continue;
-        }
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) => {
-                problems.push(problem(name, format!("cannot read: {e}")));
-                continue;
-            }
-        };
-        match serde_saphyr::from_str::<CasesFile>(&text) {
+        // The same bounded, symlink-safe reading and YAML budgets as the policy files.
+        match read_file(&path, dir).and_then(|file| parse_yaml::<CasesFile>(&file)) {
             Ok(file) => cases.extend(file.tests.into_iter().map(|c| (name.clone(), c))),
-            Err(e) => problems.push(problem(
-                name,
-                e.to_string().lines().next().unwrap_or_default().to_string(),
-            )),
+            Err(problem) => problems.push(problem),
         }
     }
     if problems.is_empty() {
