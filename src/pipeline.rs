@@ -68,6 +68,8 @@ struct Call {
     /// Whether a failed execution may be retried: the tool is idempotent and the call
     /// carries an idempotency key (contract: retry rule).
     retry_safe: bool,
+    /// Whether the adapter was started: from then on a retry may repeat a side effect.
+    executed: bool,
     /// The versions of the policy snapshot deciding this call.
     policy_versions: crate::policy::PolicyVersions,
 }
@@ -289,7 +291,13 @@ impl Gateway {
         call.trace.passed_step = 9;
 
         // 10. execute the tool via its adapter (within its concurrency limit and deadline)
-        let executed = self.execute(&loaded, &allowed, &call).await;
+        let executed = match loaded.acquire(allowed.tool) {
+            Err(refusal) => Err(refusal),
+            Ok(_slot) => {
+                call.executed = true;
+                self.execute(&allowed, &call).await
+            }
+        };
         if executed.is_ok() {
             call.trace.passed_step = 10;
         }
@@ -313,16 +321,10 @@ impl Gateway {
         response
     }
 
-    /// Step 10: runs the adapter under the tool's concurrency limit and the call's
-    /// deadline (the request's timeout_ms capped by the tool's timeout_ms_max).
-    async fn execute(
-        &self,
-        loaded: &Loaded,
-        allowed: &Allowed<'_>,
-        call: &Call,
-    ) -> Result<(Value, u64), Refusal> {
+    /// Step 10: runs the adapter within the call's deadline (the request's timeout_ms
+    /// capped by the tool's timeout_ms_max).
+    async fn execute(&self, allowed: &Allowed<'_>, call: &Call) -> Result<(Value, u64), Refusal> {
         let tool = allowed.tool;
-        let _permit = loaded.acquire(tool)?;
         let timeout_ms = allowed
             .request
             .timeout_ms
@@ -460,7 +462,7 @@ impl Gateway {
             Ok(_) => (EventType::ToolExecuted, None),
             Err(refusal) => {
                 let mut refusal = refusal.clone();
-                if refusal.reason.info().step >= 10 && !call.retry_safe {
+                if call.executed && !call.retry_safe {
                     // A retry could repeat a side effect: only idempotent tools called
                     // with an idempotency key may be retried.
                     refusal.retryable = Some(false);
@@ -522,7 +524,7 @@ impl Gateway {
                     ),
                 )
                 .at_step(12)
-                .with_retryable(call.retry_safe || call.trace.passed_step < 9);
+                .with_retryable(call.retry_safe || !call.executed);
                 call.response(Status::Failed, Some(&refusal))
             }
             (Err(_), None, Ok(_)) => call.response(Status::Failed, None),
@@ -565,6 +567,7 @@ impl Call {
             trace: Trace::default(),
             dry_run,
             retry_safe: false,
+            executed: false,
             policy_versions: versions.clone(),
         }
     }

@@ -38,7 +38,7 @@ lanes:
     required_scope_keys: []
     prohibited_flags: []
     run_statuses: [active]
-    write: false
+    write: true
 "#;
 
 const TOOLS: &str = r#"
@@ -55,7 +55,7 @@ tools:
     allowed_lanes: [lab]
     required_scope_keys: []
     prohibited_flags: []
-    write_targets: []
+    write_targets: ["data_dir:lab/"]
     adapter: {kind: command, argv: ["sh", "-c", "sleep 47.25 & sleep 47.25"]}
     input_schema: {type: object}
     output_schema: {type: object}
