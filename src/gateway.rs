@@ -135,6 +135,8 @@ pub struct Gateway {
     source: PolicySourcePaths,
     /// Serializes reloads so the audit order and the swap order agree.
     reloading: tokio::sync::Mutex<()>,
+    /// A candidate policy deciding every call beside the active one (shadow mode).
+    shadow: Option<crate::shadow::Shadow>,
 }
 
 impl Gateway {
@@ -159,7 +161,19 @@ impl Gateway {
             env,
             source,
             reloading: tokio::sync::Mutex::new(()),
+            shadow: None,
         })
+    }
+
+    /// Turns shadow mode on: `shadow` decides every call beside the active policy.
+    pub fn with_shadow(mut self, shadow: crate::shadow::Shadow) -> Gateway {
+        self.shadow = Some(shadow);
+        self
+    }
+
+    /// The shadow policy, when shadow mode is on.
+    pub fn shadow(&self) -> Option<&crate::shadow::Shadow> {
+        self.shadow.as_ref()
     }
 
     /// The current policy snapshot.

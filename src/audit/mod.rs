@@ -28,6 +28,8 @@ pub enum EventType {
     PolicyLoaded,
     SafetyLockEngaged,
     SafetyLockReleased,
+    /// Shadow mode: the candidate policy decided a call differently from the active one.
+    ShadowDivergence,
 }
 
 impl EventType {
@@ -44,6 +46,7 @@ impl EventType {
             EventType::PolicyLoaded => "policy_loaded",
             EventType::SafetyLockEngaged => "safety_lock_engaged",
             EventType::SafetyLockReleased => "safety_lock_released",
+            EventType::ShadowDivergence => "shadow_divergence",
         }
     }
 }

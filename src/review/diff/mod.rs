@@ -120,7 +120,10 @@ pub enum DiffError {
         error: SourceError,
     },
     Load {
-        side: String,
+        /// `old`, `new`, `base` or `current`.
+        side: &'static str,
+        /// The side as given (`HEAD~1 (3f28ce3...)`, a directory).
+        label: String,
         problems: Vec<Problem>,
     },
 }
@@ -133,11 +136,14 @@ impl DiffError {
                 eprintln!("error: {side}: {error}");
                 eprintln!("  help: {}", error.help());
             }
-            DiffError::Load { side, problems } => {
-                eprintln!(
-                    "error: the {side} policy did not load ({} problems)",
-                    problems.len()
-                );
+            DiffError::Load {
+                side,
+                label,
+                problems,
+            } => {
+                let n = problems.len();
+                let plural = if n == 1 { "problem" } else { "problems" };
+                eprintln!("error: the {side} policy (`{label}`) did not load ({n} {plural})");
                 for p in problems {
                     eprintln!("  {p}");
                 }
@@ -154,14 +160,15 @@ fn placeholder_env(_: &str) -> Option<String> {
 }
 
 /// Loads one side with the placeholder environment.
-pub fn load_side(side: &Side, layout: &Layout, name: &str) -> Result<Policy, DiffError> {
+pub fn load_side(side: &Side, layout: &Layout, name: &'static str) -> Result<Policy, DiffError> {
     crate::policy::load_with_env(
         &side.policy_dir(layout),
         &side.tools_file(layout),
         &placeholder_env,
     )
     .map_err(|problems| DiffError::Load {
-        side: format!("{name} (`{}`)", side.describe()),
+        side: name,
+        label: side.describe(),
         problems,
     })
 }
@@ -189,7 +196,8 @@ pub fn diff_command(args: &DiffArgs) -> Exit {
             return Exit::InvalidConfig;
         }
     };
-    let cwd = PathBuf::from(".");
+    // Relative: paths in messages read as the user typed them.
+    let cwd = PathBuf::new();
     let report = match diff(&args.old, &args.new, &cwd, &layout) {
         Ok(r) => r,
         Err(e) => {
@@ -265,7 +273,8 @@ pub fn base_violations(
     let old = load_side(&base_side, &layout, "base")?;
     let new = crate::policy::load_with_env(policy_dir, tools_file, &placeholder_env).map_err(
         |problems| DiffError::Load {
-            side: "current".into(),
+            side: "current",
+            label: policy_dir.display().to_string(),
             problems,
         },
     )?;

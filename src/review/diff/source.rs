@@ -199,7 +199,12 @@ pub fn open(spec: &str, cwd: &Path, layout: &Layout) -> Result<Side, SourceError
             _tmp: None,
         });
     }
-    let top = toplevel(cwd)?;
+    let here = if cwd.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        cwd
+    };
+    let top = toplevel(here)?;
     materialize(&top, spec, layout)
 }
 
