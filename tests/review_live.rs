@@ -32,7 +32,12 @@ fn policy_copy(dir: &Path) -> PathBuf {
 /// Replaces `from` by `to` in `file` (which must contain it exactly once).
 fn edit(file: &Path, from: &str, to: &str) {
     let text = fs::read_to_string(file).unwrap();
-    assert_eq!(text.matches(from).count(), 1, "`{from}` in {}", file.display());
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "`{from}` in {}",
+        file.display()
+    );
     fs::write(file, text.replace(from, to)).unwrap();
 }
 
@@ -94,7 +99,11 @@ fn shadow_divergences_are_recorded_but_never_enforced() {
         json!({}),
         json!({ "case_id": "C-1001", "urgent": true }),
     );
-    assert_eq!((status, urgent["status"].as_str()), (200, Some("success")), "{urgent}");
+    assert_eq!(
+        (status, urgent["status"].as_str()),
+        (200, Some("success")),
+        "{urgent}"
+    );
     assert_eq!(urgent["output"]["case_id"], "C-1001");
     // The same decision under both: no divergence.
     let (status, plain) = call("case_lookup", json!({}), json!({ "case_id": "C-1001" }));
@@ -139,7 +148,10 @@ fn shadow_divergences_are_recorded_but_never_enforced() {
             Value::Null
         );
     }
-    assert_eq!(found[0]["details"]["shadow_trace"]["failed"], "8:prohibited_flag");
+    assert_eq!(
+        found[0]["details"]["shadow_trace"]["failed"],
+        "8:prohibited_flag"
+    );
     assert_eq!(found[1]["details"]["dry_run"], true);
     // Nothing else diverged (the recording is in call order).
     std::thread::sleep(Duration::from_millis(200));
@@ -248,7 +260,10 @@ fn fifty_reloads_under_load_never_fail_a_call() {
             let (status, body) = server.post("/v1/policy/reload", Some(ADMIN), &json!({}));
             assert_eq!(status, 200, "reload {i}: {body}");
             assert_eq!(body["reloaded"], true);
-            assert_eq!(body["policy_versions"], versions, "the same bytes, the same versions");
+            assert_eq!(
+                body["policy_versions"], versions,
+                "the same bytes, the same versions"
+            );
             valid_reloads += 1;
         } else {
             replace_file(&roles, &invalid);
@@ -278,12 +293,23 @@ fn fifty_reloads_under_load_never_fail_a_call() {
     );
     assert!(calls.load(Ordering::Relaxed) >= 50);
     // The policy in force is the valid one.
-    assert_eq!(server.get("/v1/policy", Some(ADMIN)).1["policy_versions"], versions);
+    assert_eq!(
+        server.get("/v1/policy", Some(ADMIN)).1["policy_versions"],
+        versions
+    );
 
     let loaded = events(&server, "policy_loaded");
-    assert_eq!(loaded.len(), 1 + valid_reloads, "one at start, one per valid reload");
+    assert_eq!(
+        loaded.len(),
+        1 + valid_reloads,
+        "one at start, one per valid reload"
+    );
     assert_eq!(loaded[0]["details"]["trigger"], "start");
-    assert!(loaded[1..].iter().all(|e| e["details"]["trigger"] == "admin:ops"));
+    assert!(
+        loaded[1..]
+            .iter()
+            .all(|e| e["details"]["trigger"] == "admin:ops")
+    );
 }
 
 #[test]
@@ -304,7 +330,10 @@ fn sighup_reloads_and_a_bad_policy_keeps_the_old_one() {
     // A good one: the signal swaps it in and records it.
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(events(&server, "policy_loaded").len(), 1);
-    assert_eq!(server.get("/v1/policy", Some(ADMIN)).1["policy_versions"], before);
+    assert_eq!(
+        server.get("/v1/policy", Some(ADMIN)).1["policy_versions"],
+        before
+    );
     let mut changed = good.clone();
     changed.extend_from_slice(b"# reviewed\n");
     replace_file(&lanes, &changed);
