@@ -500,6 +500,15 @@ fn sides_that_cannot_be_read_or_loaded_exit_4() {
     assert!(err.contains("  broken/policy/roles.yaml:1:"), "{err}");
     assert!(err.contains("roles.yaml"), "{err}");
 
+    // In a revision, a problem is located as git names the file.
+    fs::write(dir.join("policy/roles.yaml"), "version: [\n").unwrap();
+    git(dir, &["commit", "-q", "-a", "-m", "broken"]);
+    let (code, _, err) = run(dir, &["policy", "diff", "HEAD~1", "HEAD"]);
+    assert_eq!(code, 4);
+    assert!(err.contains("error: the new policy (`HEAD ("), "{err}");
+    assert!(err.contains("  HEAD:policy/roles.yaml:1:"), "{err}");
+    assert!(!err.contains("toolgate-diff-"), "no temporary path: {err}");
+
     let outside = tempfile::tempdir().unwrap();
     let (code, _, err) = run(outside.path(), &["policy", "diff", "HEAD~1", "HEAD"]);
     assert_eq!(code, 4);

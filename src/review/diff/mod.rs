@@ -169,7 +169,7 @@ pub fn load_side(side: &Side, layout: &Layout, name: &'static str) -> Result<Pol
     .map_err(|problems| DiffError::Load {
         side: name,
         label: side.describe(),
-        problems,
+        problems: problems.into_iter().map(|p| side.locate(p)).collect(),
     })
 }
 

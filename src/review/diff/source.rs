@@ -178,6 +178,17 @@ impl Side {
         self.root.join(&layout.tools_file)
     }
 
+    /// A problem in a materialized revision names its file as git does
+    /// (`main:policy/roles.yaml`), not by the temporary directory.
+    pub fn locate(&self, mut problem: crate::policy::Problem) -> crate::policy::Problem {
+        if self.commit.is_some()
+            && let Ok(relative) = Path::new(&problem.file).strip_prefix(&self.root)
+        {
+            problem.file = format!("{}:{}", self.label, relative.display());
+        }
+        problem
+    }
+
     /// `main (3f28ce3)` for a revision, the path for a directory.
     pub fn describe(&self) -> String {
         match &self.commit {
