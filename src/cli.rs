@@ -43,6 +43,9 @@ pub enum Command {
     /// Check, review and test the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Verify, export and inspect the audit log.
+    #[command(subcommand)]
+    Audit(crate::audit::cli::AuditCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -81,6 +84,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let exit = match cli.command {
         Command::Policy(PolicyCommand::Check(args)) => crate::policy::check_command(&args),
+        Command::Audit(command) => crate::audit::cli::run(command),
     };
     exit.into()
 }

@@ -243,6 +243,15 @@ pub fn load_verifier(dir: &Path) -> Result<VerifierKey, AuditError> {
     Err(key_error(dir, format!("no `{VERIFIER_KEY_FILE}` or `{SIGNING_KEY_FILE}` in the key directory")))
 }
 
+/// Loads the existing signing key from `dir`; never creates one.
+pub fn load_signer(dir: &Path) -> Result<SignerKey, AuditError> {
+    let signing_path = dir.join(SIGNING_KEY_FILE);
+    if !signing_path.exists() {
+        return Err(key_error(dir, format!("no `{SIGNING_KEY_FILE}` in the key directory")));
+    }
+    SignerKey::parse_skey(&read_small(&signing_path)?).map_err(|e| key_error(&signing_path, e))
+}
+
 /// The default key directory for a database: `<db dir>/keys`.
 pub fn default_key_dir(db_path: &Path) -> PathBuf {
     db_path.parent().unwrap_or(Path::new(".")).join("keys")
