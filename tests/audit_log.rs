@@ -6,7 +6,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
-use toolgate::audit::{AuditError, AuditLog, AuditOptions, Durability, EventFilter, EventType, NewEvent};
+use toolgate::audit::{
+    AuditError, AuditLog, AuditOptions, Durability, EventFilter, EventType, NewEvent,
+};
 
 fn options(dir: &Path) -> AuditOptions {
     let mut options = AuditOptions::new(dir);
@@ -26,7 +28,8 @@ fn event(run: &str, n: u64) -> NewEvent {
 
 fn count_rows(db: &Path, table: &str) -> i64 {
     let conn = rusqlite::Connection::open(db).unwrap();
-    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0)).unwrap()
+    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -57,13 +60,27 @@ async fn concurrent_appends_get_gapless_seqs_and_are_all_stored() {
     // Every acknowledged event is in the database with the hash we were given.
     let conn = rusqlite::Connection::open(dir.path().join("audit.db")).unwrap();
     for a in &appended {
-        let (id, hash): (String, String) =
-            conn.query_row("SELECT event_id, hash FROM events WHERE seq = ?1", [a.seq as i64], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+        let (id, hash): (String, String) = conn
+            .query_row(
+                "SELECT event_id, hash FROM events WHERE seq = ?1",
+                [a.seq as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
         assert_eq!((id, hash), (a.event_id.clone(), a.hash.clone()));
     }
     // One task's events appear in its own order.
-    let events = log.events(EventFilter { run_id: Some("run-7".into()), ..Default::default() }).await.unwrap();
-    let ns: Vec<u64> = events.iter().map(|e| e.value["details"]["n"].as_u64().unwrap()).collect();
+    let events = log
+        .events(EventFilter {
+            run_id: Some("run-7".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ns: Vec<u64> = events
+        .iter()
+        .map(|e| e.value["details"]["n"].as_u64().unwrap())
+        .collect();
     assert_eq!(ns, (0..20).collect::<Vec<_>>());
     log.close().await.unwrap();
     // Checkpoints were signed along the way and at close.
@@ -77,17 +94,32 @@ async fn append_all_is_contiguous_and_reopen_continues_the_chain() {
     let dir = tempfile::tempdir().unwrap();
     let log = AuditLog::open(options(dir.path())).unwrap();
     log.append(event("r", 0)).await.unwrap();
-    let batch = log.append_all((1..=5).map(|i| event("r", i)).collect()).await.unwrap();
-    assert_eq!(batch.iter().map(|a| a.seq).collect::<Vec<_>>(), vec![2, 3, 4, 5, 6]);
+    let batch = log
+        .append_all((1..=5).map(|i| event("r", i)).collect())
+        .await
+        .unwrap();
+    assert_eq!(
+        batch.iter().map(|a| a.seq).collect::<Vec<_>>(),
+        vec![2, 3, 4, 5, 6]
+    );
     let head = log.head().unwrap();
     log.close().await.unwrap();
-    assert!(matches!(log.append(event("r", 9)).await, Err(AuditError::Closed)));
+    assert!(matches!(
+        log.append(event("r", 9)).await,
+        Err(AuditError::Closed)
+    ));
 
     let log = AuditLog::open(options(dir.path())).unwrap();
     assert_eq!(log.head().unwrap(), head);
     let next = log.append(event("r", 7)).await.unwrap();
     assert_eq!(next.seq, 7);
-    let line = &log.events(EventFilter { after_seq: 6, ..Default::default() }).await.unwrap()[0];
+    let line = &log
+        .events(EventFilter {
+            after_seq: 6,
+            ..Default::default()
+        })
+        .await
+        .unwrap()[0];
     assert_eq!(line.value["prev"], json!(head.1));
     assert_eq!(line.value["event_id"], json!("ev-000000000007"));
     log.close().await.unwrap();
@@ -105,7 +137,13 @@ async fn normal_durability_appends_and_checkpoints() {
     }
     log.close().await.unwrap();
     let conn = rusqlite::Connection::open(dir.path().join("audit.db")).unwrap();
-    let sizes: Vec<i64> = conn.prepare("SELECT size FROM checkpoints ORDER BY id").unwrap().query_map([], |r| r.get(0)).unwrap().map(|r| r.unwrap()).collect();
+    let sizes: Vec<i64> = conn
+        .prepare("SELECT size FROM checkpoints ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
     assert_eq!(sizes, vec![3, 6, 9, 10]);
 }
 
@@ -151,15 +189,26 @@ async fn argument_commitments_use_a_key_outside_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let log = AuditLog::open(options(dir.path())).unwrap();
     let args = json!({"client": "Jane Roe", "path": "cases/1.txt"});
-    let redaction = toolgate::policy::Redaction::Fields { pointers: vec!["/client".into()] };
+    let redaction = toolgate::policy::Redaction::Fields {
+        pointers: vec!["/client".into()],
+    };
     let e = NewEvent::new(EventType::ToolRequested).with_arguments(&log, &args, &redaction);
     let canonical = toolgate::canonical::to_canonical_bytes(&args);
-    assert_eq!(e.arguments_hash_sha256.as_deref(), Some(toolgate::canonical::sha256_hex(&canonical).as_str()));
-    assert_eq!(e.arguments, Some(json!({"client": "[redacted]", "path": "cases/1.txt"})));
+    assert_eq!(
+        e.arguments_hash_sha256.as_deref(),
+        Some(toolgate::canonical::sha256_hex(&canonical).as_str())
+    );
+    assert_eq!(
+        e.arguments,
+        Some(json!({"client": "[redacted]", "path": "cases/1.txt"}))
+    );
     // The HMAC is keyed: recompute it with the key file, not derivable from the hash.
     let key_hex = std::fs::read_to_string(dir.path().join("keys/audit-hmac.key")).unwrap();
     let key: [u8; 32] = hex::decode(key_hex.trim()).unwrap().try_into().unwrap();
-    assert_eq!(e.arguments_hmac_sha256.as_deref(), Some(toolgate::audit::hmac_sha256_hex(&key, &canonical).as_str()));
+    assert_eq!(
+        e.arguments_hmac_sha256.as_deref(),
+        Some(toolgate::audit::hmac_sha256_hex(&key, &canonical).as_str())
+    );
     assert_ne!(e.arguments_hmac_sha256, e.arguments_hash_sha256);
     log.append(e).await.unwrap();
     log.close().await.unwrap();
@@ -168,14 +217,24 @@ async fn argument_commitments_use_a_key_outside_the_log() {
     let text = String::from_utf8_lossy(&bytes);
     assert!(!text.contains("Jane Roe"));
     assert!(!text.contains(key_hex.trim()));
-    assert_eq!(toolgate::audit::redact(&args, &toolgate::policy::Redaction::HashOnly), None);
-    assert_eq!(toolgate::audit::redact(&args, &toolgate::policy::Redaction::Full), Some(args.clone()));
+    assert_eq!(
+        toolgate::audit::redact(&args, &toolgate::policy::Redaction::HashOnly),
+        None
+    );
+    assert_eq!(
+        toolgate::audit::redact(&args, &toolgate::policy::Redaction::Full),
+        Some(args.clone())
+    );
 }
 
 #[test]
 fn a_file_that_is_not_sqlite_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("audit.db"), "this is a text file, not a database\n").unwrap();
+    std::fs::write(
+        dir.path().join("audit.db"),
+        "this is a text file, not a database\n",
+    )
+    .unwrap();
     let err = AuditLog::open(options(dir.path())).unwrap_err();
     assert!(matches!(err, AuditError::NotSqlite { .. }), "{err:?}");
     assert!(err.to_string().contains("is not an sqlite database"));
@@ -185,7 +244,8 @@ fn a_file_that_is_not_sqlite_is_refused() {
 fn a_foreign_sqlite_database_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let conn = rusqlite::Connection::open(dir.path().join("audit.db")).unwrap();
-    conn.execute_batch("CREATE TABLE events (x INTEGER)").unwrap();
+    conn.execute_batch("CREATE TABLE events (x INTEGER)")
+        .unwrap();
     drop(conn);
     let err = AuditLog::open(options(dir.path())).unwrap_err();
     assert!(matches!(err, AuditError::NotAuditLog { .. }), "{err:?}");
@@ -237,13 +297,19 @@ async fn a_full_disk_fails_appends_with_a_typed_error_and_keeps_the_chain() {
             }
         }
     }
-    assert!(matches!(full, Some(AuditError::DiskFull { .. })), "{full:?}");
+    assert!(
+        matches!(full, Some(AuditError::DiskFull { .. })),
+        "{full:?}"
+    );
     // A later small append also fails cleanly or succeeds with the next seq: never a gap.
     match log.append(event("small", 0)).await {
         Ok(a) => assert_eq!(a.seq, stored + 1),
         Err(err) => assert!(matches!(err, AuditError::DiskFull { .. }), "{err:?}"),
     }
-    assert_eq!(log.head().map(|h| h.0).unwrap_or(0) as i64, count_rows(&dir.path().join("audit.db"), "events"));
+    assert_eq!(
+        log.head().map(|h| h.0).unwrap_or(0) as i64,
+        count_rows(&dir.path().join("audit.db"), "events")
+    );
     let _ = log.close().await;
 }
 
@@ -251,7 +317,10 @@ async fn a_full_disk_fails_appends_with_a_typed_error_and_keeps_the_chain() {
 fn a_read_only_database_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let log = AuditLog::open(options(dir.path())).unwrap();
     rt.block_on(log.append(event("ro", 1))).unwrap();
     rt.block_on(log.close()).unwrap();
@@ -267,7 +336,13 @@ fn a_read_only_database_is_refused() {
         if as_root {
             // SAFETY: setfsuid only changes this thread's file-system uid.
             unsafe { libc::setfsuid(65534) };
-            assert!(std::fs::OpenOptions::new().write(true).open(&opts.db_path).is_err(), "setfsuid did not take effect");
+            assert!(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&opts.db_path)
+                    .is_err(),
+                "setfsuid did not take effect"
+            );
         }
         AuditLog::open(opts).unwrap_err()
     })

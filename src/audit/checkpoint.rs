@@ -35,7 +35,12 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// The note text: `origin\nsize\nbase64(root)\n`.
     pub fn body(&self) -> String {
-        format!("{}\n{}\n{}\n", self.origin, self.size, B64.encode(self.root))
+        format!(
+            "{}\n{}\n{}\n",
+            self.origin,
+            self.size,
+            B64.encode(self.root)
+        )
     }
 
     /// The signed note: the body, a blank line, and one signature line.
@@ -43,7 +48,11 @@ impl Checkpoint {
         let body = self.body();
         let mut sig = key.verifier.key_id.to_vec();
         sig.extend_from_slice(&key.sign(body.as_bytes()));
-        format!("{body}\n{SIGNATURE_PREFIX}{} {}\n", key.verifier.name, B64.encode(sig))
+        format!(
+            "{body}\n{SIGNATURE_PREFIX}{} {}\n",
+            key.verifier.name,
+            B64.encode(sig)
+        )
     }
 }
 
@@ -62,8 +71,13 @@ impl std::fmt::Display for NoteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NoteError::Malformed(what) => write!(f, "malformed checkpoint note: {what}"),
-            NoteError::NoSignatureByKey { key_name } => write!(f, "the checkpoint carries no signature by key `{key_name}`"),
-            NoteError::BadSignature { key_name } => write!(f, "the checkpoint signature by key `{key_name}` does not verify"),
+            NoteError::NoSignatureByKey { key_name } => {
+                write!(f, "the checkpoint carries no signature by key `{key_name}`")
+            }
+            NoteError::BadSignature { key_name } => write!(
+                f,
+                "the checkpoint signature by key `{key_name}` does not verify"
+            ),
         }
     }
 }
@@ -80,42 +94,72 @@ pub fn verify_note(note: &str, key: &VerifierKey) -> Result<Checkpoint, NoteErro
         return Err(malformed("the note contains a control character"));
     }
     // The text ends at the last blank line.
-    let split = note.rfind("\n\n").ok_or_else(|| malformed("no blank line before the signatures"))?;
+    let split = note
+        .rfind("\n\n")
+        .ok_or_else(|| malformed("no blank line before the signatures"))?;
     let body = &note[..split + 1];
     let signatures = &note[split + 2..];
     let checkpoint = parse_body(body)?;
     if !signatures.ends_with('\n') {
-        return Err(malformed("the last signature line does not end in a newline"));
+        return Err(malformed(
+            "the last signature line does not end in a newline",
+        ));
     }
     let mut found = false;
     for (i, line) in signatures.lines().enumerate() {
         if i >= MAX_SIGNATURES {
             return Err(malformed("too many signature lines"));
         }
-        let rest = line.strip_prefix(SIGNATURE_PREFIX).ok_or_else(|| malformed("a signature line does not start with an em dash and a space"))?;
-        let (name, sig) = rest.split_once(' ').ok_or_else(|| malformed("a signature line has no signature"))?;
-        let sig = B64.decode(sig).map_err(|_| malformed("a signature is not valid base64"))?;
+        let rest = line.strip_prefix(SIGNATURE_PREFIX).ok_or_else(|| {
+            malformed("a signature line does not start with an em dash and a space")
+        })?;
+        let (name, sig) = rest
+            .split_once(' ')
+            .ok_or_else(|| malformed("a signature line has no signature"))?;
+        let sig = B64
+            .decode(sig)
+            .map_err(|_| malformed("a signature is not valid base64"))?;
         if sig.len() < 4 || name != key.name || sig[..4] != key.key_id {
             continue;
         }
-        let bytes: [u8; 64] = sig[4..].try_into().map_err(|_| NoteError::BadSignature { key_name: key.name.clone() })?;
+        let bytes: [u8; 64] = sig[4..].try_into().map_err(|_| NoteError::BadSignature {
+            key_name: key.name.clone(),
+        })?;
         if !key.verify(body.as_bytes(), &bytes) {
-            return Err(NoteError::BadSignature { key_name: key.name.clone() });
+            return Err(NoteError::BadSignature {
+                key_name: key.name.clone(),
+            });
         }
         found = true;
     }
-    if found { Ok(checkpoint) } else { Err(NoteError::NoSignatureByKey { key_name: key.name.clone() }) }
+    if found {
+        Ok(checkpoint)
+    } else {
+        Err(NoteError::NoSignatureByKey {
+            key_name: key.name.clone(),
+        })
+    }
 }
 
 fn parse_body(body: &str) -> Result<Checkpoint, NoteError> {
     let malformed = |what: &str| NoteError::Malformed(what.to_string());
     let mut lines = body.lines();
-    let origin = lines.next().filter(|l| !l.is_empty()).ok_or_else(|| malformed("no origin line"))?;
+    let origin = lines
+        .next()
+        .filter(|l| !l.is_empty())
+        .ok_or_else(|| malformed("no origin line"))?;
     let size_text = lines.next().ok_or_else(|| malformed("no tree size line"))?;
-    if size_text.is_empty() || (size_text.len() > 1 && size_text.starts_with('0')) || !size_text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(malformed("the tree size is not a decimal number without leading zeroes"));
+    if size_text.is_empty()
+        || (size_text.len() > 1 && size_text.starts_with('0'))
+        || !size_text.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(malformed(
+            "the tree size is not a decimal number without leading zeroes",
+        ));
     }
-    let size: u64 = size_text.parse().map_err(|_| malformed("the tree size is out of range"))?;
+    let size: u64 = size_text
+        .parse()
+        .map_err(|_| malformed("the tree size is out of range"))?;
     let root_text = lines.next().ok_or_else(|| malformed("no root hash line"))?;
     let root: Hash = B64
         .decode(root_text)
@@ -125,7 +169,11 @@ fn parse_body(body: &str) -> Result<Checkpoint, NoteError> {
     if lines.any(str::is_empty) {
         return Err(malformed("an extension line is empty"));
     }
-    Ok(Checkpoint { origin: origin.to_string(), size, root })
+    Ok(Checkpoint {
+        origin: origin.to_string(),
+        size,
+        root,
+    })
 }
 
 /// Splits a file of notes, each followed by a blank line (the sink file format), into
@@ -148,7 +196,10 @@ pub fn split_notes(text: &str) -> Result<Vec<String>, String> {
             continue;
         }
         if in_signatures && !line.starts_with(SIGNATURE_PREFIX) {
-            return Err(format!("line {}: expected a signature line or a blank line", number + 1));
+            return Err(format!(
+                "line {}: expected a signature line or a blank line",
+                number + 1
+            ));
         }
         current.push_str(line);
         current.push('\n');
@@ -165,6 +216,7 @@ pub fn split_notes(text: &str) -> Result<Vec<String>, String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use crate::audit::merkle::leaf_hash;
@@ -176,7 +228,11 @@ mod tests {
     #[test]
     fn a_signed_checkpoint_has_the_c2sp_shape_and_verifies() {
         let key = signer("toolgate/audit", 1);
-        let cp = Checkpoint { origin: "toolgate/audit".into(), size: 12, root: leaf_hash(b"x") };
+        let cp = Checkpoint {
+            origin: "toolgate/audit".into(),
+            size: 12,
+            root: leaf_hash(b"x"),
+        };
         let note = cp.sign(&key);
         let lines: Vec<&str> = note.split('\n').collect();
         assert_eq!(lines[0], "toolgate/audit");
@@ -194,23 +250,50 @@ mod tests {
     #[test]
     fn wrong_keys_and_edits_are_rejected() {
         let key = signer("toolgate/audit", 1);
-        let cp = Checkpoint { origin: "toolgate/audit".into(), size: 3, root: leaf_hash(b"y") };
+        let cp = Checkpoint {
+            origin: "toolgate/audit".into(),
+            size: 3,
+            root: leaf_hash(b"y"),
+        };
         let note = cp.sign(&key);
         let other = signer("toolgate/audit", 2);
-        assert_eq!(verify_note(&note, &other.verifier), Err(NoteError::NoSignatureByKey { key_name: "toolgate/audit".into() }));
+        assert_eq!(
+            verify_note(&note, &other.verifier),
+            Err(NoteError::NoSignatureByKey {
+                key_name: "toolgate/audit".into()
+            })
+        );
         let edited = note.replacen("\n3\n", "\n4\n", 1);
-        assert_eq!(verify_note(&edited, &key.verifier), Err(NoteError::BadSignature { key_name: "toolgate/audit".into() }));
+        assert_eq!(
+            verify_note(&edited, &key.verifier),
+            Err(NoteError::BadSignature {
+                key_name: "toolgate/audit".into()
+            })
+        );
         // A signature by another key is ignored, ours still counts.
         let both = format!("{}{}", note, cp.sign(&other).lines().last().unwrap()) + "\n";
         assert_eq!(verify_note(&both, &key.verifier).unwrap(), cp);
-        assert!(matches!(verify_note("nonsense", &key.verifier), Err(NoteError::Malformed(_))));
+        assert!(matches!(
+            verify_note("nonsense", &key.verifier),
+            Err(NoteError::Malformed(_))
+        ));
     }
 
     #[test]
     fn notes_split_from_a_sink_file() {
         let key = signer("k", 3);
-        let a = Checkpoint { origin: "o".into(), size: 1, root: leaf_hash(b"a") }.sign(&key);
-        let b = Checkpoint { origin: "o".into(), size: 2, root: leaf_hash(b"b") }.sign(&key);
+        let a = Checkpoint {
+            origin: "o".into(),
+            size: 1,
+            root: leaf_hash(b"a"),
+        }
+        .sign(&key);
+        let b = Checkpoint {
+            origin: "o".into(),
+            size: 2,
+            root: leaf_hash(b"b"),
+        }
+        .sign(&key);
         let file = format!("{a}\n{b}\n");
         assert_eq!(split_notes(&file).unwrap(), vec![a, b]);
         assert!(split_notes("o\n1\n").is_err());

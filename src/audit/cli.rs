@@ -146,7 +146,9 @@ fn progress_bar(message: &'static str) -> ProgressBar {
     if !(std::io::stdout().is_terminal() && std::io::stderr().is_terminal()) {
         bar.set_draw_target(ProgressDrawTarget::hidden());
     }
-    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} events ({per_sec}, eta {eta})") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} events ({per_sec}, eta {eta})")
+    {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_message(message);
@@ -165,18 +167,31 @@ fn checkpoint_files(db: &Path, named: &[PathBuf]) -> Vec<PathBuf> {
     if !named.is_empty() {
         return named.to_vec();
     }
-    let default = db.parent().unwrap_or(Path::new(".")).join(DEFAULT_SINK_FILE);
-    if default.exists() { vec![default] } else { Vec::new() }
+    let default = db
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(DEFAULT_SINK_FILE);
+    if default.exists() {
+        vec![default]
+    } else {
+        Vec::new()
+    }
 }
 
 fn verify_command(args: &VerifyArgs) -> Exit {
     if !args.db.exists() {
-        print_error(&format!("no audit database at `{}`", args.db.display()), Some("pass --db PATH"));
+        print_error(
+            &format!("no audit database at `{}`", args.db.display()),
+            Some("pass --db PATH"),
+        );
         return Exit::InvalidConfig;
     }
     let options = VerifyOptions {
         db_path: args.db.clone(),
-        key_dir: args.key_dir.clone().unwrap_or_else(|| default_key_dir(&args.db)),
+        key_dir: args
+            .key_dir
+            .clone()
+            .unwrap_or_else(|| default_key_dir(&args.db)),
         checkpoint_files: checkpoint_files(&args.db, &args.checkpoint_files),
         trusted_checkpoint: args.trusted_checkpoint.clone(),
     };
@@ -190,16 +205,24 @@ fn verify_command(args: &VerifyArgs) -> Exit {
                 Format::Json => {
                     let mut value = serde_json::to_value(r).unwrap_or_default();
                     value["status"] = "ok".into();
-                    println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&value).unwrap_or_default()
+                    );
                 }
                 Format::Text => {
                     match &r.head_hash {
-                        Some(hash) => println!("ok: {} events, head seq {} hash {hash}", r.events, r.events),
+                        Some(hash) => {
+                            println!("ok: {} events, head seq {} hash {hash}", r.events, r.events)
+                        }
                         None => println!("ok: the log is empty"),
                     }
                     println!("root {}", r.root);
                     match r.latest_checkpoint_size {
-                        Some(size) => println!("{} checkpoints verified (newest at size {size})", r.checkpoints),
+                        Some(size) => println!(
+                            "{} checkpoints verified (newest at size {size})",
+                            r.checkpoints
+                        ),
                         None => println!("no checkpoints"),
                     }
                     if let Some(size) = r.trusted_checkpoint_size {
@@ -223,7 +246,10 @@ fn verify_command(args: &VerifyArgs) -> Exit {
                         "message": problem.message,
                         "exit_code": problem.kind.exit_code(),
                     });
-                    println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&value).unwrap_or_default()
+                    );
                 }
                 Format::Text => println!("FAILED: {problem}"),
             }
@@ -240,7 +266,10 @@ fn parse_time(flag: &str, text: &Option<String>) -> Result<Option<OffsetDateTime
     match text {
         None => Ok(None),
         Some(t) => OffsetDateTime::parse(t, &Rfc3339).map(Some).map_err(|_| {
-            print_error(&format!("--{flag} `{t}` is not an RFC 3339 time"), Some("e.g. 2026-01-31T00:00:00Z"));
+            print_error(
+                &format!("--{flag} `{t}` is not an RFC 3339 time"),
+                Some("e.g. 2026-01-31T00:00:00Z"),
+            );
             Exit::InvalidConfig
         }),
     }
@@ -248,16 +277,25 @@ fn parse_time(flag: &str, text: &Option<String>) -> Result<Option<OffsetDateTime
 
 fn export_command(args: &ExportArgs) -> Exit {
     if !args.db.exists() {
-        print_error(&format!("no audit database at `{}`", args.db.display()), Some("pass --db PATH"));
+        print_error(
+            &format!("no audit database at `{}`", args.db.display()),
+            Some("pass --db PATH"),
+        );
         return Exit::InvalidConfig;
     }
-    let (since, until) = match (parse_time("since", &args.since), parse_time("until", &args.until)) {
+    let (since, until) = match (
+        parse_time("since", &args.since),
+        parse_time("until", &args.until),
+    ) {
         (Ok(since), Ok(until)) => (since, until),
         (Err(exit), _) | (_, Err(exit)) => return exit,
     };
     let options = ExportOptions {
         db_path: args.db.clone(),
-        key_dir: args.key_dir.clone().unwrap_or_else(|| default_key_dir(&args.db)),
+        key_dir: args
+            .key_dir
+            .clone()
+            .unwrap_or_else(|| default_key_dir(&args.db)),
         out_dir: args.out.clone(),
         format: match args.format {
             ExportFormatArg::Jsonl => ExportFormat::Jsonl,
@@ -276,20 +314,27 @@ fn export_command(args: &ExportArgs) -> Exit {
             match (summary.first_seq, summary.last_seq) {
                 (Some(first), Some(last)) => println!(
                     "exported {} events (seq {first}..{last}) of {} to `{}`",
-                    summary.events,
-                    summary.tree_size,
-                    summary.out_dir
+                    summary.events, summary.tree_size, summary.out_dir
                 ),
-                _ => println!("exported 0 events of {} to `{}`", summary.tree_size, summary.out_dir),
+                _ => println!(
+                    "exported 0 events of {} to `{}`",
+                    summary.tree_size, summary.out_dir
+                ),
             }
-            println!("{} checkpoints; signed by key fingerprint {}", summary.checkpoints, summary.key_fingerprint);
+            println!(
+                "{} checkpoints; signed by key fingerprint {}",
+                summary.checkpoints, summary.key_fingerprint
+            );
             for warning in &summary.warnings {
                 println!("warning: {warning}");
             }
             Exit::Ok
         }
         Err(ExportError::Verify(problem)) => {
-            print_error(&ExportError::Verify(problem.clone()), Some("run `toolgate audit verify` for details"));
+            print_error(
+                &ExportError::Verify(problem.clone()),
+                Some("run `toolgate audit verify` for details"),
+            );
             exit_for_problem(&problem)
         }
         Err(ExportError::Audit(error)) => {
@@ -304,7 +349,10 @@ fn export_command(args: &ExportArgs) -> Exit {
 }
 
 fn key_command(args: &KeyArgs) -> Exit {
-    let dir = args.key_dir.clone().unwrap_or_else(|| args.data_dir.join("keys"));
+    let dir = args
+        .key_dir
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("keys"));
     match load_verifier(&dir) {
         Ok(key) => {
             match args.format {
@@ -315,7 +363,10 @@ fn key_command(args: &KeyArgs) -> Exit {
                         "fingerprint": key.fingerprint(),
                         "vkey": key.to_vkey(),
                     });
-                    println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&value).unwrap_or_default()
+                    );
                 }
                 Format::Text => {
                     println!("key name: {}", key.name);
@@ -327,7 +378,10 @@ fn key_command(args: &KeyArgs) -> Exit {
             Exit::Ok
         }
         Err(error) => {
-            print_error(&error, Some("the key is created when the gateway first opens the audit log"));
+            print_error(
+                &error,
+                Some("the key is created when the gateway first opens the audit log"),
+            );
             Exit::Signature
         }
     }
@@ -341,10 +395,16 @@ fn tail_command(args: &TailArgs) -> Exit {
             return exit_for_error(&error);
         }
     };
-    let mut filter = EventFilter { run_id: args.run_id.clone(), after_seq: args.after_seq, limit: args.limit as usize, ..EventFilter::default() };
+    let mut filter = EventFilter {
+        run_id: args.run_id.clone(),
+        after_seq: args.after_seq,
+        limit: args.limit as usize,
+        ..EventFilter::default()
+    };
     if args.after_seq == 0 {
         // The newest `limit` events: start after head - limit.
-        let head: Result<i64, _> = conn.query_row("SELECT coalesce(max(seq), 0) FROM events", [], |r| r.get(0));
+        let head: Result<i64, _> =
+            conn.query_row("SELECT coalesce(max(seq), 0) FROM events", [], |r| r.get(0));
         if args.run_id.is_none()
             && let Ok(head) = head
         {

@@ -69,8 +69,12 @@ impl std::fmt::Display for ExportError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ExportError::Audit(e) => write!(f, "{e}"),
-            ExportError::Verify(p) => write!(f, "the log does not verify, nothing was exported: {p}"),
-            ExportError::OutNotEmpty(dir) => write!(f, "the output directory `{}` is not empty", dir.display()),
+            ExportError::Verify(p) => {
+                write!(f, "the log does not verify, nothing was exported: {p}")
+            }
+            ExportError::OutNotEmpty(dir) => {
+                write!(f, "the output directory `{}` is not empty", dir.display())
+            }
         }
     }
 }
@@ -161,7 +165,11 @@ impl Hashed {
     fn create(dir: &Path, name: &str) -> Result<Hashed, AuditError> {
         let path = dir.join(name);
         let file = File::create(&path).map_err(|e| io(&path, e))?;
-        Ok(Hashed { path, out: BufWriter::new(file), hasher: Sha256::new() })
+        Ok(Hashed {
+            path,
+            out: BufWriter::new(file),
+            hasher: Sha256::new(),
+        })
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<(), AuditError> {
@@ -171,13 +179,19 @@ impl Hashed {
 
     fn finish(mut self) -> Result<String, AuditError> {
         self.out.flush().map_err(|e| io(&self.path, e))?;
-        self.out.get_ref().sync_all().map_err(|e| io(&self.path, e))?;
+        self.out
+            .get_ref()
+            .sync_all()
+            .map_err(|e| io(&self.path, e))?;
         Ok(hex::encode(self.hasher.finalize()))
     }
 }
 
 fn io(path: &Path, e: std::io::Error) -> AuditError {
-    AuditError::Io { path: path.to_path_buf(), what: e.to_string() }
+    AuditError::Io {
+        path: path.to_path_buf(),
+        what: e.to_string(),
+    }
 }
 
 const CSV_COLUMNS: [&str; 17] = [
@@ -201,7 +215,10 @@ const CSV_COLUMNS: [&str; 17] = [
 ];
 
 /// Verifies the log, signs a fresh checkpoint over all of it, and writes the export.
-pub fn export(options: &ExportOptions, progress: &mut dyn FnMut(Progress)) -> Result<ExportSummary, ExportError> {
+pub fn export(
+    options: &ExportOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<ExportSummary, ExportError> {
     let out = &options.out_dir;
     if out.exists() && fs::read_dir(out).map_err(|e| io(out, e))?.next().is_some() {
         return Err(ExportError::OutNotEmpty(out.clone()));
@@ -225,8 +242,13 @@ pub fn export(options: &ExportOptions, progress: &mut dyn FnMut(Progress)) -> Re
     let mut warnings = verified.report.warnings.clone();
     let tree_size = verified.report.events;
     let tree = Tree::new(verified.leaves);
-    let origin = checkpoint_origin(&verified.checkpoints).unwrap_or_else(|| DEFAULT_ORIGIN.to_string());
-    let export_checkpoint = Checkpoint { origin: origin.clone(), size: tree_size, root: tree.root(tree_size) };
+    let origin =
+        checkpoint_origin(&verified.checkpoints).unwrap_or_else(|| DEFAULT_ORIGIN.to_string());
+    let export_checkpoint = Checkpoint {
+        origin: origin.clone(),
+        size: tree_size,
+        root: tree.root(tree_size),
+    };
     let export_note = export_checkpoint.sign(&signer);
     let created = format_timestamp(OffsetDateTime::now_utc());
 
@@ -234,16 +256,24 @@ pub fn export(options: &ExportOptions, progress: &mut dyn FnMut(Progress)) -> Re
     // works, with a warning.
     match record_checkpoint(path, &export_checkpoint, &export_note, &created) {
         Ok(()) => {}
-        Err(e) => warnings.push(format!("the export checkpoint was not stored in the database: {e}")),
+        Err(e) => warnings.push(format!(
+            "the export checkpoint was not stored in the database: {e}"
+        )),
     }
     for file in &options.checkpoint_files {
-        let appended = fs::OpenOptions::new().append(true).open(file).and_then(|mut f| {
-            f.write_all(export_note.as_bytes())?;
-            f.write_all(b"\n")?;
-            f.sync_data()
-        });
+        let appended = fs::OpenOptions::new()
+            .append(true)
+            .open(file)
+            .and_then(|mut f| {
+                f.write_all(export_note.as_bytes())?;
+                f.write_all(b"\n")?;
+                f.sync_data()
+            });
         if let Err(e) = appended {
-            warnings.push(format!("the export checkpoint was not appended to `{}`: {e}", file.display()));
+            warnings.push(format!(
+                "the export checkpoint was not appended to `{}`: {e}",
+                file.display()
+            ));
         }
     }
 
@@ -259,7 +289,12 @@ pub fn export(options: &ExportOptions, progress: &mut dyn FnMut(Progress)) -> Re
             let path = out.join("events.csv");
             let file = File::create(&path).map_err(|e| io(&path, e))?;
             let mut writer = csv::Writer::from_writer(BufWriter::new(file));
-            writer.write_record(CSV_COLUMNS).map_err(|e| AuditError::Io { path: path.clone(), what: e.to_string() })?;
+            writer
+                .write_record(CSV_COLUMNS)
+                .map_err(|e| AuditError::Io {
+                    path: path.clone(),
+                    what: e.to_string(),
+                })?;
             Some((path, writer))
         }
         ExportFormat::Jsonl => None,
@@ -290,7 +325,12 @@ pub fn export(options: &ExportOptions, progress: &mut dyn FnMut(Progress)) -> Re
             events.write(line.as_bytes())?;
             events.write(b"\n")?;
             let path = tree.inclusion_proof(seq - 1, tree_size).unwrap_or_default();
-            let proof = InclusionProof { seq, leaf_index: seq - 1, tree_size, path: path.iter().map(hex::encode).collect() };
+            let proof = InclusionProof {
+                seq,
+                leaf_index: seq - 1,
+                tree_size,
+                path: path.iter().map(hex::encode).collect(),
+            };
             inclusion.write(&serde_json::to_vec(&proof).unwrap_or_default())?;
             inclusion.write(b"\n")?;
             let value: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
@@ -306,7 +346,10 @@ pub fn export(options: &ExportOptions, progress: &mut dyn FnMut(Progress)) -> Re
                         Some(other) => other.to_string(),
                     })
                     .collect();
-                writer.write_record(&record).map_err(|e| AuditError::Io { path: path.clone(), what: e.to_string() })?;
+                writer.write_record(&record).map_err(|e| AuditError::Io {
+                    path: path.clone(),
+                    what: e.to_string(),
+                })?;
             }
             count += 1;
             first_seq.get_or_insert(seq);
@@ -316,8 +359,18 @@ pub fn export(options: &ExportOptions, progress: &mut dyn FnMut(Progress)) -> Re
     files.insert("events.jsonl".to_string(), events.finish()?);
     files.insert("proofs/inclusion.jsonl".to_string(), inclusion.finish()?);
     if let Some((path, writer)) = csv {
-        writer.into_inner().map_err(|e| AuditError::Io { path: path.clone(), what: e.to_string() })?.flush().map_err(|e| io(&path, e))?;
-        files.insert("events.csv".to_string(), hex::encode(Sha256::digest(fs::read(&path).map_err(|e| io(&path, e))?)));
+        writer
+            .into_inner()
+            .map_err(|e| AuditError::Io {
+                path: path.clone(),
+                what: e.to_string(),
+            })?
+            .flush()
+            .map_err(|e| io(&path, e))?;
+        files.insert(
+            "events.csv".to_string(),
+            hex::encode(Sha256::digest(fs::read(&path).map_err(|e| io(&path, e))?)),
+        );
     }
 
     // Checkpoints, smallest first, the export one last; consistency between neighbours.
@@ -337,13 +390,20 @@ pub fn export(options: &ExportOptions, progress: &mut dyn FnMut(Progress)) -> Re
         notes.write(b"\n")?;
         if let Some((next, _)) = checkpoints.get(i + 1) {
             let path = tree.consistency_proof(*size, *next).unwrap_or_default();
-            let proof = ConsistencyProof { from: *size, to: *next, path: path.iter().map(hex::encode).collect() };
+            let proof = ConsistencyProof {
+                from: *size,
+                to: *next,
+                path: path.iter().map(hex::encode).collect(),
+            };
             consistency.write(&serde_json::to_vec(&proof).unwrap_or_default())?;
             consistency.write(b"\n")?;
         }
     }
     files.insert("checkpoints.txt".to_string(), notes.finish()?);
-    files.insert("proofs/consistency.jsonl".to_string(), consistency.finish()?);
+    files.insert(
+        "proofs/consistency.jsonl".to_string(),
+        consistency.finish()?,
+    );
 
     let mut write_file = |name: &str, contents: &str| -> Result<(), AuditError> {
         let mut file = Hashed::create(out, name)?;
@@ -366,9 +426,19 @@ pub fn export(options: &ExportOptions, progress: &mut dyn FnMut(Progress)) -> Re
             until: options.until.map(format_timestamp),
         },
         tree_size,
-        range: first_seq.zip(last_seq).map(|(first_seq, last_seq)| Range { first_seq, last_seq }),
-        counts: Counts { events: count, checkpoints: checkpoints.len(), by_type },
-        key: KeyInfo { name: key.name.clone(), fingerprint: key.fingerprint() },
+        range: first_seq.zip(last_seq).map(|(first_seq, last_seq)| Range {
+            first_seq,
+            last_seq,
+        }),
+        counts: Counts {
+            events: count,
+            checkpoints: checkpoints.len(),
+            by_type,
+        },
+        key: KeyInfo {
+            name: key.name.clone(),
+            fingerprint: key.fingerprint(),
+        },
         csv_is_integrity_protected: false,
         files,
     };
@@ -389,15 +459,36 @@ pub fn export(options: &ExportOptions, progress: &mut dyn FnMut(Progress)) -> Re
 
 /// The origin of the stored checkpoints (they all share it).
 fn checkpoint_origin(checkpoints: &[super::verify::VerifiedCheckpoint]) -> Option<String> {
-    checkpoints.last().and_then(|c| c.note.lines().next()).map(str::to_string)
+    checkpoints
+        .last()
+        .and_then(|c| c.note.lines().next())
+        .map(str::to_string)
 }
 
-fn record_checkpoint(path: &Path, checkpoint: &Checkpoint, note: &str, created: &str) -> Result<(), AuditError> {
-    let conn = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(|e| map_sqlite(&e, path))?;
-    conn.busy_timeout(std::time::Duration::from_millis(2000)).map_err(|e| map_sqlite(&e, path))?;
-    conn.pragma_update(None, "synchronous", "FULL").map_err(|e| map_sqlite(&e, path))?;
-    conn.execute(INSERT_CHECKPOINT, rusqlite::params![checkpoint.size as i64, hex::encode(checkpoint.root), note, created, "export"])
+fn record_checkpoint(
+    path: &Path,
+    checkpoint: &Checkpoint,
+    note: &str,
+    created: &str,
+) -> Result<(), AuditError> {
+    let conn =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE)
+            .map_err(|e| map_sqlite(&e, path))?;
+    conn.busy_timeout(std::time::Duration::from_millis(2000))
         .map_err(|e| map_sqlite(&e, path))?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(|e| map_sqlite(&e, path))?;
+    conn.execute(
+        INSERT_CHECKPOINT,
+        rusqlite::params![
+            checkpoint.size as i64,
+            hex::encode(checkpoint.root),
+            note,
+            created,
+            "export"
+        ],
+    )
+    .map_err(|e| map_sqlite(&e, path))?;
     Ok(())
 }
 

@@ -41,7 +41,10 @@ pub fn key_id(name: &str, public_key: &[u8; 32]) -> [u8; 4] {
 
 /// A key name is non-empty and has no whitespace and no `+` (signed-note rules).
 pub fn valid_key_name(name: &str) -> bool {
-    !name.is_empty() && !name.chars().any(|c| c.is_whitespace() || c == '+' || c.is_control())
+    !name.is_empty()
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c == '+' || c.is_control())
 }
 
 /// A public key that verifies checkpoint signatures.
@@ -54,7 +57,11 @@ pub struct VerifierKey {
 
 impl VerifierKey {
     pub fn new(name: &str, key: VerifyingKey) -> Self {
-        VerifierKey { name: name.to_string(), key_id: key_id(name, key.as_bytes()), key }
+        VerifierKey {
+            name: name.to_string(),
+            key_id: key_id(name, key.as_bytes()),
+            key,
+        }
     }
 
     /// Lowercase hex SHA-256 of the raw 32-byte public key: what an auditor compares.
@@ -66,7 +73,12 @@ impl VerifierKey {
     pub fn to_vkey(&self) -> String {
         let mut typed = vec![ED25519_TYPE];
         typed.extend_from_slice(self.key.as_bytes());
-        format!("{}+{}+{}", self.name, hex::encode(self.key_id), B64.encode(typed))
+        format!(
+            "{}+{}+{}",
+            self.name,
+            hex::encode(self.key_id),
+            B64.encode(typed)
+        )
     }
 
     /// Parses the `vkey` form, checking that the key id matches the key.
@@ -76,12 +88,17 @@ impl VerifierKey {
         let (Some(name), Some(id), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
             return Err("expected `<name>+<key id>+<base64 key>`".into());
         };
-        let raw = B64.decode(key).map_err(|_| "the key is not valid base64".to_string())?;
+        let raw = B64
+            .decode(key)
+            .map_err(|_| "the key is not valid base64".to_string())?;
         let [ED25519_TYPE, rest @ ..] = raw.as_slice() else {
             return Err("the key is not an Ed25519 key (type byte 0x01)".into());
         };
-        let bytes: [u8; 32] = rest.try_into().map_err(|_| "an Ed25519 public key has 32 bytes".to_string())?;
-        let key = VerifyingKey::from_bytes(&bytes).map_err(|_| "the public key is not a valid Ed25519 point".to_string())?;
+        let bytes: [u8; 32] = rest
+            .try_into()
+            .map_err(|_| "an Ed25519 public key has 32 bytes".to_string())?;
+        let key = VerifyingKey::from_bytes(&bytes)
+            .map_err(|_| "the public key is not a valid Ed25519 point".to_string())?;
         if !valid_key_name(name) {
             return Err(format!("invalid key name `{name}`"));
         }
@@ -94,7 +111,9 @@ impl VerifierKey {
 
     /// Verifies an Ed25519 signature (RFC 8032, strict: no malleable signatures).
     pub fn verify(&self, message: &[u8], signature: &[u8; 64]) -> bool {
-        self.key.verify_strict(message, &Signature::from_bytes(signature)).is_ok()
+        self.key
+            .verify_strict(message, &Signature::from_bytes(signature))
+            .is_ok()
     }
 }
 
@@ -119,20 +138,32 @@ impl SignerKey {
     fn to_skey(&self) -> String {
         let mut typed = vec![ED25519_TYPE];
         typed.extend_from_slice(&self.signing.to_bytes());
-        format!("PRIVATE+KEY+{}+{}+{}", self.verifier.name, hex::encode(self.verifier.key_id), B64.encode(typed))
+        format!(
+            "PRIVATE+KEY+{}+{}+{}",
+            self.verifier.name,
+            hex::encode(self.verifier.key_id),
+            B64.encode(typed)
+        )
     }
 
     fn parse_skey(text: &str) -> Result<Self, String> {
-        let rest = text.trim().strip_prefix("PRIVATE+KEY+").ok_or("expected `PRIVATE+KEY+...`")?;
+        let rest = text
+            .trim()
+            .strip_prefix("PRIVATE+KEY+")
+            .ok_or("expected `PRIVATE+KEY+...`")?;
         let mut parts = rest.splitn(3, '+');
         let (Some(name), Some(id), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
             return Err("expected `PRIVATE+KEY+<name>+<key id>+<base64 key>`".into());
         };
-        let raw = B64.decode(key).map_err(|_| "the key is not valid base64".to_string())?;
+        let raw = B64
+            .decode(key)
+            .map_err(|_| "the key is not valid base64".to_string())?;
         let [ED25519_TYPE, rest @ ..] = raw.as_slice() else {
             return Err("the key is not an Ed25519 key (type byte 0x01)".into());
         };
-        let seed: [u8; 32] = rest.try_into().map_err(|_| "an Ed25519 private key has 32 bytes".to_string())?;
+        let seed: [u8; 32] = rest
+            .try_into()
+            .map_err(|_| "an Ed25519 private key has 32 bytes".to_string())?;
         if !valid_key_name(name) {
             return Err(format!("invalid key name `{name}`"));
         }
@@ -152,11 +183,15 @@ pub struct Keys {
 }
 
 fn key_error(path: &Path, what: impl Into<String>) -> AuditError {
-    AuditError::Key { path: path.to_path_buf(), what: what.into() }
+    AuditError::Key {
+        path: path.to_path_buf(),
+        what: what.into(),
+    }
 }
 
 fn read_small(path: &Path) -> Result<String, AuditError> {
-    let meta = fs::metadata(path).map_err(|e| key_error(path, format!("cannot read the key file: {e}")))?;
+    let meta = fs::metadata(path)
+        .map_err(|e| key_error(path, format!("cannot read the key file: {e}")))?;
     if meta.len() > MAX_KEY_FILE_BYTES {
         return Err(key_error(path, "the key file is too large"));
     }
@@ -165,7 +200,8 @@ fn read_small(path: &Path) -> Result<String, AuditError> {
 
 fn random_32(path: &Path) -> Result<[u8; 32], AuditError> {
     let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| key_error(path, format!("no randomness for a new key: {e}")))?;
+    getrandom::fill(&mut bytes)
+        .map_err(|e| key_error(path, format!("no randomness for a new key: {e}")))?;
     Ok(bytes)
 }
 
@@ -189,7 +225,10 @@ impl Keys {
     pub fn load_or_create(dir: &Path, name: &str) -> Result<Keys, AuditError> {
         use std::os::unix::fs::DirBuilderExt;
         if !valid_key_name(name) {
-            return Err(key_error(dir, format!("invalid key name `{name}`: it must be non-empty, without spaces or `+`")));
+            return Err(key_error(
+                dir,
+                format!("invalid key name `{name}`: it must be non-empty, without spaces or `+`"),
+            ));
         }
         if !dir.exists() {
             fs::DirBuilder::new()
@@ -200,7 +239,8 @@ impl Keys {
         }
         let signing_path = dir.join(SIGNING_KEY_FILE);
         let signer = if signing_path.exists() {
-            SignerKey::parse_skey(&read_small(&signing_path)?).map_err(|e| key_error(&signing_path, e))?
+            SignerKey::parse_skey(&read_small(&signing_path)?)
+                .map_err(|e| key_error(&signing_path, e))?
         } else {
             let signer = SignerKey::from_seed(name, random_32(&signing_path)?);
             write_new(&signing_path, &format!("{}\n", signer.to_skey()), 0o600)?;
@@ -208,18 +248,29 @@ impl Keys {
         };
         let vkey_path = dir.join(VERIFIER_KEY_FILE);
         if vkey_path.exists() {
-            let stored = VerifierKey::parse_vkey(&read_small(&vkey_path)?).map_err(|e| key_error(&vkey_path, e))?;
+            let stored = VerifierKey::parse_vkey(&read_small(&vkey_path)?)
+                .map_err(|e| key_error(&vkey_path, e))?;
             if stored != signer.verifier {
-                return Err(key_error(&vkey_path, "the public key does not belong to the signing key next to it"));
+                return Err(key_error(
+                    &vkey_path,
+                    "the public key does not belong to the signing key next to it",
+                ));
             }
         } else {
-            write_new(&vkey_path, &format!("{}\n", signer.verifier.to_vkey()), 0o644)?;
+            write_new(
+                &vkey_path,
+                &format!("{}\n", signer.verifier.to_vkey()),
+                0o644,
+            )?;
         }
         let hmac_path = dir.join(HMAC_KEY_FILE);
         let hmac_key = if hmac_path.exists() {
             let text = read_small(&hmac_path)?;
-            let bytes = hex::decode(text.trim()).map_err(|_| key_error(&hmac_path, "the hmac key is not hex"))?;
-            bytes.try_into().map_err(|_| key_error(&hmac_path, "the hmac key must have 32 bytes"))?
+            let bytes = hex::decode(text.trim())
+                .map_err(|_| key_error(&hmac_path, "the hmac key is not hex"))?;
+            bytes
+                .try_into()
+                .map_err(|_| key_error(&hmac_path, "the hmac key must have 32 bytes"))?
         } else {
             let key = random_32(&hmac_path)?;
             write_new(&hmac_path, &format!("{}\n", hex::encode(key)), 0o600)?;
@@ -234,20 +285,29 @@ impl Keys {
 pub fn load_verifier(dir: &Path) -> Result<VerifierKey, AuditError> {
     let vkey_path = dir.join(VERIFIER_KEY_FILE);
     if vkey_path.exists() {
-        return VerifierKey::parse_vkey(&read_small(&vkey_path)?).map_err(|e| key_error(&vkey_path, e));
+        return VerifierKey::parse_vkey(&read_small(&vkey_path)?)
+            .map_err(|e| key_error(&vkey_path, e));
     }
     let signing_path = dir.join(SIGNING_KEY_FILE);
     if signing_path.exists() {
-        return Ok(SignerKey::parse_skey(&read_small(&signing_path)?).map_err(|e| key_error(&signing_path, e))?.verifier);
+        return Ok(SignerKey::parse_skey(&read_small(&signing_path)?)
+            .map_err(|e| key_error(&signing_path, e))?
+            .verifier);
     }
-    Err(key_error(dir, format!("no `{VERIFIER_KEY_FILE}` or `{SIGNING_KEY_FILE}` in the key directory")))
+    Err(key_error(
+        dir,
+        format!("no `{VERIFIER_KEY_FILE}` or `{SIGNING_KEY_FILE}` in the key directory"),
+    ))
 }
 
 /// Loads the existing signing key from `dir`; never creates one.
 pub fn load_signer(dir: &Path) -> Result<SignerKey, AuditError> {
     let signing_path = dir.join(SIGNING_KEY_FILE);
     if !signing_path.exists() {
-        return Err(key_error(dir, format!("no `{SIGNING_KEY_FILE}` in the key directory")));
+        return Err(key_error(
+            dir,
+            format!("no `{SIGNING_KEY_FILE}` in the key directory"),
+        ));
     }
     SignerKey::parse_skey(&read_small(&signing_path)?).map_err(|e| key_error(&signing_path, e))
 }
@@ -258,6 +318,7 @@ pub fn default_key_dir(db_path: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -270,7 +331,10 @@ mod tests {
         assert_eq!(again.signer.verifier.name, "example.com/log");
         assert_eq!(keys.hmac_key, again.hmac_key);
         use std::os::unix::fs::PermissionsExt;
-        let mode = fs::metadata(dir.path().join("keys").join(SIGNING_KEY_FILE)).unwrap().permissions().mode();
+        let mode = fs::metadata(dir.path().join("keys").join(SIGNING_KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         let loaded = load_verifier(&dir.path().join("keys")).unwrap();
         assert_eq!(loaded, keys.signer.verifier);

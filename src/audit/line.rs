@@ -31,7 +31,9 @@ const TIMESTAMP: &[FormatItem<'static>] =
 /// `timestamp_utc`: RFC 3339, UTC, millisecond precision, fixed width (so that string
 /// order is time order).
 pub fn format_timestamp(at: OffsetDateTime) -> String {
-    at.to_offset(time::UtcOffset::UTC).format(TIMESTAMP).unwrap_or_default()
+    at.to_offset(time::UtcOffset::UTC)
+        .format(TIMESTAMP)
+        .unwrap_or_default()
 }
 
 /// The `event_id` of the event with this seq.
@@ -54,11 +56,15 @@ pub(crate) struct Prepared {
 /// is not an integer within +-(2^53 - 1) becomes a string holding its RFC 8785 form.
 fn portable(value: &Value, depth: usize) -> Result<Value, AuditError> {
     if depth > MAX_DEPTH {
-        return Err(AuditError::InvalidEvent { what: format!("nesting deeper than {MAX_DEPTH} levels") });
+        return Err(AuditError::InvalidEvent {
+            what: format!("nesting deeper than {MAX_DEPTH} levels"),
+        });
     }
     Ok(match value {
         Value::Number(n) => {
-            let safe = n.as_u64().is_some_and(|v| v <= MAX_SAFE_INTEGER) || n.as_i64().is_some_and(|v| v.unsigned_abs() <= MAX_SAFE_INTEGER);
+            let safe = n.as_u64().is_some_and(|v| v <= MAX_SAFE_INTEGER)
+                || n.as_i64()
+                    .is_some_and(|v| v.unsigned_abs() <= MAX_SAFE_INTEGER);
             if safe {
                 value.clone()
             } else if n.is_f64() {
@@ -68,10 +74,17 @@ fn portable(value: &Value, depth: usize) -> Result<Value, AuditError> {
                 Value::String(n.to_string())
             }
         }
-        Value::Array(items) => Value::Array(items.iter().map(|v| portable(v, depth + 1)).collect::<Result<_, _>>()?),
-        Value::Object(map) => {
-            Value::Object(map.iter().map(|(k, v)| Ok((k.clone(), portable(v, depth + 1)?))).collect::<Result<_, AuditError>>()?)
-        }
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .map(|v| portable(v, depth + 1))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| Ok((k.clone(), portable(v, depth + 1)?)))
+                .collect::<Result<_, AuditError>>()?,
+        ),
         _ => value.clone(),
     })
 }
@@ -111,19 +124,33 @@ pub(crate) fn prepare(event: &NewEvent) -> Result<Prepared, AuditError> {
         fields.push(("execution_time_ms", ms.min(MAX_SAFE_INTEGER).to_string()));
     }
     if let Some(versions) = &event.policy_versions {
-        let value = serde_json::to_value(versions).map_err(|e| AuditError::InvalidEvent { what: format!("policy_versions: {e}") })?;
+        let value = serde_json::to_value(versions).map_err(|e| AuditError::InvalidEvent {
+            what: format!("policy_versions: {e}"),
+        })?;
         fields.push(("policy_versions", to_canonical_string(&value)));
     }
     let details = portable(&Value::Object(event.details.clone()), 0)?;
     fields.push(("details", to_canonical_string(&details)));
     fields.sort_by(|a, b| a.0.cmp(b.0));
     // {"key":value,...}: quotes, colon and comma per field, braces.
-    let len = fields.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>() + 2;
+    let len = fields
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 4)
+        .sum::<usize>()
+        + 2;
     // Room for the writer's fields: about 160 bytes.
     if len + 200 > MAX_LINE_BYTES {
-        return Err(AuditError::TooLarge { what: "event line".into(), limit: MAX_LINE_BYTES as u64 });
+        return Err(AuditError::TooLarge {
+            what: "event line".into(),
+            limit: MAX_LINE_BYTES as u64,
+        });
     }
-    Ok(Prepared { event_type: event.event_type, run_id: event.run_id.clone(), fields, len })
+    Ok(Prepared {
+        event_type: event.event_type,
+        run_id: event.run_id.clone(),
+        fields,
+        len,
+    })
 }
 
 /// The canonical line of `prepared` at `seq`, with its timestamp and `prev`.
@@ -131,8 +158,12 @@ pub(crate) fn render(prepared: &Prepared, seq: u64, timestamp_utc: &str, prev: &
     let id = event_id(seq);
     let seq_text = seq.to_string();
     // Sorted, as the merge below requires; strings are written quoted.
-    let own: [(&str, &str, bool); 4] =
-        [("event_id", &id, true), ("prev", prev, true), ("seq", &seq_text, false), ("timestamp_utc", timestamp_utc, true)];
+    let own: [(&str, &str, bool); 4] = [
+        ("event_id", &id, true),
+        ("prev", prev, true),
+        ("seq", &seq_text, false),
+        ("timestamp_utc", timestamp_utc, true),
+    ];
     let mut line = String::with_capacity(prepared.len + 180);
     line.push('{');
     let mut first = true;
@@ -168,6 +199,7 @@ pub(crate) fn render(prepared: &Prepared, seq: u64, timestamp_utc: &str, prev: &
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use crate::policy::{FileVersion, PolicyVersions};
@@ -183,14 +215,23 @@ mod tests {
         e.tool_version = Some("1.2.0".into());
         e.arguments_hash_sha256 = Some("ab".repeat(32));
         e.arguments_hmac_sha256 = Some("cd".repeat(32));
-        e.arguments = Some(json!({"path": "a/b", "n": 3, "f": 1.5, "big": 9007199254740993u64, "z\u{10000}": [1, {"\u{e000}": 2}]}));
+        e.arguments = Some(
+            json!({"path": "a/b", "n": 3, "f": 1.5, "big": 9007199254740993u64, "z\u{10000}": [1, {"\u{e000}": 2}]}),
+        );
         e.output_hash_sha256 = Some("ef".repeat(32));
         e.error_code = Some("TOOL_TIMEOUT".into());
         e.reason = Some("timeout".into());
         e.failed_step = Some(10);
         e.execution_time_ms = Some(u64::MAX);
-        let v = |s: &str| FileVersion { version: s.into(), sha256: "00".repeat(32) };
-        e.policy_versions = Some(PolicyVersions { roles: v("1"), lanes: v("2"), registry: v("3") });
+        let v = |s: &str| FileVersion {
+            version: s.into(),
+            sha256: "00".repeat(32),
+        };
+        e.policy_versions = Some(PolicyVersions {
+            roles: v("1"),
+            lanes: v("2"),
+            registry: v("3"),
+        });
         e.details.insert("dry_run".into(), json!(false));
         e
     }
@@ -218,7 +259,13 @@ mod tests {
         assert_eq!(value["arguments"]["n"], json!(3));
         assert_eq!(value["execution_time_ms"], json!(MAX_SAFE_INTEGER));
         // Absent fields are omitted, details is always there.
-        let bare: Value = serde_json::from_str(&render(&prepare(&NewEvent::new(EventType::PolicyLoaded)).unwrap(), 1, "t", GENESIS_PREV)).unwrap();
+        let bare: Value = serde_json::from_str(&render(
+            &prepare(&NewEvent::new(EventType::PolicyLoaded)).unwrap(),
+            1,
+            "t",
+            GENESIS_PREV,
+        ))
+        .unwrap();
         assert!(bare.get("run_id").is_none());
         assert_eq!(bare["details"], json!({}));
     }

@@ -29,8 +29,8 @@ use super::merkle::{Frontier, Hash, leaf_hash};
 use super::sink::Sinks;
 use super::store::{self, INSERT_CHECKPOINT, INSERT_EVENT, map_sqlite};
 use super::{
-    Appended, ArgumentCommitment, AuditError, AuditOptions, Durability, EventFilter, MAX_EVENTS_PER_READ, NewEvent, StoredEvent,
-    hmac_sha256_hex,
+    Appended, ArgumentCommitment, AuditError, AuditOptions, Durability, EventFilter,
+    MAX_EVENTS_PER_READ, NewEvent, StoredEvent, hmac_sha256_hex,
 };
 
 /// The most events one transaction takes.
@@ -43,8 +43,14 @@ const MAX_QUEUED_EVENTS: usize = 65_536;
 type Reply<T> = oneshot::Sender<Result<T, AuditError>>;
 
 enum Request {
-    Append { events: Vec<Prepared>, reply: Reply<Vec<Appended>>, _permit: OwnedSemaphorePermit },
-    Close { reply: Reply<()> },
+    Append {
+        events: Vec<Prepared>,
+        reply: Reply<Vec<Appended>>,
+        _permit: OwnedSemaphorePermit,
+    },
+    Close {
+        reply: Reply<()>,
+    },
 }
 
 /// The audit log. Cheap to clone; every clone appends to the same log.
@@ -67,7 +73,10 @@ struct Inner {
 
 impl std::fmt::Debug for AuditLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AuditLog").field("db_path", &self.inner.db_path).field("head", &self.head()).finish()
+        f.debug_struct("AuditLog")
+            .field("db_path", &self.inner.db_path)
+            .field("head", &self.head())
+            .finish()
     }
 }
 
@@ -77,33 +86,58 @@ impl AuditLog {
     /// opens the checkpoint sinks and starts the writer thread.
     pub fn open(options: AuditOptions) -> Result<AuditLog, AuditError> {
         if options.checkpoint_every_events == 0 {
-            return Err(AuditError::Config { what: "checkpoint_every_events must be at least 1".into() });
+            return Err(AuditError::Config {
+                what: "checkpoint_every_events must be at least 1".into(),
+            });
         }
         if options.checkpoint_interval < Duration::from_millis(10) {
-            return Err(AuditError::Config { what: "checkpoint_interval must be at least 10 ms".into() });
+            return Err(AuditError::Config {
+                what: "checkpoint_interval must be at least 10 ms".into(),
+            });
         }
         if !valid_key_name(&options.origin) {
-            return Err(AuditError::Config { what: format!("origin `{}` must be non-empty, without spaces or `+`", options.origin) });
+            return Err(AuditError::Config {
+                what: format!(
+                    "origin `{}` must be non-empty, without spaces or `+`",
+                    options.origin
+                ),
+            });
         }
         let path = options.db_path.clone();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
-            std::fs::create_dir_all(dir).map_err(|e| AuditError::Io { path: dir.to_path_buf(), what: format!("cannot create the data directory: {e}") })?;
+        if let Some(dir) = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+        {
+            std::fs::create_dir_all(dir).map_err(|e| AuditError::Io {
+                path: dir.to_path_buf(),
+                what: format!("cannot create the data directory: {e}"),
+            })?;
         }
-        let conn = store::open_writer(&path, options.durability, options.busy_timeout, options.max_db_bytes)?;
+        let conn = store::open_writer(
+            &path,
+            options.durability,
+            options.busy_timeout,
+            options.max_db_bytes,
+        )?;
         let state = store::load_state(&conn, &path)?;
         let keys = Keys::load_or_create(&options.key_dir, &options.origin)?;
         if let Some(row) = &state.last_checkpoint {
-            let checkpoint = verify_note(&row.note, &keys.signer.verifier).map_err(|e| AuditError::Key {
-                path: options.key_dir.clone(),
-                what: format!("the newest checkpoint does not verify with this key: {e}"),
-            })?;
+            let checkpoint =
+                verify_note(&row.note, &keys.signer.verifier).map_err(|e| AuditError::Key {
+                    path: options.key_dir.clone(),
+                    what: format!("the newest checkpoint does not verify with this key: {e}"),
+                })?;
             if checkpoint.size != row.size || hex::encode(checkpoint.root) != row.root {
-                return Err(AuditError::Corrupt { seq: 0, what: "the newest checkpoint note does not match its row".into() });
+                return Err(AuditError::Corrupt {
+                    seq: 0,
+                    what: "the newest checkpoint note does not match its row".into(),
+                });
             }
         }
         let sinks = Sinks::open(&options.checkpoint_sinks)?;
         let reader = store::open_reader(&path, options.busy_timeout)?;
-        let head_value = (state.frontier.size() > 0).then(|| (state.frontier.size(), hex::encode(state.prev)));
+        let head_value =
+            (state.frontier.size() > 0).then(|| (state.frontier.size(), hex::encode(state.prev)));
         let head = Arc::new(RwLock::new(head_value));
         let (sender, receiver) = std::sync::mpsc::channel();
         let writer = Writer {
@@ -126,7 +160,10 @@ impl AuditLog {
         std::thread::Builder::new()
             .name("audit-writer".into())
             .spawn(move || writer.run(receiver))
-            .map_err(|e| AuditError::Io { path: path.clone(), what: format!("cannot start the audit writer thread: {e}") })?;
+            .map_err(|e| AuditError::Io {
+                path: path.clone(),
+                what: format!("cannot start the audit writer thread: {e}"),
+            })?;
         Ok(AuditLog {
             inner: Arc::new(Inner {
                 sender,
@@ -145,7 +182,10 @@ impl AuditLog {
     /// Appends one event; returns once it is durable (committed with the configured
     /// durability).
     pub async fn append(&self, event: NewEvent) -> Result<Appended, AuditError> {
-        self.append_all(vec![event]).await?.pop().ok_or(AuditError::Closed)
+        self.append_all(vec![event])
+            .await?
+            .pop()
+            .ok_or(AuditError::Closed)
     }
 
     /// Appends events with contiguous seqs in one transaction; returns once they are
@@ -155,22 +195,37 @@ impl AuditLog {
             return Ok(Vec::new());
         }
         if events.len() > MAX_REQUEST_EVENTS {
-            return Err(AuditError::TooLarge { what: "number of events in one append".into(), limit: MAX_REQUEST_EVENTS as u64 });
+            return Err(AuditError::TooLarge {
+                what: "number of events in one append".into(),
+                limit: MAX_REQUEST_EVENTS as u64,
+            });
         }
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(AuditError::Closed);
         }
         let prepared = events.iter().map(prepare).collect::<Result<Vec<_>, _>>()?;
         let timeout = self.inner.append_timeout;
-        let timed_out = || AuditError::Timeout { waited_ms: timeout.as_millis() as u64 };
+        let timed_out = || AuditError::Timeout {
+            waited_ms: timeout.as_millis() as u64,
+        };
         let deadline = tokio::time::Instant::now() + timeout;
         let count = prepared.len() as u32;
-        let permit = tokio::time::timeout_at(deadline, self.inner.permits.clone().acquire_many_owned(count))
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(|_| AuditError::Closed)?;
+        let permit = tokio::time::timeout_at(
+            deadline,
+            self.inner.permits.clone().acquire_many_owned(count),
+        )
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(|_| AuditError::Closed)?;
         let (reply, answer) = oneshot::channel();
-        self.inner.sender.send(Request::Append { events: prepared, reply, _permit: permit }).map_err(|_| AuditError::Closed)?;
+        self.inner
+            .sender
+            .send(Request::Append {
+                events: prepared,
+                reply,
+                _permit: permit,
+            })
+            .map_err(|_| AuditError::Closed)?;
         match tokio::time::timeout_at(deadline, answer).await {
             Err(_) => Err(timed_out()),
             Ok(Err(_)) => Err(AuditError::Closed),
@@ -209,7 +264,9 @@ impl AuditLog {
             return Ok(());
         }
         match tokio::time::timeout(self.inner.append_timeout, answer).await {
-            Err(_) => Err(AuditError::Timeout { waited_ms: self.inner.append_timeout.as_millis() as u64 }),
+            Err(_) => Err(AuditError::Timeout {
+                waited_ms: self.inner.append_timeout.as_millis() as u64,
+            }),
             Ok(Err(_)) => Err(AuditError::Closed),
             Ok(Ok(result)) => result,
         }
@@ -217,7 +274,11 @@ impl AuditLog {
 
     /// The last seq and its hash, or None for an empty log.
     pub fn head(&self) -> Option<(u64, String)> {
-        self.inner.head.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.inner
+            .head
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The public key that verifies this log's checkpoints.
@@ -227,10 +288,15 @@ impl AuditLog {
 }
 
 /// Reads events matching `filter` over `conn`.
-pub(crate) fn read_events(conn: &Connection, path: &std::path::Path, filter: &EventFilter) -> Result<Vec<StoredEvent>, AuditError> {
+pub(crate) fn read_events(
+    conn: &Connection,
+    path: &std::path::Path,
+    filter: &EventFilter,
+) -> Result<Vec<StoredEvent>, AuditError> {
     let map = |e: rusqlite::Error| map_sqlite(&e, path);
     let mut sql = String::from("SELECT seq, line FROM events WHERE seq > ?");
-    let mut args: Vec<rusqlite::types::Value> = vec![(filter.after_seq.min(i64::MAX as u64) as i64).into()];
+    let mut args: Vec<rusqlite::types::Value> =
+        vec![(filter.after_seq.min(i64::MAX as u64) as i64).into()];
     if let Some(run) = &filter.run_id {
         sql.push_str(" AND run_id = ?");
         args.push(run.clone().into());
@@ -239,7 +305,12 @@ pub(crate) fn read_events(conn: &Connection, path: &std::path::Path, filter: &Ev
         sql.push_str(" AND type IN (");
         sql.push_str(&vec!["?"; filter.event_types.len()].join(", "));
         sql.push(')');
-        args.extend(filter.event_types.iter().map(|t| t.as_str().to_string().into()));
+        args.extend(
+            filter
+                .event_types
+                .iter()
+                .map(|t| t.as_str().to_string().into()),
+        );
     }
     if let Some(since) = filter.since {
         sql.push_str(" AND ts >= ?");
@@ -249,17 +320,26 @@ pub(crate) fn read_events(conn: &Connection, path: &std::path::Path, filter: &Ev
         sql.push_str(" AND ts < ?");
         args.push(format_timestamp(until).into());
     }
-    let limit = if filter.limit == 0 { MAX_EVENTS_PER_READ } else { filter.limit.min(MAX_EVENTS_PER_READ) };
+    let limit = if filter.limit == 0 {
+        MAX_EVENTS_PER_READ
+    } else {
+        filter.limit.min(MAX_EVENTS_PER_READ)
+    };
     sql.push_str(" ORDER BY seq LIMIT ?");
     args.push((limit as i64).into());
     let mut stmt = conn.prepare_cached(&sql).map_err(map)?;
     let rows = stmt
-        .query_map(rusqlite::params_from_iter(args), |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)))
+        .query_map(rusqlite::params_from_iter(args), |r| {
+            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?))
+        })
         .map_err(map)?;
     let mut out = Vec::new();
     for row in rows {
         let (seq, line) = row.map_err(map)?;
-        let value = serde_json::from_str(&line).map_err(|_| AuditError::Corrupt { seq, what: "the stored line is not JSON".into() })?;
+        let value = serde_json::from_str(&line).map_err(|_| AuditError::Corrupt {
+            seq,
+            what: "the stored line is not JSON".into(),
+        })?;
         out.push(StoredEvent { seq, line, value });
     }
     Ok(out)
@@ -321,7 +401,11 @@ impl Writer {
             let mut next = Some(first);
             while let Some(request) = next.take() {
                 match request {
-                    Request::Append { events, reply, _permit } => {
+                    Request::Append {
+                        events,
+                        reply,
+                        _permit,
+                    } => {
                         count += events.len();
                         batch.push((events, reply, _permit));
                     }
@@ -349,9 +433,16 @@ impl Writer {
         }
     }
 
-    fn commit(&mut self, batch: Vec<(Vec<Prepared>, Reply<Vec<Appended>>, OwnedSemaphorePermit)>, count: u64) {
+    fn commit(
+        &mut self,
+        batch: Vec<(Vec<Prepared>, Reply<Vec<Appended>>, OwnedSemaphorePermit)>,
+        count: u64,
+    ) {
         let with_checkpoint = self.frontier.size() + count - self.last_cp_size >= self.every;
-        let requests: Vec<&[Prepared]> = batch.iter().map(|(events, _, _)| events.as_slice()).collect();
+        let requests: Vec<&[Prepared]> = batch
+            .iter()
+            .map(|(events, _, _)| events.as_slice())
+            .collect();
         match self.write_batch(&requests, with_checkpoint) {
             Ok(committed) => {
                 self.frontier = committed.frontier;
@@ -380,19 +471,32 @@ impl Writer {
 
     /// Writes one batch in one transaction. Works on copies of the chain state, which
     /// the caller adopts only if the commit succeeded.
-    fn write_batch(&mut self, requests: &[&[Prepared]], with_checkpoint: bool) -> Result<Committed, AuditError> {
+    fn write_batch(
+        &mut self,
+        requests: &[&[Prepared]],
+        with_checkpoint: bool,
+    ) -> Result<Committed, AuditError> {
         let mut frontier = self.frontier.clone();
         let mut prev = self.prev;
         let now = format_timestamp(OffsetDateTime::now_utc());
-        let ts = if now > self.last_ts { now } else { self.last_ts.clone() };
+        let ts = if now > self.last_ts {
+            now
+        } else {
+            self.last_ts.clone()
+        };
         let full_sync = with_checkpoint && self.durability == Durability::Normal;
         let path = self.path.clone();
         let map = |e: rusqlite::Error| map_sqlite(&e, &path);
         if full_sync {
-            self.conn.pragma_update(None, "synchronous", "FULL").map_err(map)?;
+            self.conn
+                .pragma_update(None, "synchronous", "FULL")
+                .map_err(map)?;
         }
         let result = (|| {
-            let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map)?;
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(map)?;
             let mut appended = Vec::with_capacity(requests.len());
             {
                 let mut insert = tx.prepare_cached(INSERT_EVENT).map_err(map)?;
@@ -405,18 +509,43 @@ impl Writer {
                         let hash_hex = hex::encode(hash);
                         let id = event_id(seq);
                         insert
-                            .execute(params![seq as i64, id, prepared.event_type.as_str(), prepared.run_id, ts, line, hash_hex])
+                            .execute(params![
+                                seq as i64,
+                                id,
+                                prepared.event_type.as_str(),
+                                prepared.run_id,
+                                ts,
+                                line,
+                                hash_hex
+                            ])
                             .map_err(map)?;
                         frontier.push(hash);
                         prev = hash;
-                        out.push(Appended { seq, event_id: id, hash: hash_hex });
+                        out.push(Appended {
+                            seq,
+                            event_id: id,
+                            hash: hash_hex,
+                        });
                     }
                     appended.push(out);
                 }
             }
-            let note = if with_checkpoint { Some(insert_checkpoint(&tx, &self.signer, &self.origin, &frontier, &ts, "events").map_err(map)?) } else { None };
+            let note = if with_checkpoint {
+                Some(
+                    insert_checkpoint(&tx, &self.signer, &self.origin, &frontier, &ts, "events")
+                        .map_err(map)?,
+                )
+            } else {
+                None
+            };
             tx.commit().map_err(map)?;
-            Ok(Committed { appended, frontier, prev, last_ts: ts, note })
+            Ok(Committed {
+                appended,
+                frontier,
+                prev,
+                last_ts: ts,
+                note,
+            })
         })();
         if full_sync && let Err(e) = self.conn.pragma_update(None, "synchronous", "NORMAL") {
             tracing::warn!(error = %e, "cannot restore synchronous=NORMAL");
@@ -432,11 +561,18 @@ impl Writer {
         let ts = format_timestamp(OffsetDateTime::now_utc());
         let full_sync = self.durability == Durability::Normal;
         if full_sync {
-            self.conn.pragma_update(None, "synchronous", "FULL").map_err(map)?;
+            self.conn
+                .pragma_update(None, "synchronous", "FULL")
+                .map_err(map)?;
         }
         let result = (|| {
-            let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map)?;
-            let note = insert_checkpoint(&tx, &self.signer, &self.origin, &self.frontier, &ts, reason).map_err(map)?;
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(map)?;
+            let note =
+                insert_checkpoint(&tx, &self.signer, &self.origin, &self.frontier, &ts, reason)
+                    .map_err(map)?;
             tx.commit().map_err(map)?;
             Ok(note)
         })();
@@ -454,7 +590,11 @@ impl Writer {
     /// always, with the idle heartbeat).
     fn timed_checkpoint(&mut self) {
         if self.frontier.size() > self.last_cp_size || self.idle_heartbeat {
-            let reason = if self.frontier.size() > self.last_cp_size { "interval" } else { "heartbeat" };
+            let reason = if self.frontier.size() > self.last_cp_size {
+                "interval"
+            } else {
+                "heartbeat"
+            };
             if let Err(e) = self.checkpoint_now(reason) {
                 tracing::error!(error = %e, "cannot sign a timed audit checkpoint");
             }
@@ -464,14 +604,19 @@ impl Writer {
 
     /// Final checkpoint (if events arrived since the last one) and close the connection.
     fn shutdown(mut self) -> Result<(), AuditError> {
-        let result = if self.frontier.size() > self.last_cp_size { self.checkpoint_now("close") } else { Ok(()) };
+        let result = if self.frontier.size() > self.last_cp_size {
+            self.checkpoint_now("close")
+        } else {
+            Ok(())
+        };
         let path = self.path.clone();
         let closed = self.conn.close().map_err(|(_, e)| map_sqlite(&e, &path));
         result.and(closed)
     }
 
     fn set_head(&self) {
-        let value = (self.frontier.size() > 0).then(|| (self.frontier.size(), hex::encode(self.prev)));
+        let value =
+            (self.frontier.size() > 0).then(|| (self.frontier.size(), hex::encode(self.prev)));
         *self.head.write().unwrap_or_else(|p| p.into_inner()) = value;
     }
 
@@ -479,7 +624,10 @@ impl Writer {
     /// should, the transaction rolled back); rebuild it from the database otherwise.
     fn reload(&mut self) {
         match store::head(&self.conn, &self.path) {
-            Ok((count, last)) if count == self.frontier.size() && last.as_ref().map(|l| l.1.as_str()) == (count > 0).then(|| hex::encode(self.prev)).as_deref() => {}
+            Ok((count, last))
+                if count == self.frontier.size()
+                    && last.as_ref().map(|l| l.1.as_str())
+                        == (count > 0).then(|| hex::encode(self.prev)).as_deref() => {}
             Ok(_) => match store::load_state(&self.conn, &self.path) {
                 Ok(state) => {
                     self.frontier = state.frontier;
@@ -489,15 +637,34 @@ impl Writer {
                 }
                 Err(e) => tracing::error!(error = %e, "cannot reload the audit chain state"),
             },
-            Err(e) => tracing::warn!(error = %e, "cannot check the audit chain state after a failed commit"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the audit chain state after a failed commit")
+            }
         }
     }
 }
 
 /// Signs a checkpoint over `frontier` and inserts it; returns (size, note).
-fn insert_checkpoint(tx: &rusqlite::Transaction<'_>, signer: &SignerKey, origin: &str, frontier: &Frontier, ts: &str, reason: &str) -> rusqlite::Result<(u64, String)> {
-    let checkpoint = Checkpoint { origin: origin.to_string(), size: frontier.size(), root: frontier.root() };
+fn insert_checkpoint(
+    tx: &rusqlite::Transaction<'_>,
+    signer: &SignerKey,
+    origin: &str,
+    frontier: &Frontier,
+    ts: &str,
+    reason: &str,
+) -> rusqlite::Result<(u64, String)> {
+    let checkpoint = Checkpoint {
+        origin: origin.to_string(),
+        size: frontier.size(),
+        root: frontier.root(),
+    };
     let note = checkpoint.sign(signer);
-    tx.prepare_cached(INSERT_CHECKPOINT)?.execute(params![checkpoint.size as i64, hex::encode(checkpoint.root), note, ts, reason])?;
+    tx.prepare_cached(INSERT_CHECKPOINT)?.execute(params![
+        checkpoint.size as i64,
+        hex::encode(checkpoint.root),
+        note,
+        ts,
+        reason
+    ])?;
     Ok((checkpoint.size, note))
 }

@@ -101,7 +101,10 @@ impl Tree {
             if last.len() < 2 {
                 break;
             }
-            let next: Vec<Hash> = last.chunks_exact(2).map(|pair| node_hash(&pair[0], &pair[1])).collect();
+            let next: Vec<Hash> = last
+                .chunks_exact(2)
+                .map(|pair| node_hash(&pair[0], &pair[1]))
+                .collect();
             levels.push(next);
         }
         Tree { levels }
@@ -123,12 +126,15 @@ impl Tree {
         if n == 0 {
             return empty_root();
         }
-        if n.is_power_of_two() && start % n == 0 {
+        if n.is_power_of_two() && start.is_multiple_of(n) {
             let height = n.trailing_zeros() as usize;
             return self.levels[height][(start >> height) as usize];
         }
         let k = split_point(n);
-        node_hash(&self.subtree(start, start + k), &self.subtree(start + k, end))
+        node_hash(
+            &self.subtree(start, start + k),
+            &self.subtree(start + k, end),
+        )
     }
 
     /// The root of the first `size` leaves.
@@ -198,7 +204,13 @@ impl Tree {
 }
 
 /// Verifies an inclusion proof (RFC 9162 section 2.1.3.2).
-pub fn verify_inclusion(leaf_index: u64, tree_size: u64, leaf: &Hash, proof: &[Hash], root: &Hash) -> bool {
+pub fn verify_inclusion(
+    leaf_index: u64,
+    tree_size: u64,
+    leaf: &Hash,
+    proof: &[Hash],
+    root: &Hash,
+) -> bool {
     if leaf_index >= tree_size {
         return false;
     }
@@ -227,7 +239,13 @@ pub fn verify_inclusion(leaf_index: u64, tree_size: u64, leaf: &Hash, proof: &[H
 
 /// Verifies a consistency proof (RFC 9162 section 2.1.4.2). A tree is trivially
 /// consistent with itself (empty proof, equal roots) and with the empty tree.
-pub fn verify_consistency(first: u64, second: u64, proof: &[Hash], first_root: &Hash, second_root: &Hash) -> bool {
+pub fn verify_consistency(
+    first: u64,
+    second: u64,
+    proof: &[Hash],
+    first_root: &Hash,
+    second_root: &Hash,
+) -> bool {
     if first > second {
         return false;
     }
@@ -281,6 +299,7 @@ pub fn verify_consistency(first: u64, second: u64, proof: &[Hash], first_root: &
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -332,7 +351,9 @@ mod tests {
     }
 
     fn leaves(n: usize) -> Vec<Hash> {
-        (0..n).map(|i| leaf_hash(format!("leaf {i}").as_bytes())).collect()
+        (0..n)
+            .map(|i| leaf_hash(format!("leaf {i}").as_bytes()))
+            .collect()
     }
 
     #[test]
@@ -360,15 +381,39 @@ mod tests {
                 assert_eq!(proof, naive_path(m, &d[..n]), "PATH({m}, D[{n}])");
                 assert!(verify_inclusion(m as u64, n as u64, &d[m], &proof, &root));
                 // Every wrong input fails.
-                assert!(!verify_inclusion(m as u64, n as u64, &leaf_hash(b"other"), &proof, &root));
-                assert!(!verify_inclusion(m as u64, n as u64 + 1, &d[m], &proof, &mth(&d[..n + 1])));
+                assert!(!verify_inclusion(
+                    m as u64,
+                    n as u64,
+                    &leaf_hash(b"other"),
+                    &proof,
+                    &root
+                ));
+                assert!(!verify_inclusion(
+                    m as u64,
+                    n as u64 + 1,
+                    &d[m],
+                    &proof,
+                    &mth(&d[..n + 1])
+                ));
                 if n > 1 {
                     let other = if m == 0 { 1 } else { m - 1 };
-                    assert!(!verify_inclusion(other as u64, n as u64, &d[m], &proof, &root));
+                    assert!(!verify_inclusion(
+                        other as u64,
+                        n as u64,
+                        &d[m],
+                        &proof,
+                        &root
+                    ));
                     let mut bad = proof.clone();
                     bad[0][0] ^= 1;
                     assert!(!verify_inclusion(m as u64, n as u64, &d[m], &bad, &root));
-                    assert!(!verify_inclusion(m as u64, n as u64, &d[m], &proof[1..], &root));
+                    assert!(!verify_inclusion(
+                        m as u64,
+                        n as u64,
+                        &d[m],
+                        &proof[1..],
+                        &root
+                    ));
                 }
             }
             assert!(tree.inclusion_proof(n as u64, n as u64).is_none());
@@ -384,20 +429,47 @@ mod tests {
             for m in 1..=n {
                 let first = mth(&d[..m]);
                 let proof = tree.consistency_proof(m as u64, n as u64).unwrap();
-                let expected = if m == n { vec![] } else { naive_subproof(m, &d[..n], true) };
+                let expected = if m == n {
+                    vec![]
+                } else {
+                    naive_subproof(m, &d[..n], true)
+                };
                 assert_eq!(proof, expected, "PROOF({m}, D[{n}])");
-                assert!(verify_consistency(m as u64, n as u64, &proof, &first, &second), "{m} -> {n}");
+                assert!(
+                    verify_consistency(m as u64, n as u64, &proof, &first, &second),
+                    "{m} -> {n}"
+                );
                 // A forked first tree fails.
                 let mut forked = d[..m].to_vec();
                 forked[m - 1] = leaf_hash(b"fork");
-                assert!(!verify_consistency(m as u64, n as u64, &proof, &mth(&forked), &second));
+                assert!(!verify_consistency(
+                    m as u64,
+                    n as u64,
+                    &proof,
+                    &mth(&forked),
+                    &second
+                ));
                 if m < n {
                     let mut bad = proof.clone();
                     let last = bad.len() - 1;
                     bad[last][5] ^= 1;
-                    assert!(!verify_consistency(m as u64, n as u64, &bad, &first, &second));
-                    assert!(!verify_consistency(m as u64, n as u64, &[], &first, &second));
-                    assert!(!verify_consistency(m as u64, n as u64 + 1, &proof, &first, &mth(&d[..n + 1])));
+                    assert!(!verify_consistency(
+                        m as u64, n as u64, &bad, &first, &second
+                    ));
+                    assert!(!verify_consistency(
+                        m as u64,
+                        n as u64,
+                        &[],
+                        &first,
+                        &second
+                    ));
+                    assert!(!verify_consistency(
+                        m as u64,
+                        n as u64 + 1,
+                        &proof,
+                        &first,
+                        &mth(&d[..n + 1])
+                    ));
                 }
             }
         }

@@ -46,7 +46,7 @@ use crate::policy::{PolicyVersions, Redaction};
 pub use log::AuditLog;
 
 /// The kinds of event the log records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventType {
     ToolRequested,
@@ -157,7 +157,12 @@ impl NewEvent {
 
     /// Sets the three argument fields from the canonical arguments: the hash, the HMAC
     /// commitment, and the readable form after `redaction`.
-    pub fn with_arguments(mut self, log: &AuditLog, arguments: &Value, redaction: &Redaction) -> Self {
+    pub fn with_arguments(
+        mut self,
+        log: &AuditLog,
+        arguments: &Value,
+        redaction: &Redaction,
+    ) -> Self {
         let commitment = log.commit_arguments(&crate::canonical::to_canonical_bytes(arguments));
         self.arguments_hash_sha256 = Some(commitment.sha256);
         self.arguments_hmac_sha256 = Some(commitment.hmac_sha256);
@@ -231,7 +236,9 @@ impl AuditOptions {
             checkpoint_every_events: 1000,
             checkpoint_interval: Duration::from_secs(10),
             idle_heartbeat: false,
-            checkpoint_sinks: vec![CheckpointSink::File { path: data_dir.join(DEFAULT_SINK_FILE) }],
+            checkpoint_sinks: vec![CheckpointSink::File {
+                path: data_dir.join(DEFAULT_SINK_FILE),
+            }],
             origin: DEFAULT_ORIGIN.to_string(),
             busy_timeout: Duration::from_millis(1000),
             append_timeout: Duration::from_secs(30),
@@ -362,20 +369,43 @@ pub enum AuditError {
 impl fmt::Display for AuditError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AuditError::NotSqlite { path } => write!(f, "`{}` is not an sqlite database", path.display()),
-            AuditError::NotAuditLog { path, what } => write!(f, "`{}` is not a toolgate audit log: {what}", path.display()),
-            AuditError::Locked { path } => write!(f, "the audit database `{}` is locked by another process", path.display()),
-            AuditError::ReadOnly { path } => write!(f, "the audit database `{}` is read-only", path.display()),
-            AuditError::DiskFull { path } => write!(f, "the disk holding the audit database `{}` is full", path.display()),
+            AuditError::NotSqlite { path } => {
+                write!(f, "`{}` is not an sqlite database", path.display())
+            }
+            AuditError::NotAuditLog { path, what } => write!(
+                f,
+                "`{}` is not a toolgate audit log: {what}",
+                path.display()
+            ),
+            AuditError::Locked { path } => write!(
+                f,
+                "the audit database `{}` is locked by another process",
+                path.display()
+            ),
+            AuditError::ReadOnly { path } => {
+                write!(f, "the audit database `{}` is read-only", path.display())
+            }
+            AuditError::DiskFull { path } => write!(
+                f,
+                "the disk holding the audit database `{}` is full",
+                path.display()
+            ),
             AuditError::Corrupt { seq: 0, what } => write!(f, "the audit log is corrupt: {what}"),
-            AuditError::Corrupt { seq, what } => write!(f, "the audit log is corrupt at seq {seq}: {what}"),
+            AuditError::Corrupt { seq, what } => {
+                write!(f, "the audit log is corrupt at seq {seq}: {what}")
+            }
             AuditError::Key { path, what } => write!(f, "audit key `{}`: {what}", path.display()),
             AuditError::Io { path, what } => write!(f, "`{}`: {what}", path.display()),
             AuditError::Sqlite { what } => write!(f, "audit database error: {what}"),
             AuditError::InvalidEvent { what } => write!(f, "invalid audit event: {what}"),
-            AuditError::TooLarge { what, limit } => write!(f, "the {what} exceeds the limit of {limit}"),
+            AuditError::TooLarge { what, limit } => {
+                write!(f, "the {what} exceeds the limit of {limit}")
+            }
             AuditError::Closed => write!(f, "the audit log is closed"),
-            AuditError::Timeout { waited_ms } => write!(f, "the audit log did not confirm the write within {waited_ms} ms"),
+            AuditError::Timeout { waited_ms } => write!(
+                f,
+                "the audit log did not confirm the write within {waited_ms} ms"
+            ),
             AuditError::Config { what } => write!(f, "invalid audit configuration: {what}"),
         }
     }
@@ -387,17 +417,32 @@ impl AuditError {
     /// What an operator can do about it.
     pub fn help(&self) -> Option<&'static str> {
         Some(match self {
-            AuditError::NotSqlite { .. } => "point --db (or the data directory) at the audit database, or move the file away",
+            AuditError::NotSqlite { .. } => {
+                "point --db (or the data directory) at the audit database, or move the file away"
+            }
             AuditError::NotAuditLog { .. } => "use a separate database file for the audit log",
-            AuditError::Locked { .. } => "stop the other process using the database (only one toolgate may write it)",
-            AuditError::ReadOnly { .. } => "check the permissions of the database file and its directory",
+            AuditError::Locked { .. } => {
+                "stop the other process using the database (only one toolgate may write it)"
+            }
+            AuditError::ReadOnly { .. } => {
+                "check the permissions of the database file and its directory"
+            }
             AuditError::DiskFull { .. } => "free disk space or raise the size cap, then retry",
-            AuditError::Corrupt { .. } => "run `toolgate audit verify` and keep the database for investigation",
-            AuditError::Key { .. } => "check the key directory; never replace the signing key of an existing log",
+            AuditError::Corrupt { .. } => {
+                "run `toolgate audit verify` and keep the database for investigation"
+            }
+            AuditError::Key { .. } => {
+                "check the key directory; never replace the signing key of an existing log"
+            }
             AuditError::Io { .. } => "check that the path exists and is writable",
             AuditError::Timeout { .. } => "the disk may be overloaded; check the data directory",
-            AuditError::Closed => "the gateway is shutting down or the audit writer stopped; see the logs",
-            AuditError::Sqlite { .. } | AuditError::InvalidEvent { .. } | AuditError::TooLarge { .. } | AuditError::Config { .. } => {
+            AuditError::Closed => {
+                "the gateway is shutting down or the audit writer stopped; see the logs"
+            }
+            AuditError::Sqlite { .. }
+            | AuditError::InvalidEvent { .. }
+            | AuditError::TooLarge { .. }
+            | AuditError::Config { .. } => {
                 return None;
             }
         })

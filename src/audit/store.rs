@@ -49,8 +49,7 @@ CREATE TRIGGER IF NOT EXISTS checkpoints_no_delete BEFORE DELETE ON checkpoints
     BEGIN SELECT RAISE(ABORT, 'audit checkpoints are append-only'); END;
 ";
 
-pub(crate) const INSERT_EVENT: &str =
-    "INSERT INTO events (seq, event_id, type, run_id, ts, line, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+pub(crate) const INSERT_EVENT: &str = "INSERT INTO events (seq, event_id, type, run_id, ts, line, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 pub(crate) const INSERT_CHECKPOINT: &str =
     "INSERT INTO checkpoints (size, root, note, created_utc, reason) VALUES (?1, ?2, ?3, ?4, ?5)";
 
@@ -63,13 +62,26 @@ pub(crate) fn map_sqlite(err: &rusqlite::Error, path: &Path) -> AuditError {
             ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => AuditError::Locked { path },
             ErrorCode::ReadOnly => AuditError::ReadOnly { path },
             ErrorCode::DiskFull => AuditError::DiskFull { path },
-            ErrorCode::DatabaseCorrupt => AuditError::Corrupt { seq: 0, what: format!("sqlite reports a malformed database: {err}") },
-            ErrorCode::CannotOpen => AuditError::Io { path, what: format!("cannot open the database: {err}") },
+            ErrorCode::DatabaseCorrupt => AuditError::Corrupt {
+                seq: 0,
+                what: format!("sqlite reports a malformed database: {err}"),
+            },
+            ErrorCode::CannotOpen => AuditError::Io {
+                path,
+                what: format!("cannot open the database: {err}"),
+            },
             ErrorCode::PermissionDenied => AuditError::ReadOnly { path },
-            ErrorCode::SystemIoFailure => AuditError::Io { path, what: err.to_string() },
-            _ => AuditError::Sqlite { what: err.to_string() },
+            ErrorCode::SystemIoFailure => AuditError::Io {
+                path,
+                what: err.to_string(),
+            },
+            _ => AuditError::Sqlite {
+                what: err.to_string(),
+            },
         },
-        _ => AuditError::Sqlite { what: err.to_string() },
+        _ => AuditError::Sqlite {
+            what: err.to_string(),
+        },
     }
 }
 
@@ -79,34 +91,61 @@ pub(crate) fn check_header(path: &Path) -> Result<(), AuditError> {
     let mut file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(AuditError::ReadOnly { path: path.to_path_buf() }),
-        Err(e) => return Err(AuditError::Io { path: path.to_path_buf(), what: format!("cannot read the database: {e}") }),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(AuditError::ReadOnly {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(e) => {
+            return Err(AuditError::Io {
+                path: path.to_path_buf(),
+                what: format!("cannot read the database: {e}"),
+            });
+        }
     };
     if path.is_dir() {
-        return Err(AuditError::NotSqlite { path: path.to_path_buf() });
+        return Err(AuditError::NotSqlite {
+            path: path.to_path_buf(),
+        });
     }
     let mut header = Vec::with_capacity(16);
     file.by_ref()
         .take(16)
         .read_to_end(&mut header)
-        .map_err(|e| AuditError::Io { path: path.to_path_buf(), what: format!("cannot read the database: {e}") })?;
+        .map_err(|e| AuditError::Io {
+            path: path.to_path_buf(),
+            what: format!("cannot read the database: {e}"),
+        })?;
     if !header.is_empty() && header != b"SQLite format 3\0" {
-        return Err(AuditError::NotSqlite { path: path.to_path_buf() });
+        return Err(AuditError::NotSqlite {
+            path: path.to_path_buf(),
+        });
     }
     Ok(())
 }
 
 /// Opens (creating if needed) the database for the writer: WAL, the durability, the
 /// schema, and a write lock taken once to prove the database is writable now.
-pub(crate) fn open_writer(path: &Path, durability: Durability, busy_timeout: Duration, max_bytes: Option<u64>) -> Result<Connection, AuditError> {
+pub(crate) fn open_writer(
+    path: &Path,
+    durability: Durability,
+    busy_timeout: Duration,
+    max_bytes: Option<u64>,
+) -> Result<Connection, AuditError> {
     check_header(path)?;
     let map = |e: rusqlite::Error| map_sqlite(&e, path);
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(map)?;
     conn.busy_timeout(busy_timeout).map_err(map)?;
-    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).map_err(map)?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(map)?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(AuditError::ReadOnly { path: path.to_path_buf() });
+        return Err(AuditError::ReadOnly {
+            path: path.to_path_buf(),
+        });
     }
     let sync = match durability {
         Durability::Full => "FULL",
@@ -117,21 +156,43 @@ pub(crate) fn open_writer(path: &Path, durability: Durability, busy_timeout: Dur
     conn.execute_batch("BEGIN IMMEDIATE").map_err(map)?;
     let created = (|| -> Result<(), AuditError> {
         let has_events: bool = conn
-            .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'events'", [], |r| r.get::<_, i64>(0))
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'events'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
             .map_err(map)?
             > 0;
         let has_meta: bool = conn
-            .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'", [], |r| r.get::<_, i64>(0))
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
             .map_err(map)?
             > 0;
         if has_events && !has_meta {
-            return Err(AuditError::NotAuditLog { path: path.to_path_buf(), what: "it has an `events` table but no format marker".into() });
+            return Err(AuditError::NotAuditLog {
+                path: path.to_path_buf(),
+                what: "it has an `events` table but no format marker".into(),
+            });
         }
         conn.execute_batch(SCHEMA).map_err(map)?;
-        conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('format', ?1)", params![FORMAT]).map_err(map)?;
-        let format: String = conn.query_row("SELECT value FROM meta WHERE key = 'format'", [], |r| r.get(0)).map_err(map)?;
+        conn.execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('format', ?1)",
+            params![FORMAT],
+        )
+        .map_err(map)?;
+        let format: String = conn
+            .query_row("SELECT value FROM meta WHERE key = 'format'", [], |r| {
+                r.get(0)
+            })
+            .map_err(map)?;
         if format != FORMAT {
-            return Err(AuditError::NotAuditLog { path: path.to_path_buf(), what: format!("unknown format `{format}`") });
+            return Err(AuditError::NotAuditLog {
+                path: path.to_path_buf(),
+                what: format!("unknown format `{format}`"),
+            });
         }
         Ok(())
     })();
@@ -143,9 +204,15 @@ pub(crate) fn open_writer(path: &Path, durability: Durability, busy_timeout: Dur
         }
     }
     if let Some(bytes) = max_bytes {
-        let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).map_err(map)?;
+        let page_size: i64 = conn
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(map)?;
         let pages = (bytes / page_size.max(512) as u64).max(1);
-        let _: i64 = conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| r.get(0)).map_err(map)?;
+        let _: i64 = conn
+            .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
+                r.get(0)
+            })
+            .map_err(map)?;
     }
     Ok(conn)
 }
@@ -153,7 +220,10 @@ pub(crate) fn open_writer(path: &Path, durability: Durability, busy_timeout: Dur
 /// Opens the database read-only (for reads next to the writer, verify and export).
 pub(crate) fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connection, AuditError> {
     if !path.exists() {
-        return Err(AuditError::Io { path: path.to_path_buf(), what: "no such file".into() });
+        return Err(AuditError::Io {
+            path: path.to_path_buf(),
+            what: "no such file".into(),
+        });
     }
     check_header(path)?;
     let map = |e: rusqlite::Error| map_sqlite(&e, path);
@@ -161,16 +231,27 @@ pub(crate) fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connect
     let conn = Connection::open_with_flags(path, flags).map_err(map)?;
     conn.busy_timeout(busy_timeout).map_err(map)?;
     let format: Option<String> = conn
-        .query_row("SELECT value FROM meta WHERE key = 'format'", [], |r| r.get(0))
+        .query_row("SELECT value FROM meta WHERE key = 'format'", [], |r| {
+            r.get(0)
+        })
         .optional()
         .map_err(|e| match map(e) {
-            AuditError::Sqlite { what } => AuditError::NotAuditLog { path: path.to_path_buf(), what },
+            AuditError::Sqlite { what } => AuditError::NotAuditLog {
+                path: path.to_path_buf(),
+                what,
+            },
             other => other,
         })?;
     match format.as_deref() {
         Some(FORMAT) => Ok(conn),
-        Some(other) => Err(AuditError::NotAuditLog { path: path.to_path_buf(), what: format!("unknown format `{other}`") }),
-        None => Err(AuditError::NotAuditLog { path: path.to_path_buf(), what: "no format marker".into() }),
+        Some(other) => Err(AuditError::NotAuditLog {
+            path: path.to_path_buf(),
+            what: format!("unknown format `{other}`"),
+        }),
+        None => Err(AuditError::NotAuditLog {
+            path: path.to_path_buf(),
+            what: "no format marker".into(),
+        }),
     }
 }
 
@@ -197,14 +278,27 @@ pub(crate) fn decode_hash(text: &str) -> Option<Hash> {
     Some(out)
 }
 
-/// The count and the last (seq, hash, ts) of the events table.
-pub(crate) fn head(conn: &Connection, path: &Path) -> Result<(u64, Option<(u64, String, String)>), AuditError> {
+/// The last event's (seq, hash, ts).
+pub(crate) type LastEvent = (u64, String, String);
+
+/// The count and the last event of the events table.
+pub(crate) fn head(conn: &Connection, path: &Path) -> Result<(u64, Option<LastEvent>), AuditError> {
     let map = |e: rusqlite::Error| map_sqlite(&e, path);
-    let count: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0)).map_err(map)?;
+    let count: i64 = conn
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .map_err(map)?;
     let last = conn
-        .query_row("SELECT seq, hash, ts FROM events ORDER BY seq DESC LIMIT 1", [], |r| {
-            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
-        })
+        .query_row(
+            "SELECT seq, hash, ts FROM events ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u64,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            },
+        )
         .optional()
         .map_err(map)?;
     Ok((count as u64, last))
@@ -217,9 +311,17 @@ pub(crate) fn head(conn: &Connection, path: &Path) -> Result<(u64, Option<(u64, 
 pub(crate) fn load_state(conn: &Connection, path: &Path) -> Result<State, AuditError> {
     let map = |e: rusqlite::Error| map_sqlite(&e, path);
     let last_checkpoint = conn
-        .query_row("SELECT size, root, note FROM checkpoints ORDER BY id DESC LIMIT 1", [], |r| {
-            Ok(CheckpointRow { size: r.get::<_, i64>(0)? as u64, root: r.get(1)?, note: r.get(2)? })
-        })
+        .query_row(
+            "SELECT size, root, note FROM checkpoints ORDER BY id DESC LIMIT 1",
+            [],
+            |r| {
+                Ok(CheckpointRow {
+                    size: r.get::<_, i64>(0)? as u64,
+                    root: r.get(1)?,
+                    note: r.get(2)?,
+                })
+            },
+        )
         .optional()
         .map_err(map)?;
     let mut frontier = Frontier::new();
@@ -229,16 +331,24 @@ pub(crate) fn load_state(conn: &Connection, path: &Path) -> Result<State, AuditE
         checkpoint_root = Some(frontier.root());
     }
     {
-        let mut stmt = conn.prepare("SELECT seq, hash FROM events ORDER BY seq").map_err(map)?;
+        let mut stmt = conn
+            .prepare("SELECT seq, hash FROM events ORDER BY seq")
+            .map_err(map)?;
         let mut rows = stmt.query([]).map_err(map)?;
         while let Some(row) = rows.next().map_err(map)? {
             let seq = row.get::<_, i64>(0).map_err(map)? as u64;
             let expected = frontier.size() + 1;
             if seq != expected {
-                return Err(AuditError::Corrupt { seq: expected, what: format!("seq {expected} is missing (the next stored seq is {seq})") });
+                return Err(AuditError::Corrupt {
+                    seq: expected,
+                    what: format!("seq {expected} is missing (the next stored seq is {seq})"),
+                });
             }
             let hash_text: String = row.get(1).map_err(map)?;
-            let hash = decode_hash(&hash_text).ok_or_else(|| AuditError::Corrupt { seq, what: "the stored hash is not 64 hex digits".into() })?;
+            let hash = decode_hash(&hash_text).ok_or_else(|| AuditError::Corrupt {
+                seq,
+                what: "the stored hash is not 64 hex digits".into(),
+            })?;
             frontier.push(hash);
             prev = hash;
             if last_checkpoint.as_ref().is_some_and(|c| c.size == seq) {
@@ -249,17 +359,29 @@ pub(crate) fn load_state(conn: &Connection, path: &Path) -> Result<State, AuditE
     let mut last_ts = String::new();
     if frontier.size() > 0 {
         let (seq, line, hash, ts): (i64, String, String, String) = conn
-            .query_row("SELECT seq, line, hash, ts FROM events ORDER BY seq DESC LIMIT 1", [], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-            })
+            .query_row(
+                "SELECT seq, line, hash, ts FROM events ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
             .map_err(map)?;
         let seq = seq as u64;
         if hex::encode(super::merkle::leaf_hash(line.as_bytes())) != hash {
-            return Err(AuditError::Corrupt { seq, what: "the last event's line does not match its stored hash".into() });
+            return Err(AuditError::Corrupt {
+                seq,
+                what: "the last event's line does not match its stored hash".into(),
+            });
         }
-        let value: serde_json::Value = serde_json::from_str(&line).map_err(|_| AuditError::Corrupt { seq, what: "the last event is not JSON".into() })?;
+        let value: serde_json::Value =
+            serde_json::from_str(&line).map_err(|_| AuditError::Corrupt {
+                seq,
+                what: "the last event is not JSON".into(),
+            })?;
         if value.get("seq").and_then(serde_json::Value::as_u64) != Some(seq) {
-            return Err(AuditError::Corrupt { seq, what: "the last event's line carries another seq".into() });
+            return Err(AuditError::Corrupt {
+                seq,
+                what: "the last event's line carries another seq".into(),
+            });
         }
         last_ts = ts;
     }
@@ -267,12 +389,27 @@ pub(crate) fn load_state(conn: &Connection, path: &Path) -> Result<State, AuditE
         let Some(root) = checkpoint_root else {
             return Err(AuditError::Corrupt {
                 seq: frontier.size() + 1,
-                what: format!("the log has {} events but its newest checkpoint covers {}", frontier.size(), checkpoint.size),
+                what: format!(
+                    "the log has {} events but its newest checkpoint covers {}",
+                    frontier.size(),
+                    checkpoint.size
+                ),
             });
         };
         if hex::encode(root) != checkpoint.root {
-            return Err(AuditError::Corrupt { seq: 0, what: format!("the events do not match the newest checkpoint (size {})", checkpoint.size) });
+            return Err(AuditError::Corrupt {
+                seq: 0,
+                what: format!(
+                    "the events do not match the newest checkpoint (size {})",
+                    checkpoint.size
+                ),
+            });
         }
     }
-    Ok(State { frontier, prev, last_ts, last_checkpoint })
+    Ok(State {
+        frontier,
+        prev,
+        last_ts,
+        last_checkpoint,
+    })
 }

@@ -123,7 +123,11 @@ impl From<AuditError> for VerifyError {
 }
 
 fn problem(kind: ProblemKind, seq: Option<u64>, message: impl Into<String>) -> VerifyError {
-    VerifyError::Problem(Problem { kind, seq, message: message.into() })
+    VerifyError::Problem(Problem {
+        kind,
+        seq,
+        message: message.into(),
+    })
 }
 
 /// A checkpoint whose signature verified.
@@ -167,11 +171,16 @@ pub const PROGRESS_STEP: u64 = 4096;
 
 /// Verifies the database at `options.db_path`. `progress` is called with the number of
 /// events checked so far, and first with the total.
-pub fn verify_db(options: &VerifyOptions, progress: &mut dyn FnMut(Progress)) -> Result<Verified, VerifyError> {
-    let key = load_verifier(&options.key_dir).map_err(|e| problem(ProblemKind::Key, None, e.to_string()))?;
+pub fn verify_db(
+    options: &VerifyOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Verified, VerifyError> {
+    let key = load_verifier(&options.key_dir)
+        .map_err(|e| problem(ProblemKind::Key, None, e.to_string()))?;
     let conn = store::open_reader(&options.db_path, std::time::Duration::from_millis(2000))?;
     // One read transaction: a consistent snapshot even while a writer appends.
-    conn.execute_batch("BEGIN").map_err(|e| map_sqlite(&e, &options.db_path))?;
+    conn.execute_batch("BEGIN")
+        .map_err(|e| map_sqlite(&e, &options.db_path))?;
     verify_conn(&conn, options, &key, progress)
 }
 
@@ -183,25 +192,45 @@ pub enum Progress {
 }
 
 /// Verifies over an open connection (inside a read transaction).
-pub fn verify_conn(conn: &Connection, options: &VerifyOptions, key: &VerifierKey, progress: &mut dyn FnMut(Progress)) -> Result<Verified, VerifyError> {
+pub fn verify_conn(
+    conn: &Connection,
+    options: &VerifyOptions,
+    key: &VerifierKey,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Verified, VerifyError> {
     let path = &options.db_path;
     let map = |e: rusqlite::Error| VerifyError::Open(map_sqlite(&e, path));
-    let total: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0)).map_err(map)?;
+    let total: i64 = conn
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .map_err(map)?;
     progress(Progress::Total(total as u64));
 
     // Checkpoints: stored ones and those in the sink files, each signature checked.
     let mut notes: Vec<(String, String)> = Vec::new();
     {
-        let mut stmt = conn.prepare("SELECT id, size, root, note FROM checkpoints ORDER BY id").map_err(map)?;
+        let mut stmt = conn
+            .prepare("SELECT id, size, root, note FROM checkpoints ORDER BY id")
+            .map_err(map)?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?)))
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            })
             .map_err(map)?;
         for row in rows {
             let (id, size, root, note) = row.map_err(map)?;
             let origin = format!("checkpoint #{id} in the database");
             let checkpoint = check_note(&note, key, &origin)?;
             if checkpoint.size != size as u64 || hex::encode(checkpoint.root) != root {
-                return Err(problem(ProblemKind::Malformed, None, format!("{origin}: the size or root column disagrees with the signed note")));
+                return Err(problem(
+                    ProblemKind::Malformed,
+                    None,
+                    format!("{origin}: the size or root column disagrees with the signed note"),
+                ));
             }
             notes.push((origin, note));
         }
@@ -221,7 +250,10 @@ pub fn verify_conn(conn: &Connection, options: &VerifyOptions, key: &VerifierKey
                 return Err(problem(
                     ProblemKind::Fork,
                     None,
-                    format!("{first} and {origin} are both signed for size {} with different roots", checkpoint.size),
+                    format!(
+                        "{first} and {origin} are both signed for size {} with different roots",
+                        checkpoint.size
+                    ),
                 ));
             }
             Some(_) => {}
@@ -241,23 +273,42 @@ pub fn verify_conn(conn: &Connection, options: &VerifyOptions, key: &VerifierKey
     let mut prev = [0u8; 32];
     let mut prev_line_seq = 0u64;
     {
-        let mut stmt = conn.prepare("SELECT seq, line, hash, type, run_id, ts FROM events ORDER BY seq").map_err(map)?;
+        let mut stmt = conn
+            .prepare("SELECT seq, line, hash, type, run_id, ts FROM events ORDER BY seq")
+            .map_err(map)?;
         let mut rows = stmt.query([]).map_err(map)?;
         while let Some(row) = rows.next().map_err(map)? {
             let position = frontier.size() + 1;
             let row_seq = row.get::<_, i64>(0).map_err(map)? as u64;
             let line: String = row.get(1).map_err(map)?;
             let stored_hash: String = row.get(2).map_err(map)?;
-            let columns: (String, Option<String>, String) = (row.get(3).map_err(map)?, row.get(4).map_err(map)?, row.get(5).map_err(map)?);
+            let columns: (String, Option<String>, String) = (
+                row.get(3).map_err(map)?,
+                row.get(4).map_err(map)?,
+                row.get(5).map_err(map)?,
+            );
             let hash = leaf_hash(line.as_bytes());
-            let value: Value = serde_json::from_str(&line).map_err(|_| problem(ProblemKind::Malformed, Some(row_seq), "the stored line is not JSON"))?;
-            let line_seq = value
-                .get("seq")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| problem(ProblemKind::Malformed, Some(row_seq), "the line has no integer `seq`"))?;
+            let value: Value = serde_json::from_str(&line).map_err(|_| {
+                problem(
+                    ProblemKind::Malformed,
+                    Some(row_seq),
+                    "the stored line is not JSON",
+                )
+            })?;
+            let line_seq = value.get("seq").and_then(Value::as_u64).ok_or_else(|| {
+                problem(
+                    ProblemKind::Malformed,
+                    Some(row_seq),
+                    "the line has no integer `seq`",
+                )
+            })?;
             if line_seq != row_seq {
                 if line_seq == prev_line_seq {
-                    return Err(problem(ProblemKind::Inserted, Some(line_seq), format!("two events claim seq {line_seq}: one was inserted")));
+                    return Err(problem(
+                        ProblemKind::Inserted,
+                        Some(line_seq),
+                        format!("two events claim seq {line_seq}: one was inserted"),
+                    ));
                 }
                 return Err(problem(
                     ProblemKind::Reordered,
@@ -273,20 +324,38 @@ pub fn verify_conn(conn: &Connection, options: &VerifyOptions, key: &VerifierKey
                 ));
             }
             if to_canonical_string(&value) != line {
-                return Err(problem(ProblemKind::Edited, Some(row_seq), "the line is not in canonical (RFC 8785) form"));
+                return Err(problem(
+                    ProblemKind::Edited,
+                    Some(row_seq),
+                    "the line is not in canonical (RFC 8785) form",
+                ));
             }
             if decode_hash(&stored_hash) != Some(hash) {
-                return Err(problem(ProblemKind::Edited, Some(row_seq), "the line does not match its stored hash"));
+                return Err(problem(
+                    ProblemKind::Edited,
+                    Some(row_seq),
+                    "the line does not match its stored hash",
+                ));
             }
-            let expected_prev = if position == 1 { GENESIS_PREV.to_string() } else { hex::encode(prev) };
+            let expected_prev = if position == 1 {
+                GENESIS_PREV.to_string()
+            } else {
+                hex::encode(prev)
+            };
             if value.get("prev").and_then(Value::as_str) != Some(expected_prev.as_str()) {
                 return Err(if position == 1 {
-                    problem(ProblemKind::Edited, Some(1), "the first event's `prev` is not the genesis value")
+                    problem(
+                        ProblemKind::Edited,
+                        Some(1),
+                        "the first event's `prev` is not the genesis value",
+                    )
                 } else {
                     problem(
                         ProblemKind::Edited,
                         Some(position - 1),
-                        format!("the event changed after seq {position} was chained to it: seq {position}'s `prev` does not match its hash"),
+                        format!(
+                            "the event changed after seq {position} was chained to it: seq {position}'s `prev` does not match its hash"
+                        ),
                     )
                 });
             }
@@ -298,7 +367,7 @@ pub fn verify_conn(conn: &Connection, options: &VerifyOptions, key: &VerifierKey
             if by_size.contains_key(&position) {
                 roots.insert(position, frontier.root());
             }
-            if position % PROGRESS_STEP == 0 {
+            if position.is_multiple_of(PROGRESS_STEP) {
                 progress(Progress::Checked(position));
             }
         }
@@ -313,23 +382,37 @@ pub fn verify_conn(conn: &Connection, options: &VerifyOptions, key: &VerifierKey
         let trusted_notes = read_notes(file)?;
         let origin = format!("the trusted checkpoint `{}`", file.display());
         let Some(note) = trusted_notes.last() else {
-            return Err(problem(ProblemKind::Malformed, None, format!("{origin} holds no checkpoint")));
+            return Err(problem(
+                ProblemKind::Malformed,
+                None,
+                format!("{origin} holds no checkpoint"),
+            ));
         };
         let trusted = check_note(note, key, &origin)?;
         if trusted.size > size {
             return Err(problem(
                 ProblemKind::Truncated,
                 Some(size + 1),
-                format!("the log has {size} events but {origin} covers {}: seq {}..{} were cut", trusted.size, size + 1, trusted.size),
+                format!(
+                    "the log has {size} events but {origin} covers {}: seq {}..{} were cut",
+                    trusted.size,
+                    size + 1,
+                    trusted.size
+                ),
             ));
         }
         let tree = Tree::new(leaves.clone());
-        let proof = tree.consistency_proof(trusted.size, size).unwrap_or_default();
+        let proof = tree
+            .consistency_proof(trusted.size, size)
+            .unwrap_or_default();
         if !verify_consistency(trusted.size, size, &proof, &trusted.root, &root) {
             return Err(problem(
                 ProblemKind::Fork,
                 None,
-                format!("the log does not extend {origin} (size {}): the consistency proof fails, the history was rewritten", trusted.size),
+                format!(
+                    "the log does not extend {origin} (size {}): the consistency proof fails, the history was rewritten",
+                    trusted.size
+                ),
             ));
         }
         trusted_size = Some(trusted.size);
@@ -343,25 +426,40 @@ pub fn verify_conn(conn: &Connection, options: &VerifyOptions, key: &VerifierKey
             return Err(problem(
                 ProblemKind::Truncated,
                 Some(size + 1),
-                format!("the log has {size} events but {origin} covers {checkpoint_size}: seq {}..{checkpoint_size} were cut", size + 1),
+                format!(
+                    "the log has {size} events but {origin} covers {checkpoint_size}: seq {}..{checkpoint_size} were cut",
+                    size + 1
+                ),
             ));
         };
         if actual != checkpoint_root {
             return Err(problem(
                 ProblemKind::RootMismatch,
                 Some(last_good + 1),
-                format!("the events seq {}..{checkpoint_size} do not match {origin}: one of them was changed", last_good + 1),
+                format!(
+                    "the events seq {}..{checkpoint_size} do not match {origin}: one of them was changed",
+                    last_good + 1
+                ),
             ));
         }
         last_good = *checkpoint_size;
-        verified.push(VerifiedCheckpoint { size: *checkpoint_size, root: *checkpoint_root, note: note.clone() });
+        verified.push(VerifiedCheckpoint {
+            size: *checkpoint_size,
+            root: *checkpoint_root,
+            note: note.clone(),
+        });
     }
 
     let mut warnings = Vec::new();
     match verified.last() {
-        None if size > 0 => warnings.push("no signed checkpoint covers the log: a cut tail could not be detected".to_string()),
+        None if size > 0 => warnings.push(
+            "no signed checkpoint covers the log: a cut tail could not be detected".to_string(),
+        ),
         Some(latest) if latest.size < size => {
-            warnings.push(format!("seq {}..{size} are not yet covered by a signed checkpoint", latest.size + 1));
+            warnings.push(format!(
+                "seq {}..{size} are not yet covered by a signed checkpoint",
+                latest.size + 1
+            ));
         }
         _ => {}
     }
@@ -375,26 +473,55 @@ pub fn verify_conn(conn: &Connection, options: &VerifyOptions, key: &VerifierKey
         key_fingerprint: key.fingerprint(),
         warnings,
     };
-    Ok(Verified { report, leaves, checkpoints: verified, key: key.clone() })
+    Ok(Verified {
+        report,
+        leaves,
+        checkpoints: verified,
+        key: key.clone(),
+    })
 }
 
 /// The other fields every line must carry, and the indexed columns that must agree.
-fn check_fields(value: &Value, seq: u64, columns: &(String, Option<String>, String)) -> Result<(), VerifyError> {
+fn check_fields(
+    value: &Value,
+    seq: u64,
+    columns: &(String, Option<String>, String),
+) -> Result<(), VerifyError> {
     let text = |k: &str| value.get(k).and_then(Value::as_str);
     if text("event_id") != Some(event_id(seq).as_str()) {
-        return Err(problem(ProblemKind::Edited, Some(seq), "the `event_id` does not match the seq"));
+        return Err(problem(
+            ProblemKind::Edited,
+            Some(seq),
+            "the `event_id` does not match the seq",
+        ));
     }
     let Some(kind) = text("type").and_then(EventType::parse) else {
-        return Err(problem(ProblemKind::Malformed, Some(seq), "the `type` is not a known event type"));
+        return Err(problem(
+            ProblemKind::Malformed,
+            Some(seq),
+            "the `type` is not a known event type",
+        ));
     };
     let Some(ts) = text("timestamp_utc") else {
-        return Err(problem(ProblemKind::Malformed, Some(seq), "the line has no `timestamp_utc`"));
+        return Err(problem(
+            ProblemKind::Malformed,
+            Some(seq),
+            "the line has no `timestamp_utc`",
+        ));
     };
     if columns.0 != kind.as_str() || columns.1.as_deref() != text("run_id") || columns.2 != ts {
-        return Err(problem(ProblemKind::Edited, Some(seq), "the indexed columns (type, run_id, ts) disagree with the line"));
+        return Err(problem(
+            ProblemKind::Edited,
+            Some(seq),
+            "the indexed columns (type, run_id, ts) disagree with the line",
+        ));
     }
     if !integers_only(value, 0) {
-        return Err(problem(ProblemKind::Malformed, Some(seq), "the line holds a number that is not an integer within 2^53"));
+        return Err(problem(
+            ProblemKind::Malformed,
+            Some(seq),
+            "the line holds a number that is not an integer within 2^53",
+        ));
     }
     Ok(())
 }
@@ -402,17 +529,29 @@ fn check_fields(value: &Value, seq: u64, columns: &(String, Option<String>, Stri
 /// True if every number in `value` is an integer within +-(2^53 - 1).
 fn integers_only(value: &Value, depth: usize) -> bool {
     match value {
-        Value::Number(n) => n.as_u64().is_some_and(|v| v <= MAX_SAFE_INTEGER) || n.as_i64().is_some_and(|v| v.unsigned_abs() <= MAX_SAFE_INTEGER),
+        Value::Number(n) => {
+            n.as_u64().is_some_and(|v| v <= MAX_SAFE_INTEGER)
+                || n.as_i64()
+                    .is_some_and(|v| v.unsigned_abs() <= MAX_SAFE_INTEGER)
+        }
         Value::Array(items) => depth < 128 && items.iter().all(|v| integers_only(v, depth + 1)),
         Value::Object(map) => depth < 128 && map.values().all(|v| integers_only(v, depth + 1)),
         _ => true,
     }
 }
 
-fn check_note(note: &str, key: &VerifierKey, origin: &str) -> Result<super::checkpoint::Checkpoint, VerifyError> {
+fn check_note(
+    note: &str,
+    key: &VerifierKey,
+    origin: &str,
+) -> Result<super::checkpoint::Checkpoint, VerifyError> {
     verify_note(note, key).map_err(|e| match e {
-        NoteError::Malformed(what) => problem(ProblemKind::Malformed, None, format!("{origin}: {what}")),
-        NoteError::NoSignatureByKey { .. } | NoteError::BadSignature { .. } => problem(ProblemKind::Signature, None, format!("{origin}: {e}")),
+        NoteError::Malformed(what) => {
+            problem(ProblemKind::Malformed, None, format!("{origin}: {what}"))
+        }
+        NoteError::NoSignatureByKey { .. } | NoteError::BadSignature { .. } => {
+            problem(ProblemKind::Signature, None, format!("{origin}: {e}"))
+        }
     })
 }
 
@@ -420,11 +559,25 @@ fn check_note(note: &str, key: &VerifierKey, origin: &str) -> Result<super::chec
 const MAX_CHECKPOINT_FILE_BYTES: u64 = 256 * 1024 * 1024;
 
 fn read_notes(file: &Path) -> Result<Vec<String>, VerifyError> {
-    let io = |what: String| VerifyError::Open(AuditError::Io { path: file.to_path_buf(), what });
-    let len = std::fs::metadata(file).map_err(|e| io(format!("cannot read the checkpoint file: {e}")))?.len();
+    let io = |what: String| {
+        VerifyError::Open(AuditError::Io {
+            path: file.to_path_buf(),
+            what,
+        })
+    };
+    let len = std::fs::metadata(file)
+        .map_err(|e| io(format!("cannot read the checkpoint file: {e}")))?
+        .len();
     if len > MAX_CHECKPOINT_FILE_BYTES {
         return Err(io("the checkpoint file is too large".into()));
     }
-    let text = std::fs::read_to_string(file).map_err(|e| io(format!("cannot read the checkpoint file: {e}")))?;
-    split_notes(&text).map_err(|what| problem(ProblemKind::Malformed, None, format!("`{}`: {what}", file.display())))
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| io(format!("cannot read the checkpoint file: {e}")))?;
+    split_notes(&text).map_err(|what| {
+        problem(
+            ProblemKind::Malformed,
+            None,
+            format!("`{}`: {what}", file.display()),
+        )
+    })
 }

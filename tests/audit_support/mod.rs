@@ -15,16 +15,27 @@ pub const CHECKPOINT_EVERY: u64 = 4;
 /// Creates `<dir>/audit.db` with `n` events (runs alternate between `run-a` and
 /// `run-b`), a checkpoint every 4 events and one at close.
 pub fn make_log(dir: &Path, n: u64) -> PathBuf {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let mut options = AuditOptions::new(dir);
     options.checkpoint_every_events = CHECKPOINT_EVERY;
     options.checkpoint_interval = Duration::from_secs(3600);
     let log = AuditLog::open(options).unwrap();
     rt.block_on(async {
         for i in 1..=n {
-            let kind = if i % 3 == 0 { EventType::ToolExecuted } else { EventType::ToolRequested };
+            let kind = if i % 3 == 0 {
+                EventType::ToolExecuted
+            } else {
+                EventType::ToolRequested
+            };
             let mut e = NewEvent::new(kind);
-            e.run_id = Some(if i % 2 == 0 { "run-b".into() } else { "run-a".into() });
+            e.run_id = Some(if i % 2 == 0 {
+                "run-b".into()
+            } else {
+                "run-a".into()
+            });
             e.call_id = Some(format!("call-{i}"));
             e.tool_name = Some("read_document".into());
             e.arguments = Some(json!({"path": format!("cases/{i}.txt"), "note": "caf\u{e9}"}));
@@ -38,7 +49,10 @@ pub fn make_log(dir: &Path, n: u64) -> PathBuf {
 }
 
 pub fn toolgate(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_toolgate")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 pub fn code(output: &Output) -> i32 {
@@ -67,7 +81,11 @@ pub fn tamper(db: &Path) -> rusqlite::Connection {
 }
 
 pub fn line_of(conn: &rusqlite::Connection, seq: i64) -> Value {
-    let line: String = conn.query_row("SELECT line FROM events WHERE seq = ?1", [seq], |r| r.get(0)).unwrap();
+    let line: String = conn
+        .query_row("SELECT line FROM events WHERE seq = ?1", [seq], |r| {
+            r.get(0)
+        })
+        .unwrap();
     serde_json::from_str(&line).unwrap()
 }
 
@@ -75,14 +93,20 @@ pub fn line_of(conn: &rusqlite::Connection, seq: i64) -> Value {
 pub fn store_line(conn: &rusqlite::Connection, seq: i64, value: &Value) -> String {
     let line = toolgate::canonical::to_canonical_string(value);
     let hash = hex::encode(leaf_hash(line.as_bytes()));
-    conn.execute("UPDATE events SET line = ?1, hash = ?2 WHERE seq = ?3", rusqlite::params![line, hash, seq]).unwrap();
+    conn.execute(
+        "UPDATE events SET line = ?1, hash = ?2 WHERE seq = ?3",
+        rusqlite::params![line, hash, seq],
+    )
+    .unwrap();
     hash
 }
 
 /// Changes event `from` and recomputes every later line's prev and hash, as a forger
 /// without the key would.
 pub fn rewrite_chain_from(conn: &rusqlite::Connection, from: i64) {
-    let count: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0)).unwrap();
+    let count: i64 = conn
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .unwrap();
     let mut prev: Option<String> = None;
     for seq in from..=count {
         let mut value = line_of(conn, seq);
@@ -98,7 +122,14 @@ pub fn rewrite_chain_from(conn: &rusqlite::Connection, from: i64) {
 
 /// The key fingerprint, as `toolgate audit key` prints it.
 pub fn fingerprint(data_dir: &Path) -> String {
-    let out = toolgate(&["audit", "key", "--data-dir", data_dir.to_str().unwrap(), "--format", "json"]);
+    let out = toolgate(&[
+        "audit",
+        "key",
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     let value: Value = serde_json::from_slice(&out.stdout).unwrap();
     value["fingerprint"].as_str().unwrap().to_string()
