@@ -85,7 +85,6 @@ pub fn main() -> ExitCode {
     let exit = match cli.command {
         Command::Policy(PolicyCommand::Check(args)) => crate::policy::check_command(&args),
         Command::Audit(command) => crate::audit::cli::run(command),
-        Command::Audit(command) => crate::audit::cli::run(command),
     };
     exit.into()
 }
