@@ -38,18 +38,12 @@ mod tests {
         let a: Value = serde_json::from_str(r#"{"b":1,"a":{"y":[1,2],"x":"s"}}"#).unwrap();
         let b: Value = serde_json::from_str(r#"{"a":{"x":"s","y":[1,2]},"b":1}"#).unwrap();
         assert_eq!(canonical_sha256(&a), canonical_sha256(&b));
-        assert_eq!(
-            to_canonical_string(&a),
-            r#"{"a":{"x":"s","y":[1,2]},"b":1}"#
-        );
+        assert_eq!(to_canonical_string(&a), r#"{"a":{"x":"s","y":[1,2]},"b":1}"#);
     }
 
     #[test]
     fn strings_are_escaped_as_rfc8785_says() {
         let v = json!({"k": "line\nbreak \u{1} \"q\" \u{e9}"});
-        assert_eq!(
-            to_canonical_string(&v),
-            "{\"k\":\"line\\nbreak \\u0001 \\\"q\\\" \u{e9}\"}"
-        );
+        assert_eq!(to_canonical_string(&v), "{\"k\":\"line\\nbreak \\u0001 \\\"q\\\" \u{e9}\"}");
     }
 }

@@ -32,11 +32,7 @@ impl From<Exit> for ExitCode {
 }
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "toolgate",
-    version,
-    about = "Policy-and-audit enforcement sidecar for AI agents"
-)]
+#[command(name = "toolgate", version, about = "Policy-and-audit enforcement sidecar for AI agents")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -87,17 +87,9 @@ impl Adapter {
     /// Sanitizes the arguments: refuses path traversal, shell metacharacters where a
     /// plain value is expected, and URLs to hosts outside the allowlist.
     /// Runs after the input schema has been checked.
-    pub fn validate(
-        &self,
-        tool: &Tool,
-        arguments: &Value,
-        scope: &Map<String, Value>,
-    ) -> Result<(), Refusal> {
+    pub fn validate(&self, tool: &Tool, arguments: &Value, scope: &Map<String, Value>) -> Result<(), Refusal> {
         let _ = (tool, arguments, scope);
-        Err(Refusal::new(
-            Reason::AdapterNotImplemented,
-            "adapters are not built yet",
-        ))
+        Err(Refusal::new(Reason::AdapterNotImplemented, "adapters are not built yet"))
     }
 
     /// The canonical form of the arguments: what is hashed into the audit log and
@@ -108,16 +100,9 @@ impl Adapter {
     }
 
     /// Executes the call; must return by `ctx.deadline` (then with `ExecError::Timeout`).
-    pub async fn execute(
-        &self,
-        tool: &Tool,
-        arguments: &Value,
-        ctx: ExecContext<'_>,
-    ) -> Result<Value, ExecError> {
+    pub async fn execute(&self, tool: &Tool, arguments: &Value, ctx: ExecContext<'_>) -> Result<Value, ExecError> {
         let _ = (tool, arguments, ctx);
-        Err(ExecError::NotImplemented(
-            "adapters are not built yet".into(),
-        ))
+        Err(ExecError::NotImplemented("adapters are not built yet".into()))
     }
 
     /// Maps an execution error to the contract's reason (and so error code) and

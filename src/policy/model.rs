@@ -81,9 +81,7 @@ pub struct Admin {
 }
 
 /// Run statuses; a lane lists the ones in which it may act.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     Active,
@@ -232,3 +230,4 @@ pub struct Tool {
     pub input_validator: Arc<jsonschema::Validator>,
     pub output_validator: Arc<jsonschema::Validator>,
 }
+
