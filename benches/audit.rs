@@ -63,7 +63,28 @@ fn run(durability: Durability, writers: usize, seconds: f64) -> (u64, f64) {
     (n, n as f64 / elapsed)
 }
 
+/// Median and 90th percentile of one 32 KiB write + fdatasync, in ms: the disk's
+/// commit latency right now, which bounds FULL throughput (events per commit / latency).
+fn fsync_latency() -> (f64, f64) {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut file = std::fs::File::create(dir.path().join("probe")).expect("probe file");
+    let mut times: Vec<f64> = (0..50)
+        .map(|i| {
+            file.seek(SeekFrom::Start((i % 8) * 32768)).expect("seek");
+            file.write_all(&[7u8; 32768]).expect("write");
+            let started = Instant::now();
+            file.sync_data().expect("fdatasync");
+            started.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    (times[25], times[45])
+}
+
 fn main() {
+    let (median, p90) = fsync_latency();
+    println!("disk: 32 KiB write + fdatasync median {median:.2} ms, p90 {p90:.2} ms");
     let seconds: f64 = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
@@ -79,4 +100,6 @@ fn main() {
             println!("{name:<12} {writers:>8} {n:>10} {rate:>12.0}");
         }
     }
+    let (median, p90) = fsync_latency();
+    println!("disk: 32 KiB write + fdatasync median {median:.2} ms, p90 {p90:.2} ms");
 }
