@@ -122,6 +122,49 @@ async fn append_all_is_contiguous_and_reopen_continues_the_chain() {
         .unwrap()[0];
     assert_eq!(line.value["prev"], json!(head.1));
     assert_eq!(line.value["event_id"], json!("ev-000000000007"));
+    // Filters: type, limit, time window.
+    log.append(NewEvent::new(EventType::PolicyLoaded))
+        .await
+        .unwrap();
+    let loaded = log
+        .events(EventFilter {
+            event_types: vec![EventType::PolicyLoaded],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(loaded.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![8]);
+    let all = log.events(EventFilter::default()).await.unwrap();
+    assert_eq!(all.len(), 8);
+    let two = log
+        .events(EventFilter {
+            after_seq: 3,
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(two.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
+    let future = time::OffsetDateTime::now_utc() + time::Duration::hours(1);
+    assert!(
+        log.events(EventFilter {
+            since: Some(future),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .is_empty()
+    );
+    assert_eq!(
+        log.events(EventFilter {
+            until: Some(future),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .len(),
+        8
+    );
     log.close().await.unwrap();
 }
 

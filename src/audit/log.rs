@@ -29,8 +29,8 @@ use super::merkle::{Frontier, Hash, leaf_hash};
 use super::sink::Sinks;
 use super::store::{self, INSERT_CHECKPOINT, INSERT_EVENT, map_sqlite};
 use super::{
-    Appended, ArgumentCommitment, AuditError, AuditOptions, Durability, EventFilter,
-    MAX_EVENTS_PER_READ, NewEvent, StoredEvent, hmac_sha256_hex,
+    Appended, ArgumentCommitment, AuditError, AuditOptions, Durability, EventFilter, NewEvent,
+    StoredEvent, hmac_sha256_hex,
 };
 
 /// The most events one transaction takes.
@@ -321,12 +321,13 @@ pub(crate) fn read_events(
         args.push(format_timestamp(until).into());
     }
     let limit = if filter.limit == 0 {
-        MAX_EVENTS_PER_READ
+        -1
     } else {
-        filter.limit.min(MAX_EVENTS_PER_READ)
+        filter.limit.min(i64::MAX as usize) as i64
     };
+    // LIMIT -1: no limit.
     sql.push_str(" ORDER BY seq LIMIT ?");
-    args.push((limit as i64).into());
+    args.push(limit.into());
     let mut stmt = conn.prepare_cached(&sql).map_err(map)?;
     let rows = stmt
         .query_map(rusqlite::params_from_iter(args), |r| {

@@ -273,13 +273,10 @@ pub struct EventFilter {
     pub since: Option<OffsetDateTime>,
     /// Only events before this time.
     pub until: Option<OffsetDateTime>,
-    /// At most this many, oldest first; 0 or anything above [`MAX_EVENTS_PER_READ`] reads
-    /// [`MAX_EVENTS_PER_READ`].
+    /// At most this many, oldest first; 0: every matching event (for rebuilding state
+    /// from a few event types; operators' reads should always set a limit).
     pub limit: usize,
 }
-
-/// The most events one read returns.
-pub const MAX_EVENTS_PER_READ: usize = 10_000;
 
 /// An event as stored.
 #[derive(Debug, Clone, PartialEq)]
