@@ -394,3 +394,25 @@ fn a_read_only_database_is_refused() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     assert!(matches!(err, AuditError::ReadOnly { .. }), "{err:?}");
 }
+
+#[tokio::test]
+async fn an_existing_log_is_never_given_a_fresh_or_foreign_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::open(options(dir.path())).unwrap();
+    log.append(event("k", 1)).await.unwrap();
+    log.close().await.unwrap();
+    // The key directory is gone: refuse, and create nothing.
+    let mut moved = options(dir.path());
+    moved.key_dir = dir.path().join("elsewhere");
+    let err = AuditLog::open(moved.clone()).unwrap_err();
+    assert!(matches!(err, AuditError::Key { .. }), "{err:?}");
+    assert!(!moved.key_dir.join("audit-signing.key").exists());
+    // Another log's key does not verify this log's checkpoints.
+    let other = tempfile::tempdir().unwrap();
+    let other_log = AuditLog::open(options(other.path())).unwrap();
+    other_log.close().await.unwrap();
+    moved.key_dir = other.path().join("keys");
+    let err = AuditLog::open(moved).unwrap_err();
+    assert!(matches!(err, AuditError::Key { .. }), "{err:?}");
+    assert!(err.to_string().contains("does not verify"), "{err}");
+}

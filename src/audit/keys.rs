@@ -220,9 +220,11 @@ fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), AuditError> {
 }
 
 impl Keys {
-    /// Loads the keys from `dir`, creating the directory and any missing key. A new
-    /// signing key is named `name`; an existing one keeps the name it was made with.
-    pub fn load_or_create(dir: &Path, name: &str) -> Result<Keys, AuditError> {
+    /// Loads the keys from `dir`, creating the directory and, if `may_create` (a new,
+    /// empty log), any missing key. A new signing key is named `name`; an existing one
+    /// keeps the name it was made with. For an existing log a missing key is an error:
+    /// a new one could neither verify its checkpoints nor its argument commitments.
+    pub fn load_or_create(dir: &Path, name: &str, may_create: bool) -> Result<Keys, AuditError> {
         use std::os::unix::fs::DirBuilderExt;
         if !valid_key_name(name) {
             return Err(key_error(
@@ -241,6 +243,11 @@ impl Keys {
         let signer = if signing_path.exists() {
             SignerKey::parse_skey(&read_small(&signing_path)?)
                 .map_err(|e| key_error(&signing_path, e))?
+        } else if !may_create {
+            return Err(key_error(
+                &signing_path,
+                "the log already has events but its signing key is missing",
+            ));
         } else {
             let signer = SignerKey::from_seed(name, random_32(&signing_path)?);
             write_new(&signing_path, &format!("{}\n", signer.to_skey()), 0o600)?;
@@ -271,6 +278,11 @@ impl Keys {
             bytes
                 .try_into()
                 .map_err(|_| key_error(&hmac_path, "the hmac key must have 32 bytes"))?
+        } else if !may_create {
+            return Err(key_error(
+                &hmac_path,
+                "the log already has events but its hmac key is missing",
+            ));
         } else {
             let key = random_32(&hmac_path)?;
             write_new(&hmac_path, &format!("{}\n", hex::encode(key)), 0o600)?;
@@ -325,8 +337,17 @@ mod tests {
     #[test]
     fn keys_are_created_once_and_reloaded() {
         let dir = tempfile::tempdir().unwrap();
-        let keys = Keys::load_or_create(&dir.path().join("keys"), "example.com/log").unwrap();
-        let again = Keys::load_or_create(&dir.path().join("keys"), "other.name").unwrap();
+        let keys = Keys::load_or_create(&dir.path().join("keys"), "example.com/log", true).unwrap();
+        let again = Keys::load_or_create(&dir.path().join("keys"), "other.name", false).unwrap();
+        // An existing log never gets a fresh key.
+        let err = Keys::load_or_create(&dir.path().join("other-keys"), "x", false).unwrap_err();
+        assert!(matches!(err, AuditError::Key { .. }), "{err:?}");
+        assert!(
+            !dir.path()
+                .join("other-keys")
+                .join(SIGNING_KEY_FILE)
+                .exists()
+        );
         assert_eq!(keys.signer.verifier, again.signer.verifier);
         assert_eq!(again.signer.verifier.name, "example.com/log");
         assert_eq!(keys.hmac_key, again.hmac_key);

@@ -120,7 +120,8 @@ impl AuditLog {
             options.max_db_bytes,
         )?;
         let state = store::load_state(&conn, &path)?;
-        let keys = Keys::load_or_create(&options.key_dir, &options.origin)?;
+        let fresh = state.frontier.size() == 0 && state.last_checkpoint.is_none();
+        let keys = Keys::load_or_create(&options.key_dir, &options.origin, fresh)?;
         if let Some(row) = &state.last_checkpoint {
             let checkpoint =
                 verify_note(&row.note, &keys.signer.verifier).map_err(|e| AuditError::Key {
