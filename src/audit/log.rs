@@ -157,6 +157,10 @@ impl AuditLog {
             idle_heartbeat: options.idle_heartbeat,
             sinks,
             head: head.clone(),
+            last_batch: 0,
+            last_commit: Duration::ZERO,
+            last_commit_end: Instant::now(),
+            linger_until: Instant::now(),
         };
         std::thread::Builder::new()
             .name("audit-writer".into())
@@ -368,7 +372,20 @@ struct Writer {
     last_cp_at: Instant,
     sinks: Sinks,
     head: Arc<RwLock<Option<(u64, String)>>>,
+    /// Events in the previous commit, how long it took and when it ended (adaptive
+    /// group commit, see `should_linger`).
+    last_batch: usize,
+    last_commit: Duration,
+    last_commit_end: Instant,
+    linger_until: Instant,
 }
+
+/// A request arriving this soon after a commit belongs to a busy streak.
+const BUSY_STREAK: Duration = Duration::from_millis(2);
+/// Bounds of the wait for more requests in a busy streak (the previous commit's
+/// duration, clamped): a little latency buys far fewer fsyncs per event.
+const MIN_LINGER: Duration = Duration::from_micros(100);
+const MAX_LINGER: Duration = Duration::from_millis(1);
 
 /// The outcome of one committed batch.
 struct Committed {
@@ -401,6 +418,8 @@ impl Writer {
             let mut count = 0;
             let mut close = None;
             let mut next = Some(first);
+            // INVARIANT: lingering is bounded by MAX_LINGER per batch.
+            self.linger_until = Instant::now() + self.last_commit.clamp(MIN_LINGER, MAX_LINGER);
             while let Some(request) = next.take() {
                 match request {
                     Request::Append {
@@ -416,12 +435,23 @@ impl Writer {
                         break;
                     }
                 }
-                if count < MAX_BATCH_EVENTS {
-                    next = receiver.try_recv().ok();
+                if count >= MAX_BATCH_EVENTS {
+                    break;
+                }
+                next = receiver.try_recv().ok();
+                if next.is_none() && self.should_linger(count) {
+                    // Busy streak: the appenders answered by the last commit are
+                    // coming back; wait briefly so they share this commit.
+                    let left = self.linger_until.saturating_duration_since(Instant::now());
+                    next = receiver.recv_timeout(left).ok();
                 }
             }
             if !batch.is_empty() {
+                let started = Instant::now();
                 self.commit(batch, count as u64);
+                self.last_batch = count;
+                self.last_commit = started.elapsed();
+                self.last_commit_end = Instant::now();
             }
             if let Some(reply) = close {
                 drop(receiver);
@@ -433,6 +463,15 @@ impl Writer {
                 self.timed_checkpoint();
             }
         }
+    }
+
+    /// Whether to wait for more requests before committing `count` events: only in a
+    /// busy streak (the previous commit ended moments ago), until as many events as it
+    /// answered are back, and never past `linger_until`.
+    fn should_linger(&self, count: usize) -> bool {
+        count < self.last_batch
+            && self.last_commit_end.elapsed() < BUSY_STREAK
+            && Instant::now() < self.linger_until
     }
 
     fn commit(
