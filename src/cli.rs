@@ -49,6 +49,9 @@ pub enum Command {
     /// Check, review and test the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Verify, export and inspect the audit log.
+    #[command(subcommand)]
+    Audit(crate::audit::cli::AuditCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -117,6 +120,7 @@ pub fn main() -> ExitCode {
         }
         Command::Policy(PolicyCommand::Test(args)) => crate::review::test::test_command(&args),
         Command::Policy(PolicyCommand::Diff(args)) => crate::review::diff::diff_command(&args),
+        Command::Audit(command) => crate::audit::cli::run(command),
     };
     exit.into()
 }
