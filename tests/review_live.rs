@@ -81,7 +81,9 @@ fn shadow_divergences_are_recorded_but_never_enforced() {
         "prohibited_flags: [privileged, sealed]",
         "prohibited_flags: [privileged, sealed, urgent]",
     );
+    let data_dir = tmp.path().join("var");
     let server = Server::start_with(Start {
+        data_dir: Some(data_dir.clone()),
         args: vec![
             "--shadow-policy-dir".into(),
             candidate.display().to_string(),
@@ -152,10 +154,40 @@ fn shadow_divergences_are_recorded_but_never_enforced() {
         found[0]["details"]["shadow_trace"]["failed"],
         "8:prohibited_flag"
     );
+    assert_eq!(found[0]["call_id"], urgent["call_id"]);
+    assert_eq!(found[0]["tool_name"], "case_lookup");
+    assert_eq!(found[1]["call_id"], dry["call_id"]);
     assert_eq!(found[1]["details"]["dry_run"], true);
-    // Nothing else diverged (the recording is in call order).
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(events(&server, "shadow_divergence").len(), 2);
+
+    // Shutdown records every queued divergence before the log closes: exactly these
+    // two, read from the database.
+    assert!(server.stop().success());
+    let all = tail(&data_dir.join("audit.db"));
+    let divergences: Vec<&Value> = all
+        .iter()
+        .filter(|e| e["type"] == "shadow_divergence")
+        .collect();
+    assert_eq!(divergences.len(), 2, "{divergences:#?}");
+    assert_eq!(divergences[0]["call_id"], urgent["call_id"]);
+}
+
+/// Every event in the database, through `toolgate audit tail` (the real binary).
+fn tail(db: &Path) -> Vec<Value> {
+    let (code, out, err) = common::run(
+        Path::new("."),
+        &[
+            "audit",
+            "tail",
+            "--db",
+            db.to_str().unwrap(),
+            "--limit",
+            "10000",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[test]
@@ -344,4 +376,221 @@ fn sighup_reloads_and_a_bad_policy_keeps_the_old_one() {
     let after = server.get("/v1/policy", Some(ADMIN)).1["policy_versions"].clone();
     assert_ne!(after["lanes"]["sha256"], before["lanes"]["sha256"]);
     assert_eq!(after["roles"], before["roles"]);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+fn sha256_file(path: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(fs::read(path).unwrap()))
+}
+
+#[test]
+fn replay_lists_the_recorded_calls_a_candidate_decides_differently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("var");
+    let server = Server::start_with(Start {
+        data_dir: Some(data_dir.clone()),
+        ..Start::default()
+    });
+    let run = server.create_run(json!({ "case_id": "C-1001" }));
+    let scope = json!({ "case_id": "C-1001" });
+    let mut ids = Vec::new();
+    let mut call = |role: &str, tool: &str, arguments: Value, expected: u16| {
+        let (status, body) = server.call(role, &run, "research", tool, arguments, scope.clone());
+        assert_eq!(status, expected, "{body}");
+        ids.push(body["call_id"].as_str().unwrap().to_string());
+    };
+    call(
+        "research_agent",
+        "legal_search",
+        json!({ "query": "duty" }),
+        200,
+    );
+    call("research_agent", "case_lookup", json!({}), 200);
+    call(
+        "research_agent",
+        "read_document",
+        json!({ "path": "privileged/strategy.md" }),
+        403,
+    );
+    call(
+        "research_agent",
+        "read_document",
+        json!({ "path": "notes.md" }),
+        200,
+    );
+    call(
+        "supervisor",
+        "legal_search",
+        json!({ "query": "breach" }),
+        200,
+    );
+    // A refused credential: replay cannot re-decide it (tokens are not recorded).
+    let (status, _) = server.post(
+        "/v1/tool-calls",
+        Some("not-a-token"),
+        &json!({"role_id": "research_agent", "run_id": run, "lane_id": "research",
+                "tool_name": "case_lookup", "arguments": {}, "scope": scope}),
+    );
+    assert_eq!(status, 401);
+
+    // The candidate disables legal_search and lets research read privileged documents.
+    let candidate = tmp.path().join("candidate");
+    let policy = policy_copy(&candidate);
+    copy_dir(&repo().join("tools"), &candidate.join("tools"));
+    edit(
+        &policy.join("lanes.yaml"),
+        "prohibited_flags: [privileged, sealed]",
+        "prohibited_flags: [sealed]",
+    );
+    let registry = candidate.join("tools/tool_registry.yaml");
+    let text = fs::read_to_string(&registry).unwrap();
+    let at = text.find("tool_name: legal_search").unwrap();
+    let enabled = at + text[at..].find("enabled: true").unwrap();
+    let mut changed = text.clone();
+    changed.replace_range(enabled..enabled + "enabled: true".len(), "enabled: false");
+    fs::write(&registry, changed).unwrap();
+
+    let db = data_dir.join("audit.db");
+    let replay = |policy: &Path, tools: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "audit",
+            "replay",
+            "--policy-dir",
+            policy.to_str().unwrap(),
+            "--tools",
+            tools.to_str().unwrap(),
+            "--db",
+            db.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        common::run(tmp.path(), &args)
+    };
+
+    // Beside the running gateway (read-only), and again once it stopped.
+    let (code, live, err) = replay(&policy, &registry, &["--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(server.stop().success());
+    let before = sha256_file(&db);
+    let (code, out, err) = replay(&policy, &registry, &["--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(sha256_file(&db), before, "replay never writes the log");
+    assert_eq!(live, out);
+
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let summary = &report["summary"];
+    assert_eq!(summary["replayed"], 5, "{report:#}");
+    assert_eq!(summary["unchanged"], 2);
+    assert_eq!(summary["allowed_to_denied"], 2);
+    assert_eq!(summary["denied_to_allowed"], 1);
+    assert_eq!(summary["reason_changed"], 0);
+    assert_eq!(summary["undetermined"], 0);
+    assert_eq!(
+        summary["not_rechecked"], 0,
+        "the demo tools keep their arguments"
+    );
+    assert_eq!(summary["skipped"]["bearer tokens are not recorded"], 1);
+    let changes = report["changes"].as_array().unwrap();
+    let got: Vec<(&str, &str, &str, Option<&str>)> = changes
+        .iter()
+        .map(|c| {
+            (
+                c["call_id"].as_str().unwrap(),
+                c["tool_name"].as_str().unwrap(),
+                c["change"].as_str().unwrap(),
+                c["now"]["reason"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                ids[0].as_str(),
+                "legal_search",
+                "allowed_to_denied",
+                Some("tool_disabled")
+            ),
+            (ids[2].as_str(), "read_document", "denied_to_allowed", None),
+            (
+                ids[4].as_str(),
+                "legal_search",
+                "allowed_to_denied",
+                Some("tool_disabled")
+            ),
+        ]
+    );
+    assert_eq!(changes[0]["was"]["decision"], "allow");
+    assert_eq!(changes[0]["now"]["step"], 5);
+    assert_eq!(changes[1]["was"]["reason"], "prohibited_flag");
+
+    let (code, text, _) = replay(&policy, &registry, &[]);
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("5 calls replayed: 2 unchanged, 2 allowed -> denied, 1 denied -> allowed, 0 with a different denial reason"),
+        "{text}"
+    );
+    assert!(
+        text.contains("    now: deny at step 5 (tool_disabled): tool `legal_search` is disabled"),
+        "{text}"
+    );
+    assert!(
+        text.contains("skipped: 1 call (bearer tokens are not recorded)"),
+        "{text}"
+    );
+
+    // The policy that recorded the calls decides them all the same.
+    let (code, out, _) = replay(
+        &repo().join("policy"),
+        &repo().join("tools/tool_registry.yaml"),
+        &["--format", "json"],
+    );
+    assert_eq!(code, 0);
+    let same: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(same["summary"]["unchanged"], 5, "{same:#}");
+    // Nothing recorded after a time in the future.
+    let (code, out, _) = replay(
+        &policy,
+        &registry,
+        &["--since", "2999-01-01T00:00:00Z", "--format", "json"],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["summary"]["replayed"],
+        0
+    );
+    // At most --limit calls.
+    let (_, out, _) = replay(&policy, &registry, &["--limit", "2", "--format", "json"]);
+    let limited: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(limited["summary"]["replayed"], 2);
+    assert_eq!(limited["summary"]["truncated"], true);
+    // Bad input is refused with exit 4.
+    assert_eq!(replay(&policy, &registry, &["--since", "yesterday"]).0, 4);
+    let none = tmp.path().join("none.db");
+    let (code, _, err) = common::run(
+        tmp.path(),
+        &[
+            "audit",
+            "replay",
+            "--policy-dir",
+            policy.to_str().unwrap(),
+            "--tools",
+            registry.to_str().unwrap(),
+            "--db",
+            none.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 4, "{err}");
 }

@@ -1,4 +1,5 @@
-//! `toolgate audit verify | export | key | tail`: flags and command bodies.
+//! `toolgate audit verify | export | key | tail`: flags and command bodies
+//! (`audit replay` lives in `review::replay`).
 //!
 //! Exit codes: 0 ok; 1 integrity failure (edited, missing, inserted, reordered, a root
 //! that does not match); 2 truncation or fork; 3 key or signature problem; 4 invalid
@@ -28,6 +29,8 @@ pub enum AuditCommand {
     Key(KeyArgs),
     /// Print event lines.
     Tail(TailArgs),
+    /// Re-decide recorded tool calls under a candidate policy; list changed decisions.
+    Replay(crate::review::replay::ReplayArgs),
 }
 
 #[derive(Debug, Args)]
@@ -113,6 +116,7 @@ pub fn run(command: AuditCommand) -> Exit {
         AuditCommand::Export(args) => export_command(&args),
         AuditCommand::Key(args) => key_command(&args),
         AuditCommand::Tail(args) => tail_command(&args),
+        AuditCommand::Replay(args) => crate::review::replay::replay_command(&args),
     }
 }
 

@@ -14,6 +14,7 @@
 //! - `log`: [`AuditLog`], the writer thread and its group commit.
 //! - `store`: the SQLite schema and error mapping.
 //! - `sink`: where checkpoints are published besides the database.
+//! - `reader`: [`AuditReader`], read-only access for tools beside a live gateway.
 //! - [`verify`]: recomputes a database's chain, tree and checkpoints.
 //! - [`export`]: writes an export directory an auditor can check without toolgate.
 //! - [`cli`]: `toolgate audit ...`.
@@ -28,6 +29,7 @@ pub mod keys;
 pub mod line;
 mod log;
 pub mod merkle;
+mod reader;
 mod sink;
 mod store;
 pub mod verify;
@@ -44,6 +46,7 @@ use time::OffsetDateTime;
 use crate::policy::{PolicyVersions, Redaction};
 
 pub use log::AuditLog;
+pub use reader::AuditReader;
 
 /// The kinds of event the log records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]

@@ -21,12 +21,19 @@
 //! other policy versions are skipped and counted.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
+use clap::Args;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
+use crate::audit::{AuditError, AuditReader, EventFilter, EventType, StoredEvent};
 use crate::call::{CallRequest, Decision};
 use crate::canonical::{sha256_hex, to_canonical_bytes};
+use crate::cli::{Exit, Format};
 use crate::gateway::Loaded;
 use crate::pipeline::{Verdict, explain};
 use crate::policy::RunStatus;
@@ -88,46 +95,63 @@ pub struct RecordedCall {
 /// Rebuilds calls from events in seq order (run events and tool events). At most
 /// `limit` calls are returned; the flag says whether more were left out.
 pub fn recorded_calls(events: &[Value], limit: usize) -> (Vec<RecordedCall>, bool) {
-    let mut runs: HashMap<String, RunRecord> = HashMap::new();
-    let mut seen: HashSet<String> = HashSet::new();
+    let mut log = CallLog::default();
     let mut calls = Vec::new();
     for event in events {
+        if let Some(call) = log.push(event) {
+            if calls.len() >= limit {
+                return (calls, true);
+            }
+            calls.push(call);
+        }
+    }
+    (calls, false)
+}
+
+/// Follows the log in seq order: keeps the runs current and turns the first event of
+/// each call into a [`RecordedCall`].
+#[derive(Debug, Default)]
+pub struct CallLog {
+    runs: HashMap<String, RunRecord>,
+    seen: HashSet<String>,
+}
+
+impl CallLog {
+    /// Takes the next event; returns the call it starts, if it starts one.
+    pub fn push(&mut self, event: &Value) -> Option<RecordedCall> {
         let kind = event["type"].as_str().unwrap_or_default();
         match kind {
             "run_created" => {
                 if let Ok(run) =
                     serde_json::from_value::<RunRecord>(event["details"]["run"].clone())
                 {
-                    runs.insert(run.run_id.clone(), run);
+                    self.runs.insert(run.run_id.clone(), run);
                 }
+                None
             }
             "run_status_changed" => {
                 let status = serde_json::from_value::<RunStatus>(event["details"]["to"].clone());
                 if let (Some(run), Ok(status)) = (
-                    event["run_id"].as_str().and_then(|id| runs.get_mut(id)),
+                    event["run_id"]
+                        .as_str()
+                        .and_then(|id| self.runs.get_mut(id)),
                     status,
                 ) {
                     run.status = status;
                 }
+                None
             }
             "tool_requested" | "tool_allowed" | "tool_denied" | "tool_executed" | "tool_failed"
             | "tool_timeout" => {
-                let Some(call_id) = event["call_id"].as_str() else {
-                    continue;
-                };
-                if seen.contains(call_id) {
-                    continue;
+                let call_id = event["call_id"].as_str()?;
+                if !self.seen.insert(call_id.to_string()) {
+                    return None;
                 }
-                if calls.len() >= limit {
-                    return (calls, true);
-                }
-                seen.insert(call_id.to_string());
-                calls.push(call(event, kind, call_id, &runs));
+                Some(call(event, kind, call_id, &self.runs))
             }
-            _ => {}
+            _ => None,
         }
     }
-    (calls, false)
 }
 
 fn text(event: &Value, key: &str) -> String {
@@ -265,40 +289,39 @@ impl ReplayReport {
 pub fn replay(candidate: &Loaded, calls: &[RecordedCall]) -> ReplayReport {
     let mut report = ReplayReport::default();
     for call in calls {
+        report.add(candidate, call);
+    }
+    report
+}
+
+impl ReplayReport {
+    /// Re-decides one call and counts it.
+    pub fn add(&mut self, candidate: &Loaded, call: &RecordedCall) {
         let was = match &call.recorded {
             Recorded::Skipped(why) => {
-                *report.skipped.entry((*why).to_string()).or_default() += 1;
-                continue;
+                *self.skipped.entry((*why).to_string()).or_default() += 1;
+                return;
             }
             Recorded::Decided(v) => v.clone(),
         };
-        report.replayed += 1;
+        self.replayed += 1;
         let (now, checked) = decide(candidate, call);
         if !checked {
-            report.not_rechecked += 1;
-        }
-        let change = if checked {
-            classify(&was, &now)
-        } else {
+            self.not_rechecked += 1;
             // `now` is an allow that steps 1-7 and the scope's prohibitions support.
-            match was.step {
-                Some(8) => {
-                    report
-                        .undetermined
-                        .push(replayed(call, was, now, false, None));
-                    continue;
-                }
-                _ => classify(&was, &now),
+            if was.step == Some(8) {
+                self.undetermined
+                    .push(replayed(call, was, now, false, None));
+                return;
             }
-        };
-        match change {
-            None => report.unchanged += 1,
-            Some(kind) => report
+        }
+        match classify(&was, &now) {
+            None => self.unchanged += 1,
+            Some(kind) => self
                 .changes
                 .push(replayed(call, was, now, checked, Some(kind))),
         }
     }
-    report
 }
 
 fn classify(was: &Verdict, now: &Verdict) -> Option<ChangeKind> {
@@ -379,6 +402,279 @@ fn decide(candidate: &Loaded, call: &RecordedCall) -> (Verdict, bool) {
         }
     }
     (Verdict::of(None), false)
+}
+
+/// The most events read at once.
+const PAGE: usize = 10_000;
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The candidate policy directory (roles.yaml, lanes.yaml).
+    #[arg(long)]
+    pub policy_dir: PathBuf,
+    /// The candidate's tool registry.
+    #[arg(long, default_value = "tools/tool_registry.yaml")]
+    pub tools: PathBuf,
+    /// The audit database (opened read-only).
+    #[arg(long, default_value = "var/audit.db")]
+    pub db: PathBuf,
+    /// Only calls recorded at or after this time (RFC 3339).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Replay at most this many calls.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub limit: u64,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+}
+
+/// Reads the log page by page and re-decides each call as it comes: memory grows with
+/// the changed calls, not with the log.
+pub fn replay_db(
+    reader: &AuditReader,
+    candidate: &Loaded,
+    since: Option<OffsetDateTime>,
+    limit: usize,
+) -> Result<ReplayReport, AuditError> {
+    // The runs come from the whole log (a call after `since` may belong to an older
+    // run); they are merged with the tool events in seq order.
+    let runs = read_all(
+        reader,
+        EventFilter {
+            event_types: vec![EventType::RunCreated, EventType::RunStatusChanged],
+            ..EventFilter::default()
+        },
+    )?;
+    let mut runs = runs.into_iter().peekable();
+    let mut log = CallLog::default();
+    let mut report = ReplayReport::default();
+    let mut calls = 0usize;
+    let mut after_seq = 0;
+    loop {
+        let page = reader.events(&EventFilter {
+            event_types: TOOL_EVENTS.to_vec(),
+            after_seq,
+            since,
+            limit: PAGE,
+            ..EventFilter::default()
+        })?;
+        let Some(last) = page.last() else {
+            break;
+        };
+        after_seq = last.seq;
+        let full = page.len() >= PAGE;
+        for event in page {
+            while let Some(run) = runs.next_if(|r| r.seq < event.seq) {
+                log.push(&run.value);
+            }
+            if let Some(call) = log.push(&event.value) {
+                if calls >= limit {
+                    report.truncated = true;
+                    return Ok(report);
+                }
+                calls += 1;
+                report.add(candidate, &call);
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(report)
+}
+
+const TOOL_EVENTS: [EventType; 6] = [
+    EventType::ToolRequested,
+    EventType::ToolAllowed,
+    EventType::ToolDenied,
+    EventType::ToolExecuted,
+    EventType::ToolFailed,
+    EventType::ToolTimeout,
+];
+
+fn read_all(reader: &AuditReader, filter: EventFilter) -> Result<Vec<StoredEvent>, AuditError> {
+    let mut all = Vec::new();
+    let mut after_seq = 0;
+    loop {
+        let page = reader.events(&EventFilter {
+            after_seq,
+            limit: PAGE,
+            ..filter.clone()
+        })?;
+        let full = page.len() >= PAGE;
+        if let Some(last) = page.last() {
+            after_seq = last.seq;
+        }
+        all.extend(page);
+        if !full {
+            return Ok(all);
+        }
+    }
+}
+
+pub fn replay_command(args: &ReplayArgs) -> Exit {
+    let since = match &args.since {
+        None => None,
+        Some(text) => match OffsetDateTime::parse(text, &Rfc3339) {
+            Ok(t) => Some(t),
+            Err(_) => {
+                eprintln!("error: --since `{text}` is not an RFC 3339 time");
+                eprintln!("help: write it like 2026-11-23T08:00:00Z");
+                return Exit::InvalidConfig;
+            }
+        },
+    };
+    let candidate = match Loaded::load(&args.policy_dir, &args.tools, Path::new("var")) {
+        Ok(l) => l,
+        Err(problems) => {
+            eprintln!("error: the candidate policy did not load");
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            return Exit::InvalidConfig;
+        }
+    };
+    let report = AuditReader::open(&args.db).and_then(|reader| {
+        let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+        replay_db(&reader, &candidate, since, limit)
+    });
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            if let Some(help) = e.help() {
+                eprintln!("help: {help}");
+            }
+            return match e {
+                AuditError::Corrupt { .. } => Exit::Failure,
+                _ => Exit::InvalidConfig,
+            };
+        }
+    };
+    let text = match args.format {
+        Format::Text => render_text(&report, &candidate, &args.db),
+        Format::Json => render_json(&report, &candidate, &args.db),
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Exit::Ok,
+        Err(_) => Exit::Failure,
+    }
+}
+
+fn verdict_text(v: &Verdict) -> String {
+    match (v.decision, v.step, &v.reason) {
+        (Decision::Allow, _, _) => "allow".to_string(),
+        (Decision::Deny, step, reason) => format!(
+            "deny at step {} ({}): {}",
+            step.unwrap_or_default(),
+            reason.as_deref().unwrap_or("?"),
+            v.message.as_deref().unwrap_or("")
+        ),
+    }
+}
+
+fn call_line(c: &Replayed) -> String {
+    format!(
+        "  seq {}  {}  {}  {} / {} / {}{}\n",
+        c.seq,
+        c.timestamp.as_deref().unwrap_or("-"),
+        c.call_id,
+        c.role_id,
+        c.lane_id,
+        c.tool_name,
+        if c.dry_run { "  (dry run)" } else { "" }
+    )
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn render_text(report: &ReplayReport, candidate: &Loaded, db: &Path) -> String {
+    let v = &candidate.policy.versions;
+    let mut out = format!(
+        "audit replay: `{}` under `{}` (roles {}, lanes {}, registry {})\n",
+        db.display(),
+        candidate.policy.source.policy_dir,
+        v.roles.version,
+        v.lanes.version,
+        v.registry.version
+    );
+    out.push_str(&format!(
+        "{} replayed: {} unchanged, {} allowed -> denied, {} denied -> allowed, {} with a different denial reason\n",
+        plural(report.replayed, "call", "calls"),
+        report.unchanged,
+        report.count(ChangeKind::AllowedToDenied),
+        report.count(ChangeKind::DeniedToAllowed),
+        report.count(ChangeKind::ReasonChanged),
+    ));
+    if !report.changes.is_empty() {
+        out.push_str("\nchanged decisions:\n");
+        for c in &report.changes {
+            out.push_str(&call_line(c));
+            out.push_str(&format!("    was: {}\n", verdict_text(&c.was)));
+            out.push_str(&format!("    now: {}", verdict_text(&c.now)));
+            if !c.arguments_checked {
+                out.push_str(" (arguments not kept: step-8 argument checks not re-run)");
+            }
+            out.push('\n');
+        }
+    }
+    if !report.undetermined.is_empty() {
+        out.push_str(
+            "\nundetermined (denied at step 8 before; the arguments were not kept, so the step-8 argument checks could not be re-run):\n",
+        );
+        for c in &report.undetermined {
+            out.push_str(&call_line(c));
+            out.push_str(&format!("    was: {}\n", verdict_text(&c.was)));
+        }
+    }
+    if report.not_rechecked > 0 {
+        out.push_str(&format!(
+            "\nnote: {} re-decided without the step-8 argument checks (arguments not kept)\n",
+            plural(report.not_rechecked, "call was", "calls were")
+        ));
+    }
+    for (why, n) in &report.skipped {
+        out.push_str(&format!(
+            "skipped: {} ({why})\n",
+            plural(*n, "call", "calls")
+        ));
+    }
+    if report.truncated {
+        out.push_str("truncated: more calls matched than --limit allows\n");
+    }
+    out
+}
+
+fn render_json(report: &ReplayReport, candidate: &Loaded, db: &Path) -> String {
+    let value = json!({
+        "db": db.display().to_string(),
+        "candidate": {
+            "source": candidate.policy.source,
+            "versions": candidate.policy.versions,
+        },
+        "summary": {
+            "replayed": report.replayed,
+            "unchanged": report.unchanged,
+            "allowed_to_denied": report.count(ChangeKind::AllowedToDenied),
+            "denied_to_allowed": report.count(ChangeKind::DeniedToAllowed),
+            "reason_changed": report.count(ChangeKind::ReasonChanged),
+            "undetermined": report.undetermined.len(),
+            "not_rechecked": report.not_rechecked,
+            "skipped": report.skipped,
+            "truncated": report.truncated,
+        },
+        "changes": report.changes,
+        "undetermined": report.undetermined,
+    });
+    let mut text = serde_json::to_string_pretty(&value).unwrap_or_else(|_| "{}".to_string());
+    text.push('\n');
+    text
 }
 
 #[cfg(test)]
