@@ -62,8 +62,13 @@ impl Shadow {
     /// Starts the worker (on the current tokio runtime) that decides calls under
     /// `candidate` and records divergences in `audit`.
     pub fn start(candidate: Loaded, audit: AuditLog) -> Shadow {
+        Shadow::with_queue(candidate, audit, QUEUE)
+    }
+
+    /// [`Shadow::start`] with a queue of `queue` calls.
+    fn with_queue(candidate: Loaded, audit: AuditLog, queue: usize) -> Shadow {
         let candidate = Arc::new(candidate);
-        let (sender, receiver) = mpsc::channel(QUEUE);
+        let (sender, receiver) = mpsc::channel(queue.max(1));
         let decided = Arc::new(AtomicU64::new(0));
         let divergences = Arc::new(AtomicU64::new(0));
         let worker = Worker {
@@ -231,5 +236,169 @@ impl Gateway {
         if let Some(shadow) = self.shadow() {
             shadow.flush().await;
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::audit::{AuditOptions, EventFilter};
+    use crate::call::Status;
+    use crate::gateway::{PolicySourcePaths, adapter_env};
+
+    fn repo() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn loaded(edit: impl FnOnce(&mut crate::policy::Policy)) -> Loaded {
+        let tools = repo().join("tools/tool_registry.yaml");
+        let mut policy = crate::policy::load(&repo().join("policy"), &tools).unwrap();
+        edit(&mut policy);
+        let adapters =
+            crate::adapter::build(&policy, &adapter_env(&tools, Path::new("var"))).unwrap();
+        Loaded::new(policy, adapters)
+    }
+
+    fn request(run_id: &str, tool: &str, scope: Value) -> Received {
+        crate::call::parse_request_value(json!({
+            "role_id": "research_agent", "run_id": run_id, "lane_id": "research",
+            "tool_name": tool, "arguments": {}, "scope": scope,
+        }))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn divergences_are_counted_and_recorded_and_responses_follow_the_active_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = AuditLog::open(AuditOptions::new(dir.path())).unwrap();
+        let tools = repo().join("tools/tool_registry.yaml");
+        let gateway = Gateway::start(
+            loaded(|_| {}),
+            audit.clone(),
+            adapter_env(&tools, dir.path()),
+            PolicySourcePaths {
+                policy_dir: repo().join("policy"),
+                tools_file: tools.clone(),
+            },
+        )
+        .await
+        .unwrap();
+        let candidate = loaded(|p| {
+            let lane = p.lanes.get_mut("research").unwrap();
+            lane.prohibited_flags.push("urgent".into());
+        });
+        let gateway = gateway.with_shadow(Shadow::start(candidate, audit.clone()));
+        assert_eq!(gateway.shadow_divergences(), 0);
+        let run = gateway
+            .create_run(Some("demo-admin"), br#"{"scope": {"case_id": "C-1001"}}"#)
+            .await
+            .unwrap();
+        let token = Some("demo-research_agent");
+
+        let urgent = json!({"case_id": "C-1001", "urgent": true});
+        let response = gateway
+            .handle(token, request(&run.run_id, "case_lookup", urgent))
+            .await;
+        assert_eq!(
+            response.status,
+            Status::Success,
+            "the active policy decides"
+        );
+        let plain = json!({"case_id": "C-1001"});
+        let same = gateway
+            .handle(token, request(&run.run_id, "case_lookup", plain))
+            .await;
+        assert_eq!(same.status, Status::Success);
+        // A wrong token is refused by both: no divergence.
+        let bad = gateway
+            .handle(
+                Some("nope"),
+                request(&run.run_id, "case_lookup", json!({"case_id": "C-1001"})),
+            )
+            .await;
+        assert_eq!(bad.status, Status::Denied);
+        gateway.flush_shadow().await;
+        let shadow = gateway.shadow().unwrap();
+        assert_eq!((shadow.decided(), gateway.shadow_divergences()), (3, 1));
+
+        let events = audit
+            .events(EventFilter {
+                event_types: vec![EventType::ShadowDivergence],
+                ..EventFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(events.len(), 1);
+        let event = &events[0].value;
+        assert_eq!(event["call_id"], json!(response.call_id));
+        assert_eq!(event["details"]["active"]["decision"], "allow");
+        assert_eq!(event["details"]["shadow"]["reason"], "prohibited_flag");
+        assert_eq!(
+            event["policy_versions"],
+            json!(gateway.current().policy.versions)
+        );
+        audit.close().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_queue_waits_rather_than_dropping_a_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = AuditOptions::new(dir.path());
+        options.durability = crate::audit::Durability::Normal;
+        let audit = AuditLog::open(options).unwrap();
+        let tools = repo().join("tools/tool_registry.yaml");
+        let gateway = Gateway::start(
+            loaded(|_| {}),
+            audit.clone(),
+            adapter_env(&tools, dir.path()),
+            PolicySourcePaths {
+                policy_dir: repo().join("policy"),
+                tools_file: tools,
+            },
+        )
+        .await
+        .unwrap();
+        // Every call diverges: the candidate has no research lane tools enabled.
+        let candidate = loaded(|p| {
+            for tool in p.tools.values_mut() {
+                tool.enabled = false;
+            }
+        });
+        // A queue of 4 calls, and 200 calls at once.
+        let gateway = gateway.with_shadow(Shadow::with_queue(candidate, audit.clone(), 4));
+        let gateway = Arc::new(gateway);
+        let run = gateway
+            .create_run(Some("demo-admin"), br#"{"scope": {"case_id": "C-1001"}}"#)
+            .await
+            .unwrap();
+        let calls = 200;
+        let mut tasks = Vec::new();
+        for _ in 0..calls {
+            let (gateway, run_id) = (gateway.clone(), run.run_id.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut req =
+                    request(&run_id, "case_lookup", json!({"case_id": "C-1001"})).unwrap();
+                req.dry_run = true;
+                gateway.handle(Some("demo-research_agent"), Ok(req)).await
+            }));
+        }
+        for task in tasks {
+            assert_eq!(task.await.unwrap().status, Status::Success);
+        }
+        gateway.flush_shadow().await;
+        assert_eq!(gateway.shadow_divergences(), calls as u64);
+        let recorded = audit
+            .events(EventFilter {
+                event_types: vec![EventType::ShadowDivergence],
+                ..EventFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(recorded.len(), calls);
+        audit.close().await.unwrap();
     }
 }
