@@ -169,6 +169,13 @@ fn shadow_divergences_are_recorded_but_never_enforced() {
         .collect();
     assert_eq!(divergences.len(), 2, "{divergences:#?}");
     assert_eq!(divergences[0]["call_id"], urgent["call_id"]);
+    // They are part of the verifiable chain like every other event.
+    let db = data_dir.join("audit.db");
+    let (code, out, err) = common::run(
+        Path::new("."),
+        &["audit", "verify", "--db", db.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{out}{err}");
 }
 
 /// Every event in the database, through `toolgate audit tail` (the real binary).

@@ -136,7 +136,26 @@ impl Kind {
             | LaneRunStatusRemoved
             | LaneWriteChanged => Section::Lanes,
             InputSchemaChanged | OutputSchemaChanged => Section::Schemas,
-            _ => Section::Tools,
+            ToolAdded
+            | ToolRemoved
+            | ToolEnabled
+            | ToolDisabled
+            | ToolScopeKeyAdded
+            | ToolScopeKeyRemoved
+            | ToolProhibitionAdded
+            | ToolProhibitionRemoved
+            | FlagRuleAdded
+            | FlagRuleRemoved
+            | FlagRuleChanged
+            | ToolVersionChanged
+            | ToolIdempotentChanged
+            | ToolDeterminismChanged
+            | ToolTimeoutChanged
+            | ToolLimitChanged
+            | ToolWriteTargetAdded
+            | ToolWriteTargetRemoved
+            | ToolAdapterChanged
+            | ToolRedactionChanged => Section::Tools,
         }
     }
 }
