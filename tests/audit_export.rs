@@ -386,4 +386,23 @@ fn tail_prints_the_stored_lines() {
         })
         .collect();
     assert_eq!(seqs, vec![7, 9]);
+    let out = toolgate(&[
+        "audit",
+        "tail",
+        "--db",
+        db.to_str().unwrap(),
+        "--run",
+        "run-a",
+        "--limit",
+        "2",
+    ]);
+    let seqs: Vec<u64> = stdout(&out)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, vec![11, 13]);
 }

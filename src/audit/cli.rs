@@ -402,13 +402,14 @@ fn tail_command(args: &TailArgs) -> Exit {
         ..EventFilter::default()
     };
     if args.after_seq == 0 {
-        // The newest `limit` events: start after head - limit.
-        let head: Result<i64, _> =
-            conn.query_row("SELECT coalesce(max(seq), 0) FROM events", [], |r| r.get(0));
-        if args.run_id.is_none()
-            && let Ok(head) = head
-        {
-            filter.after_seq = (head as u64).saturating_sub(args.limit);
+        // The newest `limit` events: start after the seq of the one just older.
+        let older: Result<Option<i64>, _> = conn.query_row(
+            "SELECT seq FROM events WHERE (?1 IS NULL OR run_id = ?1) ORDER BY seq DESC LIMIT 1 OFFSET ?2",
+            rusqlite::params![args.run_id, args.limit as i64],
+            |r| r.get(0),
+        );
+        if let Ok(Some(seq)) = older {
+            filter.after_seq = seq as u64;
         }
     }
     match super::log::read_events(&conn, &args.db, &filter) {
