@@ -495,3 +495,32 @@ async fn checkpoints_reach_the_webhook_and_syslog_sinks() {
         Err(AuditError::Config { .. })
     ));
 }
+
+#[tokio::test]
+async fn the_idle_heartbeat_signs_even_when_nothing_arrived() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.checkpoint_interval = Duration::from_millis(30);
+    opts.idle_heartbeat = true;
+    let log = AuditLog::open(opts).unwrap();
+    let db = dir.path().join("audit.db");
+    let mut waited = 0;
+    while count_rows(&db, "checkpoints") < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += 1;
+        assert!(waited < 500, "no heartbeat after 10 s");
+    }
+    log.close().await.unwrap();
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let reasons: Vec<(i64, String)> = conn
+        .prepare("SELECT size, reason FROM checkpoints ORDER BY id LIMIT 2")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![(0, "heartbeat".to_string()), (0, "heartbeat".to_string())]
+    );
+}
