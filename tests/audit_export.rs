@@ -406,3 +406,26 @@ fn tail_prints_the_stored_lines() {
         .collect();
     assert_eq!(seqs, vec![11, 13]);
 }
+
+#[test]
+fn empty_exports_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = make_log(dir.path(), 0);
+    let key = fingerprint(dir.path());
+    let full = dir.path().join("empty-full");
+    export(&db, &full, &["--format", "jsonl"]);
+    let (exit, out) = python(&full, &key);
+    assert_eq!(exit, 0, "{out}");
+    assert!(
+        out.contains("OK: full export, 0 events (no events), 1 checkpoints, tree size 0"),
+        "{out}"
+    );
+    // A filter that selects nothing, over a log that has events.
+    let dir = tempfile::tempdir().unwrap();
+    let db = make_log(dir.path(), 5);
+    let none = dir.path().join("none");
+    export(&db, &none, &["--format", "jsonl", "--run", "no-such-run"]);
+    let (exit, out) = python(&none, &fingerprint(dir.path()));
+    assert_eq!(exit, 0, "{out}");
+    assert!(out.contains("OK: filtered export, 0 events"), "{out}");
+}

@@ -380,9 +380,8 @@ pub fn export(
         .filter(|c| c.size > 0 && c.size < tree_size)
         .map(|c| (c.size, c.note.clone()))
         .collect();
-    if tree_size > 0 {
-        checkpoints.push((tree_size, export_note.clone()));
-    }
+    // The export checkpoint is always there, even over an empty log (size 0).
+    checkpoints.push((tree_size, export_note.clone()));
     let mut notes = Hashed::create(out, "checkpoints.txt")?;
     let mut consistency = Hashed::create(out, "proofs/consistency.jsonl")?;
     for (i, (size, note)) in checkpoints.iter().enumerate() {
