@@ -29,7 +29,9 @@ use super::keys::load_signer;
 use super::line::format_timestamp;
 use super::merkle::Tree;
 use super::store::{self, INSERT_CHECKPOINT, map_sqlite};
-use super::verify::{Problem, Progress, VerifyOptions, verify_conn};
+use super::verify::{
+    Problem, Progress, VerifyError, VerifyOptions, read_checkpoint_files, verify_conn,
+};
 use super::{AuditError, DEFAULT_ORIGIN};
 
 /// The verifier script shipped in every export.
@@ -227,6 +229,8 @@ pub fn export(
     let key = signer.verifier.clone();
     let path = &options.db_path;
     let map = |e: rusqlite::Error| ExportError::Audit(map_sqlite(&e, path));
+    // Sink files first, then the snapshot (see `verify::read_checkpoint_files`).
+    let sink_notes = read_checkpoint_files(&options.checkpoint_files).map_err(verify_error)?;
     let conn = store::open_reader(path, std::time::Duration::from_millis(2000))?;
     conn.execute_batch("BEGIN").map_err(map)?;
     let verify_options = VerifyOptions {
@@ -235,10 +239,8 @@ pub fn export(
         checkpoint_files: options.checkpoint_files.clone(),
         trusted_checkpoint: None,
     };
-    let verified = verify_conn(&conn, &verify_options, &key, progress).map_err(|e| match e {
-        super::verify::VerifyError::Open(e) => ExportError::Audit(e),
-        super::verify::VerifyError::Problem(p) => ExportError::Verify(p),
-    })?;
+    let verified =
+        verify_conn(&conn, &verify_options, sink_notes, &key, progress).map_err(verify_error)?;
     let mut warnings = verified.report.warnings.clone();
     let tree_size = verified.report.events;
     let tree = Tree::new(verified.leaves);
@@ -454,6 +456,13 @@ pub fn export(
         key_fingerprint: key.fingerprint(),
         warnings,
     })
+}
+
+fn verify_error(e: VerifyError) -> ExportError {
+    match e {
+        VerifyError::Open(e) => ExportError::Audit(e),
+        VerifyError::Problem(p) => ExportError::Verify(p),
+    }
 }
 
 /// The origin of the stored checkpoints (they all share it).
