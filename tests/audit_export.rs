@@ -188,7 +188,7 @@ fn untouched_exports_verify_and_carry_every_file() {
     assert!(
         std::fs::read_to_string(f.full.join("events.csv"))
             .unwrap()
-            .starts_with("seq,event_id,type,")
+            .starts_with("# derived view of events.jsonl for spreadsheets; NOT integrity-protected: verify events.jsonl\nseq,event_id,type,")
     );
     // The export's checkpoint is recorded in the database.
     let reasons: Vec<String> = conn

@@ -196,6 +196,9 @@ fn io(path: &Path, e: std::io::Error) -> AuditError {
     }
 }
 
+/// The first line of events.csv.
+const CSV_NOTICE: &str = "# derived view of events.jsonl for spreadsheets; NOT integrity-protected: verify events.jsonl\n";
+
 const CSV_COLUMNS: [&str; 17] = [
     "seq",
     "event_id",
@@ -290,7 +293,10 @@ pub fn export(
         ExportFormat::Csv => {
             let path = out.join("events.csv");
             let file = File::create(&path).map_err(|e| io(&path, e))?;
-            let mut writer = csv::Writer::from_writer(BufWriter::new(file));
+            let mut out = BufWriter::new(file);
+            out.write_all(CSV_NOTICE.as_bytes())
+                .map_err(|e| io(&path, e))?;
+            let mut writer = csv::Writer::from_writer(out);
             writer
                 .write_record(CSV_COLUMNS)
                 .map_err(|e| AuditError::Io {
