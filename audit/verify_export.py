@@ -113,11 +113,12 @@ def ed25519_verify(public, message, signature):
 
 # ---- RFC 8785 canonical JSON.
 #
-# json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False) produces RFC 8785
-# bytes ONLY when (a) every number is an integer within +-(2^53 - 1), so Python and the
-# ECMAScript number format agree, and (b) no object key holds a character above U+FFFF,
-# so sorting by code point equals RFC 8785's sorting by UTF-16 code unit. toolgate writes
-# only such lines; jcs_safe() checks that each line really is one before relying on it.
+# json.dumps(..., ensure_ascii=False) writes a string or an integer exactly as RFC 8785
+# does; it is only safe here because every number in a line is an integer within
+# +-(2^53 - 1) (floats are written differently by Python and ECMAScript), which
+# jcs_safe() checks for each line. Object keys are sorted by their UTF-16 code units as
+# RFC 8785 requires, not with sort_keys=True: that sorts by code point, which differs for
+# keys with characters above U+FFFF.
 
 
 def jcs_safe(value):
@@ -128,12 +129,17 @@ def jcs_safe(value):
     if isinstance(value, list):
         return all(jcs_safe(v) for v in value)
     if isinstance(value, dict):
-        return all(max(map(ord, k), default=0) <= 0xFFFF and jcs_safe(v) for k, v in value.items())
+        return all(jcs_safe(v) for v in value.values())
     return False  # a float
 
 
 def canonical(value):
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda item: item[0].encode("utf-16-be"))
+        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + canonical(v) for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(canonical(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
 
 
 # ---- RFC 9162 Merkle tree.

@@ -188,7 +188,7 @@ fn untouched_exports_verify_and_carry_every_file() {
     assert!(
         std::fs::read_to_string(f.full.join("events.csv"))
             .unwrap()
-            .starts_with("seq,event_id,type,")
+            .starts_with("# derived view of events.jsonl for spreadsheets; NOT integrity-protected: verify events.jsonl\nseq,event_id,type,")
     );
     // The export's checkpoint is recorded in the database.
     let reasons: Vec<String> = conn
@@ -386,4 +386,46 @@ fn tail_prints_the_stored_lines() {
         })
         .collect();
     assert_eq!(seqs, vec![7, 9]);
+    let out = toolgate(&[
+        "audit",
+        "tail",
+        "--db",
+        db.to_str().unwrap(),
+        "--run",
+        "run-a",
+        "--limit",
+        "2",
+    ]);
+    let seqs: Vec<u64> = stdout(&out)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, vec![11, 13]);
+}
+
+#[test]
+fn empty_exports_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = make_log(dir.path(), 0);
+    let key = fingerprint(dir.path());
+    let full = dir.path().join("empty-full");
+    export(&db, &full, &["--format", "jsonl"]);
+    let (exit, out) = python(&full, &key);
+    assert_eq!(exit, 0, "{out}");
+    assert!(
+        out.contains("OK: full export, 0 events (no events), 1 checkpoints, tree size 0"),
+        "{out}"
+    );
+    // A filter that selects nothing, over a log that has events.
+    let dir = tempfile::tempdir().unwrap();
+    let db = make_log(dir.path(), 5);
+    let none = dir.path().join("none");
+    export(&db, &none, &["--format", "jsonl", "--run", "no-such-run"]);
+    let (exit, out) = python(&none, &fingerprint(dir.path()));
+    assert_eq!(exit, 0, "{out}");
+    assert!(out.contains("OK: filtered export, 0 events"), "{out}");
 }

@@ -416,3 +416,111 @@ async fn an_existing_log_is_never_given_a_fresh_or_foreign_key() {
     assert!(matches!(err, AuditError::Key { .. }), "{err:?}");
     assert!(err.to_string().contains("does not verify"), "{err}");
 }
+
+#[tokio::test]
+async fn checkpoints_reach_the_webhook_and_syslog_sinks() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    // A one-shot HTTP server that hands back the body it received.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/checkpoints", listener.local_addr().unwrap());
+    let (body_tx, body_rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut buf).unwrap();
+            request.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&request).to_string();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length: usize = text
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length: ")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap();
+                if request.len() >= end + 4 + length {
+                    stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .unwrap();
+                    body_tx.send(text[end + 4..].to_string()).unwrap();
+                    return;
+                }
+            }
+            assert!(n > 0, "connection closed early");
+        }
+    });
+    let socket_path = dir.path().join("syslog.sock");
+    let syslog = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
+    syslog
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+
+    let mut opts = options(dir.path());
+    opts.checkpoint_every_events = 1;
+    opts.checkpoint_sinks = vec![
+        toolgate::audit::CheckpointSink::Webhook { url },
+        toolgate::audit::CheckpointSink::Syslog {
+            socket: socket_path.clone(),
+        },
+    ];
+    let log = AuditLog::open(opts).unwrap();
+    log.append(event("w", 1)).await.unwrap();
+    let body = body_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("no webhook call within 20 s");
+    assert!(body.starts_with("toolgate/audit\n1\n"), "{body}");
+    assert!(body.contains("\n\n\u{2014} toolgate/audit "), "{body}");
+    let mut buf = [0u8; 4096];
+    let n = syslog.recv(&mut buf).unwrap();
+    let message = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(
+        message.starts_with("<134>toolgate-audit: checkpoint toolgate/audit | 1 | "),
+        "{message}"
+    );
+    log.close().await.unwrap();
+    // An unusable webhook url is a configuration error at open.
+    let mut bad = options(dir.path());
+    bad.checkpoint_sinks = vec![toolgate::audit::CheckpointSink::Webhook {
+        url: "https://example.com/x".into(),
+    }];
+    assert!(matches!(
+        AuditLog::open(bad),
+        Err(AuditError::Config { .. })
+    ));
+}
+
+#[tokio::test]
+async fn the_idle_heartbeat_signs_even_when_nothing_arrived() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.checkpoint_interval = Duration::from_millis(30);
+    opts.idle_heartbeat = true;
+    let log = AuditLog::open(opts).unwrap();
+    let db = dir.path().join("audit.db");
+    let mut waited = 0;
+    while count_rows(&db, "checkpoints") < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += 1;
+        assert!(waited < 500, "no heartbeat after 10 s");
+    }
+    log.close().await.unwrap();
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let reasons: Vec<(i64, String)> = conn
+        .prepare("SELECT size, reason FROM checkpoints ORDER BY id LIMIT 2")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![(0, "heartbeat".to_string()), (0, "heartbeat".to_string())]
+    );
+}

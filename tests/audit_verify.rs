@@ -275,3 +275,63 @@ fn a_wrong_key_and_bad_databases_give_their_exit_codes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not an sqlite database"));
     assert_eq!(code(&verify(&dir.path().join("missing.db"), &[])), 4);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_and_export_read_a_consistent_snapshot_while_the_log_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = toolgate::audit::AuditOptions::new(dir.path());
+    options.checkpoint_every_events = 25;
+    let log = toolgate::audit::AuditLog::open(options).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (log, stop) = (log.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut e =
+                    toolgate::audit::NewEvent::new(toolgate::audit::EventType::ToolRequested);
+                e.run_id = Some(format!("run-{}", n % 5));
+                log.append(e).await.unwrap();
+                n += 1;
+                // A steady trickle, so that checkpoints land while verify runs.
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            n
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let db = dir.path().join("audit.db");
+    for round in 0..3 {
+        let db = db.clone();
+        let out_dir = dir.path().join(format!("export-{round}"));
+        let (verified, exported) = tokio::task::spawn_blocking(move || {
+            (
+                verify(&db, &[]),
+                toolgate(&[
+                    "audit",
+                    "export",
+                    "--db",
+                    db.to_str().unwrap(),
+                    "--format",
+                    "jsonl",
+                    "--out",
+                    out_dir.to_str().unwrap(),
+                ]),
+            )
+        })
+        .await
+        .unwrap();
+        assert_eq!(code(&verified), 0, "{}", stdout(&verified));
+        assert_eq!(
+            code(&exported),
+            0,
+            "{}{}",
+            stdout(&exported),
+            String::from_utf8_lossy(&exported.stderr)
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(writer.await.unwrap() > 0);
+    log.close().await.unwrap();
+    assert_eq!(code(&verify(&db, &[])), 0);
+}

@@ -109,6 +109,14 @@ pub struct TailArgs {
     pub limit: u64,
 }
 
+/// Prints a line to stdout; a closed pipe (`| head`) is not an error worth a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 /// Runs an `audit` subcommand and returns its exit code.
 pub fn run(command: AuditCommand) -> Exit {
     match command {
@@ -209,7 +217,7 @@ fn verify_command(args: &VerifyArgs) -> Exit {
                 Format::Json => {
                     let mut value = serde_json::to_value(r).unwrap_or_default();
                     value["status"] = "ok".into();
-                    println!(
+                    say!(
                         "{}",
                         serde_json::to_string_pretty(&value).unwrap_or_default()
                     );
@@ -217,24 +225,24 @@ fn verify_command(args: &VerifyArgs) -> Exit {
                 Format::Text => {
                     match &r.head_hash {
                         Some(hash) => {
-                            println!("ok: {} events, head seq {} hash {hash}", r.events, r.events)
+                            say!("ok: {} events, head seq {} hash {hash}", r.events, r.events)
                         }
-                        None => println!("ok: the log is empty"),
+                        None => say!("ok: the log is empty"),
                     }
-                    println!("root {}", r.root);
+                    say!("root {}", r.root);
                     match r.latest_checkpoint_size {
-                        Some(size) => println!(
+                        Some(size) => say!(
                             "{} checkpoints verified (newest at size {size})",
                             r.checkpoints
                         ),
-                        None => println!("no checkpoints"),
+                        None => say!("no checkpoints"),
                     }
                     if let Some(size) = r.trusted_checkpoint_size {
-                        println!("extends the trusted checkpoint at size {size}");
+                        say!("extends the trusted checkpoint at size {size}");
                     }
-                    println!("key fingerprint {}", r.key_fingerprint);
+                    say!("key fingerprint {}", r.key_fingerprint);
                     for warning in &r.warnings {
-                        println!("warning: {warning}");
+                        say!("warning: {warning}");
                     }
                 }
             }
@@ -250,12 +258,12 @@ fn verify_command(args: &VerifyArgs) -> Exit {
                         "message": problem.message,
                         "exit_code": problem.kind.exit_code(),
                     });
-                    println!(
+                    say!(
                         "{}",
                         serde_json::to_string_pretty(&value).unwrap_or_default()
                     );
                 }
-                Format::Text => println!("FAILED: {problem}"),
+                Format::Text => say!("FAILED: {problem}"),
             }
             exit_for_problem(&problem)
         }
@@ -316,21 +324,25 @@ fn export_command(args: &ExportArgs) -> Exit {
     match result {
         Ok(summary) => {
             match (summary.first_seq, summary.last_seq) {
-                (Some(first), Some(last)) => println!(
+                (Some(first), Some(last)) => say!(
                     "exported {} events (seq {first}..{last}) of {} to `{}`",
-                    summary.events, summary.tree_size, summary.out_dir
+                    summary.events,
+                    summary.tree_size,
+                    summary.out_dir
                 ),
-                _ => println!(
+                _ => say!(
                     "exported 0 events of {} to `{}`",
-                    summary.tree_size, summary.out_dir
+                    summary.tree_size,
+                    summary.out_dir
                 ),
             }
-            println!(
+            say!(
                 "{} checkpoints; signed by key fingerprint {}",
-                summary.checkpoints, summary.key_fingerprint
+                summary.checkpoints,
+                summary.key_fingerprint
             );
             for warning in &summary.warnings {
-                println!("warning: {warning}");
+                say!("warning: {warning}");
             }
             Exit::Ok
         }
@@ -367,16 +379,16 @@ fn key_command(args: &KeyArgs) -> Exit {
                         "fingerprint": key.fingerprint(),
                         "vkey": key.to_vkey(),
                     });
-                    println!(
+                    say!(
                         "{}",
                         serde_json::to_string_pretty(&value).unwrap_or_default()
                     );
                 }
                 Format::Text => {
-                    println!("key name: {}", key.name);
-                    println!("key id: {}", hex::encode(key.key_id));
-                    println!("fingerprint: {}", key.fingerprint());
-                    println!("verifier key: {}", key.to_vkey());
+                    say!("key name: {}", key.name);
+                    say!("key id: {}", hex::encode(key.key_id));
+                    say!("fingerprint: {}", key.fingerprint());
+                    say!("verifier key: {}", key.to_vkey());
                 }
             }
             Exit::Ok
@@ -406,13 +418,14 @@ fn tail_command(args: &TailArgs) -> Exit {
         ..EventFilter::default()
     };
     if args.after_seq == 0 {
-        // The newest `limit` events: start after head - limit.
-        let head: Result<i64, _> =
-            conn.query_row("SELECT coalesce(max(seq), 0) FROM events", [], |r| r.get(0));
-        if args.run_id.is_none()
-            && let Ok(head) = head
-        {
-            filter.after_seq = (head as u64).saturating_sub(args.limit);
+        // The newest `limit` events: start after the seq of the one just older.
+        let older: Result<Option<i64>, _> = conn.query_row(
+            "SELECT seq FROM events WHERE (?1 IS NULL OR run_id = ?1) ORDER BY seq DESC LIMIT 1 OFFSET ?2",
+            rusqlite::params![args.run_id, args.limit as i64],
+            |r| r.get(0),
+        );
+        if let Ok(Some(seq)) = older {
+            filter.after_seq = seq as u64;
         }
     }
     match super::log::read_events(&conn, &args.db, &filter) {

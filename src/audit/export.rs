@@ -29,7 +29,9 @@ use super::keys::load_signer;
 use super::line::format_timestamp;
 use super::merkle::Tree;
 use super::store::{self, INSERT_CHECKPOINT, map_sqlite};
-use super::verify::{Problem, Progress, VerifyOptions, verify_conn};
+use super::verify::{
+    Problem, Progress, VerifyError, VerifyOptions, read_checkpoint_files, verify_conn,
+};
 use super::{AuditError, DEFAULT_ORIGIN};
 
 /// The verifier script shipped in every export.
@@ -194,6 +196,9 @@ fn io(path: &Path, e: std::io::Error) -> AuditError {
     }
 }
 
+/// The first line of events.csv.
+const CSV_NOTICE: &str = "# derived view of events.jsonl for spreadsheets; NOT integrity-protected: verify events.jsonl\n";
+
 const CSV_COLUMNS: [&str; 17] = [
     "seq",
     "event_id",
@@ -227,6 +232,8 @@ pub fn export(
     let key = signer.verifier.clone();
     let path = &options.db_path;
     let map = |e: rusqlite::Error| ExportError::Audit(map_sqlite(&e, path));
+    // Sink files first, then the snapshot (see `verify::read_checkpoint_files`).
+    let sink_notes = read_checkpoint_files(&options.checkpoint_files).map_err(verify_error)?;
     let conn = store::open_reader(path, std::time::Duration::from_millis(2000))?;
     conn.execute_batch("BEGIN").map_err(map)?;
     let verify_options = VerifyOptions {
@@ -235,10 +242,8 @@ pub fn export(
         checkpoint_files: options.checkpoint_files.clone(),
         trusted_checkpoint: None,
     };
-    let verified = verify_conn(&conn, &verify_options, &key, progress).map_err(|e| match e {
-        super::verify::VerifyError::Open(e) => ExportError::Audit(e),
-        super::verify::VerifyError::Problem(p) => ExportError::Verify(p),
-    })?;
+    let verified =
+        verify_conn(&conn, &verify_options, sink_notes, &key, progress).map_err(verify_error)?;
     let mut warnings = verified.report.warnings.clone();
     let tree_size = verified.report.events;
     let tree = Tree::new(verified.leaves);
@@ -288,7 +293,10 @@ pub fn export(
         ExportFormat::Csv => {
             let path = out.join("events.csv");
             let file = File::create(&path).map_err(|e| io(&path, e))?;
-            let mut writer = csv::Writer::from_writer(BufWriter::new(file));
+            let mut out = BufWriter::new(file);
+            out.write_all(CSV_NOTICE.as_bytes())
+                .map_err(|e| io(&path, e))?;
+            let mut writer = csv::Writer::from_writer(out);
             writer
                 .write_record(CSV_COLUMNS)
                 .map_err(|e| AuditError::Io {
@@ -380,9 +388,8 @@ pub fn export(
         .filter(|c| c.size > 0 && c.size < tree_size)
         .map(|c| (c.size, c.note.clone()))
         .collect();
-    if tree_size > 0 {
-        checkpoints.push((tree_size, export_note.clone()));
-    }
+    // The export checkpoint is always there, even over an empty log (size 0).
+    checkpoints.push((tree_size, export_note.clone()));
     let mut notes = Hashed::create(out, "checkpoints.txt")?;
     let mut consistency = Hashed::create(out, "proofs/consistency.jsonl")?;
     for (i, (size, note)) in checkpoints.iter().enumerate() {
@@ -455,6 +462,13 @@ pub fn export(
         key_fingerprint: key.fingerprint(),
         warnings,
     })
+}
+
+fn verify_error(e: VerifyError) -> ExportError {
+    match e {
+        VerifyError::Open(e) => ExportError::Audit(e),
+        VerifyError::Problem(p) => ExportError::Verify(p),
+    }
 }
 
 /// The origin of the stored checkpoints (they all share it).

@@ -89,8 +89,27 @@ fn portable(value: &Value, depth: usize) -> Result<Value, AuditError> {
     })
 }
 
+/// A JSON string as RFC 8785 writes it: `"` and `\` escaped, the five short escapes
+/// for \b \t \n \f \r, `\u00xx` (lowercase) for the other control characters, and
+/// everything else as is. Same bytes as the canonicalizer, without building a `Value`.
 fn string(s: &str) -> String {
-    to_canonical_string(&Value::String(s.to_string()))
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\u{c}' => out.push_str("\\f"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Canonicalizes the event's fields; fails on an event too large or too deep.
@@ -208,7 +227,8 @@ mod tests {
     fn full_event() -> NewEvent {
         let mut e = NewEvent::new(EventType::ToolExecuted);
         e.call_id = Some("call-1".into());
-        e.run_id = Some("run-\u{e9}\"x\"\n".into());
+        e.run_id =
+            Some("run-\u{e9}\"x\"\n\t\r\u{8}\u{c}\u{1}\u{1f}\u{7f}\u{2028}\\/\u{1F600}".into());
         e.role_id = Some("paralegal".into());
         e.lane_id = Some("research".into());
         e.tool_name = Some("read_document".into());

@@ -5,14 +5,14 @@
 //! The first problem found is reported with the seq it concerns and what is wrong;
 //! [`ProblemKind::exit_code`] maps it to the CLI's exit code.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::checkpoint::{NoteError, split_notes, verify_note};
+use super::checkpoint::{Checkpoint, NoteError, split_notes, verify_note};
 use super::keys::{VerifierKey, load_verifier};
 use super::line::{GENESIS_PREV, MAX_SAFE_INTEGER, event_id};
 use super::merkle::{Frontier, Hash, Tree, leaf_hash, verify_consistency};
@@ -26,7 +26,9 @@ pub struct VerifyOptions {
     pub db_path: PathBuf,
     /// Holds the public key (`audit-signing.vkey`).
     pub key_dir: PathBuf,
-    /// Extra files of checkpoints (the sink files), checked like the stored ones.
+    /// Extra files of checkpoints (the sink files), checked like the stored ones; used
+    /// by [`verify_db`] (callers of [`verify_conn`] read them with
+    /// [`read_checkpoint_files`]).
     pub checkpoint_files: Vec<PathBuf>,
     /// A checkpoint note the auditor kept; the log must contain and extend it.
     pub trusted_checkpoint: Option<PathBuf>,
@@ -177,11 +179,30 @@ pub fn verify_db(
 ) -> Result<Verified, VerifyError> {
     let key = load_verifier(&options.key_dir)
         .map_err(|e| problem(ProblemKind::Key, None, e.to_string()))?;
+    // INVARIANT: the sink files are read before the database snapshot starts. The
+    // writer publishes a checkpoint only after committing the events under it, so every
+    // checkpoint read here is covered by the snapshot unless the log was really cut.
+    let sink_notes = read_checkpoint_files(&options.checkpoint_files)?;
     let conn = store::open_reader(&options.db_path, std::time::Duration::from_millis(2000))?;
     // One read transaction: a consistent snapshot even while a writer appends.
     conn.execute_batch("BEGIN")
         .map_err(|e| map_sqlite(&e, &options.db_path))?;
-    verify_conn(&conn, options, &key, progress)
+    verify_conn(&conn, options, sink_notes, &key, progress)
+}
+
+/// Reads the checkpoint notes of sink files, as (where it came from, note). Read them
+/// before the database snapshot of [`verify_conn`] starts.
+pub fn read_checkpoint_files(files: &[PathBuf]) -> Result<Vec<(String, String)>, VerifyError> {
+    let mut notes = Vec::new();
+    for file in files {
+        for (i, note) in read_notes(file)?.into_iter().enumerate() {
+            notes.push((
+                format!("checkpoint {} in `{}`", i + 1, file.display()),
+                note,
+            ));
+        }
+    }
+    Ok(notes)
 }
 
 /// Progress of a long verification.
@@ -191,10 +212,12 @@ pub enum Progress {
     Checked(u64),
 }
 
-/// Verifies over an open connection (inside a read transaction).
+/// Verifies over an open connection (inside a read transaction), with the sink notes
+/// read before the transaction's first read (see [`read_checkpoint_files`]).
 pub fn verify_conn(
     conn: &Connection,
     options: &VerifyOptions,
+    sink_notes: Vec<(String, String)>,
     key: &VerifierKey,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Verified, VerifyError> {
@@ -205,8 +228,10 @@ pub fn verify_conn(
         .map_err(map)?;
     progress(Progress::Total(total as u64));
 
-    // Checkpoints: stored ones and those in the sink files, each signature checked.
-    let mut notes: Vec<(String, String)> = Vec::new();
+    // Checkpoints: stored ones and those in the sink files, each signature checked
+    // (once per distinct note: the sink repeats the stored ones).
+    let mut notes: Vec<(String, String, Checkpoint)> = Vec::new();
+    let mut seen: HashMap<String, Checkpoint> = HashMap::new();
     {
         let mut stmt = conn
             .prepare("SELECT id, size, root, note FROM checkpoints ORDER BY id")
@@ -224,7 +249,7 @@ pub fn verify_conn(
         for row in rows {
             let (id, size, root, note) = row.map_err(map)?;
             let origin = format!("checkpoint #{id} in the database");
-            let checkpoint = check_note(&note, key, &origin)?;
+            let checkpoint = checked(&mut seen, &note, key, &origin)?;
             if checkpoint.size != size as u64 || hex::encode(checkpoint.root) != root {
                 return Err(problem(
                     ProblemKind::Malformed,
@@ -232,19 +257,15 @@ pub fn verify_conn(
                     format!("{origin}: the size or root column disagrees with the signed note"),
                 ));
             }
-            notes.push((origin, note));
+            notes.push((origin, note, checkpoint));
         }
     }
-    for file in &options.checkpoint_files {
-        for (i, note) in read_notes(file)?.into_iter().enumerate() {
-            let origin = format!("checkpoint {} in `{}`", i + 1, file.display());
-            check_note(&note, key, &origin)?;
-            notes.push((origin, note));
-        }
+    for (origin, note) in sink_notes {
+        let checkpoint = checked(&mut seen, &note, key, &origin)?;
+        notes.push((origin, note, checkpoint));
     }
     let mut by_size: BTreeMap<u64, (Hash, String, String)> = BTreeMap::new();
-    for (origin, note) in notes {
-        let checkpoint = check_note(&note, key, &origin)?;
+    for (origin, note, checkpoint) in notes {
         match by_size.get(&checkpoint.size) {
             Some((root, _, first)) if *root != checkpoint.root => {
                 return Err(problem(
@@ -538,6 +559,21 @@ fn integers_only(value: &Value, depth: usize) -> bool {
         Value::Object(map) => depth < 128 && map.values().all(|v| integers_only(v, depth + 1)),
         _ => true,
     }
+}
+
+/// [`check_note`], remembering the notes already verified.
+fn checked(
+    seen: &mut HashMap<String, Checkpoint>,
+    note: &str,
+    key: &VerifierKey,
+    origin: &str,
+) -> Result<Checkpoint, VerifyError> {
+    if let Some(checkpoint) = seen.get(note) {
+        return Ok(checkpoint.clone());
+    }
+    let checkpoint = check_note(note, key, origin)?;
+    seen.insert(note.to_string(), checkpoint.clone());
+    Ok(checkpoint)
 }
 
 fn check_note(

@@ -38,7 +38,15 @@ pub fn make_log(dir: &Path, n: u64) -> PathBuf {
             });
             e.call_id = Some(format!("call-{i}"));
             e.tool_name = Some("read_document".into());
-            e.arguments = Some(json!({"path": format!("cases/{i}.txt"), "note": "caf\u{e9}"}));
+            // Strings and keys that stress canonical JSON: escapes, non-ASCII, a key
+            // above U+FFFF (RFC 8785 sorts keys by UTF-16 code units).
+            e.arguments = Some(json!({
+                "path": format!("cases/{i}.txt"),
+                "note": "caf\u{e9} \u{1}\t\"q\" \u{7f}\u{2028}\u{1F600}",
+                "\u{1F600}": 1,
+                "\u{FB01}": 2,
+                "count": i,
+            }));
             e.execution_time_ms = Some(i * 3);
             // Appended one at a time so every event is its own batch.
             log.append(e).await.unwrap();
