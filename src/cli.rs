@@ -49,6 +49,9 @@ pub enum Command {
     /// Check, review and test the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Work with MCP servers (import their tools into the registry).
+    #[command(subcommand)]
+    Mcp(crate::mcp::McpCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -110,6 +113,7 @@ pub fn main() -> ExitCode {
             crate::review::explain::explain_command(&args)
         }
         Command::Policy(PolicyCommand::Test(args)) => crate::review::test::test_command(&args),
+        Command::Mcp(command) => crate::mcp::mcp_command(&command),
     };
     exit.into()
 }

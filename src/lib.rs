@@ -10,7 +10,9 @@
 //! - [`audit`]: the hash-chained, append-only audit log in SQLite, its checkpoints,
 //!   verification and export.
 //! - [`runs`]: run records, pinned to the policy versions they were created under.
-//! - [`server`]: the HTTP API (hyper); the only module that knows HTTP.
+//! - [`server`]: the HTTP API (hyper); the only module that serves HTTP.
+//! - [`mcp`]: MCP on both sides: the `/mcp` front for agents, the adapter for
+//!   upstream MCP servers, and `toolgate mcp import`.
 //! - [`cli`]: the `toolgate` command line; `main.rs` only calls [`cli::main`].
 
 pub mod adapter;
@@ -23,6 +25,7 @@ pub mod cli;
 pub mod diagnostic;
 pub mod gateway;
 pub mod idempotency;
+pub mod mcp;
 pub mod pipeline;
 pub mod policy;
 pub mod review;
