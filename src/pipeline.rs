@@ -516,6 +516,10 @@ impl Gateway {
                 response.audit_event_id = Some(appended.event_id);
                 response
             }
+            (_, Some(refusal), Err(_)) if refusal.reason == Reason::AuditUnavailable => {
+                // The log was already unavailable before anything ran: say so as is.
+                call.response(Status::Failed, Some(&refusal))
+            }
             (_, _, Err(e)) => {
                 let refusal = Refusal::new(
                     Reason::AuditUnavailable,
