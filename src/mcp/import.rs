@@ -142,6 +142,13 @@ pub fn render(listing: &Listing, upstream: &Upstream, lanes: &[String]) -> Strin
          # A stdio server runs in the directory of tool_registry.yaml: use absolute paths\n\
          # or programs on PATH in `command`.\n",
     );
+    if !lanes.is_empty() {
+        out.push_str(&format!(
+            "# These entries name lane(s) {}: the policy loads only once those lanes list\n\
+             # the tools in their `tools` in policy/lanes.yaml.\n",
+            lanes.join(", ")
+        ));
+    }
     for tool in tools {
         let name = registry_name(&tool.name, &mut taken);
         let annotations = tool.annotations.as_ref();

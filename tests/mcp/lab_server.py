@@ -7,6 +7,7 @@ Used by tests/mcp_adapter.rs to drive the MCP adapter's supervision. Usage:
 Every start appends a line to STATE_DIR/starts and writes its pid to STATE_DIR/pid.
 `crash-first`: the first start exits at once with a message on stderr.
 `hang-handshake`: never answers `initialize`.
+`crash-first-call`: the first start exits in the middle of its first `tools/call`.
 Tools: `echo` (structured result), `fail` (an error result), `crash` (the process
 exits during the call), `hang` (never answers).
 """
@@ -64,6 +65,10 @@ for line in sys.stdin:
     elif method == "tools/call":
         name = message["params"]["name"]
         args = message["params"].get("arguments") or {}
+        if mode == "crash-first-call" and starts == 1:
+            sys.stderr.write("lab server: crashing in the first call\n")
+            sys.stderr.flush()
+            os._exit(5)
         if name == "echo":
             out = {"text": args.get("text", ""), "start": starts}
             send({"jsonrpc": "2.0", "id": rid, "result": {
