@@ -90,6 +90,8 @@ pub async fn handle(
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .with_sse_keep_alive(None)
+        // The server already read the body within its own limit.
+        .with_max_request_body_bytes(usize::MAX)
         // The sidecar is addressed by whatever name its deployment gives it; every
         // request must carry a credential anyway.
         .disable_allowed_hosts()
