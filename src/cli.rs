@@ -49,6 +49,9 @@ pub enum Command {
     /// Check, review and test the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Verify, export and inspect the audit log.
+    #[command(subcommand)]
+    Audit(crate::audit::cli::AuditCommand),
     /// Work with MCP servers (import their tools into the registry).
     #[command(subcommand)]
     Mcp(crate::mcp::McpCommand),
@@ -113,6 +116,7 @@ pub fn main() -> ExitCode {
             crate::review::explain::explain_command(&args)
         }
         Command::Policy(PolicyCommand::Test(args)) => crate::review::test::test_command(&args),
+        Command::Audit(command) => crate::audit::cli::run(command),
         Command::Mcp(command) => crate::mcp::mcp_command(&command),
     };
     exit.into()

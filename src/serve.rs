@@ -83,16 +83,10 @@ async fn run(args: &ServeArgs) -> Exit {
         );
         return Exit::Failure;
     }
-    let options = AuditOptions {
-        db_path: args.data_dir.join("audit.db"),
-        key_dir: args.data_dir.join("keys"),
-        durability: match args.durability {
-            DurabilityArg::Full => Durability::Full,
-            DurabilityArg::Normal => Durability::Normal,
-        },
-        checkpoint_every_events: 1000,
-        checkpoint_interval: Duration::from_secs(10),
-        origin: "toolgate/audit".into(),
+    let mut options = AuditOptions::new(&args.data_dir);
+    options.durability = match args.durability {
+        DurabilityArg::Full => Durability::Full,
+        DurabilityArg::Normal => Durability::Normal,
     };
     let audit = match AuditLog::open(options) {
         Ok(audit) => audit,
