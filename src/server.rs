@@ -1,8 +1,9 @@
 //! The HTTP API: routes requests to the gateway and turns its answers into responses.
 //!
-//! INVARIANT: this is the only module that knows HTTP (hyper). Every response body is
-//! JSON: a refusal is always the structured diagnostic, never free text, and the HTTP
-//! status is derived from the diagnostic in one place ([`http_status`]).
+//! INVARIANT: this is the only module that serves HTTP (hyper), apart from the MCP
+//! front it hands `/mcp` to (`mcp::front`). Every response body is JSON: a refusal is
+//! always the structured diagnostic, never free text, and the HTTP status is derived
+//! from the diagnostic in one place ([`http_status`]).
 
 use std::collections::HashMap;
 use std::convert::Infallible;

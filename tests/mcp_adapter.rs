@@ -129,18 +129,29 @@ fn starts(state: &Path) -> usize {
         .unwrap_or(0)
 }
 
-/// Whether process `pid` still exists (a zombie counts as gone).
-fn alive(pid: &str) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| !stat.contains(") Z"))
-        .unwrap_or(false)
+/// The live (not zombie) processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &Path) -> Vec<String> {
+    let needle = needle.to_str().unwrap();
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let stat = fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(needle) && !stat.contains(") Z") {
+            found.push(pid);
+        }
+    }
+    found
 }
 
-/// Waits (at most 20 s) for process `pid` to be gone.
-fn gone_within(pid: &str) -> bool {
+/// Waits (at most 20 s) until no process mentions `needle`.
+fn none_left(needle: &Path) -> bool {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
-        if !alive(pid) {
+        if processes_mentioning(needle).is_empty() {
             return true;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -247,6 +258,11 @@ fn an_upstream_that_crashes_is_dependency_down_and_restarted_by_the_next_call() 
     assert!(why.contains("crashing in the first call"), "{why}");
     let (_, body) = call(&server, &run, "crashes_mid_call", json!({"text": "b"}));
     assert_eq!(body["output"], json!({"text": "b", "start": 2}), "{body}");
+
+    // The servers run until the gateway stops, and stop with it.
+    assert!(!processes_mentioning(&mid_call).is_empty());
+    assert!(server.stop().success());
+    assert!(none_left(&at_start) && none_left(&mid_call));
 }
 
 #[test]
@@ -260,13 +276,13 @@ fn an_upstream_that_hangs_times_out_within_the_deadline_and_is_killed() {
             LabTool {
                 name: "hangs_in_call",
                 adapter: lab_server(&hangs_in_call, "", "hang"),
-                timeout_ms: 1500,
+                timeout_ms: 4000,
                 output_schema: ANY_OBJECT,
             },
             LabTool {
                 name: "hangs_in_handshake",
                 adapter: lab_server(&hangs_in_handshake, "hang-handshake", "echo"),
-                timeout_ms: 1500,
+                timeout_ms: 4000,
                 output_schema: ANY_OBJECT,
             },
         ],
@@ -278,19 +294,23 @@ fn an_upstream_that_hangs_times_out_within_the_deadline_and_is_killed() {
     ] {
         let started = Instant::now();
         let (status, body) = call(&server, &run, tool, json!({}));
-        // A generous upper bound that proves "no hang" (the deadline is 1.5 s).
+        // A generous upper bound that proves "no hang" (the deadline is 4 s).
         assert!(started.elapsed() < Duration::from_secs(20), "{tool} hung");
         assert_eq!(status, 504, "{tool}: {body}");
         assert_eq!(body["status"], "timeout");
         assert_eq!(body["error_code"], "TOOL_TIMEOUT");
         // The stuck server was terminated, not left running the call.
-        let pid = fs::read_to_string(state.join("pid")).unwrap();
-        assert!(gone_within(&pid), "{tool}: server {pid} still runs");
+        assert!(
+            none_left(state),
+            "{tool}: {:?} still run",
+            processes_mentioning(state)
+        );
     }
     // The next call starts a fresh server (and times out again, within its deadline).
     let (_, body) = call(&server, &run, "hangs_in_call", json!({}));
     assert_eq!(body["status"], "timeout", "{body}");
     assert_eq!(starts(&hangs_in_call), 2);
+    assert!(none_left(&hangs_in_call));
 }
 
 #[test]
