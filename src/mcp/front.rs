@@ -360,7 +360,7 @@ fn single(
         Ok(s) if !s.chars().any(char::is_control) => Some(s.trim().to_string()),
         _ => {
             problems.push(format!(
-                "header `{display}` must be visible ASCII text (percent-encode nothing; send JSON as is)"
+                "header `{display}` must be visible ASCII text (in JSON, write other characters as \\uXXXX escapes)"
             ));
             None
         }
