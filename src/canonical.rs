@@ -28,34 +28,6 @@ pub fn canonical_sha256(value: &Value) -> String {
     sha256_hex(&to_canonical_bytes(value))
 }
 
-/// The largest integer every JSON implementation represents exactly (2^53).
-const MAX_SAFE_INTEGER: u64 = 1 << 53;
-
-/// `value` with every number that is not an integer within +-2^53 replaced by its
-/// decimal text, so that any RFC 8785 implementation (Python's included) reproduces the
-/// canonical bytes of an audit line that contains it.
-pub fn audit_safe(value: &Value) -> Value {
-    match value {
-        Value::Number(n) => {
-            let safe = n.as_u64().is_some_and(|u| u <= MAX_SAFE_INTEGER)
-                || n.as_i64()
-                    .is_some_and(|i| i.unsigned_abs() <= MAX_SAFE_INTEGER);
-            if safe {
-                value.clone()
-            } else {
-                Value::String(n.to_string())
-            }
-        }
-        Value::Array(items) => Value::Array(items.iter().map(audit_safe).collect()),
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| (k.clone(), audit_safe(v)))
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,15 +41,6 @@ mod tests {
         assert_eq!(
             to_canonical_string(&a),
             r#"{"a":{"x":"s","y":[1,2]},"b":1}"#
-        );
-    }
-
-    #[test]
-    fn audit_safe_keeps_safe_integers_and_stringifies_the_rest() {
-        let v = json!({"a": 1, "b": -5, "c": 1.5, "d": 18446744073709551615u64, "e": [2.0e30]});
-        assert_eq!(
-            audit_safe(&v),
-            json!({"a": 1, "b": -5, "c": "1.5", "d": "18446744073709551615", "e": ["2e+30"]})
         );
     }
 

@@ -20,7 +20,7 @@ use crate::call::{
     ArtifactRef, CallRequest, CallResponse, Decision, DryRun, PartialRequest, Received, Status,
     Trace,
 };
-use crate::canonical::{audit_safe, sha256_hex, to_canonical_bytes};
+use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key};
@@ -647,13 +647,7 @@ impl Call {
         event.tool_version = self.tool_version.clone();
         event.policy_versions = Some(self.policy_versions.clone());
         if let Some(arguments) = &self.arguments {
-            let commitment = gateway
-                .audit
-                .commit_arguments(&to_canonical_bytes(arguments));
-            event.arguments_hash_sha256 = Some(commitment.sha256);
-            event.arguments_hmac_sha256 = Some(commitment.hmac_sha256);
-            event.arguments =
-                crate::audit::redact(arguments, &self.redaction).map(|a| audit_safe(&a));
+            event = event.with_arguments(&gateway.audit, arguments, &self.redaction);
         }
         if let Some(scope) = &self.scope {
             event
