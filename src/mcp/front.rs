@@ -360,7 +360,7 @@ fn single(
         Ok(s) if !s.chars().any(char::is_control) => Some(s.trim().to_string()),
         _ => {
             problems.push(format!(
-                "header `{display}` must be visible ASCII text (in JSON, write other characters as \\uXXXX escapes)"
+                "header `{display}` must be visible ASCII text (in JSON, write other characters as \\u escapes such as \\u00e9)"
             ));
             None
         }
