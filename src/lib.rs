@@ -10,6 +10,7 @@
 //! - [`audit`]: the hash-chained, append-only audit log in SQLite, its checkpoints,
 //!   verification and export.
 //! - [`runs`]: run records, pinned to the policy versions they were created under.
+//! - [`observe`]: metrics (`GET /metrics`), traces (OTLP) and logs.
 //! - [`server`]: the HTTP API (hyper); the only module that knows HTTP.
 //! - [`cli`]: the `toolgate` command line; `main.rs` only calls [`cli::main`].
 
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod diagnostic;
 pub mod gateway;
 pub mod idempotency;
+pub mod observe;
 pub mod pipeline;
 pub mod policy;
 pub mod review;

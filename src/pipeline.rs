@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
+use tracing::{Instrument, Span};
 
 use crate::adapter::{Adapter, ExecContext, ExecError};
 use crate::audit::{EventType, NewEvent};
@@ -24,6 +25,8 @@ use crate::canonical::{audit_safe, sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key};
+use crate::observe::metrics::{AppendKind, CallRecord};
+use crate::observe::trace::{self, TraceParent};
 use crate::policy::{Redaction, Role, Tool};
 use crate::runs::RunRecord;
 
@@ -72,6 +75,10 @@ struct Call {
     executed: bool,
     /// The versions of the policy snapshot deciding this call.
     policy_versions: crate::policy::PolicyVersions,
+    /// How long the adapter ran (step 10), for the metrics.
+    tool_time: Option<Duration>,
+    /// The call's trace span (disabled unless traces are exported).
+    span: Span,
 }
 
 /// Who is calling: a bearer token from the request, or an offline tool (`policy explain`,
@@ -215,6 +222,30 @@ impl Explanation {
 impl Gateway {
     /// Runs one tool call through the 13 steps and returns its response.
     pub async fn handle(&self, token: Option<&str>, request: Received) -> CallResponse {
+        self.handle_traced(token, request, None).await
+    }
+
+    /// [`Gateway::handle`] inside the call's trace span (continuing the caller's trace
+    /// when it sent a `traceparent`), counted in the metrics and logged.
+    pub async fn handle_traced(
+        &self,
+        token: Option<&str>,
+        request: Received,
+        parent: Option<&TraceParent>,
+    ) -> CallResponse {
+        let span = trace::call_span(parent);
+        let _in_flight = self.metrics.in_flight();
+        let response = self.steps(token, request).instrument(span.clone()).await;
+        let trace_id = match parent {
+            Some(p) => Some(p.trace_id_hex()),
+            None => trace::exported_trace_id(&span),
+        };
+        trace::log_call(&response, trace_id.as_deref());
+        response
+    }
+
+    /// The 13 steps.
+    async fn steps(&self, token: Option<&str>, request: Received) -> CallResponse {
         // One policy snapshot for the whole call: a reload never mixes two policies.
         let loaded: Arc<Loaded> = self.current();
         let mut call = Call::new(&request, &loaded.policy.versions);
@@ -222,14 +253,16 @@ impl Gateway {
         // 1-8. decide: receive the request and run the authorization checks
         let lock = self.safety_lock();
         let runs = |run_id: &str| self.runs.get(run_id);
-        let decided = decide(
-            &loaded,
-            Caller::Token(token),
-            request,
-            &runs,
-            &lock,
-            &mut call,
-        );
+        let decided = trace::step_span("authorize", 8).in_scope(|| {
+            decide(
+                &loaded,
+                Caller::Token(token),
+                request,
+                &runs,
+                &lock,
+                &mut call,
+            )
+        });
 
         let allowed = match decided {
             Ok(allowed) => allowed,
@@ -255,7 +288,7 @@ impl Gateway {
                     .claim(key, &sha256_hex(&to_canonical_bytes(&allowed.arguments)))
                 {
                     Claim::First(guard) => Some(guard),
-                    Claim::Replay(first) => return replayed(&first),
+                    Claim::Replay(first) => return self.observed(&call, replayed(&first)),
                     Claim::Wait(mut outcome) => {
                         let first = outcome
                             .wait_for(Option::is_some)
@@ -263,7 +296,7 @@ impl Gateway {
                             .ok()
                             .and_then(|f| f.clone());
                         return match first {
-                            Some(first) => replayed(&first),
+                            Some(first) => self.observed(&call, replayed(&first)),
                             None => self.close(call, Err(Refusal::new(Reason::InternalError, "the first call with this idempotency key ended without an outcome"))).await,
                         };
                     }
@@ -277,11 +310,15 @@ impl Gateway {
                 }
             }
         };
-        if let Err(e) = self
+        let appending = Instant::now();
+        let appended = self
             .audit
             .append(call.event(self, EventType::ToolRequested))
-            .await
-        {
+            .instrument(trace::step_span("audit_append", 9))
+            .await;
+        self.metrics
+            .record_audit_append(AppendKind::Requested, appending.elapsed());
+        if let Err(e) = appended {
             let refusal = Refusal::new(
                 Reason::AuditUnavailable,
                 format!("the audit log could not record the request: {e}"),
@@ -295,7 +332,13 @@ impl Gateway {
             Err(refusal) => Err(refusal),
             Ok(_slot) => {
                 call.executed = true;
-                self.execute(&allowed, &call).await
+                let started = Instant::now();
+                let executed = self
+                    .execute(&allowed, &call)
+                    .instrument(trace::step_span("execute", 10))
+                    .await;
+                call.tool_time = Some(started.elapsed());
+                executed
             }
         };
         if executed.is_ok() {
@@ -304,7 +347,11 @@ impl Gateway {
 
         // 11. capture output and register derived artifacts
         let captured = match executed {
-            Ok((output, tool_ms)) => self.capture(allowed.tool, output, tool_ms).await,
+            Ok((output, tool_ms)) => {
+                self.capture(allowed.tool, output, tool_ms)
+                    .instrument(trace::step_span("capture", 11))
+                    .await
+            }
             Err(refusal) => Err(refusal),
         };
         if captured.is_ok() {
@@ -431,14 +478,22 @@ impl Gateway {
     /// A dry run: the decision and the trace, audited as `tool_allowed`, never executed.
     async fn close_dry_run(&self, mut call: Call) -> CallResponse {
         let event = call.event(self, EventType::ToolAllowed);
-        match self.audit.append(event).await {
+        let appending = Instant::now();
+        let appended = self
+            .audit
+            .append(event)
+            .instrument(trace::step_span("audit_append", 12))
+            .await;
+        self.metrics
+            .record_audit_append(AppendKind::Closing, appending.elapsed());
+        match appended {
             Ok(appended) => {
                 let mut response = call.response(Status::Success, None);
                 response.audit_event_id = Some(appended.event_id);
                 response.dry_run = Some(DryRun {
                     decision: Decision::Allow,
                 });
-                response
+                self.observed(&call, response)
             }
             Err(e) => {
                 call.dry_run = true;
@@ -500,10 +555,17 @@ impl Gateway {
             }
             (Err(_), None) => {}
         }
-        let appended = self.audit.append(event).await;
+        let appending = Instant::now();
+        let appended = self
+            .audit
+            .append(event)
+            .instrument(trace::step_span("audit_append", 12))
+            .await;
+        self.metrics
+            .record_audit_append(AppendKind::Closing, appending.elapsed());
 
         // 13. return the response
-        match (outcome, refusal, appended) {
+        let response = match (outcome, refusal, appended) {
             (Ok((captured, _)), _, Ok(appended)) => {
                 let mut response = call.response(Status::Success, None);
                 response.output = captured.output;
@@ -528,7 +590,28 @@ impl Gateway {
                 call.response(Status::Failed, Some(&refusal))
             }
             (Err(_), None, Ok(_)) => call.response(Status::Failed, None),
-        }
+        };
+        self.observed(&call, response)
+    }
+
+    /// Counts a finished call in the metrics and records its outcome on its span.
+    fn observed(&self, call: &Call, response: CallResponse) -> CallResponse {
+        let diagnostic = response.diagnostic.as_ref();
+        self.metrics.record_call(&CallRecord {
+            // Only names the policy validated (steps 4 and 5) become labels.
+            tool: call
+                .tool_version
+                .as_ref()
+                .and(call.ids.tool_name.as_deref()),
+            lane: call.trace.lane.as_deref(),
+            status: response.status.as_str(),
+            error_code: response.error_code.map(|c| c.as_str()),
+            refusal: diagnostic.map(|d| (d.reason.as_str(), d.failed_step)),
+            total: call.started.elapsed(),
+            tool_time: call.tool_time,
+        });
+        trace::record_outcome(&call.span, &response);
+        response
     }
 }
 
@@ -569,7 +652,29 @@ impl Call {
             retry_safe: false,
             executed: false,
             policy_versions: versions.clone(),
+            tool_time: None,
+            span: Span::current(),
         }
+        .traced()
+    }
+
+    /// Records the call's identifiers on its span.
+    fn traced(self) -> Call {
+        if !self.span.is_disabled() {
+            let span = &self.span;
+            span.record("call_id", self.call_id.as_str());
+            for (field, value) in [
+                ("run_id", &self.ids.run_id),
+                ("role_id", &self.ids.role_id),
+                ("lane_id", &self.ids.lane_id),
+                ("tool_name", &self.ids.tool_name),
+            ] {
+                if let Some(value) = value {
+                    span.record(field, value.as_str());
+                }
+            }
+        }
+        self
     }
 
     /// An audit event of this call, carrying everything known so far.
