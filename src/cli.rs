@@ -49,6 +49,8 @@ pub enum Command {
     /// Check, review and test the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Measure the gateway against direct tool calls (throughput, latency percentiles).
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -110,6 +112,7 @@ pub fn main() -> ExitCode {
             crate::review::explain::explain_command(&args)
         }
         Command::Policy(PolicyCommand::Test(args)) => crate::review::test::test_command(&args),
+        Command::Bench(args) => crate::bench::bench_command(&args),
     };
     exit.into()
 }

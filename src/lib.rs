@@ -12,12 +12,14 @@
 //! - [`runs`]: run records, pinned to the policy versions they were created under.
 //! - [`observe`]: metrics (`GET /metrics`), traces (OTLP) and logs.
 //! - [`server`]: the HTTP API (hyper); the only module that knows HTTP.
+//! - [`bench`]: `toolgate bench`, the gateway against direct calls.
 //! - [`cli`]: the `toolgate` command line; `main.rs` only calls [`cli::main`].
 
 pub mod adapter;
 pub mod artifacts;
 pub mod audit;
 pub mod authz;
+pub mod bench;
 pub mod call;
 pub mod canonical;
 pub mod cli;

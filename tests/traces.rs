@@ -21,9 +21,12 @@ fn traceparent() -> String {
     format!("00-{TRACE_ID}-{PARENT_ID}-01")
 }
 
+/// What the collector received: (request line, body) per request.
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// A stand-in OTLP collector: accepts HTTP/1.1 requests on loopback, keeps each body,
 /// answers 200. Serves until the test process ends (its threads are detached).
-fn collector() -> (String, Arc<Mutex<Vec<(String, Vec<u8>)>>>) {
+fn collector() -> (String, Received) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let received = Arc::new(Mutex::new(Vec::new()));
@@ -69,7 +72,8 @@ fn serve_collector(stream: TcpStream, keep: &Mutex<Vec<(String, Vec<u8>)>>) {
         keep.lock()
             .unwrap()
             .push((request_line.trim_end().to_string(), body));
-        let reply = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+        let reply =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
         if writer.write_all(reply.as_bytes()).is_err() {
             return;
         }
@@ -89,7 +93,10 @@ fn traced_call(base: &str, run: &str, arguments: Value) -> Value {
     });
     let mut response = agent
         .post(format!("{base}/v1/tool-calls"))
-        .header("Authorization", &format!("Bearer {}", token("research_agent")))
+        .header(
+            "Authorization",
+            &format!("Bearer {}", token("research_agent")),
+        )
         .header("traceparent", &traceparent())
         .header("Content-Type", "application/json")
         .send(body.to_string().as_bytes())
@@ -135,9 +142,21 @@ fn a_call_is_exported_over_otlp_within_the_callers_trace() {
     // The protobuf request carries the caller's trace id and, as the call span's
     // parent, the caller's span id; and the call span with its step spans.
     assert!(contains(&body, &trace_id), "trace id not in the export");
-    assert!(contains(&body, &parent_id), "parent span id not in the export");
-    for text in ["tool_call", "authorize", "execute", "audit_append", "legal_search"] {
-        assert!(contains(&body, text.as_bytes()), "`{text}` not in the export");
+    assert!(
+        contains(&body, &parent_id),
+        "parent span id not in the export"
+    );
+    for text in [
+        "tool_call",
+        "authorize",
+        "execute",
+        "audit_append",
+        "legal_search",
+    ] {
+        assert!(
+            contains(&body, text.as_bytes()),
+            "`{text}` not in the export"
+        );
     }
 }
 
@@ -197,7 +216,11 @@ fn every_call_logs_one_json_line_without_arguments_or_credentials() {
     let mut created = agent
         .post(format!("{}/v1/runs", server.base))
         .header("Authorization", "Bearer demo-admin")
-        .send(json!({"scope": {"case_id": "C-1001"}}).to_string().as_bytes())
+        .send(
+            json!({"scope": {"case_id": "C-1001"}})
+                .to_string()
+                .as_bytes(),
+        )
         .unwrap();
     let run: Value = serde_json::from_str(&created.body_mut().read_to_string().unwrap()).unwrap();
     let run = run["run_id"].as_str().unwrap().to_string();
@@ -235,7 +258,10 @@ fn every_call_logs_one_json_line_without_arguments_or_credentials() {
         assert_eq!(line["audit_event_id"], response["audit_event_id"]);
         assert_eq!(line["trace_id"], TRACE_ID);
     }
-    assert!(!logs.contains(secret), "an argument reached the logs:\n{logs}");
+    assert!(
+        !logs.contains(secret),
+        "an argument reached the logs:\n{logs}"
+    );
     assert!(
         !logs.contains(&token("research_agent")) && !logs.contains("demo-admin"),
         "a credential reached the logs:\n{logs}"
