@@ -61,6 +61,10 @@ struct Call {
     tool_version: Option<String>,
     /// The arguments as received, then as normalized once step 8 passed.
     arguments: Option<Value>,
+    /// The audit fields derived from `arguments` (hash, commitment, redacted form),
+    /// computed for the first event and reused by the closing event. Cleared whenever
+    /// `arguments` or `redaction` change.
+    committed: Option<CommittedArguments>,
     /// The scope as received (case and matter ids, flags), kept for replay and review.
     scope: Option<Map<String, Value>>,
     /// How to keep the arguments readable; unknown until the tool is found, and then
@@ -79,6 +83,14 @@ struct Call {
     tool_time: Option<Duration>,
     /// The call's trace span (disabled unless traces are exported).
     span: Span,
+}
+
+/// What the audit events of a call record about its arguments.
+#[derive(Clone)]
+struct CommittedArguments {
+    sha256: String,
+    hmac_sha256: String,
+    readable: Option<Value>,
 }
 
 /// Who is calling: a bearer token from the request, or an offline tool (`policy explain`,
@@ -133,6 +145,7 @@ fn decide<'p>(
     let tool = authz::find_tool(policy, &request.tool_name)?;
     call.tool_version = Some(tool.version.to_string());
     call.redaction = tool.redaction.clone();
+    call.committed = None;
     call.retry_safe = tool.idempotent && request.idempotency_key.is_some();
     call.trace.tool = Some(format!("{}@{}", tool.tool_name, tool.version));
     call.trace.passed_step = 5;
@@ -152,6 +165,7 @@ fn decide<'p>(
     adapter.validate(tool, &request.arguments, &request.scope)?;
     let arguments = adapter.normalize(tool, &request.arguments);
     call.arguments = Some(arguments.clone());
+    call.committed = None;
     call.trace.flags = authz::raised_flags(tool, &request.scope, &arguments);
     authz::check_prohibitions(lane, tool, &call.trace.flags)?;
     call.trace.passed_step = 8;
@@ -235,7 +249,10 @@ impl Gateway {
     ) -> CallResponse {
         let span = trace::call_span(parent);
         let _in_flight = self.metrics.in_flight();
-        let response = self.steps(token, request).instrument(span.clone()).await;
+        // Boxed: the steps' state machine is large, and a boxed one is not copied again
+        // each time the call's task moves it (spawn, poll, completion).
+        let steps = Box::pin(self.steps(token, request));
+        let response = steps.instrument(span.clone()).await;
         let trace_id = match parent {
             Some(p) => Some(p.trace_id_hex()),
             None => trace::exported_trace_id(&span),
@@ -645,6 +662,7 @@ impl Call {
             ids,
             tool_version: None,
             arguments,
+            committed: None,
             scope,
             redaction: Redaction::HashOnly,
             trace: Trace::default(),
@@ -678,7 +696,7 @@ impl Call {
     }
 
     /// An audit event of this call, carrying everything known so far.
-    fn event(&self, gateway: &Gateway, event_type: EventType) -> NewEvent {
+    fn event(&mut self, gateway: &Gateway, event_type: EventType) -> NewEvent {
         let mut event = NewEvent::new(event_type);
         event.call_id = Some(self.call_id.clone());
         event.run_id = self.ids.run_id.clone();
@@ -688,13 +706,20 @@ impl Call {
         event.tool_version = self.tool_version.clone();
         event.policy_versions = Some(self.policy_versions.clone());
         if let Some(arguments) = &self.arguments {
-            let commitment = gateway
-                .audit
-                .commit_arguments(&to_canonical_bytes(arguments));
-            event.arguments_hash_sha256 = Some(commitment.sha256);
-            event.arguments_hmac_sha256 = Some(commitment.hmac_sha256);
-            event.arguments =
-                crate::audit::redact(arguments, &self.redaction).map(|a| audit_safe(&a));
+            let committed = self.committed.get_or_insert_with(|| {
+                let commitment = gateway
+                    .audit
+                    .commit_arguments(&to_canonical_bytes(arguments));
+                CommittedArguments {
+                    sha256: commitment.sha256,
+                    hmac_sha256: commitment.hmac_sha256,
+                    readable: crate::audit::redact(arguments, &self.redaction)
+                        .map(|a| audit_safe(&a)),
+                }
+            });
+            event.arguments_hash_sha256 = Some(committed.sha256.clone());
+            event.arguments_hmac_sha256 = Some(committed.hmac_sha256.clone());
+            event.arguments = committed.readable.clone();
         }
         if let Some(scope) = &self.scope {
             event

@@ -384,7 +384,10 @@ fn call_response(response: &CallResponse) -> HttpResponse {
         None => StatusCode::OK,
         Some(d) => http_status(d.reason),
     };
-    let mut http = json_response(status, &json!(response));
+    // Serialized straight to bytes (no intermediate JSON value): the hot path.
+    let bytes = serde_json::to_vec(response).unwrap_or_else(|_| b"{}".to_vec());
+    let mut http = with_json_type(Response::new(Full::new(Bytes::from(bytes))));
+    *http.status_mut() = status;
     add_retry_after(&mut http, response.diagnostic.as_ref().map(|d| &d.details));
     http
 }

@@ -38,6 +38,8 @@ pub const CALL_SPAN: &str = "tool_call";
 
 /// How long one OTLP export request may take.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Log lines formatted and waiting for the writer thread.
+const MAX_QUEUED_LOG_LINES: usize = 65_536;
 /// The largest collector response read.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
@@ -216,10 +218,13 @@ impl fmt::Display for TraceError {
     }
 }
 
-/// Keeps the exporter alive; [`Telemetry::shutdown`] flushes the spans still queued.
+/// Keeps the log writer and the exporter alive; [`Telemetry::shutdown`] flushes the
+/// spans still queued, and dropping it flushes the logs.
 #[derive(Debug, Default)]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
+    /// The log writer thread; dropped last, it writes out the lines still queued.
+    _logs: Option<tracing_appender::non_blocking::WorkerGuard>,
     /// Where spans go, when they are exported.
     pub traces_url: Option<String>,
 }
@@ -277,7 +282,19 @@ pub fn init(
         EnvFilter::try_from_env("TOOLGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // Logs are events only: spans are for the trace exporter.
     let events_only = env_filter.and(filter_fn(|meta| meta.is_event()));
-    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Lines are formatted on the calling thread and written by a writer thread, which
+    // buffers them and flushes whenever its queue runs empty: under load many lines
+    // go out in one write, and a call never waits for (or wakes) the reader of stderr.
+    // Nothing is dropped: when the queue is full, callers wait.
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .buffered_lines_limit(MAX_QUEUED_LOG_LINES)
+        .thread_name("toolgate-log")
+        .finish(std::io::BufWriter::with_capacity(
+            64 * 1024,
+            std::io::stderr(),
+        ));
+    let logs = tracing_subscriber::fmt::layer().with_writer(writer);
     let logs = match format {
         LogFormat::Json => logs
             .json()
@@ -290,7 +307,10 @@ pub fn init(
     };
     let Some(url) = traces_url else {
         let _ = Registry::default().with(logs).try_init();
-        return Ok(Telemetry::default());
+        return Ok(Telemetry {
+            _logs: Some(guard),
+            ..Telemetry::default()
+        });
     };
     let client = OtlpHttpClient {
         runtime: runtime.clone(),
@@ -325,6 +345,7 @@ pub fn init(
     let _ = Registry::default().with(logs).with(spans).try_init();
     Ok(Telemetry {
         provider: Some(provider),
+        _logs: Some(guard),
         traces_url: Some(url),
     })
 }
