@@ -49,6 +49,9 @@ pub enum Command {
     /// Check, review and test the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Verify, export and inspect the audit log.
+    #[command(subcommand)]
+    Audit(crate::audit::cli::AuditCommand),
     /// Measure the gateway against direct tool calls (throughput, latency percentiles).
     Bench(crate::bench::BenchArgs),
 }
@@ -61,6 +64,8 @@ pub enum PolicyCommand {
     Explain(crate::review::explain::ExplainArgs),
     /// Run the policy test cases (policy/tests/*.yaml) offline.
     Test(crate::review::test::TestArgs),
+    /// Show the change in effective permissions between two versions of the policy.
+    Diff(crate::review::diff::DiffArgs),
 }
 
 /// Where the policy lives.
@@ -86,6 +91,10 @@ pub struct PolicyCheckArgs {
     pub location: PolicyLocation,
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
+    /// Also check the version rules against this git revision (a breaking schema change
+    /// needs a major bump, a compatible one a minor bump); a violation exits 5.
+    #[arg(long)]
+    pub base: Option<String>,
 }
 
 /// Parses the command line and runs the command.
@@ -112,6 +121,8 @@ pub fn main() -> ExitCode {
             crate::review::explain::explain_command(&args)
         }
         Command::Policy(PolicyCommand::Test(args)) => crate::review::test::test_command(&args),
+        Command::Policy(PolicyCommand::Diff(args)) => crate::review::diff::diff_command(&args),
+        Command::Audit(command) => crate::audit::cli::run(command),
         Command::Bench(args) => crate::bench::bench_command(&args),
     };
     exit.into()

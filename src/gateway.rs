@@ -139,6 +139,8 @@ pub struct Gateway {
     reloading: tokio::sync::Mutex<()>,
     /// Counters and histograms of the calls, scraped by `GET /metrics`.
     pub metrics: Metrics,
+    /// A candidate policy deciding every call beside the active one (shadow mode).
+    shadow: Option<crate::shadow::Shadow>,
 }
 
 impl Gateway {
@@ -150,6 +152,8 @@ impl Gateway {
         env: AdapterEnv,
         source: PolicySourcePaths,
     ) -> Result<Gateway, AuditError> {
+        let metrics = Metrics::new();
+        audit.observe_batches(metrics.audit_batch_observer());
         let runs = RunStore::rebuild(&audit).await?;
         let lock = rebuild_lock(&audit).await?;
         record_policy_loaded(&audit, &loaded.policy, "start").await?;
@@ -163,8 +167,20 @@ impl Gateway {
             env,
             source,
             reloading: tokio::sync::Mutex::new(()),
-            metrics: Metrics::new(),
+            metrics,
+            shadow: None,
         })
+    }
+
+    /// Turns shadow mode on: `shadow` decides every call beside the active policy.
+    pub fn with_shadow(mut self, shadow: crate::shadow::Shadow) -> Gateway {
+        self.shadow = Some(shadow);
+        self
+    }
+
+    /// The shadow policy, when shadow mode is on.
+    pub fn shadow(&self) -> Option<&crate::shadow::Shadow> {
+        self.shadow.as_ref()
     }
 
     /// The current policy snapshot.
@@ -403,7 +419,7 @@ impl Gateway {
         self.metrics.render(ScrapeState {
             policy: &loaded.policy.versions,
             safety_lock_engaged: self.safety_lock().engaged,
-            shadow_divergences: None,
+            shadow_divergences: self.shadow().map(crate::shadow::Shadow::divergences),
         })
     }
 

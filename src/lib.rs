@@ -10,6 +10,8 @@
 //! - [`audit`]: the hash-chained, append-only audit log in SQLite, its checkpoints,
 //!   verification and export.
 //! - [`runs`]: run records, pinned to the policy versions they were created under.
+//! - [`shadow`]: shadow mode: a candidate policy decides every call beside the active one.
+//! - [`review`]: policy as code: explain, test, diff, replay.
 //! - [`observe`]: metrics (`GET /metrics`), traces (OTLP) and logs.
 //! - [`server`]: the HTTP API (hyper); the only module that knows HTTP.
 //! - [`bench`]: `toolgate bench`, the gateway against direct calls.
@@ -33,6 +35,7 @@ pub mod review;
 pub mod runs;
 pub mod serve;
 pub mod server;
+pub mod shadow;
 
 /// The version of the tool gateway contract this build implements, recorded in every
 /// audit event.

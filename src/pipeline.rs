@@ -183,11 +183,22 @@ fn decide<'p>(
 /// The decision of steps 1-8 for one request, offline: nothing is executed or audited.
 /// `policy explain`, `policy test` and replay use it.
 pub fn explain(loaded: &Loaded, request: CallRequest, run: Option<RunRecord>) -> Explanation {
+    explain_as(loaded, Caller::Offline, request, run)
+}
+
+/// [`explain`] for a given caller: shadow mode verifies the live caller's token against
+/// the candidate policy's credentials.
+pub fn explain_as(
+    loaded: &Loaded,
+    caller: Caller<'_>,
+    request: CallRequest,
+    run: Option<RunRecord>,
+) -> Explanation {
     let mut call = Call::new(&Ok(request.clone()), &loaded.policy.versions);
     let runs = move |id: &str| run.clone().filter(|r| r.run_id == id);
     let decided = decide(
         loaded,
-        Caller::Offline,
+        caller,
         Ok(request),
         &runs,
         &SafetyLock::default(),
@@ -211,7 +222,47 @@ pub struct Explanation {
     pub refusal: Option<Refusal>,
 }
 
+/// The outcome of steps 1-8 in a form two policies' decisions can be compared by
+/// (shadow mode, `audit replay`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Verdict {
+    pub decision: Decision,
+    /// The denial reason (`prohibited_flag`, ...), the step and the message.
+    pub reason: Option<String>,
+    pub step: Option<u8>,
+    pub message: Option<String>,
+}
+
+impl Verdict {
+    /// Allow, or the refusal's reason, step and message.
+    pub fn of(refusal: Option<&Refusal>) -> Verdict {
+        match refusal {
+            None => Verdict {
+                decision: Decision::Allow,
+                reason: None,
+                step: None,
+                message: None,
+            },
+            Some(r) => Verdict {
+                decision: Decision::Deny,
+                reason: Some(r.reason.as_str().to_string()),
+                step: Some(r.step()),
+                message: Some(r.message.clone()),
+            },
+        }
+    }
+
+    /// Whether two verdicts differ in decision or in denial reason (not in wording).
+    pub fn diverges(&self, other: &Verdict) -> bool {
+        self.decision != other.decision || self.reason != other.reason
+    }
+}
+
 impl Explanation {
+    pub fn verdict(&self) -> Verdict {
+        Verdict::of(self.refusal.as_ref())
+    }
+
     /// One line per step 1-8: pass, fail (with the message) or not reached.
     pub fn steps(&self) -> Vec<(u8, &'static str, String)> {
         (1..=8u8)
@@ -266,6 +317,8 @@ impl Gateway {
         // One policy snapshot for the whole call: a reload never mixes two policies.
         let loaded: Arc<Loaded> = self.current();
         let mut call = Call::new(&request, &loaded.policy.versions);
+        // Shadow mode: a copy of the request is also decided under the candidate policy.
+        let shadowed = self.shadow_copy(&request);
 
         // 1-8. decide: receive the request and run the authorization checks
         let lock = self.safety_lock();
@@ -280,6 +333,13 @@ impl Gateway {
                 &mut call,
             )
         });
+        if let Some(copy) = shadowed
+            && !lock.engaged
+        {
+            let verdict = Verdict::of(decided.as_ref().err());
+            self.shadow_submit(&call.call_id, token, copy, verdict, &loaded.policy.versions)
+                .await;
+        }
 
         let allowed = match decided {
             Ok(allowed) => allowed,
@@ -594,6 +654,10 @@ impl Gateway {
                 let mut response = call.response(Status::of(refusal.reason), Some(&refusal));
                 response.audit_event_id = Some(appended.event_id);
                 response
+            }
+            (_, Some(refusal), Err(_)) if refusal.reason == Reason::AuditUnavailable => {
+                // The log was already unavailable before anything ran: say so as is.
+                call.response(Status::Failed, Some(&refusal))
             }
             (_, _, Err(e)) => {
                 let refusal = Refusal::new(

@@ -13,6 +13,7 @@ use crate::cli::{Exit, PolicyLocation};
 use crate::gateway::{Gateway, Loaded, PolicySourcePaths, adapter_env};
 use crate::observe::trace;
 use crate::server::{self, ServerOptions};
+use crate::shadow::Shadow;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -38,6 +39,13 @@ pub struct ServeArgs {
     /// OTEL_EXPORTER_OTLP_ENDPOINT environment variable; unset, no traces are exported.
     #[arg(long)]
     pub otlp_endpoint: Option<String>,
+    /// Shadow mode: a candidate policy directory that decides every call beside the
+    /// active policy; divergences are audited (`shadow_divergence`), never enforced.
+    #[arg(long)]
+    pub shadow_policy_dir: Option<PathBuf>,
+    /// The candidate's tool registry (default: the active `--tools`).
+    #[arg(long, requires = "shadow_policy_dir")]
+    pub shadow_tools: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -102,6 +110,22 @@ async fn run(args: &ServeArgs) -> Exit {
             return Exit::InvalidConfig;
         }
     };
+    let shadow = match &args.shadow_policy_dir {
+        None => None,
+        Some(dir) => {
+            let tools = args.shadow_tools.as_ref().unwrap_or(&args.location.tools);
+            match Loaded::load(dir, tools, &args.data_dir) {
+                Ok(candidate) => Some(candidate),
+                Err(problems) => {
+                    eprintln!("error: the shadow policy did not load; nothing is served");
+                    for problem in &problems {
+                        eprintln!("{problem}");
+                    }
+                    return Exit::InvalidConfig;
+                }
+            }
+        }
+    };
     if let Err(e) = std::fs::create_dir_all(&args.data_dir) {
         eprintln!(
             "error: cannot create data directory `{}`: {e}",
@@ -109,16 +133,10 @@ async fn run(args: &ServeArgs) -> Exit {
         );
         return Exit::Failure;
     }
-    let options = AuditOptions {
-        db_path: args.data_dir.join("audit.db"),
-        key_dir: args.data_dir.join("keys"),
-        durability: match args.durability {
-            DurabilityArg::Full => Durability::Full,
-            DurabilityArg::Normal => Durability::Normal,
-        },
-        checkpoint_every_events: 1000,
-        checkpoint_interval: Duration::from_secs(10),
-        origin: "toolgate/audit".into(),
+    let mut options = AuditOptions::new(&args.data_dir);
+    options.durability = match args.durability {
+        DurabilityArg::Full => Durability::Full,
+        DurabilityArg::Normal => Durability::Normal,
     };
     let audit = match AuditLog::open(options) {
         Ok(audit) => audit,
@@ -134,12 +152,17 @@ async fn run(args: &ServeArgs) -> Exit {
         tools_file: args.location.tools.clone(),
     };
     let gateway = match Gateway::start(loaded, audit.clone(), env, source).await {
-        Ok(g) => Arc::new(g),
+        Ok(g) => g,
         Err(e) => {
             eprintln!("error: cannot start the gateway: {e}");
             return Exit::Failure;
         }
     };
+    let gateway = match shadow {
+        Some(candidate) => gateway.with_shadow(Shadow::start(candidate, audit.clone())),
+        None => gateway,
+    };
+    let gateway = Arc::new(gateway);
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -168,7 +191,28 @@ async fn run(args: &ServeArgs) -> Exit {
         max_body_bytes: args.max_body_bytes,
         ..ServerOptions::default()
     };
-    server::serve(listener, gateway, server_options, shutdown_signal(), drain).await;
+    if let Some(shadow) = gateway.shadow() {
+        let v = shadow.versions();
+        println!(
+            "shadow policy: roles {} ({}), lanes {} ({}), registry {} ({})",
+            v.roles.version,
+            short(&v.roles.sha256),
+            v.lanes.version,
+            short(&v.lanes.sha256),
+            v.registry.version,
+            short(&v.registry.sha256),
+        );
+    }
+    server::serve(
+        listener,
+        gateway.clone(),
+        server_options,
+        shutdown_signal(),
+        drain,
+    )
+    .await;
+    // Every divergence seen so far is recorded before the log closes.
+    gateway.flush_shadow().await;
     let exit = match audit.close().await {
         Ok(()) => Exit::Ok,
         Err(e) => {

@@ -273,6 +273,20 @@ fn calls_move_their_series_by_label() {
     assert_eq!(append("requested"), 3.0);
     assert_eq!(append("closing"), 5.0);
     assert_eq!(after.value("toolgate_calls_in_flight", &[]), 0.0);
+    // The audit writer reported its group commits: at least one batch, and no more
+    // batches than events (8 call events, 2 run events).
+    let batches = moved("toolgate_audit_batch_events_count", &[]);
+    let events = moved("toolgate_audit_batch_events_sum", &[]);
+    assert!(batches >= 1.0 && batches <= events, "{batches} {events}");
+    assert_eq!(events, 10.0, "{}", after.text);
+    assert_eq!(
+        moved("toolgate_audit_batch_commit_seconds_count", &[]),
+        batches
+    );
+    assert!(
+        !after.text.contains("shadow"),
+        "no shadow mode, no shadow family"
+    );
     for labels in after.series("toolgate_calls_total") {
         assert!(labels.contains_key("tool") && labels.contains_key("error_code"));
     }
@@ -315,4 +329,23 @@ fn the_safety_lock_gauge_follows_the_lock() {
         scrape(&server).value("toolgate_safety_lock_engaged", &[]),
         0.0
     );
+}
+
+#[test]
+fn shadow_mode_exposes_its_divergence_counter() {
+    let server = Server::start_with(common::Start {
+        args: vec![
+            "--shadow-policy-dir".into(),
+            common::repo().join("policy").display().to_string(),
+        ],
+        ..common::Start::default()
+    });
+    let s = scrape(&server);
+    assert!(
+        s.text
+            .contains("# TYPE toolgate_shadow_divergences counter\n"),
+        "{}",
+        s.text
+    );
+    assert_eq!(s.value("toolgate_shadow_divergences_total", &[]), 0.0);
 }

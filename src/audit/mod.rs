@@ -3,15 +3,50 @@
 //! Events are stored in SQLite (WAL) as one line of canonical JSON each (RFC 8785);
 //! each line carries `seq` and `prev` (the hash of the line before), and the lines are
 //! the leaves of an RFC 9162 Merkle tree whose signed checkpoints let an auditor prove
-//! that nothing was edited, removed, inserted or cut off.
+//! that nothing was edited, removed, inserted or cut off. docs/audit.md describes the
+//! format field by field.
+//!
+//! # Layout
+//! - [`line`]: how an event becomes its canonical line.
+//! - [`merkle`]: the RFC 9162 tree, proofs and their verification.
+//! - [`checkpoint`]: C2SP signed-note checkpoints.
+//! - [`keys`]: the signing and HMAC keys, kept outside the database.
+//! - `log`: [`AuditLog`], the writer thread and its group commit.
+//! - `store`: the SQLite schema and error mapping.
+//! - `sink`: where checkpoints are published besides the database.
+//! - `reader`: [`AuditReader`], read-only access for tools beside a live gateway.
+//! - [`verify`]: recomputes a database's chain, tree and checkpoints.
+//! - [`export`]: writes an export directory an auditor can check without toolgate.
+//! - [`cli`]: `toolgate audit ...`.
 //!
 //! INVARIANT: only this module knows rusqlite; there is no code path that updates or
 //! deletes an event; `append` returns only once the event is durable.
 
+pub mod checkpoint;
+pub mod cli;
+pub mod export;
+pub mod keys;
+pub mod line;
+mod log;
+pub mod merkle;
+mod reader;
+mod sink;
+mod store;
+pub mod verify;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hmac::{KeyInit, Mac};
 use serde::Serialize;
 use serde_json::{Map, Value};
+use time::OffsetDateTime;
 
-use crate::policy::PolicyVersions;
+use crate::policy::{PolicyVersions, Redaction};
+
+pub use log::{AuditLog, BatchObserver};
+pub use reader::AuditReader;
 
 /// The kinds of event the log records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
@@ -28,9 +63,27 @@ pub enum EventType {
     PolicyLoaded,
     SafetyLockEngaged,
     SafetyLockReleased,
+    /// Shadow mode: the candidate policy decided a call differently from the active one.
+    ShadowDivergence,
 }
 
 impl EventType {
+    /// Every event type, in declaration order.
+    pub const ALL: [EventType; 12] = [
+        EventType::ToolRequested,
+        EventType::ToolAllowed,
+        EventType::ToolDenied,
+        EventType::ToolExecuted,
+        EventType::ToolFailed,
+        EventType::ToolTimeout,
+        EventType::RunCreated,
+        EventType::RunStatusChanged,
+        EventType::PolicyLoaded,
+        EventType::SafetyLockEngaged,
+        EventType::SafetyLockReleased,
+        EventType::ShadowDivergence,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             EventType::ToolRequested => "tool_requested",
@@ -44,15 +97,22 @@ impl EventType {
             EventType::PolicyLoaded => "policy_loaded",
             EventType::SafetyLockEngaged => "safety_lock_engaged",
             EventType::SafetyLockReleased => "safety_lock_released",
+            EventType::ShadowDivergence => "shadow_divergence",
         }
+    }
+
+    /// The type named `name` (`tool_requested`, ...).
+    pub fn parse(name: &str) -> Option<EventType> {
+        EventType::ALL.into_iter().find(|t| t.as_str() == name)
     }
 }
 
 /// What a caller hands to [`AuditLog::append`]; the log adds seq, event_id,
 /// timestamp_utc, contract_version and prev, and computes the hash.
 ///
-/// INVARIANT: every number in `details` is an integer within +-2^53, so any RFC 8785
-/// implementation reproduces the canonical bytes.
+/// Numbers in `arguments` and `details` that are not integers within +-(2^53 - 1) are
+/// stored as strings holding their RFC 8785 form, so that any RFC 8785 implementation
+/// (Python's `json` included) reproduces the canonical bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
     pub event_type: EventType,
@@ -101,7 +161,294 @@ impl NewEvent {
             details: Map::new(),
         }
     }
+
+    /// Sets the three argument fields from the canonical arguments: the hash, the HMAC
+    /// commitment, and the readable form after `redaction`.
+    pub fn with_arguments(
+        mut self,
+        log: &AuditLog,
+        arguments: &Value,
+        redaction: &Redaction,
+    ) -> Self {
+        let commitment = log.commit_arguments(&crate::canonical::to_canonical_bytes(arguments));
+        self.arguments_hash_sha256 = Some(commitment.sha256);
+        self.arguments_hmac_sha256 = Some(commitment.hmac_sha256);
+        self.arguments = redact(arguments, redaction);
+        self
+    }
 }
 
-mod interim;
-pub use interim::*;
+/// How hard each commit pushes the data to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=FULL`: an acknowledged event survives power loss. The default.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: an acknowledged event survives a process crash but the
+    /// newest ones may be lost on power loss; a checkpoint is only published after a
+    /// FULL sync covers every event under it.
+    Normal,
+}
+
+/// Where checkpoints are published besides the database's `checkpoints` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointSink {
+    /// Append each note (and a blank line) to this file, fsynced. Make it append-only
+    /// for the gateway's user (`chattr +a`, a separate mount, a log shipper).
+    File { path: PathBuf },
+    /// POST each note as `text/plain` to this `http://` URL; best effort, bounded.
+    Webhook { url: String },
+    /// Send each checkpoint as one line to this Unix datagram syslog socket
+    /// (usually `/dev/log`); best effort.
+    Syslog { socket: PathBuf },
+}
+
+/// How to open the log. [`AuditOptions::new`] gives the defaults for a data directory.
+#[derive(Debug, Clone)]
+pub struct AuditOptions {
+    /// The SQLite database, usually `<data_dir>/audit.db`.
+    pub db_path: PathBuf,
+    /// Where the signing and HMAC keys live; never inside the database.
+    pub key_dir: PathBuf,
+    pub durability: Durability,
+    /// Sign a checkpoint once this many events arrived since the last one.
+    pub checkpoint_every_events: u64,
+    /// Sign a checkpoint this long after the last one if events arrived since.
+    pub checkpoint_interval: Duration,
+    /// Sign a checkpoint at every interval even when nothing arrived (a heartbeat
+    /// proving the log was alive at that size). Default false.
+    pub idle_heartbeat: bool,
+    pub checkpoint_sinks: Vec<CheckpointSink>,
+    /// The checkpoint origin line, and the name given to a new signing key.
+    pub origin: String,
+    /// How long SQLite waits for another process's lock before failing with
+    /// [`AuditError::Locked`].
+    pub busy_timeout: Duration,
+    /// The longest `append` waits for its commit before failing with
+    /// [`AuditError::Timeout`] (the event may still be committed later).
+    pub append_timeout: Duration,
+    /// Refuse appends with [`AuditError::DiskFull`] once the database would exceed this
+    /// many bytes. None: no cap besides the disk.
+    pub max_db_bytes: Option<u64>,
+}
+
+impl AuditOptions {
+    /// The defaults for `data_dir`: `audit.db`, `keys/`, `checkpoints.log`, FULL
+    /// durability, a checkpoint every 1000 events or 10 s.
+    pub fn new(data_dir: &Path) -> Self {
+        AuditOptions {
+            db_path: data_dir.join("audit.db"),
+            key_dir: data_dir.join("keys"),
+            durability: Durability::Full,
+            checkpoint_every_events: 1000,
+            checkpoint_interval: Duration::from_secs(10),
+            idle_heartbeat: false,
+            checkpoint_sinks: vec![CheckpointSink::File {
+                path: data_dir.join(DEFAULT_SINK_FILE),
+            }],
+            origin: DEFAULT_ORIGIN.to_string(),
+            busy_timeout: Duration::from_millis(1000),
+            append_timeout: Duration::from_secs(30),
+            max_db_bytes: None,
+        }
+    }
+}
+
+/// The default origin line and key name.
+pub const DEFAULT_ORIGIN: &str = "toolgate/audit";
+/// The default checkpoint sink file, next to the database.
+pub const DEFAULT_SINK_FILE: &str = "checkpoints.log";
+
+/// What `append` returns once the event is durable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    pub seq: u64,
+    pub event_id: String,
+    /// The event's leaf hash, hex.
+    pub hash: String,
+}
+
+/// A selection of events; every condition given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventFilter {
+    pub run_id: Option<String>,
+    /// Empty: every type.
+    pub event_types: Vec<EventType>,
+    /// Only events with a larger seq.
+    pub after_seq: u64,
+    /// Only events at or after this time.
+    pub since: Option<OffsetDateTime>,
+    /// Only events before this time.
+    pub until: Option<OffsetDateTime>,
+    /// At most this many, oldest first; 0: every matching event (for rebuilding state
+    /// from a few event types; operators' reads should always set a limit).
+    pub limit: usize,
+}
+
+/// An event as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    pub seq: u64,
+    /// The exact hashed bytes.
+    pub line: String,
+    pub value: Value,
+}
+
+/// A commitment to a call's full arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArgumentCommitment {
+    /// Hex SHA-256 of the canonical arguments.
+    pub sha256: String,
+    /// Hex HMAC-SHA256 of the canonical arguments under the log's HMAC key.
+    pub hmac_sha256: String,
+}
+
+/// Hex HMAC-SHA256 of `bytes` under `key`.
+pub fn hmac_sha256_hex(key: &[u8; 32], bytes: &[u8]) -> String {
+    // A 32-byte key is always accepted by HMAC.
+    match hmac::Hmac::<sha2::Sha256>::new_from_slice(key) {
+        Ok(mut mac) => {
+            mac.update(bytes);
+            hex::encode(mac.finalize().into_bytes())
+        }
+        Err(_) => String::new(),
+    }
+}
+
+/// The readable form of `arguments` under `redaction`: all of it, the values at the
+/// given JSON pointers replaced by `"[redacted]"`, or nothing.
+pub fn redact(arguments: &Value, redaction: &Redaction) -> Option<Value> {
+    match redaction {
+        Redaction::Full => Some(arguments.clone()),
+        Redaction::HashOnly => None,
+        Redaction::Fields { pointers } => {
+            let mut kept = arguments.clone();
+            for pointer in pointers {
+                if let Some(slot) = kept.pointer_mut(pointer) {
+                    *slot = Value::String(REDACTED.to_string());
+                }
+            }
+            Some(kept)
+        }
+    }
+}
+
+/// What a redacted value is replaced with.
+pub const REDACTED: &str = "[redacted]";
+
+/// Everything that can go wrong with the audit log. Cloneable, so that one failed
+/// commit can fail every waiter in its batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditError {
+    /// The database file exists but is not an SQLite database.
+    NotSqlite { path: PathBuf },
+    /// The database is SQLite but not a toolgate audit log.
+    NotAuditLog { path: PathBuf, what: String },
+    /// Another process holds a lock on the database.
+    Locked { path: PathBuf },
+    /// The database (or its directory) cannot be written.
+    ReadOnly { path: PathBuf },
+    /// The disk, or the configured size cap, is full.
+    DiskFull { path: PathBuf },
+    /// The stored log is inconsistent at `seq` (0: not tied to one event).
+    Corrupt { seq: u64, what: String },
+    /// A key file is missing, unreadable or does not match.
+    Key { path: PathBuf, what: String },
+    /// A file or directory could not be read or written.
+    Io { path: PathBuf, what: String },
+    /// Another SQLite error.
+    Sqlite { what: String },
+    /// The event cannot be recorded as given.
+    InvalidEvent { what: String },
+    /// Something exceeds a size limit.
+    TooLarge { what: String, limit: u64 },
+    /// The log was closed, or its writer stopped.
+    Closed,
+    /// The writer did not answer within the append timeout.
+    Timeout { waited_ms: u64 },
+    /// Invalid options.
+    Config { what: String },
+}
+
+impl fmt::Display for AuditError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AuditError::NotSqlite { path } => {
+                write!(f, "`{}` is not an sqlite database", path.display())
+            }
+            AuditError::NotAuditLog { path, what } => write!(
+                f,
+                "`{}` is not a toolgate audit log: {what}",
+                path.display()
+            ),
+            AuditError::Locked { path } => write!(
+                f,
+                "the audit database `{}` is locked by another process",
+                path.display()
+            ),
+            AuditError::ReadOnly { path } => {
+                write!(f, "the audit database `{}` is read-only", path.display())
+            }
+            AuditError::DiskFull { path } => write!(
+                f,
+                "the disk holding the audit database `{}` is full",
+                path.display()
+            ),
+            AuditError::Corrupt { seq: 0, what } => write!(f, "the audit log is corrupt: {what}"),
+            AuditError::Corrupt { seq, what } => {
+                write!(f, "the audit log is corrupt at seq {seq}: {what}")
+            }
+            AuditError::Key { path, what } => write!(f, "audit key `{}`: {what}", path.display()),
+            AuditError::Io { path, what } => write!(f, "`{}`: {what}", path.display()),
+            AuditError::Sqlite { what } => write!(f, "audit database error: {what}"),
+            AuditError::InvalidEvent { what } => write!(f, "invalid audit event: {what}"),
+            AuditError::TooLarge { what, limit } => {
+                write!(f, "the {what} exceeds the limit of {limit}")
+            }
+            AuditError::Closed => write!(f, "the audit log is closed"),
+            AuditError::Timeout { waited_ms } => write!(
+                f,
+                "the audit log did not confirm the write within {waited_ms} ms"
+            ),
+            AuditError::Config { what } => write!(f, "invalid audit configuration: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for AuditError {}
+
+impl AuditError {
+    /// What an operator can do about it.
+    pub fn help(&self) -> Option<&'static str> {
+        Some(match self {
+            AuditError::NotSqlite { .. } => {
+                "point --db (or the data directory) at the audit database, or move the file away"
+            }
+            AuditError::NotAuditLog { .. } => "use a separate database file for the audit log",
+            AuditError::Locked { .. } => {
+                "stop the other process using the database (only one toolgate may write it)"
+            }
+            AuditError::ReadOnly { .. } => {
+                "check the permissions of the database file and its directory"
+            }
+            AuditError::DiskFull { .. } => "free disk space or raise the size cap, then retry",
+            AuditError::Corrupt { .. } => {
+                "run `toolgate audit verify` and keep the database for investigation"
+            }
+            AuditError::Key { .. } => {
+                "check the key directory; never replace the signing key of an existing log"
+            }
+            AuditError::Io { .. } => "check that the path exists and is writable",
+            AuditError::Timeout { .. } => "the disk may be overloaded; check the data directory",
+            AuditError::Closed => {
+                "the gateway is shutting down or the audit writer stopped; see the logs"
+            }
+            AuditError::Sqlite { .. }
+            | AuditError::InvalidEvent { .. }
+            | AuditError::TooLarge { .. }
+            | AuditError::Config { .. } => {
+                return None;
+            }
+        })
+    }
+}

@@ -264,6 +264,19 @@ impl Metrics {
         self.audit_batch_commit.observe(commit.as_secs_f64());
     }
 
+    /// A recorder of group commits for the audit writer thread (it shares the
+    /// histograms with these metrics).
+    pub fn audit_batch_observer(&self) -> crate::audit::BatchObserver {
+        let (events, commit) = (
+            self.audit_batch_events.clone(),
+            self.audit_batch_commit.clone(),
+        );
+        std::sync::Arc::new(move |count: usize, took: Duration| {
+            events.observe(count as f64);
+            commit.observe(took.as_secs_f64());
+        })
+    }
+
     /// The OpenMetrics text of every family, with the scrape-time state.
     pub fn render(&self, state: ScrapeState<'_>) -> String {
         let _one_at_a_time = self.scrape.lock().unwrap_or_else(|p| p.into_inner());

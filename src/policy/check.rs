@@ -13,18 +13,34 @@ use super::{Policy, Problem, load, sort_problems, tools_dir};
 use crate::cli::{Exit, Format, PolicyCheckArgs};
 
 /// Runs the check; `Exit::Ok` when the policy loads and its adapters build,
-/// `Exit::InvalidConfig` when there is any problem, `Exit::Failure` when the report
-/// cannot be written.
+/// `Exit::InvalidConfig` when there is any problem (or `--base` cannot be compared),
+/// `Exit::SchemaError` when `--base` finds a version rule violation, `Exit::Failure`
+/// when the report cannot be written.
 pub fn check_command(args: &PolicyCheckArgs) -> Exit {
     let outcome = check(&args.location.policy_dir, &args.location.tools);
-    let exit = if outcome.is_ok() {
-        Exit::Ok
-    } else {
-        Exit::InvalidConfig
+    // With --base, a policy that loads is also held to the version rules.
+    let base = match (&args.base, &outcome) {
+        (Some(rev), Ok(_)) => Some(crate::review::diff::BaseCheck::run(
+            &args.location.policy_dir,
+            &args.location.tools,
+            rev,
+        )),
+        _ => None,
+    };
+    let exit = match (&outcome, base.as_ref().and_then(|b| b.exit())) {
+        (Err(_), _) => Exit::InvalidConfig,
+        (Ok(_), Some(exit)) => exit,
+        (Ok(_), None) => Exit::Ok,
     };
     let text = match args.format {
-        Format::Text => render_text(&outcome),
-        Format::Json => render_json(&outcome),
+        Format::Text => {
+            let mut text = render_text(&outcome);
+            if let Some(base) = &base {
+                text.push_str(&base.text());
+            }
+            text
+        }
+        Format::Json => render_json(&outcome, base.as_ref().map(|b| b.json())),
     };
     let mut stdout = std::io::stdout().lock();
     match stdout
@@ -130,8 +146,8 @@ fn count(n: usize, noun: &str) -> String {
     }
 }
 
-fn render_json(outcome: &Result<Policy, Vec<Problem>>) -> String {
-    let value: Value = match outcome {
+fn render_json(outcome: &Result<Policy, Vec<Problem>>, base: Option<Value>) -> String {
+    let mut value: Value = match outcome {
         Ok(policy) => json!({
             "ok": true,
             "versions": policy.versions,
@@ -153,6 +169,9 @@ fn render_json(outcome: &Result<Policy, Vec<Problem>>) -> String {
             "problems": problems,
         }),
     };
+    if let (Some(base), Some(object)) = (base, value.as_object_mut()) {
+        object.insert("base".into(), base);
+    }
     let mut text =
         serde_json::to_string_pretty(&value).unwrap_or_else(|_| String::from("{\"ok\": false}"));
     text.push('\n');

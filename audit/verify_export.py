@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""Verify a toolgate audit export with nothing but the Python 3 standard library.
+
+    python3 verify_export.py EXPORT_DIR --key-fingerprint HEX
+
+Get HEX through a channel you trust (the operator runs `toolgate audit key`), never
+from the export itself: a forger could ship their own key.
+
+Checks, in order: the file hashes in manifest.json; the public key against the
+fingerprint; every checkpoint signature (C2SP signed note, Ed25519 after RFC 8032);
+the consistency proofs between consecutive checkpoints (RFC 9162 2.1.4.2); that every
+line re-canonicalizes to the same bytes (RFC 8785); then, for a full export, the
+seq/prev chain and the Merkle root at every checkpoint, or, for a filtered export, each
+event's inclusion proof (RFC 9162 2.1.3.2) against the newest checkpoint.
+
+Exit codes: 0 intact, 1 integrity failure, 2 truncation or fork, 3 key or signature
+problem. The first bad seq is named.
+"""
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import sys
+
+INTACT, INTEGRITY, TRUNCATION, SIGNATURE = 0, 1, 2, 3
+GENESIS_PREV = "0" * 64
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+class Failure(Exception):
+    def __init__(self, code, seq, message):
+        super().__init__(message)
+        self.code, self.seq, self.message = code, seq, message
+
+
+# ---- Ed25519 signature verification, RFC 8032 section 5.1.7 (after its section 6 code).
+
+P = 2**255 - 19
+L = 2**252 + 27742317777372353535851937790883648493
+D = -121665 * pow(121666, P - 2, P) % P
+SQRT_M1 = pow(2, (P - 1) // 4, P)
+
+
+def point_add(a, b):  # extended homogeneous coordinates (X, Y, Z, T)
+    A = (a[1] - a[0]) * (b[1] - b[0]) % P
+    B = (a[1] + a[0]) * (b[1] + b[0]) % P
+    C = 2 * a[3] * b[3] * D % P
+    DD = 2 * a[2] * b[2] % P
+    E, F, G, H = B - A, DD - C, DD + C, B + A
+    return (E * F % P, G * H % P, F * G % P, E * H % P)
+
+
+def point_mul(s, p):
+    q = (0, 1, 1, 0)  # the neutral element
+    while s > 0:
+        if s & 1:
+            q = point_add(q, p)
+        p = point_add(p, p)
+        s >>= 1
+    return q
+
+
+def point_equal(a, b):
+    return (a[0] * b[2] - b[0] * a[2]) % P == 0 and (a[1] * b[2] - b[1] * a[2]) % P == 0
+
+
+def recover_x(y, sign):
+    if y >= P:
+        return None
+    x2 = (y * y - 1) * pow(D * y * y + 1, P - 2, P) % P
+    if x2 == 0:
+        return None if sign else 0
+    x = pow(x2, (P + 3) // 8, P)
+    if (x * x - x2) % P != 0:
+        x = x * SQRT_M1 % P
+    if (x * x - x2) % P != 0:
+        return None
+    if (x & 1) != sign:
+        x = P - x
+    return x
+
+
+def point_decompress(s):
+    if len(s) != 32:
+        return None
+    y = int.from_bytes(s, "little")
+    sign = y >> 255
+    y &= (1 << 255) - 1
+    x = recover_x(y, sign)
+    return None if x is None else (x, y, 1, x * y % P)
+
+
+G_Y = 4 * pow(5, P - 2, P) % P
+G_X = recover_x(G_Y, 0)
+BASE = (G_X, G_Y, 1, G_X * G_Y % P)
+
+
+def ed25519_verify(public, message, signature):
+    if len(public) != 32 or len(signature) != 64:
+        return False
+    a = point_decompress(public)
+    r = point_decompress(signature[:32])
+    if a is None or r is None:
+        return False
+    s = int.from_bytes(signature[32:], "little")
+    if s >= L:
+        return False
+    h = int.from_bytes(hashlib.sha512(signature[:32] + public + message).digest(), "little") % L
+    return point_equal(point_mul(s, BASE), point_add(r, point_mul(h, a)))
+
+
+# ---- RFC 8785 canonical JSON.
+#
+# json.dumps(..., ensure_ascii=False) writes a string or an integer exactly as RFC 8785
+# does; it is only safe here because every number in a line is an integer within
+# +-(2^53 - 1) (floats are written differently by Python and ECMAScript), which
+# jcs_safe() checks for each line. Object keys are sorted by their UTF-16 code units as
+# RFC 8785 requires, not with sort_keys=True: that sorts by code point, which differs for
+# keys with characters above U+FFFF.
+
+
+def jcs_safe(value):
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return True
+    if isinstance(value, int):
+        return abs(value) <= MAX_SAFE_INTEGER
+    if isinstance(value, list):
+        return all(jcs_safe(v) for v in value)
+    if isinstance(value, dict):
+        return all(jcs_safe(v) for v in value.values())
+    return False  # a float
+
+
+def canonical(value):
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda item: item[0].encode("utf-16-be"))
+        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + canonical(v) for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(canonical(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+# ---- RFC 9162 Merkle tree.
+
+
+def sha256(data):
+    return hashlib.sha256(data).digest()
+
+
+def leaf_hash(line):
+    return sha256(b"\x00" + line)
+
+
+def node_hash(left, right):
+    return sha256(b"\x01" + left + right)
+
+
+class Frontier:
+    """The roots of the complete subtrees on the right edge of a growing tree."""
+
+    def __init__(self):
+        self.size, self.nodes = 0, []  # [(height, hash)], heights falling
+
+    def push(self, leaf):
+        node = (0, leaf)
+        while self.nodes and self.nodes[-1][0] == node[0]:
+            height, left = self.nodes.pop()
+            node = (height + 1, node_hash(left, node[1]))
+        self.nodes.append(node)
+        self.size += 1
+
+    def root(self):
+        if not self.nodes:
+            return sha256(b"")
+        root = self.nodes[-1][1]
+        for _, left in reversed(self.nodes[:-1]):
+            root = node_hash(left, root)
+        return root
+
+
+def verify_inclusion(index, size, leaf, path, root):  # RFC 9162 2.1.3.2
+    if index >= size:
+        return False
+    fn, sn, r = index, size - 1, leaf
+    for p in path:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            r = node_hash(p, r)
+            while not fn & 1 and fn != 0:
+                fn, sn = fn >> 1, sn >> 1
+        else:
+            r = node_hash(r, p)
+        fn, sn = fn >> 1, sn >> 1
+    return sn == 0 and r == root
+
+
+def verify_consistency(first, second, path, first_root, second_root):  # RFC 9162 2.1.4.2
+    if first > second:
+        return False
+    if first == second:
+        return not path and first_root == second_root
+    if first == 0:
+        return not path
+    if not path:
+        return False
+    if first & (first - 1) == 0:
+        path = [first_root] + path
+    fn, sn = first - 1, second - 1
+    while fn & 1:
+        fn, sn = fn >> 1, sn >> 1
+    fr = sr = path[0]
+    for c in path[1:]:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            fr, sr = node_hash(c, fr), node_hash(c, sr)
+            while not fn & 1 and fn != 0:
+                fn, sn = fn >> 1, sn >> 1
+        else:
+            sr = node_hash(sr, c)
+        fn, sn = fn >> 1, sn >> 1
+    return fr == first_root and sr == second_root and sn == 0
+
+
+# ---- Keys and signed notes (c2sp.org/signed-note, c2sp.org/tlog-checkpoint).
+
+
+def load_key(path, fingerprint):
+    try:
+        name, key_id, key = open(path, encoding="utf-8").read().strip().split("+", 2)
+        raw = base64.b64decode(key, validate=True)
+    except (OSError, ValueError) as e:
+        raise Failure(SIGNATURE, None, f"public-key.vkey is unreadable: {e}")
+    if len(raw) != 33 or raw[0] != 0x01:
+        raise Failure(SIGNATURE, None, "public-key.vkey is not an Ed25519 key")
+    public = raw[1:]
+    if hashlib.sha256(public).hexdigest() != fingerprint.lower():
+        raise Failure(SIGNATURE, None, "the export's public key does not have the fingerprint you gave")
+    expected_id = sha256(name.encode() + b"\n\x01" + public)[:4]
+    if expected_id.hex() != key_id:
+        raise Failure(SIGNATURE, None, "the key id in public-key.vkey does not match the key")
+    return name, expected_id, public
+
+
+def split_notes(text):
+    notes, current, in_signatures = [], [], False
+    for line in text.split("\n"):
+        if line == "":
+            if in_signatures:
+                notes.append("\n".join(current) + "\n")
+                current, in_signatures = [], False
+            elif current:
+                current.append("")
+                in_signatures = True
+            continue
+        current.append(line)
+    if current:
+        raise Failure(SIGNATURE, None, "checkpoints.txt ends in the middle of a note")
+    return notes
+
+
+def verify_note(note, key):
+    name, key_id, public = key
+    text, _, signatures = note.rpartition("\n\n")
+    text += "\n"
+    lines = text.split("\n")
+    if len(lines) < 4 or not lines[0] or not lines[1].isdigit() or (len(lines[1]) > 1 and lines[1][0] == "0"):
+        raise Failure(SIGNATURE, None, "a checkpoint is malformed")
+    try:
+        root = base64.b64decode(lines[2], validate=True)
+    except ValueError:
+        root = b""
+    if len(root) != 32:
+        raise Failure(SIGNATURE, None, "a checkpoint root is not 32 bytes of base64")
+    good = False
+    for line in signatures.split("\n"):
+        if not line:
+            continue
+        if not line.startswith("\u2014 "):
+            raise Failure(SIGNATURE, None, "a signature line does not start with an em dash")
+        signer, _, sig = line[2:].partition(" ")
+        try:
+            sig = base64.b64decode(sig, validate=True)
+        except ValueError:
+            raise Failure(SIGNATURE, None, "a signature is not base64")
+        if signer != name or sig[:4] != key_id:
+            continue  # another key's signature: ignored, as the spec says
+        if not ed25519_verify(public, text.encode(), sig[4:]):
+            raise Failure(SIGNATURE, None, f"the signature on the checkpoint at size {lines[1]} does not verify")
+        good = True
+    if not good:
+        raise Failure(SIGNATURE, None, f"the checkpoint at size {lines[1]} carries no signature by the key")
+    return int(lines[1]), root
+
+
+# ---- The export.
+
+
+def read_jsonl(path):
+    with open(path, "rb") as f:
+        return [json.loads(line) for line in f.read().splitlines()]
+
+
+def check_files(directory, manifest):
+    files = manifest.get("files", {})
+    for required in ("events.jsonl", "checkpoints.txt", "public-key.vkey", "proofs/inclusion.jsonl", "proofs/consistency.jsonl"):
+        if required not in files:
+            raise Failure(INTEGRITY, None, f"manifest.json lists no {required}")
+    for name, digest in sorted(files.items()):
+        if os.path.isabs(name) or ".." in name.split("/"):
+            raise Failure(INTEGRITY, None, f"manifest.json names a file outside the export: {name}")
+        try:
+            with open(os.path.join(directory, name), "rb") as f:
+                actual = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            raise Failure(INTEGRITY, None, f"{name} is missing")
+        if actual != digest:
+            raise Failure(INTEGRITY, None, f"{name} does not match its sha256 in manifest.json")
+
+
+def verify(directory, fingerprint):
+    try:
+        with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise Failure(INTEGRITY, None, f"manifest.json is unreadable: {e}")
+    check_files(directory, manifest)
+    key = load_key(os.path.join(directory, "public-key.vkey"), fingerprint)
+
+    # Checkpoints: every signature, then consistency between neighbours.
+    with open(os.path.join(directory, "checkpoints.txt"), encoding="utf-8") as f:
+        checkpoints = [verify_note(note, key) for note in split_notes(f.read())]
+    if not checkpoints:
+        raise Failure(TRUNCATION, None, "the export holds no checkpoint")
+    for (size_a, _), (size_b, _) in zip(checkpoints, checkpoints[1:]):
+        if size_b <= size_a:
+            raise Failure(INTEGRITY, None, "checkpoints.txt is not in increasing size order")
+    proofs = {(p["from"], p["to"]): [bytes.fromhex(h) for h in p["path"]] for p in read_jsonl(os.path.join(directory, "proofs/consistency.jsonl"))}
+    for (size_a, root_a), (size_b, root_b) in zip(checkpoints, checkpoints[1:]):
+        if not verify_consistency(size_a, size_b, proofs.get((size_a, size_b), []), root_a, root_b):
+            raise Failure(TRUNCATION, size_a + 1, f"the checkpoint at size {size_b} is not consistent with the one at size {size_a}: fork")
+    tree_size, tree_root = checkpoints[-1]
+    if manifest.get("tree_size") != tree_size:
+        raise Failure(TRUNCATION, None, f"manifest.json claims tree size {manifest.get('tree_size')} but the newest checkpoint has {tree_size}")
+    roots = dict(checkpoints)
+
+    # Events.
+    with open(os.path.join(directory, "events.jsonl"), "rb") as f:
+        raw = f.read()
+    if raw and not raw.endswith(b"\n"):
+        raise Failure(INTEGRITY, None, "events.jsonl does not end with a newline")
+    lines = raw.split(b"\n")[:-1] if raw else []
+    inclusion = {p["seq"]: p for p in read_jsonl(os.path.join(directory, "proofs/inclusion.jsonl"))}
+    full = manifest.get("full") is True
+    frontier, prev, last_seq = Frontier(), GENESIS_PREV, 0
+    for number, line in enumerate(lines, start=1):
+        try:
+            event = json.loads(line.decode("utf-8"))
+            seq = event["seq"]
+        except (ValueError, KeyError, TypeError):
+            raise Failure(INTEGRITY, last_seq + 1, f"line {number} of events.jsonl is not an event")
+        if not jcs_safe(event) or canonical(event).encode("utf-8") != line:
+            raise Failure(INTEGRITY, seq, "the line is not canonical JSON: it was edited")
+        leaf = leaf_hash(line)
+        if full:
+            if seq > number:
+                raise Failure(INTEGRITY, number, f"seq {number} is missing (the next line is seq {seq})")
+            if seq < number:
+                raise Failure(INTEGRITY, seq, f"seq {seq} appears again at line {number}: inserted or reordered")
+            if event.get("prev") != prev:
+                raise Failure(INTEGRITY, max(seq - 1, 1), f"seq {seq}'s prev does not match the hash of the line before: edited")
+            if event.get("event_id") != f"ev-{seq:012d}":
+                raise Failure(INTEGRITY, seq, "the event_id does not match the seq")
+            frontier.push(leaf)
+            prev = leaf.hex()
+            if seq in roots and frontier.root() != roots[seq]:
+                raise Failure(INTEGRITY, seq, f"the events up to seq {seq} do not match the signed checkpoint at that size")
+        else:
+            if seq <= last_seq:
+                raise Failure(INTEGRITY, seq, "events.jsonl is out of order")
+            proof = inclusion.get(seq)
+            path = [bytes.fromhex(h) for h in proof["path"]] if proof else []
+            if not proof or proof.get("tree_size") != tree_size or not verify_inclusion(seq - 1, tree_size, leaf, path, tree_root):
+                raise Failure(INTEGRITY, seq, "the event is not in the signed log as shown: its inclusion proof fails")
+        last_seq = seq
+    if full and len(lines) < tree_size:
+        raise Failure(TRUNCATION, len(lines) + 1, f"the signed checkpoint covers {tree_size} events but the export ends at seq {len(lines)}: truncated")
+    if full and len(lines) > tree_size:
+        raise Failure(INTEGRITY, tree_size + 1, "events beyond the signed checkpoint")
+    if manifest.get("counts", {}).get("events") != len(lines):
+        raise Failure(INTEGRITY, None, "manifest.json counts a different number of events")
+    kind = "full" if full else "filtered"
+    span = f"seq {json.loads(lines[0])['seq']}..{last_seq}" if lines else "no events"
+    return f"OK: {kind} export, {len(lines)} events ({span}), {len(checkpoints)} checkpoints, tree size {tree_size}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Verify a toolgate audit export.")
+    parser.add_argument("export_dir")
+    parser.add_argument("--key-fingerprint", required=True, help="hex sha256 of the raw Ed25519 public key")
+    args = parser.parse_args()
+    try:
+        print(verify(args.export_dir, args.key_fingerprint))
+        return INTACT
+    except Failure as f:
+        where = f" at seq {f.seq}" if f.seq is not None else ""
+        print(f"FAILED{where}: {f.message}")
+        return f.code
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"FAILED: the export is malformed: {e}")
+        return INTEGRITY
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+//! `toolgate audit verify | export | key | tail`: flags and command bodies
+//! (`audit replay` lives in `review::replay`).
+//!
+//! Exit codes: 0 ok; 1 integrity failure (edited, missing, inserted, reordered, a root
+//! that does not match); 2 truncation or fork; 3 key or signature problem; 4 invalid
+//! arguments, or a database that cannot be opened as an audit log.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::export::{ExportError, ExportFormat, ExportOptions, export};
+use super::keys::{default_key_dir, load_verifier};
+use super::verify::{Problem, Progress, VerifyError, VerifyOptions, verify_db};
+use super::{AuditError, DEFAULT_SINK_FILE, EventFilter};
+use crate::cli::{Exit, Format};
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Recompute the whole chain, the Merkle tree and every checkpoint signature.
+    Verify(VerifyArgs),
+    /// Write an export directory an auditor can verify with audit/verify_export.py.
+    Export(ExportArgs),
+    /// Print the checkpoint key's name and fingerprint.
+    Key(KeyArgs),
+    /// Print event lines.
+    Tail(TailArgs),
+    /// Re-decide recorded tool calls under a candidate policy; list changed decisions.
+    Replay(crate::review::replay::ReplayArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The audit database.
+    #[arg(long, default_value = "var/audit.db")]
+    pub db: PathBuf,
+    /// The key directory (default: `keys` next to the database).
+    #[arg(long)]
+    pub key_dir: Option<PathBuf>,
+    /// A checkpoint note kept by the auditor; the log must contain and extend it.
+    #[arg(long)]
+    pub trusted_checkpoint: Option<PathBuf>,
+    /// Checkpoint files to check besides the database (default: `checkpoints.log`
+    /// next to the database, if it exists).
+    #[arg(long = "checkpoints")]
+    pub checkpoint_files: Vec<PathBuf>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormatArg {
+    Jsonl,
+    Csv,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    #[arg(long, default_value = "var/audit.db")]
+    pub db: PathBuf,
+    /// The key directory (default: `keys` next to the database).
+    #[arg(long)]
+    pub key_dir: Option<PathBuf>,
+    /// `jsonl`: events.jsonl only; `csv`: also events.csv (a derived view).
+    #[arg(long, value_enum)]
+    pub format: ExportFormatArg,
+    /// Only the events of this run.
+    #[arg(long = "run")]
+    pub run_id: Option<String>,
+    /// Only events at or after this time (RFC 3339).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only events before this time (RFC 3339).
+    #[arg(long)]
+    pub until: Option<String>,
+    /// The output directory (created; must be empty).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    /// The data directory; the key is in `<data-dir>/keys`.
+    #[arg(long, default_value = "var")]
+    pub data_dir: PathBuf,
+    /// The key directory, if not `<data-dir>/keys`.
+    #[arg(long)]
+    pub key_dir: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    #[arg(long, default_value = "var/audit.db")]
+    pub db: PathBuf,
+    /// Only the events of this run.
+    #[arg(long = "run")]
+    pub run_id: Option<String>,
+    /// Only events after this seq.
+    #[arg(long, default_value_t = 0)]
+    pub after_seq: u64,
+    /// At most this many events (the newest ones when --after-seq is not given).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub limit: u64,
+}
+
+/// Prints a line to stdout; a closed pipe (`| head`) is not an error worth a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// Runs an `audit` subcommand and returns its exit code.
+pub fn run(command: AuditCommand) -> Exit {
+    match command {
+        AuditCommand::Verify(args) => verify_command(&args),
+        AuditCommand::Export(args) => export_command(&args),
+        AuditCommand::Key(args) => key_command(&args),
+        AuditCommand::Tail(args) => tail_command(&args),
+        AuditCommand::Replay(args) => crate::review::replay::replay_command(&args),
+    }
+}
+
+fn exit_for_problem(problem: &Problem) -> Exit {
+    match problem.kind.exit_code() {
+        2 => Exit::Truncated,
+        3 => Exit::Signature,
+        _ => Exit::Failure,
+    }
+}
+
+/// Errors that stop a command before it could check anything.
+fn exit_for_error(error: &AuditError) -> Exit {
+    match error {
+        AuditError::Key { .. } => Exit::Signature,
+        AuditError::Corrupt { .. } => Exit::Failure,
+        _ => Exit::InvalidConfig,
+    }
+}
+
+fn print_error(error: &dyn std::fmt::Display, help: Option<&str>) {
+    eprintln!("error: {error}");
+    if let Some(help) = help {
+        eprintln!("help: {help}");
+    }
+}
+
+/// A progress bar on stderr, hidden unless both stdout and stderr are terminals.
+fn progress_bar(message: &'static str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    if !(std::io::stdout().is_terminal() && std::io::stderr().is_terminal()) {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} events ({per_sec}, eta {eta})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(message);
+    bar
+}
+
+fn on_progress(bar: &ProgressBar) -> impl FnMut(Progress) + '_ {
+    move |p| match p {
+        Progress::Total(total) => bar.set_length(total),
+        Progress::Checked(done) => bar.set_position(done),
+    }
+}
+
+/// The sink file next to the database, if it exists, plus any named explicitly.
+fn checkpoint_files(db: &Path, named: &[PathBuf]) -> Vec<PathBuf> {
+    if !named.is_empty() {
+        return named.to_vec();
+    }
+    let default = db
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(DEFAULT_SINK_FILE);
+    if default.exists() {
+        vec![default]
+    } else {
+        Vec::new()
+    }
+}
+
+fn verify_command(args: &VerifyArgs) -> Exit {
+    if !args.db.exists() {
+        print_error(
+            &format!("no audit database at `{}`", args.db.display()),
+            Some("pass --db PATH"),
+        );
+        return Exit::InvalidConfig;
+    }
+    let options = VerifyOptions {
+        db_path: args.db.clone(),
+        key_dir: args
+            .key_dir
+            .clone()
+            .unwrap_or_else(|| default_key_dir(&args.db)),
+        checkpoint_files: checkpoint_files(&args.db, &args.checkpoint_files),
+        trusted_checkpoint: args.trusted_checkpoint.clone(),
+    };
+    let bar = progress_bar("verifying");
+    let result = verify_db(&options, &mut on_progress(&bar));
+    bar.finish_and_clear();
+    match result {
+        Ok(verified) => {
+            let r = &verified.report;
+            match args.format {
+                Format::Json => {
+                    let mut value = serde_json::to_value(r).unwrap_or_default();
+                    value["status"] = "ok".into();
+                    say!(
+                        "{}",
+                        serde_json::to_string_pretty(&value).unwrap_or_default()
+                    );
+                }
+                Format::Text => {
+                    match &r.head_hash {
+                        Some(hash) => {
+                            say!("ok: {} events, head seq {} hash {hash}", r.events, r.events)
+                        }
+                        None => say!("ok: the log is empty"),
+                    }
+                    say!("root {}", r.root);
+                    match r.latest_checkpoint_size {
+                        Some(size) => say!(
+                            "{} checkpoints verified (newest at size {size})",
+                            r.checkpoints
+                        ),
+                        None => say!("no checkpoints"),
+                    }
+                    if let Some(size) = r.trusted_checkpoint_size {
+                        say!("extends the trusted checkpoint at size {size}");
+                    }
+                    say!("key fingerprint {}", r.key_fingerprint);
+                    for warning in &r.warnings {
+                        say!("warning: {warning}");
+                    }
+                }
+            }
+            Exit::Ok
+        }
+        Err(VerifyError::Problem(problem)) => {
+            match args.format {
+                Format::Json => {
+                    let value = serde_json::json!({
+                        "status": "failed",
+                        "kind": problem.kind,
+                        "seq": problem.seq,
+                        "message": problem.message,
+                        "exit_code": problem.kind.exit_code(),
+                    });
+                    say!(
+                        "{}",
+                        serde_json::to_string_pretty(&value).unwrap_or_default()
+                    );
+                }
+                Format::Text => say!("FAILED: {problem}"),
+            }
+            exit_for_problem(&problem)
+        }
+        Err(VerifyError::Open(error)) => {
+            print_error(&error, error.help());
+            exit_for_error(&error)
+        }
+    }
+}
+
+fn parse_time(flag: &str, text: &Option<String>) -> Result<Option<OffsetDateTime>, Exit> {
+    match text {
+        None => Ok(None),
+        Some(t) => OffsetDateTime::parse(t, &Rfc3339).map(Some).map_err(|_| {
+            print_error(
+                &format!("--{flag} `{t}` is not an RFC 3339 time"),
+                Some("e.g. 2026-01-31T00:00:00Z"),
+            );
+            Exit::InvalidConfig
+        }),
+    }
+}
+
+fn export_command(args: &ExportArgs) -> Exit {
+    if !args.db.exists() {
+        print_error(
+            &format!("no audit database at `{}`", args.db.display()),
+            Some("pass --db PATH"),
+        );
+        return Exit::InvalidConfig;
+    }
+    let (since, until) = match (
+        parse_time("since", &args.since),
+        parse_time("until", &args.until),
+    ) {
+        (Ok(since), Ok(until)) => (since, until),
+        (Err(exit), _) | (_, Err(exit)) => return exit,
+    };
+    let options = ExportOptions {
+        db_path: args.db.clone(),
+        key_dir: args
+            .key_dir
+            .clone()
+            .unwrap_or_else(|| default_key_dir(&args.db)),
+        out_dir: args.out.clone(),
+        format: match args.format {
+            ExportFormatArg::Jsonl => ExportFormat::Jsonl,
+            ExportFormatArg::Csv => ExportFormat::Csv,
+        },
+        run_id: args.run_id.clone(),
+        since,
+        until,
+        checkpoint_files: checkpoint_files(&args.db, &[]),
+    };
+    let bar = progress_bar("exporting");
+    let result = export(&options, &mut on_progress(&bar));
+    bar.finish_and_clear();
+    match result {
+        Ok(summary) => {
+            match (summary.first_seq, summary.last_seq) {
+                (Some(first), Some(last)) => say!(
+                    "exported {} events (seq {first}..{last}) of {} to `{}`",
+                    summary.events,
+                    summary.tree_size,
+                    summary.out_dir
+                ),
+                _ => say!(
+                    "exported 0 events of {} to `{}`",
+                    summary.tree_size,
+                    summary.out_dir
+                ),
+            }
+            say!(
+                "{} checkpoints; signed by key fingerprint {}",
+                summary.checkpoints,
+                summary.key_fingerprint
+            );
+            for warning in &summary.warnings {
+                say!("warning: {warning}");
+            }
+            Exit::Ok
+        }
+        Err(ExportError::Verify(problem)) => {
+            print_error(
+                &ExportError::Verify(problem.clone()),
+                Some("run `toolgate audit verify` for details"),
+            );
+            exit_for_problem(&problem)
+        }
+        Err(ExportError::Audit(error)) => {
+            print_error(&error, error.help());
+            exit_for_error(&error)
+        }
+        Err(error @ ExportError::OutNotEmpty(_)) => {
+            print_error(&error, Some("choose a new directory for each export"));
+            Exit::InvalidConfig
+        }
+    }
+}
+
+fn key_command(args: &KeyArgs) -> Exit {
+    let dir = args
+        .key_dir
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("keys"));
+    match load_verifier(&dir) {
+        Ok(key) => {
+            match args.format {
+                Format::Json => {
+                    let value = serde_json::json!({
+                        "key_name": key.name,
+                        "key_id": hex::encode(key.key_id),
+                        "fingerprint": key.fingerprint(),
+                        "vkey": key.to_vkey(),
+                    });
+                    say!(
+                        "{}",
+                        serde_json::to_string_pretty(&value).unwrap_or_default()
+                    );
+                }
+                Format::Text => {
+                    say!("key name: {}", key.name);
+                    say!("key id: {}", hex::encode(key.key_id));
+                    say!("fingerprint: {}", key.fingerprint());
+                    say!("verifier key: {}", key.to_vkey());
+                }
+            }
+            Exit::Ok
+        }
+        Err(error) => {
+            print_error(
+                &error,
+                Some("the key is created when the gateway first opens the audit log"),
+            );
+            Exit::Signature
+        }
+    }
+}
+
+fn tail_command(args: &TailArgs) -> Exit {
+    let conn = match super::store::open_reader(&args.db, std::time::Duration::from_millis(2000)) {
+        Ok(conn) => conn,
+        Err(error) => {
+            print_error(&error, error.help());
+            return exit_for_error(&error);
+        }
+    };
+    let mut filter = EventFilter {
+        run_id: args.run_id.clone(),
+        after_seq: args.after_seq,
+        limit: args.limit as usize,
+        ..EventFilter::default()
+    };
+    if args.after_seq == 0 {
+        // The newest `limit` events: start after the seq of the one just older.
+        let older: Result<Option<i64>, _> = conn.query_row(
+            "SELECT seq FROM events WHERE (?1 IS NULL OR run_id = ?1) ORDER BY seq DESC LIMIT 1 OFFSET ?2",
+            rusqlite::params![args.run_id, args.limit as i64],
+            |r| r.get(0),
+        );
+        if let Ok(Some(seq)) = older {
+            filter.after_seq = seq as u64;
+        }
+    }
+    match super::log::read_events(&conn, &args.db, &filter) {
+        Ok(events) => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            for event in events {
+                if writeln!(out, "{}", event.line).is_err() {
+                    break;
+                }
+            }
+            Exit::Ok
+        }
+        Err(error) => {
+            print_error(&error, error.help());
+            exit_for_error(&error)
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! The two secrets of the audit log, kept in a key directory outside the database: the
+//! Ed25519 key that signs checkpoints and the HMAC key of the argument commitments.
+//!
+//! Files (created on first use with mode 0600; the directory 0700):
+//! - `audit-signing.key`: `PRIVATE+KEY+<name>+<key id hex>+<base64(0x01 || seed)>`
+//! - `audit-signing.vkey`: `<name>+<key id hex>+<base64(0x01 || public key)>` (public;
+//!   the "verifier key" format of Go's golang.org/x/mod/sumdb/note)
+//! - `audit-hmac.key`: 32 random bytes, hex
+//!
+//! INVARIANT: key material is never written to the database or to a log line.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use sha2::{Digest, Sha256};
+
+use super::AuditError;
+
+pub const SIGNING_KEY_FILE: &str = "audit-signing.key";
+pub const VERIFIER_KEY_FILE: &str = "audit-signing.vkey";
+pub const HMAC_KEY_FILE: &str = "audit-hmac.key";
+
+/// The C2SP signed-note signature type byte of Ed25519.
+const ED25519_TYPE: u8 = 0x01;
+/// Key files are tiny; refuse to read anything larger.
+const MAX_KEY_FILE_BYTES: u64 = 4096;
+
+/// key ID = SHA-256(key name || 0x0A || 0x01 || 32-byte public key)[:4].
+pub fn key_id(name: &str, public_key: &[u8; 32]) -> [u8; 4] {
+    let mut hasher = Sha256::new();
+    hasher.update(name.as_bytes());
+    hasher.update([0x0A, ED25519_TYPE]);
+    hasher.update(public_key);
+    let digest = hasher.finalize();
+    [digest[0], digest[1], digest[2], digest[3]]
+}
+
+/// A key name is non-empty and has no whitespace and no `+` (signed-note rules).
+pub fn valid_key_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c == '+' || c.is_control())
+}
+
+/// A public key that verifies checkpoint signatures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifierKey {
+    pub name: String,
+    pub key_id: [u8; 4],
+    pub key: VerifyingKey,
+}
+
+impl VerifierKey {
+    pub fn new(name: &str, key: VerifyingKey) -> Self {
+        VerifierKey {
+            name: name.to_string(),
+            key_id: key_id(name, key.as_bytes()),
+            key,
+        }
+    }
+
+    /// Lowercase hex SHA-256 of the raw 32-byte public key: what an auditor compares.
+    pub fn fingerprint(&self) -> String {
+        hex::encode(Sha256::digest(self.key.as_bytes()))
+    }
+
+    /// The `<name>+<key id hex>+<base64(0x01 || public key)>` form.
+    pub fn to_vkey(&self) -> String {
+        let mut typed = vec![ED25519_TYPE];
+        typed.extend_from_slice(self.key.as_bytes());
+        format!(
+            "{}+{}+{}",
+            self.name,
+            hex::encode(self.key_id),
+            B64.encode(typed)
+        )
+    }
+
+    /// Parses the `vkey` form, checking that the key id matches the key.
+    pub fn parse_vkey(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let mut parts = text.splitn(3, '+');
+        let (Some(name), Some(id), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err("expected `<name>+<key id>+<base64 key>`".into());
+        };
+        let raw = B64
+            .decode(key)
+            .map_err(|_| "the key is not valid base64".to_string())?;
+        let [ED25519_TYPE, rest @ ..] = raw.as_slice() else {
+            return Err("the key is not an Ed25519 key (type byte 0x01)".into());
+        };
+        let bytes: [u8; 32] = rest
+            .try_into()
+            .map_err(|_| "an Ed25519 public key has 32 bytes".to_string())?;
+        let key = VerifyingKey::from_bytes(&bytes)
+            .map_err(|_| "the public key is not a valid Ed25519 point".to_string())?;
+        if !valid_key_name(name) {
+            return Err(format!("invalid key name `{name}`"));
+        }
+        let verifier = VerifierKey::new(name, key);
+        if hex::encode(verifier.key_id) != id {
+            return Err(format!("the key id `{id}` does not match the key"));
+        }
+        Ok(verifier)
+    }
+
+    /// Verifies an Ed25519 signature (RFC 8032, strict: no malleable signatures).
+    pub fn verify(&self, message: &[u8], signature: &[u8; 64]) -> bool {
+        self.key
+            .verify_strict(message, &Signature::from_bytes(signature))
+            .is_ok()
+    }
+}
+
+/// The private checkpoint signing key and its name.
+#[derive(Debug, Clone)]
+pub struct SignerKey {
+    signing: SigningKey,
+    pub verifier: VerifierKey,
+}
+
+impl SignerKey {
+    pub fn from_seed(name: &str, seed: [u8; 32]) -> Self {
+        let signing = SigningKey::from_bytes(&seed);
+        let verifier = VerifierKey::new(name, signing.verifying_key());
+        SignerKey { signing, verifier }
+    }
+
+    pub fn sign(&self, message: &[u8]) -> [u8; 64] {
+        self.signing.sign(message).to_bytes()
+    }
+
+    fn to_skey(&self) -> String {
+        let mut typed = vec![ED25519_TYPE];
+        typed.extend_from_slice(&self.signing.to_bytes());
+        format!(
+            "PRIVATE+KEY+{}+{}+{}",
+            self.verifier.name,
+            hex::encode(self.verifier.key_id),
+            B64.encode(typed)
+        )
+    }
+
+    fn parse_skey(text: &str) -> Result<Self, String> {
+        let rest = text
+            .trim()
+            .strip_prefix("PRIVATE+KEY+")
+            .ok_or("expected `PRIVATE+KEY+...`")?;
+        let mut parts = rest.splitn(3, '+');
+        let (Some(name), Some(id), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err("expected `PRIVATE+KEY+<name>+<key id>+<base64 key>`".into());
+        };
+        let raw = B64
+            .decode(key)
+            .map_err(|_| "the key is not valid base64".to_string())?;
+        let [ED25519_TYPE, rest @ ..] = raw.as_slice() else {
+            return Err("the key is not an Ed25519 key (type byte 0x01)".into());
+        };
+        let seed: [u8; 32] = rest
+            .try_into()
+            .map_err(|_| "an Ed25519 private key has 32 bytes".to_string())?;
+        if !valid_key_name(name) {
+            return Err(format!("invalid key name `{name}`"));
+        }
+        let signer = SignerKey::from_seed(name, seed);
+        if hex::encode(signer.verifier.key_id) != id {
+            return Err(format!("the key id `{id}` does not match the key"));
+        }
+        Ok(signer)
+    }
+}
+
+/// Both secrets, loaded from (or created in) a key directory.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    pub signer: SignerKey,
+    pub hmac_key: [u8; 32],
+}
+
+fn key_error(path: &Path, what: impl Into<String>) -> AuditError {
+    AuditError::Key {
+        path: path.to_path_buf(),
+        what: what.into(),
+    }
+}
+
+fn read_small(path: &Path) -> Result<String, AuditError> {
+    let meta = fs::metadata(path)
+        .map_err(|e| key_error(path, format!("cannot read the key file: {e}")))?;
+    if meta.len() > MAX_KEY_FILE_BYTES {
+        return Err(key_error(path, "the key file is too large"));
+    }
+    fs::read_to_string(path).map_err(|e| key_error(path, format!("cannot read the key file: {e}")))
+}
+
+fn random_32(path: &Path) -> Result<[u8; 32], AuditError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| key_error(path, format!("no randomness for a new key: {e}")))?;
+    Ok(bytes)
+}
+
+/// Writes a new file that did not exist, with `mode`, and syncs it.
+fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), AuditError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| key_error(path, format!("cannot create the key file: {e}")))?;
+    file.write_all(contents.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|e| key_error(path, format!("cannot write the key file: {e}")))
+}
+
+impl Keys {
+    /// Loads the keys from `dir`, creating the directory and, if `may_create` (a new,
+    /// empty log), any missing key. A new signing key is named `name`; an existing one
+    /// keeps the name it was made with. For an existing log a missing key is an error:
+    /// a new one could neither verify its checkpoints nor its argument commitments.
+    pub fn load_or_create(dir: &Path, name: &str, may_create: bool) -> Result<Keys, AuditError> {
+        use std::os::unix::fs::DirBuilderExt;
+        if !valid_key_name(name) {
+            return Err(key_error(
+                dir,
+                format!("invalid key name `{name}`: it must be non-empty, without spaces or `+`"),
+            ));
+        }
+        if !dir.exists() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| key_error(dir, format!("cannot create the key directory: {e}")))?;
+        }
+        let signing_path = dir.join(SIGNING_KEY_FILE);
+        let signer = if signing_path.exists() {
+            SignerKey::parse_skey(&read_small(&signing_path)?)
+                .map_err(|e| key_error(&signing_path, e))?
+        } else if !may_create {
+            return Err(key_error(
+                &signing_path,
+                "the log already has events but its signing key is missing",
+            ));
+        } else {
+            let signer = SignerKey::from_seed(name, random_32(&signing_path)?);
+            write_new(&signing_path, &format!("{}\n", signer.to_skey()), 0o600)?;
+            signer
+        };
+        let vkey_path = dir.join(VERIFIER_KEY_FILE);
+        if vkey_path.exists() {
+            let stored = VerifierKey::parse_vkey(&read_small(&vkey_path)?)
+                .map_err(|e| key_error(&vkey_path, e))?;
+            if stored != signer.verifier {
+                return Err(key_error(
+                    &vkey_path,
+                    "the public key does not belong to the signing key next to it",
+                ));
+            }
+        } else {
+            write_new(
+                &vkey_path,
+                &format!("{}\n", signer.verifier.to_vkey()),
+                0o644,
+            )?;
+        }
+        let hmac_path = dir.join(HMAC_KEY_FILE);
+        let hmac_key = if hmac_path.exists() {
+            let text = read_small(&hmac_path)?;
+            let bytes = hex::decode(text.trim())
+                .map_err(|_| key_error(&hmac_path, "the hmac key is not hex"))?;
+            bytes
+                .try_into()
+                .map_err(|_| key_error(&hmac_path, "the hmac key must have 32 bytes"))?
+        } else if !may_create {
+            return Err(key_error(
+                &hmac_path,
+                "the log already has events but its hmac key is missing",
+            ));
+        } else {
+            let key = random_32(&hmac_path)?;
+            write_new(&hmac_path, &format!("{}\n", hex::encode(key)), 0o600)?;
+            key
+        };
+        Ok(Keys { signer, hmac_key })
+    }
+}
+
+/// Loads only the public key from `dir`: the `vkey` file, or, failing that, the public
+/// half of the signing key.
+pub fn load_verifier(dir: &Path) -> Result<VerifierKey, AuditError> {
+    let vkey_path = dir.join(VERIFIER_KEY_FILE);
+    if vkey_path.exists() {
+        return VerifierKey::parse_vkey(&read_small(&vkey_path)?)
+            .map_err(|e| key_error(&vkey_path, e));
+    }
+    let signing_path = dir.join(SIGNING_KEY_FILE);
+    if signing_path.exists() {
+        return Ok(SignerKey::parse_skey(&read_small(&signing_path)?)
+            .map_err(|e| key_error(&signing_path, e))?
+            .verifier);
+    }
+    Err(key_error(
+        dir,
+        format!("no `{VERIFIER_KEY_FILE}` or `{SIGNING_KEY_FILE}` in the key directory"),
+    ))
+}
+
+/// Loads the existing signing key from `dir`; never creates one.
+pub fn load_signer(dir: &Path) -> Result<SignerKey, AuditError> {
+    let signing_path = dir.join(SIGNING_KEY_FILE);
+    if !signing_path.exists() {
+        return Err(key_error(
+            dir,
+            format!("no `{SIGNING_KEY_FILE}` in the key directory"),
+        ));
+    }
+    SignerKey::parse_skey(&read_small(&signing_path)?).map_err(|e| key_error(&signing_path, e))
+}
+
+/// The default key directory for a database: `<db dir>/keys`.
+pub fn default_key_dir(db_path: &Path) -> PathBuf {
+    db_path.parent().unwrap_or(Path::new(".")).join("keys")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_created_once_and_reloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = Keys::load_or_create(&dir.path().join("keys"), "example.com/log", true).unwrap();
+        let again = Keys::load_or_create(&dir.path().join("keys"), "other.name", false).unwrap();
+        // An existing log never gets a fresh key.
+        let err = Keys::load_or_create(&dir.path().join("other-keys"), "x", false).unwrap_err();
+        assert!(matches!(err, AuditError::Key { .. }), "{err:?}");
+        assert!(
+            !dir.path()
+                .join("other-keys")
+                .join(SIGNING_KEY_FILE)
+                .exists()
+        );
+        assert_eq!(keys.signer.verifier, again.signer.verifier);
+        assert_eq!(again.signer.verifier.name, "example.com/log");
+        assert_eq!(keys.hmac_key, again.hmac_key);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(dir.path().join("keys").join(SIGNING_KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let loaded = load_verifier(&dir.path().join("keys")).unwrap();
+        assert_eq!(loaded, keys.signer.verifier);
+        let sig = keys.signer.sign(b"hello");
+        assert!(loaded.verify(b"hello", &sig));
+        assert!(!loaded.verify(b"hellO", &sig));
+    }
+
+    #[test]
+    fn vkey_round_trips_and_rejects_a_wrong_id() {
+        let signer = SignerKey::from_seed("a.example/log", [7u8; 32]);
+        let vkey = signer.verifier.to_vkey();
+        assert_eq!(VerifierKey::parse_vkey(&vkey).unwrap(), signer.verifier);
+        let mut parts: Vec<&str> = vkey.split('+').collect();
+        parts[1] = "00000000";
+        assert!(VerifierKey::parse_vkey(&parts.join("+")).is_err());
+    }
+}

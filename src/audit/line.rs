@@ -1,0 +1,311 @@
+//! The event line: how a [`NewEvent`] becomes the one line of canonical JSON that is
+//! stored, hashed and exported.
+//!
+//! The expensive part (canonicalizing each field's value) happens in the appending task
+//! ([`prepare`]); the writer thread only merges in the four fields it owns (`event_id`,
+//! `prev`, `seq`, `timestamp_utc`) by key order ([`render`]). Because every key is ASCII,
+//! byte order is the RFC 8785 (UTF-16 code unit) order, so the result is exactly the RFC
+//! 8785 serialization of the whole object; a unit test holds the two together.
+
+use serde_json::Value;
+use time::OffsetDateTime;
+use time::format_description::FormatItem;
+use time::macros::format_description;
+
+use super::{AuditError, EventType, NewEvent};
+use crate::canonical::to_canonical_string;
+
+/// The `prev` of the first event: 64 zeros.
+pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+/// The largest integer every JSON implementation (JavaScript and Python's included)
+/// represents exactly: 2^53 - 1.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+/// No event line is longer than this.
+pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+/// Nesting deeper than this in `arguments` or `details` is refused.
+const MAX_DEPTH: usize = 64;
+
+const TIMESTAMP: &[FormatItem<'static>] =
+    format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+
+/// `timestamp_utc`: RFC 3339, UTC, millisecond precision, fixed width (so that string
+/// order is time order).
+pub fn format_timestamp(at: OffsetDateTime) -> String {
+    at.to_offset(time::UtcOffset::UTC)
+        .format(TIMESTAMP)
+        .unwrap_or_default()
+}
+
+/// The `event_id` of the event with this seq.
+pub fn event_id(seq: u64) -> String {
+    format!("ev-{seq:012}")
+}
+
+/// An event whose fields are already canonical JSON, waiting for its place in the log.
+#[derive(Debug, Clone)]
+pub(crate) struct Prepared {
+    pub event_type: EventType,
+    pub run_id: Option<String>,
+    /// (key, canonical JSON of the value), sorted by key; none of the writer's keys.
+    fields: Vec<(&'static str, String)>,
+    /// The length of the rendered line without the writer's fields.
+    len: usize,
+}
+
+/// Replaces what a JSON implementation might not reproduce byte for byte: a number that
+/// is not an integer within +-(2^53 - 1) becomes a string holding its RFC 8785 form.
+fn portable(value: &Value, depth: usize) -> Result<Value, AuditError> {
+    if depth > MAX_DEPTH {
+        return Err(AuditError::InvalidEvent {
+            what: format!("nesting deeper than {MAX_DEPTH} levels"),
+        });
+    }
+    Ok(match value {
+        Value::Number(n) => {
+            let safe = n.as_u64().is_some_and(|v| v <= MAX_SAFE_INTEGER)
+                || n.as_i64()
+                    .is_some_and(|v| v.unsigned_abs() <= MAX_SAFE_INTEGER);
+            if safe {
+                value.clone()
+            } else if n.is_f64() {
+                Value::String(to_canonical_string(value))
+            } else {
+                // An integer beyond 2^53: its exact decimal digits.
+                Value::String(n.to_string())
+            }
+        }
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .map(|v| portable(v, depth + 1))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| Ok((k.clone(), portable(v, depth + 1)?)))
+                .collect::<Result<_, AuditError>>()?,
+        ),
+        _ => value.clone(),
+    })
+}
+
+/// A JSON string as RFC 8785 writes it: `"` and `\` escaped, the five short escapes
+/// for \b \t \n \f \r, `\u00xx` (lowercase) for the other control characters, and
+/// everything else as is. Same bytes as the canonicalizer, without building a `Value`.
+fn string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\u{c}' => out.push_str("\\f"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Canonicalizes the event's fields; fails on an event too large or too deep.
+pub(crate) fn prepare(event: &NewEvent) -> Result<Prepared, AuditError> {
+    let mut fields: Vec<(&'static str, String)> = Vec::with_capacity(20);
+    let mut text = |key: &'static str, value: &Option<String>| {
+        if let Some(v) = value {
+            fields.push((key, string(v)));
+        }
+    };
+    text("call_id", &event.call_id);
+    text("run_id", &event.run_id);
+    text("role_id", &event.role_id);
+    text("lane_id", &event.lane_id);
+    text("tool_name", &event.tool_name);
+    text("tool_version", &event.tool_version);
+    text("arguments_hash_sha256", &event.arguments_hash_sha256);
+    text("arguments_hmac_sha256", &event.arguments_hmac_sha256);
+    text("output_hash_sha256", &event.output_hash_sha256);
+    text("error_code", &event.error_code);
+    text("reason", &event.reason);
+    fields.push(("type", string(event.event_type.as_str())));
+    fields.push(("contract_version", string(crate::CONTRACT_VERSION)));
+    if let Some(arguments) = &event.arguments {
+        fields.push(("arguments", to_canonical_string(&portable(arguments, 0)?)));
+    }
+    if let Some(step) = event.failed_step {
+        fields.push(("failed_step", step.to_string()));
+    }
+    if let Some(ms) = event.execution_time_ms {
+        fields.push(("execution_time_ms", ms.min(MAX_SAFE_INTEGER).to_string()));
+    }
+    if let Some(versions) = &event.policy_versions {
+        let value = serde_json::to_value(versions).map_err(|e| AuditError::InvalidEvent {
+            what: format!("policy_versions: {e}"),
+        })?;
+        fields.push(("policy_versions", to_canonical_string(&value)));
+    }
+    let details = portable(&Value::Object(event.details.clone()), 0)?;
+    fields.push(("details", to_canonical_string(&details)));
+    fields.sort_by(|a, b| a.0.cmp(b.0));
+    // {"key":value,...}: quotes, colon and comma per field, braces.
+    let len = fields
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 4)
+        .sum::<usize>()
+        + 2;
+    // Room for the writer's fields: about 160 bytes.
+    if len + 200 > MAX_LINE_BYTES {
+        return Err(AuditError::TooLarge {
+            what: "event line".into(),
+            limit: MAX_LINE_BYTES as u64,
+        });
+    }
+    Ok(Prepared {
+        event_type: event.event_type,
+        run_id: event.run_id.clone(),
+        fields,
+        len,
+    })
+}
+
+/// The canonical line of `prepared` at `seq`, with its timestamp and `prev`.
+pub(crate) fn render(prepared: &Prepared, seq: u64, timestamp_utc: &str, prev: &str) -> String {
+    let id = event_id(seq);
+    let seq_text = seq.to_string();
+    // Sorted, as the merge below requires; strings are written quoted.
+    let own: [(&str, &str, bool); 4] = [
+        ("event_id", &id, true),
+        ("prev", prev, true),
+        ("seq", &seq_text, false),
+        ("timestamp_utc", timestamp_utc, true),
+    ];
+    let mut line = String::with_capacity(prepared.len + 180);
+    line.push('{');
+    let mut first = true;
+    let mut push = |line: &mut String, key: &str, value: &str, quoted: bool| {
+        if !first {
+            line.push(',');
+        }
+        first = false;
+        line.push('"');
+        line.push_str(key);
+        line.push_str("\":");
+        if quoted {
+            // Writer values are ASCII without quotes or backslashes.
+            line.push('"');
+            line.push_str(value);
+            line.push('"');
+        } else {
+            line.push_str(value);
+        }
+    };
+    let mut own_iter = own.iter().peekable();
+    for (key, value) in &prepared.fields {
+        while let Some((k, v, q)) = own_iter.next_if(|(k, _, _)| *k < *key) {
+            push(&mut line, k, v, *q);
+        }
+        push(&mut line, key, value, false);
+    }
+    for (k, v, q) in own_iter {
+        push(&mut line, k, v, *q);
+    }
+    line.push('}');
+    line
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::policy::{FileVersion, PolicyVersions};
+    use serde_json::json;
+
+    fn full_event() -> NewEvent {
+        let mut e = NewEvent::new(EventType::ToolExecuted);
+        e.call_id = Some("call-1".into());
+        e.run_id =
+            Some("run-\u{e9}\"x\"\n\t\r\u{8}\u{c}\u{1}\u{1f}\u{7f}\u{2028}\\/\u{1F600}".into());
+        e.role_id = Some("paralegal".into());
+        e.lane_id = Some("research".into());
+        e.tool_name = Some("read_document".into());
+        e.tool_version = Some("1.2.0".into());
+        e.arguments_hash_sha256 = Some("ab".repeat(32));
+        e.arguments_hmac_sha256 = Some("cd".repeat(32));
+        e.arguments = Some(
+            json!({"path": "a/b", "n": 3, "f": 1.5, "big": 9007199254740993u64, "z\u{10000}": [1, {"\u{e000}": 2}]}),
+        );
+        e.output_hash_sha256 = Some("ef".repeat(32));
+        e.error_code = Some("TOOL_TIMEOUT".into());
+        e.reason = Some("timeout".into());
+        e.failed_step = Some(10);
+        e.execution_time_ms = Some(u64::MAX);
+        let v = |s: &str| FileVersion {
+            version: s.into(),
+            sha256: "00".repeat(32),
+        };
+        e.policy_versions = Some(PolicyVersions {
+            roles: v("1"),
+            lanes: v("2"),
+            registry: v("3"),
+        });
+        e.details.insert("dry_run".into(), json!(false));
+        e
+    }
+
+    #[test]
+    fn rendered_lines_are_rfc8785_canonical() {
+        for event in [NewEvent::new(EventType::PolicyLoaded), full_event()] {
+            let prepared = prepare(&event).unwrap();
+            let line = render(&prepared, 42, "2026-01-02T03:04:05.678Z", GENESIS_PREV);
+            let value: Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(to_canonical_string(&value), line);
+            assert_eq!(value["seq"], json!(42));
+            assert_eq!(value["event_id"], json!("ev-000000000042"));
+            assert_eq!(value["prev"], json!(GENESIS_PREV));
+            assert_eq!(value["contract_version"], json!(crate::CONTRACT_VERSION));
+        }
+    }
+
+    #[test]
+    fn numbers_outside_the_safe_range_become_strings() {
+        let line = render(&prepare(&full_event()).unwrap(), 1, "t", GENESIS_PREV);
+        let value: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["arguments"]["f"], json!("1.5"));
+        assert_eq!(value["arguments"]["big"], json!("9007199254740993"));
+        assert_eq!(value["arguments"]["n"], json!(3));
+        assert_eq!(value["execution_time_ms"], json!(MAX_SAFE_INTEGER));
+        // Absent fields are omitted, details is always there.
+        let bare: Value = serde_json::from_str(&render(
+            &prepare(&NewEvent::new(EventType::PolicyLoaded)).unwrap(),
+            1,
+            "t",
+            GENESIS_PREV,
+        ))
+        .unwrap();
+        assert!(bare.get("run_id").is_none());
+        assert_eq!(bare["details"], json!({}));
+    }
+
+    #[test]
+    fn oversized_and_overdeep_events_are_refused() {
+        let mut e = NewEvent::new(EventType::ToolRequested);
+        e.arguments = Some(json!("x".repeat(MAX_LINE_BYTES)));
+        assert!(matches!(prepare(&e), Err(AuditError::TooLarge { .. })));
+        let mut deep = json!(1);
+        for _ in 0..100 {
+            deep = json!([deep]);
+        }
+        e.arguments = Some(deep);
+        assert!(matches!(prepare(&e), Err(AuditError::InvalidEvent { .. })));
+    }
+
+    #[test]
+    fn timestamps_are_fixed_width_utc_milliseconds() {
+        let at = OffsetDateTime::from_unix_timestamp_nanos(1_767_323_045_678_900_000).unwrap();
+        assert_eq!(format_timestamp(at), "2026-01-02T03:04:05.678Z");
+    }
+}

@@ -1,0 +1,732 @@
+//! [`AuditLog`]: the handle the gateway appends through, and the one writer thread that
+//! owns the SQLite connection and commits concurrent appends in groups.
+//!
+//! Group commit: appenders canonicalize their events, then send them with a oneshot
+//! reply over a channel. The writer takes everything queued (up to
+//! [`MAX_BATCH_EVENTS`]), gives the events contiguous seqs, renders and hashes their
+//! lines, inserts them in ONE transaction and commits it (one fsync), and only then
+//! answers every waiter. If the commit fails, every waiter of the batch gets the error
+//! and the in-memory chain state (worked on a copy) stays as it was, so seqs stay
+//! gapless.
+//!
+//! INVARIANT: a waiter is answered Ok only after the COMMIT that holds its events
+//! returned; the writer is the only code that writes events.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, TransactionBehavior, params};
+use time::OffsetDateTime;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+
+use super::checkpoint::{Checkpoint, verify_note};
+use super::keys::{Keys, SignerKey, VerifierKey, valid_key_name};
+use super::line::{Prepared, event_id, format_timestamp, prepare, render};
+use super::merkle::{Frontier, Hash, leaf_hash};
+use super::sink::Sinks;
+use super::store::{self, INSERT_CHECKPOINT, INSERT_EVENT, map_sqlite};
+use super::{
+    Appended, ArgumentCommitment, AuditError, AuditOptions, Durability, EventFilter, NewEvent,
+    StoredEvent, hmac_sha256_hex,
+};
+
+/// The most events one transaction takes.
+pub const MAX_BATCH_EVENTS: usize = 1024;
+/// The most events one `append_all` may carry.
+pub const MAX_REQUEST_EVENTS: usize = 4096;
+/// The most events waiting for the writer; appenders beyond wait for room.
+const MAX_QUEUED_EVENTS: usize = 65_536;
+
+type Reply<T> = oneshot::Sender<Result<T, AuditError>>;
+
+enum Request {
+    Append {
+        events: Vec<Prepared>,
+        reply: Reply<Vec<Appended>>,
+        _permit: OwnedSemaphorePermit,
+    },
+    Close {
+        reply: Reply<()>,
+    },
+}
+
+/// The audit log. Cheap to clone; every clone appends to the same log.
+#[derive(Clone)]
+pub struct AuditLog {
+    inner: Arc<Inner>,
+}
+
+/// Told about every group commit, on the writer thread: how many events the
+/// transaction held and how long writing and committing it took. Must be cheap and
+/// must not block (metrics use it).
+pub type BatchObserver = Arc<dyn Fn(usize, Duration) + Send + Sync>;
+
+struct Inner {
+    sender: Sender<Request>,
+    /// Set once by [`AuditLog::observe_batches`]; read by the writer after each commit.
+    batch_observer: Arc<OnceLock<BatchObserver>>,
+    closed: AtomicBool,
+    head: Arc<RwLock<Option<(u64, String)>>>,
+    hmac_key: [u8; 32],
+    verifier: VerifierKey,
+    permits: Arc<Semaphore>,
+    reader: Arc<Mutex<Connection>>,
+    db_path: PathBuf,
+    append_timeout: Duration,
+}
+
+impl std::fmt::Debug for AuditLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditLog")
+            .field("db_path", &self.inner.db_path)
+            .field("head", &self.head())
+            .finish()
+    }
+}
+
+impl AuditLog {
+    /// Opens (or creates) the log: checks the database is an audit log that can be
+    /// written now, validates the chain head and the newest checkpoint against the key,
+    /// opens the checkpoint sinks and starts the writer thread.
+    pub fn open(options: AuditOptions) -> Result<AuditLog, AuditError> {
+        if options.checkpoint_every_events == 0 {
+            return Err(AuditError::Config {
+                what: "checkpoint_every_events must be at least 1".into(),
+            });
+        }
+        if options.checkpoint_interval < Duration::from_millis(10) {
+            return Err(AuditError::Config {
+                what: "checkpoint_interval must be at least 10 ms".into(),
+            });
+        }
+        if !valid_key_name(&options.origin) {
+            return Err(AuditError::Config {
+                what: format!(
+                    "origin `{}` must be non-empty, without spaces or `+`",
+                    options.origin
+                ),
+            });
+        }
+        let path = options.db_path.clone();
+        if let Some(dir) = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+        {
+            std::fs::create_dir_all(dir).map_err(|e| AuditError::Io {
+                path: dir.to_path_buf(),
+                what: format!("cannot create the data directory: {e}"),
+            })?;
+        }
+        let conn = store::open_writer(
+            &path,
+            options.durability,
+            options.busy_timeout,
+            options.max_db_bytes,
+        )?;
+        let state = store::load_state(&conn, &path)?;
+        let fresh = state.frontier.size() == 0 && state.last_checkpoint.is_none();
+        let keys = Keys::load_or_create(&options.key_dir, &options.origin, fresh)?;
+        if let Some(row) = &state.last_checkpoint {
+            let checkpoint =
+                verify_note(&row.note, &keys.signer.verifier).map_err(|e| AuditError::Key {
+                    path: options.key_dir.clone(),
+                    what: format!("the newest checkpoint does not verify with this key: {e}"),
+                })?;
+            if checkpoint.size != row.size || hex::encode(checkpoint.root) != row.root {
+                return Err(AuditError::Corrupt {
+                    seq: 0,
+                    what: "the newest checkpoint note does not match its row".into(),
+                });
+            }
+        }
+        let sinks = Sinks::open(&options.checkpoint_sinks)?;
+        let reader = store::open_reader(&path, options.busy_timeout)?;
+        let head_value =
+            (state.frontier.size() > 0).then(|| (state.frontier.size(), hex::encode(state.prev)));
+        let head = Arc::new(RwLock::new(head_value));
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let batch_observer = Arc::new(OnceLock::new());
+        let writer = Writer {
+            batch_observer: batch_observer.clone(),
+            path: path.clone(),
+            durability: options.durability,
+            last_cp_size: state.last_checkpoint.as_ref().map_or(0, |c| c.size),
+            last_cp_at: Instant::now(),
+            frontier: state.frontier,
+            prev: state.prev,
+            last_ts: state.last_ts,
+            conn,
+            signer: keys.signer.clone(),
+            origin: options.origin.clone(),
+            every: options.checkpoint_every_events,
+            interval: options.checkpoint_interval,
+            idle_heartbeat: options.idle_heartbeat,
+            sinks,
+            head: head.clone(),
+            last_batch: 0,
+            last_commit: Duration::ZERO,
+            last_commit_end: Instant::now(),
+            linger_until: Instant::now(),
+        };
+        std::thread::Builder::new()
+            .name("audit-writer".into())
+            .spawn(move || writer.run(receiver))
+            .map_err(|e| AuditError::Io {
+                path: path.clone(),
+                what: format!("cannot start the audit writer thread: {e}"),
+            })?;
+        Ok(AuditLog {
+            inner: Arc::new(Inner {
+                sender,
+                batch_observer,
+                closed: AtomicBool::new(false),
+                head,
+                hmac_key: keys.hmac_key,
+                verifier: keys.signer.verifier,
+                permits: Arc::new(Semaphore::new(MAX_QUEUED_EVENTS)),
+                reader: Arc::new(Mutex::new(reader)),
+                db_path: path,
+                append_timeout: options.append_timeout,
+            }),
+        })
+    }
+
+    /// Appends one event; returns once it is durable (committed with the configured
+    /// durability).
+    pub async fn append(&self, event: NewEvent) -> Result<Appended, AuditError> {
+        self.append_all(vec![event])
+            .await?
+            .pop()
+            .ok_or(AuditError::Closed)
+    }
+
+    /// Appends events with contiguous seqs in one transaction; returns once they are
+    /// durable. Needs a tokio runtime with the time driver (bounded waits).
+    pub async fn append_all(&self, events: Vec<NewEvent>) -> Result<Vec<Appended>, AuditError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        if events.len() > MAX_REQUEST_EVENTS {
+            return Err(AuditError::TooLarge {
+                what: "number of events in one append".into(),
+                limit: MAX_REQUEST_EVENTS as u64,
+            });
+        }
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(AuditError::Closed);
+        }
+        let prepared = events.iter().map(prepare).collect::<Result<Vec<_>, _>>()?;
+        let timeout = self.inner.append_timeout;
+        let timed_out = || AuditError::Timeout {
+            waited_ms: timeout.as_millis() as u64,
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let count = prepared.len() as u32;
+        let permit = tokio::time::timeout_at(
+            deadline,
+            self.inner.permits.clone().acquire_many_owned(count),
+        )
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(|_| AuditError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .sender
+            .send(Request::Append {
+                events: prepared,
+                reply,
+                _permit: permit,
+            })
+            .map_err(|_| AuditError::Closed)?;
+        match tokio::time::timeout_at(deadline, answer).await {
+            Err(_) => Err(timed_out()),
+            Ok(Err(_)) => Err(AuditError::Closed),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    /// The SHA-256 and the keyed HMAC-SHA256 of the canonical arguments.
+    pub fn commit_arguments(&self, canonical_arguments: &[u8]) -> ArgumentCommitment {
+        ArgumentCommitment {
+            sha256: crate::canonical::sha256_hex(canonical_arguments),
+            hmac_sha256: hmac_sha256_hex(&self.inner.hmac_key, canonical_arguments),
+        }
+    }
+
+    /// Reads events, oldest first.
+    pub async fn events(&self, filter: EventFilter) -> Result<Vec<StoredEvent>, AuditError> {
+        let reader = self.inner.reader.clone();
+        let path = self.inner.db_path.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = reader.lock().unwrap_or_else(|p| p.into_inner());
+            read_events(&conn, &path, &filter)
+        })
+        .await
+        .map_err(|_| AuditError::Closed)?
+    }
+
+    /// Flushes what is queued, signs a final checkpoint if events arrived since the last
+    /// one, and stops the writer. Later appends fail with [`AuditError::Closed`].
+    pub async fn close(&self) -> Result<(), AuditError> {
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let (reply, answer) = oneshot::channel();
+        if self.inner.sender.send(Request::Close { reply }).is_err() {
+            return Ok(());
+        }
+        match tokio::time::timeout(self.inner.append_timeout, answer).await {
+            Err(_) => Err(AuditError::Timeout {
+                waited_ms: self.inner.append_timeout.as_millis() as u64,
+            }),
+            Ok(Err(_)) => Err(AuditError::Closed),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    /// The last seq and its hash, or None for an empty log.
+    pub fn head(&self) -> Option<(u64, String)> {
+        self.inner
+            .head
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Registers the observer of group commits (the first registration wins; false if
+    /// one was already set).
+    pub fn observe_batches(&self, observer: BatchObserver) -> bool {
+        self.inner.batch_observer.set(observer).is_ok()
+    }
+
+    /// The public key that verifies this log's checkpoints.
+    pub fn verifier_key(&self) -> &VerifierKey {
+        &self.inner.verifier
+    }
+}
+
+/// Reads events matching `filter` over `conn`.
+pub(crate) fn read_events(
+    conn: &Connection,
+    path: &std::path::Path,
+    filter: &EventFilter,
+) -> Result<Vec<StoredEvent>, AuditError> {
+    let map = |e: rusqlite::Error| map_sqlite(&e, path);
+    let mut sql = String::from("SELECT seq, line FROM events WHERE seq > ?");
+    let mut args: Vec<rusqlite::types::Value> =
+        vec![(filter.after_seq.min(i64::MAX as u64) as i64).into()];
+    if let Some(run) = &filter.run_id {
+        sql.push_str(" AND run_id = ?");
+        args.push(run.clone().into());
+    }
+    if !filter.event_types.is_empty() {
+        sql.push_str(" AND type IN (");
+        sql.push_str(&vec!["?"; filter.event_types.len()].join(", "));
+        sql.push(')');
+        args.extend(
+            filter
+                .event_types
+                .iter()
+                .map(|t| t.as_str().to_string().into()),
+        );
+    }
+    if let Some(since) = filter.since {
+        sql.push_str(" AND ts >= ?");
+        args.push(format_timestamp(since).into());
+    }
+    if let Some(until) = filter.until {
+        sql.push_str(" AND ts < ?");
+        args.push(format_timestamp(until).into());
+    }
+    let limit = if filter.limit == 0 {
+        -1
+    } else {
+        filter.limit.min(i64::MAX as usize) as i64
+    };
+    // LIMIT -1: no limit.
+    sql.push_str(" ORDER BY seq LIMIT ?");
+    args.push(limit.into());
+    let mut stmt = conn.prepare_cached(&sql).map_err(map)?;
+    let rows = stmt
+        .query_map(rusqlite::params_from_iter(args), |r| {
+            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?))
+        })
+        .map_err(map)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (seq, line) = row.map_err(map)?;
+        let value = serde_json::from_str(&line).map_err(|_| AuditError::Corrupt {
+            seq,
+            what: "the stored line is not JSON".into(),
+        })?;
+        out.push(StoredEvent { seq, line, value });
+    }
+    Ok(out)
+}
+
+/// The writer thread's state.
+struct Writer {
+    conn: Connection,
+    path: PathBuf,
+    durability: Durability,
+    /// The tree over every committed event.
+    frontier: Frontier,
+    /// The leaf hash of the last committed event (zeros for an empty log).
+    prev: Hash,
+    /// The newest timestamp written; timestamps never go backwards along seq.
+    last_ts: String,
+    signer: SignerKey,
+    origin: String,
+    every: u64,
+    interval: Duration,
+    idle_heartbeat: bool,
+    /// Size of the newest checkpoint, and when the writer last considered one.
+    last_cp_size: u64,
+    last_cp_at: Instant,
+    sinks: Sinks,
+    head: Arc<RwLock<Option<(u64, String)>>>,
+    /// Events in the previous commit, how long it took and when it ended (adaptive
+    /// group commit, see `should_linger`).
+    last_batch: usize,
+    last_commit: Duration,
+    last_commit_end: Instant,
+    linger_until: Instant,
+    /// See [`BatchObserver`].
+    batch_observer: Arc<OnceLock<BatchObserver>>,
+}
+
+/// A request arriving this soon after a commit belongs to a busy streak.
+const BUSY_STREAK: Duration = Duration::from_millis(2);
+/// Bounds of the wait for more requests in a busy streak (the previous commit's
+/// duration, clamped): a little latency buys far fewer fsyncs per event.
+const MIN_LINGER: Duration = Duration::from_micros(100);
+const MAX_LINGER: Duration = Duration::from_millis(1);
+
+/// The outcome of one committed batch.
+struct Committed {
+    appended: Vec<Vec<Appended>>,
+    frontier: Frontier,
+    prev: Hash,
+    last_ts: String,
+    note: Option<(u64, String)>,
+}
+
+impl Writer {
+    fn run(mut self, receiver: Receiver<Request>) {
+        loop {
+            let wait = (self.last_cp_at + self.interval).saturating_duration_since(Instant::now());
+            let first = match receiver.recv_timeout(wait) {
+                Ok(request) => request,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.timed_checkpoint();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    // Every handle is gone: shut down as `close` would.
+                    if let Err(e) = self.shutdown() {
+                        tracing::error!(error = %e, "audit log shutdown failed");
+                    }
+                    return;
+                }
+            };
+            let mut batch = Vec::new();
+            let mut count = 0;
+            let mut close = None;
+            let mut next = Some(first);
+            // INVARIANT: lingering is bounded by MAX_LINGER per batch.
+            self.linger_until = Instant::now() + self.last_commit.clamp(MIN_LINGER, MAX_LINGER);
+            while let Some(request) = next.take() {
+                match request {
+                    Request::Append {
+                        events,
+                        reply,
+                        _permit,
+                    } => {
+                        count += events.len();
+                        batch.push((events, reply, _permit));
+                    }
+                    Request::Close { reply } => {
+                        close = Some(reply);
+                        break;
+                    }
+                }
+                if count >= MAX_BATCH_EVENTS {
+                    break;
+                }
+                next = receiver.try_recv().ok();
+                if next.is_none() && self.should_linger(count) {
+                    // Busy streak: the appenders answered by the last commit are
+                    // coming back; wait briefly so they share this commit.
+                    let left = self.linger_until.saturating_duration_since(Instant::now());
+                    next = receiver.recv_timeout(left).ok();
+                }
+            }
+            if !batch.is_empty() {
+                let started = Instant::now();
+                self.commit(batch, count as u64);
+                self.last_batch = count;
+                self.last_commit = started.elapsed();
+                self.last_commit_end = Instant::now();
+                if let Some(observe) = self.batch_observer.get() {
+                    observe(count, self.last_commit);
+                }
+            }
+            if let Some(reply) = close {
+                drop(receiver);
+                let result = self.shutdown();
+                let _ = reply.send(result);
+                return;
+            }
+            if Instant::now() >= self.last_cp_at + self.interval {
+                self.timed_checkpoint();
+            }
+        }
+    }
+
+    /// Whether to wait for more requests before committing `count` events: only in a
+    /// busy streak (the previous commit ended moments ago), until as many events as it
+    /// answered are back, and never past `linger_until`.
+    fn should_linger(&self, count: usize) -> bool {
+        count < self.last_batch
+            && self.last_commit_end.elapsed() < BUSY_STREAK
+            && Instant::now() < self.linger_until
+    }
+
+    fn commit(
+        &mut self,
+        batch: Vec<(Vec<Prepared>, Reply<Vec<Appended>>, OwnedSemaphorePermit)>,
+        count: u64,
+    ) {
+        let with_checkpoint = self.frontier.size() + count - self.last_cp_size >= self.every;
+        let requests: Vec<&[Prepared]> = batch
+            .iter()
+            .map(|(events, _, _)| events.as_slice())
+            .collect();
+        match self.write_batch(&requests, with_checkpoint) {
+            Ok(committed) => {
+                self.frontier = committed.frontier;
+                self.prev = committed.prev;
+                self.last_ts = committed.last_ts;
+                self.set_head();
+                for ((_, reply, permit), appended) in batch.into_iter().zip(committed.appended) {
+                    let _ = reply.send(Ok(appended));
+                    drop(permit);
+                }
+                if let Some((size, note)) = committed.note {
+                    self.last_cp_size = size;
+                    self.last_cp_at = Instant::now();
+                    self.sinks.publish(&note);
+                }
+            }
+            Err(error) => {
+                tracing::error!(error = %error, "audit batch commit failed");
+                for (_, reply, _) in batch {
+                    let _ = reply.send(Err(error.clone()));
+                }
+                self.reload();
+            }
+        }
+    }
+
+    /// Writes one batch in one transaction. Works on copies of the chain state, which
+    /// the caller adopts only if the commit succeeded.
+    fn write_batch(
+        &mut self,
+        requests: &[&[Prepared]],
+        with_checkpoint: bool,
+    ) -> Result<Committed, AuditError> {
+        let mut frontier = self.frontier.clone();
+        let mut prev = self.prev;
+        let now = format_timestamp(OffsetDateTime::now_utc());
+        let ts = if now > self.last_ts {
+            now
+        } else {
+            self.last_ts.clone()
+        };
+        let full_sync = with_checkpoint && self.durability == Durability::Normal;
+        let path = self.path.clone();
+        let map = |e: rusqlite::Error| map_sqlite(&e, &path);
+        if full_sync {
+            self.conn
+                .pragma_update(None, "synchronous", "FULL")
+                .map_err(map)?;
+        }
+        let result = (|| {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(map)?;
+            let mut appended = Vec::with_capacity(requests.len());
+            {
+                let mut insert = tx.prepare_cached(INSERT_EVENT).map_err(map)?;
+                for events in requests {
+                    let mut out = Vec::with_capacity(events.len());
+                    for prepared in *events {
+                        let seq = frontier.size() + 1;
+                        let line = render(prepared, seq, &ts, &hex::encode(prev));
+                        let hash = leaf_hash(line.as_bytes());
+                        let hash_hex = hex::encode(hash);
+                        let id = event_id(seq);
+                        insert
+                            .execute(params![
+                                seq as i64,
+                                id,
+                                prepared.event_type.as_str(),
+                                prepared.run_id,
+                                ts,
+                                line,
+                                hash_hex
+                            ])
+                            .map_err(map)?;
+                        frontier.push(hash);
+                        prev = hash;
+                        out.push(Appended {
+                            seq,
+                            event_id: id,
+                            hash: hash_hex,
+                        });
+                    }
+                    appended.push(out);
+                }
+            }
+            let note = if with_checkpoint {
+                Some(
+                    insert_checkpoint(&tx, &self.signer, &self.origin, &frontier, &ts, "events")
+                        .map_err(map)?,
+                )
+            } else {
+                None
+            };
+            tx.commit().map_err(map)?;
+            Ok(Committed {
+                appended,
+                frontier,
+                prev,
+                last_ts: ts,
+                note,
+            })
+        })();
+        if full_sync && let Err(e) = self.conn.pragma_update(None, "synchronous", "NORMAL") {
+            tracing::warn!(error = %e, "cannot restore synchronous=NORMAL");
+        }
+        result
+    }
+
+    /// Signs and stores a checkpoint over the current tree in its own transaction
+    /// (FULL-synced), then publishes it.
+    fn checkpoint_now(&mut self, reason: &str) -> Result<(), AuditError> {
+        let path = self.path.clone();
+        let map = |e: rusqlite::Error| map_sqlite(&e, &path);
+        let ts = format_timestamp(OffsetDateTime::now_utc());
+        let full_sync = self.durability == Durability::Normal;
+        if full_sync {
+            self.conn
+                .pragma_update(None, "synchronous", "FULL")
+                .map_err(map)?;
+        }
+        let result = (|| {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(map)?;
+            let note =
+                insert_checkpoint(&tx, &self.signer, &self.origin, &self.frontier, &ts, reason)
+                    .map_err(map)?;
+            tx.commit().map_err(map)?;
+            Ok(note)
+        })();
+        if full_sync {
+            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
+        }
+        let (size, note) = result?;
+        self.last_cp_size = size;
+        self.last_cp_at = Instant::now();
+        self.sinks.publish(&note);
+        Ok(())
+    }
+
+    /// The interval elapsed: sign if events arrived since the last checkpoint (or
+    /// always, with the idle heartbeat).
+    fn timed_checkpoint(&mut self) {
+        if self.frontier.size() > self.last_cp_size || self.idle_heartbeat {
+            let reason = if self.frontier.size() > self.last_cp_size {
+                "interval"
+            } else {
+                "heartbeat"
+            };
+            if let Err(e) = self.checkpoint_now(reason) {
+                tracing::error!(error = %e, "cannot sign a timed audit checkpoint");
+            }
+        }
+        self.last_cp_at = Instant::now();
+    }
+
+    /// Final checkpoint (if events arrived since the last one) and close the connection.
+    fn shutdown(mut self) -> Result<(), AuditError> {
+        let result = if self.frontier.size() > self.last_cp_size {
+            self.checkpoint_now("close")
+        } else {
+            Ok(())
+        };
+        let path = self.path.clone();
+        let closed = self.conn.close().map_err(|(_, e)| map_sqlite(&e, &path));
+        result.and(closed)
+    }
+
+    fn set_head(&self) {
+        let value =
+            (self.frontier.size() > 0).then(|| (self.frontier.size(), hex::encode(self.prev)));
+        *self.head.write().unwrap_or_else(|p| p.into_inner()) = value;
+    }
+
+    /// After a failed commit: make sure the in-memory chain matches the database (it
+    /// should, the transaction rolled back); rebuild it from the database otherwise.
+    fn reload(&mut self) {
+        match store::head(&self.conn, &self.path) {
+            Ok((count, last))
+                if count == self.frontier.size()
+                    && last.as_ref().map(|l| l.1.as_str())
+                        == (count > 0).then(|| hex::encode(self.prev)).as_deref() => {}
+            Ok(_) => match store::load_state(&self.conn, &self.path) {
+                Ok(state) => {
+                    self.frontier = state.frontier;
+                    self.prev = state.prev;
+                    self.last_ts = state.last_ts;
+                    self.set_head();
+                }
+                Err(e) => tracing::error!(error = %e, "cannot reload the audit chain state"),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the audit chain state after a failed commit")
+            }
+        }
+    }
+}
+
+/// Signs a checkpoint over `frontier` and inserts it; returns (size, note).
+fn insert_checkpoint(
+    tx: &rusqlite::Transaction<'_>,
+    signer: &SignerKey,
+    origin: &str,
+    frontier: &Frontier,
+    ts: &str,
+    reason: &str,
+) -> rusqlite::Result<(u64, String)> {
+    let checkpoint = Checkpoint {
+        origin: origin.to_string(),
+        size: frontier.size(),
+        root: frontier.root(),
+    };
+    let note = checkpoint.sign(signer);
+    tx.prepare_cached(INSERT_CHECKPOINT)?.execute(params![
+        checkpoint.size as i64,
+        hex::encode(checkpoint.root),
+        note,
+        ts,
+        reason
+    ])?;
+    Ok((checkpoint.size, note))
+}

@@ -1,0 +1,415 @@
+//! The SQLite side of the audit log: schema, connections, typed errors, and reading
+//! back the state the writer needs.
+//!
+//! INVARIANT: events and checkpoints are only ever INSERTed; triggers abort any UPDATE
+//! or DELETE on them (a guard against accidents, not against someone who owns the file:
+//! that is what the hash chain and the signed checkpoints are for).
+
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
+
+use super::merkle::{Frontier, Hash};
+use super::{AuditError, Durability};
+
+/// The value of `meta.format` in a toolgate audit database.
+pub(crate) const FORMAT: &str = "toolgate-audit/1";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY,
+    event_id TEXT NOT NULL UNIQUE,
+    type TEXT NOT NULL,
+    run_id TEXT,
+    ts TEXT NOT NULL,
+    line TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_run_id ON events (run_id);
+CREATE INDEX IF NOT EXISTS events_type ON events (type);
+CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id INTEGER PRIMARY KEY,
+    size INTEGER NOT NULL,
+    root TEXT NOT NULL,
+    note TEXT NOT NULL,
+    created_utc TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
+    BEGIN SELECT RAISE(ABORT, 'audit events are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
+    BEGIN SELECT RAISE(ABORT, 'audit events are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS checkpoints_no_update BEFORE UPDATE ON checkpoints
+    BEGIN SELECT RAISE(ABORT, 'audit checkpoints are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS checkpoints_no_delete BEFORE DELETE ON checkpoints
+    BEGIN SELECT RAISE(ABORT, 'audit checkpoints are append-only'); END;
+";
+
+pub(crate) const INSERT_EVENT: &str = "INSERT INTO events (seq, event_id, type, run_id, ts, line, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+pub(crate) const INSERT_CHECKPOINT: &str =
+    "INSERT INTO checkpoints (size, root, note, created_utc, reason) VALUES (?1, ?2, ?3, ?4, ?5)";
+
+/// Maps an SQLite error to the typed error an operator can act on.
+pub(crate) fn map_sqlite(err: &rusqlite::Error, path: &Path) -> AuditError {
+    let path = path.to_path_buf();
+    match err {
+        rusqlite::Error::SqliteFailure(e, _) => match e.code {
+            ErrorCode::NotADatabase => AuditError::NotSqlite { path },
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => AuditError::Locked { path },
+            ErrorCode::ReadOnly => AuditError::ReadOnly { path },
+            ErrorCode::DiskFull => AuditError::DiskFull { path },
+            ErrorCode::DatabaseCorrupt => AuditError::Corrupt {
+                seq: 0,
+                what: format!("sqlite reports a malformed database: {err}"),
+            },
+            ErrorCode::CannotOpen => AuditError::Io {
+                path,
+                what: format!("cannot open the database: {err}"),
+            },
+            ErrorCode::PermissionDenied => AuditError::ReadOnly { path },
+            ErrorCode::SystemIoFailure => AuditError::Io {
+                path,
+                what: err.to_string(),
+            },
+            _ => AuditError::Sqlite {
+                what: err.to_string(),
+            },
+        },
+        _ => AuditError::Sqlite {
+            what: err.to_string(),
+        },
+    }
+}
+
+/// Fails with [`AuditError::NotSqlite`] if `path` exists, is not empty, and does not
+/// start with the SQLite header.
+pub(crate) fn check_header(path: &Path) -> Result<(), AuditError> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(AuditError::ReadOnly {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(e) => {
+            return Err(AuditError::Io {
+                path: path.to_path_buf(),
+                what: format!("cannot read the database: {e}"),
+            });
+        }
+    };
+    if path.is_dir() {
+        return Err(AuditError::NotSqlite {
+            path: path.to_path_buf(),
+        });
+    }
+    let mut header = Vec::with_capacity(16);
+    file.by_ref()
+        .take(16)
+        .read_to_end(&mut header)
+        .map_err(|e| AuditError::Io {
+            path: path.to_path_buf(),
+            what: format!("cannot read the database: {e}"),
+        })?;
+    if !header.is_empty() && header != b"SQLite format 3\0" {
+        return Err(AuditError::NotSqlite {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Opens (creating if needed) the database for the writer: WAL, the durability, the
+/// schema, and a write lock taken once to prove the database is writable now.
+pub(crate) fn open_writer(
+    path: &Path,
+    durability: Durability,
+    busy_timeout: Duration,
+    max_bytes: Option<u64>,
+) -> Result<Connection, AuditError> {
+    check_header(path)?;
+    let map = |e: rusqlite::Error| map_sqlite(&e, path);
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(map)?;
+    conn.busy_timeout(busy_timeout).map_err(map)?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(map)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(AuditError::ReadOnly {
+            path: path.to_path_buf(),
+        });
+    }
+    let sync = match durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync).map_err(map)?;
+    conn.set_prepared_statement_cache_capacity(16);
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(map)?;
+    let created = (|| -> Result<(), AuditError> {
+        let has_events: bool = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'events'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(map)?
+            > 0;
+        let has_meta: bool = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(map)?
+            > 0;
+        if has_events && !has_meta {
+            return Err(AuditError::NotAuditLog {
+                path: path.to_path_buf(),
+                what: "it has an `events` table but no format marker".into(),
+            });
+        }
+        conn.execute_batch(SCHEMA).map_err(map)?;
+        conn.execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('format', ?1)",
+            params![FORMAT],
+        )
+        .map_err(map)?;
+        let format: String = conn
+            .query_row("SELECT value FROM meta WHERE key = 'format'", [], |r| {
+                r.get(0)
+            })
+            .map_err(map)?;
+        if format != FORMAT {
+            return Err(AuditError::NotAuditLog {
+                path: path.to_path_buf(),
+                what: format!("unknown format `{format}`"),
+            });
+        }
+        Ok(())
+    })();
+    match created {
+        Ok(()) => conn.execute_batch("COMMIT").map_err(map)?,
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(e);
+        }
+    }
+    if let Some(bytes) = max_bytes {
+        let page_size: i64 = conn
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(map)?;
+        let pages = (bytes / page_size.max(512) as u64).max(1);
+        let _: i64 = conn
+            .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
+                r.get(0)
+            })
+            .map_err(map)?;
+    }
+    Ok(conn)
+}
+
+/// Opens the database read-only (for reads next to the writer, verify and export).
+pub(crate) fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connection, AuditError> {
+    if !path.exists() {
+        return Err(AuditError::Io {
+            path: path.to_path_buf(),
+            what: "no such file".into(),
+        });
+    }
+    check_header(path)?;
+    let map = |e: rusqlite::Error| map_sqlite(&e, path);
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(map)?;
+    conn.busy_timeout(busy_timeout).map_err(map)?;
+    let format: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = 'format'", [], |r| {
+            r.get(0)
+        })
+        .optional()
+        .map_err(|e| match map(e) {
+            AuditError::Sqlite { what } => AuditError::NotAuditLog {
+                path: path.to_path_buf(),
+                what,
+            },
+            other => other,
+        })?;
+    match format.as_deref() {
+        Some(FORMAT) => Ok(conn),
+        Some(other) => Err(AuditError::NotAuditLog {
+            path: path.to_path_buf(),
+            what: format!("unknown format `{other}`"),
+        }),
+        None => Err(AuditError::NotAuditLog {
+            path: path.to_path_buf(),
+            what: "no format marker".into(),
+        }),
+    }
+}
+
+/// The newest checkpoint row.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckpointRow {
+    pub size: u64,
+    pub root: String,
+    pub note: String,
+}
+
+/// What the writer needs to continue the log.
+#[derive(Debug, Clone)]
+pub(crate) struct State {
+    pub frontier: Frontier,
+    pub prev: Hash,
+    pub last_ts: String,
+    pub last_checkpoint: Option<CheckpointRow>,
+}
+
+pub(crate) fn decode_hash(text: &str) -> Option<Hash> {
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(text, &mut out).ok()?;
+    Some(out)
+}
+
+/// The last event's (seq, hash, ts).
+pub(crate) type LastEvent = (u64, String, String);
+
+/// The count and the last event of the events table.
+pub(crate) fn head(conn: &Connection, path: &Path) -> Result<(u64, Option<LastEvent>), AuditError> {
+    let map = |e: rusqlite::Error| map_sqlite(&e, path);
+    let count: i64 = conn
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .map_err(map)?;
+    let last = conn
+        .query_row(
+            "SELECT seq, hash, ts FROM events ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u64,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(map)?;
+    Ok((count as u64, last))
+}
+
+/// Reads the state of the log and checks what can be checked cheaply: the seqs are
+/// gapless from 1, the last line hashes to its stored hash, and the newest checkpoint's
+/// root matches the tree. Reads every stored hash (32 bytes of memory per event are not
+/// kept: only the frontier is).
+pub(crate) fn load_state(conn: &Connection, path: &Path) -> Result<State, AuditError> {
+    let map = |e: rusqlite::Error| map_sqlite(&e, path);
+    let last_checkpoint = conn
+        .query_row(
+            "SELECT size, root, note FROM checkpoints ORDER BY id DESC LIMIT 1",
+            [],
+            |r| {
+                Ok(CheckpointRow {
+                    size: r.get::<_, i64>(0)? as u64,
+                    root: r.get(1)?,
+                    note: r.get(2)?,
+                })
+            },
+        )
+        .optional()
+        .map_err(map)?;
+    let mut frontier = Frontier::new();
+    let mut prev = [0u8; 32];
+    let mut checkpoint_root = None;
+    if last_checkpoint.as_ref().is_some_and(|c| c.size == 0) {
+        checkpoint_root = Some(frontier.root());
+    }
+    {
+        let mut stmt = conn
+            .prepare("SELECT seq, hash FROM events ORDER BY seq")
+            .map_err(map)?;
+        let mut rows = stmt.query([]).map_err(map)?;
+        while let Some(row) = rows.next().map_err(map)? {
+            let seq = row.get::<_, i64>(0).map_err(map)? as u64;
+            let expected = frontier.size() + 1;
+            if seq != expected {
+                return Err(AuditError::Corrupt {
+                    seq: expected,
+                    what: format!("seq {expected} is missing (the next stored seq is {seq})"),
+                });
+            }
+            let hash_text: String = row.get(1).map_err(map)?;
+            let hash = decode_hash(&hash_text).ok_or_else(|| AuditError::Corrupt {
+                seq,
+                what: "the stored hash is not 64 hex digits".into(),
+            })?;
+            frontier.push(hash);
+            prev = hash;
+            if last_checkpoint.as_ref().is_some_and(|c| c.size == seq) {
+                checkpoint_root = Some(frontier.root());
+            }
+        }
+    }
+    let mut last_ts = String::new();
+    if frontier.size() > 0 {
+        let (seq, line, hash, ts): (i64, String, String, String) = conn
+            .query_row(
+                "SELECT seq, line, hash, ts FROM events ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .map_err(map)?;
+        let seq = seq as u64;
+        if hex::encode(super::merkle::leaf_hash(line.as_bytes())) != hash {
+            return Err(AuditError::Corrupt {
+                seq,
+                what: "the last event's line does not match its stored hash".into(),
+            });
+        }
+        let value: serde_json::Value =
+            serde_json::from_str(&line).map_err(|_| AuditError::Corrupt {
+                seq,
+                what: "the last event is not JSON".into(),
+            })?;
+        if value.get("seq").and_then(serde_json::Value::as_u64) != Some(seq) {
+            return Err(AuditError::Corrupt {
+                seq,
+                what: "the last event's line carries another seq".into(),
+            });
+        }
+        last_ts = ts;
+    }
+    if let Some(checkpoint) = &last_checkpoint {
+        let Some(root) = checkpoint_root else {
+            return Err(AuditError::Corrupt {
+                seq: frontier.size() + 1,
+                what: format!(
+                    "the log has {} events but its newest checkpoint covers {}",
+                    frontier.size(),
+                    checkpoint.size
+                ),
+            });
+        };
+        if hex::encode(root) != checkpoint.root {
+            return Err(AuditError::Corrupt {
+                seq: 0,
+                what: format!(
+                    "the events do not match the newest checkpoint (size {})",
+                    checkpoint.size
+                ),
+            });
+        }
+    }
+    Ok(State {
+        frontier,
+        prev,
+        last_ts,
+        last_checkpoint,
+    })
+}

@@ -1,0 +1,1289 @@
+//! The change in effective permissions between two loaded policies, and the version
+//! rules for tool schemas.
+//!
+//! Pure: compares two validated [`Policy`] values, no I/O. Every list it returns is
+//! sorted, so the same two policies always give the same report.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::schema::{self, Class, SchemaChange};
+use crate::policy::{Credential, FlagMatcher, FlagRule, Lane, Policy, Role, Tool};
+
+/// Whether a change gives more access, less, or neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    Widening,
+    Narrowing,
+    Neutral,
+}
+
+impl Effect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effect::Widening => "widening",
+            Effect::Narrowing => "narrowing",
+            Effect::Neutral => "neutral",
+        }
+    }
+}
+
+/// What changed. The JSON name is the snake_case variant name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    // (role, lane, tool) triples
+    TripleAllowed,
+    TripleDenied,
+    // roles and admins
+    RoleAdded,
+    RoleRemoved,
+    RoleEnabled,
+    RoleDisabled,
+    RoleCredentialChanged,
+    AdminAdded,
+    AdminRemoved,
+    AdminCredentialChanged,
+    // lanes
+    LaneAdded,
+    LaneRemoved,
+    LaneScopeKeyAdded,
+    LaneScopeKeyRemoved,
+    LaneProhibitionAdded,
+    LaneProhibitionRemoved,
+    LaneRunStatusAdded,
+    LaneRunStatusRemoved,
+    LaneWriteChanged,
+    // tools
+    ToolAdded,
+    ToolRemoved,
+    ToolEnabled,
+    ToolDisabled,
+    ToolScopeKeyAdded,
+    ToolScopeKeyRemoved,
+    ToolProhibitionAdded,
+    ToolProhibitionRemoved,
+    FlagRuleAdded,
+    FlagRuleRemoved,
+    FlagRuleChanged,
+    ToolVersionChanged,
+    ToolIdempotentChanged,
+    ToolDeterminismChanged,
+    ToolTimeoutChanged,
+    ToolLimitChanged,
+    ToolWriteTargetAdded,
+    ToolWriteTargetRemoved,
+    ToolAdapterChanged,
+    ToolRedactionChanged,
+    InputSchemaChanged,
+    OutputSchemaChanged,
+}
+
+/// Which part of the policy a change is about; sections order the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Section {
+    Access,
+    Roles,
+    Lanes,
+    Tools,
+    Schemas,
+}
+
+impl Section {
+    pub const ALL: [Section; 5] = [
+        Section::Access,
+        Section::Roles,
+        Section::Lanes,
+        Section::Tools,
+        Section::Schemas,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Section::Access => "access (role / lane / tool)",
+            Section::Roles => "roles and admins",
+            Section::Lanes => "lanes",
+            Section::Tools => "tools",
+            Section::Schemas => "schemas",
+        }
+    }
+}
+
+impl Kind {
+    pub fn section(self) -> Section {
+        use Kind::*;
+        match self {
+            TripleAllowed | TripleDenied => Section::Access,
+            RoleAdded
+            | RoleRemoved
+            | RoleEnabled
+            | RoleDisabled
+            | RoleCredentialChanged
+            | AdminAdded
+            | AdminRemoved
+            | AdminCredentialChanged => Section::Roles,
+            LaneAdded
+            | LaneRemoved
+            | LaneScopeKeyAdded
+            | LaneScopeKeyRemoved
+            | LaneProhibitionAdded
+            | LaneProhibitionRemoved
+            | LaneRunStatusAdded
+            | LaneRunStatusRemoved
+            | LaneWriteChanged => Section::Lanes,
+            InputSchemaChanged | OutputSchemaChanged => Section::Schemas,
+            ToolAdded
+            | ToolRemoved
+            | ToolEnabled
+            | ToolDisabled
+            | ToolScopeKeyAdded
+            | ToolScopeKeyRemoved
+            | ToolProhibitionAdded
+            | ToolProhibitionRemoved
+            | FlagRuleAdded
+            | FlagRuleRemoved
+            | FlagRuleChanged
+            | ToolVersionChanged
+            | ToolIdempotentChanged
+            | ToolDeterminismChanged
+            | ToolTimeoutChanged
+            | ToolLimitChanged
+            | ToolWriteTargetAdded
+            | ToolWriteTargetRemoved
+            | ToolAdapterChanged
+            | ToolRedactionChanged => Section::Tools,
+        }
+    }
+}
+
+/// The schema part of an `input_schema_changed` / `output_schema_changed` change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SchemaDiff {
+    /// The most severe class among `changes`.
+    pub class: Class,
+    pub changes: Vec<SchemaChange>,
+}
+
+/// One change.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Change {
+    pub kind: Kind,
+    pub section: Section,
+    pub effect: Effect,
+    pub role: Option<String>,
+    pub admin: Option<String>,
+    pub lane: Option<String>,
+    pub tool: Option<String>,
+    /// One line, lowercase, names in backticks.
+    pub message: String,
+    /// The old and new value where one helps (never a credential).
+    pub before: Option<Value>,
+    pub after: Option<Value>,
+    pub schema: Option<SchemaDiff>,
+}
+
+impl Change {
+    fn new(kind: Kind, effect: Effect, message: String) -> Change {
+        Change {
+            kind,
+            section: kind.section(),
+            effect,
+            role: None,
+            admin: None,
+            lane: None,
+            tool: None,
+            message,
+            before: None,
+            after: None,
+            schema: None,
+        }
+    }
+
+    fn role(mut self, id: &str) -> Change {
+        self.role = Some(id.to_string());
+        self
+    }
+    fn admin(mut self, id: &str) -> Change {
+        self.admin = Some(id.to_string());
+        self
+    }
+    fn lane(mut self, id: &str) -> Change {
+        self.lane = Some(id.to_string());
+        self
+    }
+    fn tool(mut self, id: &str) -> Change {
+        self.tool = Some(id.to_string());
+        self
+    }
+    fn values(mut self, before: Value, after: Value) -> Change {
+        self.before = Some(before);
+        self.after = Some(after);
+        self
+    }
+
+    /// The report order: section, then the names, then the kind and message.
+    fn sort_key(&self) -> impl Ord + '_ {
+        (
+            self.section,
+            self.role.as_deref(),
+            self.lane.as_deref(),
+            self.tool.as_deref(),
+            self.admin.as_deref(),
+            self.kind,
+            self.message.as_str(),
+        )
+    }
+}
+
+/// A tool whose schema changed without the version bump the contract requires.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Violation {
+    pub tool: String,
+    pub old_version: String,
+    pub new_version: String,
+    /// The class of the schema change (`breaking` or `compatible`), or None when the
+    /// version went backwards.
+    pub class: Option<Class>,
+    pub message: String,
+    pub help: String,
+}
+
+/// Every change from `old` to `new`, in report order.
+pub fn changes(old: &Policy, new: &Policy) -> Vec<Change> {
+    let mut out = Vec::new();
+    triples(old, new, &mut out);
+    roles(old, new, &mut out);
+    admins(old, new, &mut out);
+    lanes(old, new, &mut out);
+    tools(old, new, &mut out);
+    out.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    out
+}
+
+/// Every (role, lane, tool) triple that is allowed: the role is enabled and lists the
+/// lane, the lane allowlists the tool, the tool lists the lane and is enabled.
+pub fn allowed_triples(policy: &Policy) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for role in policy.roles.values().filter(|r| r.enabled) {
+        for lane_id in &role.lanes {
+            let Some(lane) = policy.lanes.get(lane_id) else {
+                continue;
+            };
+            for tool_name in &lane.tools {
+                let Some(tool) = policy.tools.get(tool_name) else {
+                    continue;
+                };
+                if tool.enabled && tool.allowed_lanes.contains(lane_id) {
+                    out.insert((role.role_id.clone(), lane_id.clone(), tool_name.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn triples(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
+    let (before, after) = (allowed_triples(old), allowed_triples(new));
+    for (role, lane, tool) in after.difference(&before) {
+        out.push(
+            Change::new(
+                Kind::TripleAllowed,
+                Effect::Widening,
+                format!("`{role}` may now call `{tool}` in lane `{lane}`"),
+            )
+            .role(role)
+            .lane(lane)
+            .tool(tool),
+        );
+    }
+    for (role, lane, tool) in before.difference(&after) {
+        out.push(
+            Change::new(
+                Kind::TripleDenied,
+                Effect::Narrowing,
+                format!("`{role}` may no longer call `{tool}` in lane `{lane}`"),
+            )
+            .role(role)
+            .lane(lane)
+            .tool(tool),
+        );
+    }
+}
+
+/// Pairs the entries of two maps: only-old, only-new, both.
+fn pair<'a, T>(
+    old: &'a BTreeMap<String, T>,
+    new: &'a BTreeMap<String, T>,
+) -> Vec<(&'a String, Option<&'a T>, Option<&'a T>)> {
+    let ids: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    ids.into_iter()
+        .map(|id| (id, old.get(id), new.get(id)))
+        .collect()
+}
+
+/// Items in `new` and not in `old`, and the reverse, sorted.
+fn set_diff<'a>(old: &'a [String], new: &'a [String]) -> (Vec<&'a String>, Vec<&'a String>) {
+    let (o, n): (BTreeSet<&String>, BTreeSet<&String>) =
+        (old.iter().collect(), new.iter().collect());
+    (
+        n.difference(&o).copied().collect(),
+        o.difference(&n).copied().collect(),
+    )
+}
+
+/// Compares credentials without ever exposing a hash: the kind and, for `token_env`,
+/// the variable name.
+fn same_credential(a: &Credential, b: &Credential) -> bool {
+    match (a, b) {
+        (Credential::TokenSha256(x), Credential::TokenSha256(y)) => x == y,
+        (Credential::TokenEnv { var: x, .. }, Credential::TokenEnv { var: y, .. }) => x == y,
+        _ => false,
+    }
+}
+
+fn credential_kind(c: &Credential) -> Value {
+    match c {
+        Credential::TokenSha256(_) => json!("token_sha256"),
+        Credential::TokenEnv { var, .. } => json!(format!("token_env:{var}")),
+    }
+}
+
+fn roles(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
+    for (id, o, n) in pair(&old.roles, &new.roles) {
+        match (o, n) {
+            (None, Some(r)) => out.push(
+                Change::new(
+                    Kind::RoleAdded,
+                    if r.enabled {
+                        Effect::Widening
+                    } else {
+                        Effect::Neutral
+                    },
+                    format!(
+                        "role `{id}` added ({}, lanes: {})",
+                        if r.enabled { "enabled" } else { "disabled" },
+                        r.lanes.join(", ")
+                    ),
+                )
+                .role(id),
+            ),
+            (Some(_), None) => out.push(
+                Change::new(
+                    Kind::RoleRemoved,
+                    Effect::Narrowing,
+                    format!("role `{id}` removed"),
+                )
+                .role(id),
+            ),
+            (Some(o), Some(n)) => role_fields(id, o, n, out),
+            (None, None) => {}
+        }
+    }
+}
+
+fn role_fields(id: &str, o: &Role, n: &Role, out: &mut Vec<Change>) {
+    if o.enabled != n.enabled {
+        let (kind, effect, word) = if n.enabled {
+            (Kind::RoleEnabled, Effect::Widening, "enabled")
+        } else {
+            (Kind::RoleDisabled, Effect::Narrowing, "disabled")
+        };
+        out.push(Change::new(kind, effect, format!("role `{id}` {word}")).role(id));
+    }
+    if !same_credential(&o.credential, &n.credential) {
+        out.push(
+            Change::new(
+                Kind::RoleCredentialChanged,
+                Effect::Neutral,
+                format!("role `{id}`: credential changed"),
+            )
+            .role(id)
+            .values(
+                credential_kind(&o.credential),
+                credential_kind(&n.credential),
+            ),
+        );
+    }
+}
+
+fn admins(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
+    let map = |p: &Policy| -> BTreeMap<String, Credential> {
+        p.admins
+            .iter()
+            .map(|a| (a.admin_id.clone(), a.credential.clone()))
+            .collect()
+    };
+    let (o, n) = (map(old), map(new));
+    for (id, a, b) in pair(&o, &n) {
+        match (a, b) {
+            (None, Some(_)) => out.push(
+                Change::new(
+                    Kind::AdminAdded,
+                    Effect::Widening,
+                    format!("admin `{id}` added"),
+                )
+                .admin(id),
+            ),
+            (Some(_), None) => out.push(
+                Change::new(
+                    Kind::AdminRemoved,
+                    Effect::Narrowing,
+                    format!("admin `{id}` removed"),
+                )
+                .admin(id),
+            ),
+            (Some(a), Some(b)) if !same_credential(a, b) => out.push(
+                Change::new(
+                    Kind::AdminCredentialChanged,
+                    Effect::Neutral,
+                    format!("admin `{id}`: credential changed"),
+                )
+                .admin(id)
+                .values(credential_kind(a), credential_kind(b)),
+            ),
+            _ => {}
+        }
+    }
+}
+
+fn lanes(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
+    for (id, o, n) in pair(&old.lanes, &new.lanes) {
+        match (o, n) {
+            (None, Some(l)) => out.push(
+                Change::new(
+                    Kind::LaneAdded,
+                    Effect::Widening,
+                    format!("lane `{id}` added (tools: {})", l.tools.join(", ")),
+                )
+                .lane(id),
+            ),
+            (Some(_), None) => out.push(
+                Change::new(
+                    Kind::LaneRemoved,
+                    Effect::Narrowing,
+                    format!("lane `{id}` removed"),
+                )
+                .lane(id),
+            ),
+            (Some(o), Some(n)) => lane_fields(id, o, n, out),
+            (None, None) => {}
+        }
+    }
+}
+
+fn lane_fields(id: &str, o: &Lane, n: &Lane, out: &mut Vec<Change>) {
+    let (added, removed) = set_diff(&o.required_scope_keys, &n.required_scope_keys);
+    for key in added {
+        out.push(
+            Change::new(
+                Kind::LaneScopeKeyAdded,
+                Effect::Narrowing,
+                format!("lane `{id}` now requires scope key `{key}`"),
+            )
+            .lane(id),
+        );
+    }
+    for key in removed {
+        out.push(
+            Change::new(
+                Kind::LaneScopeKeyRemoved,
+                Effect::Widening,
+                format!("lane `{id}` no longer requires scope key `{key}`"),
+            )
+            .lane(id),
+        );
+    }
+    let (added, removed) = set_diff(&o.prohibited_flags, &n.prohibited_flags);
+    for flag in added {
+        out.push(
+            Change::new(
+                Kind::LaneProhibitionAdded,
+                Effect::Narrowing,
+                format!("lane `{id}` now prohibits flag `{flag}`"),
+            )
+            .lane(id),
+        );
+    }
+    for flag in removed {
+        out.push(
+            Change::new(
+                Kind::LaneProhibitionRemoved,
+                Effect::Widening,
+                format!("lane `{id}` no longer prohibits flag `{flag}`"),
+            )
+            .lane(id),
+        );
+    }
+    let statuses = |l: &Lane| -> Vec<String> {
+        l.run_statuses
+            .iter()
+            .map(|s| s.as_str().to_string())
+            .collect()
+    };
+    let (os, ns) = (statuses(o), statuses(n));
+    let (added, removed) = set_diff(&os, &ns);
+    for status in added {
+        out.push(
+            Change::new(
+                Kind::LaneRunStatusAdded,
+                Effect::Widening,
+                format!("lane `{id}` may now act in `{status}` runs"),
+            )
+            .lane(id),
+        );
+    }
+    for status in removed {
+        out.push(
+            Change::new(
+                Kind::LaneRunStatusRemoved,
+                Effect::Narrowing,
+                format!("lane `{id}` may no longer act in `{status}` runs"),
+            )
+            .lane(id),
+        );
+    }
+    if o.write != n.write {
+        let (effect, text) = if n.write {
+            (Effect::Widening, "is now a write lane")
+        } else {
+            (Effect::Narrowing, "is no longer a write lane")
+        };
+        out.push(
+            Change::new(
+                Kind::LaneWriteChanged,
+                effect,
+                format!("lane `{id}` {text}"),
+            )
+            .lane(id)
+            .values(json!(o.write), json!(n.write)),
+        );
+    }
+}
+
+fn tools(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
+    for (id, o, n) in pair(&old.tools, &new.tools) {
+        match (o, n) {
+            (None, Some(t)) => out.push(
+                Change::new(
+                    Kind::ToolAdded,
+                    if t.enabled {
+                        Effect::Widening
+                    } else {
+                        Effect::Neutral
+                    },
+                    format!(
+                        "tool `{id}` {} added ({}, lanes: {})",
+                        t.version,
+                        if t.enabled { "enabled" } else { "disabled" },
+                        t.allowed_lanes.join(", ")
+                    ),
+                )
+                .tool(id),
+            ),
+            (Some(_), None) => out.push(
+                Change::new(
+                    Kind::ToolRemoved,
+                    Effect::Narrowing,
+                    format!("tool `{id}` removed"),
+                )
+                .tool(id),
+            ),
+            (Some(o), Some(n)) => tool_fields(id, o, n, out),
+            (None, None) => {}
+        }
+    }
+}
+
+/// `raised`: a bigger value gives more access (a limit raised).
+fn limit(id: &str, field: &str, kind: Kind, old: u64, new: u64, out: &mut Vec<Change>) {
+    if old == new {
+        return;
+    }
+    let (effect, word) = if new > old {
+        (Effect::Widening, "raised")
+    } else {
+        (Effect::Narrowing, "lowered")
+    };
+    out.push(
+        Change::new(
+            kind,
+            effect,
+            format!("tool `{id}`: `{field}` {word} from {old} to {new}"),
+        )
+        .tool(id)
+        .values(json!(old), json!(new)),
+    );
+}
+
+fn tool_fields(id: &str, o: &Tool, n: &Tool, out: &mut Vec<Change>) {
+    let tool =
+        |kind: Kind, effect: Effect, message: String| Change::new(kind, effect, message).tool(id);
+    if o.enabled != n.enabled {
+        out.push(if n.enabled {
+            tool(
+                Kind::ToolEnabled,
+                Effect::Widening,
+                format!("tool `{id}` enabled"),
+            )
+        } else {
+            tool(
+                Kind::ToolDisabled,
+                Effect::Narrowing,
+                format!("tool `{id}` disabled"),
+            )
+        });
+    }
+    if o.version != n.version {
+        out.push(
+            tool(
+                Kind::ToolVersionChanged,
+                Effect::Neutral,
+                format!("tool `{id}`: version {} -> {}", o.version, n.version),
+            )
+            .values(json!(o.version.to_string()), json!(n.version.to_string())),
+        );
+    }
+    let (added, removed) = set_diff(&o.required_scope_keys, &n.required_scope_keys);
+    for key in added {
+        out.push(tool(
+            Kind::ToolScopeKeyAdded,
+            Effect::Narrowing,
+            format!("tool `{id}` now requires scope key `{key}`"),
+        ));
+    }
+    for key in removed {
+        out.push(tool(
+            Kind::ToolScopeKeyRemoved,
+            Effect::Widening,
+            format!("tool `{id}` no longer requires scope key `{key}`"),
+        ));
+    }
+    let (added, removed) = set_diff(&o.prohibited_flags, &n.prohibited_flags);
+    for flag in added {
+        out.push(tool(
+            Kind::ToolProhibitionAdded,
+            Effect::Narrowing,
+            format!("tool `{id}` now prohibits flag `{flag}`"),
+        ));
+    }
+    for flag in removed {
+        out.push(tool(
+            Kind::ToolProhibitionRemoved,
+            Effect::Widening,
+            format!("tool `{id}` no longer prohibits flag `{flag}`"),
+        ));
+    }
+    flag_rules(id, &o.flag_rules, &n.flag_rules, out);
+    if o.idempotent != n.idempotent {
+        let (effect, text) = if n.idempotent {
+            (
+                Effect::Widening,
+                "is now idempotent: failed calls may be retried",
+            )
+        } else {
+            (
+                Effect::Narrowing,
+                "is no longer idempotent: failed calls are not retried",
+            )
+        };
+        out.push(
+            tool(
+                Kind::ToolIdempotentChanged,
+                effect,
+                format!("tool `{id}` {text}"),
+            )
+            .values(json!(o.idempotent), json!(n.idempotent)),
+        );
+    }
+    if o.determinism != n.determinism {
+        let (a, b) = (json!(o.determinism), json!(n.determinism));
+        out.push(
+            tool(
+                Kind::ToolDeterminismChanged,
+                Effect::Neutral,
+                format!(
+                    "tool `{id}`: determinism {} -> {}",
+                    a.as_str().unwrap_or_default(),
+                    b.as_str().unwrap_or_default()
+                ),
+            )
+            .values(a, b),
+        );
+    }
+    limit(
+        id,
+        "timeout_default_ms",
+        Kind::ToolTimeoutChanged,
+        o.timeout_default_ms,
+        n.timeout_default_ms,
+        out,
+    );
+    limit(
+        id,
+        "limits.timeout_ms_max",
+        Kind::ToolTimeoutChanged,
+        o.limits.timeout_ms_max,
+        n.limits.timeout_ms_max,
+        out,
+    );
+    limit(
+        id,
+        "limits.max_output_bytes",
+        Kind::ToolLimitChanged,
+        o.limits.max_output_bytes,
+        n.limits.max_output_bytes,
+        out,
+    );
+    limit(
+        id,
+        "limits.max_concurrency",
+        Kind::ToolLimitChanged,
+        u64::from(o.limits.max_concurrency),
+        u64::from(n.limits.max_concurrency),
+        out,
+    );
+    let (added, removed) = set_diff(&o.write_targets, &n.write_targets);
+    for target in added {
+        out.push(tool(
+            Kind::ToolWriteTargetAdded,
+            Effect::Widening,
+            format!("tool `{id}` now writes to `{target}`"),
+        ));
+    }
+    for target in removed {
+        out.push(tool(
+            Kind::ToolWriteTargetRemoved,
+            Effect::Narrowing,
+            format!("tool `{id}` no longer writes to `{target}`"),
+        ));
+    }
+    if o.adapter != n.adapter {
+        out.push(
+            tool(
+                Kind::ToolAdapterChanged,
+                Effect::Widening,
+                format!("tool `{id}`: adapter changed (treated as widening: it changes what runs)"),
+            )
+            .values(json!(o.adapter), json!(n.adapter)),
+        );
+    }
+    if o.redaction != n.redaction {
+        let (a, b) = (json!(o.redaction), json!(n.redaction));
+        out.push(
+            tool(
+                Kind::ToolRedactionChanged,
+                Effect::Neutral,
+                format!(
+                    "tool `{id}`: audit redaction {} -> {}",
+                    a["mode"].as_str().unwrap_or_default(),
+                    b["mode"].as_str().unwrap_or_default()
+                ),
+            )
+            .values(a, b),
+        );
+    }
+    for (kind, name, a, b) in [
+        (
+            Kind::InputSchemaChanged,
+            "input",
+            &o.input_schema,
+            &n.input_schema,
+        ),
+        (
+            Kind::OutputSchemaChanged,
+            "output",
+            &o.output_schema,
+            &n.output_schema,
+        ),
+    ] {
+        let changes = schema::compare(a, b);
+        let Some(class) = schema::overall(&changes) else {
+            continue;
+        };
+        // An input schema that accepts more gives more access; an output schema
+        // changes what callers get, not what they may do.
+        let effect = match kind {
+            Kind::InputSchemaChanged if changes.iter().any(|c| c.loosens) => Effect::Widening,
+            Kind::InputSchemaChanged if class == Class::Breaking => Effect::Narrowing,
+            _ => Effect::Neutral,
+        };
+        let also = if class == Class::Breaking && effect == Effect::Widening {
+            "; it also accepts arguments it refused before"
+        } else {
+            ""
+        };
+        let mut change = tool(
+            kind,
+            effect,
+            format!(
+                "tool `{id}`: {name} schema changed ({}{also})",
+                class.as_str()
+            ),
+        );
+        change.schema = Some(SchemaDiff { class, changes });
+        out.push(change);
+    }
+}
+
+fn rule_text(rule: &FlagRule) -> String {
+    let matcher = match &rule.matcher {
+        FlagMatcher::Equals(s) => format!("equals `{s}`"),
+        FlagMatcher::Prefix(s) => format!("prefix `{s}`"),
+        FlagMatcher::IsTrue => "is_true".to_string(),
+    };
+    format!("`{}` at `{}` ({matcher})", rule.flag, rule.pointer)
+}
+
+/// Whether `new` raises its flag at least wherever `old` does (same flag and pointer).
+fn raises_at_least(old: &FlagRule, new: &FlagRule) -> bool {
+    match (&old.matcher, &new.matcher) {
+        (FlagMatcher::Prefix(o), FlagMatcher::Prefix(n)) => o.starts_with(n.as_str()),
+        (FlagMatcher::Equals(o), FlagMatcher::Prefix(n)) => o.starts_with(n.as_str()),
+        (a, b) => a == b,
+    }
+}
+
+fn flag_rules(id: &str, old: &[FlagRule], new: &[FlagRule], out: &mut Vec<Change>) {
+    let key = |r: &FlagRule| (r.flag.clone(), r.pointer.clone(), rule_text(r));
+    let o: BTreeMap<_, &FlagRule> = old.iter().map(|r| (key(r), r)).collect();
+    let n: BTreeMap<_, &FlagRule> = new.iter().map(|r| (key(r), r)).collect();
+    let removed: Vec<&FlagRule> = o
+        .iter()
+        .filter(|(k, _)| !n.contains_key(*k))
+        .map(|(_, r)| *r)
+        .collect();
+    let added: Vec<&FlagRule> = n
+        .iter()
+        .filter(|(k, _)| !o.contains_key(*k))
+        .map(|(_, r)| *r)
+        .collect();
+    let mut paired_new = BTreeSet::new();
+    for r in &removed {
+        // A rule with the same flag and pointer that now matches differently.
+        let partner = added
+            .iter()
+            .enumerate()
+            .find(|(i, a)| !paired_new.contains(i) && a.flag == r.flag && a.pointer == r.pointer);
+        match partner {
+            Some((i, a)) => {
+                paired_new.insert(i);
+                let effect = if raises_at_least(r, a) {
+                    Effect::Narrowing
+                } else {
+                    Effect::Widening
+                };
+                out.push(
+                    Change::new(
+                        Kind::FlagRuleChanged,
+                        effect,
+                        format!(
+                            "tool `{id}`: flag rule {} now matches as {}",
+                            rule_text(r),
+                            rule_text(a)
+                        ),
+                    )
+                    .tool(id)
+                    .values(json!(r), json!(a)),
+                );
+            }
+            None => out.push(
+                Change::new(
+                    Kind::FlagRuleRemoved,
+                    Effect::Widening,
+                    format!("tool `{id}`: flag rule {} removed", rule_text(r)),
+                )
+                .tool(id)
+                .values(json!(r), Value::Null),
+            ),
+        }
+    }
+    for (i, a) in added.iter().enumerate() {
+        if paired_new.contains(&i) {
+            continue;
+        }
+        out.push(
+            Change::new(
+                Kind::FlagRuleAdded,
+                Effect::Narrowing,
+                format!("tool `{id}`: flag rule {} added", rule_text(a)),
+            )
+            .tool(id)
+            .values(Value::Null, json!(a)),
+        );
+    }
+}
+
+fn moved(old: &semver::Version, new: &semver::Version) -> String {
+    if old == new {
+        format!("the version stayed {old}")
+    } else {
+        format!("the version only went from {old} to {new}")
+    }
+}
+
+/// The version rules of the contract: a breaking schema change needs a major bump, a
+/// compatible one at least a minor bump; a version never goes backwards. Sorted.
+pub fn version_violations(old: &Policy, new: &Policy) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for (id, o, n) in pair(&old.tools, &new.tools) {
+        let (Some(o), Some(n)) = (o, n) else {
+            continue;
+        };
+        let (ov, nv) = (&o.version, &n.version);
+        let violation = |class: Option<Class>, message: String, help: String| Violation {
+            tool: id.clone(),
+            old_version: ov.to_string(),
+            new_version: nv.to_string(),
+            class,
+            message,
+            help,
+        };
+        if nv < ov {
+            out.push(violation(
+                None,
+                format!("tool `{id}`: version went backwards from {ov} to {nv}"),
+                format!("a tool's version only grows; use at least {ov}"),
+            ));
+            continue;
+        }
+        let class = [
+            (&o.input_schema, &n.input_schema),
+            (&o.output_schema, &n.output_schema),
+        ]
+        .iter()
+        .filter_map(|(a, b)| schema::overall(&schema::compare(a, b)))
+        .max();
+        match class {
+            Some(Class::Breaking) if nv.major <= ov.major => out.push(violation(
+                Some(Class::Breaking),
+                format!(
+                    "tool `{id}`: a breaking schema change needs a major version bump, but {}",
+                    moved(ov, nv)
+                ),
+                format!("set `version: {}.0.0` (or make the change compatible)", ov.major + 1),
+            )),
+            Some(Class::Compatible) if (nv.major, nv.minor) <= (ov.major, ov.minor) => {
+                out.push(violation(
+                    Some(Class::Compatible),
+                    format!(
+                        "tool `{id}`: a compatible schema change needs at least a minor version bump, but {}",
+                        moved(ov, nv)
+                    ),
+                    format!("set `version: {}.{}.0`", ov.major, ov.minor + 1),
+                ))
+            }
+            _ => {}
+        }
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn demo() -> Policy {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        crate::policy::load_with_env(
+            &root.join("policy"),
+            &root.join("tools/tool_registry.yaml"),
+            &|_| Some("t".into()),
+        )
+        .unwrap()
+    }
+
+    fn kinds(changes: &[Change]) -> Vec<(Kind, Effect)> {
+        changes.iter().map(|c| (c.kind, c.effect)).collect()
+    }
+
+    #[test]
+    fn the_same_policy_has_no_changes() {
+        let p = demo();
+        assert!(changes(&p, &p).is_empty());
+        assert!(version_violations(&p, &p).is_empty());
+    }
+
+    #[test]
+    fn a_tool_added_to_a_lane_widens_every_role_in_that_lane() {
+        let old = demo();
+        let mut new = old.clone();
+        new.lanes
+            .get_mut("research")
+            .unwrap()
+            .tools
+            .push("conflict_check".into());
+        new.tools
+            .get_mut("conflict_check")
+            .unwrap()
+            .allowed_lanes
+            .push("research".into());
+        let c = changes(&old, &new);
+        assert_eq!(
+            kinds(&c),
+            vec![
+                (Kind::TripleAllowed, Effect::Widening),
+                (Kind::TripleAllowed, Effect::Widening)
+            ]
+        );
+        assert_eq!(c[0].role.as_deref(), Some("research_agent"));
+        assert_eq!(c[1].role.as_deref(), Some("supervisor"));
+        assert_eq!(
+            c[0].message,
+            "`research_agent` may now call `conflict_check` in lane `research`"
+        );
+        // Only one side of the allowlist is not enough.
+        let mut half = old.clone();
+        half.lanes
+            .get_mut("research")
+            .unwrap()
+            .tools
+            .push("conflict_check".into());
+        assert!(changes(&old, &half).is_empty());
+    }
+
+    #[test]
+    fn disabling_a_role_or_tool_denies_its_triples() {
+        let old = demo();
+        let mut new = old.clone();
+        new.roles.get_mut("filing_agent").unwrap().enabled = false;
+        let c = changes(&old, &new);
+        assert_eq!(
+            kinds(&c),
+            vec![
+                (Kind::TripleDenied, Effect::Narrowing),
+                (Kind::TripleDenied, Effect::Narrowing),
+                (Kind::RoleDisabled, Effect::Narrowing),
+            ]
+        );
+        let mut new = old.clone();
+        new.tools.get_mut("disabled_tool").unwrap().enabled = true;
+        let c = changes(&old, &new);
+        assert!(
+            c.iter()
+                .any(|c| c.kind == Kind::ToolEnabled && c.effect == Effect::Widening)
+        );
+        assert_eq!(
+            c.iter().filter(|c| c.kind == Kind::TripleAllowed).count(),
+            2
+        );
+    }
+
+    #[test]
+    fn guards_dropped_widen_and_guards_added_narrow() {
+        let old = demo();
+        let mut new = old.clone();
+        let lane = new.lanes.get_mut("filing").unwrap();
+        lane.required_scope_keys.retain(|k| k != "matter_id");
+        lane.prohibited_flags.push("privileged".into());
+        lane.prohibited_flags.sort();
+        lane.run_statuses.push(crate::policy::RunStatus::Suspended);
+        let tool = new.tools.get_mut("legal_search").unwrap();
+        tool.prohibited_flags.clear();
+        tool.limits.max_output_bytes *= 2;
+        tool.limits.timeout_ms_max /= 2;
+        let c = changes(&old, &new);
+        let got: Vec<(Kind, Effect, &str)> = c
+            .iter()
+            .map(|c| (c.kind, c.effect, c.message.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    Kind::LaneScopeKeyRemoved,
+                    Effect::Widening,
+                    "lane `filing` no longer requires scope key `matter_id`"
+                ),
+                (
+                    Kind::LaneProhibitionAdded,
+                    Effect::Narrowing,
+                    "lane `filing` now prohibits flag `privileged`"
+                ),
+                (
+                    Kind::LaneRunStatusAdded,
+                    Effect::Widening,
+                    "lane `filing` may now act in `suspended` runs"
+                ),
+                (
+                    Kind::ToolProhibitionRemoved,
+                    Effect::Widening,
+                    "tool `legal_search` no longer prohibits flag `sealed`"
+                ),
+                (
+                    Kind::ToolTimeoutChanged,
+                    Effect::Narrowing,
+                    "tool `legal_search`: `limits.timeout_ms_max` lowered from 30000 to 15000"
+                ),
+                (
+                    Kind::ToolLimitChanged,
+                    Effect::Widening,
+                    "tool `legal_search`: `limits.max_output_bytes` raised from 65536 to 131072"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_credential_change_never_shows_the_hash() {
+        let old = demo();
+        let mut new = old.clone();
+        let role = new.roles.get_mut("intake_agent").unwrap();
+        role.credential = Credential::TokenSha256("ab".repeat(32));
+        let c = changes(&old, &new);
+        assert_eq!(
+            kinds(&c),
+            vec![(Kind::RoleCredentialChanged, Effect::Neutral)]
+        );
+        let text = serde_json::to_string(&c).unwrap();
+        assert!(!text.contains(&"ab".repeat(32)), "{text}");
+        let Credential::TokenSha256(old_hash) = &old.roles["intake_agent"].credential else {
+            panic!("demo credential kind")
+        };
+        assert!(!text.contains(old_hash.as_str()), "{text}");
+    }
+
+    #[test]
+    fn flag_rule_changes_are_classified_by_what_they_raise() {
+        let old = demo();
+        let set_prefix = |prefix: &str| {
+            let mut new = old.clone();
+            let rule = &mut new.tools.get_mut("read_document").unwrap().flag_rules[0];
+            rule.matcher = FlagMatcher::Prefix(prefix.into());
+            changes(&old, &new)
+        };
+        // Raises on fewer paths: more calls pass.
+        assert_eq!(
+            kinds(&set_prefix("privileged/secret/")),
+            vec![(Kind::FlagRuleChanged, Effect::Widening)]
+        );
+        // Raises on more paths: fewer calls pass.
+        assert_eq!(
+            kinds(&set_prefix("priv")),
+            vec![(Kind::FlagRuleChanged, Effect::Narrowing)]
+        );
+        let mut new = old.clone();
+        new.tools
+            .get_mut("read_document")
+            .unwrap()
+            .flag_rules
+            .clear();
+        assert_eq!(
+            kinds(&changes(&old, &new)),
+            vec![(Kind::FlagRuleRemoved, Effect::Widening)]
+        );
+        assert_eq!(
+            kinds(&changes(&new, &old)),
+            vec![(Kind::FlagRuleAdded, Effect::Narrowing)]
+        );
+    }
+
+    fn with_schema(p: &Policy, tool: &str, version: &str, edit: impl Fn(&mut Value)) -> Policy {
+        let mut new = p.clone();
+        let t = new.tools.get_mut(tool).unwrap();
+        let mut schema = (*t.input_schema).clone();
+        edit(&mut schema);
+        t.input_schema = Arc::new(schema);
+        t.version = semver::Version::parse(version).unwrap();
+        new
+    }
+
+    #[test]
+    fn version_rules() {
+        let old = demo();
+        let tighten = |s: &mut Value| s["properties"]["limit"]["maximum"] = json!(10);
+        let loosen = |s: &mut Value| s["properties"]["limit"]["maximum"] = json!(100);
+        let cases = [
+            (
+                with_schema(&old, "legal_search", "1.0.0", tighten),
+                Some(Class::Breaking),
+            ),
+            (
+                with_schema(&old, "legal_search", "1.9.0", tighten),
+                Some(Class::Breaking),
+            ),
+            (with_schema(&old, "legal_search", "2.0.0", tighten), None),
+            (
+                with_schema(&old, "legal_search", "1.0.1", loosen),
+                Some(Class::Compatible),
+            ),
+            (with_schema(&old, "legal_search", "1.1.0", loosen), None),
+            (with_schema(&old, "legal_search", "2.0.0", loosen), None),
+            (
+                with_schema(&old, "legal_search", "1.0.0", |s| {
+                    s["description"] = json!("x")
+                }),
+                None,
+            ),
+        ];
+        for (i, (new, expected)) in cases.iter().enumerate() {
+            let v = version_violations(&old, new);
+            assert_eq!(
+                v.first().and_then(|v| v.class),
+                *expected,
+                "case {i}: {v:?}"
+            );
+            assert!(v.len() <= 1);
+        }
+        let back = with_schema(&old, "legal_search", "0.9.0", |_| {});
+        let v = version_violations(&old, &back);
+        assert_eq!(v.len(), 1);
+        assert!(v[0].message.contains("backwards"), "{}", v[0].message);
+        let v = version_violations(&old, &cases[0].0);
+        assert_eq!(
+            v[0].help,
+            "set `version: 2.0.0` (or make the change compatible)"
+        );
+    }
+
+    #[test]
+    fn schema_effects_on_access() {
+        let old = demo();
+        let tightened = with_schema(&old, "legal_search", "2.0.0", |s| {
+            s["properties"]["limit"]["maximum"] = json!(10)
+        });
+        assert_eq!(
+            kinds(&changes(&old, &tightened)),
+            vec![
+                (Kind::ToolVersionChanged, Effect::Neutral),
+                (Kind::InputSchemaChanged, Effect::Narrowing),
+            ]
+        );
+        let loosened = with_schema(&old, "legal_search", "1.1.0", |s| {
+            s["properties"]["limit"]["maximum"] = json!(100)
+        });
+        let c = changes(&old, &loosened);
+        assert_eq!(c[1].kind, Kind::InputSchemaChanged);
+        assert_eq!(c[1].effect, Effect::Widening);
+        assert_eq!(c[1].schema.as_ref().unwrap().class, Class::Compatible);
+    }
+
+    #[test]
+    fn the_order_is_stable() {
+        let old = demo();
+        let mut new = old.clone();
+        new.roles.clear();
+        new.lanes
+            .get_mut("intake")
+            .unwrap()
+            .required_scope_keys
+            .clear();
+        new.tools.get_mut("file_with_court").unwrap().enabled = false;
+        let a = changes(&old, &new);
+        let b = changes(&old, &new);
+        assert_eq!(a, b);
+        let sections: Vec<Section> = a.iter().map(|c| c.section).collect();
+        let mut sorted = sections.clone();
+        sorted.sort();
+        assert_eq!(sections, sorted);
+        assert_eq!(a.iter().filter(|c| c.kind == Kind::RoleRemoved).count(), 5);
+    }
+}

@@ -1,0 +1,359 @@
+//! `toolgate policy diff OLD NEW`: the change in effective permissions between two
+//! versions of the policy, for a reviewer or a CI gate.
+//!
+//! OLD and NEW are each a directory laid out like the repository (holding `policy/` and
+//! `tools/`) or a git revision of the repository the current directory is in. Both are
+//! loaded with the strict loader, then compared as models, not as text: which (role,
+//! lane, tool) triples became allowed or denied, which guards were added or dropped,
+//! which limits moved, and how each tool's schemas changed. Every change is marked
+//! widening, narrowing or neutral.
+//!
+//! - `source`: reads a side (directory, or a git revision materialized with git).
+//! - `compare`: the changes and the version rules, over two loaded policies.
+//! - `schema`: the JSON Schema comparator.
+//! - `render`: text, markdown and JSON.
+//!
+//! Exit codes: 0 done; 1 `--fail-on widening` and some change widens; 4 a side that
+//! cannot be read or does not load (or bad flags); 5 a version rule violation (a schema
+//! change without the version bump it needs), with or without `--fail-on`.
+
+pub mod compare;
+pub mod render;
+pub mod schema;
+pub mod source;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use crate::cli::Exit;
+use crate::policy::{Policy, PolicyVersions, Problem};
+pub use compare::{Change, Effect, Kind, Section, Violation};
+pub use source::{Layout, Side, SourceError};
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The old policy: a git revision (`main`, `HEAD~1`) or a directory holding policy/
+    /// and tools/.
+    pub old: String,
+    /// The new policy: a git revision or a directory.
+    pub new: String,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: DiffFormat,
+    /// Exit 1 when any change widens access (for CI gates).
+    #[arg(long, value_enum)]
+    pub fail_on: Option<FailOn>,
+    /// Where the policy directory sits in the repository (and in a directory side).
+    #[arg(long, default_value = "policy")]
+    pub policy_dir_in_repo: PathBuf,
+    /// Where the tool registry sits in the repository (and in a directory side).
+    #[arg(long, default_value = "tools/tool_registry.yaml")]
+    pub tools_in_repo: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    /// For a terminal.
+    Text,
+    /// For a pull-request comment: a summary table, then the details.
+    Markdown,
+    /// For bots.
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailOn {
+    /// Any change that gives more access.
+    Widening,
+}
+
+/// One side of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideInfo {
+    /// As given on the command line.
+    pub label: String,
+    /// The commit, when the side is a git revision.
+    pub commit: Option<String>,
+    pub versions: PolicyVersions,
+}
+
+/// The whole comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyDiff {
+    pub old: SideInfo,
+    pub new: SideInfo,
+    pub changes: Vec<Change>,
+    pub violations: Vec<Violation>,
+}
+
+impl PolicyDiff {
+    pub fn compare(old: (&Side, &Policy), new: (&Side, &Policy)) -> PolicyDiff {
+        let info = |(side, policy): (&Side, &Policy)| SideInfo {
+            label: side.label.clone(),
+            commit: side.commit.clone(),
+            versions: policy.versions.clone(),
+        };
+        PolicyDiff {
+            old: info(old),
+            new: info(new),
+            changes: compare::changes(old.1, new.1),
+            violations: compare::version_violations(old.1, new.1),
+        }
+    }
+
+    pub fn count(&self, effect: Effect) -> usize {
+        self.changes.iter().filter(|c| c.effect == effect).count()
+    }
+
+    pub fn widens(&self) -> bool {
+        self.count(Effect::Widening) > 0
+    }
+}
+
+/// Why a comparison could not be made.
+#[derive(Debug)]
+pub enum DiffError {
+    Source {
+        side: &'static str,
+        error: SourceError,
+    },
+    Load {
+        /// `old`, `new`, `base` or `current`.
+        side: &'static str,
+        /// The side as given (`HEAD~1 (3f28ce3...)`, a directory).
+        label: String,
+        problems: Vec<Problem>,
+    },
+}
+
+impl DiffError {
+    /// Writes the error to stderr, one problem a line.
+    pub fn report(&self) {
+        match self {
+            DiffError::Source { side, error } => {
+                eprintln!("error: {side}: {error}");
+                eprintln!("  help: {}", error.help());
+            }
+            DiffError::Load {
+                side,
+                label,
+                problems,
+            } => {
+                let n = problems.len();
+                let plural = if n == 1 { "problem" } else { "problems" };
+                eprintln!("error: the {side} policy (`{label}`) did not load ({n} {plural})");
+                for p in problems {
+                    eprintln!("  {p}");
+                }
+            }
+        }
+    }
+}
+
+/// The environment the comparison loads with: every `token_env` variable reads as a
+/// placeholder, so the report does not depend on the caller's environment (credentials
+/// are compared by kind and variable name, never by value).
+fn placeholder_env(_: &str) -> Option<String> {
+    Some("policy-diff-placeholder".to_string())
+}
+
+/// Loads one side with the placeholder environment.
+pub fn load_side(side: &Side, layout: &Layout, name: &'static str) -> Result<Policy, DiffError> {
+    crate::policy::load_with_env(
+        &side.policy_dir(layout),
+        &side.tools_file(layout),
+        &placeholder_env,
+    )
+    .map_err(|problems| DiffError::Load {
+        side: name,
+        label: side.describe(),
+        problems: problems.into_iter().map(|p| side.locate(p)).collect(),
+    })
+}
+
+/// Reads, loads and compares two sides.
+pub fn diff(old: &str, new: &str, cwd: &Path, layout: &Layout) -> Result<PolicyDiff, DiffError> {
+    let old_side =
+        source::open(old, cwd, layout).map_err(|error| DiffError::Source { side: "OLD", error })?;
+    let new_side =
+        source::open(new, cwd, layout).map_err(|error| DiffError::Source { side: "NEW", error })?;
+    let old_policy = load_side(&old_side, layout, "old")?;
+    let new_policy = load_side(&new_side, layout, "new")?;
+    Ok(PolicyDiff::compare(
+        (&old_side, &old_policy),
+        (&new_side, &new_policy),
+    ))
+}
+
+pub fn diff_command(args: &DiffArgs) -> Exit {
+    let layout = match Layout::new(&args.policy_dir_in_repo, &args.tools_in_repo) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            eprintln!("  help: {}", e.help());
+            return Exit::InvalidConfig;
+        }
+    };
+    // Relative: paths in messages read as the user typed them.
+    let cwd = PathBuf::new();
+    let report = match diff(&args.old, &args.new, &cwd, &layout) {
+        Ok(r) => r,
+        Err(e) => {
+            e.report();
+            return Exit::InvalidConfig;
+        }
+    };
+    let text = match args.format {
+        DiffFormat::Text => render::text(&report),
+        DiffFormat::Markdown => render::markdown(&report),
+        DiffFormat::Json => render::json(&report),
+    };
+    let mut stdout = std::io::stdout().lock();
+    if stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        return Exit::Failure;
+    }
+    exit_for(&report, args.fail_on)
+}
+
+/// A version rule violation is a schema error (5) whatever `--fail-on` says; then a
+/// widening change fails a `--fail-on widening` gate (1).
+pub fn exit_for(report: &PolicyDiff, fail_on: Option<FailOn>) -> Exit {
+    if !report.violations.is_empty() {
+        Exit::SchemaError
+    } else if fail_on == Some(FailOn::Widening) && report.widens() {
+        Exit::Failure
+    } else {
+        Exit::Ok
+    }
+}
+
+/// `policy check --base REV`: the version rules between revision `base` of the
+/// repository holding `policy_dir` and the policy on disk. The paths inside the
+/// repository are those of `policy_dir` and `tools_file` relative to its root.
+pub fn base_violations(
+    policy_dir: &Path,
+    tools_file: &Path,
+    base: &str,
+) -> Result<(Side, Vec<Violation>), DiffError> {
+    let source_error = |error| DiffError::Source {
+        side: "--base",
+        error,
+    };
+    let top = source::toplevel(policy_dir).map_err(source_error)?;
+    let top = top.canonicalize().unwrap_or(top);
+    let relative = |path: &Path, flag: &'static str| -> Result<PathBuf, DiffError> {
+        let absolute = path.canonicalize().map_err(|e| {
+            source_error(SourceError::Io {
+                path: path.display().to_string(),
+                what: e.to_string(),
+            })
+        })?;
+        absolute
+            .strip_prefix(&top)
+            .map(Path::to_path_buf)
+            .map_err(|_| {
+                source_error(SourceError::BadLayoutPath {
+                    flag,
+                    path: path.display().to_string(),
+                })
+            })
+    };
+    let layout = Layout::new(
+        &relative(policy_dir, "--policy-dir")?,
+        &relative(tools_file, "--tools")?,
+    )
+    .map_err(source_error)?;
+    let base_side = source::materialize(&top, base, &layout).map_err(source_error)?;
+    let old = load_side(&base_side, &layout, "base")?;
+    let new = crate::policy::load_with_env(policy_dir, tools_file, &placeholder_env).map_err(
+        |problems| DiffError::Load {
+            side: "current",
+            label: policy_dir.display().to_string(),
+            problems,
+        },
+    )?;
+    Ok((base_side, compare::version_violations(&old, &new)))
+}
+
+/// The outcome of `policy check --base REV`, rendered by `policy check`.
+#[derive(Debug)]
+pub struct BaseCheck {
+    pub rev: String,
+    pub result: Result<(Option<String>, Vec<Violation>), DiffError>,
+}
+
+impl BaseCheck {
+    pub fn run(policy_dir: &Path, tools_file: &Path, rev: &str) -> BaseCheck {
+        BaseCheck {
+            rev: rev.to_string(),
+            result: base_violations(policy_dir, tools_file, rev)
+                .map(|(side, violations)| (side.commit.clone(), violations)),
+        }
+    }
+
+    /// Exit 4 when the base could not be compared, 5 on a violation, else None.
+    pub fn exit(&self) -> Option<Exit> {
+        match &self.result {
+            Err(_) => Some(Exit::InvalidConfig),
+            Ok((_, v)) if !v.is_empty() => Some(Exit::SchemaError),
+            Ok(_) => None,
+        }
+    }
+
+    fn against(&self, commit: &Option<String>) -> String {
+        match commit {
+            Some(c) => format!("`{}` ({})", self.rev, c.get(..12).unwrap_or(c)),
+            None => format!("`{}`", self.rev),
+        }
+    }
+
+    /// Lines for the text report (the error itself goes to stderr).
+    pub fn text(&self) -> String {
+        match &self.result {
+            Err(e) => {
+                e.report();
+                format!(
+                    "error: the version rules could not be checked against `{}`\n",
+                    self.rev
+                )
+            }
+            Ok((commit, violations)) if violations.is_empty() => {
+                format!("version rules: ok against {}\n", self.against(commit))
+            }
+            Ok((commit, violations)) => {
+                let mut out = String::new();
+                for v in violations {
+                    out.push_str(&format!("error: {}\n  help: {}\n", v.message, v.help));
+                }
+                out.push_str(&format!(
+                    "error: {} version rule violation(s) against {}\n",
+                    violations.len(),
+                    self.against(commit)
+                ));
+                out
+            }
+        }
+    }
+
+    /// The `base` member of the JSON report.
+    pub fn json(&self) -> serde_json::Value {
+        match &self.result {
+            Err(e) => {
+                e.report();
+                serde_json::json!({ "rev": self.rev, "ok": false, "error": "the base could not be compared", "violations": [] })
+            }
+            Ok((commit, violations)) => serde_json::json!({
+                "rev": self.rev,
+                "commit": commit,
+                "ok": violations.is_empty(),
+                "violations": violations,
+            }),
+        }
+    }
+}

@@ -1,0 +1,404 @@
+//! Shadow mode: a candidate policy decides every live call beside the active one.
+//!
+//! The active policy enforces; the candidate only decides (steps 1-8, offline, like
+//! `policy explain`: the caller's token is verified against the candidate's
+//! credentials and the live run is pinned to the candidate's versions, so only real
+//! policy differences show). Each call whose two decisions differ (allow against deny,
+//! or two different denial reasons) is a divergence: it is counted at once and
+//! recorded as a `shadow_divergence` audit event with both decisions.
+//!
+//! The work is off the response path: the pipeline hands a copy of the request to one
+//! worker task over a bounded queue and goes on. The queue applies backpressure when
+//! full rather than dropping a call, and [`Shadow::flush`] (run at shutdown before the
+//! audit log closes) waits until every queued call is decided and recorded.
+//!
+//! INVARIANT: the candidate never executes anything and never changes a response.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::audit::{AuditLog, EventType, NewEvent};
+use crate::call::{CallRequest, Received};
+use crate::gateway::{Gateway, Loaded};
+use crate::pipeline::{Caller, Verdict, explain_as};
+use crate::policy::PolicyVersions;
+use crate::runs::RunRecord;
+
+/// Calls waiting for the shadow worker; beyond this the pipeline waits for room.
+const QUEUE: usize = 4096;
+/// The most divergences recorded in one audit append.
+const BATCH: usize = 64;
+
+/// One live call to decide under the candidate.
+#[derive(Debug)]
+struct Job {
+    call_id: String,
+    /// The caller's bearer token, held only until the candidate has verified it.
+    token: Option<String>,
+    request: CallRequest,
+    /// The live run record at the time of the call, if the run exists.
+    run: Option<RunRecord>,
+    active: Verdict,
+    active_versions: PolicyVersions,
+}
+
+enum Message {
+    Decide(Box<Job>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// The candidate policy and its worker.
+pub struct Shadow {
+    candidate: Arc<Loaded>,
+    sender: mpsc::Sender<Message>,
+    decided: Arc<AtomicU64>,
+    divergences: Arc<AtomicU64>,
+}
+
+impl Shadow {
+    /// Starts the worker (on the current tokio runtime) that decides calls under
+    /// `candidate` and records divergences in `audit`.
+    pub fn start(candidate: Loaded, audit: AuditLog) -> Shadow {
+        Shadow::with_queue(candidate, audit, QUEUE)
+    }
+
+    /// [`Shadow::start`] with a queue of `queue` calls.
+    fn with_queue(candidate: Loaded, audit: AuditLog, queue: usize) -> Shadow {
+        let candidate = Arc::new(candidate);
+        let (sender, receiver) = mpsc::channel(queue.max(1));
+        let decided = Arc::new(AtomicU64::new(0));
+        let divergences = Arc::new(AtomicU64::new(0));
+        let worker = Worker {
+            candidate: candidate.clone(),
+            audit,
+            decided: decided.clone(),
+            divergences: divergences.clone(),
+        };
+        tokio::spawn(worker.run(receiver));
+        Shadow {
+            candidate,
+            sender,
+            decided,
+            divergences,
+        }
+    }
+
+    /// The candidate's versions.
+    pub fn versions(&self) -> &PolicyVersions {
+        &self.candidate.policy.versions
+    }
+
+    /// Calls decided under the candidate so far.
+    pub fn decided(&self) -> u64 {
+        self.decided.load(Ordering::Relaxed)
+    }
+
+    /// Calls whose candidate decision differed from the active one so far.
+    pub fn divergences(&self) -> u64 {
+        self.divergences.load(Ordering::Relaxed)
+    }
+
+    /// Waits until every call queued so far is decided and its divergence recorded.
+    pub async fn flush(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.sender.send(Message::Flush(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+    }
+}
+
+struct Worker {
+    candidate: Arc<Loaded>,
+    audit: AuditLog,
+    decided: Arc<AtomicU64>,
+    divergences: Arc<AtomicU64>,
+}
+
+impl Worker {
+    async fn run(self, mut receiver: mpsc::Receiver<Message>) {
+        while let Some(first) = receiver.recv().await {
+            let mut events = Vec::new();
+            let mut flushes = Vec::new();
+            let mut next = Some(first);
+            while let Some(message) = next.take() {
+                match message {
+                    Message::Decide(job) => events.extend(self.decide(*job)),
+                    Message::Flush(done) => flushes.push(done),
+                }
+                if events.len() < BATCH && flushes.is_empty() {
+                    next = receiver.try_recv().ok();
+                }
+            }
+            if !events.is_empty() {
+                let count = events.len();
+                if let Err(e) = self.audit.append_all(events).await {
+                    tracing::error!(error = %e, divergences = count, "shadow divergences could not be recorded in the audit log");
+                }
+            }
+            for done in flushes {
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// Decides one call under the candidate; the divergence event, if any.
+    fn decide(&self, job: Job) -> Option<NewEvent> {
+        let run = job.run.map(|mut run| {
+            run.policy_versions = self.candidate.policy.versions.clone();
+            run
+        });
+        let explanation = explain_as(
+            &self.candidate,
+            Caller::Token(job.token.as_deref()),
+            job.request.clone(),
+            run,
+        );
+        self.decided.fetch_add(1, Ordering::Relaxed);
+        let shadow = explanation.verdict();
+        if !job.active.diverges(&shadow) {
+            return None;
+        }
+        self.divergences.fetch_add(1, Ordering::Relaxed);
+        let request = &job.request;
+        let mut event = NewEvent::new(EventType::ShadowDivergence);
+        event.call_id = Some(job.call_id);
+        event.run_id = Some(request.run_id.clone());
+        event.role_id = Some(request.role_id.clone());
+        event.lane_id = Some(request.lane_id.clone());
+        event.tool_name = Some(request.tool_name.clone());
+        event.policy_versions = Some(job.active_versions);
+        event.details.insert("active".into(), json!(job.active));
+        event.details.insert("shadow".into(), json!(shadow));
+        event.details.insert(
+            "shadow_policy_versions".into(),
+            json!(self.candidate.policy.versions),
+        );
+        event
+            .details
+            .insert("shadow_trace".into(), explanation.trace.to_json());
+        if request.dry_run {
+            event.details.insert("dry_run".into(), json!(true));
+        }
+        Some(event)
+    }
+}
+
+impl Gateway {
+    /// A copy of a well-formed request when shadow mode is on.
+    pub(crate) fn shadow_copy(&self, request: &Received) -> Option<CallRequest> {
+        match (self.shadow(), request) {
+            (Some(_), Ok(request)) => Some(request.clone()),
+            _ => None,
+        }
+    }
+
+    /// Queues a call for the candidate's decision. Waits only when the queue is full.
+    pub(crate) async fn shadow_submit(
+        &self,
+        call_id: &str,
+        token: Option<&str>,
+        request: CallRequest,
+        active: Verdict,
+        active_versions: &PolicyVersions,
+    ) {
+        let Some(shadow) = self.shadow() else {
+            return;
+        };
+        let job = Job {
+            call_id: call_id.to_string(),
+            token: token.map(str::to_string),
+            run: self.runs.get(&request.run_id),
+            request,
+            active,
+            active_versions: active_versions.clone(),
+        };
+        if shadow
+            .sender
+            .send(Message::Decide(Box::new(job)))
+            .await
+            .is_err()
+        {
+            tracing::error!("the shadow worker stopped; a call was not shadowed");
+        }
+    }
+
+    /// Calls whose shadow decision diverged from the active one (0 without shadow
+    /// mode), for metrics.
+    pub fn shadow_divergences(&self) -> u64 {
+        self.shadow().map_or(0, Shadow::divergences)
+    }
+
+    /// Waits until every shadowed call so far is decided and recorded.
+    pub async fn flush_shadow(&self) {
+        if let Some(shadow) = self.shadow() {
+            shadow.flush().await;
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::audit::{AuditOptions, EventFilter};
+    use crate::call::Status;
+    use crate::gateway::{PolicySourcePaths, adapter_env};
+
+    fn repo() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn loaded(edit: impl FnOnce(&mut crate::policy::Policy)) -> Loaded {
+        let tools = repo().join("tools/tool_registry.yaml");
+        let mut policy = crate::policy::load(&repo().join("policy"), &tools).unwrap();
+        edit(&mut policy);
+        let adapters =
+            crate::adapter::build(&policy, &adapter_env(&tools, Path::new("var"))).unwrap();
+        Loaded::new(policy, adapters)
+    }
+
+    fn request(run_id: &str, tool: &str, scope: Value) -> Received {
+        crate::call::parse_request_value(json!({
+            "role_id": "research_agent", "run_id": run_id, "lane_id": "research",
+            "tool_name": tool, "arguments": {}, "scope": scope,
+        }))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn divergences_are_counted_and_recorded_and_responses_follow_the_active_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = AuditLog::open(AuditOptions::new(dir.path())).unwrap();
+        let tools = repo().join("tools/tool_registry.yaml");
+        let gateway = Gateway::start(
+            loaded(|_| {}),
+            audit.clone(),
+            adapter_env(&tools, dir.path()),
+            PolicySourcePaths {
+                policy_dir: repo().join("policy"),
+                tools_file: tools.clone(),
+            },
+        )
+        .await
+        .unwrap();
+        let candidate = loaded(|p| {
+            let lane = p.lanes.get_mut("research").unwrap();
+            lane.prohibited_flags.push("urgent".into());
+        });
+        let gateway = gateway.with_shadow(Shadow::start(candidate, audit.clone()));
+        assert_eq!(gateway.shadow_divergences(), 0);
+        let run = gateway
+            .create_run(Some("demo-admin"), br#"{"scope": {"case_id": "C-1001"}}"#)
+            .await
+            .unwrap();
+        let token = Some("demo-research_agent");
+
+        let urgent = json!({"case_id": "C-1001", "urgent": true});
+        let response = gateway
+            .handle(token, request(&run.run_id, "case_lookup", urgent))
+            .await;
+        assert_eq!(
+            response.status,
+            Status::Success,
+            "the active policy decides"
+        );
+        let plain = json!({"case_id": "C-1001"});
+        let same = gateway
+            .handle(token, request(&run.run_id, "case_lookup", plain))
+            .await;
+        assert_eq!(same.status, Status::Success);
+        // A wrong token is refused by both: no divergence.
+        let bad = gateway
+            .handle(
+                Some("nope"),
+                request(&run.run_id, "case_lookup", json!({"case_id": "C-1001"})),
+            )
+            .await;
+        assert_eq!(bad.status, Status::Denied);
+        gateway.flush_shadow().await;
+        let shadow = gateway.shadow().unwrap();
+        assert_eq!((shadow.decided(), gateway.shadow_divergences()), (3, 1));
+
+        let events = audit
+            .events(EventFilter {
+                event_types: vec![EventType::ShadowDivergence],
+                ..EventFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(events.len(), 1);
+        let event = &events[0].value;
+        assert_eq!(event["call_id"], json!(response.call_id));
+        assert_eq!(event["details"]["active"]["decision"], "allow");
+        assert_eq!(event["details"]["shadow"]["reason"], "prohibited_flag");
+        assert_eq!(
+            event["policy_versions"],
+            json!(gateway.current().policy.versions)
+        );
+        audit.close().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_queue_waits_rather_than_dropping_a_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = AuditOptions::new(dir.path());
+        options.durability = crate::audit::Durability::Normal;
+        let audit = AuditLog::open(options).unwrap();
+        let tools = repo().join("tools/tool_registry.yaml");
+        let gateway = Gateway::start(
+            loaded(|_| {}),
+            audit.clone(),
+            adapter_env(&tools, dir.path()),
+            PolicySourcePaths {
+                policy_dir: repo().join("policy"),
+                tools_file: tools,
+            },
+        )
+        .await
+        .unwrap();
+        // Every call diverges: the candidate has no research lane tools enabled.
+        let candidate = loaded(|p| {
+            for tool in p.tools.values_mut() {
+                tool.enabled = false;
+            }
+        });
+        // A queue of 4 calls, and 200 calls at once.
+        let gateway = gateway.with_shadow(Shadow::with_queue(candidate, audit.clone(), 4));
+        let gateway = Arc::new(gateway);
+        let run = gateway
+            .create_run(Some("demo-admin"), br#"{"scope": {"case_id": "C-1001"}}"#)
+            .await
+            .unwrap();
+        let calls = 200;
+        let mut tasks = Vec::new();
+        for _ in 0..calls {
+            let (gateway, run_id) = (gateway.clone(), run.run_id.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut req =
+                    request(&run_id, "case_lookup", json!({"case_id": "C-1001"})).unwrap();
+                req.dry_run = true;
+                gateway.handle(Some("demo-research_agent"), Ok(req)).await
+            }));
+        }
+        for task in tasks {
+            assert_eq!(task.await.unwrap().status, Status::Success);
+        }
+        gateway.flush_shadow().await;
+        assert_eq!(gateway.shadow_divergences(), calls as u64);
+        let recorded = audit
+            .events(EventFilter {
+                event_types: vec![EventType::ShadowDivergence],
+                ..EventFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(recorded.len(), calls);
+        audit.close().await.unwrap();
+    }
+}

@@ -1,0 +1,516 @@
+//! `toolgate policy diff` and `policy check --base` through the real binary on a real
+//! git repository built in a temporary directory: three commits of the demo policy
+//! (the original; access widened and narrowed with schema changes that bump their
+//! versions properly; schema changes that do not), compared in text, markdown and
+//! JSON, with the exit codes of `--fail-on widening` and of a version rule violation.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use common::{repo, run};
+
+/// Runs git in `dir`; the test needs it to succeed.
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            "user.name=review",
+            "-c",
+            "user.email=review@example.com",
+        ])
+        .args([
+            "-c",
+            "commit.gpgsign=false",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .output()
+        .expect("the test needs git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// Replaces `from` by `to` in `file` (which must contain it exactly once).
+fn edit(file: &Path, from: &str, to: &str) {
+    let text = fs::read_to_string(file).unwrap();
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "`{from}` in {}",
+        file.display()
+    );
+    fs::write(file, text.replace(from, to)).unwrap();
+}
+
+/// Edits a JSON schema file.
+fn edit_json(file: &Path, change: impl FnOnce(&mut Value)) {
+    let mut value: Value = serde_json::from_str(&fs::read_to_string(file).unwrap()).unwrap();
+    change(&mut value);
+    fs::write(file, serde_json::to_string_pretty(&value).unwrap()).unwrap();
+}
+
+/// Sets `version:` of one tool in the registry.
+fn tool_version(root: &Path, tool: &str, from: &str, to: &str) {
+    let registry = root.join("tools/tool_registry.yaml");
+    let text = fs::read_to_string(&registry).unwrap();
+    let start = text.find(&format!("tool_name: {tool}\n")).unwrap();
+    let at = start + text[start..].find(&format!("version: {from}\n")).unwrap();
+    let mut new = text.clone();
+    new.replace_range(
+        at..at + format!("version: {from}").len(),
+        &format!("version: {to}"),
+    );
+    fs::write(&registry, new).unwrap();
+}
+
+/// Copies the demo policy and tools into `root`.
+fn demo_into(root: &Path) {
+    copy_dir(&repo().join("policy"), &root.join("policy"));
+    copy_dir(&repo().join("tools"), &root.join("tools"));
+}
+
+/// Commit 2: access widened and narrowed; schemas changed compatibly and breakingly,
+/// each with the version bump it needs.
+fn widen_and_narrow(root: &Path) {
+    // Widen: research_agent may also act in intake (and so call conflict_check there).
+    edit(
+        &root.join("policy/roles.yaml"),
+        "lanes: [research]\n",
+        "lanes: [research, intake]\n",
+    );
+    // Widen: the drafting lane allowlists legal_search (both sides of the allowlist).
+    edit(
+        &root.join("policy/lanes.yaml"),
+        "tools: [read_document, draft_document]",
+        "tools: [read_document, draft_document, legal_search]",
+    );
+    edit(
+        &root.join("tools/tool_registry.yaml"),
+        "allowed_lanes: [research]\n    required_scope_keys: []\n    prohibited_flags: [sealed]\n    write_targets: []\n    adapter: {kind: builtin, name: legal_search}",
+        "allowed_lanes: [research, drafting]\n    required_scope_keys: []\n    prohibited_flags: [sealed]\n    write_targets: []\n    adapter: {kind: builtin, name: legal_search}",
+    );
+    // Widen: filing no longer requires matter_id.
+    edit(
+        &root.join("policy/lanes.yaml"),
+        "required_scope_keys: [case_id, matter_id]",
+        "required_scope_keys: [case_id]",
+    );
+    // Narrow: intake now prohibits `urgent`.
+    edit(
+        &root.join("policy/lanes.yaml"),
+        "    prohibited_flags: []\n",
+        "    prohibited_flags: [urgent]\n",
+    );
+    // Compatible input change with a minor bump.
+    edit_json(&root.join("tools/legal_search/schema/input.json"), |s| {
+        s["properties"]["lang"] = serde_json::json!({"type": "string"})
+    });
+    tool_version(root, "legal_search", "1.0.0", "1.1.0");
+    // Breaking output change with a major bump.
+    edit_json(&root.join("tools/case_lookup/schema/output.json"), |s| {
+        s["properties"].as_object_mut().unwrap().remove("opened");
+        let required = s["required"].as_array_mut().unwrap();
+        required.retain(|r| r != "opened");
+    });
+    tool_version(root, "case_lookup", "1.0.0", "2.0.0");
+}
+
+/// Commit 3: schema changes without the bumps they need.
+fn break_versions(root: &Path) {
+    // Breaking, no bump.
+    edit_json(&root.join("tools/read_document/schema/input.json"), |s| {
+        s["properties"]["path"]["maxLength"] = serde_json::json!(256)
+    });
+    // Compatible, only a patch bump.
+    edit_json(&root.join("tools/conflict_check/schema/input.json"), |s| {
+        s["properties"]["party_name"]["maxLength"] = serde_json::json!(400)
+    });
+    tool_version(root, "conflict_check", "1.0.0", "1.0.1");
+}
+
+/// A repository with the three commits; HEAD is commit 3.
+fn history() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    git(root, &["init", "-q"]);
+    demo_into(root);
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "demo policy"]);
+    widen_and_narrow(root);
+    git(root, &["commit", "-q", "-a", "-m", "widen and narrow"]);
+    break_versions(root);
+    git(
+        root,
+        &["commit", "-q", "-a", "-m", "schema changes without bumps"],
+    );
+    tmp
+}
+
+fn changes(report: &Value) -> &Vec<Value> {
+    report["changes"].as_array().unwrap()
+}
+
+/// The one change with these fields, or a panic listing them all.
+fn find<'a>(report: &'a Value, fields: &[(&str, &str)]) -> &'a Value {
+    let hits: Vec<&Value> = changes(report)
+        .iter()
+        .filter(|c| fields.iter().all(|(k, v)| c[*k] == *v))
+        .collect();
+    assert_eq!(
+        hits.len(),
+        1,
+        "{fields:?} in {:#}",
+        serde_json::to_string_pretty(&report["changes"]).unwrap()
+    );
+    hits[0]
+}
+
+#[test]
+fn json_lists_effective_changes_with_their_marks() {
+    let tmp = history();
+    let (code, out, err) = run(
+        tmp.path(),
+        &["policy", "diff", "HEAD~2", "HEAD~1", "--format", "json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["old"]["label"], "HEAD~2");
+    assert_eq!(report["new"]["commit"].as_str().unwrap().len(), 40);
+
+    let triple = |role: &str, lane: &str, tool: &str| {
+        find(
+            &report,
+            &[
+                ("kind", "triple_allowed"),
+                ("role", role),
+                ("lane", lane),
+                ("tool", tool),
+            ],
+        )["effect"]
+            .clone()
+    };
+    assert_eq!(
+        triple("research_agent", "intake", "conflict_check"),
+        "widening"
+    );
+    assert_eq!(
+        triple("drafting_agent", "drafting", "legal_search"),
+        "widening"
+    );
+    assert_eq!(triple("supervisor", "drafting", "legal_search"), "widening");
+    assert_eq!(
+        changes(&report)
+            .iter()
+            .filter(|c| c["section"] == "access")
+            .count(),
+        3,
+        "no other triple changed"
+    );
+
+    let dropped = find(
+        &report,
+        &[("kind", "lane_scope_key_removed"), ("lane", "filing")],
+    );
+    assert_eq!(dropped["effect"], "widening");
+    assert_eq!(
+        dropped["message"],
+        "lane `filing` no longer requires scope key `matter_id`"
+    );
+    let added = find(
+        &report,
+        &[("kind", "lane_prohibition_added"), ("lane", "intake")],
+    );
+    assert_eq!(added["effect"], "narrowing");
+    assert!(added["message"].as_str().unwrap().contains("`urgent`"));
+
+    let input = find(
+        &report,
+        &[("kind", "input_schema_changed"), ("tool", "legal_search")],
+    );
+    assert_eq!(input["effect"], "widening", "accepts more arguments");
+    assert_eq!(input["schema"]["class"], "compatible");
+    assert_eq!(input["schema"]["changes"][0]["pointer"], "/properties/lang");
+    let output = find(
+        &report,
+        &[("kind", "output_schema_changed"), ("tool", "case_lookup")],
+    );
+    assert_eq!(output["effect"], "neutral");
+    assert_eq!(output["schema"]["class"], "breaking");
+    let version = find(
+        &report,
+        &[("kind", "tool_version_changed"), ("tool", "case_lookup")],
+    );
+    assert_eq!(version["before"], "1.0.0");
+    assert_eq!(version["after"], "2.0.0");
+
+    assert_eq!(report["violations"], serde_json::json!([]));
+    assert_eq!(report["summary"]["widens"], true);
+    let widening = changes(&report)
+        .iter()
+        .filter(|c| c["effect"] == "widening")
+        .count();
+    assert_eq!(report["summary"]["widening"], widening);
+}
+
+#[test]
+fn fail_on_widening_gates_ci() {
+    let tmp = history();
+    let dir = tmp.path();
+    let (code, out, _) = run(
+        dir,
+        &[
+            "policy",
+            "diff",
+            "HEAD~2",
+            "HEAD~1",
+            "--fail-on",
+            "widening",
+        ],
+    );
+    assert_eq!(code, 1, "{out}");
+    // The same comparison without the gate succeeds.
+    assert_eq!(run(dir, &["policy", "diff", "HEAD~2", "HEAD~1"]).0, 0);
+    // Nothing widens between a commit and itself.
+    let (code, out, _) = run(
+        dir,
+        &["policy", "diff", "HEAD", "HEAD", "--fail-on", "widening"],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("no change in effective permissions"), "{out}");
+}
+
+#[test]
+fn a_narrowing_only_change_passes_the_gate_and_directories_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (old, new) = (tmp.path().join("old"), tmp.path().join("new"));
+    demo_into(&old);
+    demo_into(&new);
+    edit(
+        &new.join("policy/lanes.yaml"),
+        "    prohibited_flags: []\n",
+        "    prohibited_flags: [urgent]\n",
+    );
+    let (code, out, err) = run(
+        tmp.path(),
+        &[
+            "policy",
+            "diff",
+            "old",
+            "new",
+            "--fail-on",
+            "widening",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(changes(&report).len(), 1);
+    assert_eq!(changes(&report)[0]["kind"], "lane_prohibition_added");
+    assert_eq!(report["old"]["commit"], Value::Null);
+    // The reverse drops the prohibition: a widening.
+    let (code, out, _) = run(
+        tmp.path(),
+        &["policy", "diff", "new", "old", "--fail-on", "widening"],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("widening   lane `intake` no longer prohibits flag `urgent`"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_schema_change_without_its_version_bump_is_an_error() {
+    let tmp = history();
+    let dir = tmp.path();
+    let (code, out, _) = run(
+        dir,
+        &["policy", "diff", "HEAD~1", "HEAD", "--format", "json"],
+    );
+    assert_eq!(code, 5, "a violation fails even without --fail-on: {out}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let violations = report["violations"].as_array().unwrap();
+    let summary: Vec<(&str, &str)> = violations
+        .iter()
+        .map(|v| (v["tool"].as_str().unwrap(), v["class"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("conflict_check", "compatible"),
+            ("read_document", "breaking")
+        ]
+    );
+    assert_eq!(
+        violations[1]["help"],
+        "set `version: 2.0.0` (or make the change compatible)"
+    );
+    // The gate does not hide it.
+    assert_eq!(
+        run(
+            dir,
+            &["policy", "diff", "HEAD~1", "HEAD", "--fail-on", "widening"]
+        )
+        .0,
+        5
+    );
+    // Text says so too.
+    let (_, out, _) = run(dir, &["policy", "diff", "HEAD~1", "HEAD"]);
+    assert!(
+        out.contains("error: tool `read_document`: a breaking schema change needs a major version bump, but the version stayed 1.0.0"),
+        "{out}"
+    );
+    assert!(out.contains("; 2 version rule violations"), "{out}");
+}
+
+#[test]
+fn policy_check_base_applies_the_version_rules() {
+    let tmp = history();
+    let dir = tmp.path();
+    let (code, out, err) = run(dir, &["policy", "check", "--base", "HEAD~1"]);
+    assert_eq!(code, 5, "{out}{err}");
+    assert!(
+        out.contains("error: tool `read_document`: a breaking schema change"),
+        "{out}"
+    );
+    assert!(out.contains("help: set `version: 1.1.0`"), "{out}");
+    assert!(
+        out.contains("2 version rule violation(s) against `HEAD~1`"),
+        "{out}"
+    );
+    let (code, out, _) = run(
+        dir,
+        &["policy", "check", "--base", "HEAD~1", "--format", "json"],
+    );
+    assert_eq!(code, 5);
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["ok"], true, "the policy itself loads");
+    assert_eq!(report["base"]["ok"], false);
+    assert_eq!(report["base"]["violations"].as_array().unwrap().len(), 2);
+    // Against itself every rule holds; and commit 2 bumped what it changed.
+    let (code, out, _) = run(dir, &["policy", "check", "--base", "HEAD"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("version rules: ok against `HEAD`"), "{out}");
+    git(dir, &["checkout", "-q", "HEAD~1"]);
+    assert_eq!(run(dir, &["policy", "check", "--base", "HEAD~1"]).0, 0);
+    // An unknown base cannot be compared.
+    let (code, _, err) = run(dir, &["policy", "check", "--base", "no-such-branch"]);
+    assert_eq!(code, 4);
+    assert!(
+        err.contains("git does not know the revision `no-such-branch`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn text_and_markdown_show_the_same_changes() {
+    let tmp = history();
+    let dir = tmp.path();
+    let (code, text, _) = run(dir, &["policy", "diff", "HEAD~2", "HEAD~1"]);
+    assert_eq!(code, 0);
+    for line in [
+        "policy diff: HEAD~2 (",
+        "access (role / lane / tool):",
+        "  widening   `research_agent` may now call `conflict_check` in lane `intake`",
+        "  widening   lane `filing` no longer requires scope key `matter_id`",
+        "  narrowing  lane `intake` now prohibits flag `urgent`",
+        "  neutral    tool `case_lookup`: output schema changed (breaking)",
+        "/properties/opened: property `opened` removed (breaking)",
+        "roles.yaml     2026.11.1 (content changed, version not bumped)",
+    ] {
+        assert!(text.contains(line), "`{line}` not in\n{text}");
+    }
+    assert!(
+        text.ends_with("5 widening, 1 narrowing, 3 neutral\n"),
+        "{text}"
+    );
+
+    let (code, md, _) = run(
+        dir,
+        &["policy", "diff", "HEAD~2", "HEAD~1", "--format", "markdown"],
+    );
+    assert_eq!(code, 0);
+    for line in [
+        "## toolgate policy diff",
+        "**This change widens access.**",
+        "| Section | Widening | Narrowing | Neutral |",
+        "| access (role / lane / tool) | 3 | 0 | 0 |",
+        "| **total** | **5** | **1** | **3** |",
+        "| **widening** | `supervisor` may now call `legal_search` in lane `drafting` |",
+        "| narrowing | lane `intake` now prohibits flag `urgent` |",
+        "<details><summary>output schema of `case_lookup`: breaking</summary>",
+        "| `/properties/opened` | breaking | property `opened` removed |",
+    ] {
+        assert!(md.contains(line), "`{line}` not in\n{md}");
+    }
+    // The summary table comes before the details.
+    assert!(md.find("| **total** |").unwrap() < md.find("### Details").unwrap());
+}
+
+#[test]
+fn sides_that_cannot_be_read_or_loaded_exit_4() {
+    let tmp = history();
+    let dir = tmp.path();
+    let (code, _, err) = run(dir, &["policy", "diff", "no-such-rev", "HEAD"]);
+    assert_eq!(code, 4);
+    assert!(
+        err.contains("error: OLD: git does not know the revision `no-such-rev`"),
+        "{err}"
+    );
+    assert!(err.contains("help:"), "{err}");
+    let (code, _, err) = run(dir, &["policy", "diff", "HEAD", "--output=/tmp/x"]);
+    assert_eq!(code, 4, "{err}");
+
+    let broken = dir.join("broken");
+    demo_into(&broken);
+    fs::write(broken.join("policy/roles.yaml"), "version: [\n").unwrap();
+    let (code, out, err) = run(dir, &["policy", "diff", "HEAD", "broken"]);
+    assert_eq!(code, 4, "{out}");
+    assert!(
+        err.contains("error: the new policy (`broken`) did not load (1 problem)"),
+        "{err}"
+    );
+    assert!(err.contains("  broken/policy/roles.yaml:1:"), "{err}");
+    assert!(err.contains("roles.yaml"), "{err}");
+
+    // In a revision, a problem is located as git names the file.
+    fs::write(dir.join("policy/roles.yaml"), "version: [\n").unwrap();
+    git(dir, &["commit", "-q", "-a", "-m", "broken"]);
+    let (code, _, err) = run(dir, &["policy", "diff", "HEAD~1", "HEAD"]);
+    assert_eq!(code, 4);
+    assert!(err.contains("error: the new policy (`HEAD ("), "{err}");
+    assert!(err.contains("  HEAD:policy/roles.yaml:1:"), "{err}");
+    assert!(!err.contains("toolgate-diff-"), "no temporary path: {err}");
+
+    let outside = tempfile::tempdir().unwrap();
+    let (code, _, err) = run(outside.path(), &["policy", "diff", "HEAD~1", "HEAD"]);
+    assert_eq!(code, 4);
+    assert!(err.contains("is not inside a git work tree"), "{err}");
+}
