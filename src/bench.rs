@@ -177,6 +177,9 @@ pub struct Row {
     pub p99_ms: f64,
     /// Mean events per audit transaction during the measurement (gateway only).
     pub audit_batch_mean: Option<f64>,
+    /// Mean time of one audit group commit during the measurement, in ms (gateway
+    /// only).
+    pub audit_commit_mean_ms: Option<f64>,
     /// Mean of the server's own `toolgate_call_overhead_seconds` during the
     /// measurement, in ms (gateway only).
     pub server_overhead_mean_ms: Option<f64>,
@@ -346,6 +349,9 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
                 let after = server.scrape().await?;
                 let mut row = measured.row(tool, "gateway", Some(durability), clients);
                 row.audit_batch_mean = after.mean_since(&before, "toolgate_audit_batch_events");
+                row.audit_commit_mean_ms = after
+                    .mean_since(&before, "toolgate_audit_batch_commit_seconds")
+                    .map(|s| round(s * 1000.0, 3));
                 row.server_overhead_mean_ms = after
                     .mean_since(&before, "toolgate_call_overhead_seconds")
                     .map(|s| s * 1000.0);
@@ -828,6 +834,7 @@ impl Measured {
             p95_ms: round(ms(0.95), 4),
             p99_ms: round(ms(0.99), 4),
             audit_batch_mean: None,
+            audit_commit_mean_ms: None,
             server_overhead_mean_ms: None,
         }
     }
@@ -1099,7 +1106,7 @@ fn print_report(report: &Report) {
         report.seconds, report.warmup
     );
     println!(
-        "{:<5} {:<8} {:<10} {:>7} {:>11} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9}",
+        "{:<5} {:<8} {:<10} {:>7} {:>11} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9}",
         "tool",
         "path",
         "durability",
@@ -1110,13 +1117,14 @@ fn print_report(report: &Report) {
         "p99 ms",
         "errors",
         "batch",
+        "commit ms",
         "srv ms"
     );
     for r in &report.rows {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
         println!(
-            "{:<5} {:<8} {:<10} {:>7} {:>11.0} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>7} {:>9}",
+            "{:<5} {:<8} {:<10} {:>7} {:>11.0} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>7} {:>9} {:>9}",
             r.tool.as_str(),
             r.path,
             r.durability.map_or("-", BenchDurability::as_str),
@@ -1127,6 +1135,7 @@ fn print_report(report: &Report) {
             r.p99_ms,
             r.errors,
             opt(r.audit_batch_mean, 1),
+            opt(r.audit_commit_mean_ms, 3),
             opt(r.server_overhead_mean_ms, 3),
         );
     }
