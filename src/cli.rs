@@ -52,6 +52,9 @@ pub enum Command {
     /// Verify, export and inspect the audit log.
     #[command(subcommand)]
     Audit(crate::audit::cli::AuditCommand),
+    /// Work with MCP servers (import their tools into the registry).
+    #[command(subcommand)]
+    Mcp(crate::mcp::McpCommand),
     /// Measure the gateway against direct tool calls (throughput, latency percentiles).
     Bench(crate::bench::BenchArgs),
 }
@@ -123,6 +126,7 @@ pub fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Test(args)) => crate::review::test::test_command(&args),
         Command::Policy(PolicyCommand::Diff(args)) => crate::review::diff::diff_command(&args),
         Command::Audit(command) => crate::audit::cli::run(command),
+        Command::Mcp(command) => crate::mcp::mcp_command(&command),
         Command::Bench(args) => crate::bench::bench_command(&args),
     };
     exit.into()

@@ -5,7 +5,8 @@
 //! - [`policy`]: loads and validates the three YAML registries into a [`policy::Policy`].
 //! - [`diagnostic`]: the catalog of refusal reasons and the structured diagnostic block.
 //! - [`authz`]: the pure authorization checks (pipeline steps 2-8); no I/O, no clock.
-//! - [`pipeline`]: the 13 steps of a tool call, in order, in one function.
+//! - [`pipeline`]: the 13 steps of a tool call, in order: `decide` (steps 1-8) and
+//!   `Gateway::handle` (steps 9-13).
 //! - [`adapter`]: executes authorized calls (builtin, command, http).
 //! - [`audit`]: the hash-chained, append-only audit log in SQLite, its checkpoints,
 //!   verification and export.
@@ -13,7 +14,9 @@
 //! - [`shadow`]: shadow mode: a candidate policy decides every call beside the active one.
 //! - [`review`]: policy as code: explain, test, diff, replay.
 //! - [`observe`]: metrics (`GET /metrics`), traces (OTLP) and logs.
-//! - [`server`]: the HTTP API (hyper); the only module that knows HTTP.
+//! - [`server`]: the HTTP API (hyper); the only module that serves HTTP.
+//! - [`mcp`]: MCP on both sides: the `/mcp` front for agents, the adapter for
+//!   upstream MCP servers, and `toolgate mcp import`.
 //! - [`bench`]: `toolgate bench`, the gateway against direct calls.
 //! - [`cli`]: the `toolgate` command line; `main.rs` only calls [`cli::main`].
 
@@ -28,6 +31,7 @@ pub mod cli;
 pub mod diagnostic;
 pub mod gateway;
 pub mod idempotency;
+pub mod mcp;
 pub mod observe;
 pub mod pipeline;
 pub mod policy;

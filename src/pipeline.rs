@@ -21,7 +21,7 @@ use crate::call::{
     ArtifactRef, CallRequest, CallResponse, Decision, DryRun, PartialRequest, Received, Status,
     Trace,
 };
-use crate::canonical::{audit_safe, sha256_hex, to_canonical_bytes};
+use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key};
@@ -88,8 +88,8 @@ struct Call {
 /// What the audit events of a call record about its arguments.
 #[derive(Clone)]
 struct CommittedArguments {
-    sha256: String,
-    hmac_sha256: String,
+    sha256: Option<String>,
+    hmac_sha256: Option<String>,
     readable: Option<Value>,
 }
 
@@ -770,19 +770,22 @@ impl Call {
         event.tool_version = self.tool_version.clone();
         event.policy_versions = Some(self.policy_versions.clone());
         if let Some(arguments) = &self.arguments {
+            // Computed once (hash, commitment, redacted form) and reused by the
+            // closing event.
             let committed = self.committed.get_or_insert_with(|| {
-                let commitment = gateway
-                    .audit
-                    .commit_arguments(&to_canonical_bytes(arguments));
+                let e = NewEvent::new(event_type).with_arguments(
+                    &gateway.audit,
+                    arguments,
+                    &self.redaction,
+                );
                 CommittedArguments {
-                    sha256: commitment.sha256,
-                    hmac_sha256: commitment.hmac_sha256,
-                    readable: crate::audit::redact(arguments, &self.redaction)
-                        .map(|a| audit_safe(&a)),
+                    sha256: e.arguments_hash_sha256,
+                    hmac_sha256: e.arguments_hmac_sha256,
+                    readable: e.arguments,
                 }
             });
-            event.arguments_hash_sha256 = Some(committed.sha256.clone());
-            event.arguments_hmac_sha256 = Some(committed.hmac_sha256.clone());
+            event.arguments_hash_sha256 = committed.sha256.clone();
+            event.arguments_hmac_sha256 = committed.hmac_sha256.clone();
             event.arguments = committed.readable.clone();
         }
         if let Some(scope) = &self.scope {

@@ -1,8 +1,9 @@
 //! The HTTP API: routes requests to the gateway and turns its answers into responses.
 //!
-//! INVARIANT: this is the only module that knows HTTP (hyper). Every response body is
-//! JSON: a refusal is always the structured diagnostic, never free text, and the HTTP
-//! status is derived from the diagnostic in one place ([`http_status`]).
+//! INVARIANT: this is the only module that serves HTTP (hyper), apart from the MCP
+//! front it hands `/mcp` to (`mcp::front`). Every response body is JSON: a refusal is
+//! always the structured diagnostic, never free text, and the HTTP status is derived
+//! from the diagnostic in one place ([`http_status`]).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -128,6 +129,9 @@ async fn route(
     let path = req.uri().path().to_string();
     let query = query_params(req.uri().query());
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if path == crate::mcp::front::ENDPOINT {
+        return Ok(mcp(gateway, &options, req).await);
+    }
 
     let body = match read_body(req, &options).await {
         Ok(body) => body,
@@ -256,6 +260,64 @@ async fn route(
         )),
     };
     Ok(response)
+}
+
+/// `/mcp`: the MCP front (`mcp::front`), with the API's body limits. Only POST is
+/// served (stateless: no server-initiated streams, no sessions to delete). Bodies
+/// stay JSON: the transport's plain-text errors (406, 415, ...) are wrapped in the
+/// structured refusal, keeping their status.
+async fn mcp(
+    gateway: Arc<Gateway>,
+    options: &ServerOptions,
+    req: Request<Incoming>,
+) -> HttpResponse {
+    if req.method() != Method::POST {
+        let refusal = Refusal::new(
+            Reason::EndpointNotFound,
+            format!(
+                "`{} /mcp` is not served: mcp requests are POSTed; this server opens no streams and keeps no sessions",
+                req.method()
+            ),
+        );
+        let mut response = refusal_response(&refusal);
+        *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        response
+            .headers_mut()
+            .insert(hyper::header::ALLOW, HeaderValue::from_static("POST"));
+        return response;
+    }
+    let (parts, body) = req.into_parts();
+    let body = match read_body(Request::from_parts(parts.clone(), body), options).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal_response(&refusal),
+    };
+    let response =
+        crate::mcp::front::handle(gateway, Request::from_parts(parts, Full::new(body))).await;
+    // INVARIANT: the front answers with JSON (`json_response`), so the body is complete
+    // when the handler returns; collecting it does not wait on a stream.
+    let (head, body) = response.into_parts();
+    let bytes = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(never) => match never {},
+    };
+    let is_json = head
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/event-stream"));
+    if !is_json && !head.status.is_success() {
+        let text = String::from_utf8_lossy(&bytes)
+            .chars()
+            .take(500)
+            .collect::<String>();
+        let mut response = refusal_response(
+            &Refusal::new(Reason::RequestMalformed, format!("mcp transport: {text}"))
+                .with_details(json!({ "problems": [text] })),
+        );
+        *response.status_mut() = head.status;
+        return response;
+    }
+    Response::from_parts(head, Full::new(bytes))
 }
 
 /// Reads the whole body, refusing one over the size limit or slower than the timeout.

@@ -580,13 +580,15 @@ async fn build_reports_every_problem_with_the_tool_named() {
 }
 
 #[tokio::test]
-async fn the_demo_tools_build_and_mcp_is_not_implemented_at_execute() {
+async fn the_demo_tools_build_and_an_mcp_server_that_exits_is_dependency_down() {
+    // The mcp adapter itself is tested end to end in tests/mcp_adapter.rs; here it
+    // only builds with the others and reports a server that exits at once.
     let dir = tempfile::tempdir().unwrap();
     let mut tools = demo_tools("http://127.0.0.1:8799/filings", "127.0.0.1:8799");
     tools.push(tool(
         "upstream_mcp",
         AdapterConfig::Mcp {
-            command: Some(vec!["mcp-server".into()]),
+            command: Some(vec!["sh".into(), "-c".into(), "exit 3".into()]),
             url: None,
             tool: "search".into(),
         },
@@ -596,11 +598,15 @@ async fn the_demo_tools_build_and_mcp_is_not_implemented_at_execute() {
     let gate = Gate::new(tools, &demo_env(dir.path()));
     assert_eq!(gate.adapters.by_tool.len(), 8);
     let refusal = gate
-        .call("upstream_mcp", json!({}), json!({}), 1000)
+        .call("upstream_mcp", json!({}), json!({}), 5000)
         .await
         .unwrap_err();
-    assert_eq!(refusal.reason, Reason::AdapterNotImplemented);
-    assert!(refusal.message.contains("mcp"), "{}", refusal.message);
+    assert_eq!(refusal.reason, Reason::DependencyDown);
+    assert!(
+        refusal.message.contains("upstream_mcp"),
+        "{}",
+        refusal.message
+    );
 }
 
 #[test]

@@ -269,7 +269,7 @@ impl CommandAdapter {
 
 /// Resolves argv[0]: an absolute path to an executable file, or a bare name found on
 /// toolgate's PATH now (the program itself runs without PATH unless allowlisted).
-fn resolve_program(argv0: &str) -> Result<PathBuf, SettingProblem> {
+pub(crate) fn resolve_program(argv0: &str) -> Result<PathBuf, SettingProblem> {
     let path = Path::new(argv0);
     if argv0.is_empty() {
         return Err(SettingProblem::new("`argv[0]` is empty"));
@@ -336,12 +336,12 @@ fn scope_json(scope: &Map<String, Value>) -> String {
 }
 
 /// The process group of a spawned program; killed when dropped.
-struct ProcessGroup {
+pub(crate) struct ProcessGroup {
     pgid: Option<libc::pid_t>,
 }
 
 impl ProcessGroup {
-    fn of(pid: Option<u32>) -> Self {
+    pub(crate) fn of(pid: Option<u32>) -> Self {
         // INVARIANT: never 0, 1 or negative: killpg(0) would kill toolgate's own group.
         let pgid = pid
             .and_then(|p| libc::pid_t::try_from(p).ok())
@@ -349,7 +349,7 @@ impl ProcessGroup {
         ProcessGroup { pgid }
     }
 
-    fn kill(&self) {
+    pub(crate) fn kill(&self) {
         if let Some(pgid) = self.pgid {
             // SAFETY: killpg only sends a signal; `pgid` is the id of a group this
             // adapter created (process_group(0) makes the child's pid its group id).

@@ -64,6 +64,7 @@ mod command;
 mod http;
 
 pub use builtin::BUILTIN_NAMES;
+pub(crate) use command::{ProcessGroup, resolve_program};
 
 /// One tool's executor.
 #[derive(Debug)]
@@ -71,8 +72,9 @@ pub enum Adapter {
     Builtin(builtin::BuiltinAdapter),
     Command(command::CommandAdapter),
     Http(http::HttpAdapter),
-    /// An adapter kind this build cannot execute (`mcp`): the tool loads, and every
-    /// call to it fails with `adapter_not_implemented`.
+    Mcp(crate::mcp::adapter::McpAdapter),
+    /// An adapter kind this build cannot execute: the tool loads, and every call to
+    /// it fails with `adapter_not_implemented`.
     NotImplemented {
         kind: &'static str,
     },
@@ -144,7 +146,18 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
             AdapterConfig::Http { url, allowed_hosts } => {
                 http::HttpAdapter::build(url, allowed_hosts).map(Adapter::Http)
             }
-            AdapterConfig::Mcp { .. } => Ok(Adapter::NotImplemented { kind: "mcp" }),
+            AdapterConfig::Mcp {
+                command,
+                url,
+                tool: upstream_tool,
+            } => crate::mcp::adapter::McpAdapter::build(
+                tool,
+                command.as_deref(),
+                url.as_deref(),
+                upstream_tool,
+                env,
+            )
+            .map(Adapter::Mcp),
         };
         match built {
             Ok(adapter) => {
@@ -182,6 +195,7 @@ impl Adapter {
             Adapter::Builtin(b) => b.validate(arguments, scope),
             Adapter::Command(c) => c.validate(arguments),
             Adapter::Http(h) => h.validate(arguments),
+            Adapter::Mcp(m) => m.validate(arguments),
             Adapter::NotImplemented { .. } => Ok(()),
         }
     }
@@ -193,9 +207,10 @@ impl Adapter {
         let _ = tool;
         match self {
             Adapter::Builtin(b) => b.normalize(arguments),
-            Adapter::Command(_) | Adapter::Http(_) | Adapter::NotImplemented { .. } => {
-                arguments.clone()
-            }
+            Adapter::Command(_)
+            | Adapter::Http(_)
+            | Adapter::Mcp(_)
+            | Adapter::NotImplemented { .. } => arguments.clone(),
         }
     }
 
@@ -211,6 +226,7 @@ impl Adapter {
             Adapter::Builtin(b) => b.execute(tool, arguments, ctx).await,
             Adapter::Command(c) => c.execute(tool, arguments, ctx).await,
             Adapter::Http(h) => h.execute(tool, arguments, ctx).await,
+            Adapter::Mcp(m) => m.execute(tool, arguments, ctx).await,
             Adapter::NotImplemented { kind } => Err(ExecError::NotImplemented(format!(
                 "the {kind} adapter is not available in this build"
             ))),

@@ -1,0 +1,657 @@
+//! The MCP adapter: a registry tool executed by a tool on an upstream MCP server,
+//! started and supervised by the gateway (stdio) or reached over Streamable HTTP.
+//!
+//! The client side of the protocol is rmcp's. Each registry tool keeps one connection
+//! to its upstream, opened on the first call (building a policy starts nothing) and
+//! shared by concurrent calls. A connection that dies (the process exited, the
+//! transport closed) is dropped and reopened by the next call, after a backoff that
+//! doubles from [`BACKOFF_BASE`] to [`BACKOFF_CAP`] while the upstream keeps failing;
+//! a call never waits for a backoff past its deadline (it gets `dependency_down`).
+//!
+//! INVARIANT: a call returns by its deadline. A stdio server that does not answer in
+//! time is killed with its whole process group (and restarted by a later call), so
+//! no work runs on past the deadline; over HTTP the request is abandoned and MCP's
+//! cancellation is sent. A stdio server runs without a shell, in its own process
+//! group, with a cleared environment plus [`PASSED_ENV`], in the registry's directory.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
+    Implementation,
+};
+use rmcp::service::{RunningService, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
+use tokio::time::Instant;
+
+use crate::adapter::{
+    AdapterEnv, ExecContext, ExecError, ProcessGroup, SettingProblem, output_hard_cap,
+    resolve_program, unsafe_argument,
+};
+use crate::canonical::to_canonical_bytes;
+use crate::diagnostic::Refusal;
+use crate::policy::Tool;
+
+/// First wait before restarting an upstream that failed; doubles per failure.
+pub const BACKOFF_BASE: Duration = Duration::from_millis(100);
+/// Longest wait between restarts.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// Largest arguments (as JSON) sent upstream.
+pub const MAX_ARGUMENT_BYTES: usize = 1024 * 1024;
+/// Environment variables a stdio server inherits from toolgate (package runners such
+/// as `npx` and `uvx` need them); every other variable is cleared.
+pub const PASSED_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"];
+/// How much of a stdio server's stderr is kept (its end) for error messages.
+const STDERR_TAIL_BYTES: usize = 2048;
+/// How long to wait for a dead server's last stderr lines.
+const STDERR_GRACE: Duration = Duration::from_millis(200);
+/// Longest upstream tool name accepted (MCP names are at most 128 characters).
+const MAX_TOOL_NAME: usize = 128;
+
+/// The MCP adapter of one registry tool.
+pub struct McpAdapter {
+    upstream: Upstream,
+    /// The tool's name on the upstream server.
+    tool: String,
+    /// Largest response accepted from the upstream.
+    hard_cap: usize,
+    supervisor: tokio::sync::Mutex<Supervisor>,
+}
+
+impl fmt::Debug for McpAdapter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpAdapter")
+            .field("upstream", &self.upstream)
+            .field("tool", &self.tool)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the upstream server is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upstream {
+    /// Started by the gateway; spoken to over its stdin and stdout.
+    Stdio {
+        /// argv[0] as written in the registry, for messages.
+        argv0: String,
+        /// The program: absolute, resolved on PATH at build for bare names.
+        program: PathBuf,
+        args: Vec<String>,
+        working_dir: PathBuf,
+    },
+    /// A Streamable HTTP endpoint (`http://` only).
+    Http { url: String },
+}
+
+impl Upstream {
+    /// Checks the settings of an `mcp` adapter: exactly one of a command (whose
+    /// program exists) or an `http://` url.
+    pub(crate) fn build(
+        command: Option<&[String]>,
+        url: Option<&str>,
+        env: &AdapterEnv,
+    ) -> Result<Upstream, Vec<SettingProblem>> {
+        match (command, url) {
+            (Some(argv), None) => stdio(argv, env),
+            (None, Some(url)) => http(url).map_err(|p| vec![p]),
+            _ => Err(vec![
+                SettingProblem::new("an `mcp` adapter needs exactly one of `command` or `url`")
+                    .help("start the server with `command: [argv...]` or reach it with `url: http://...`"),
+            ]),
+        }
+    }
+
+    /// How the upstream is named in messages.
+    fn describe(&self) -> String {
+        match self {
+            Upstream::Stdio { argv0, .. } => format!("`{argv0}`"),
+            Upstream::Http { url } => format!("`{url}`"),
+        }
+    }
+}
+
+fn stdio(argv: &[String], env: &AdapterEnv) -> Result<Upstream, Vec<SettingProblem>> {
+    let mut problems = Vec::new();
+    let program = match argv.first() {
+        None => {
+            problems.push(SettingProblem::new("`command` is empty").help(
+                "give the server's program and arguments, e.g. [\"uvx\", \"mcp-server-time\"]",
+            ));
+            None
+        }
+        Some(argv0) => resolve_program(argv0).map_err(|p| problems.push(p)).ok(),
+    };
+    for (i, arg) in argv.iter().enumerate() {
+        if arg.contains('\0') {
+            problems.push(SettingProblem::new(format!(
+                "`command[{i}]` contains a nul byte"
+            )));
+        }
+    }
+    match program {
+        Some(program) if problems.is_empty() => Ok(Upstream::Stdio {
+            argv0: argv.first().cloned().unwrap_or_default(),
+            program,
+            args: argv.iter().skip(1).cloned().collect(),
+            working_dir: env.tools_dir.clone(),
+        }),
+        _ => Err(problems),
+    }
+}
+
+fn http(url: &str) -> Result<Upstream, SettingProblem> {
+    let bad = |why: &str| {
+        SettingProblem::new(format!("url `{url}` {why}"))
+            .help("give the server's Streamable HTTP endpoint, e.g. http://127.0.0.1:8000/mcp")
+    };
+    if url.starts_with("https://") {
+        return Err(bad("uses https, which this build does not support").help(
+            "reach the server over http on a trusted network, or run it over stdio with `command`",
+        ));
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(bad("is not an absolute http:// url"));
+    };
+    let uri: hyper::Uri = url.parse().map_err(|_| bad("is not a valid url"))?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(bad(
+            "has user info; credentials do not belong in the registry",
+        ));
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(bad("has no host"));
+    }
+    Ok(Upstream::Http {
+        url: url.to_string(),
+    })
+}
+
+/// The restart bookkeeping of one upstream.
+#[derive(Default)]
+struct Supervisor {
+    current: Option<Arc<Connection>>,
+    /// Failures (failed starts, deaths, timeouts) since the last successful call.
+    failures: u32,
+    /// No restart before this instant.
+    retry_at: Option<Instant>,
+}
+
+impl Supervisor {
+    fn note_failure(&mut self) {
+        self.failures = self.failures.saturating_add(1);
+        let exponent = self.failures.saturating_sub(1).min(16);
+        let wait = BACKOFF_BASE.saturating_mul(1 << exponent).min(BACKOFF_CAP);
+        self.retry_at = Some(Instant::now() + wait);
+    }
+}
+
+/// One open connection to the upstream.
+struct Connection {
+    client: RunningService<RoleClient, ClientConfig>,
+    /// The server process, for stdio upstreams. Dropped after `client`: the process
+    /// group is killed, then the process is reaped by the runtime.
+    process: Option<Process>,
+}
+
+impl Connection {
+    /// The end of the server's stderr (stdio), waiting briefly for its last lines.
+    async fn stderr_tail(&self, deadline: Instant) -> String {
+        match &self.process {
+            Some(process) => process.stderr_tail(deadline).await,
+            None => String::new(),
+        }
+    }
+}
+
+/// A started stdio server.
+struct Process {
+    // INVARIANT: `group` is declared before `child`, so it is dropped first: the group
+    // is killed while the child is still unreaped, so its id cannot have been reused.
+    group: ProcessGroup,
+    _child: tokio::process::Child,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    stderr_done: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Process {
+    async fn stderr_tail(&self, deadline: Instant) -> String {
+        let reader = self.stderr_done.lock().ok().and_then(|mut h| h.take());
+        if let Some(reader) = reader {
+            let until = (Instant::now() + STDERR_GRACE).min(deadline);
+            let _ = tokio::time::timeout_at(until, reader).await;
+        }
+        let bytes = self.stderr.lock().map(|b| b.clone()).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).trim().to_string()
+    }
+}
+
+impl McpAdapter {
+    pub(crate) fn build(
+        tool: &Tool,
+        command: Option<&[String]>,
+        url: Option<&str>,
+        upstream_tool: &str,
+        env: &AdapterEnv,
+    ) -> Result<McpAdapter, Vec<SettingProblem>> {
+        let mut problems = Vec::new();
+        if upstream_tool.is_empty()
+            || upstream_tool.len() > MAX_TOOL_NAME
+            || upstream_tool.chars().any(char::is_control)
+        {
+            problems.push(SettingProblem::new(format!(
+                "upstream tool name `{}` must be 1 to {MAX_TOOL_NAME} characters without control characters",
+                upstream_tool.escape_debug()
+            )));
+        }
+        let upstream = Upstream::build(command, url, env).map_err(|p| problems.extend(p));
+        match upstream {
+            Ok(upstream) if problems.is_empty() => Ok(McpAdapter {
+                upstream,
+                tool: upstream_tool.to_string(),
+                hard_cap: output_hard_cap(tool),
+                supervisor: tokio::sync::Mutex::new(Supervisor::default()),
+            }),
+            _ => Err(problems),
+        }
+    }
+
+    /// Arguments travel as JSON-RPC, so only their size is bounded.
+    pub fn validate(&self, arguments: &Value) -> Result<(), Refusal> {
+        let size = to_canonical_bytes(arguments).len();
+        if size > MAX_ARGUMENT_BYTES {
+            return Err(unsafe_argument(
+                "",
+                &format!(
+                    "the arguments are {size} bytes, more than the {MAX_ARGUMENT_BYTES} sent to an mcp server"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub async fn execute(
+        &self,
+        _tool: &Tool,
+        arguments: &Value,
+        ctx: ExecContext<'_>,
+    ) -> Result<Value, ExecError> {
+        let deadline = ctx.deadline;
+        let connection = self.connection(deadline).await?;
+        let mut params = CallToolRequestParams::new(self.tool.clone());
+        if let Value::Object(map) = arguments {
+            params = params.with_arguments(map.clone());
+        }
+        let call = connection.client.peer().call_tool(params);
+        let outcome = match tokio::time::timeout_at(deadline, call).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                if connection.process.is_some() {
+                    // A stdio server that missed the deadline is stopped, not left
+                    // running the call: killed now, restarted by a later call.
+                    self.retire(&connection).await;
+                }
+                return Err(ExecError::Timeout);
+            }
+        };
+        match outcome {
+            Ok(result) => {
+                self.supervisor.lock().await.failures = 0;
+                output_of(result)
+            }
+            Err(ServiceError::McpError(error)) => Err(ExecError::Failed(format!(
+                "the upstream refused the call ({}): {}",
+                error.code.0, error.message
+            ))),
+            Err(ServiceError::Timeout { .. }) => Err(ExecError::Timeout),
+            Err(error) => {
+                let tail = connection.stderr_tail(deadline).await;
+                self.retire(&connection).await;
+                Err(ExecError::DependencyDown(with_stderr(
+                    format!(
+                        "the connection to mcp server {} failed during the call: {error}",
+                        self.upstream.describe()
+                    ),
+                    &tail,
+                )))
+            }
+        }
+    }
+
+    /// The open connection, or a new one (after the backoff, within the deadline).
+    async fn connection(&self, deadline: Instant) -> Result<Arc<Connection>, ExecError> {
+        let Ok(mut supervisor) = tokio::time::timeout_at(deadline, self.supervisor.lock()).await
+        else {
+            return Err(ExecError::Timeout);
+        };
+        if let Some(current) = &supervisor.current {
+            if !current.client.peer().is_transport_closed() {
+                return Ok(current.clone());
+            }
+            // It died while idle: forget it (killing what is left of its group).
+            supervisor.current = None;
+            supervisor.note_failure();
+        }
+        if let Some(at) = supervisor.retry_at
+            && at > Instant::now()
+        {
+            if at >= deadline {
+                return Err(ExecError::DependencyDown(format!(
+                    "mcp server {} failed {} times in a row; the next restart is in {} ms, after this call's deadline",
+                    self.upstream.describe(),
+                    supervisor.failures,
+                    at.saturating_duration_since(Instant::now()).as_millis()
+                )));
+            }
+            tokio::time::sleep_until(at).await;
+        }
+        match tokio::time::timeout_at(deadline, open(&self.upstream, self.hard_cap, deadline)).await
+        {
+            Ok(Ok(connection)) => {
+                let connection = Arc::new(connection);
+                supervisor.current = Some(connection.clone());
+                Ok(connection)
+            }
+            Ok(Err(e)) => {
+                supervisor.note_failure();
+                Err(e)
+            }
+            Err(_) => {
+                supervisor.note_failure();
+                Err(ExecError::Timeout)
+            }
+        }
+    }
+
+    /// Drops `connection` if it is still the current one, and counts a failure.
+    async fn retire(&self, connection: &Arc<Connection>) {
+        let mut supervisor = self.supervisor.lock().await;
+        if let Some(process) = &connection.process {
+            process.group.kill();
+        }
+        if supervisor
+            .current
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, connection))
+        {
+            supervisor.current = None;
+            supervisor.note_failure();
+        }
+    }
+}
+
+/// Starts the server (stdio) or connects (HTTP) and runs the MCP handshake.
+async fn open(
+    upstream: &Upstream,
+    hard_cap: usize,
+    deadline: Instant,
+) -> Result<Connection, ExecError> {
+    match upstream {
+        Upstream::Stdio {
+            argv0,
+            program,
+            args,
+            working_dir,
+        } => {
+            let mut command = tokio::process::Command::new(program);
+            command
+                .args(args)
+                .env_clear()
+                .current_dir(working_dir)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0)
+                .kill_on_drop(true);
+            for name in PASSED_ENV {
+                if let Some(value) = std::env::var_os(name) {
+                    command.env(name, value);
+                }
+            }
+            let mut child = command.spawn().map_err(|e| {
+                ExecError::DependencyDown(format!("could not start mcp server `{argv0}`: {e}"))
+            })?;
+            let group = ProcessGroup::of(child.id());
+            let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+                return Err(ExecError::DependencyDown(format!(
+                    "mcp server `{argv0}` has no stdio pipes"
+                )));
+            };
+            let stderr = Arc::new(Mutex::new(Vec::new()));
+            let reader = child
+                .stderr
+                .take()
+                .map(|pipe| tokio::spawn(keep_tail(pipe, stderr.clone())));
+            let process = Process {
+                group,
+                _child: child,
+                stderr,
+                stderr_done: Mutex::new(reader),
+            };
+            match client_config().serve((stdout, stdin)).await {
+                Ok(client) => Ok(Connection {
+                    client,
+                    process: Some(process),
+                }),
+                Err(e) => {
+                    let tail = process.stderr_tail(deadline).await;
+                    Err(ExecError::DependencyDown(with_stderr(
+                        format!("mcp server `{argv0}` did not complete the handshake: {e}"),
+                        &tail,
+                    )))
+                }
+            }
+        }
+        Upstream::Http { url } => {
+            let http = reqwest::Client::builder()
+                .no_proxy()
+                .pool_max_idle_per_host(0)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| {
+                    ExecError::DependencyDown(format!("could not build an http client: {e}"))
+                })?;
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            config.max_json_response_size = hard_cap;
+            config.max_sse_event_size = hard_cap;
+            let transport = StreamableHttpClientTransport::with_client(http, config);
+            let client = client_config().serve(transport).await.map_err(|e| {
+                ExecError::DependencyDown(format!("could not connect to mcp server `{url}`: {e}"))
+            })?;
+            Ok(Connection {
+                client,
+                process: None,
+            })
+        }
+    }
+}
+
+/// What an upstream server says about itself and its tools (`toolgate mcp import`).
+pub struct Listing {
+    pub server: Option<Implementation>,
+    pub tools: Vec<rmcp::model::Tool>,
+}
+
+/// Connects to `upstream`, lists every tool and disconnects (stopping a stdio server).
+pub async fn list_tools(upstream: &Upstream, deadline: Instant) -> Result<Listing, ExecError> {
+    let work = async {
+        let connection = open(upstream, usize::MAX, deadline).await?;
+        let server = connection
+            .client
+            .peer()
+            .peer_info()
+            .and_then(|info| info.server_info.clone());
+        let tools = connection
+            .client
+            .peer()
+            .list_all_tools()
+            .await
+            .map_err(|e| {
+                ExecError::DependencyDown(format!(
+                    "mcp server {} did not list its tools: {e}",
+                    upstream.describe()
+                ))
+            })?;
+        Ok(Listing { server, tools })
+    };
+    tokio::time::timeout_at(deadline, work)
+        .await
+        .unwrap_or(Err(ExecError::Timeout))
+}
+
+/// How toolgate introduces itself to upstream servers.
+fn client_config() -> ClientConfig {
+    ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("toolgate", env!("CARGO_PKG_VERSION")),
+    )
+}
+
+/// Reads a pipe to its end, keeping its last [`STDERR_TAIL_BYTES`] bytes.
+async fn keep_tail(mut pipe: tokio::process::ChildStderr, tail: Arc<Mutex<Vec<u8>>>) {
+    let mut buf = [0u8; 4096];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if let Ok(mut tail) = tail.lock() {
+                    tail.extend_from_slice(&buf[..n]);
+                    if tail.len() > STDERR_TAIL_BYTES {
+                        let cut = tail.len() - STDERR_TAIL_BYTES;
+                        tail.drain(..cut);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn with_stderr(message: String, tail: &str) -> String {
+    if tail.is_empty() {
+        message
+    } else {
+        format!("{message}; stderr: {tail}")
+    }
+}
+
+/// The call's output: `structuredContent`, else the JSON in a single text block,
+/// else `{"content": [...]}` (the content blocks as MCP sends them). An error result
+/// is a tool failure carrying its text.
+fn output_of(result: CallToolResult) -> Result<Value, ExecError> {
+    if result.is_error == Some(true) {
+        let mut text: Vec<&str> = result
+            .content
+            .iter()
+            .filter_map(ContentBlock::as_text)
+            .map(|t| t.text.as_str())
+            .collect();
+        let structured = result.structured_content.as_ref().map(Value::to_string);
+        if text.is_empty()
+            && let Some(s) = &structured
+        {
+            text.push(s);
+        }
+        return Err(ExecError::Failed(format!(
+            "the upstream tool reported an error: {}",
+            text.join("\n")
+        )));
+    }
+    if let Some(structured) = result.structured_content {
+        return Ok(structured);
+    }
+    if let [single] = result.content.as_slice()
+        && let Some(text) = single.as_text()
+        && let Ok(value) = serde_json::from_str::<Value>(&text.text)
+    {
+        return Ok(value);
+    }
+    Ok(json!({ "content": result.content }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn env() -> AdapterEnv {
+        AdapterEnv {
+            tools_dir: std::env::temp_dir(),
+            data_dir: std::env::temp_dir(),
+        }
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let e = env();
+        assert!(Upstream::build(Some(&["sh".into()]), None, &e).is_ok());
+        let empty: Vec<String> = Vec::new();
+        let problems = Upstream::build(Some(&empty), None, &e).unwrap_err();
+        assert!(problems[0].message.contains("`command` is empty"));
+        let problems =
+            Upstream::build(Some(&["no-such-program-xyz".into()]), None, &e).unwrap_err();
+        assert!(problems[0].message.contains("not found on PATH"));
+        assert!(Upstream::build(None, Some("http://127.0.0.1:9/mcp"), &e).is_ok());
+        for (url, needle) in [
+            ("https://example.com/mcp", "https"),
+            ("ftp://x/mcp", "not an absolute http"),
+            ("http://user:pw@host/mcp", "user info"),
+            ("http:///mcp", "not a valid url"),
+        ] {
+            let problems = Upstream::build(None, Some(url), &e).unwrap_err();
+            assert!(problems[0].message.contains(needle), "{url}: {problems:?}");
+        }
+        assert!(Upstream::build(None, None, &e).is_err());
+        assert!(Upstream::build(Some(&["sh".into()]), Some("http://h/mcp"), &e).is_err());
+    }
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let mut s = Supervisor::default();
+        // (at least, at most) how long each failure makes the next start wait.
+        let mut waits = Vec::new();
+        for _ in 0..12 {
+            let before = Instant::now();
+            s.note_failure();
+            let after = Instant::now();
+            let at = s.retry_at.unwrap();
+            waits.push((at.duration_since(before), at.duration_since(after)));
+        }
+        assert!(waits[0].0 >= BACKOFF_BASE && waits[0].1 <= BACKOFF_BASE);
+        assert!(waits[1].0 >= BACKOFF_BASE * 2 && waits[1].1 <= BACKOFF_BASE * 2);
+        assert!(waits.iter().all(|(_, at_most)| *at_most <= BACKOFF_CAP));
+        assert!(waits[11].0 >= BACKOFF_CAP);
+    }
+
+    fn result(value: Value) -> CallToolResult {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn outputs_are_read_in_order_of_preference() {
+        let r = result(
+            json!({"content": [{"type": "text", "text": "{\"a\":1}"}], "structuredContent": {"b": 2}}),
+        );
+        assert_eq!(output_of(r).unwrap(), json!({"b": 2}));
+        let r = result(json!({"content": [{"type": "text", "text": "{\"a\":1}"}]}));
+        assert_eq!(output_of(r).unwrap(), json!({"a": 1}));
+        let r = result(json!({"content": [{"type": "text", "text": "plain words"}]}));
+        assert_eq!(
+            output_of(r).unwrap(),
+            json!({"content": [{"type": "text", "text": "plain words"}]})
+        );
+        let r =
+            result(json!({"content": [{"type": "text", "text": "no such zone"}], "isError": true}));
+        match output_of(r).unwrap_err() {
+            ExecError::Failed(m) => assert!(m.contains("no such zone"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

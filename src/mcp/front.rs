@@ -1,0 +1,648 @@
+//! The MCP server front: agents speak the Model Context Protocol (Streamable HTTP) to
+//! `/mcp`, and every `tools/call` runs the same 13-step pipeline, with the same audit
+//! events, as `POST /v1/tool-calls`.
+//!
+//! The transport and JSON-RPC framing are rmcp's ([`StreamableHttpService`], stateless:
+//! one POST is one request; no sessions, no server-initiated streams, so GET and DELETE
+//! answer 405). This module only maps MCP requests onto the gateway:
+//!
+//! - the caller's identity and context travel as HTTP headers on every request
+//!   (`Authorization: Bearer`, `X-Toolgate-Role`, `-Run`, `-Lane`, `-Scope`);
+//! - `initialize`, `server/discover`, `ping` and `tools/list` are refused with a
+//!   JSON-RPC error ([`REFUSED`], the diagnostic in `data`) unless the headers are
+//!   well-formed and the credential holds the role and the role may act in the lane;
+//! - `tools/list` is the gateway's tool catalog for that role and lane;
+//! - `tools/call` becomes a [`crate::call::CallRequest`] and goes through
+//!   [`Gateway::handle`]: a denial, failure or timeout is a tool result with
+//!   `isError: true` and the diagnostic in `structuredContent`; a tool name the
+//!   registry does not know is a JSON-RPC error (`-32602`), after it was audited.
+//!
+//! INVARIANT: role, run, lane and scope come only from the headers. Nothing in the
+//! JSON-RPC body (`_meta`, `arguments`) can name or widen them; the only `_meta` keys
+//! read are `io.toolgate/idempotency_key` and `io.toolgate/timeout_ms`, which the
+//! pipeline bounds like the same fields of the HTTP API.
+
+use std::borrow::Cow;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use http_body_util::combinators::BoxBody;
+use hyper::http::{HeaderMap, Request, Response};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
+    ErrorCode, ErrorData, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
+    ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    ServerConfig, Tool as McpTool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::{Map, Value, json};
+
+use crate::call::{CallResponse, PartialRequest, Received, Status, parse_request_value};
+use crate::diagnostic::{Reason, Refusal};
+use crate::gateway::Gateway;
+
+/// The path the front is served at.
+pub const ENDPOINT: &str = "/mcp";
+
+/// The protocol revisions the front speaks: two with the `initialize` handshake and
+/// the stateless revision (`server/discover`, per-request `_meta`).
+pub const SUPPORTED_VERSIONS: [ProtocolVersion; 3] = [
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+    ProtocolVersion::V_2026_07_28,
+];
+
+/// The JSON-RPC error code of a request the gateway refuses before any tool is
+/// involved (bad or missing headers, credential, role or lane). `data` holds the
+/// structured diagnostic. In the range JSON-RPC leaves to implementations and not one
+/// that MCP or its SDKs define.
+pub const REFUSED: ErrorCode = ErrorCode(-32040);
+
+/// The headers every MCP request carries.
+pub const HEADER_ROLE: &str = "x-toolgate-role";
+pub const HEADER_RUN: &str = "x-toolgate-run";
+pub const HEADER_LANE: &str = "x-toolgate-lane";
+pub const HEADER_SCOPE: &str = "x-toolgate-scope";
+
+/// The `_meta` keys of a `tools/call` that toolgate reads.
+pub const META_IDEMPOTENCY_KEY: &str = "io.toolgate/idempotency_key";
+pub const META_TIMEOUT_MS: &str = "io.toolgate/timeout_ms";
+
+/// Longest id header accepted (as for ids in the HTTP API).
+const MAX_ID_LEN: usize = 128;
+/// Largest `X-Toolgate-Scope` header accepted.
+const MAX_SCOPE_BYTES: usize = 16 * 1024;
+
+/// Serves one HTTP request to [`ENDPOINT`]; its body was already read within the
+/// server's size and time limits.
+pub async fn handle(
+    gateway: Arc<Gateway>,
+    request: Request<Full<Bytes>>,
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let config = StreamableHttpServerConfig::default()
+        // Stateless: every POST stands alone, so any gateway instance can answer it
+        // and no session state can outlive a policy reload.
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_sse_keep_alive(None)
+        // The server already read the body within its own limit.
+        .with_max_request_body_bytes(usize::MAX)
+        // The sidecar is addressed by whatever name its deployment gives it; every
+        // request must carry a credential anyway.
+        .disable_allowed_hosts()
+        // Agents are not browsers: a request with any Origin header is refused
+        // (the transport spec's defence against DNS rebinding).
+        .enforce_origin_validation();
+    let service = StreamableHttpService::new(
+        move || Ok(Front::new(gateway.clone())),
+        Arc::new(NeverSessionManager::default()),
+        config,
+    );
+    service.handle(request).await
+}
+
+/// The rmcp server handler: one per request, holding the gateway.
+#[derive(Clone)]
+pub struct Front {
+    gateway: Arc<Gateway>,
+}
+
+impl Front {
+    pub fn new(gateway: Arc<Gateway>) -> Self {
+        Front { gateway }
+    }
+
+    /// Checks the headers and the caller's right to the role and lane; returns the
+    /// catalog of tools the role may use in the lane.
+    fn admit(&self, context: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
+        let headers = headers(context)?;
+        let caller = Caller::read(headers);
+        if let Some(refusal) = caller.malformed() {
+            return Err(refused(&refusal));
+        }
+        let role_id = caller.role_id.as_deref().unwrap_or_default();
+        let lane_id = caller.lane_id.as_deref().unwrap_or_default();
+        self.gateway
+            .tool_catalog(caller.token.as_deref(), role_id, lane_id)
+            .map_err(|r| refused(&r))
+    }
+}
+
+impl ServerHandler for Front {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+            .with_protocol_version(ProtocolVersion::V_2025_11_25)
+            .with_server_info(Implementation::new("toolgate", env!("CARGO_PKG_VERSION")));
+        info.instructions = Some(
+            "Every tool call passes toolgate's policy checks and is recorded in its audit log. \
+             A refused or failed call returns isError with a structured diagnostic \
+             (reason, message, suggested_fix) in structuredContent."
+                .into(),
+        );
+        info
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(&SUPPORTED_VERSIONS)
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        self.admit(&context)?;
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        self.admit(&context)?;
+        Ok(DiscoverResult::from_server_info(
+            SUPPORTED_VERSIONS.to_vec(),
+            self.get_info(),
+        ))
+    }
+
+    async fn ping(&self, context: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        self.admit(&context).map(|_| ())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let catalog = self.admit(&context)?;
+        let tools = catalog["tools"]
+            .as_array()
+            .map(|tools| tools.iter().map(mcp_tool).collect())
+            .unwrap_or_default();
+        let mut result = ListToolsResult::with_all_items(tools);
+        // The list depends on the caller's role and lane: never shared, never stale.
+        result.ttl_ms = Some(0);
+        result.cache_scope = Some(rmcp::model::CacheScope::Private);
+        Ok(result)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let caller = Caller::read(headers(&context)?);
+        let mut meta = context.meta.0.0.clone();
+        if let Some(own) = &request.meta {
+            meta.extend(own.0.0.clone());
+        }
+        let token = caller.token.clone();
+        let received = caller.into_request(&request, &meta);
+        // Spawned so a client that disconnects cannot cancel a call halfway: every
+        // call runs to its closing audit event.
+        let gateway = self.gateway.clone();
+        let response =
+            tokio::spawn(async move { gateway.handle(token.as_deref(), received).await })
+                .await
+                .map_err(|_| ErrorData::internal_error("the call task failed", None))?;
+        log_call(&response);
+        if let Some(d) = &response.diagnostic
+            && d.reason == Reason::ToolUnregistered
+        {
+            // A tool the server does not have is a protocol error in MCP (it was
+            // still audited as a denied call, like on the HTTP API).
+            return Err(ErrorData::invalid_params(
+                d.message.clone(),
+                Some(error_fields(&response)),
+            ));
+        }
+        Ok(CallToolResponse::Complete(tool_result(&response)))
+    }
+}
+
+/// The HTTP request headers rmcp put in the request's extensions.
+fn headers(context: &RequestContext<RoleServer>) -> Result<&HeaderMap, ErrorData> {
+    context
+        .extensions
+        .get::<hyper::http::request::Parts>()
+        .map(|parts| &parts.headers)
+        .ok_or_else(|| ErrorData::internal_error("the http request is not available", None))
+}
+
+/// What the toolgate headers of one request say, and every problem with them.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Caller {
+    token: Option<String>,
+    role_id: Option<String>,
+    run_id: Option<String>,
+    lane_id: Option<String>,
+    scope: Option<Map<String, Value>>,
+    problems: Vec<String>,
+}
+
+impl Caller {
+    fn read(headers: &HeaderMap) -> Caller {
+        let mut caller = Caller {
+            token: bearer_token(headers),
+            ..Caller::default()
+        };
+        let mut id = |name: &str, display: &str| -> Option<String> {
+            let value = single(headers, name, display, &mut caller.problems)?;
+            if value.is_empty() || value.len() > MAX_ID_LEN {
+                caller.problems.push(format!(
+                    "header `{display}` must be 1 to {MAX_ID_LEN} bytes"
+                ));
+                return None;
+            }
+            Some(value)
+        };
+        caller.role_id = id(HEADER_ROLE, "X-Toolgate-Role");
+        caller.run_id = id(HEADER_RUN, "X-Toolgate-Run");
+        caller.lane_id = id(HEADER_LANE, "X-Toolgate-Lane");
+        if let Some(scope) = single(
+            headers,
+            HEADER_SCOPE,
+            "X-Toolgate-Scope",
+            &mut caller.problems,
+        ) {
+            if scope.len() > MAX_SCOPE_BYTES {
+                caller.problems.push(format!(
+                    "header `X-Toolgate-Scope` is larger than {MAX_SCOPE_BYTES} bytes"
+                ));
+            } else {
+                match serde_json::from_str::<Value>(&scope) {
+                    Ok(Value::Object(map)) => caller.scope = Some(map),
+                    Ok(_) => caller
+                        .problems
+                        .push("header `X-Toolgate-Scope` must be a JSON object".into()),
+                    Err(e) => caller
+                        .problems
+                        .push(format!("header `X-Toolgate-Scope` is not valid JSON: {e}")),
+                }
+            }
+        }
+        caller
+    }
+
+    /// A `request_malformed` refusal listing every header problem, if there is one.
+    fn malformed(&self) -> Option<Refusal> {
+        let first = self.problems.first()?;
+        let message = if self.problems.len() > 1 {
+            format!(
+                "malformed request: {first} (and {} more)",
+                self.problems.len() - 1
+            )
+        } else {
+            format!("malformed request: {first}")
+        };
+        Some(
+            Refusal::new(Reason::RequestMalformed, message)
+                .with_details(json!({ "problems": self.problems })),
+        )
+    }
+
+    /// The tool-call request these headers and this `tools/call` make, parsed like a
+    /// body of `POST /v1/tool-calls`.
+    fn into_request(self, call: &CallToolRequestParams, meta: &JsonObject) -> Received {
+        let tool_name = call.name.to_string();
+        if let Some(refusal) = self.malformed() {
+            let partial = PartialRequest {
+                role_id: self.role_id,
+                run_id: self.run_id,
+                lane_id: self.lane_id,
+                tool_name: Some(tool_name).filter(|n| !n.is_empty() && n.len() <= MAX_ID_LEN),
+            };
+            return Err(Box::new((refusal, partial)));
+        }
+        let mut body = json!({
+            "role_id": self.role_id,
+            "run_id": self.run_id,
+            "lane_id": self.lane_id,
+            "tool_name": tool_name,
+            "arguments": call.arguments.clone().unwrap_or_default(),
+            "scope": self.scope,
+        });
+        if let Some(key) = meta.get(META_IDEMPOTENCY_KEY) {
+            body["idempotency_key"] = key.clone();
+        }
+        if let Some(ms) = meta.get(META_TIMEOUT_MS) {
+            body["timeout_ms"] = ms.clone();
+        }
+        parse_request_value(body)
+    }
+}
+
+/// The value of a header that must appear exactly once, as UTF-8 text without
+/// control characters.
+fn single(
+    headers: &HeaderMap,
+    name: &str,
+    display: &str,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        problems.push(format!("missing header `{display}`"));
+        return None;
+    };
+    if values.next().is_some() {
+        problems.push(format!("header `{display}` is given more than once"));
+        return None;
+    }
+    match value.to_str() {
+        Ok(s) if !s.chars().any(char::is_control) => Some(s.trim().to_string()),
+        _ => {
+            problems.push(format!(
+                "header `{display}` must be visible ASCII text (in JSON, write other characters as \\uXXXX escapes)"
+            ));
+            None
+        }
+    }
+}
+
+fn bearer_token(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(hyper::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| token.to_string())
+}
+
+/// A refusal before any tool is involved, as a JSON-RPC error.
+fn refused(refusal: &Refusal) -> ErrorData {
+    let diagnostic = refusal.diagnostic();
+    let status = Status::of(refusal.reason);
+    let mut data = serde_json::to_value(&diagnostic).unwrap_or_else(|_| json!({}));
+    if let Some(obj) = data.as_object_mut() {
+        obj.insert("status".into(), json!(status));
+    }
+    ErrorData::new(REFUSED, refusal.message.clone(), Some(data))
+}
+
+/// One catalog entry as an MCP tool: the registry's name, description and schemas;
+/// annotations derived from the registry (hints for the client, never trusted by us).
+fn mcp_tool(entry: &Value) -> McpTool {
+    let name = entry["tool_name"].as_str().unwrap_or_default().to_string();
+    let description = entry["description"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let input_schema = match &entry["input_schema"] {
+        Value::Object(map) => map.clone(),
+        _ => json!({ "type": "object" })
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    };
+    let mut tool = McpTool::new(name, description, Arc::new(input_schema));
+    // MCP output schemas describe an object (structuredContent is an object).
+    if let Value::Object(schema) = &entry["output_schema"]
+        && schema.get("type").and_then(Value::as_str) == Some("object")
+    {
+        tool = tool.with_raw_output_schema(Arc::new(schema.clone()));
+    }
+    let determinism = entry["determinism"].as_str().unwrap_or_default();
+    let idempotent = entry["idempotent"].as_bool().unwrap_or(false);
+    tool = tool.with_annotations(
+        ToolAnnotations::new()
+            .read_only(determinism == "pure")
+            .idempotent(idempotent),
+    );
+    let mut meta = MetaObject::new();
+    meta.insert("io.toolgate/version".into(), entry["version"].clone());
+    meta.insert(
+        "io.toolgate/determinism".into(),
+        entry["determinism"].clone(),
+    );
+    meta.insert(
+        "io.toolgate/required_scope_keys".into(),
+        entry["required_scope_keys"].clone(),
+    );
+    tool.with_meta(meta)
+}
+
+/// The call's outcome as an MCP tool result. Success: the output as JSON text and as
+/// `structuredContent` (when it is an object). Anything else: `isError` and the
+/// diagnostic (with status, call and audit ids) as `structuredContent`.
+fn tool_result(response: &CallResponse) -> CallToolResult {
+    let mut meta = MetaObject::new();
+    meta.insert("io.toolgate/call_id".into(), json!(response.call_id));
+    meta.insert(
+        "io.toolgate/audit_event_id".into(),
+        json!(response.audit_event_id),
+    );
+    meta.insert("io.toolgate/status".into(), json!(response.status));
+    if response.replayed {
+        meta.insert("io.toolgate/replayed".into(), json!(true));
+    }
+    let mut result = if response.status == Status::Success {
+        match (&response.output, &response.artifact) {
+            (Some(output), _) => {
+                let mut result =
+                    CallToolResult::success(vec![ContentBlock::text(output.to_string())]);
+                if output.is_object() {
+                    result.structured_content = Some(output.clone());
+                }
+                result
+            }
+            (None, artifact) => {
+                // Larger than the tool's max_output_bytes: the policy keeps it out of
+                // the response; it is fetched with GET /v1/artifacts/{sha256}.
+                CallToolResult::success(vec![ContentBlock::text(
+                    json!({ "artifact": artifact }).to_string(),
+                )])
+            }
+        }
+    } else {
+        let fields = error_fields(response);
+        let mut result = CallToolResult::error(vec![ContentBlock::text(fields.to_string())]);
+        result.structured_content = Some(fields);
+        result
+    };
+    result.meta = Some(meta);
+    result
+}
+
+/// The diagnostic of a refused or failed call, with its status, error code, call id
+/// and audit event id, as one object.
+fn error_fields(response: &CallResponse) -> Value {
+    let mut fields = response
+        .diagnostic
+        .as_ref()
+        .and_then(|d| serde_json::to_value(d).ok())
+        .unwrap_or_else(|| json!({}));
+    if let Some(obj) = fields.as_object_mut() {
+        obj.insert("status".into(), json!(response.status));
+        obj.insert("error_code".into(), json!(response.error_code));
+        obj.insert("call_id".into(), json!(response.call_id));
+        obj.insert("audit_event_id".into(), json!(response.audit_event_id));
+        obj.insert("tool_name".into(), json!(response.tool_name));
+    }
+    fields
+}
+
+/// One INFO line per call: ids, outcome and duration; never arguments or secrets.
+fn log_call(response: &CallResponse) {
+    tracing::info!(
+        call_id = %response.call_id,
+        tool_name = response.tool_name.as_deref().unwrap_or("-"),
+        status = response.status.as_str(),
+        duration_ms = response.execution_time_ms,
+        error_code = response.error_code.map(|c| c.as_str()).unwrap_or("-"),
+        reason = response.diagnostic.as_ref().map(|d| d.reason.as_str()).unwrap_or("-"),
+        transport = "mcp",
+        "tool call"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use hyper::http::HeaderValue;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(
+                hyper::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        map
+    }
+
+    const GOOD: [(&str, &str); 5] = [
+        ("authorization", "Bearer demo-research_agent"),
+        ("x-toolgate-role", "research_agent"),
+        ("x-toolgate-run", "run-1"),
+        ("x-toolgate-lane", "research"),
+        ("x-toolgate-scope", r#"{"case_id":"C-1001"}"#),
+    ];
+
+    #[test]
+    fn good_headers_read_cleanly() {
+        let caller = Caller::read(&headers(&GOOD));
+        assert!(caller.problems.is_empty(), "{:?}", caller.problems);
+        assert_eq!(caller.token.as_deref(), Some("demo-research_agent"));
+        assert_eq!(caller.lane_id.as_deref(), Some("research"));
+        assert_eq!(caller.scope.unwrap()["case_id"], "C-1001");
+    }
+
+    #[test]
+    fn every_header_problem_is_listed() {
+        let caller = Caller::read(&headers(&[
+            ("x-toolgate-role", ""),
+            ("x-toolgate-lane", "a"),
+            ("x-toolgate-lane", "b"),
+            ("x-toolgate-scope", "[1]"),
+        ]));
+        let all = caller.problems.join("\n");
+        for needle in [
+            "`X-Toolgate-Role` must be 1 to",
+            "missing header `X-Toolgate-Run`",
+            "`X-Toolgate-Lane` is given more than once",
+            "`X-Toolgate-Scope` must be a JSON object",
+        ] {
+            assert!(all.contains(needle), "{needle} not in {all}");
+        }
+        assert!(caller.token.is_none());
+        let refusal = caller.malformed().unwrap();
+        assert_eq!(refusal.reason, Reason::RequestMalformed);
+        assert!(
+            refusal.message.contains("(and 3 more)"),
+            "{}",
+            refusal.message
+        );
+    }
+
+    #[test]
+    fn scope_that_is_not_json_is_a_problem() {
+        let mut pairs = GOOD.to_vec();
+        pairs[4] = ("x-toolgate-scope", "case_id=C-1");
+        let caller = Caller::read(&headers(&pairs));
+        assert!(
+            caller.problems[0].contains("not valid JSON"),
+            "{:?}",
+            caller.problems
+        );
+    }
+
+    #[test]
+    fn meta_cannot_override_headers() {
+        let caller = Caller::read(&headers(&GOOD));
+        let mut call = CallToolRequestParams::new("case_lookup");
+        call.arguments = Some(
+            json!({"role_id": "supervisor"})
+                .as_object()
+                .cloned()
+                .unwrap(),
+        );
+        let meta: JsonObject = json!({
+            "io.toolgate/role_id": "supervisor",
+            "role_id": "supervisor",
+            "scope": {"case_id": "C-9"},
+            META_IDEMPOTENCY_KEY: "k-1",
+            META_TIMEOUT_MS: 250,
+        })
+        .as_object()
+        .cloned()
+        .unwrap();
+        let request = caller.into_request(&call, &meta).unwrap();
+        assert_eq!(request.role_id, "research_agent");
+        assert_eq!(request.scope["case_id"], "C-1001");
+        assert_eq!(request.idempotency_key.as_deref(), Some("k-1"));
+        assert_eq!(request.timeout_ms, Some(250));
+        // An argument named like a header is just an argument (the input schema
+        // decides whether it is allowed).
+        assert_eq!(request.arguments["role_id"], "supervisor");
+    }
+
+    #[test]
+    fn bad_meta_values_are_malformed() {
+        let caller = Caller::read(&headers(&GOOD));
+        let call = CallToolRequestParams::new("case_lookup");
+        let meta: JsonObject = json!({ META_TIMEOUT_MS: "soon" })
+            .as_object()
+            .cloned()
+            .unwrap();
+        let (refusal, partial) = *caller.into_request(&call, &meta).unwrap_err();
+        assert_eq!(refusal.reason, Reason::RequestMalformed);
+        assert_eq!(partial.role_id.as_deref(), Some("research_agent"));
+    }
+
+    #[test]
+    fn missing_headers_keep_what_is_known_for_the_audit_record() {
+        let caller = Caller::read(&headers(&GOOD[..2]));
+        let call = CallToolRequestParams::new("case_lookup");
+        let (refusal, partial) = *caller.into_request(&call, &JsonObject::new()).unwrap_err();
+        assert_eq!(refusal.reason, Reason::RequestMalformed);
+        assert_eq!(partial.role_id.as_deref(), Some("research_agent"));
+        assert_eq!(partial.tool_name.as_deref(), Some("case_lookup"));
+        assert!(partial.run_id.is_none());
+    }
+
+    #[test]
+    fn object_output_schemas_are_advertised_others_are_not() {
+        let entry = json!({
+            "tool_name": "t", "description": "d", "version": "1.0.0",
+            "determinism": "pure", "idempotent": true, "required_scope_keys": [],
+            "input_schema": {"type": "object"},
+            "output_schema": {"type": "object", "properties": {"a": {"type": "string"}}},
+        });
+        let tool = mcp_tool(&entry);
+        assert!(tool.output_schema.is_some());
+        let annotations = tool.annotations.unwrap();
+        assert_eq!(annotations.read_only_hint, Some(true));
+        assert_eq!(annotations.idempotent_hint, Some(true));
+        let mut entry = entry;
+        entry["output_schema"] = json!({"type": "array"});
+        assert!(mcp_tool(&entry).output_schema.is_none());
+    }
+}

@@ -1,0 +1,324 @@
+//! `toolgate mcp import`: asks an MCP server for its tools and prints registry entries
+//! for them, for a person to review and enable.
+//!
+//! Every entry is printed with `enabled: false`, the server's schemas inline, and an
+//! `mcp` adapter pointing back at the server. Nothing the server says is trusted: its
+//! annotations only pick the more cautious of two defaults (a tool is
+//! `side_effectful` and not idempotent unless it says `readOnlyHint` or
+//! `idempotentHint`), and the reviewer decides the rest.
+//!
+//! The entries are YAML whose values are written as JSON (JSON is YAML), so no YAML
+//! library is needed to print them and the policy loader reads them back as is.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::adapter::{Listing, Upstream, list_tools};
+use crate::adapter::{AdapterEnv, ExecError};
+use crate::cli::Exit;
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// Reach the server at this Streamable HTTP endpoint (http://...).
+    #[arg(
+        long,
+        value_name = "URL",
+        conflicts_with = "command",
+        required_unless_present = "command"
+    )]
+    pub url: Option<String>,
+    /// Lane to put in each entry's `allowed_lanes` (repeatable); entries stay disabled.
+    #[arg(long, value_name = "LANE")]
+    pub lane: Vec<String>,
+    /// How long to wait for the server to start and list its tools.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub timeout_secs: u64,
+    /// Start the server with this program and its arguments (over stdio). Give it last:
+    /// every word after it belongs to the command.
+    #[arg(long, value_name = "ARGV", num_args = 1.., allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// Defaults of an imported entry; the reviewer tightens them.
+const TIMEOUT_DEFAULT_MS: u64 = 10_000;
+const TIMEOUT_MAX_MS: u64 = 30_000;
+const MAX_OUTPUT_BYTES: u64 = 65_536;
+const MAX_CONCURRENCY: u32 = 4;
+/// Longest registry tool name.
+const MAX_NAME: usize = 64;
+
+pub fn import_command(args: &ImportArgs) -> Exit {
+    let env = match std::env::current_dir() {
+        Ok(dir) => AdapterEnv {
+            tools_dir: dir.clone(),
+            data_dir: dir,
+        },
+        Err(e) => {
+            eprintln!("error: cannot read the current directory: {e}");
+            return Exit::Failure;
+        }
+    };
+    let command = (!args.command.is_empty()).then_some(args.command.as_slice());
+    let upstream = match Upstream::build(command, args.url.as_deref(), &env) {
+        Ok(upstream) => upstream,
+        Err(problems) => {
+            for p in problems {
+                eprintln!("error: {}", p.message);
+                if let Some(help) = p.help {
+                    eprintln!("  help: {help}");
+                }
+            }
+            return Exit::InvalidConfig;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return Exit::Failure;
+        }
+    };
+    let timeout = Duration::from_secs(args.timeout_secs.max(1));
+    let listing = runtime.block_on(async { list_tools(&upstream, Instant::now() + timeout).await });
+    match listing {
+        Ok(listing) => {
+            print!("{}", render(&listing, &upstream, &args.lane));
+            Exit::Ok
+        }
+        Err(e) => {
+            let why = match e {
+                ExecError::Timeout => {
+                    format!("the server did not answer within {} s", timeout.as_secs())
+                }
+                ExecError::DependencyDown(m) | ExecError::Failed(m) => m,
+                other => format!("{other:?}"),
+            };
+            eprintln!("error: cannot list the tools of the mcp server: {why}");
+            Exit::Failure
+        }
+    }
+}
+
+/// The registry entries for every listed tool, sorted by upstream name, with a header
+/// comment saying how to review them.
+pub fn render(listing: &Listing, upstream: &Upstream, lanes: &[String]) -> String {
+    let (server_name, server_version) = match &listing.server {
+        Some(info) => (info.name.clone(), info.version.clone()),
+        None => (String::from("unnamed"), String::new()),
+    };
+    let version = semver::Version::parse(&server_version)
+        .map(|v| v.to_string())
+        .unwrap_or_else(|_| "1.0.0".to_string());
+    let adapter = match upstream {
+        Upstream::Stdio { argv0, args, .. } => {
+            let mut argv = vec![argv0.clone()];
+            argv.extend(args.iter().cloned());
+            format!("kind: mcp, command: {}", json!(argv))
+        }
+        Upstream::Http { url } => format!("kind: mcp, url: {}", json!(url)),
+    };
+    let mut tools: Vec<&rmcp::model::Tool> = listing.tools.iter().collect();
+    tools.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut taken = BTreeSet::new();
+    let mut out = String::new();
+    out.push_str(&format!(
+        "# {} tool(s) of mcp server {} {}, printed by `toolgate mcp import`.\n",
+        tools.len(),
+        json!(server_name),
+        json!(server_version)
+    ));
+    out.push_str(
+        "# Review every entry before enabling it: descriptions, schemas and annotations come\n\
+         # from the server and are not trusted. To enable a tool: list its lanes in\n\
+         # `allowed_lanes`, add it to those lanes' `tools` in policy/lanes.yaml, set\n\
+         # `enabled: true`, tighten schemas and limits, then run `toolgate policy check`.\n\
+         # A stdio server runs in the directory of tool_registry.yaml: use absolute paths\n\
+         # or programs on PATH in `command`.\n",
+    );
+    if !lanes.is_empty() {
+        out.push_str(&format!(
+            "# These entries name lane(s) {}: the policy loads only once those lanes list\n\
+             # the tools in their `tools` in policy/lanes.yaml.\n",
+            lanes.join(", ")
+        ));
+    }
+    for tool in tools {
+        let name = registry_name(&tool.name, &mut taken);
+        let annotations = tool.annotations.as_ref();
+        let read_only = annotations.and_then(|a| a.read_only_hint) == Some(true);
+        let idempotent_hint = annotations.and_then(|a| a.idempotent_hint) == Some(true);
+        let cautious = !(read_only || idempotent_hint);
+        let (determinism, idempotent) = if cautious {
+            ("side_effectful", false)
+        } else {
+            ("idempotent", true)
+        };
+        let write_targets = if cautious {
+            json!([format!("mcp:{server_name}/{}", tool.name)])
+        } else {
+            json!([])
+        };
+        let description = tool
+            .description
+            .as_deref()
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("Tool `{}` of mcp server `{server_name}`.", tool.name));
+        let output_schema = tool
+            .output_schema
+            .as_ref()
+            .map(|s| Value::Object((**s).clone()))
+            .unwrap_or_else(|| json!({}));
+        let hints = match annotations {
+            Some(a) => format!(
+                "readOnlyHint={}, idempotentHint={}, destructiveHint={}",
+                hint(a.read_only_hint),
+                hint(a.idempotent_hint),
+                hint(a.destructive_hint)
+            ),
+            None => "none".to_string(),
+        };
+        out.push_str(&format!(
+            "\n  # upstream tool {}; annotations: {hints}{}\n",
+            json!(tool.name),
+            if tool.output_schema.is_none() {
+                "; no output schema: `{}` accepts any output, tighten it"
+            } else {
+                ""
+            }
+        ));
+        out.push_str(&format!("  - tool_name: {name}\n"));
+        out.push_str(&format!("    description: {}\n", json!(description)));
+        out.push_str("    enabled: false\n");
+        out.push_str(&format!("    version: {version}\n"));
+        out.push_str(&format!("    determinism: {determinism}\n"));
+        out.push_str(&format!("    idempotent: {idempotent}\n"));
+        out.push_str(&format!("    timeout_default_ms: {TIMEOUT_DEFAULT_MS}\n"));
+        out.push_str(&format!(
+            "    limits: {{timeout_ms_max: {TIMEOUT_MAX_MS}, max_output_bytes: {MAX_OUTPUT_BYTES}, max_concurrency: {MAX_CONCURRENCY}}}\n"
+        ));
+        out.push_str(&format!("    allowed_lanes: {}\n", json!(lanes)));
+        out.push_str("    required_scope_keys: []\n");
+        out.push_str("    prohibited_flags: []\n");
+        out.push_str(&format!("    write_targets: {write_targets}\n"));
+        out.push_str(&format!(
+            "    adapter: {{{adapter}, tool: {}}}\n",
+            json!(tool.name)
+        ));
+        out.push_str(&format!(
+            "    input_schema: {}\n",
+            Value::Object((*tool.input_schema).clone())
+        ));
+        out.push_str(&format!("    output_schema: {output_schema}\n"));
+    }
+    out
+}
+
+fn hint(value: Option<bool>) -> &'static str {
+    match value {
+        Some(true) => "true",
+        Some(false) => "false",
+        None => "unset",
+    }
+}
+
+/// A registry tool name (`^[a-z][a-z0-9_]{0,63}$`) for an upstream tool name, unique
+/// among `taken`: lowercase, camelCase split with `_`, other characters as `_`.
+fn registry_name(upstream: &str, taken: &mut BTreeSet<String>) -> String {
+    let mut name = String::new();
+    let mut previous_lower = false;
+    for c in upstream.chars() {
+        if c.is_ascii_uppercase() {
+            if previous_lower {
+                name.push('_');
+            }
+            name.push(c.to_ascii_lowercase());
+            previous_lower = false;
+        } else if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            name.push(c);
+            previous_lower = true;
+        } else {
+            name.push('_');
+            previous_lower = false;
+        }
+    }
+    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        name.insert_str(0, "mcp_");
+    }
+    name.truncate(MAX_NAME - 4);
+    let mut candidate = name.clone();
+    let mut n = 2;
+    while taken.contains(&candidate) {
+        candidate = format!("{name}_{n}");
+        n += 1;
+    }
+    taken.insert(candidate.clone());
+    candidate
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn names_become_registry_ids() {
+        let mut taken = BTreeSet::new();
+        assert_eq!(
+            registry_name("get_current_time", &mut taken),
+            "get_current_time"
+        );
+        assert_eq!(
+            registry_name("getCurrentTime", &mut taken),
+            "get_current_time_2"
+        );
+        assert_eq!(registry_name("read-file.v2", &mut taken), "read_file_v2");
+        assert_eq!(registry_name("2fa", &mut taken), "mcp_2fa");
+        assert_eq!(registry_name("_x", &mut taken), "mcp__x");
+        let long = registry_name(&"a".repeat(200), &mut taken);
+        assert!(long.len() <= MAX_NAME);
+    }
+
+    #[test]
+    fn entries_are_cautious_unless_the_server_says_otherwise() {
+        let tools: Vec<rmcp::model::Tool> = serde_json::from_value(json!([
+            {"name": "write_thing", "inputSchema": {"type": "object"}},
+            {"name": "read_thing", "description": "Reads.", "inputSchema": {"type": "object"},
+             "outputSchema": {"type": "object", "properties": {"a": {"type": "string"}}},
+             "annotations": {"readOnlyHint": true}},
+        ]))
+        .unwrap();
+        let listing = Listing {
+            server: None,
+            tools,
+        };
+        let upstream = Upstream::Http {
+            url: "http://127.0.0.1:9/mcp".into(),
+        };
+        let text = render(&listing, &upstream, &[]);
+        let read = text.find("- tool_name: read_thing").unwrap();
+        let write = text.find("- tool_name: write_thing").unwrap();
+        assert!(read < write, "sorted by name");
+        let write_entry = &text[write..];
+        assert!(write_entry.contains("determinism: side_effectful"));
+        assert!(write_entry.contains("idempotent: false"));
+        assert!(write_entry.contains(r#"write_targets: ["mcp:unnamed/write_thing"]"#));
+        assert!(write_entry.contains("output_schema: {}"));
+        let read_entry = &text[read..write];
+        assert!(read_entry.contains("determinism: idempotent"));
+        assert!(read_entry.contains("write_targets: []"));
+        assert!(read_entry.contains(
+            r#"adapter: {kind: mcp, url: "http://127.0.0.1:9/mcp", tool: "read_thing"}"#
+        ));
+        assert!(text.matches("enabled: false").count() == 2);
+        assert!(text.matches("allowed_lanes: []").count() == 2);
+    }
+}
