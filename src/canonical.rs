@@ -3,19 +3,129 @@
 //! Everything toolgate hashes (arguments, outputs, audit lines) is hashed over these
 //! bytes, so the same value always gives the same hash whatever its key order.
 
-use serde_json::Value;
+use std::cmp::Ordering;
+
+use serde_json::{Map, Number, Value};
 use sha2::{Digest, Sha256};
 
 /// The RFC 8785 canonical serialization of `value`.
 pub fn to_canonical_bytes(value: &Value) -> Vec<u8> {
-    // Serializing a `serde_json::Value` cannot fail: its map keys are strings and its
-    // numbers are finite.
-    serde_json_canonicalizer::to_vec(value).unwrap_or_default()
+    to_canonical_string(value).into_bytes()
 }
 
 /// The RFC 8785 canonical serialization of `value` as a string.
 pub fn to_canonical_string(value: &Value) -> String {
-    String::from_utf8(to_canonical_bytes(value)).unwrap_or_default()
+    let mut out = String::with_capacity(128);
+    write_canonical(value, &mut out);
+    out
+}
+
+/// Appends the RFC 8785 form of `value` to `out`.
+///
+/// INVARIANT: the bytes are exactly those of `serde_json_canonicalizer` (a test
+/// compares them on generated values): strings, key order and integers within +-2^53
+/// are written here, on the hot path; every other number goes through the crate
+/// (ECMAScript number formatting).
+pub fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => write_number(n, out),
+        Value::String(s) => write_string(s, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (key, item)) in sorted_entries(map).into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(key, out);
+                out.push(':');
+                write_canonical(item, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// Appends the RFC 8785 form of a number.
+pub fn write_number(n: &Number, out: &mut String) {
+    use std::fmt::Write;
+    let limit = 1u64 << 53;
+    if let Some(u) = n.as_u64().filter(|u| *u <= limit) {
+        let _ = write!(out, "{u}");
+    } else if let Some(i) = n.as_i64().filter(|i| i.unsigned_abs() <= limit) {
+        let _ = write!(out, "{i}");
+    } else {
+        // A number beyond 2^53 or with a fraction: ECMAScript's formatting.
+        let text = serde_json_canonicalizer::to_string(&Value::Number(n.clone()));
+        out.push_str(&text.unwrap_or_default());
+    }
+}
+
+/// Appends `s` as an RFC 8785 string: `"` and `\` escaped, control characters as
+/// `\b \t \n \f \r` or `\u00xx`, everything else as is.
+pub fn write_string(s: &str, out: &mut String) {
+    out.reserve(s.len() + 2);
+    out.push('"');
+    let mut plain = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escape: &str = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            0x08 => "\\b",
+            b'\t' => "\\t",
+            b'\n' => "\\n",
+            0x0c => "\\f",
+            b'\r' => "\\r",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&s[plain..i]);
+        if escape.is_empty() {
+            out.push_str("\\u00");
+            out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+            out.push(char::from(b"0123456789abcdef"[usize::from(b & 0x0f)]));
+        } else {
+            out.push_str(escape);
+        }
+        plain = i + 1;
+    }
+    out.push_str(&s[plain..]);
+    out.push('"');
+}
+
+/// The entries of `map` in RFC 8785 order: by the keys' UTF-16 code units.
+pub fn sorted_entries(map: &Map<String, Value>) -> Vec<(&String, &Value)> {
+    let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+    // The map is usually sorted by UTF-8 bytes already, which is the same order
+    // unless a key holds a character beyond U+FFFF; sort only when needed.
+    if !entries
+        .windows(2)
+        .all(|w| utf16_cmp(w[0].0, w[1].0) == Ordering::Less)
+    {
+        entries.sort_by(|a, b| utf16_cmp(a.0, b.0));
+    }
+    entries
+}
+
+/// Compares two strings by their UTF-16 code units (RFC 8785 key order).
+fn utf16_cmp(a: &str, b: &str) -> Ordering {
+    // Below U+E000 byte order and UTF-16 order agree; check the rare rest exactly.
+    if a.bytes().chain(b.bytes()).all(|c| c < 0xee) {
+        a.cmp(b)
+    } else {
+        a.encode_utf16().cmp(b.encode_utf16())
+    }
 }
 
 /// Lowercase hex sha256 of `bytes`.
@@ -41,6 +151,116 @@ mod tests {
         assert_eq!(
             to_canonical_string(&a),
             r#"{"a":{"x":"s","y":[1,2]},"b":1}"#
+        );
+    }
+
+    /// A xorshift generator of test values.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self, below: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % below as u64) as usize
+        }
+
+        fn text(&mut self, pieces: usize) -> String {
+            const PIECES: [&str; 18] = [
+                "a",
+                "B",
+                "z",
+                "\"",
+                "\\",
+                "\n",
+                "\u{1}",
+                "\u{1f}",
+                "\u{7f}",
+                "\u{e9}",
+                "\u{2028}",
+                "\u{e000}",
+                "\u{ffff}",
+                "\u{10000}",
+                "\u{1f600}",
+                " ",
+                "/",
+                "0",
+            ];
+            (0..pieces)
+                .map(|_| PIECES[self.next(PIECES.len())])
+                .collect()
+        }
+
+        /// Random JSON, rich in what canonical forms get wrong: key order beyond the
+        /// BMP, escapes, control characters, large and fractional numbers.
+        fn value(&mut self, depth: usize) -> Value {
+            let numbers = [
+                json!(0),
+                json!(-1),
+                json!(9007199254740992u64),
+                json!(9007199254740993u64),
+                json!(-9007199254740993i64),
+                json!(18446744073709551615u64),
+                json!(1.5),
+                json!(0.1),
+                json!(1e21),
+                json!(1e-7),
+                json!(5e-324),
+                json!(1.7976931348623157e308),
+                json!(-0.0),
+                json!(123456789.125),
+                json!(2.0),
+            ];
+            match self.next(if depth > 3 { 4 } else { 6 }) {
+                0 => numbers[self.next(numbers.len())].clone(),
+                1 => {
+                    let n = self.next(6);
+                    Value::String(self.text(n))
+                }
+                2 => json!(self.next(2) == 0),
+                3 => Value::Null,
+                4 => {
+                    let n = self.next(4);
+                    Value::Array((0..n).map(|_| self.value(depth + 1)).collect())
+                }
+                _ => {
+                    let n = self.next(6);
+                    Value::Object(
+                        (0..n)
+                            .map(|_| {
+                                let len = 1 + self.next(3);
+                                (self.text(len), self.value(depth + 1))
+                            })
+                            .collect(),
+                    )
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_fast_writer_matches_the_reference_implementation() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..5000 {
+            let value = rng.value(0);
+            let reference = serde_json_canonicalizer::to_vec(&value).unwrap();
+            assert_eq!(
+                to_canonical_bytes(&value),
+                reference,
+                "{}",
+                String::from_utf8_lossy(&reference)
+            );
+        }
+    }
+
+    #[test]
+    fn keys_sort_by_utf16_code_units() {
+        // U+1F600 is a surrogate pair (D83D DE00): before U+E000 in UTF-16 order,
+        // after it in code point order.
+        let v = json!({"\u{e000}": 1, "\u{1f600}": 2, "a": 3});
+        assert_eq!(
+            to_canonical_string(&v),
+            "{\"a\":3,\"\u{1f600}\":2,\"\u{e000}\":1}"
         );
     }
 

@@ -21,6 +21,8 @@ use crate::audit::{AuditError, AuditLog, EventFilter, EventType, NewEvent};
 use crate::authz;
 use crate::diagnostic::{Reason, Refusal};
 use crate::idempotency::Idempotency;
+use crate::observe::Metrics;
+use crate::observe::metrics::ScrapeState;
 use crate::policy::{Policy, Problem, RunStatus, Tool};
 use crate::runs::{RunError, RunRecord, RunStore};
 
@@ -135,6 +137,8 @@ pub struct Gateway {
     source: PolicySourcePaths,
     /// Serializes reloads so the audit order and the swap order agree.
     reloading: tokio::sync::Mutex<()>,
+    /// Counters and histograms of the calls, scraped by `GET /metrics`.
+    pub metrics: Metrics,
     /// A candidate policy deciding every call beside the active one (shadow mode).
     shadow: Option<crate::shadow::Shadow>,
 }
@@ -148,6 +152,8 @@ impl Gateway {
         env: AdapterEnv,
         source: PolicySourcePaths,
     ) -> Result<Gateway, AuditError> {
+        let metrics = Metrics::new();
+        audit.observe_batches(metrics.audit_batch_observer());
         let runs = RunStore::rebuild(&audit).await?;
         let lock = rebuild_lock(&audit).await?;
         record_policy_loaded(&audit, &loaded.policy, "start").await?;
@@ -161,6 +167,7 @@ impl Gateway {
             env,
             source,
             reloading: tokio::sync::Mutex::new(()),
+            metrics,
             shadow: None,
         })
     }
@@ -403,6 +410,17 @@ impl Gateway {
             .get(sha256)
             .await
             .map_err(|_| Refusal::new(Reason::RequestMalformed, format!("no artifact `{sha256}`")))
+    }
+
+    /// The metrics in the OpenMetrics text format, with the policy versions and the
+    /// safety lock as they are now.
+    pub fn render_metrics(&self) -> String {
+        let loaded = self.current();
+        self.metrics.render(ScrapeState {
+            policy: &loaded.policy.versions,
+            safety_lock_engaged: self.safety_lock().engaged,
+            shadow_divergences: self.shadow().map(crate::shadow::Shadow::divergences),
+        })
     }
 
     /// Audit events for operators (admin).

@@ -13,15 +13,18 @@
 //! - [`runs`]: run records, pinned to the policy versions they were created under.
 //! - [`shadow`]: shadow mode: a candidate policy decides every call beside the active one.
 //! - [`review`]: policy as code: explain, test, diff, replay.
+//! - [`observe`]: metrics (`GET /metrics`), traces (OTLP) and logs.
 //! - [`server`]: the HTTP API (hyper); the only module that serves HTTP.
 //! - [`mcp`]: MCP on both sides: the `/mcp` front for agents, the adapter for
 //!   upstream MCP servers, and `toolgate mcp import`.
+//! - [`bench`]: `toolgate bench`, the gateway against direct calls.
 //! - [`cli`]: the `toolgate` command line; `main.rs` only calls [`cli::main`].
 
 pub mod adapter;
 pub mod artifacts;
 pub mod audit;
 pub mod authz;
+pub mod bench;
 pub mod call;
 pub mod canonical;
 pub mod cli;
@@ -29,6 +32,7 @@ pub mod diagnostic;
 pub mod gateway;
 pub mod idempotency;
 pub mod mcp;
+pub mod observe;
 pub mod pipeline;
 pub mod policy;
 pub mod review;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
+use tracing::{Instrument, Span};
 
 use crate::adapter::{Adapter, ExecContext, ExecError};
 use crate::audit::{EventType, NewEvent};
@@ -24,6 +25,8 @@ use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key};
+use crate::observe::metrics::{AppendKind, CallRecord};
+use crate::observe::trace::{self, TraceParent};
 use crate::policy::{Redaction, Role, Tool};
 use crate::runs::RunRecord;
 
@@ -58,6 +61,10 @@ struct Call {
     tool_version: Option<String>,
     /// The arguments as received, then as normalized once step 8 passed.
     arguments: Option<Value>,
+    /// The audit fields derived from `arguments` (hash, commitment, redacted form),
+    /// computed for the first event and reused by the closing event. Cleared whenever
+    /// `arguments` or `redaction` change.
+    committed: Option<CommittedArguments>,
     /// The scope as received (case and matter ids, flags), kept for replay and review.
     scope: Option<Map<String, Value>>,
     /// How to keep the arguments readable; unknown until the tool is found, and then
@@ -72,6 +79,18 @@ struct Call {
     executed: bool,
     /// The versions of the policy snapshot deciding this call.
     policy_versions: crate::policy::PolicyVersions,
+    /// How long the adapter ran (step 10), for the metrics.
+    tool_time: Option<Duration>,
+    /// The call's trace span (disabled unless traces are exported).
+    span: Span,
+}
+
+/// What the audit events of a call record about its arguments.
+#[derive(Clone)]
+struct CommittedArguments {
+    sha256: Option<String>,
+    hmac_sha256: Option<String>,
+    readable: Option<Value>,
 }
 
 /// Who is calling: a bearer token from the request, or an offline tool (`policy explain`,
@@ -126,6 +145,7 @@ fn decide<'p>(
     let tool = authz::find_tool(policy, &request.tool_name)?;
     call.tool_version = Some(tool.version.to_string());
     call.redaction = tool.redaction.clone();
+    call.committed = None;
     call.retry_safe = tool.idempotent && request.idempotency_key.is_some();
     call.trace.tool = Some(format!("{}@{}", tool.tool_name, tool.version));
     call.trace.passed_step = 5;
@@ -145,6 +165,7 @@ fn decide<'p>(
     adapter.validate(tool, &request.arguments, &request.scope)?;
     let arguments = adapter.normalize(tool, &request.arguments);
     call.arguments = Some(arguments.clone());
+    call.committed = None;
     call.trace.flags = authz::raised_flags(tool, &request.scope, &arguments);
     authz::check_prohibitions(lane, tool, &call.trace.flags)?;
     call.trace.passed_step = 8;
@@ -266,6 +287,33 @@ impl Explanation {
 impl Gateway {
     /// Runs one tool call through the 13 steps and returns its response.
     pub async fn handle(&self, token: Option<&str>, request: Received) -> CallResponse {
+        self.handle_traced(token, request, None).await
+    }
+
+    /// [`Gateway::handle`] inside the call's trace span (continuing the caller's trace
+    /// when it sent a `traceparent`), counted in the metrics and logged.
+    pub async fn handle_traced(
+        &self,
+        token: Option<&str>,
+        request: Received,
+        parent: Option<&TraceParent>,
+    ) -> CallResponse {
+        let span = trace::call_span(parent);
+        let _in_flight = self.metrics.in_flight();
+        // Boxed: the steps' state machine is large, and a boxed one is not copied again
+        // each time the call's task moves it (spawn, poll, completion).
+        let steps = Box::pin(self.steps(token, request));
+        let response = steps.instrument(span.clone()).await;
+        let trace_id = match parent {
+            Some(p) => Some(p.trace_id_hex()),
+            None => trace::exported_trace_id(&span),
+        };
+        trace::log_call(&response, trace_id.as_deref());
+        response
+    }
+
+    /// The 13 steps.
+    async fn steps(&self, token: Option<&str>, request: Received) -> CallResponse {
         // One policy snapshot for the whole call: a reload never mixes two policies.
         let loaded: Arc<Loaded> = self.current();
         let mut call = Call::new(&request, &loaded.policy.versions);
@@ -275,14 +323,16 @@ impl Gateway {
         // 1-8. decide: receive the request and run the authorization checks
         let lock = self.safety_lock();
         let runs = |run_id: &str| self.runs.get(run_id);
-        let decided = decide(
-            &loaded,
-            Caller::Token(token),
-            request,
-            &runs,
-            &lock,
-            &mut call,
-        );
+        let decided = trace::step_span("authorize", 8).in_scope(|| {
+            decide(
+                &loaded,
+                Caller::Token(token),
+                request,
+                &runs,
+                &lock,
+                &mut call,
+            )
+        });
         if let Some(copy) = shadowed
             && !lock.engaged
         {
@@ -315,7 +365,7 @@ impl Gateway {
                     .claim(key, &sha256_hex(&to_canonical_bytes(&allowed.arguments)))
                 {
                     Claim::First(guard) => Some(guard),
-                    Claim::Replay(first) => return replayed(&first),
+                    Claim::Replay(first) => return self.observed(&call, replayed(&first)),
                     Claim::Wait(mut outcome) => {
                         let first = outcome
                             .wait_for(Option::is_some)
@@ -323,7 +373,7 @@ impl Gateway {
                             .ok()
                             .and_then(|f| f.clone());
                         return match first {
-                            Some(first) => replayed(&first),
+                            Some(first) => self.observed(&call, replayed(&first)),
                             None => self.close(call, Err(Refusal::new(Reason::InternalError, "the first call with this idempotency key ended without an outcome"))).await,
                         };
                     }
@@ -337,11 +387,15 @@ impl Gateway {
                 }
             }
         };
-        if let Err(e) = self
+        let appending = Instant::now();
+        let appended = self
             .audit
             .append(call.event(self, EventType::ToolRequested))
-            .await
-        {
+            .instrument(trace::step_span("audit_append", 9))
+            .await;
+        self.metrics
+            .record_audit_append(AppendKind::Requested, appending.elapsed());
+        if let Err(e) = appended {
             let refusal = Refusal::new(
                 Reason::AuditUnavailable,
                 format!("the audit log could not record the request: {e}"),
@@ -355,7 +409,13 @@ impl Gateway {
             Err(refusal) => Err(refusal),
             Ok(_slot) => {
                 call.executed = true;
-                self.execute(&allowed, &call).await
+                let started = Instant::now();
+                let executed = self
+                    .execute(&allowed, &call)
+                    .instrument(trace::step_span("execute", 10))
+                    .await;
+                call.tool_time = Some(started.elapsed());
+                executed
             }
         };
         if executed.is_ok() {
@@ -364,7 +424,11 @@ impl Gateway {
 
         // 11. capture output and register derived artifacts
         let captured = match executed {
-            Ok((output, tool_ms)) => self.capture(allowed.tool, output, tool_ms).await,
+            Ok((output, tool_ms)) => {
+                self.capture(allowed.tool, output, tool_ms)
+                    .instrument(trace::step_span("capture", 11))
+                    .await
+            }
             Err(refusal) => Err(refusal),
         };
         if captured.is_ok() {
@@ -491,14 +555,22 @@ impl Gateway {
     /// A dry run: the decision and the trace, audited as `tool_allowed`, never executed.
     async fn close_dry_run(&self, mut call: Call) -> CallResponse {
         let event = call.event(self, EventType::ToolAllowed);
-        match self.audit.append(event).await {
+        let appending = Instant::now();
+        let appended = self
+            .audit
+            .append(event)
+            .instrument(trace::step_span("audit_append", 12))
+            .await;
+        self.metrics
+            .record_audit_append(AppendKind::Closing, appending.elapsed());
+        match appended {
             Ok(appended) => {
                 let mut response = call.response(Status::Success, None);
                 response.audit_event_id = Some(appended.event_id);
                 response.dry_run = Some(DryRun {
                     decision: Decision::Allow,
                 });
-                response
+                self.observed(&call, response)
             }
             Err(e) => {
                 call.dry_run = true;
@@ -560,10 +632,17 @@ impl Gateway {
             }
             (Err(_), None) => {}
         }
-        let appended = self.audit.append(event).await;
+        let appending = Instant::now();
+        let appended = self
+            .audit
+            .append(event)
+            .instrument(trace::step_span("audit_append", 12))
+            .await;
+        self.metrics
+            .record_audit_append(AppendKind::Closing, appending.elapsed());
 
         // 13. return the response
-        match (outcome, refusal, appended) {
+        let response = match (outcome, refusal, appended) {
             (Ok((captured, _)), _, Ok(appended)) => {
                 let mut response = call.response(Status::Success, None);
                 response.output = captured.output;
@@ -592,7 +671,28 @@ impl Gateway {
                 call.response(Status::Failed, Some(&refusal))
             }
             (Err(_), None, Ok(_)) => call.response(Status::Failed, None),
-        }
+        };
+        self.observed(&call, response)
+    }
+
+    /// Counts a finished call in the metrics and records its outcome on its span.
+    fn observed(&self, call: &Call, response: CallResponse) -> CallResponse {
+        let diagnostic = response.diagnostic.as_ref();
+        self.metrics.record_call(&CallRecord {
+            // Only names the policy validated (steps 4 and 5) become labels.
+            tool: call
+                .tool_version
+                .as_ref()
+                .and(call.ids.tool_name.as_deref()),
+            lane: call.trace.lane.as_deref(),
+            status: response.status.as_str(),
+            error_code: response.error_code.map(|c| c.as_str()),
+            refusal: diagnostic.map(|d| (d.reason.as_str(), d.failed_step)),
+            total: call.started.elapsed(),
+            tool_time: call.tool_time,
+        });
+        trace::record_outcome(&call.span, &response);
+        response
     }
 }
 
@@ -626,6 +726,7 @@ impl Call {
             ids,
             tool_version: None,
             arguments,
+            committed: None,
             scope,
             redaction: Redaction::HashOnly,
             trace: Trace::default(),
@@ -633,11 +734,33 @@ impl Call {
             retry_safe: false,
             executed: false,
             policy_versions: versions.clone(),
+            tool_time: None,
+            span: Span::current(),
         }
+        .traced()
+    }
+
+    /// Records the call's identifiers on its span.
+    fn traced(self) -> Call {
+        if !self.span.is_disabled() {
+            let span = &self.span;
+            span.record("call_id", self.call_id.as_str());
+            for (field, value) in [
+                ("run_id", &self.ids.run_id),
+                ("role_id", &self.ids.role_id),
+                ("lane_id", &self.ids.lane_id),
+                ("tool_name", &self.ids.tool_name),
+            ] {
+                if let Some(value) = value {
+                    span.record(field, value.as_str());
+                }
+            }
+        }
+        self
     }
 
     /// An audit event of this call, carrying everything known so far.
-    fn event(&self, gateway: &Gateway, event_type: EventType) -> NewEvent {
+    fn event(&mut self, gateway: &Gateway, event_type: EventType) -> NewEvent {
         let mut event = NewEvent::new(event_type);
         event.call_id = Some(self.call_id.clone());
         event.run_id = self.ids.run_id.clone();
@@ -647,7 +770,23 @@ impl Call {
         event.tool_version = self.tool_version.clone();
         event.policy_versions = Some(self.policy_versions.clone());
         if let Some(arguments) = &self.arguments {
-            event = event.with_arguments(&gateway.audit, arguments, &self.redaction);
+            // Computed once (hash, commitment, redacted form) and reused by the
+            // closing event.
+            let committed = self.committed.get_or_insert_with(|| {
+                let e = NewEvent::new(event_type).with_arguments(
+                    &gateway.audit,
+                    arguments,
+                    &self.redaction,
+                );
+                CommittedArguments {
+                    sha256: e.arguments_hash_sha256,
+                    hmac_sha256: e.arguments_hmac_sha256,
+                    readable: e.arguments,
+                }
+            });
+            event.arguments_hash_sha256 = committed.sha256.clone();
+            event.arguments_hmac_sha256 = committed.hmac_sha256.clone();
+            event.arguments = committed.readable.clone();
         }
         if let Some(scope) = &self.scope {
             event

@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use crate::audit::{AuditLog, AuditOptions, Durability};
 use crate::cli::{Exit, PolicyLocation};
 use crate::gateway::{Gateway, Loaded, PolicySourcePaths, adapter_env};
+use crate::observe::trace;
 use crate::server::{self, ServerOptions};
 use crate::shadow::Shadow;
 
@@ -33,6 +34,11 @@ pub struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
+    /// Export traces over OTLP/HTTP (protobuf) to this collector, e.g.
+    /// `http://127.0.0.1:4318` (`/v1/traces` is appended). Default: the
+    /// OTEL_EXPORTER_OTLP_ENDPOINT environment variable; unset, no traces are exported.
+    #[arg(long)]
+    pub otlp_endpoint: Option<String>,
     /// Shadow mode: a candidate policy directory that decides every call beside the
     /// active policy; divergences are audited (`shadow_divergence`), never enforced.
     #[arg(long)]
@@ -55,7 +61,6 @@ pub enum LogFormat {
 }
 
 pub fn serve_command(args: &ServeArgs) -> Exit {
-    init_logging(args.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -66,7 +71,28 @@ pub fn serve_command(args: &ServeArgs) -> Exit {
             return Exit::Failure;
         }
     };
-    runtime.block_on(run(args))
+    let endpoint = args
+        .otlp_endpoint
+        .clone()
+        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok());
+    let format = match args.log_format {
+        LogFormat::Json => trace::LogFormat::Json,
+        LogFormat::Text => trace::LogFormat::Text,
+    };
+    let telemetry = match trace::init(format, endpoint.as_deref(), runtime.handle()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Exit::InvalidConfig;
+        }
+    };
+    if let Some(url) = &telemetry.traces_url {
+        println!("traces: exporting over otlp to {url}");
+    }
+    let exit = runtime.block_on(run(args));
+    // The runtime still runs: the last batch of spans is sent before it stops.
+    telemetry.shutdown();
+    exit
 }
 
 async fn run(args: &ServeArgs) -> Exit {
@@ -250,16 +276,4 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {},
     }
     tracing::info!("shutdown requested; draining in-flight calls");
-}
-
-fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("TOOLGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
 }

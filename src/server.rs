@@ -28,6 +28,7 @@ use crate::audit::{EventFilter, EventType};
 use crate::call::{CallResponse, Status, parse_request};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
+use crate::observe::trace::TraceParent;
 
 /// Limits of the HTTP front.
 #[derive(Debug, Clone)]
@@ -119,6 +120,11 @@ async fn route(
     req: Request<Incoming>,
 ) -> Result<HttpResponse, Infallible> {
     let token = bearer_token(&req);
+    let parent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceParent::parse);
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = query_params(req.uri().query());
@@ -133,7 +139,9 @@ async fn route(
             if (method, segments.as_slice()) == (Method::POST, ["v1", "tool-calls"].as_slice()) {
                 // A refused tool call is still a tool call: it gets its audit record.
                 let request = Err(Box::new((refusal, Default::default())));
-                let response = gateway.handle(token.as_deref(), request).await;
+                let response = gateway
+                    .handle_traced(token.as_deref(), request, parent.as_ref())
+                    .await;
                 return Ok(call_response(&response));
             }
             return Ok(refusal_response(&refusal));
@@ -147,13 +155,11 @@ async fn route(
             let gw = gateway.clone();
             let handle = tokio::spawn(async move {
                 let request = parse_request(&body);
-                gw.handle(token.as_deref(), request).await
+                gw.handle_traced(token.as_deref(), request, parent.as_ref())
+                    .await
             });
             match handle.await {
-                Ok(response) => {
-                    log_call(&response);
-                    call_response(&response)
-                }
+                Ok(response) => call_response(&response),
                 Err(_) => {
                     refusal_response(&Refusal::new(Reason::InternalError, "the call task failed"))
                 }
@@ -224,6 +230,15 @@ async fn route(
             }
             Err(r) => refusal_response(&r),
         },
+        // No credential: the listener is loopback by default; see docs/operations.md.
+        (&Method::GET, ["metrics"]) => {
+            let mut response = Response::new(Full::new(Bytes::from(gateway.render_metrics())));
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static(crate::observe::metrics::CONTENT_TYPE),
+            );
+            response
+        }
         (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, &json!({ "status": "ok" })),
         (&Method::GET, ["readyz"]) => {
             let loaded = gateway.current();
@@ -431,7 +446,10 @@ fn call_response(response: &CallResponse) -> HttpResponse {
         None => StatusCode::OK,
         Some(d) => http_status(d.reason),
     };
-    let mut http = json_response(status, &json!(response));
+    // Serialized straight to bytes (no intermediate JSON value): the hot path.
+    let bytes = serde_json::to_vec(response).unwrap_or_else(|_| b"{}".to_vec());
+    let mut http = with_json_type(Response::new(Full::new(Bytes::from(bytes))));
+    *http.status_mut() = status;
     add_retry_after(&mut http, response.diagnostic.as_ref().map(|d| &d.details));
     http
 }
@@ -478,19 +496,6 @@ fn with_json_type(mut response: HttpResponse) -> HttpResponse {
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
-}
-
-/// One INFO line per call: ids, outcome and duration; never arguments or secrets.
-fn log_call(response: &CallResponse) {
-    tracing::info!(
-        call_id = %response.call_id,
-        tool_name = response.tool_name.as_deref().unwrap_or("-"),
-        status = response.status.as_str(),
-        duration_ms = response.execution_time_ms,
-        error_code = response.error_code.map(|c| c.as_str()).unwrap_or("-"),
-        reason = response.diagnostic.as_ref().map(|d| d.reason.as_str()).unwrap_or("-"),
-        "tool call"
-    );
 }
 
 /// The diagnostic catalog with the HTTP status of each reason: what

@@ -7,13 +7,15 @@
 //! byte order is the RFC 8785 (UTF-16 code unit) order, so the result is exactly the RFC
 //! 8785 serialization of the whole object; a unit test holds the two together.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use time::OffsetDateTime;
 use time::format_description::FormatItem;
 use time::macros::format_description;
 
 use super::{AuditError, EventType, NewEvent};
-use crate::canonical::to_canonical_string;
+use crate::canonical::{
+    sorted_entries, to_canonical_string, write_canonical, write_number, write_string,
+};
 
 /// The `prev` of the first event: 64 zeros.
 pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -52,41 +54,72 @@ pub(crate) struct Prepared {
     len: usize,
 }
 
-/// Replaces what a JSON implementation might not reproduce byte for byte: a number that
-/// is not an integer within +-(2^53 - 1) becomes a string holding its RFC 8785 form.
-fn portable(value: &Value, depth: usize) -> Result<Value, AuditError> {
+/// Writes `value` in RFC 8785 form, replacing what a JSON implementation might not
+/// reproduce byte for byte: a number that is not an integer within +-(2^53 - 1)
+/// becomes a string holding its RFC 8785 form. Nesting deeper than [`MAX_DEPTH`] is
+/// refused. Writes straight into `out`, without building an intermediate value.
+fn write_portable(value: &Value, depth: usize, out: &mut String) -> Result<(), AuditError> {
     if depth > MAX_DEPTH {
         return Err(AuditError::InvalidEvent {
             what: format!("nesting deeper than {MAX_DEPTH} levels"),
         });
     }
-    Ok(match value {
+    match value {
         Value::Number(n) => {
             let safe = n.as_u64().is_some_and(|v| v <= MAX_SAFE_INTEGER)
                 || n.as_i64()
                     .is_some_and(|v| v.unsigned_abs() <= MAX_SAFE_INTEGER);
             if safe {
-                value.clone()
+                write_number(n, out);
             } else if n.is_f64() {
-                Value::String(to_canonical_string(value))
+                let mut text = String::new();
+                write_number(n, &mut text);
+                write_string(&text, out);
             } else {
                 // An integer beyond 2^53: its exact decimal digits.
-                Value::String(n.to_string())
+                write_string(&n.to_string(), out);
             }
         }
-        Value::Array(items) => Value::Array(
-            items
-                .iter()
-                .map(|v| portable(v, depth + 1))
-                .collect::<Result<_, _>>()?,
-        ),
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| Ok((k.clone(), portable(v, depth + 1)?)))
-                .collect::<Result<_, AuditError>>()?,
-        ),
-        _ => value.clone(),
-    })
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_portable(item, depth + 1, out)?;
+            }
+            out.push(']');
+        }
+        Value::Object(map) => write_portable_map(map, depth, out)?,
+        other => write_canonical(other, out),
+    }
+    Ok(())
+}
+
+/// [`write_portable`] for an object at `depth`.
+fn write_portable_map(
+    map: &Map<String, Value>,
+    depth: usize,
+    out: &mut String,
+) -> Result<(), AuditError> {
+    out.push('{');
+    for (i, (key, item)) in sorted_entries(map).into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(key, out);
+        out.push(':');
+        write_portable(item, depth + 1, out)?;
+    }
+    out.push('}');
+    Ok(())
+}
+
+/// [`write_portable`] into a new string.
+fn portable_text(value: &Value) -> Result<String, AuditError> {
+    let mut out = String::with_capacity(64);
+    write_portable(value, 0, &mut out)?;
+    Ok(out)
 }
 
 /// A JSON string as RFC 8785 writes it: `"` and `\` escaped, the five short escapes
@@ -94,21 +127,7 @@ fn portable(value: &Value, depth: usize) -> Result<Value, AuditError> {
 /// everything else as is. Same bytes as the canonicalizer, without building a `Value`.
 fn string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\t' => out.push_str("\\t"),
-            '\n' => out.push_str("\\n"),
-            '\u{c}' => out.push_str("\\f"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    write_string(s, &mut out);
     out
 }
 
@@ -134,7 +153,7 @@ pub(crate) fn prepare(event: &NewEvent) -> Result<Prepared, AuditError> {
     fields.push(("type", string(event.event_type.as_str())));
     fields.push(("contract_version", string(crate::CONTRACT_VERSION)));
     if let Some(arguments) = &event.arguments {
-        fields.push(("arguments", to_canonical_string(&portable(arguments, 0)?)));
+        fields.push(("arguments", portable_text(arguments)?));
     }
     if let Some(step) = event.failed_step {
         fields.push(("failed_step", step.to_string()));
@@ -148,8 +167,9 @@ pub(crate) fn prepare(event: &NewEvent) -> Result<Prepared, AuditError> {
         })?;
         fields.push(("policy_versions", to_canonical_string(&value)));
     }
-    let details = portable(&Value::Object(event.details.clone()), 0)?;
-    fields.push(("details", to_canonical_string(&details)));
+    let mut details = String::with_capacity(256);
+    write_portable_map(&event.details, 0, &mut details)?;
+    fields.push(("details", details));
     fields.sort_by(|a, b| a.0.cmp(b.0));
     // {"key":value,...}: quotes, colon and comma per field, braces.
     let len = fields
@@ -288,6 +308,25 @@ mod tests {
         .unwrap();
         assert!(bare.get("run_id").is_none());
         assert_eq!(bare["details"], json!({}));
+    }
+
+    #[test]
+    fn nesting_is_allowed_up_to_the_limit() {
+        let nested = |levels: usize| {
+            let mut v = json!(1);
+            for _ in 0..levels {
+                v = json!([v]);
+            }
+            let mut e = NewEvent::new(EventType::ToolRequested);
+            e.details.insert("v".into(), v);
+            prepare(&e)
+        };
+        // details is level 0, its value level 1: MAX_DEPTH - 1 more levels fit.
+        assert!(nested(MAX_DEPTH - 1).is_ok());
+        assert!(matches!(
+            nested(MAX_DEPTH),
+            Err(AuditError::InvalidEvent { .. })
+        ));
     }
 
     #[test]

@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, TransactionBehavior, params};
@@ -59,8 +59,15 @@ pub struct AuditLog {
     inner: Arc<Inner>,
 }
 
+/// Told about every group commit, on the writer thread: how many events the
+/// transaction held and how long writing and committing it took. Must be cheap and
+/// must not block (metrics use it).
+pub type BatchObserver = Arc<dyn Fn(usize, Duration) + Send + Sync>;
+
 struct Inner {
     sender: Sender<Request>,
+    /// Set once by [`AuditLog::observe_batches`]; read by the writer after each commit.
+    batch_observer: Arc<OnceLock<BatchObserver>>,
     closed: AtomicBool,
     head: Arc<RwLock<Option<(u64, String)>>>,
     hmac_key: [u8; 32],
@@ -141,7 +148,9 @@ impl AuditLog {
             (state.frontier.size() > 0).then(|| (state.frontier.size(), hex::encode(state.prev)));
         let head = Arc::new(RwLock::new(head_value));
         let (sender, receiver) = std::sync::mpsc::channel();
+        let batch_observer = Arc::new(OnceLock::new());
         let writer = Writer {
+            batch_observer: batch_observer.clone(),
             path: path.clone(),
             durability: options.durability,
             last_cp_size: state.last_checkpoint.as_ref().map_or(0, |c| c.size),
@@ -172,6 +181,7 @@ impl AuditLog {
         Ok(AuditLog {
             inner: Arc::new(Inner {
                 sender,
+                batch_observer,
                 closed: AtomicBool::new(false),
                 head,
                 hmac_key: keys.hmac_key,
@@ -286,6 +296,12 @@ impl AuditLog {
             .clone()
     }
 
+    /// Registers the observer of group commits (the first registration wins; false if
+    /// one was already set).
+    pub fn observe_batches(&self, observer: BatchObserver) -> bool {
+        self.inner.batch_observer.set(observer).is_ok()
+    }
+
     /// The public key that verifies this log's checkpoints.
     pub fn verifier_key(&self) -> &VerifierKey {
         &self.inner.verifier
@@ -378,6 +394,8 @@ struct Writer {
     last_commit: Duration,
     last_commit_end: Instant,
     linger_until: Instant,
+    /// See [`BatchObserver`].
+    batch_observer: Arc<OnceLock<BatchObserver>>,
 }
 
 /// A request arriving this soon after a commit belongs to a busy streak.
@@ -452,6 +470,9 @@ impl Writer {
                 self.last_batch = count;
                 self.last_commit = started.elapsed();
                 self.last_commit_end = Instant::now();
+                if let Some(observe) = self.batch_observer.get() {
+                    observe(count, self.last_commit);
+                }
             }
             if let Some(reply) = close {
                 drop(receiver);

@@ -45,7 +45,7 @@ use time::OffsetDateTime;
 
 use crate::policy::{PolicyVersions, Redaction};
 
-pub use log::AuditLog;
+pub use log::{AuditLog, BatchObserver};
 pub use reader::AuditReader;
 
 /// The kinds of event the log records.

@@ -1,0 +1,1215 @@
+//! `toolgate bench`: what the gateway costs. Runs the real server (this binary's
+//! `serve`, as a child process) on a generated benchmark policy and measures, in one
+//! run and side by side, the same tool call made directly to the tool and through the
+//! gateway, at several numbers of concurrent clients, with audit durability FULL and
+//! NORMAL:
+//!
+//! - `noop`: the in-process no-op builtin, called directly through the adapter API;
+//!   through the gateway, the `noop` builtin tool;
+//! - `http`: a tiny HTTP upstream (in this process, answering `{}`), called directly
+//!   with a plain HTTP client; through the gateway, an `http` adapter tool posting to it.
+//!
+//! Every client is a closed loop on its own keep-alive connection. Prints a table and
+//! writes the figures as JSON (default `target/bench/gateway.json`).
+//!
+//! INVARIANT: loopback only (the server, the upstream and the clients all bind or
+//! connect to 127.0.0.1); every measurement is bounded in time and in calls, and every
+//! request in time; the child server is stopped on every path.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1 as client_http1;
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue};
+use hyper::server::conn::http1 as server_http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+use crate::adapter::ExecContext;
+use crate::canonical::sha256_hex;
+use crate::cli::Exit;
+use crate::gateway::Loaded;
+
+/// Longest accepted measurement, per configuration.
+const MAX_SECONDS: f64 = 60.0;
+/// Most concurrent clients.
+const MAX_CLIENTS: usize = 1024;
+/// How long one request may take before the client counts an error and stops.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed to open every client connection before the clock starts.
+const CONNECT_ALLOWANCE: Duration = Duration::from_millis(300);
+/// How long the child server may take to start and to stop.
+const SERVER_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+const AGENT_TOKEN: &str = "bench-agent-token";
+const ADMIN_TOKEN: &str = "bench-admin-token";
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Seconds measured per configuration (at most 60).
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Warm-up seconds before each measurement, not counted.
+    #[arg(long, default_value_t = 0.5)]
+    pub warmup: f64,
+    /// Concurrent clients, comma-separated (each 1 to 1024).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 64])]
+    pub clients: Vec<usize>,
+    /// Audit durability settings of the gateway, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [BenchDurability::Full, BenchDurability::Normal])]
+    pub durability: Vec<BenchDurability>,
+    /// Tools, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [BenchTool::Noop, BenchTool::Http])]
+    pub tools: Vec<BenchTool>,
+    /// Most calls counted in one measurement (its latencies are kept in memory).
+    #[arg(long, default_value_t = 2_000_000)]
+    pub max_calls: u64,
+    /// Where the JSON report is written.
+    #[arg(long, default_value = "target/bench/gateway.json")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchDurability {
+    Full,
+    Normal,
+}
+
+impl BenchDurability {
+    fn as_str(self) -> &'static str {
+        match self {
+            BenchDurability::Full => "full",
+            BenchDurability::Normal => "normal",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchTool {
+    /// The in-process no-op builtin.
+    Noop,
+    /// An HTTP upstream answering `{}`.
+    Http,
+}
+
+impl BenchTool {
+    fn as_str(self) -> &'static str {
+        match self {
+            BenchTool::Noop => "noop",
+            BenchTool::Http => "http",
+        }
+    }
+
+    /// The tool's name in the benchmark registry.
+    fn tool_name(self) -> &'static str {
+        match self {
+            BenchTool::Noop => "noop",
+            BenchTool::Http => "upstream",
+        }
+    }
+}
+
+/// Why the benchmark could not run.
+#[derive(Debug)]
+pub enum BenchError {
+    /// Bad flags.
+    Usage(String),
+    /// A file or socket operation failed.
+    Io { what: String, error: std::io::Error },
+    /// The benchmark policy did not load.
+    Policy(String),
+    /// The gateway server did not start or misbehaved.
+    Server(String),
+    /// A request failed outside a measurement (setup).
+    Http(String),
+}
+
+impl fmt::Display for BenchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BenchError::Usage(m) => write!(f, "{m}"),
+            BenchError::Io { what, error } => write!(f, "{what}: {error}"),
+            BenchError::Policy(m) => write!(f, "the benchmark policy did not load: {m}"),
+            BenchError::Server(m) => write!(f, "the gateway server failed: {m}"),
+            BenchError::Http(m) => write!(f, "http: {m}"),
+        }
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
+    let what = what.into();
+    move |error| BenchError::Io { what, error }
+}
+
+/// One measured configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub tool: BenchTool,
+    /// `direct` or `gateway`.
+    pub path: &'static str,
+    /// The gateway's audit durability; None for direct calls.
+    pub durability: Option<BenchDurability>,
+    pub clients: usize,
+    pub calls: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub calls_per_s: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    /// Mean events per audit transaction during the measurement (gateway only).
+    pub audit_batch_mean: Option<f64>,
+    /// Mean time of one audit group commit during the measurement, in ms (gateway
+    /// only).
+    pub audit_commit_mean_ms: Option<f64>,
+    /// Mean of the server's own `toolgate_call_overhead_seconds` during the
+    /// measurement, in ms (gateway only).
+    pub server_overhead_mean_ms: Option<f64>,
+}
+
+/// Gateway against direct, for one tool, durability and number of clients.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub tool: BenchTool,
+    pub durability: BenchDurability,
+    pub clients: usize,
+    /// Gateway calls/s divided by direct calls/s.
+    pub throughput_ratio: f64,
+    /// Gateway p50 minus direct p50, in ms: what the gateway adds to a call.
+    pub overhead_p50_ms: f64,
+}
+
+/// One of the issue's targets, checked against this run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetCheck {
+    pub name: String,
+    pub goal: String,
+    pub measured: Option<f64>,
+    pub met: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub nproc: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub optimized_build: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub command: String,
+    pub seconds: f64,
+    pub warmup: f64,
+    pub rows: Vec<Row>,
+    pub ratios: Vec<Ratio>,
+    pub targets: Vec<TargetCheck>,
+}
+
+/// `toolgate bench`.
+pub fn bench_command(args: &BenchArgs) -> Exit {
+    if let Err(e) = check_args(args) {
+        eprintln!("error: {e}");
+        return Exit::InvalidConfig;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return Exit::Failure;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(report) => {
+            print_report(&report);
+            if let Err(e) = write_report(&report, &args.out) {
+                eprintln!("error: {e}");
+                return Exit::Failure;
+            }
+            println!("\nwrote {}", args.out.display());
+            if report.rows.iter().any(|r| r.errors > 0) {
+                eprintln!("error: some calls failed; the figures are not comparable");
+                return Exit::Failure;
+            }
+            Exit::Ok
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Exit::Failure
+        }
+    }
+}
+
+fn check_args(args: &BenchArgs) -> Result<(), BenchError> {
+    if !(args.seconds > 0.0 && args.seconds <= MAX_SECONDS) {
+        return Err(BenchError::Usage(format!(
+            "`--seconds` must be above 0 and at most {MAX_SECONDS}"
+        )));
+    }
+    if !(args.warmup >= 0.0 && args.warmup <= MAX_SECONDS) {
+        return Err(BenchError::Usage(format!(
+            "`--warmup` must be between 0 and {MAX_SECONDS}"
+        )));
+    }
+    if args.clients.is_empty() || args.clients.iter().any(|c| !(1..=MAX_CLIENTS).contains(c)) {
+        return Err(BenchError::Usage(format!(
+            "`--clients` must list numbers from 1 to {MAX_CLIENTS}"
+        )));
+    }
+    if args.max_calls == 0 || args.durability.is_empty() || args.tools.is_empty() {
+        return Err(BenchError::Usage(
+            "`--max-calls`, `--durability` and `--tools` must not be empty or zero".into(),
+        ));
+    }
+    Ok(())
+}
+
+async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "warning: this toolgate is built without optimizations; run `cargo bench --bench gateway` or a release build for real figures"
+        );
+    }
+    let work = WorkDir::create()?;
+    let upstream = Upstream::start()?;
+    let (policy_dir, tools_file) = write_policy(&work.0, upstream.addr)?;
+    let loaded = Arc::new(
+        Loaded::load(&policy_dir, &tools_file, &work.0.join("direct"))
+            .map_err(|p| BenchError::Policy(format!("{} problems, first: {}", p.len(), p[0])))?,
+    );
+    let window = Window {
+        seconds: args.seconds,
+        warmup: args.warmup,
+        max_calls: args.max_calls,
+    };
+    let mut rows = Vec::new();
+    for &clients in &args.clients {
+        for &tool in &args.tools {
+            let target = match tool {
+                BenchTool::Noop => Workload::Adapter {
+                    loaded: loaded.clone(),
+                },
+                BenchTool::Http => Workload::Http {
+                    addr: upstream.addr,
+                    path: "/noop",
+                    token: None,
+                    body: Bytes::from_static(b"{}"),
+                },
+            };
+            eprintln!("measuring {} direct, {clients} clients", tool.as_str());
+            let measured = measure(&target, clients, &window).await?;
+            rows.push(measured.row(tool, "direct", None, clients));
+        }
+    }
+    for &durability in &args.durability {
+        let server = GatewayServer::start(&work.0, &policy_dir, &tools_file, durability)?;
+        let run_id = server.create_run().await?;
+        for &clients in &args.clients {
+            for &tool in &args.tools {
+                let body = json!({
+                    "role_id": "bench_agent", "run_id": run_id, "lane_id": "bench",
+                    "tool_name": tool.tool_name(), "arguments": {}, "scope": {},
+                });
+                let target = Workload::Http {
+                    addr: server.addr,
+                    path: "/v1/tool-calls",
+                    token: Some(AGENT_TOKEN),
+                    body: Bytes::from(body.to_string()),
+                };
+                eprintln!(
+                    "measuring {} through the gateway ({}), {clients} clients",
+                    tool.as_str(),
+                    durability.as_str()
+                );
+                let before = server.scrape().await?;
+                let measured = measure(&target, clients, &window).await?;
+                let after = server.scrape().await?;
+                let mut row = measured.row(tool, "gateway", Some(durability), clients);
+                row.audit_batch_mean = after.mean_since(&before, "toolgate_audit_batch_events");
+                row.audit_commit_mean_ms = after
+                    .mean_since(&before, "toolgate_audit_batch_commit_seconds")
+                    .map(|s| round(s * 1000.0, 3));
+                row.server_overhead_mean_ms = after
+                    .mean_since(&before, "toolgate_call_overhead_seconds")
+                    .map(|s| s * 1000.0);
+                rows.push(row);
+            }
+        }
+        server.stop();
+    }
+    upstream.stop();
+    let ratios = ratios(&rows);
+    let targets = targets(&rows, &ratios);
+    Ok(Report {
+        machine: machine(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        seconds: args.seconds,
+        warmup: args.warmup,
+        rows,
+        ratios,
+        targets,
+    })
+}
+
+/// A temporary directory for the policy and the data dirs, removed when dropped.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn create() -> Result<WorkDir, BenchError> {
+        let dir = std::env::temp_dir().join(format!("toolgate-bench-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).map_err(io(format!("creating `{}`", dir.display())))?;
+        Ok(WorkDir(dir))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes the benchmark policy: one role, one lane, the `noop` builtin and the
+/// `upstream` http tool. Returns (policy dir, tool registry).
+fn write_policy(dir: &Path, upstream: SocketAddr) -> Result<(PathBuf, PathBuf), BenchError> {
+    let policy = dir.join("policy");
+    let tools = dir.join("tools");
+    let roles = format!(
+        r#"version: "1.0.0"
+roles:
+  - role_id: bench_agent
+    description: The benchmark's load generator.
+    enabled: true
+    lanes: [bench]
+    credential:
+      token_sha256: {agent}
+admins:
+  - admin_id: bench_admin
+    description: Creates the benchmark's run.
+    credential:
+      token_sha256: {admin}
+"#,
+        agent = sha256_hex(AGENT_TOKEN.as_bytes()),
+        admin = sha256_hex(ADMIN_TOKEN.as_bytes()),
+    );
+    let lanes = r#"version: "1.0.0"
+lanes:
+  - lane_id: bench
+    description: Benchmark calls.
+    tools: [noop, upstream]
+    required_scope_keys: []
+    prohibited_flags: []
+    run_statuses: [active]
+    write: false
+"#;
+    let tool = |name: &str, adapter: &str| {
+        format!(
+            r#"  - tool_name: {name}
+    description: Does nothing and returns an empty object.
+    enabled: true
+    version: 1.0.0
+    determinism: pure
+    idempotent: true
+    timeout_default_ms: 5000
+    limits: {{timeout_ms_max: 30000, max_output_bytes: 65536, max_concurrency: 1024}}
+    allowed_lanes: [bench]
+    required_scope_keys: []
+    prohibited_flags: []
+    write_targets: []
+    adapter: {adapter}
+    input_schema: {{path: {name}/schema/input.json}}
+    output_schema: {{path: {name}/schema/output.json}}
+"#
+        )
+    };
+    let registry = format!(
+        "version: \"1.0.0\"\ntools:\n{}{}",
+        tool("noop", "{kind: builtin, name: noop}"),
+        tool(
+            "upstream",
+            &format!(
+                "{{kind: http, url: \"http://{upstream}/noop\", allowed_hosts: [\"{upstream}\"]}}"
+            )
+        ),
+    );
+    let input = r#"{"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object", "additionalProperties": false}"#;
+    let output = r#"{"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}"#;
+    let mut files = vec![
+        (policy.join("roles.yaml"), roles),
+        (policy.join("lanes.yaml"), lanes.to_string()),
+        (tools.join("tool_registry.yaml"), registry),
+    ];
+    for name in ["noop", "upstream"] {
+        let schema = tools.join(name).join("schema");
+        files.push((schema.join("input.json"), input.to_string()));
+        files.push((schema.join("output.json"), output.to_string()));
+    }
+    for (path, text) in files {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(io(format!("creating `{}`", parent.display())))?;
+        }
+        std::fs::write(&path, text).map_err(io(format!("writing `{}`", path.display())))?;
+    }
+    Ok((policy, tools.join("tool_registry.yaml")))
+}
+
+/// The stand-in tool upstream: answers every request with `{}`, on its own thread and
+/// single-threaded runtime, until stopped.
+struct Upstream {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Upstream {
+    fn start() -> Result<Upstream, BenchError> {
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(io("binding the upstream"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(io("configuring the upstream socket"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(io("reading the upstream address"))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(io("starting the upstream runtime"))?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("bench-upstream".into())
+            .spawn(move || runtime.block_on(serve_upstream(listener, stopped)))
+            .map_err(io("starting the upstream thread"))?;
+        Ok(Upstream {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn serve_upstream(
+    listener: std::net::TcpListener,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let Ok(listener) = TcpListener::from_std(listener) else {
+        return;
+    };
+    tokio::pin!(stopped);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut stopped => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, _)) = accepted else { continue };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(async move {
+            let service = service_fn(|request: Request<Incoming>| async move {
+                let _ = request.into_body().collect().await;
+                let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
+                response
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                Ok::<_, Infallible>(response)
+            });
+            let _ = server_http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// The gateway under test: `toolgate serve` as a child process.
+struct GatewayServer {
+    child: Option<Child>,
+    addr: SocketAddr,
+    /// Log lines the server wrote (its stderr is drained, as a log shipper would).
+    log_lines: Arc<AtomicU64>,
+}
+
+impl GatewayServer {
+    fn start(
+        work: &Path,
+        policy_dir: &Path,
+        tools_file: &Path,
+        durability: BenchDurability,
+    ) -> Result<GatewayServer, BenchError> {
+        let exe = std::env::current_exe().map_err(io("finding this executable"))?;
+        let data_dir = work.join(format!("var-{}", durability.as_str()));
+        let mut child = Command::new(exe)
+            .arg("serve")
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--durability",
+                durability.as_str(),
+            ])
+            .arg("--policy-dir")
+            .arg(policy_dir)
+            .arg("--tools")
+            .arg(tools_file)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(io("starting `toolgate serve`"))?;
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let mut server = GatewayServer {
+            child: Some(child),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log_lines: Arc::new(AtomicU64::new(0)),
+        };
+        let (Some(stdout), Some(stderr)) = (stdout, stderr) else {
+            return Err(BenchError::Server("no stdout or stderr pipe".into()));
+        };
+        let lines = server.log_lines.clone();
+        std::thread::spawn(move || {
+            for _ in BufReader::new(stderr).lines().map_while(Result::ok) {
+                lines.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        // The listening line comes first; a reader thread hands it over with a timeout.
+        let (found, listening) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            for line in lines.by_ref().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("toolgate listening on http://") {
+                    let _ = found.send(addr.trim().to_string());
+                    break;
+                }
+            }
+            for _ in lines {}
+        });
+        let addr = listening
+            .recv_timeout(SERVER_START_TIMEOUT)
+            .map_err(|_| BenchError::Server("it did not report its address in time".into()))?;
+        server.addr = addr
+            .parse()
+            .map_err(|_| BenchError::Server(format!("unexpected address `{addr}`")))?;
+        Ok(server)
+    }
+
+    async fn create_run(&self) -> Result<String, BenchError> {
+        let mut conn = Conn::open(self.addr).await?;
+        let (status, body) = conn
+            .request(
+                Method::POST,
+                "/v1/runs",
+                Some(ADMIN_TOKEN),
+                Bytes::from_static(b"{}"),
+            )
+            .await?;
+        let value: Value = serde_json::from_slice(&body)
+            .map_err(|_| BenchError::Http("POST /v1/runs did not answer json".into()))?;
+        match (status, value["run_id"].as_str()) {
+            (201, Some(id)) => Ok(id.to_string()),
+            _ => Err(BenchError::Http(format!(
+                "POST /v1/runs answered {status}: {value}"
+            ))),
+        }
+    }
+
+    async fn scrape(&self) -> Result<Scrape, BenchError> {
+        let mut conn = Conn::open(self.addr).await?;
+        let (status, body) = conn
+            .request(Method::GET, "/metrics", None, Bytes::new())
+            .await?;
+        if status != 200 {
+            return Err(BenchError::Http(format!("GET /metrics answered {status}")));
+        }
+        Ok(Scrape(String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    fn stop(mut self) {
+        self.shutdown();
+    }
+
+    /// SIGTERM (graceful: the audit log is closed), then SIGKILL if it lingers.
+    fn shutdown(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + SERVER_START_TIMEOUT;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for GatewayServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A `/metrics` text.
+struct Scrape(String);
+
+impl Scrape {
+    /// The value of an unlabelled sample, e.g. `toolgate_audit_batch_events_sum`.
+    fn sample(&self, name: &str) -> Option<f64> {
+        self.0.lines().find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            (series == name).then(|| value.parse().ok()).flatten()
+        })
+    }
+
+    /// The mean of histogram `name` over the observations made since `before`.
+    fn mean_since(&self, before: &Scrape, name: &str) -> Option<f64> {
+        let delta = |suffix: &str| {
+            let key = format!("{name}_{suffix}");
+            Some(self.sample(&key)? - before.sample(&key).unwrap_or(0.0))
+        };
+        let (sum, count) = (delta("sum")?, delta("count")?);
+        (count > 0.0).then(|| sum / count)
+    }
+}
+
+/// One HTTP/1.1 keep-alive connection of a client.
+struct Conn {
+    sender: client_http1::SendRequest<Full<Bytes>>,
+    host: HeaderValue,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> Result<Conn, BenchError> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(io(format!("connecting to {addr}")))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = client_http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| BenchError::Http(format!("handshake with {addr}: {e}")))?;
+        tokio::spawn(connection);
+        let host = HeaderValue::from_str(&addr.to_string())
+            .map_err(|e| BenchError::Http(e.to_string()))?;
+        Ok(Conn { sender, host })
+    }
+
+    async fn request(
+        &mut self,
+        method: Method,
+        path: &'static str,
+        token: Option<&str>,
+        body: Bytes,
+    ) -> Result<(u16, Bytes), BenchError> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(HOST, self.host.clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(token) = token {
+            builder = builder.header(AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = builder
+            .body(Full::new(body))
+            .map_err(|e| BenchError::Http(e.to_string()))?;
+        let exchange = async {
+            self.sender
+                .ready()
+                .await
+                .map_err(|e| BenchError::Http(e.to_string()))?;
+            let response = self
+                .sender
+                .send_request(request)
+                .await
+                .map_err(|e| BenchError::Http(e.to_string()))?;
+            let status = response.status().as_u16();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| BenchError::Http(e.to_string()))?
+                .to_bytes();
+            Ok((status, body))
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+            .await
+            .map_err(|_| BenchError::Http(format!("no answer within {REQUEST_TIMEOUT:?}")))?
+    }
+}
+
+/// What one measurement does per call.
+enum Workload {
+    /// The noop tool through the adapter API, in this process.
+    Adapter { loaded: Arc<Loaded> },
+    /// A POST over a keep-alive connection; success is status 200.
+    Http {
+        addr: SocketAddr,
+        path: &'static str,
+        token: Option<&'static str>,
+        body: Bytes,
+    },
+}
+
+/// How long to measure and how much to keep.
+struct Window {
+    seconds: f64,
+    warmup: f64,
+    max_calls: u64,
+}
+
+/// The latencies (ns) of the calls completed in the window, and the errors.
+struct Measured {
+    latencies: Vec<u64>,
+    errors: u64,
+    seconds: f64,
+}
+
+impl Measured {
+    fn row(
+        mut self,
+        tool: BenchTool,
+        path: &'static str,
+        durability: Option<BenchDurability>,
+        clients: usize,
+    ) -> Row {
+        self.latencies.sort_unstable();
+        let calls = self.latencies.len() as u64;
+        let ms = |p: f64| percentile(&self.latencies, p) as f64 / 1e6;
+        Row {
+            tool,
+            path,
+            durability,
+            clients,
+            calls,
+            errors: self.errors,
+            seconds: round(self.seconds, 3),
+            calls_per_s: round(calls as f64 / self.seconds.max(1e-9), 0),
+            p50_ms: round(ms(0.50), 4),
+            p95_ms: round(ms(0.95), 4),
+            p99_ms: round(ms(0.99), 4),
+            audit_batch_mean: None,
+            audit_commit_mean_ms: None,
+            server_overhead_mean_ms: None,
+        }
+    }
+}
+
+/// The nearest-rank percentile of sorted values (0 for none).
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+/// Runs `clients` closed-loop clients against `target`: connect, wait for the start,
+/// warm up, then count the calls that complete within the window.
+async fn measure(
+    target: &Workload,
+    clients: usize,
+    window: &Window,
+) -> Result<Measured, BenchError> {
+    let begin = Instant::now() + CONNECT_ALLOWANCE;
+    let counted_from = begin + Duration::from_secs_f64(window.warmup);
+    let end = counted_from + Duration::from_secs_f64(window.seconds);
+    let per_client = (window.max_calls / clients as u64).max(1) as usize;
+    let mut tasks = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let client = match target {
+            Workload::Adapter { loaded } => Client::Adapter(loaded.clone()),
+            Workload::Http {
+                addr,
+                path,
+                token,
+                body,
+            } => Client::Http {
+                conn: Conn::open(*addr).await?,
+                path,
+                token: *token,
+                body: body.clone(),
+            },
+        };
+        tasks.push(tokio::spawn(client.run(
+            begin,
+            counted_from,
+            end,
+            per_client,
+        )));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    let mut stopped = counted_from;
+    for task in tasks {
+        let done = task
+            .await
+            .map_err(|e| BenchError::Http(format!("a client failed: {e}")))?;
+        latencies.extend(done.latencies);
+        errors += done.errors;
+        stopped = stopped.max(done.stopped);
+    }
+    Ok(Measured {
+        latencies,
+        errors,
+        seconds: stopped.duration_since(counted_from).as_secs_f64(),
+    })
+}
+
+enum Client {
+    Adapter(Arc<Loaded>),
+    Http {
+        conn: Conn,
+        path: &'static str,
+        token: Option<&'static str>,
+        body: Bytes,
+    },
+}
+
+struct ClientDone {
+    latencies: Vec<u64>,
+    errors: u64,
+    /// When this client's counting ended: the window's end, or its last call when
+    /// it reached its share of calls first.
+    stopped: Instant,
+}
+
+impl Client {
+    async fn run(
+        mut self,
+        begin: Instant,
+        counted_from: Instant,
+        end: Instant,
+        most: usize,
+    ) -> ClientDone {
+        tokio::time::sleep_until(begin).await;
+        let mut latencies = Vec::with_capacity(most.min(1 << 20));
+        let mut errors = 0;
+        let mut last = counted_from;
+        let scope = Map::new();
+        let arguments = json!({});
+        loop {
+            let started = Instant::now();
+            if started >= end || latencies.len() >= most {
+                break;
+            }
+            let ok = match &mut self {
+                Client::Adapter(loaded) => call_noop(loaded, &arguments, &scope).await,
+                Client::Http {
+                    conn,
+                    path,
+                    token,
+                    body,
+                } => match conn.request(Method::POST, path, *token, body.clone()).await {
+                    Ok((status, _)) => status == 200,
+                    Err(_) => {
+                        // The connection's state is unknown: this client stops.
+                        errors += 1;
+                        break;
+                    }
+                },
+            };
+            let done = Instant::now();
+            if started >= counted_from && done <= end {
+                if ok {
+                    latencies.push(done.duration_since(started).as_nanos() as u64);
+                } else {
+                    errors += 1;
+                }
+                last = done;
+            }
+        }
+        // A client that reached its share of calls stopped early: its window ends
+        // with its last call; every other client's window is the whole measurement.
+        let stopped = if latencies.len() >= most { last } else { end };
+        ClientDone {
+            latencies,
+            errors,
+            stopped,
+        }
+    }
+}
+
+/// One direct call of the noop tool through the adapter API.
+async fn call_noop(loaded: &Loaded, arguments: &Value, scope: &Map<String, Value>) -> bool {
+    let name = BenchTool::Noop.tool_name();
+    let (Some(tool), Ok(adapter)) = (loaded.policy.tools.get(name), loaded.adapter(name)) else {
+        return false;
+    };
+    let ctx = ExecContext {
+        call_id: "bench",
+        run_id: "bench",
+        scope,
+        deadline: Instant::now() + REQUEST_TIMEOUT,
+    };
+    adapter.execute(tool, arguments, ctx).await.is_ok()
+}
+
+fn ratios(rows: &[Row]) -> Vec<Ratio> {
+    let mut out = Vec::new();
+    for gateway in rows.iter().filter(|r| r.path == "gateway") {
+        let direct = rows
+            .iter()
+            .find(|r| r.path == "direct" && r.tool == gateway.tool && r.clients == gateway.clients);
+        if let (Some(direct), Some(durability)) = (direct, gateway.durability) {
+            out.push(Ratio {
+                tool: gateway.tool,
+                durability,
+                clients: gateway.clients,
+                throughput_ratio: round(gateway.calls_per_s / direct.calls_per_s.max(1e-9), 4),
+                overhead_p50_ms: round(gateway.p50_ms - direct.p50_ms, 4),
+            });
+        }
+    }
+    out
+}
+
+/// The issue's targets for this machine class (2 cores, load generator alongside).
+fn targets(rows: &[Row], ratios: &[Ratio]) -> Vec<TargetCheck> {
+    let gateway = |durability: BenchDurability, clients: usize| {
+        rows.iter().find(|r| {
+            r.path == "gateway"
+                && r.tool == BenchTool::Noop
+                && r.durability == Some(durability)
+                && r.clients == clients
+        })
+    };
+    let check = |name: &str, goal: &str, measured: Option<f64>, met: fn(f64) -> bool| TargetCheck {
+        name: name.into(),
+        goal: goal.into(),
+        measured,
+        met: measured.map(met),
+    };
+    let overhead = ratios
+        .iter()
+        .find(|r| {
+            r.tool == BenchTool::Noop && r.durability == BenchDurability::Full && r.clients == 1
+        })
+        .map(|r| r.overhead_p50_ms);
+    vec![
+        check(
+            "noop calls/s through the gateway, FULL, 64 clients",
+            ">= 14000",
+            gateway(BenchDurability::Full, 64).map(|r| r.calls_per_s),
+            |v| v >= 14_000.0,
+        ),
+        check(
+            "noop calls/s through the gateway, NORMAL, 64 clients",
+            ">= 20000",
+            gateway(BenchDurability::Normal, 64).map(|r| r.calls_per_s),
+            |v| v >= 20_000.0,
+        ),
+        check(
+            "noop p99 ms through the gateway, FULL, 8 clients",
+            "< 2",
+            gateway(BenchDurability::Full, 8).map(|r| r.p99_ms),
+            |v| v < 2.0,
+        ),
+        check(
+            "noop p99 ms through the gateway, NORMAL, 8 clients",
+            "< 2",
+            gateway(BenchDurability::Normal, 8).map(|r| r.p99_ms),
+            |v| v < 2.0,
+        ),
+        check(
+            "noop gateway overhead p50 ms, FULL, 1 client",
+            "< 0.5",
+            overhead,
+            |v| v < 0.5,
+        ),
+    ]
+}
+
+fn machine() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, m)| m.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    Machine {
+        nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu_model,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into()),
+        optimized_build: !cfg!(debug_assertions),
+    }
+}
+
+fn print_report(report: &Report) {
+    let m = &report.machine;
+    println!(
+        "\nmachine: {} x {} (kernel {}){}",
+        m.nproc,
+        m.cpu_model,
+        m.kernel,
+        if m.optimized_build {
+            ""
+        } else {
+            ", UNOPTIMIZED BUILD"
+        }
+    );
+    println!(
+        "{} s per configuration after {} s warm-up; closed-loop clients on keep-alive connections\n",
+        report.seconds, report.warmup
+    );
+    println!(
+        "{:<5} {:<8} {:<10} {:>7} {:>11} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9}",
+        "tool",
+        "path",
+        "durability",
+        "clients",
+        "calls/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "errors",
+        "batch",
+        "commit ms",
+        "srv ms"
+    );
+    for r in &report.rows {
+        let opt =
+            |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+        println!(
+            "{:<5} {:<8} {:<10} {:>7} {:>11.0} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>7} {:>9} {:>9}",
+            r.tool.as_str(),
+            r.path,
+            r.durability.map_or("-", BenchDurability::as_str),
+            r.clients,
+            r.calls_per_s,
+            r.p50_ms,
+            r.p95_ms,
+            r.p99_ms,
+            r.errors,
+            opt(r.audit_batch_mean, 1),
+            opt(r.audit_commit_mean_ms, 3),
+            opt(r.server_overhead_mean_ms, 3),
+        );
+    }
+    println!("\ngateway / direct");
+    println!(
+        "{:<5} {:<10} {:>7} {:>16} {:>18}",
+        "tool", "durability", "clients", "throughput ratio", "overhead p50 ms"
+    );
+    for r in &report.ratios {
+        println!(
+            "{:<5} {:<10} {:>7} {:>16.4} {:>18.3}",
+            r.tool.as_str(),
+            r.durability.as_str(),
+            r.clients,
+            r.throughput_ratio,
+            r.overhead_p50_ms
+        );
+    }
+    println!("\ntargets");
+    for t in &report.targets {
+        let verdict = match t.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "not measured",
+        };
+        let measured = t.measured.map_or("-".to_string(), |v| format!("{v:.3}"));
+        println!(
+            "  {:<55} goal {:<8} measured {:>12}  {verdict}",
+            t.name, t.goal, measured
+        );
+    }
+}
+
+fn write_report(report: &Report, out: &Path) -> Result<(), BenchError> {
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io(format!("creating `{}`", parent.display())))?;
+    }
+    let text = serde_json::to_string_pretty(report).map_err(|e| BenchError::Io {
+        what: "encoding the report".into(),
+        error: std::io::Error::other(e),
+    })?;
+    std::fs::write(out, text + "\n").map_err(io(format!("writing `{}`", out.display())))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.50), 50);
+        assert_eq!(percentile(&v, 0.95), 95);
+        assert_eq!(percentile(&v, 0.99), 99);
+        assert_eq!(percentile(&[7], 0.99), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn histogram_means_come_from_deltas() {
+        let before = Scrape("x_sum 10\nx_count 2\n".into());
+        let after = Scrape("x_sum 40\nx_count 8\n".into());
+        assert_eq!(after.mean_since(&before, "x"), Some(5.0));
+        assert_eq!(after.mean_since(&after, "x"), None);
+    }
+
+    #[test]
+    fn the_generated_policy_loads_with_both_tools() {
+        let dir = WorkDir::create().unwrap();
+        let (policy, tools) = write_policy(&dir.0, "127.0.0.1:9".parse().unwrap()).unwrap();
+        let loaded = Loaded::load(&policy, &tools, &dir.0.join("var"))
+            .unwrap_or_else(|p| panic!("{}", p[0]));
+        assert!(loaded.adapter("noop").is_ok());
+        assert!(loaded.adapter("upstream").is_ok());
+    }
+}

@@ -1,0 +1,10 @@
+//! Observability: Prometheus metrics ([`metrics`]), and traces and logs ([`trace`]).
+//!
+//! INVARIANT: observing a call never changes its outcome and never blocks it: metrics
+//! are atomic updates, logs are one line per call, and spans are exported in the
+//! background (or not at all when no OTLP endpoint is configured).
+
+pub mod metrics;
+pub mod trace;
+
+pub use metrics::Metrics;

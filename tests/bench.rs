@@ -1,0 +1,80 @@
+//! `toolgate bench` end to end, shortened: it starts the real server, measures every
+//! path and writes a complete report. (Figures are not checked here: speed belongs in
+//! the benchmark itself, see docs/performance.md.)
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::BIN;
+use serde_json::Value;
+
+#[test]
+fn a_short_bench_measures_every_path_and_writes_its_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report.json");
+    let output = std::process::Command::new(BIN)
+        .args([
+            "bench",
+            "--seconds",
+            "0.2",
+            "--warmup",
+            "0",
+            "--clients",
+            "1,2",
+        ])
+        .args(["--durability", "full,normal", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("gateway / direct") && stdout.contains("targets"),
+        "{stdout}"
+    );
+    let report: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    // 2 tools x 2 client counts directly, and again through each durability.
+    assert_eq!(rows.len(), 4 + 8, "{report:#}");
+    for row in rows {
+        assert!(row["calls"].as_u64().unwrap() > 0, "{row}");
+        assert_eq!(row["errors"], 0, "{row}");
+        assert!(row["p50_ms"].as_f64().unwrap() <= row["p99_ms"].as_f64().unwrap());
+        if row["path"] == "gateway" {
+            // The server's own overhead histogram moved during the measurement.
+            assert!(
+                row["server_overhead_mean_ms"].as_f64().unwrap() > 0.0,
+                "{row}"
+            );
+        }
+    }
+    for durability in ["full", "normal"] {
+        for tool in ["noop", "http"] {
+            assert!(
+                rows.iter().any(|r| r["path"] == "gateway"
+                    && r["durability"] == durability
+                    && r["tool"] == tool),
+                "no {tool} {durability} row"
+            );
+        }
+    }
+    assert_eq!(report["ratios"].as_array().unwrap().len(), 8);
+    assert_eq!(report["targets"].as_array().unwrap().len(), 5);
+    assert_eq!(
+        report["machine"]["nproc"],
+        std::thread::available_parallelism().unwrap().get()
+    );
+}
+
+#[test]
+fn bad_flags_are_refused_before_anything_starts() {
+    let (code, _, stderr) = common::run(std::path::Path::new("."), &["bench", "--seconds", "0"]);
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("`--seconds`"), "{stderr}");
+    let (code, _, _) = common::run(std::path::Path::new("."), &["bench", "--clients", "0"]);
+    assert_eq!(code, 4);
+}
