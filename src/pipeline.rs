@@ -445,8 +445,9 @@ impl Gateway {
         response
     }
 
-    /// Step 10: runs the adapter within the call's deadline (the request's timeout_ms
-    /// capped by the tool's timeout_ms_max).
+    /// Step 10: runs the adapter within the call's deadline: the request's timeout_ms
+    /// (capped by the tool's timeout_ms_max) counted from the call's receipt, so the
+    /// agent has its answer by then whatever the earlier steps took.
     async fn execute(&self, allowed: &Allowed<'_>, call: &Call) -> Result<(Value, u64), Refusal> {
         let tool = allowed.tool;
         let timeout_ms = allowed
@@ -455,17 +456,23 @@ impl Gateway {
             .unwrap_or(tool.timeout_default_ms)
             .min(tool.limits.timeout_ms_max);
         let started = Instant::now();
-        let deadline = started + Duration::from_millis(timeout_ms);
+        let deadline = call.started + Duration::from_millis(timeout_ms);
         let ctx = ExecContext {
             call_id: &call.call_id,
             run_id: &allowed.run.run_id,
             scope: &allowed.request.scope,
             deadline,
         };
-        let run = allowed.adapter.execute(tool, &allowed.arguments, ctx);
-        let result = match tokio::time::timeout_at(deadline + DEADLINE_BACKSTOP, run).await {
-            Ok(result) => result,
-            Err(_) => Err(ExecError::Timeout),
+        // INVARIANT: nothing starts once the deadline has passed (e.g. a slow audit
+        // append in step 9 used the whole budget).
+        let result = if started >= deadline {
+            Err(ExecError::Timeout)
+        } else {
+            let run = allowed.adapter.execute(tool, &allowed.arguments, ctx);
+            match tokio::time::timeout_at(deadline + DEADLINE_BACKSTOP, run).await {
+                Ok(result) => result,
+                Err(_) => Err(ExecError::Timeout),
+            }
         };
         let tool_ms = started.elapsed().as_millis() as u64;
         result.map(|output| (output, tool_ms)).map_err(|e| {

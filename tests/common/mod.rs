@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+pub mod lab;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_toolgate");
 
 /// The repository root (where the demo policy lives).
