@@ -28,6 +28,7 @@ use super::line::{Prepared, event_id, format_timestamp, prepare, render};
 use super::merkle::{Frontier, Hash, leaf_hash};
 use super::sink::Sinks;
 use super::store::{self, INSERT_CHECKPOINT, INSERT_EVENT, map_sqlite};
+use super::wal::WalCheckpointer;
 use super::{
     Appended, ArgumentCommitment, AuditError, AuditOptions, Durability, EventFilter, NewEvent,
     StoredEvent, hmac_sha256_hex,
@@ -126,6 +127,8 @@ impl AuditLog {
             options.busy_timeout,
             options.max_db_bytes,
         )?;
+        super::wal::configure_writer(&conn, &path)?;
+        let wal = WalCheckpointer::start(&path, options.durability)?;
         let state = store::load_state(&conn, &path)?;
         let fresh = state.frontier.size() == 0 && state.last_checkpoint.is_none();
         let keys = Keys::load_or_create(&options.key_dir, &options.origin, fresh)?;
@@ -170,6 +173,7 @@ impl AuditLog {
             last_commit: Duration::ZERO,
             last_commit_end: Instant::now(),
             linger_until: Instant::now(),
+            wal,
         };
         std::thread::Builder::new()
             .name("audit-writer".into())
@@ -396,6 +400,8 @@ struct Writer {
     linger_until: Instant,
     /// See [`BatchObserver`].
     batch_observer: Arc<OnceLock<BatchObserver>>,
+    /// Copies the WAL into the database off this thread (see `wal.rs`).
+    wal: WalCheckpointer,
 }
 
 /// A request arriving this soon after a commit belongs to a busy streak.
@@ -671,6 +677,7 @@ impl Writer {
         } else {
             Ok(())
         };
+        self.wal.stop();
         let path = self.path.clone();
         let closed = self.conn.close().map_err(|(_, e)| map_sqlite(&e, &path));
         result.and(closed)

@@ -33,6 +33,7 @@ mod reader;
 mod sink;
 mod store;
 pub mod verify;
+mod wal;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

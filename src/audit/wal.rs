@@ -1,0 +1,167 @@
+//! The WAL checkpointer: copies committed pages from SQLite's write-ahead log into the
+//! database file on its own thread and connection, so the audit writer never does it
+//! inside a commit.
+//!
+//! SQLite's automatic checkpoint runs in the connection that commits, after the commit
+//! that crossed 1,000 WAL pages: the writer (and every call waiting on its next batch)
+//! stalled for the copy and its syncs, which set the p99 latency (docs/performance.md).
+//! Here the writer runs with `wal_autocheckpoint = 0` and this thread runs a PASSIVE
+//! checkpoint every [`INTERVAL`]: PASSIVE never waits for the writer or for readers and
+//! never blocks them; it copies what it can and the rest waits for the next round.
+//! (Not to be confused with the audit log's signed checkpoints, `checkpoint.rs`.)
+//!
+//! INVARIANT: a checkpoint only copies committed frames; it never changes what the log
+//! says, and a crash at any point leaves SQLite's own recovery to do the rest.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use super::store::map_sqlite;
+use super::{AuditError, Durability};
+
+/// How often the checkpointer copies the WAL into the database.
+pub(crate) const INTERVAL: Duration = Duration::from_millis(100);
+
+/// Once the WAL is reset (fully copied, no reader on it), SQLite truncates the file back
+/// to this many bytes, so a burst does not leave a large file behind.
+pub(crate) const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
+
+/// The running checkpointer; [`WalCheckpointer::stop`] ends it with a last round.
+pub(crate) struct WalCheckpointer {
+    stop: Option<Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl WalCheckpointer {
+    /// Opens its own connection to `path` and starts the thread.
+    pub(crate) fn start(path: &Path, durability: Durability) -> Result<Self, AuditError> {
+        let conn = open(path, durability)?;
+        let (stop, stopped) = mpsc::channel::<()>();
+        let owned: PathBuf = path.to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("audit-wal".into())
+            .spawn(move || {
+                loop {
+                    match stopped.recv_timeout(INTERVAL) {
+                        Err(RecvTimeoutError::Timeout) => checkpoint(&conn, &owned),
+                        Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+                checkpoint(&conn, &owned);
+                if let Err((_, e)) = conn.close() {
+                    tracing::warn!(error = %e, "closing the WAL checkpointer's connection failed");
+                }
+            })
+            .map_err(|e| AuditError::Io {
+                path: path.to_path_buf(),
+                what: format!("cannot start the WAL checkpointer thread: {e}"),
+            })?;
+        Ok(WalCheckpointer {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Runs a last round and waits for the thread to close its connection.
+    pub(crate) fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for WalCheckpointer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Sets up the writer's connection for an outside checkpointer.
+pub(crate) fn configure_writer(conn: &Connection, path: &Path) -> Result<(), AuditError> {
+    let map = |e: rusqlite::Error| map_sqlite(&e, path);
+    let _: i64 = conn
+        .query_row("PRAGMA wal_autocheckpoint = 0", [], |r| r.get(0))
+        .map_err(map)?;
+    let _: i64 = conn
+        .query_row(
+            &format!("PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}"),
+            [],
+            |r| r.get(0),
+        )
+        .map_err(map)?;
+    Ok(())
+}
+
+fn open(path: &Path, durability: Durability) -> Result<Connection, AuditError> {
+    let map = |e: rusqlite::Error| map_sqlite(&e, path);
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(map)?;
+    // The checkpoint syncs the WAL before copying and the database after, as the
+    // writer's own would have.
+    let sync = match durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync).map_err(map)?;
+    Ok(conn)
+}
+
+/// One PASSIVE round; a failure is logged and the next round tries again.
+fn checkpoint(conn: &Connection, path: &Path) {
+    let result = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    });
+    if let Err(e) = result {
+        tracing::warn!(error = %map_sqlite(&e, path), "WAL checkpoint failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_checkpointer_moves_committed_pages_into_the_database_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let writer = Connection::open(&path).unwrap();
+        let mode: String = writer
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        configure_writer(&writer, &path).unwrap();
+        writer
+            .execute_batch("CREATE TABLE t (x TEXT); BEGIN;")
+            .unwrap();
+        for i in 0..2000 {
+            writer
+                .execute("INSERT INTO t VALUES (?1)", [format!("{i:0>500}")])
+                .unwrap();
+        }
+        writer.execute_batch("COMMIT").unwrap();
+        let db_bytes = || std::fs::metadata(&path).unwrap().len();
+        // The writer never copies: the rows are only in the WAL.
+        let before = db_bytes();
+        assert!(before < 100_000, "{before}");
+        let mut wal = WalCheckpointer::start(&path, Durability::Full).unwrap();
+        wal.stop();
+        assert!(db_bytes() > 1_000_000, "{}", db_bytes());
+        let n: i64 = writer
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 2000);
+    }
+}
