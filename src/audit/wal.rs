@@ -45,11 +45,9 @@ impl WalCheckpointer {
         let thread = std::thread::Builder::new()
             .name("audit-wal".into())
             .spawn(move || {
-                loop {
-                    match stopped.recv_timeout(INTERVAL) {
-                        Err(RecvTimeoutError::Timeout) => checkpoint(&conn, &owned),
-                        Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
-                    }
+                // A stop message, or the handle gone, ends the loop.
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(INTERVAL) {
+                    checkpoint(&conn, &owned);
                 }
                 checkpoint(&conn, &owned);
                 if let Err((_, e)) = conn.close() {
