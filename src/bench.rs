@@ -231,17 +231,11 @@ pub fn bench_command(args: &BenchArgs) -> Exit {
         eprintln!("error: {e}");
         return Exit::InvalidConfig;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return Exit::Failure;
-        }
-    };
+    let runtime =
+        match crate::cli::runtime(tokio::runtime::Builder::new_multi_thread().worker_threads(2)) {
+            Ok(rt) => rt,
+            Err(exit) => return exit,
+        };
     match runtime.block_on(run(args)) {
         Ok(report) => {
             print_report(&report);

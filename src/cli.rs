@@ -131,3 +131,12 @@ pub fn main() -> ExitCode {
     };
     exit.into()
 }
+
+/// Builds a tokio runtime from `builder` (with every driver enabled); on failure prints
+/// why and gives the exit code the command returns.
+pub fn runtime(builder: &mut tokio::runtime::Builder) -> Result<tokio::runtime::Runtime, Exit> {
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("error: cannot start the runtime: {e}");
+        Exit::Failure
+    })
+}

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
 use crate::adapter::{Adapter, ExecContext, ExecError};
-use crate::audit::{EventType, NewEvent};
+use crate::audit::{Appended, AuditError, EventType, NewEvent};
 use crate::authz;
 use crate::call::{
     ArtifactRef, CallRequest, CallResponse, Decision, DryRun, PartialRequest, Received, Status,
@@ -387,14 +387,12 @@ impl Gateway {
                 }
             }
         };
-        let appending = Instant::now();
         let appended = self
-            .audit
-            .append(call.event(self, EventType::ToolRequested))
-            .instrument(trace::step_span("audit_append", 9))
+            .append_timed(
+                call.event(self, EventType::ToolRequested),
+                AppendKind::Requested,
+            )
             .await;
-        self.metrics
-            .record_audit_append(AppendKind::Requested, appending.elapsed());
         if let Err(e) = appended {
             let refusal = Refusal::new(
                 Reason::AuditUnavailable,
@@ -559,17 +557,30 @@ impl Gateway {
         }
     }
 
-    /// A dry run: the decision and the trace, audited as `tool_allowed`, never executed.
-    async fn close_dry_run(&self, mut call: Call) -> CallResponse {
-        let event = call.event(self, EventType::ToolAllowed);
+    /// Appends one event (step 9 or 12) in its trace span and records how long it took.
+    async fn append_timed(
+        &self,
+        event: NewEvent,
+        kind: AppendKind,
+    ) -> Result<Appended, AuditError> {
+        let step = match kind {
+            AppendKind::Requested => 9,
+            AppendKind::Closing => 12,
+        };
         let appending = Instant::now();
         let appended = self
             .audit
             .append(event)
-            .instrument(trace::step_span("audit_append", 12))
+            .instrument(trace::step_span("audit_append", step))
             .await;
-        self.metrics
-            .record_audit_append(AppendKind::Closing, appending.elapsed());
+        self.metrics.record_audit_append(kind, appending.elapsed());
+        appended
+    }
+
+    /// A dry run: the decision and the trace, audited as `tool_allowed`, never executed.
+    async fn close_dry_run(&self, mut call: Call) -> CallResponse {
+        let event = call.event(self, EventType::ToolAllowed);
+        let appended = self.append_timed(event, AppendKind::Closing).await;
         match appended {
             Ok(appended) => {
                 let mut response = call.response(Status::Success, None);
@@ -639,14 +650,7 @@ impl Gateway {
             }
             (Err(_), None) => {}
         }
-        let appending = Instant::now();
-        let appended = self
-            .audit
-            .append(event)
-            .instrument(trace::step_span("audit_append", 12))
-            .await;
-        self.metrics
-            .record_audit_append(AppendKind::Closing, appending.elapsed());
+        let appended = self.append_timed(event, AppendKind::Closing).await;
 
         // 13. return the response
         let response = match (outcome, refusal, appended) {

@@ -61,15 +61,9 @@ pub enum LogFormat {
 }
 
 pub fn serve_command(args: &ServeArgs) -> Exit {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::cli::runtime(&mut tokio::runtime::Builder::new_multi_thread()) {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return Exit::Failure;
-        }
+        Err(exit) => return exit,
     };
     let endpoint = args
         .otlp_endpoint

@@ -75,15 +75,9 @@ pub fn import_command(args: &ImportArgs) -> Exit {
             return Exit::InvalidConfig;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::cli::runtime(&mut tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return Exit::Failure;
-        }
+        Err(exit) => return exit,
     };
     let timeout = Duration::from_secs(args.timeout_secs.max(1));
     let listing = runtime.block_on(async { list_tools(&upstream, Instant::now() + timeout).await });
