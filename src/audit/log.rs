@@ -128,7 +128,6 @@ impl AuditLog {
             options.max_db_bytes,
         )?;
         super::wal::configure_writer(&conn, &path)?;
-        let wal = WalCheckpointer::start(&path, options.durability)?;
         let state = store::load_state(&conn, &path)?;
         let fresh = state.frontier.size() == 0 && state.last_checkpoint.is_none();
         let keys = Keys::load_or_create(&options.key_dir, &options.origin, fresh)?;
@@ -146,6 +145,7 @@ impl AuditLog {
             }
         }
         let sinks = Sinks::open(&options.checkpoint_sinks)?;
+        let wal = WalCheckpointer::start(&path, options.durability, sinks)?;
         let reader = store::open_reader(&path, options.busy_timeout)?;
         let head_value =
             (state.frontier.size() > 0).then(|| (state.frontier.size(), hex::encode(state.prev)));
@@ -167,7 +167,6 @@ impl AuditLog {
             every: options.checkpoint_every_events,
             interval: options.checkpoint_interval,
             idle_heartbeat: options.idle_heartbeat,
-            sinks,
             head: head.clone(),
             last_batch: 0,
             last_commit: Duration::ZERO,
@@ -390,7 +389,6 @@ struct Writer {
     /// Size of the newest checkpoint, and when the writer last considered one.
     last_cp_size: u64,
     last_cp_at: Instant,
-    sinks: Sinks,
     head: Arc<RwLock<Option<(u64, String)>>>,
     /// Events in the previous commit, how long it took and when it ended (adaptive
     /// group commit, see `should_linger`).
@@ -524,7 +522,7 @@ impl Writer {
                 if let Some((size, note)) = committed.note {
                     self.last_cp_size = size;
                     self.last_cp_at = Instant::now();
-                    self.sinks.publish(&note);
+                    self.wal.publish(note, self.durability == Durability::Full);
                 }
             }
             Err(error) => {
@@ -552,105 +550,80 @@ impl Writer {
         } else {
             self.last_ts.clone()
         };
-        let full_sync = with_checkpoint && self.durability == Durability::Normal;
         let path = self.path.clone();
         let map = |e: rusqlite::Error| map_sqlite(&e, &path);
-        if full_sync {
-            self.conn
-                .pragma_update(None, "synchronous", "FULL")
-                .map_err(map)?;
-        }
-        let result = (|| {
-            let tx = self
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(map)?;
-            let mut appended = Vec::with_capacity(requests.len());
-            {
-                let mut insert = tx.prepare_cached(INSERT_EVENT).map_err(map)?;
-                for events in requests {
-                    let mut out = Vec::with_capacity(events.len());
-                    for prepared in *events {
-                        let seq = frontier.size() + 1;
-                        let line = render(prepared, seq, &ts, &hex::encode(prev));
-                        let hash = leaf_hash(line.as_bytes());
-                        let hash_hex = hex::encode(hash);
-                        let id = event_id(seq);
-                        insert
-                            .execute(params![
-                                seq as i64,
-                                id,
-                                prepared.event_type.as_str(),
-                                prepared.run_id,
-                                ts,
-                                line,
-                                hash_hex
-                            ])
-                            .map_err(map)?;
-                        frontier.push(hash);
-                        prev = hash;
-                        out.push(Appended {
-                            seq,
-                            event_id: id,
-                            hash: hash_hex,
-                        });
-                    }
-                    appended.push(out);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(map)?;
+        let mut appended = Vec::with_capacity(requests.len());
+        {
+            let mut insert = tx.prepare_cached(INSERT_EVENT).map_err(map)?;
+            for events in requests {
+                let mut out = Vec::with_capacity(events.len());
+                for prepared in *events {
+                    let seq = frontier.size() + 1;
+                    let line = render(prepared, seq, &ts, &hex::encode(prev));
+                    let hash = leaf_hash(line.as_bytes());
+                    let hash_hex = hex::encode(hash);
+                    let id = event_id(seq);
+                    insert
+                        .execute(params![
+                            seq as i64,
+                            id,
+                            prepared.event_type.as_str(),
+                            prepared.run_id,
+                            ts,
+                            line,
+                            hash_hex
+                        ])
+                        .map_err(map)?;
+                    frontier.push(hash);
+                    prev = hash;
+                    out.push(Appended {
+                        seq,
+                        event_id: id,
+                        hash: hash_hex,
+                    });
                 }
+                appended.push(out);
             }
-            let note = if with_checkpoint {
-                Some(
-                    insert_checkpoint(&tx, &self.signer, &self.origin, &frontier, &ts, "events")
-                        .map_err(map)?,
-                )
-            } else {
-                None
-            };
-            tx.commit().map_err(map)?;
-            Ok(Committed {
-                appended,
-                frontier,
-                prev,
-                last_ts: ts,
-                note,
-            })
-        })();
-        if full_sync && let Err(e) = self.conn.pragma_update(None, "synchronous", "NORMAL") {
-            tracing::warn!(error = %e, "cannot restore synchronous=NORMAL");
         }
-        result
+        let note = if with_checkpoint {
+            Some(
+                insert_checkpoint(&tx, &self.signer, &self.origin, &frontier, &ts, "events")
+                    .map_err(map)?,
+            )
+        } else {
+            None
+        };
+        tx.commit().map_err(map)?;
+        Ok(Committed {
+            appended,
+            frontier,
+            prev,
+            last_ts: ts,
+            note,
+        })
     }
 
-    /// Signs and stores a checkpoint over the current tree in its own transaction
-    /// (FULL-synced), then publishes it.
+    /// Signs and stores a checkpoint over the current tree in its own transaction, then
+    /// hands it to the WAL thread, which publishes it once the WAL holding it is synced.
     fn checkpoint_now(&mut self, reason: &str) -> Result<(), AuditError> {
         let path = self.path.clone();
         let map = |e: rusqlite::Error| map_sqlite(&e, &path);
         let ts = format_timestamp(OffsetDateTime::now_utc());
-        let full_sync = self.durability == Durability::Normal;
-        if full_sync {
-            self.conn
-                .pragma_update(None, "synchronous", "FULL")
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(map)?;
+        let (size, note) =
+            insert_checkpoint(&tx, &self.signer, &self.origin, &self.frontier, &ts, reason)
                 .map_err(map)?;
-        }
-        let result = (|| {
-            let tx = self
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(map)?;
-            let note =
-                insert_checkpoint(&tx, &self.signer, &self.origin, &self.frontier, &ts, reason)
-                    .map_err(map)?;
-            tx.commit().map_err(map)?;
-            Ok(note)
-        })();
-        if full_sync {
-            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
-        }
-        let (size, note) = result?;
+        tx.commit().map_err(map)?;
         self.last_cp_size = size;
         self.last_cp_at = Instant::now();
-        self.sinks.publish(&note);
+        self.wal.publish(note, self.durability == Durability::Full);
         Ok(())
     }
 

@@ -186,8 +186,8 @@ pub enum Durability {
     #[default]
     Full,
     /// `synchronous=NORMAL`: an acknowledged event survives a process crash but the
-    /// newest ones may be lost on power loss; a checkpoint is only published after a
-    /// FULL sync covers every event under it.
+    /// newest ones may be lost on power loss; a checkpoint is only published after an
+    /// fsync of the WAL covers every event under it.
     Normal,
 }
 

@@ -1,6 +1,7 @@
-//! The WAL checkpointer: copies committed pages from SQLite's write-ahead log into the
+//! The WAL thread: copies committed pages from SQLite's write-ahead log into the
 //! database file on its own thread and connection, so the audit writer never does it
-//! inside a commit.
+//! inside a commit; and publishes signed checkpoints to their sinks once the WAL that
+//! holds them is synced, so the writer never waits for those syncs either.
 //!
 //! SQLite's automatic checkpoint runs in the connection that commits, after the commit
 //! that crossed 1,000 WAL pages: the writer (and every call waiting on its next batch)
@@ -12,14 +13,19 @@
 //!
 //! INVARIANT: a checkpoint only copies committed frames; it never changes what the log
 //! says, and a crash at any point leaves SQLite's own recovery to do the rest.
+//! INVARIANT: a signed note leaves the process only after every event under it is on
+//! disk (committed with `synchronous=FULL`, or the WAL fsynced here first); notes are
+//! published in the order they were signed.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 
+use super::sink::Sinks;
 use super::store::map_sqlite;
 use super::{AuditError, Durability};
 
@@ -30,45 +36,78 @@ pub(crate) const INTERVAL: Duration = Duration::from_millis(100);
 /// to this many bytes, so a burst does not leave a large file behind.
 pub(crate) const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
-/// The running checkpointer; [`WalCheckpointer::stop`] ends it with a last round.
+/// A signed note to publish; `synced` when the commit that stored it was already synced.
+struct Publish {
+    note: String,
+    synced: bool,
+}
+
+/// The running WAL thread; [`WalCheckpointer::stop`] ends it after it has published
+/// every note sent and run a last checkpoint.
 pub(crate) struct WalCheckpointer {
-    stop: Option<Sender<()>>,
+    sender: Option<Sender<Publish>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl WalCheckpointer {
-    /// Opens its own connection to `path` and starts the thread.
-    pub(crate) fn start(path: &Path, durability: Durability) -> Result<Self, AuditError> {
+    /// Opens its own connection to `path` and starts the thread, which owns the sinks.
+    pub(crate) fn start(
+        path: &Path,
+        durability: Durability,
+        mut sinks: Sinks,
+    ) -> Result<Self, AuditError> {
         let conn = open(path, durability)?;
-        let (stop, stopped) = mpsc::channel::<()>();
+        let (sender, received) = mpsc::channel::<Publish>();
         let owned: PathBuf = path.to_path_buf();
         let thread = std::thread::Builder::new()
             .name("audit-wal".into())
             .spawn(move || {
-                // A stop message, or the handle gone, ends the loop.
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(INTERVAL) {
-                    checkpoint(&conn, &owned);
+                let mut next_round = Instant::now() + INTERVAL;
+                loop {
+                    let wait = next_round.saturating_duration_since(Instant::now());
+                    match received.recv_timeout(wait) {
+                        Ok(publish) => {
+                            if publish.synced || sync_wal(&owned) {
+                                sinks.publish(&publish.note);
+                            }
+                        }
+                        Err(RecvTimeoutError::Timeout) => {
+                            checkpoint(&conn, &owned);
+                            next_round = Instant::now() + INTERVAL;
+                        }
+                        // Stopped: every note sent before has been received.
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
                 }
                 checkpoint(&conn, &owned);
                 if let Err((_, e)) = conn.close() {
-                    tracing::warn!(error = %e, "closing the WAL checkpointer's connection failed");
+                    tracing::warn!(error = %e, "closing the WAL thread's connection failed");
                 }
             })
             .map_err(|e| AuditError::Io {
                 path: path.to_path_buf(),
-                what: format!("cannot start the WAL checkpointer thread: {e}"),
+                what: format!("cannot start the audit WAL thread: {e}"),
             })?;
         Ok(WalCheckpointer {
-            stop: Some(stop),
+            sender: Some(sender),
             thread: Some(thread),
         })
     }
 
-    /// Runs a last round and waits for the thread to close its connection.
-    pub(crate) fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+    /// Hands a signed note over for publication (after a sync of the WAL unless
+    /// `synced`).
+    pub(crate) fn publish(&self, note: String, synced: bool) {
+        if let Some(sender) = &self.sender
+            && sender.send(Publish { note, synced }).is_err()
+        {
+            tracing::error!("the audit WAL thread stopped; a checkpoint was not published");
         }
+    }
+
+    /// Publishes what was sent, runs a last round and waits for the thread to close
+    /// its connection.
+    pub(crate) fn stop(&mut self) {
+        self.sender.take();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -78,6 +117,26 @@ impl WalCheckpointer {
 impl Drop for WalCheckpointer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// fsyncs the WAL file (any descriptor of a file flushes the file). A missing WAL means
+/// every frame was checkpointed into the database, which the checkpoint synced.
+fn sync_wal(db: &Path) -> bool {
+    let mut name = OsString::from(db.as_os_str());
+    name.push("-wal");
+    let wal = PathBuf::from(name);
+    let synced = match std::fs::File::open(&wal) {
+        Ok(file) => file.sync_all(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    };
+    match synced {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(path = %wal.display(), error = %e, "cannot sync the audit WAL; the checkpoint is stored but not published");
+            false
+        }
     }
 }
 
@@ -154,12 +213,38 @@ mod tests {
         // The writer never copies: the rows are only in the WAL.
         let before = db_bytes();
         assert!(before < 100_000, "{before}");
-        let mut wal = WalCheckpointer::start(&path, Durability::Full).unwrap();
+        let mut wal =
+            WalCheckpointer::start(&path, Durability::Full, Sinks::open(&[]).unwrap()).unwrap();
         wal.stop();
         assert!(db_bytes() > 1_000_000, "{}", db_bytes());
         let n: i64 = writer
             .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, 2000);
+    }
+
+    #[test]
+    fn notes_are_published_in_order_after_the_wal_sync_and_before_stop_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let writer = Connection::open(&path).unwrap();
+        let _: String = writer
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .unwrap();
+        writer.execute_batch("CREATE TABLE t (x TEXT)").unwrap();
+        let sink = dir.path().join("sink.log");
+        let sinks =
+            Sinks::open(&[crate::audit::CheckpointSink::File { path: sink.clone() }]).unwrap();
+        let mut wal = WalCheckpointer::start(&path, Durability::Normal, sinks).unwrap();
+        for i in 0..50 {
+            wal.publish(format!("note {i}"), i % 2 == 0);
+        }
+        wal.stop();
+        let published = std::fs::read_to_string(&sink).unwrap();
+        let expected: String = (0..50).map(|i| format!("note {i}\n")).collect();
+        assert_eq!(published, expected);
+        // Stopped: later notes go nowhere, and nothing panics.
+        wal.publish("late".into(), false);
+        assert_eq!(std::fs::read_to_string(&sink).unwrap(), expected);
     }
 }
