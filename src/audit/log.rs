@@ -4,15 +4,13 @@
 //! Group commit: appenders canonicalize their events, then send them with a oneshot
 //! reply over a channel. The writer takes everything queued (up to
 //! [`MAX_BATCH_EVENTS`]), gives the events contiguous seqs, renders and hashes their
-//! lines, inserts them in ONE transaction and commits it, and only then answers every
-//! waiter: at once with NORMAL, and with FULL through the syncer (`wal.rs`) once an
-//! fsync of the WAL covers the commit, while the writer goes on with the next batch. If the commit fails, every waiter of the batch gets the error
+//! lines, inserts them in ONE transaction and commits it (one fsync), and only then
+//! answers every waiter. If the commit fails, every waiter of the batch gets the error
 //! and the in-memory chain state (worked on a copy) stays as it was, so seqs stay
 //! gapless.
 //!
 //! INVARIANT: a waiter is answered Ok only after the COMMIT that holds its events
-//! returned (and, with FULL, a later fsync of the WAL finished); the writer is the only
-//! code that writes events.
+//! returned; the writer is the only code that writes events.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,7 +28,7 @@ use super::line::{Prepared, event_id, format_timestamp, prepare, render};
 use super::merkle::{Frontier, Hash, leaf_hash};
 use super::sink::Sinks;
 use super::store::{self, INSERT_CHECKPOINT, INSERT_EVENT, map_sqlite};
-use super::wal::{WalCheckpointer, WalSyncer};
+use super::wal::WalCheckpointer;
 use super::{
     Appended, ArgumentCommitment, AuditError, AuditOptions, Durability, EventFilter, NewEvent,
     StoredEvent, hmac_sha256_hex,
@@ -148,10 +146,6 @@ impl AuditLog {
         }
         let sinks = Sinks::open(&options.checkpoint_sinks)?;
         let wal = WalCheckpointer::start(&path, options.durability, sinks)?;
-        let syncer = match options.durability {
-            Durability::Full => Some(WalSyncer::start(&path)?),
-            Durability::Normal => None,
-        };
         let reader = store::open_reader(&path, options.busy_timeout)?;
         let head_value =
             (state.frontier.size() > 0).then(|| (state.frontier.size(), hex::encode(state.prev)));
@@ -161,6 +155,7 @@ impl AuditLog {
         let writer = Writer {
             batch_observer: batch_observer.clone(),
             path: path.clone(),
+            durability: options.durability,
             last_cp_size: state.last_checkpoint.as_ref().map_or(0, |c| c.size),
             last_cp_at: Instant::now(),
             frontier: state.frontier,
@@ -178,7 +173,6 @@ impl AuditLog {
             last_commit_end: Instant::now(),
             linger_until: Instant::now(),
             wal,
-            syncer,
         };
         std::thread::Builder::new()
             .name("audit-writer".into())
@@ -380,6 +374,7 @@ pub(crate) fn read_events(
 struct Writer {
     conn: Connection,
     path: PathBuf,
+    durability: Durability,
     /// The tree over every committed event.
     frontier: Frontier,
     /// The leaf hash of the last committed event (zeros for an empty log).
@@ -405,8 +400,6 @@ struct Writer {
     batch_observer: Arc<OnceLock<BatchObserver>>,
     /// Copies the WAL into the database off this thread (see `wal.rs`).
     wal: WalCheckpointer,
-    /// With FULL: answers each batch's waiters after an fsync of the WAL (`wal.rs`).
-    syncer: Option<WalSyncer>,
 }
 
 /// A request arriving this soon after a commit belongs to a busy streak.
@@ -522,21 +515,14 @@ impl Writer {
                 self.prev = committed.prev;
                 self.last_ts = committed.last_ts;
                 self.set_head();
-                let answer = move |synced: Result<(), AuditError>| {
-                    for ((_, reply, permit), appended) in batch.into_iter().zip(committed.appended)
-                    {
-                        let _ = reply.send(synced.clone().map(|()| appended));
-                        drop(permit);
-                    }
-                };
-                match &self.syncer {
-                    Some(syncer) => syncer.after_sync(Box::new(answer)),
-                    None => answer(Ok(())),
+                for ((_, reply, permit), appended) in batch.into_iter().zip(committed.appended) {
+                    let _ = reply.send(Ok(appended));
+                    drop(permit);
                 }
                 if let Some((size, note)) = committed.note {
                     self.last_cp_size = size;
                     self.last_cp_at = Instant::now();
-                    self.wal.publish(note);
+                    self.wal.publish(note, self.durability == Durability::Full);
                 }
             }
             Err(error) => {
@@ -637,7 +623,7 @@ impl Writer {
         tx.commit().map_err(map)?;
         self.last_cp_size = size;
         self.last_cp_at = Instant::now();
-        self.wal.publish(note);
+        self.wal.publish(note, self.durability == Durability::Full);
         Ok(())
     }
 
@@ -664,9 +650,6 @@ impl Writer {
         } else {
             Ok(())
         };
-        if let Some(syncer) = &mut self.syncer {
-            syncer.stop();
-        }
         self.wal.stop();
         let path = self.path.clone();
         let closed = self.conn.close().map_err(|(_, e)| map_sqlite(&e, &path));

@@ -1,10 +1,7 @@
 //! The WAL thread: copies committed pages from SQLite's write-ahead log into the
 //! database file on its own thread and connection, so the audit writer never does it
 //! inside a commit; and publishes signed checkpoints to their sinks once the WAL that
-//! holds them is synced, so the writer never waits for those syncs either. And, with
-//! durability FULL, the syncer ([`WalSyncer`]): the writer commits without a sync and
-//! moves on to the next batch while this thread fsyncs the WAL and only then answers the
-//! batch's waiters; one fsync covers every batch committed before it started.
+//! holds them is synced, so the writer never waits for those syncs either.
 //!
 //! SQLite's automatic checkpoint runs in the connection that commits, after the commit
 //! that crossed 1,000 WAL pages: the writer (and every call waiting on its next batch)
@@ -16,10 +13,9 @@
 //!
 //! INVARIANT: a checkpoint only copies committed frames; it never changes what the log
 //! says, and a crash at any point leaves SQLite's own recovery to do the rest.
-//! INVARIANT: a signed note leaves the process only after the WAL was fsynced after the
-//! commit that stored it; notes are published in the order they were signed.
-//! INVARIANT (FULL): a waiter is answered Ok only after an fsync of the WAL that started
-//! after its commit returned, so every frame of that commit is on disk.
+//! INVARIANT: a signed note leaves the process only after every event under it is on
+//! disk (committed with `synchronous=FULL`, or the WAL fsynced here first); notes are
+//! published in the order they were signed.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -40,9 +36,10 @@ pub(crate) const INTERVAL: Duration = Duration::from_millis(100);
 /// to this many bytes, so a burst does not leave a large file behind.
 pub(crate) const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
-/// A signed note to publish, stored by a commit that has returned.
+/// A signed note to publish; `synced` when the commit that stored it was already synced.
 struct Publish {
     note: String,
+    synced: bool,
 }
 
 /// The running WAL thread; [`WalCheckpointer::stop`] ends it after it has published
@@ -70,9 +67,8 @@ impl WalCheckpointer {
                     let wait = next_round.saturating_duration_since(Instant::now());
                     match received.recv_timeout(wait) {
                         Ok(publish) => {
-                            match sync_wal(&owned) {
-                                Ok(()) => sinks.publish(&publish.note),
-                                Err(e) => tracing::error!(error = %e, "cannot sync the audit WAL; the checkpoint is stored but not published"),
+                            if publish.synced || sync_wal(&owned) {
+                                sinks.publish(&publish.note);
                             }
                         }
                         Err(RecvTimeoutError::Timeout) => {
@@ -98,10 +94,11 @@ impl WalCheckpointer {
         })
     }
 
-    /// Hands a signed note over for publication (after a sync of the WAL).
-    pub(crate) fn publish(&self, note: String) {
+    /// Hands a signed note over for publication (after a sync of the WAL unless
+    /// `synced`).
+    pub(crate) fn publish(&self, note: String, synced: bool) {
         if let Some(sender) = &self.sender
-            && sender.send(Publish { note }).is_err()
+            && sender.send(Publish { note, synced }).is_err()
         {
             tracing::error!("the audit WAL thread stopped; a checkpoint was not published");
         }
@@ -125,93 +122,27 @@ impl Drop for WalCheckpointer {
 
 /// fsyncs the WAL file (any descriptor of a file flushes the file). A missing WAL means
 /// every frame was checkpointed into the database, which the checkpoint synced.
-fn sync_wal(db: &Path) -> Result<(), AuditError> {
+fn sync_wal(db: &Path) -> bool {
     let mut name = OsString::from(db.as_os_str());
     name.push("-wal");
     let wal = PathBuf::from(name);
     let synced = match std::fs::File::open(&wal) {
-        Ok(file) => file.sync_data(),
+        Ok(file) => file.sync_all(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     };
-    synced.map_err(|e| AuditError::Io {
-        path: wal,
-        what: format!("cannot sync the write-ahead log: {e}"),
-    })
-}
-
-/// What the syncer calls once the fsync covering a commit has finished.
-pub(crate) type Answer = Box<dyn FnOnce(Result<(), AuditError>) + Send>;
-
-/// The FULL-durability syncer; see the module docs.
-pub(crate) struct WalSyncer {
-    sender: Option<Sender<Answer>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl WalSyncer {
-    pub(crate) fn start(path: &Path) -> Result<Self, AuditError> {
-        let (sender, received) = mpsc::channel::<Answer>();
-        let owned = path.to_path_buf();
-        let thread = std::thread::Builder::new()
-            .name("audit-sync".into())
-            .spawn(move || {
-                while let Ok(first) = received.recv() {
-                    // Everything queued so far was committed before this fsync starts.
-                    let mut waiting = vec![first];
-                    waiting.extend(received.try_iter());
-                    let synced = sync_wal(&owned);
-                    if let Err(e) = &synced {
-                        tracing::error!(error = %e, "audit fsync failed; the waiting calls are refused");
-                    }
-                    for answer in waiting {
-                        answer(synced.clone());
-                    }
-                }
-            })
-            .map_err(|e| AuditError::Io {
-                path: path.to_path_buf(),
-                what: format!("cannot start the audit sync thread: {e}"),
-            })?;
-        Ok(WalSyncer {
-            sender: Some(sender),
-            thread: Some(thread),
-        })
-    }
-
-    /// Calls `answer` after an fsync that starts after this call. If the thread is gone,
-    /// answers at once with [`AuditError::Closed`] (never Ok unsynced).
-    pub(crate) fn after_sync(&self, answer: Answer) {
-        let Some(sender) = &self.sender else {
-            return answer(Err(AuditError::Closed));
-        };
-        if let Err(mpsc::SendError(answer)) = sender.send(answer) {
-            answer(Err(AuditError::Closed));
-        }
-    }
-
-    /// Answers everything queued, then stops the thread.
-    pub(crate) fn stop(&mut self) {
-        self.sender.take();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+    match synced {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(path = %wal.display(), error = %e, "cannot sync the audit WAL; the checkpoint is stored but not published");
+            false
         }
     }
 }
 
-impl Drop for WalSyncer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// Sets up the writer's connection for the WAL thread and the syncer: no automatic
-/// checkpoint, and no sync inside commits (with FULL, [`WalSyncer`] syncs before any
-/// waiter is answered; with NORMAL, nothing waits for a sync).
+/// Sets up the writer's connection for an outside checkpointer.
 pub(crate) fn configure_writer(conn: &Connection, path: &Path) -> Result<(), AuditError> {
     let map = |e: rusqlite::Error| map_sqlite(&e, path);
-    conn.pragma_update(None, "synchronous", "NORMAL")
-        .map_err(map)?;
     let _: i64 = conn
         .query_row("PRAGMA wal_autocheckpoint = 0", [], |r| r.get(0))
         .map_err(map)?;
@@ -306,35 +237,14 @@ mod tests {
             Sinks::open(&[crate::audit::CheckpointSink::File { path: sink.clone() }]).unwrap();
         let mut wal = WalCheckpointer::start(&path, Durability::Normal, sinks).unwrap();
         for i in 0..50 {
-            wal.publish(format!("note {i}"));
+            wal.publish(format!("note {i}"), i % 2 == 0);
         }
         wal.stop();
         let published = std::fs::read_to_string(&sink).unwrap();
         let expected: String = (0..50).map(|i| format!("note {i}\n")).collect();
         assert_eq!(published, expected);
         // Stopped: later notes go nowhere, and nothing panics.
-        wal.publish("late".into());
+        wal.publish("late".into(), false);
         assert_eq!(std::fs::read_to_string(&sink).unwrap(), expected);
-    }
-
-    #[test]
-    fn the_syncer_answers_in_order_after_a_sync_and_closed_once_stopped() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        std::fs::write(dir.path().join("t.db-wal"), b"frames").unwrap();
-        let mut syncer = WalSyncer::start(&path).unwrap();
-        let (tx, rx) = mpsc::channel();
-        for i in 0..100 {
-            let tx = tx.clone();
-            syncer.after_sync(Box::new(move |r| tx.send((i, r)).unwrap()));
-        }
-        syncer.stop();
-        let answers: Vec<_> = rx.try_iter().collect();
-        assert_eq!(answers, (0..100).map(|i| (i, Ok(()))).collect::<Vec<_>>());
-        syncer.after_sync(Box::new(move |r| tx.send((100, r)).unwrap()));
-        assert_eq!(
-            rx.try_iter().collect::<Vec<_>>(),
-            vec![(100, Err(AuditError::Closed))]
-        );
     }
 }
