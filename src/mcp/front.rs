@@ -212,7 +212,6 @@ impl ServerHandler for Front {
             tokio::spawn(async move { gateway.handle(token.as_deref(), received).await })
                 .await
                 .map_err(|_| ErrorData::internal_error("the call task failed", None))?;
-        log_call(&response);
         if let Some(d) = &response.diagnostic
             && d.reason == Reason::ToolUnregistered
         {
@@ -485,20 +484,6 @@ fn error_fields(response: &CallResponse) -> Value {
         obj.insert("tool_name".into(), json!(response.tool_name));
     }
     fields
-}
-
-/// One INFO line per call: ids, outcome and duration; never arguments or secrets.
-fn log_call(response: &CallResponse) {
-    tracing::info!(
-        call_id = %response.call_id,
-        tool_name = response.tool_name.as_deref().unwrap_or("-"),
-        status = response.status.as_str(),
-        duration_ms = response.execution_time_ms,
-        error_code = response.error_code.map(|c| c.as_str()).unwrap_or("-"),
-        reason = response.diagnostic.as_ref().map(|d| d.reason.as_str()).unwrap_or("-"),
-        transport = "mcp",
-        "tool call"
-    );
 }
 
 #[cfg(test)]
