@@ -11,7 +11,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{ADMIN, Server, token};
+use common::{ADMIN, Server, Start, token};
 use serde_json::{Value, json};
 
 /// The five headers of an MCP request as `role` in `lane` on `run` with `scope`.
@@ -333,7 +333,10 @@ fn protocol_problems_are_json_rpc_errors_and_http_refusals() {
 
 #[test]
 fn a_tools_call_with_missing_headers_is_a_denied_and_audited_call() {
-    let server = Server::start();
+    let server = Server::start_with(Start {
+        env: vec![("TOOLGATE_LOG".into(), "info".into())],
+        ..Start::default()
+    });
     let scope = json!({"case_id": "C-1001"});
     let run = server.create_run(scope.clone());
     let rpc = Rpc::new(&server);
@@ -356,6 +359,16 @@ fn a_tools_call_with_missing_headers_is_a_denied_and_audited_call() {
     let events = events_after(&server, &run, before);
     let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["tool_denied"], "{events:#?}");
+    // Logged once, like an HTTP call: one JSON line naming the call.
+    let call_id = d["call_id"].as_str().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let lines = server.log_lines_with(&format!("\"call_id\":\"{call_id}\""));
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("\"message\":\"tool call\""),
+        "{}",
+        lines[0]
+    );
     assert_eq!(events[0]["run_id"], run.as_str());
     if events[0].get("event_id").is_some() {
         assert_eq!(events[0]["event_id"], d["audit_event_id"]);

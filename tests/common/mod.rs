@@ -2,9 +2,11 @@
 //! temporary data directory, and talks to it over real HTTP.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -31,7 +33,11 @@ pub struct Server {
     pub data_dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     agent: ureq::Agent,
+    /// The server's stderr (its log lines), the newest [`MAX_LOG_LINES`].
+    logs: Arc<Mutex<VecDeque<String>>>,
 }
+
+const MAX_LOG_LINES: usize = 10_000;
 
 /// How to start a server.
 pub struct Start {
@@ -113,11 +119,18 @@ impl Server {
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         let stderr = child.stderr.take().unwrap();
+        let logs = Arc::new(Mutex::new(VecDeque::new()));
+        let kept = logs.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if std::env::var_os("TOOLGATE_TEST_STDERR").is_some() {
                     eprintln!("[server] {line}");
                 }
+                let mut kept = kept.lock().unwrap();
+                if kept.len() == MAX_LOG_LINES {
+                    kept.pop_front();
+                }
+                kept.push_back(line);
             }
         });
         let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -131,6 +144,27 @@ impl Server {
             data_dir,
             _tmp: tmp,
             agent,
+            logs,
+        }
+    }
+
+    /// The server's log lines that contain `needle`, waiting up to 5 s for the first
+    /// (a call's log line is written just after its response).
+    pub fn log_lines_with(&self, needle: &str) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let found: Vec<String> = self
+                .logs
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains(needle))
+                .cloned()
+                .collect();
+            if !found.is_empty() || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
