@@ -40,31 +40,55 @@ pub(crate) fn commit_and_dirty(dir: &Path, files: &[&Path]) -> (Option<String>, 
 
 /// Runs `git -C dir <args>` with a deadline; `None` on any failure.
 fn run_git(dir: &Path, args: &[&str]) -> Option<String> {
+    git(dir, args, MAX_OUTPUT, GIT_TIMEOUT)
+        .ok()
+        .and_then(|out| String::from_utf8(out).ok())
+}
+
+/// Runs `git -C dir <args>`, killed after `timeout`, keeping at most `limit` bytes of
+/// stdout. On failure returns the first line git wrote to stderr (or what went wrong).
+/// Shared with `review::diff`, which materializes git revisions.
+pub(crate) fn git(
+    dir: &Path,
+    args: &[&str],
+    limit: u64,
+    timeout: Duration,
+) -> Result<Vec<u8>, String> {
     let mut child = Command::new("git")
         .arg("-C")
         .arg(dir)
-        // Never run a repository's fsmonitor hook or take index locks just to look.
+        // Never run a repository's fsmonitor hook or take index locks just to read.
         .args(["-c", "core.fsmonitor=false"])
         .args(args)
         .env("GIT_OPTIONAL_LOCKS", "0")
         .env("GIT_TERMINAL_PROMPT", "0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
-        .ok()?;
-    // Read on a thread so a chatty git cannot block on a full pipe while we wait.
-    let stdout = child.stdout.take()?;
-    let reader = thread::spawn(move || {
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    // Read on threads so a chatty git cannot block on a full pipe while we wait.
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let out_reader = thread::spawn(move || {
         let mut out = Vec::new();
-        let _ = stdout.take(MAX_OUTPUT).read_to_end(&mut out);
+        if let Some(s) = stdout {
+            let _ = s.take(limit).read_to_end(&mut out);
+        }
         out
     });
-    let deadline = Instant::now() + GIT_TIMEOUT;
+    let err_reader = thread::spawn(move || {
+        let mut err = Vec::new();
+        if let Some(s) = stderr {
+            let _ = s.take(64 * 1024).read_to_end(&mut err);
+        }
+        err
+    });
+    let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(5)),
+            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(2)),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -72,10 +96,24 @@ fn run_git(dir: &Path, args: &[&str]) -> Option<String> {
             }
         }
     };
-    let out = reader.join().ok()?;
+    let out = out_reader.join().unwrap_or_default();
+    let err = err_reader.join().unwrap_or_default();
     match status {
-        Some(status) if status.success() => String::from_utf8(out).ok(),
-        _ => None,
+        Some(status) if status.success() => Ok(out),
+        Some(_) => {
+            let text = String::from_utf8_lossy(&err);
+            let first = text.lines().next().unwrap_or("").trim();
+            Err(if first.is_empty() {
+                format!("`git {}` failed", args.first().unwrap_or(&""))
+            } else {
+                first.to_string()
+            })
+        }
+        None => Err(format!(
+            "`git {}` took longer than {} s",
+            args.first().unwrap_or(&""),
+            timeout.as_secs()
+        )),
     }
 }
 

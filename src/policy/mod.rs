@@ -19,7 +19,7 @@
 
 mod check;
 mod flags;
-mod git;
+pub(crate) mod git;
 mod model;
 mod raw;
 mod read;

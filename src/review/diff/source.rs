@@ -11,11 +11,8 @@
 //! byte, so an oversized file is still reported as too large).
 
 use std::fmt;
-use std::io::Read;
 use std::path::{Component, Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long one git command may take before it is killed.
 const GIT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -346,70 +343,9 @@ fn io_error(path: &Path, e: &std::io::Error) -> SourceError {
     }
 }
 
-/// Runs `git -C dir <args>` with a deadline, keeping at most `limit` bytes of stdout.
-/// On failure returns the first line git wrote to stderr (or what went wrong).
+/// Runs git in `dir` within [`GIT_TIMEOUT`], keeping at most `limit` bytes of stdout.
 fn git(dir: &Path, args: &[&str], limit: u64) -> Result<Vec<u8>, String> {
-    let mut child = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        // Never run a repository's fsmonitor hook or take index locks just to read.
-        .args(["-c", "core.fsmonitor=false"])
-        .args(args)
-        .env("GIT_OPTIONAL_LOCKS", "0")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run git: {e}"))?;
-    // Read on threads so a chatty git cannot block on a full pipe while we wait.
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    let out_reader = thread::spawn(move || {
-        let mut out = Vec::new();
-        if let Some(s) = stdout {
-            let _ = s.take(limit).read_to_end(&mut out);
-        }
-        out
-    });
-    let err_reader = thread::spawn(move || {
-        let mut err = Vec::new();
-        if let Some(s) = stderr {
-            let _ = s.take(64 * 1024).read_to_end(&mut err);
-        }
-        err
-    });
-    let deadline = Instant::now() + GIT_TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(2)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    let out = out_reader.join().unwrap_or_default();
-    let err = err_reader.join().unwrap_or_default();
-    match status {
-        Some(status) if status.success() => Ok(out),
-        Some(_) => {
-            let text = String::from_utf8_lossy(&err);
-            let first = text.lines().next().unwrap_or("").trim();
-            Err(if first.is_empty() {
-                format!("`git {}` failed", args.first().unwrap_or(&""))
-            } else {
-                first.to_string()
-            })
-        }
-        None => Err(format!(
-            "`git {}` took longer than {} s",
-            args.first().unwrap_or(&""),
-            GIT_TIMEOUT.as_secs()
-        )),
-    }
+    crate::policy::git::git(dir, args, limit, GIT_TIMEOUT)
 }
 
 /// A private temporary directory, removed when dropped.
