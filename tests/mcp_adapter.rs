@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::lab::sha;
 use common::{BIN, Server, Start, repo};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 const ROLES: &str = r#"
 version: "mcp-lab-1"
@@ -32,10 +32,6 @@ admins:
     description: Lab operator.
     credential: {token_sha256: ADMIN_SHA}
 "#;
-
-fn sha(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
-}
 
 /// One registry entry of a lab tool executed through an `mcp` adapter.
 struct LabTool {
