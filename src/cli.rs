@@ -55,8 +55,6 @@ pub enum Command {
     /// Work with MCP servers (import their tools into the registry).
     #[command(subcommand)]
     Mcp(crate::mcp::McpCommand),
-    /// Measure the gateway against direct tool calls (throughput, latency percentiles).
-    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -127,7 +125,6 @@ pub fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Diff(args)) => crate::review::diff::diff_command(&args),
         Command::Audit(command) => crate::audit::cli::run(command),
         Command::Mcp(command) => crate::mcp::mcp_command(&command),
-        Command::Bench(args) => crate::bench::bench_command(&args),
     };
     exit.into()
 }

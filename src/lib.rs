@@ -17,14 +17,12 @@
 //! - [`server`]: the HTTP API (hyper); the only module that serves HTTP.
 //! - [`mcp`]: MCP on both sides: the `/mcp` front for agents, the adapter for
 //!   upstream MCP servers, and `toolgate mcp import`.
-//! - [`bench`]: `toolgate bench`, the gateway against direct calls.
 //! - [`cli`]: the `toolgate` command line; `main.rs` only calls [`cli::main`].
 
 pub mod adapter;
 pub mod artifacts;
 pub mod audit;
 pub mod authz;
-pub mod bench;
 pub mod call;
 pub mod canonical;
 pub mod cli;

@@ -4,6 +4,7 @@
 //! test's calls share the machine while it measures.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

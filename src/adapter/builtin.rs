@@ -39,7 +39,6 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "echo",
     "file_with_court",
     "legal_search",
-    "noop",
     "read_document",
 ];
 
@@ -79,8 +78,6 @@ enum Builtin {
     DraftDocument,
     FileWithCourt(Box<Upstream>),
     Echo,
-    /// Does nothing and returns `{}`: the in-process tool of the gateway benchmark.
-    Noop,
 }
 
 impl BuiltinAdapter {
@@ -119,7 +116,6 @@ impl BuiltinAdapter {
             "read_document" => Builtin::ReadDocument,
             "draft_document" => Builtin::DraftDocument,
             "echo" => Builtin::Echo,
-            "noop" => Builtin::Noop,
             _ => match court_upstream(settings) {
                 Ok(upstream) => Builtin::FileWithCourt(Box::new(upstream)),
                 Err(found) => {
@@ -144,7 +140,7 @@ impl BuiltinAdapter {
         scope: &Map<String, Value>,
     ) -> Result<(), Refusal> {
         match &self.kind {
-            Builtin::ConflictCheck | Builtin::LegalSearch | Builtin::Echo | Builtin::Noop => Ok(()),
+            Builtin::ConflictCheck | Builtin::LegalSearch | Builtin::Echo => Ok(()),
             Builtin::CaseLookup => scope_id(scope, "case_id").map(drop),
             Builtin::ReadDocument => {
                 scope_id(scope, "case_id")?;
@@ -217,7 +213,6 @@ impl BuiltinAdapter {
                         .await
                 }
                 Builtin::Echo => Ok(json!({ "echo": arguments })),
-                Builtin::Noop => Ok(json!({})),
             }
         };
         tokio::time::timeout_at(ctx.deadline, work)

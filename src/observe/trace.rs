@@ -9,14 +9,11 @@
 //! call (the queue is bounded and drops when full).
 
 use std::fmt;
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use bytes::{Bytes, BytesMut};
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
 };
@@ -314,7 +311,11 @@ pub fn init(
     };
     let client = OtlpHttpClient {
         runtime: runtime.clone(),
-        client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+        client: reqwest::Client::builder()
+            .timeout(EXPORT_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| TraceError::Exporter(e.to_string()))?,
     };
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
@@ -350,11 +351,12 @@ pub fn init(
     })
 }
 
-/// The OTLP exporter's HTTP client: hyper on the server's runtime. The exporter runs on
-/// its own thread; each request is spawned onto the runtime and awaited from there.
+/// The OTLP exporter's HTTP client: the project's one HTTP client stack (reqwest) on the
+/// server's runtime. The exporter runs on its own thread, outside any runtime; each
+/// request is spawned onto the runtime and awaited from there.
 struct OtlpHttpClient {
     runtime: tokio::runtime::Handle,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: reqwest::Client,
 }
 
 impl fmt::Debug for OtlpHttpClient {
@@ -363,31 +365,41 @@ impl fmt::Debug for OtlpHttpClient {
     }
 }
 
-#[async_trait::async_trait]
+/// The future `HttpClient::send_bytes` returns (the trait is declared with
+/// `async_trait`; this is the signature that macro produces).
+type SendFuture<'a> = Pin<Box<dyn Future<Output = Result<Response<Bytes>, HttpError>> + Send + 'a>>;
+
 impl HttpClient for OtlpHttpClient {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+    fn send_bytes<'life0, 'async_trait>(
+        &'life0 self,
+        request: Request<Bytes>,
+    ) -> SendFuture<'async_trait>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
         let client = self.client.clone();
-        let (parts, body) = request.into_parts();
-        let request = hyper::Request::from_parts(parts, Full::new(body));
         let task = self.runtime.spawn(async move {
-            let exchange = async {
-                let response = client.request(request).await.map_err(boxed)?;
-                let (parts, body) = response.into_parts();
-                let body = Limited::new(body, MAX_RESPONSE_BYTES)
-                    .collect()
-                    .await
-                    .map_err(|e| boxed(Arc::<str>::from(e.to_string())))?
-                    .to_bytes();
-                Ok::<_, HttpError>(Response::from_parts(parts, body))
-            };
-            match tokio::time::timeout(EXPORT_TIMEOUT, exchange).await {
-                Ok(result) => result,
-                Err(_) => Err(boxed(Arc::<str>::from(
-                    "the collector did not answer in time",
-                ))),
+            let (parts, body) = request.into_parts();
+            let mut outgoing = client.request(parts.method, parts.uri.to_string());
+            for (name, value) in &parts.headers {
+                outgoing = outgoing.header(name, value);
             }
+            let mut response = outgoing.body(body).send().await.map_err(boxed)?;
+            // Read at most MAX_RESPONSE_BYTES of the collector's answer.
+            let mut body = BytesMut::new();
+            while let Some(chunk) = response.chunk().await.map_err(boxed)? {
+                if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                    return Err(boxed("the collector's answer is too large"));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            let mut answer = Response::new(body.freeze());
+            *answer.status_mut() = response.status();
+            *answer.headers_mut() = response.headers().clone();
+            Ok(answer)
         });
-        task.await.map_err(boxed)?
+        Box::pin(async move { task.await.map_err(boxed)? })
     }
 }
 

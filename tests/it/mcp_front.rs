@@ -4,9 +4,8 @@
 //! HTTP API's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "mcp/support.rs"]
-mod support;
+use crate::common;
+use crate::mcp_support as support;
 
 use std::process::Command;
 use std::time::Duration;

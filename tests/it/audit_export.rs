@@ -3,7 +3,7 @@
 //! rejected with the documented exit code and the seq named.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod audit_support;
+use crate::audit_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

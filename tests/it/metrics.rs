@@ -2,7 +2,7 @@
 //! histograms move by label when calls succeed, are denied and fail.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -5,7 +5,7 @@
 //! so the child is a real separate process using the real library.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod audit_support;
+use crate::audit_support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -64,7 +64,7 @@ fn sigkill_while_32_tasks_append_leaves_a_verifiable_log_with_every_acknowledged
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "crash_child",
+            "audit_crash::crash_child",
             "--nocapture",
             "--test-threads",
             "1",

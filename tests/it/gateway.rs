@@ -2,7 +2,7 @@
 //! golden examples in contract/examples/, and the API around it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

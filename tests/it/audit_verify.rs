@@ -2,7 +2,7 @@
 //! each one is caught, with the right exit code and the seq named.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod audit_support;
+use crate::audit_support;
 
 use audit_support::*;
 use serde_json::{Value, json};

@@ -3,7 +3,7 @@
 //! ids and outcome but no arguments or credentials.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -123,40 +123,40 @@ fn a_call_is_exported_over_otlp_within_the_callers_trace() {
 
     let trace_id = hex::decode(TRACE_ID).unwrap();
     let parent_id = hex::decode(PARENT_ID).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let exported = loop {
-        let found = received
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|(_, body)| contains(body, call_id.as_bytes()))
-            .cloned();
-        if let Some(found) = found {
-            break found;
-        }
-        assert!(Instant::now() < deadline, "no OTLP export named {call_id}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (request_line, body) = exported;
-    assert_eq!(request_line, "POST /v1/traces HTTP/1.1");
-    // The protobuf request carries the caller's trace id and, as the call span's
-    // parent, the caller's span id; and the call span with its step spans.
-    assert!(contains(&body, &trace_id), "trace id not in the export");
-    assert!(
-        contains(&body, &parent_id),
-        "parent span id not in the export"
-    );
-    for text in [
+    // Spans are exported in batches: the call span and its step spans may arrive in
+    // separate requests, so look at every request that carries the caller's trace.
+    let texts = [
         "tool_call",
         "authorize",
         "execute",
         "audit_append",
         "legal_search",
-    ] {
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let exported: Vec<(String, Vec<u8>)> = received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, body)| contains(body, &trace_id))
+            .cloned()
+            .collect();
+        let seen = |needle: &[u8]| exported.iter().any(|(_, body)| contains(body, needle));
+        let complete = seen(call_id.as_bytes()) && texts.iter().all(|text| seen(text.as_bytes()));
+        if complete {
+            for (request_line, _) in &exported {
+                assert_eq!(request_line, "POST /v1/traces HTTP/1.1");
+            }
+            // The call span's parent is the caller's span.
+            assert!(seen(&parent_id), "parent span id not in the export");
+            break;
+        }
         assert!(
-            contains(&body, text.as_bytes()),
-            "`{text}` not in the export"
+            Instant::now() < deadline,
+            "the export of {call_id} is incomplete: {} requests with its trace",
+            exported.len()
         );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -1,27 +1,20 @@
-//! `toolgate bench` end to end, shortened: it starts the real server, measures every
+//! `toolgate-bench` end to end, shortened: it starts the real server, measures every
 //! path and writes a complete report. (Figures are not checked here: speed belongs in
 //! the benchmark itself, see docs/performance.md.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
-use common::BIN;
+/// The benchmark binary (not part of `toolgate`).
+const BENCH: &str = env!("CARGO_BIN_EXE_toolgate-bench");
 use serde_json::Value;
 
 #[test]
 fn a_short_bench_measures_every_path_and_writes_its_report() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("report.json");
-    let output = std::process::Command::new(BIN)
-        .args([
-            "bench",
-            "--seconds",
-            "0.2",
-            "--warmup",
-            "0",
-            "--clients",
-            "1,2",
-        ])
+    let output = std::process::Command::new(BENCH)
+        .args(["--seconds", "0.2", "--warmup", "0", "--clients", "1,2"])
         .args(["--durability", "full,normal", "--out"])
         .arg(&out)
         .output()
@@ -53,7 +46,7 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
         }
     }
     for durability in ["full", "normal"] {
-        for tool in ["noop", "http"] {
+        for tool in ["builtin", "http"] {
             assert!(
                 rows.iter().any(|r| r["path"] == "gateway"
                     && r["durability"] == durability
@@ -72,9 +65,28 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
 
 #[test]
 fn bad_flags_are_refused_before_anything_starts() {
-    let (code, _, stderr) = common::run(std::path::Path::new("."), &["bench", "--seconds", "0"]);
-    assert_eq!(code, 4, "{stderr}");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(BENCH)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, stderr) = run(&["--seconds", "0"]);
+    assert_eq!(code, Some(4), "{stderr}");
     assert!(stderr.contains("`--seconds`"), "{stderr}");
-    let (code, _, _) = common::run(std::path::Path::new("."), &["bench", "--clients", "0"]);
+    let (code, _) = run(&["--clients", "0"]);
+    assert_eq!(code, Some(4));
+}
+
+#[test]
+fn the_product_command_line_has_no_benchmark() {
+    let (code, stdout, _) = common::run(std::path::Path::new("."), &["--help"]);
+    assert_eq!(code, 0);
+    assert!(!stdout.contains("bench"), "{stdout}");
+    let (code, _, _) = common::run(std::path::Path::new("."), &["bench"]);
     assert_eq!(code, 4);
 }

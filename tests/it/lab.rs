@@ -2,7 +2,7 @@
 //! concurrency limits, output-schema violations, artifacts, tool errors, upstreams.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,11 +1,13 @@
-//! `toolgate bench`: what the gateway costs. Runs the real server (this binary's
-//! `serve`, as a child process) on a generated benchmark policy and measures, in one
+//! `toolgate-bench`: what the gateway costs. A separate binary on top of the library,
+//! not part of the product's command line. Runs the real server (`toolgate serve`, the
+//! binary next to this one, as a child process) on a generated benchmark policy and measures, in one
 //! run and side by side, the same tool call made directly to the tool and through the
 //! gateway, at several numbers of concurrent clients, with audit durability FULL and
 //! NORMAL:
 //!
-//! - `noop`: the in-process no-op builtin, called directly through the adapter API;
-//!   through the gateway, the `noop` builtin tool;
+//! - `builtin`: the `echo` builtin with empty arguments (the cheapest tool there is),
+//!   called directly through the adapter API in this process; through the gateway, the
+//!   same builtin as a registry tool;
 //! - `http`: a tiny HTTP upstream (in this process, answering `{}`), called directly
 //!   with a plain HTTP client; through the gateway, an `http` adapter tool posting to it.
 //!
@@ -21,13 +23,13 @@ use std::fmt;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use clap::{Args, ValueEnum};
+use clap::{Parser, ValueEnum};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1 as client_http1;
@@ -41,10 +43,9 @@ use serde_json::{Map, Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
-use crate::adapter::ExecContext;
-use crate::canonical::sha256_hex;
-use crate::cli::Exit;
-use crate::gateway::Loaded;
+use toolgate::adapter::ExecContext;
+use toolgate::canonical::sha256_hex;
+use toolgate::gateway::Loaded;
 
 /// Longest accepted measurement, per configuration.
 const MAX_SECONDS: f64 = 60.0;
@@ -60,8 +61,10 @@ const SERVER_START_TIMEOUT: Duration = Duration::from_secs(30);
 const AGENT_TOKEN: &str = "bench-agent-token";
 const ADMIN_TOKEN: &str = "bench-admin-token";
 
-#[derive(Debug, Args)]
-pub struct BenchArgs {
+/// Measures the gateway against direct tool calls (throughput, latency percentiles).
+#[derive(Debug, Parser)]
+#[command(name = "toolgate-bench", version)]
+struct BenchArgs {
     /// Seconds measured per configuration (at most 60).
     #[arg(long, default_value_t = 3.0)]
     pub seconds: f64,
@@ -75,7 +78,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [BenchDurability::Full, BenchDurability::Normal])]
     pub durability: Vec<BenchDurability>,
     /// Tools, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [BenchTool::Noop, BenchTool::Http])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [BenchTool::Builtin, BenchTool::Http])]
     pub tools: Vec<BenchTool>,
     /// Most calls counted in one measurement (its latencies are kept in memory).
     #[arg(long, default_value_t = 2_000_000)]
@@ -87,7 +90,7 @@ pub struct BenchArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum BenchDurability {
+enum BenchDurability {
     Full,
     Normal,
 }
@@ -103,9 +106,9 @@ impl BenchDurability {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum BenchTool {
-    /// The in-process no-op builtin.
-    Noop,
+enum BenchTool {
+    /// The `echo` builtin with empty arguments.
+    Builtin,
     /// An HTTP upstream answering `{}`.
     Http,
 }
@@ -113,7 +116,7 @@ pub enum BenchTool {
 impl BenchTool {
     fn as_str(self) -> &'static str {
         match self {
-            BenchTool::Noop => "noop",
+            BenchTool::Builtin => "builtin",
             BenchTool::Http => "http",
         }
     }
@@ -121,7 +124,7 @@ impl BenchTool {
     /// The tool's name in the benchmark registry.
     fn tool_name(self) -> &'static str {
         match self {
-            BenchTool::Noop => "noop",
+            BenchTool::Builtin => "builtin",
             BenchTool::Http => "upstream",
         }
     }
@@ -129,7 +132,7 @@ impl BenchTool {
 
 /// Why the benchmark could not run.
 #[derive(Debug)]
-pub enum BenchError {
+enum BenchError {
     /// Bad flags.
     Usage(String),
     /// A file or socket operation failed.
@@ -161,7 +164,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
 
 /// One measured configuration.
 #[derive(Debug, Clone, Serialize)]
-pub struct Row {
+struct Row {
     pub tool: BenchTool,
     /// `direct` or `gateway`.
     pub path: &'static str,
@@ -187,7 +190,7 @@ pub struct Row {
 
 /// Gateway against direct, for one tool, durability and number of clients.
 #[derive(Debug, Clone, Serialize)]
-pub struct Ratio {
+struct Ratio {
     pub tool: BenchTool,
     pub durability: BenchDurability,
     pub clients: usize,
@@ -199,7 +202,7 @@ pub struct Ratio {
 
 /// One of the targets, checked against this run.
 #[derive(Debug, Clone, Serialize)]
-pub struct TargetCheck {
+struct TargetCheck {
     pub name: String,
     pub goal: String,
     pub measured: Option<f64>,
@@ -207,7 +210,7 @@ pub struct TargetCheck {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Machine {
+struct Machine {
     pub nproc: usize,
     pub cpu_model: String,
     pub kernel: String,
@@ -215,7 +218,7 @@ pub struct Machine {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+struct Report {
     pub machine: Machine,
     pub command: String,
     pub seconds: f64,
@@ -225,35 +228,63 @@ pub struct Report {
     pub targets: Vec<TargetCheck>,
 }
 
-/// `toolgate bench`.
-pub fn bench_command(args: &BenchArgs) -> Exit {
-    if let Err(e) = check_args(args) {
+/// `toolgate-bench`: the only place here that prints an error and picks the exit code
+/// (0 success, 1 a failed measurement, 4 bad flags: the codes of `toolgate`).
+fn main() -> ExitCode {
+    let args = match BenchArgs::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 4 } else { 0 });
+        }
+    };
+    if let Err(e) = check_args(&args) {
         eprintln!("error: {e}");
-        return Exit::InvalidConfig;
+        return ExitCode::from(4);
     }
-    let runtime =
-        match crate::cli::runtime(tokio::runtime::Builder::new_multi_thread().worker_threads(2)) {
-            Ok(rt) => rt,
-            Err(exit) => return exit,
-        };
-    match runtime.block_on(run(args)) {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&args)) {
         Ok(report) => {
             print_report(&report);
             if let Err(e) = write_report(&report, &args.out) {
                 eprintln!("error: {e}");
-                return Exit::Failure;
+                return ExitCode::FAILURE;
             }
             println!("\nwrote {}", args.out.display());
             if report.rows.iter().any(|r| r.errors > 0) {
                 eprintln!("error: some calls failed; the figures are not comparable");
-                return Exit::Failure;
+                return ExitCode::FAILURE;
             }
-            Exit::Ok
+            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("error: {e}");
-            Exit::Failure
+            ExitCode::FAILURE
         }
+    }
+}
+
+/// The `toolgate` binary this benchmark starts: the one built next to this one.
+fn toolgate_exe() -> Result<PathBuf, BenchError> {
+    let exe = std::env::current_exe().map_err(io("finding this executable"))?;
+    let toolgate = exe.with_file_name("toolgate");
+    if toolgate.is_file() {
+        Ok(toolgate)
+    } else {
+        Err(BenchError::Server(format!(
+            "no `toolgate` binary next to this one (looked for `{}`; build it with `cargo build --release`)",
+            toolgate.display()
+        )))
     }
 }
 
@@ -303,7 +334,7 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     for &clients in &args.clients {
         for &tool in &args.tools {
             let target = match tool {
-                BenchTool::Noop => Workload::Adapter {
+                BenchTool::Builtin => Workload::Adapter {
                     loaded: loaded.clone(),
                 },
                 BenchTool::Http => Workload::Http {
@@ -385,7 +416,7 @@ impl Drop for WorkDir {
     }
 }
 
-/// Writes the benchmark policy: one role, one lane, the `noop` builtin and the
+/// Writes the benchmark policy: one role, one lane, the `builtin` tool (echo) and the
 /// `upstream` http tool. Returns (policy dir, tool registry).
 fn write_policy(dir: &Path, upstream: SocketAddr) -> Result<(PathBuf, PathBuf), BenchError> {
     let policy = dir.join("policy");
@@ -412,7 +443,7 @@ admins:
 lanes:
   - lane_id: bench
     description: Benchmark calls.
-    tools: [noop, upstream]
+    tools: [builtin, upstream]
     required_scope_keys: []
     prohibited_flags: []
     run_statuses: [active]
@@ -440,7 +471,7 @@ lanes:
     };
     let registry = format!(
         "version: \"1.0.0\"\ntools:\n{}{}",
-        tool("noop", "{kind: builtin, name: noop}"),
+        tool("builtin", "{kind: builtin, name: echo}"),
         tool(
             "upstream",
             &format!(
@@ -455,7 +486,7 @@ lanes:
         (policy.join("lanes.yaml"), lanes.to_string()),
         (tools.join("tool_registry.yaml"), registry),
     ];
-    for name in ["noop", "upstream"] {
+    for name in ["builtin", "upstream"] {
         let schema = tools.join(name).join("schema");
         files.push((schema.join("input.json"), input.to_string()));
         files.push((schema.join("output.json"), output.to_string()));
@@ -570,7 +601,7 @@ impl GatewayServer {
         tools_file: &Path,
         durability: BenchDurability,
     ) -> Result<GatewayServer, BenchError> {
-        let exe = std::env::current_exe().map_err(io("finding this executable"))?;
+        let exe = toolgate_exe()?;
         let data_dir = work.join(format!("var-{}", durability.as_str()));
         let mut child = Command::new(exe)
             .arg("serve")
@@ -779,7 +810,7 @@ impl Conn {
 
 /// What one measurement does per call.
 enum Workload {
-    /// The noop tool through the adapter API, in this process.
+    /// The builtin tool through the adapter API, in this process.
     Adapter { loaded: Arc<Loaded> },
     /// A POST over a keep-alive connection; success is status 200.
     Http {
@@ -938,7 +969,7 @@ impl Client {
                 break;
             }
             let ok = match &mut self {
-                Client::Adapter(loaded) => call_noop(loaded, &arguments, &scope).await,
+                Client::Adapter(loaded) => call_builtin(loaded, &arguments, &scope).await,
                 Client::Http {
                     conn,
                     path,
@@ -974,9 +1005,9 @@ impl Client {
     }
 }
 
-/// One direct call of the noop tool through the adapter API.
-async fn call_noop(loaded: &Loaded, arguments: &Value, scope: &Map<String, Value>) -> bool {
-    let name = BenchTool::Noop.tool_name();
+/// One direct call of the builtin tool through the adapter API.
+async fn call_builtin(loaded: &Loaded, arguments: &Value, scope: &Map<String, Value>) -> bool {
+    let name = BenchTool::Builtin.tool_name();
     let (Some(tool), Ok(adapter)) = (loaded.policy.tools.get(name), loaded.adapter(name)) else {
         return false;
     };
@@ -1013,7 +1044,7 @@ fn targets(rows: &[Row], ratios: &[Ratio]) -> Vec<TargetCheck> {
     let gateway = |durability: BenchDurability, clients: usize| {
         rows.iter().find(|r| {
             r.path == "gateway"
-                && r.tool == BenchTool::Noop
+                && r.tool == BenchTool::Builtin
                 && r.durability == Some(durability)
                 && r.clients == clients
         })
@@ -1027,36 +1058,36 @@ fn targets(rows: &[Row], ratios: &[Ratio]) -> Vec<TargetCheck> {
     let overhead = ratios
         .iter()
         .find(|r| {
-            r.tool == BenchTool::Noop && r.durability == BenchDurability::Full && r.clients == 1
+            r.tool == BenchTool::Builtin && r.durability == BenchDurability::Full && r.clients == 1
         })
         .map(|r| r.overhead_p50_ms);
     vec![
         check(
-            "noop calls/s through the gateway, FULL, 64 clients",
+            "builtin calls/s through the gateway, FULL, 64 clients",
             ">= 14000",
             gateway(BenchDurability::Full, 64).map(|r| r.calls_per_s),
             |v| v >= 14_000.0,
         ),
         check(
-            "noop calls/s through the gateway, NORMAL, 64 clients",
+            "builtin calls/s through the gateway, NORMAL, 64 clients",
             ">= 20000",
             gateway(BenchDurability::Normal, 64).map(|r| r.calls_per_s),
             |v| v >= 20_000.0,
         ),
         check(
-            "noop p99 ms through the gateway, FULL, 8 clients",
+            "builtin p99 ms through the gateway, FULL, 8 clients",
             "< 2",
             gateway(BenchDurability::Full, 8).map(|r| r.p99_ms),
             |v| v < 2.0,
         ),
         check(
-            "noop p99 ms through the gateway, NORMAL, 8 clients",
+            "builtin p99 ms through the gateway, NORMAL, 8 clients",
             "< 2",
             gateway(BenchDurability::Normal, 8).map(|r| r.p99_ms),
             |v| v < 2.0,
         ),
         check(
-            "noop gateway overhead p50 ms, FULL, 1 client",
+            "builtin gateway overhead p50 ms, FULL, 1 client",
             "< 0.5",
             overhead,
             |v| v < 0.5,
@@ -1203,7 +1234,7 @@ mod tests {
         let (policy, tools) = write_policy(&dir.0, "127.0.0.1:9".parse().unwrap()).unwrap();
         let loaded = Loaded::load(&policy, &tools, &dir.0.join("var"))
             .unwrap_or_else(|p| panic!("{}", p[0]));
-        assert!(loaded.adapter("noop").is_ok());
+        assert!(loaded.adapter("builtin").is_ok());
         assert!(loaded.adapter("upstream").is_ok());
     }
 }

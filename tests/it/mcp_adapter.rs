@@ -5,9 +5,8 @@
 //! `toolgate mcp import`: what it prints loads with the policy loader and runs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "mcp/support.rs"]
-mod support;
+use crate::common;
+use crate::mcp_support as support;
 
 use std::fs;
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,29 @@
+//! The integration tests, in one test binary so the dependency tree is linked once.
+//!
+//! Each module drives the real `toolgate` binary (or the real library) the way a user
+//! would: the server on `127.0.0.1:0` with a temporary data directory, real SQLite
+//! files, real subprocesses, the real MCP SDKs. `tests/deadline.rs` stays a binary of
+//! its own: it measures a time bound, so no other test may share the machine with it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod audit_support;
+mod common;
+mod mcp_support;
+
+mod adapters;
+mod audit_crash;
+mod audit_export;
+mod audit_log;
+mod audit_verify;
+mod bench;
+mod contract;
+mod durability;
+mod gateway;
+mod lab;
+mod mcp_adapter;
+mod mcp_front;
+mod metrics;
+mod policy_check;
+mod policy_diff;
+mod review_live;
+mod traces;
