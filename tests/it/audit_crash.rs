@@ -17,17 +17,13 @@ use toolgate::audit::{AuditLog, AuditOptions, EventType, NewEvent};
 const CHILD_ENV: &str = "TOOLGATE_AUDIT_CRASH_CHILD_DIR";
 
 /// In the child: append forever from 32 tasks, printing each acknowledged seq.
-#[test]
-fn crash_child() {
-    let Ok(dir) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+fn crash_child(dir: &str) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let mut options = AuditOptions::new(std::path::Path::new(&dir));
+    let mut options = AuditOptions::new(std::path::Path::new(dir));
     options.checkpoint_every_events = 50;
     let log = AuditLog::open(options).unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<u64>();
@@ -58,17 +54,20 @@ fn crash_child() {
     });
 }
 
+/// The test's name, by which the child process (this same test binary) selects it.
+const THIS_TEST: &str = "audit_crash::sigkill_while_32_tasks_append_leaves_a_verifiable_log_with_every_acknowledged_event";
+
+/// Run normally, this is the parent: it starts this test binary again as the child
+/// (the same test, selected by name, with `CHILD_ENV` set), kills it and checks the log.
 #[test]
 fn sigkill_while_32_tasks_append_leaves_a_verifiable_log_with_every_acknowledged_event() {
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        crash_child(&dir);
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "audit_crash::crash_child",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(["--exact", THIS_TEST, "--nocapture", "--test-threads", "1"])
         .env(CHILD_ENV, dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
