@@ -470,6 +470,7 @@ impl Gateway {
             Err(_) => {
                 let Some(role_id) = role_id else {
                     self.verify_any(token)?;
+                    event.details.insert("reader".into(), json!("unnamed"));
                     return Err(malformed(
                         "name the run and the role the artifact is read for: ?run_id=...&role_id=...",
                     ));

@@ -1054,8 +1054,10 @@ fn check_conditions(
     out
 }
 
-/// A lane's conditions may read only arguments every tool of the lane declares (when its
-/// input schema is closed): otherwise the condition could only deny that tool's calls.
+/// A lane's conditions may read only arguments that at least one tool of the lane
+/// declares (where its input schema is closed): anything else is a typo or a condition
+/// that could never hold. On a tool without the argument, reading it is an evaluation
+/// error (a denial) unless the condition guards it with `has()`.
 fn check_lane_condition_arguments(
     report: &mut Report<'_>,
     (file, raw): (&str, &LanesFile),
@@ -1066,6 +1068,7 @@ fn check_lane_condition_arguments(
         let Some(lane) = lanes.get(&raw_lane.value.lane_id.value) else {
             continue;
         };
+        let lane_tools: Vec<&Tool> = lane.tools.iter().filter_map(|t| tools.get(t)).collect();
         for condition in &lane.conditions {
             let Some(raw_condition) = raw_lane
                 .value
@@ -1076,23 +1079,24 @@ fn check_lane_condition_arguments(
                 continue;
             };
             for arg in condition.arg_refs() {
-                for tool in lane.tools.iter().filter_map(|t| tools.get(t)) {
-                    if let Err(why) = pointer_fits_schema(&arg.pointer, &tool.input_schema) {
-                        report.spanned(
-                            file,
-                            &raw_condition.value.expr,
-                            format!(
-                                "lane `{}`: condition `{}`: `args{}` {why} of tool `{}` (expression {}:{})",
-                                lane.lane_id,
-                                condition.name,
-                                arg.pointer.replace('/', "."),
-                                tool.tool_name,
-                                arg.line,
-                                arg.column
-                            ),
-                            "read only arguments every tool of the lane declares, or put the condition on the tools that take the argument",
-                        );
-                    }
+                let declared = lane_tools
+                    .iter()
+                    .any(|tool| pointer_fits_schema(&arg.pointer, &tool.input_schema).is_ok());
+                if !declared {
+                    report.spanned(
+                        file,
+                        &raw_condition.value.expr,
+                        format!(
+                            "lane `{}`: condition `{}`: `args{}` is not an argument of any tool of the lane ({}) (expression {}:{})",
+                            lane.lane_id,
+                            condition.name,
+                            arg.pointer.replace('/', "."),
+                            lane.tools.join(", "),
+                            arg.line,
+                            arg.column
+                        ),
+                        "read arguments the lane's tools declare in their input schemas",
+                    );
                 }
             }
         }
