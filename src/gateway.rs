@@ -646,6 +646,13 @@ fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> Value {
         "timeout_default_ms": tool.timeout_default_ms,
         "limits": tool.limits,
         "required_scope_keys": scope_keys,
+        // What else a call must satisfy (lane, then tool), for the agent's prompt.
+        "conditions": lane
+            .conditions
+            .iter()
+            .chain(tool.conditions.iter())
+            .map(|c| json!({ "name": c.name, "expr": c.expr, "message": c.message }))
+            .collect::<Vec<Value>>(),
         "input_schema": *tool.input_schema,
         "output_schema": *tool.output_schema,
         "prompt": prompt,

@@ -830,6 +830,20 @@ fn unknown_and_known_ids_with_a_bad_credential_get_identical_answers() {
         assert_eq!(reason["reason"], expected);
         assert_eq!(reason["failed_step"], 2);
     }
+    // A caller that proves its role sees the conditions its calls must satisfy.
+    let (code, body) = server.get(
+        "/v1/tools?role_id=research_agent&lane_id=research",
+        Some(&token("research_agent")),
+    );
+    assert_eq!(code, 200, "{body}");
+    let search = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tool_name"] == "legal_search")
+        .unwrap();
+    assert_eq!(search["conditions"][0]["name"], "limit_ceiling");
+    assert_eq!(search["conditions"][0]["expr"], "args.limit <= 20");
     // The catalog answers whole bodies byte for byte alike.
     let catalog = |role: &str, lane: &str, token: Option<&str>| {
         get_raw(

@@ -31,6 +31,10 @@ pub const MAX_NESTING: usize = 24;
 const MAX_PARSE_DEPTH: u16 = 32;
 /// The most nodes an expression may have after its macros are expanded.
 pub const MAX_NODES: usize = 512;
+/// The deepest syntax tree accepted (evaluation recurses once per level).
+pub const MAX_DEPTH: usize = 64;
+/// The stack of the thread that parses an expression at load.
+const COMPILE_STACK_BYTES: usize = 256 * 1024 * 1024;
 /// How deep comprehensions may nest (a comprehension inside another's body).
 pub const MAX_COMPREHENSION_NESTING: usize = 2;
 /// The most cost units one condition may take on one call (see [`Condition::cost`]).
@@ -276,13 +280,92 @@ fn compile(expr: &str) -> Result<Compiled, Vec<CompileError>> {
             ),
         }]);
     }
+    // The parser recurses once per member access or operator in a chain (`a.b.c...`),
+    // which the bracket check does not see: it runs on a thread of its own with a stack
+    // large enough for any expression of MAX_EXPR_BYTES, and whatever it builds deeper
+    // than MAX_DEPTH is refused (and dropped) there, so nothing deep reaches a caller.
+    let source = expr.to_string();
+    let compiler = std::thread::Builder::new()
+        .name("cel-compile".into())
+        .stack_size(COMPILE_STACK_BYTES)
+        .spawn(move || parse_and_check(&source));
+    match compiler {
+        Ok(handle) => handle
+            .join()
+            .unwrap_or_else(|_| Err(at_start("the expression could not be parsed".into()))),
+        Err(e) => Err(at_start(format!(
+            "the expression could not be compiled: no thread for the compiler ({e})"
+        ))),
+    }
+}
+
+/// The children of a node.
+fn children(e: &IdedExpr) -> Vec<&IdedExpr> {
+    match &e.expr {
+        Expr::Unspecified | Expr::Literal(_) | Expr::Ident(_) => Vec::new(),
+        Expr::Select(select) => vec![&*select.operand],
+        Expr::Call(call) => call
+            .target
+            .iter()
+            .map(|t| &**t)
+            .chain(call.args.iter())
+            .collect(),
+        Expr::List(list) => list.elements.iter().collect(),
+        Expr::Map(map) => map
+            .entries
+            .iter()
+            .flat_map(|entry| match &entry.expr {
+                EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
+                EntryExpr::StructField(f) => vec![&f.value],
+            })
+            .collect(),
+        Expr::Struct(s) => s
+            .entries
+            .iter()
+            .flat_map(|entry| match &entry.expr {
+                EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
+                EntryExpr::StructField(f) => vec![&f.value],
+            })
+            .collect(),
+        Expr::Comprehension(c) => vec![
+            &c.iter_range,
+            &c.accu_init,
+            &c.loop_cond,
+            &c.loop_step,
+            &c.result,
+        ],
+    }
+}
+
+/// The depth and the node count of a tree, without recursion; stops counting once
+/// either is over its bound.
+fn depth_and_nodes(root: &IdedExpr) -> (usize, usize) {
+    let mut stack = vec![(root, 1usize)];
+    let (mut deepest, mut nodes) = (0usize, 0usize);
+    while let Some((e, depth)) = stack.pop() {
+        nodes += 1;
+        deepest = deepest.max(depth);
+        if deepest > MAX_DEPTH || nodes > MAX_NODES {
+            break;
+        }
+        stack.extend(children(e).into_iter().map(|c| (c, depth + 1)));
+    }
+    (deepest, nodes)
+}
+
+/// Parses and checks on the compiler thread.
+fn parse_and_check(expr: &str) -> Result<Compiled, Vec<CompileError>> {
+    let at_start = |message: String| {
+        vec![CompileError {
+            line: 1,
+            column: 1,
+            message,
+        }]
+    };
     let parser = env().parser().max_recursion_depth(MAX_PARSE_DEPTH);
-    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        parser.parse_with_source_info(expr)
-    }));
-    let (ast, info) = match parsed {
-        Ok(Ok(parsed)) => parsed,
-        Ok(Err(errors)) => {
+    let (ast, info) = match parser.parse_with_source_info(expr) {
+        Ok(parsed) => parsed,
+        Err(errors) => {
             let mut out: Vec<CompileError> = errors
                 .errors
                 .iter()
@@ -298,8 +381,18 @@ fn compile(expr: &str) -> Result<Compiled, Vec<CompileError>> {
             }
             return Err(out);
         }
-        Err(_) => return Err(at_start("the expression could not be parsed".into())),
     };
+    let (depth, nodes) = depth_and_nodes(&ast);
+    if depth > MAX_DEPTH {
+        return Err(at_start(format!(
+            "the expression nests more than {MAX_DEPTH} levels deep (operators, member accesses and calls count)"
+        )));
+    }
+    if nodes > MAX_NODES {
+        return Err(at_start(format!(
+            "the expression has more than {MAX_NODES} nodes once its macros are expanded"
+        )));
+    }
     let position = |id: u64| -> (usize, usize) {
         match info.offset_for(id) {
             Some((start, _)) => line_col_chars(expr, start as usize),
@@ -445,7 +538,7 @@ impl Walk<'_> {
 
     fn expr(&mut self, e: &IdedExpr, depth: usize, comprehensions: usize) {
         self.nodes += 1;
-        if self.nodes > MAX_NODES * 4 || depth > 256 {
+        if self.nodes > MAX_NODES || depth > MAX_DEPTH {
             return;
         }
         if let Some(pointer) = self.arg_pointer(e) {
@@ -758,9 +851,44 @@ mod tests {
         let many = format!("{}true", "lane == 'x' || ".repeat(200));
         let e = Condition::compile("c", &many, "m", None).unwrap_err();
         assert!(e[0].message.contains("nodes"), "{e:?}");
+        // Long operator chains, member chains and unary chains within the byte limit.
+        for chain in [
+            format!("{}1 == 1", "1 + ".repeat(1000)),
+            format!("lane{} == 1", ".a".repeat(2000)),
+            format!("{}true", "!".repeat(4000)),
+            format!("{}1 == 1", "-".repeat(4000)),
+            format!("{}true", "true && ".repeat(500)),
+            format!("args{} == 1", "[0]".repeat(1300)),
+        ] {
+            let outcome = Condition::compile("c", &chain, "m", None);
+            if let Ok(c) = outcome {
+                // Whatever compiles evaluates without overflowing the stack.
+                let _ = c.evaluate(&vars(json!({}), json!({})));
+            }
+        }
         let nested = "args.a.all(x, args.a.all(y, args.a.all(z, x == y)))";
         let e = Condition::compile("c", nested, "m", None).unwrap_err();
         assert!(e[0].message.contains("comprehensions"), "{e:?}");
+    }
+
+    #[test]
+    fn the_deepest_accepted_expression_evaluates_on_a_small_stack() {
+        // A member chain as deep as accepted, evaluated on a thread with the stack of a
+        // runtime worker (2 MiB).
+        let deepest = format!("args{} == 1", ".a".repeat(MAX_DEPTH - 2));
+        let c = check(&deepest);
+        let mut value = json!(1);
+        for _ in 0..MAX_DEPTH - 2 {
+            value = json!({ "a": value });
+        }
+        let handle = std::thread::Builder::new()
+            .stack_size(2 * 1024 * 1024)
+            .spawn(move || c.evaluate(&vars(value, json!({}))))
+            .unwrap();
+        assert_eq!(handle.join().unwrap(), Outcome::True);
+        let too_deep = format!("args{} == 1", ".a".repeat(MAX_DEPTH));
+        let e = Condition::compile("c", &too_deep, "m", None).unwrap_err();
+        assert!(e[0].message.contains("levels deep"), "{e:?}");
     }
 
     #[test]
