@@ -528,10 +528,17 @@ mod tests {
         v.as_object().cloned().unwrap()
     }
 
+    /// (run scope, call scope, effective scope or the conflicting keys, keys from the run)
+    type Row = (
+        Value,
+        Value,
+        Result<Value, Vec<&'static str>>,
+        Vec<&'static str>,
+    );
+
     #[test]
     fn the_run_scope_binds_every_call() {
-        // (run scope, call scope, effective scope or the conflicting keys, keys from run)
-        let table: Vec<(Value, Value, Result<Value, Vec<&str>>, Vec<&str>)> = vec![
+        let table: Vec<Row> = vec![
             // The call omits a run key: it applies anyway.
             (
                 json!({"case_id": "C-1", "sealed": true}),
