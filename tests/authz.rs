@@ -680,7 +680,31 @@ fn explain_test_and_diff_know_conditions() {
 #[test]
 fn an_artifact_is_served_only_in_its_run_and_every_read_is_audited() {
     let tmp = tempfile::tempdir().unwrap();
-    let server = Server::start_with(lab(tmp.path()));
+    let start = lab(tmp.path());
+    // A second role, `outsider`, acting only in another lane.
+    let roles = start.policy_dir.join("roles.yaml");
+    let text = fs::read_to_string(&roles).unwrap().replace(
+        "admins:\n",
+        &format!(
+            "  - role_id: outsider\n    description: Acts in the side lane only.\n    enabled: true\n    lanes: [side]\n    credential: {{token_sha256: {}}}\nadmins:\n",
+            sha("demo-outsider")
+        ),
+    );
+    fs::write(&roles, text).unwrap();
+    let lanes = start.policy_dir.join("lanes.yaml");
+    let mut text = fs::read_to_string(&lanes).unwrap();
+    text.push_str("  - lane_id: side\n    description: Another lane.\n    tools: [echo_cmd]\n    required_scope_keys: []\n    prohibited_flags: []\n    run_statuses: [active]\n    write: false\n");
+    fs::write(&lanes, text).unwrap();
+    let text = fs::read_to_string(&start.tools).unwrap();
+    let at = text.find("tool_name: echo_cmd").unwrap();
+    let lane_at = at + text[at..].find("allowed_lanes: [lab]").unwrap();
+    let text = format!(
+        "{}allowed_lanes: [lab, side]{}",
+        &text[..lane_at],
+        &text[lane_at + "allowed_lanes: [lab]".len()..]
+    );
+    fs::write(&start.tools, text).unwrap();
+    let server = Server::start_with(start);
     let run_a = server.create_run(json!({}));
     let run_b = server.create_run(json!({}));
     let (code, body) = common::lab::call(&server, &run_a, "big_output", json!({}), json!({}));
@@ -698,6 +722,13 @@ fn an_artifact_is_served_only_in_its_run_and_every_read_is_audited() {
     assert_eq!(code, 404);
     let missing: Value = serde_json::from_slice(&missing).unwrap();
     assert_eq!(missing["diagnostic"], refused["diagnostic"]);
+
+    // Naming the right run does not help a role that may not act in the artifact's lane.
+    let outsider = format!("/v1/artifacts/{sha256}?run_id={run_a}&role_id=outsider");
+    let (code, body) = get_raw(&server, &outsider, Some("demo-outsider"));
+    assert_eq!(code, 404, "{}", String::from_utf8_lossy(&body));
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["diagnostic"], refused["diagnostic"]);
 
     // Without naming the run, or with a wrong credential, nothing is served either.
     let (code, _) = get_raw(
@@ -749,6 +780,12 @@ fn an_artifact_is_served_only_in_its_run_and_every_read_is_audited() {
             (
                 json!(run_b),
                 json!("role:tester"),
+                json!(false),
+                json!("artifact_not_found")
+            ),
+            (
+                json!(run_a),
+                json!("role:outsider"),
                 json!(false),
                 json!("artifact_not_found")
             ),
