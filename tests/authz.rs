@@ -445,6 +445,20 @@ fn check(lanes: &str, tools: &str) -> (i32, String) {
 #[test]
 fn a_broken_condition_fails_policy_check_with_its_location() {
     assert_eq!(check(OPS_LANES, OPS_TOOLS).0, 0);
+    // The exact column inside a one-line expression: `request` is at 1:17 of the
+    // expression, which starts after `expr: "` at column 16 of line 13.
+    let (code, report) = check(
+        &OPS_LANES.replace(
+            "args.service == scope.service",
+            "args.service == request.service",
+        ),
+        OPS_TOOLS,
+    );
+    assert_eq!(code, 4, "{report}");
+    assert!(
+        report.contains("policy/lanes.yaml:13:32: error: lane `remediate`: condition `same_service`: unknown variable `request`"),
+        "{report}"
+    );
     let expr = "expr: \"args.service == scope.service\"";
     let cases = [
         // (lanes, tools, what the report must say)

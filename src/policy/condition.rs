@@ -373,7 +373,10 @@ fn parse_and_check(expr: &str) -> Result<Compiled, Vec<CompileError>> {
                 .map(|e| CompileError {
                     line: usize::try_from(e.pos.0).unwrap_or(1).max(1),
                     column: usize::try_from(e.pos.1).unwrap_or(0).saturating_add(1),
-                    message: format!("syntax error: {}", bounded(&e.msg)),
+                    message: format!(
+                        "syntax error: {}",
+                        bounded(e.msg.trim_start_matches("Syntax error: "))
+                    ),
                 })
                 .collect();
             if out.is_empty() {

@@ -1038,20 +1038,47 @@ fn check_conditions(
             Ok(condition) => out.push(condition),
             Err(errors) => {
                 for e in errors {
-                    report.spanned(
-                        file,
-                        expr,
-                        format!(
-                            "{owner}: condition `{}`: {} (expression {}:{})",
-                            name.value, e.message, e.line, e.column
-                        ),
-                        "conditions are CEL over args, scope, run, caller, tool and lane; see docs/policy.md",
+                    let message = format!(
+                        "{owner}: condition `{}`: {} (expression {}:{})",
+                        name.value, e.message, e.line, e.column
                     );
+                    let help = "conditions are CEL over args, scope, run, caller, tool and lane; see docs/policy.md";
+                    match inside_scalar(expr, e.line, e.column) {
+                        Some((line, column)) => report.problems.push(Problem {
+                            file: file.to_string(),
+                            line: Some(line),
+                            column: Some(column),
+                            message,
+                            help: Some(help.to_string()),
+                        }),
+                        None => report.spanned(file, expr, message, help),
+                    }
                 }
             }
         }
     }
     out
+}
+
+/// The file position of `line:column` inside a one-line expression written as a plain or
+/// quoted scalar without escapes (the scalar's span is then the text, with or without its
+/// two quotes); None where that cannot be told (block scalars, escapes, other lines), and
+/// the problem is located at the scalar's start.
+fn inside_scalar(expr: &Spanned<String>, line: usize, column: usize) -> Option<(usize, usize)> {
+    let at = expr.referenced;
+    if at.line() == 0 || line != 1 || expr.value.contains('\n') {
+        return None;
+    }
+    let chars = expr.value.chars().count() as u64;
+    let quote = match at.span().len() {
+        len if len == chars + 2 => 1,
+        len if len == chars => 0,
+        _ => return None,
+    };
+    Some((
+        at.line() as usize,
+        at.column() as usize + quote + column.saturating_sub(1),
+    ))
 }
 
 /// A lane's conditions may read only arguments that at least one tool of the lane
