@@ -1043,21 +1043,33 @@ fn check_conditions(
                         name.value, e.message, e.line, e.column
                     );
                     let help = "conditions are CEL over args, scope, run, caller, tool and lane; see docs/policy.md";
-                    match inside_scalar(expr, e.line, e.column) {
-                        Some((line, column)) => report.problems.push(Problem {
-                            file: file.to_string(),
-                            line: Some(line),
-                            column: Some(column),
-                            message,
-                            help: Some(help.to_string()),
-                        }),
-                        None => report.spanned(file, expr, message, help),
-                    }
+                    condition_problem(report, file, expr, (e.line, e.column), message, help);
                 }
             }
         }
     }
     out
+}
+
+/// A problem at `at` (line, column) inside a condition's expression.
+fn condition_problem(
+    report: &mut Report<'_>,
+    file: &str,
+    expr: &Spanned<String>,
+    at: (usize, usize),
+    message: String,
+    help: &str,
+) {
+    match inside_scalar(expr, at.0, at.1) {
+        Some((line, column)) => report.problems.push(Problem {
+            file: file.to_string(),
+            line: Some(line),
+            column: Some(column),
+            message,
+            help: Some(help.to_string()),
+        }),
+        None => report.spanned(file, expr, message, help),
+    }
 }
 
 /// The file position of `line:column` inside a one-line expression written as a plain or
@@ -1110,9 +1122,11 @@ fn check_lane_condition_arguments(
                     .iter()
                     .any(|tool| pointer_fits_schema(&arg.pointer, &tool.input_schema).is_ok());
                 if !declared {
-                    report.spanned(
+                    condition_problem(
+                        report,
                         file,
                         &raw_condition.value.expr,
+                        (arg.line, arg.column),
                         format!(
                             "lane `{}`: condition `{}`: `args{}` is not an argument of any tool of the lane ({}) (expression {}:{})",
                             lane.lane_id,
