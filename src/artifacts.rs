@@ -3,7 +3,7 @@
 //! never silently cut.
 //!
 //! An artifact belongs to the runs that produced it: each producing call leaves an
-//! owner record `<data_dir>/artifacts/owners/<sha256>/<hex(run_id)>/<call_id>.json`
+//! owner record `<data_dir>/artifacts/owners/<sha256>/<sha256(run_id)>/<call>.json`
 //! (run, role, lane, tool, call), written and synced before the call's response. A role
 //! reads an artifact only through a run that owns it (see `Gateway::artifact`).
 
@@ -80,13 +80,14 @@ impl ArtifactStore {
         tokio::fs::read(self.dir.join(sha256)).await
     }
 
-    /// The directory of the owner records of `sha256` in `run_id` (the run id hex
-    /// encoded, so no run id can name another path).
+    /// The directory of the owner records of `sha256` in `run_id`: named by the sha256
+    /// of the run id, so no run id can name another path or be too long for one (the
+    /// records inside name the run).
     fn owners_dir(&self, sha256: &str, run_id: &str) -> PathBuf {
         self.dir
             .join("owners")
             .join(sha256)
-            .join(hex::encode(run_id.as_bytes()))
+            .join(sha256_hex(run_id.as_bytes()))
     }
 
     /// Records that `owner`'s call produced `sha256` (synced before it returns).
@@ -95,7 +96,7 @@ impl ArtifactStore {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a sha256"));
         }
         let dir = self.owners_dir(sha256, &owner.run_id);
-        let name = hex::encode(owner.call_id.as_bytes());
+        let name = sha256_hex(owner.call_id.as_bytes());
         let bytes = serde_json::to_vec(owner).map_err(io::Error::other)?;
         tokio::task::spawn_blocking(move || -> io::Result<()> {
             use std::io::Write;

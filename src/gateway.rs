@@ -492,6 +492,9 @@ impl Gateway {
                     "name the run the artifact was produced in: ?run_id=...",
                 ));
             };
+            if !valid_run_id(run_id) {
+                return Err(not_found());
+            }
             let owners = self.artifacts.owners(sha256, run_id).await.map_err(|e| {
                 Refusal::new(
                     Reason::ArtifactStoreFailed,

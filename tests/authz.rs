@@ -764,6 +764,20 @@ fn an_artifact_is_served_only_in_its_run_and_every_read_is_audited() {
     assert_eq!(code, 200);
     assert_eq!(admin_bytes, bytes);
 
+    // The longest run id works as well (owner records are named by its hash).
+    let long = "r".repeat(128);
+    let (code, body) = server.post(
+        "/v1/runs",
+        Some(ADMIN),
+        &json!({"run_id": long, "scope": {}}),
+    );
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = common::lab::call(&server, &long, "big_output", json!({}), json!({}));
+    assert_eq!(code, 200, "{body}");
+    let (code, long_bytes) = get_raw(&server, &path(&long, &sha256), Some("demo-tester"));
+    assert_eq!(code, 200);
+    assert_eq!(long_bytes, bytes);
+
     // Every read is audited with who read what, allowed or not.
     let (_, all) = server.get(
         "/v1/audit/events?type=artifact_read&limit=1000",
@@ -823,6 +837,7 @@ fn an_artifact_is_served_only_in_its_run_and_every_read_is_audited() {
             ),
             (json!(run_a), json!("role:tester"), json!(true), Value::Null),
             (Value::Null, json!("admin:ops"), json!(true), Value::Null),
+            (json!(long), json!("role:tester"), json!(true), Value::Null),
         ]
     );
     let allowed = all["events"]
