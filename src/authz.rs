@@ -9,9 +9,12 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::diagnostic::{Reason, Refusal};
+use serde::Serialize;
 use std::collections::BTreeSet;
 
+use crate::call::ConditionResult;
+use crate::diagnostic::{Reason, Refusal};
+use crate::policy::condition::{Inputs, Outcome, Variables};
 use crate::policy::{Admin, Credential, Lane, Policy, PolicyVersions, ProhibitedBy, Role, Tool};
 use crate::runs::RunRecord;
 
@@ -31,7 +34,9 @@ fn credential_matches(credential: &Credential, token: &str) -> bool {
     actual.as_bytes().ct_eq(expected.as_bytes()).into()
 }
 
-/// Step 2: the caller proves it holds `role_id`.
+/// Step 2: the caller proves it holds `role_id`. Authentication comes before anything
+/// about the policy is revealed: a wrong or missing credential gets the same answer
+/// (same reason, same message, same work) whether the role exists or not.
 pub fn verify_identity<'p>(
     policy: &'p Policy,
     role_id: &str,
@@ -43,16 +48,19 @@ pub fn verify_identity<'p>(
             "no bearer token in the Authorization header",
         ));
     };
-    let Some(role) = policy.roles.get(role_id) else {
-        return Err(Refusal::new(
-            Reason::RoleUnknown,
-            format!("role `{role_id}` is not defined"),
-        ));
+    let proven = match policy.roles.get(role_id) {
+        Some(role) => credential_matches(&role.credential, token),
+        None => {
+            // The same work as a known role, so timing does not tell either.
+            let unknown = Credential::TokenSha256("0".repeat(64));
+            let _ = credential_matches(&unknown, token);
+            false
+        }
     };
-    if !credential_matches(&role.credential, token) {
+    if !proven {
         return Err(Refusal::new(
             Reason::CredentialInvalid,
-            format!("the bearer token does not prove role `{role_id}`"),
+            "the bearer token does not prove the role named in the request",
         ));
     }
     find_role(policy, role_id)
@@ -201,19 +209,84 @@ pub fn lane_permits(lane: &Lane, tool: &Tool) -> Result<(), Refusal> {
     }
 }
 
-/// Step 7: every scope key the lane and the tool require is present (and not null),
-/// and the scope does not contradict the scope the run is bound to.
+/// The scope a call is decided on: the run's scope merged with the call's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct EffectiveScope {
+    pub scope: Map<String, Value>,
+    /// The keys that came from the run's scope (whether or not the call repeated them),
+    /// sorted.
+    pub from_run: Vec<String>,
+}
+
+impl EffectiveScope {
+    /// Where a flag raised from this scope came from: `run` when the run's scope sets
+    /// it, `call` when only the call's does, None when the scope does not raise it.
+    pub fn flag_source(&self, flag: &str) -> Option<&'static str> {
+        if self.scope.get(flag) != Some(&Value::Bool(true)) {
+            None
+        } else if self.from_run.iter().any(|k| k == flag) {
+            Some("run")
+        } else {
+            Some("call")
+        }
+    }
+}
+
+/// Merges a run's scope with a call's: every run key applies to the call whether or not
+/// the call repeats it, the call may add keys the run does not have, and a call key that
+/// differs from the run's value (`null` included) is a contradiction. Returns the
+/// contradicting keys, sorted, on a conflict.
+pub fn merge_scope(
+    run: &Map<String, Value>,
+    call: &Map<String, Value>,
+) -> Result<EffectiveScope, Vec<String>> {
+    let mut conflicts: Vec<String> = call
+        .iter()
+        .filter(|(key, value)| run.get(key.as_str()).is_some_and(|bound| bound != *value))
+        .map(|(key, _)| key.clone())
+        .collect();
+    if !conflicts.is_empty() {
+        conflicts.sort_unstable();
+        return Err(conflicts);
+    }
+    let mut scope = run.clone();
+    for (key, value) in call {
+        scope.entry(key.clone()).or_insert_with(|| value.clone());
+    }
+    let mut from_run: Vec<String> = run.keys().cloned().collect();
+    from_run.sort_unstable();
+    Ok(EffectiveScope { scope, from_run })
+}
+
+/// Step 7: the call's scope does not contradict the run's, and every scope key the lane
+/// and the tool require is present (and not null) in the effective scope, which is
+/// returned.
 pub fn check_scope(
     lane: &Lane,
     tool: &Tool,
     scope: &Map<String, Value>,
     run: &RunRecord,
-) -> Result<(), Refusal> {
+) -> Result<EffectiveScope, Refusal> {
+    let effective = merge_scope(&run.scope, scope).map_err(|conflicts| {
+        Refusal::new(
+            Reason::ScopeConflictsWithRun,
+            format!(
+                "scope contradicts run `{}` on {}",
+                run.run_id,
+                conflicts
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+        .with_details(json!({ "conflicting_keys": conflicts, "run_scope": run.scope }))
+    })?;
     let mut missing: Vec<&str> = lane
         .required_scope_keys
         .iter()
         .chain(tool.required_scope_keys.iter())
-        .filter(|key| scope.get(key.as_str()).is_none_or(Value::is_null))
+        .filter(|key| effective.scope.get(key.as_str()).is_none_or(Value::is_null))
         .map(String::as_str)
         .collect();
     missing.sort_unstable();
@@ -230,30 +303,9 @@ pub fn check_scope(
                     .join(", ")
             ),
         )
-        .with_details(json!({ "missing": missing })));
+        .with_details(json!({ "missing": missing, "scope_from_run": effective.from_run })));
     }
-    let conflicts: Vec<&str> = run
-        .scope
-        .iter()
-        .filter(|(key, bound)| scope.get(key.as_str()).is_some_and(|v| v != *bound))
-        .map(|(key, _)| key.as_str())
-        .collect();
-    if !conflicts.is_empty() {
-        return Err(Refusal::new(
-            Reason::ScopeConflictsWithRun,
-            format!(
-                "scope contradicts run `{}` on {}",
-                run.run_id,
-                conflicts
-                    .iter()
-                    .map(|k| format!("`{k}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        )
-        .with_details(json!({ "conflicting_keys": conflicts, "run_scope": run.scope })));
-    }
-    Ok(())
+    Ok(effective)
 }
 
 /// Step 8 (first part): the arguments match the tool's input schema. Every violation is
@@ -293,8 +345,15 @@ pub fn raised_flags(tool: &Tool, scope: &Map<String, Value>, normalized: &Value)
         .collect()
 }
 
-/// Step 8: no raised flag is prohibited by the lane or by the tool.
-pub fn check_prohibitions(lane: &Lane, tool: &Tool, flags: &[String]) -> Result<(), Refusal> {
+/// Step 8: no raised flag is prohibited by the lane or by the tool. A flag the scope
+/// raises is named with its source (`run` or `call`); one a flag rule raises, with
+/// `arguments`.
+pub fn check_prohibitions(
+    lane: &Lane,
+    tool: &Tool,
+    flags: &[String],
+    scope: &EffectiveScope,
+) -> Result<(), Refusal> {
     let raised: BTreeSet<String> = flags.iter().cloned().collect();
     let hits = crate::policy::prohibitions(lane, tool, &raised);
     let Some(first) = hits.first() else {
@@ -308,15 +367,239 @@ pub fn check_prohibitions(lane: &Lane, tool: &Tool, flags: &[String]) -> Result<
             ProhibitedBy::Tool(id) => format!("tool:{id}"),
         })
         .collect();
+    let source = scope.flag_source(&first.flag).unwrap_or("arguments");
+    let from = match source {
+        "run" => "the run's scope",
+        "call" => "the call's scope",
+        _ => "a flag rule over the arguments",
+    };
     Err(Refusal::new(
         Reason::ProhibitedFlag,
         format!(
-            "flag `{}` is prohibited by {}",
+            "flag `{}` (raised by {from}) is prohibited by {}",
             first.flag,
             prohibited_by.join(" and ")
         ),
     )
-    .with_details(
-        json!({ "flag": first.flag, "prohibited_by": prohibited_by, "raised_flags": flags }),
-    ))
+    .with_details(json!({
+        "flag": first.flag,
+        "source": source,
+        "prohibited_by": prohibited_by,
+        "raised_flags": flags,
+    })))
+}
+
+/// What conditions see on one call: the normalized arguments, the effective scope, the
+/// run, the caller, the tool and the lane.
+pub fn condition_variables(
+    role: &Role,
+    lane: &Lane,
+    tool: &Tool,
+    run: &RunRecord,
+    scope: &EffectiveScope,
+    arguments: &Value,
+) -> Variables {
+    Variables::new(Inputs {
+        args: arguments,
+        scope: &scope.scope,
+        run: json!({"id": run.run_id, "status": run.status, "scope": run.scope}),
+        caller: json!({"role": role.role_id, "lanes": role.lanes}),
+        tool: json!({"name": tool.tool_name, "version": tool.version.to_string()}),
+        lane: &lane.lane_id,
+    })
+}
+
+/// Evaluates every condition of the lane, then of the tool (all of them, so a trace or
+/// `policy explain` shows each value).
+pub fn evaluate_conditions(lane: &Lane, tool: &Tool, vars: &Variables) -> Vec<ConditionResult> {
+    let of_lane = lane
+        .conditions
+        .iter()
+        .map(|c| (format!("lane:{}", lane.lane_id), c));
+    let of_tool = tool
+        .conditions
+        .iter()
+        .map(|c| (format!("tool:{}", tool.tool_name), c));
+    of_lane
+        .chain(of_tool)
+        .map(|(owner, condition)| {
+            let outcome = condition.evaluate(vars);
+            ConditionResult {
+                name: condition.name.clone(),
+                owner,
+                value: outcome.value(),
+                error: match outcome {
+                    Outcome::Error(e) => Some(e),
+                    Outcome::True | Outcome::False => None,
+                },
+            }
+        })
+        .collect()
+}
+
+/// Step 8 (last part): every condition evaluated to true. The first that did not is the
+/// reason, named with its message.
+pub fn check_conditions(
+    lane: &Lane,
+    tool: &Tool,
+    results: &[ConditionResult],
+) -> Result<(), Refusal> {
+    let Some(failed) = results.iter().find(|r| r.value != Value::Bool(true)) else {
+        return Ok(());
+    };
+    let message = lane
+        .conditions
+        .iter()
+        .chain(tool.conditions.iter())
+        .zip(results)
+        .find(|(_, r)| r.name == failed.name && r.owner == failed.owner)
+        .map(|(c, _)| c.message.clone())
+        .unwrap_or_default();
+    let owner = failed.owner.replacen(':', " `", 1) + "`";
+    let text = match &failed.error {
+        None => format!("condition `{}` of {owner} is false: {message}", failed.name),
+        Some(error) => format!(
+            "condition `{}` of {owner} could not be evaluated ({error}), so it denies: {message}",
+            failed.name
+        ),
+    };
+    Err(
+        Refusal::new(Reason::ConditionFailed, text).with_details(json!({
+            "condition": failed.name,
+            "owner": failed.owner,
+            "condition_message": message,
+            "value": failed.value,
+            "error": failed.error,
+        })),
+    )
+}
+
+/// What a run's scope allows under a policy: the lanes where at least one enabled tool
+/// is not blocked by a flag the run's scope raises, and for each blocked (lane, tool)
+/// the prohibited flags. Shown when an admin re-pins a run to a new policy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RunScopeCheck {
+    pub usable_lanes: Vec<String>,
+    pub blocked:
+        std::collections::BTreeMap<String, std::collections::BTreeMap<String, Vec<String>>>,
+}
+
+pub fn check_run_scope(policy: &Policy, run_scope: &Map<String, Value>) -> RunScopeCheck {
+    let raised: BTreeSet<String> = run_scope
+        .iter()
+        .filter(|(_, v)| **v == Value::Bool(true))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let mut check = RunScopeCheck::default();
+    for lane in policy.lanes.values() {
+        let mut usable = false;
+        for tool in lane.tools.iter().filter_map(|t| policy.tools.get(t)) {
+            if !tool.enabled {
+                continue;
+            }
+            let hits = crate::policy::prohibitions(lane, tool, &raised);
+            if hits.is_empty() {
+                usable = true;
+            } else {
+                let mut flags: Vec<String> = hits.into_iter().map(|h| h.flag).collect();
+                flags.dedup();
+                check
+                    .blocked
+                    .entry(lane.lane_id.clone())
+                    .or_default()
+                    .insert(tool.tool_name.clone(), flags);
+            }
+        }
+        if usable {
+            check.usable_lanes.push(lane.lane_id.clone());
+        }
+    }
+    check
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn map(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap()
+    }
+
+    /// (run scope, call scope, effective scope or the conflicting keys, keys from the run)
+    type Row = (
+        Value,
+        Value,
+        Result<Value, Vec<&'static str>>,
+        Vec<&'static str>,
+    );
+
+    #[test]
+    fn the_run_scope_binds_every_call() {
+        let table: Vec<Row> = vec![
+            // The call omits a run key: it applies anyway.
+            (
+                json!({"case_id": "C-1", "sealed": true}),
+                json!({"case_id": "C-1"}),
+                Ok(json!({"case_id": "C-1", "sealed": true})),
+                vec!["case_id", "sealed"],
+            ),
+            // The call adds a key the run does not have.
+            (
+                json!({"case_id": "C-1"}),
+                json!({"matter_id": "M-1"}),
+                Ok(json!({"case_id": "C-1", "matter_id": "M-1"})),
+                vec!["case_id"],
+            ),
+            // Repeating a run key with the same value is fine.
+            (
+                json!({"case_id": "C-1"}),
+                json!({"case_id": "C-1"}),
+                Ok(json!({"case_id": "C-1"})),
+                vec!["case_id"],
+            ),
+            // No run scope: the call's scope as is.
+            (json!({}), json!({"x": 1}), Ok(json!({"x": 1})), vec![]),
+            // Contradictions, `false` and `null` included, are refused.
+            (
+                json!({"case_id": "C-1"}),
+                json!({"case_id": "C-2"}),
+                Err(vec!["case_id"]),
+                vec![],
+            ),
+            (
+                json!({"sealed": true, "case_id": "C-1"}),
+                json!({"sealed": false, "case_id": null}),
+                Err(vec!["case_id", "sealed"]),
+                vec![],
+            ),
+            (json!({"n": 1}), json!({"n": 1.0}), Err(vec!["n"]), vec![]),
+        ];
+        for (run, call, expected, from_run) in table {
+            let got = merge_scope(&map(run.clone()), &map(call.clone()));
+            match expected {
+                Ok(scope) => {
+                    let got = got.unwrap_or_else(|c| panic!("{run} + {call}: conflict {c:?}"));
+                    assert_eq!(Value::Object(got.scope), scope, "{run} + {call}");
+                    assert_eq!(got.from_run, from_run, "{run} + {call}");
+                }
+                Err(keys) => assert_eq!(got.unwrap_err(), keys, "{run} + {call}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_flag_names_where_it_came_from() {
+        let scope = merge_scope(
+            &map(json!({"sealed": true})),
+            &map(json!({"privileged": true, "urgent": false})),
+        )
+        .unwrap();
+        assert_eq!(scope.flag_source("sealed"), Some("run"));
+        assert_eq!(scope.flag_source("privileged"), Some("call"));
+        assert_eq!(scope.flag_source("urgent"), None);
+        assert_eq!(scope.flag_source("other"), None);
+    }
 }

@@ -297,6 +297,28 @@ pub struct Trace {
     pub passed_step: u8,
     /// The first failing check, `step:reason`, if any.
     pub failed: Option<String>,
+    /// The scope the call was decided on: the run's scope merged with the call's (known
+    /// once step 7 passed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effective_scope: Option<Map<String, Value>>,
+    /// The keys of `effective_scope` that came from the run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scope_from_run: Vec<String>,
+    /// Each condition of the lane and the tool with its value (step 8).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<ConditionResult>,
+}
+
+/// A condition's value on one call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConditionResult {
+    pub name: String,
+    /// `lane:<id>` or `tool:<name>`.
+    pub owner: String,
+    /// true, false, or null when it could not be evaluated (see `error`).
+    pub value: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl Trace {
@@ -312,12 +334,20 @@ impl Trace {
     }
 
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut out = json!({
             "matched": self.matched(),
             "flags": self.flags,
             "passed_step": self.passed_step,
             "failed": self.failed,
-        })
+        });
+        if let Some(scope) = &self.effective_scope {
+            out["effective_scope"] = Value::Object(scope.clone());
+            out["scope_from_run"] = json!(self.scope_from_run);
+        }
+        if !self.conditions.is_empty() {
+            out["conditions"] = json!(self.conditions);
+        }
+        out
     }
 }
 

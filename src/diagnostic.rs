@@ -78,6 +78,7 @@ pub enum Reason {
     RequestMalformed,
     RequestTooLarge,
     EndpointNotFound,
+    ArtifactNotFound,
     SafetyLockEngaged,
     CredentialMissing,
     CredentialInvalid,
@@ -96,6 +97,7 @@ pub enum Reason {
     ArgumentsInvalid,
     ArgumentUnsafe,
     ProhibitedFlag,
+    ConditionFailed,
     IdempotencyConflict,
     AuditUnavailable,
     ConcurrencyLimitReached,
@@ -129,10 +131,11 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in catalog order.
-    pub const ALL: [Reason; 33] = [
+    pub const ALL: [Reason; 35] = [
         Reason::RequestMalformed,
         Reason::RequestTooLarge,
         Reason::EndpointNotFound,
+        Reason::ArtifactNotFound,
         Reason::SafetyLockEngaged,
         Reason::CredentialMissing,
         Reason::CredentialInvalid,
@@ -151,6 +154,7 @@ impl Reason {
         Reason::ArgumentsInvalid,
         Reason::ArgumentUnsafe,
         Reason::ProhibitedFlag,
+        Reason::ConditionFailed,
         Reason::IdempotencyConflict,
         Reason::AuditUnavailable,
         Reason::ConcurrencyLimitReached,
@@ -171,6 +175,7 @@ impl Reason {
             Reason::RequestMalformed => "request_malformed",
             Reason::RequestTooLarge => "request_too_large",
             Reason::EndpointNotFound => "endpoint_not_found",
+            Reason::ArtifactNotFound => "artifact_not_found",
             Reason::SafetyLockEngaged => "safety_lock_engaged",
             Reason::CredentialMissing => "credential_missing",
             Reason::CredentialInvalid => "credential_invalid",
@@ -189,6 +194,7 @@ impl Reason {
             Reason::ArgumentsInvalid => "arguments_invalid",
             Reason::ArgumentUnsafe => "argument_unsafe",
             Reason::ProhibitedFlag => "prohibited_flag",
+            Reason::ConditionFailed => "condition_failed",
             Reason::IdempotencyConflict => "idempotency_conflict",
             Reason::AuditUnavailable => "audit_unavailable",
             Reason::ConcurrencyLimitReached => "concurrency_limit_reached",
@@ -240,6 +246,16 @@ impl Reason {
                     "no endpoint has this method and path",
                     "a typo in the path, or the wrong HTTP method",
                     "see docs/api.md for the endpoints",
+                ),
+                Reason::ArtifactNotFound => (
+                    E::Denied,
+                    C::Authorization,
+                    1,
+                    false,
+                    S::Error,
+                    "no artifact with this sha256 was produced in the named run by a lane the role may act in",
+                    "a wrong hash or run id, or the artifact belongs to another run (the two are answered alike)",
+                    "fetch artifacts through the run and role whose call produced them: ?run_id=...&role_id=...",
                 ),
                 Reason::SafetyLockEngaged => (
                     E::Denied,
@@ -420,6 +436,16 @@ impl Reason {
                     "the call carries a flag the lane or the tool prohibits",
                     "the call targets a class of resource forbidden here (for example a privileged document, or a sealed case)",
                     "do not perform this action in this lane; see details.flag and details.prohibited_by",
+                ),
+                Reason::ConditionFailed => (
+                    E::Denied,
+                    C::Prohibition,
+                    8,
+                    false,
+                    S::Warning,
+                    "a condition of the lane or the tool did not hold for this call (false, or it could not be evaluated)",
+                    "the arguments or the scope are outside what the condition allows, for example another case than the run's",
+                    "see details.condition and details.condition_message; change the arguments or scope to satisfy it, or use a run for that scope",
                 ),
                 Reason::IdempotencyConflict => (
                     E::Denied,

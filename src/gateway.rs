@@ -403,13 +403,189 @@ impl Gateway {
         }
     }
 
-    /// Reads an artifact by its sha256 (any credential).
-    pub async fn artifact(&self, token: Option<&str>, sha256: &str) -> Result<Vec<u8>, Refusal> {
-        self.verify_any(token)?;
-        self.artifacts
-            .get(sha256)
+    /// `GET /v1/artifacts/{sha256}`: an admin reads any artifact; a role reads one only
+    /// through a run that owns it (`run_id`), produced in a lane the role may act in
+    /// (`role_id`, proven by its credential). Every read, allowed or refused, is audited
+    /// (`artifact_read`); no bytes are returned unless that record is durable.
+    pub async fn artifact(
+        &self,
+        token: Option<&str>,
+        sha256: &str,
+        run_id: Option<&str>,
+        role_id: Option<&str>,
+    ) -> Result<Vec<u8>, Refusal> {
+        let loaded = self.current();
+        let mut event = NewEvent::new(EventType::ArtifactRead);
+        event.run_id = run_id.filter(|r| valid_run_id(r)).map(str::to_string);
+        event.details.insert(
+            "sha256".into(),
+            json!(sha256.chars().take(64).collect::<String>()),
+        );
+        event
+            .details
+            .insert("reader".into(), json!("unauthenticated"));
+        let outcome = self
+            .read_artifact(&loaded.policy, token, sha256, run_id, role_id, &mut event)
+            .await;
+        event
+            .details
+            .insert("allowed".into(), json!(outcome.is_ok()));
+        if let Ok(bytes) = &outcome {
+            event.details.insert("bytes".into(), json!(bytes.len()));
+        }
+        if let Err(refusal) = &outcome {
+            event.reason = Some(refusal.reason.as_str().to_string());
+            event
+                .details
+                .insert("message".into(), json!(refusal.message));
+        }
+        match self.audit.append(event).await {
+            Ok(_) => outcome,
+            Err(e) => Err(audit_refusal(e)),
+        }
+    }
+
+    async fn read_artifact(
+        &self,
+        policy: &Policy,
+        token: Option<&str>,
+        sha256: &str,
+        run_id: Option<&str>,
+        role_id: Option<&str>,
+        event: &mut NewEvent,
+    ) -> Result<Vec<u8>, Refusal> {
+        let not_found = || {
+            Refusal::new(
+                Reason::ArtifactNotFound,
+                "no artifact with this sha256 belongs to the named run for this role",
+            )
+        };
+        let role = match authz::verify_admin(policy, token) {
+            Ok(admin) => {
+                event
+                    .details
+                    .insert("reader".into(), json!(format!("admin:{}", admin.admin_id)));
+                None
+            }
+            Err(_) => {
+                let Some(role_id) = role_id else {
+                    self.verify_any(token)?;
+                    event.details.insert("reader".into(), json!("unnamed"));
+                    return Err(malformed(
+                        "name the run and the role the artifact is read for: ?run_id=...&role_id=...",
+                    ));
+                };
+                let role = authz::verify_identity(policy, role_id, token)?;
+                event.role_id = Some(role.role_id.clone());
+                event
+                    .details
+                    .insert("reader".into(), json!(format!("role:{}", role.role_id)));
+                Some(role)
+            }
+        };
+        if !crate::artifacts::is_sha256(sha256) {
+            return Err(malformed("the artifact id must be 64 lowercase hex digits"));
+        }
+        if let Some(role) = role {
+            let Some(run_id) = run_id else {
+                return Err(malformed(
+                    "name the run the artifact was produced in: ?run_id=...",
+                ));
+            };
+            if !valid_run_id(run_id) {
+                return Err(not_found());
+            }
+            let owners = self.artifacts.owners(sha256, run_id).await.map_err(|e| {
+                Refusal::new(
+                    Reason::ArtifactStoreFailed,
+                    format!("the artifact's owner records could not be read: {e}"),
+                )
+            })?;
+            let Some(owner) = owners
+                .iter()
+                .find(|o| o.run_id == run_id && role.lanes.contains(&o.lane_id))
+            else {
+                return Err(not_found());
+            };
+            event.details.insert("produced_by".into(), json!(owner));
+        }
+        self.artifacts.get(sha256).await.map_err(|_| not_found())
+    }
+
+    /// `GET /v1/runs` (admin): runs in run-id order, optionally of one status, a page of
+    /// at most `limit` after the run id `cursor`.
+    pub fn list_runs(
+        &self,
+        token: Option<&str>,
+        status: Option<&str>,
+        limit: Option<&str>,
+        cursor: Option<&str>,
+    ) -> Result<Value, Refusal> {
+        authz::verify_admin(&self.current().policy, token)?;
+        let status = match status {
+            None => None,
+            Some(s) => Some(
+                serde_json::from_value::<RunStatus>(json!(s))
+                    .map_err(|_| malformed("`status` must be one of active, suspended, closed"))?,
+            ),
+        };
+        let limit = match limit {
+            None => 100,
+            Some(l) => match l.parse::<usize>() {
+                Ok(n) if (1..=1000).contains(&n) => n,
+                _ => return Err(malformed("`limit` must be an integer from 1 to 1000")),
+            },
+        };
+        let (runs, next) = self.runs.list(status, cursor, limit);
+        Ok(json!({ "runs": runs, "next_cursor": next }))
+    }
+
+    /// `POST /v1/runs/{id}/repin` (admin): re-pins an open run to the loaded policy
+    /// versions after a reviewed change. The run's scope is re-checked against the new
+    /// policy first; the change is audited (`run_repinned`) before it takes effect.
+    pub async fn repin_run(
+        &self,
+        token: Option<&str>,
+        run_id: &str,
+        body: &[u8],
+    ) -> Result<Value, Refusal> {
+        let loaded = self.current();
+        let admin = authz::verify_admin(&loaded.policy, token)?.admin_id.clone();
+        parse_object(body, &[])?;
+        let Some(run) = self.runs.get(run_id) else {
+            return Err(Refusal::new(
+                Reason::RunNotFound,
+                format!("run `{run_id}` does not exist"),
+            ));
+        };
+        if run.status == RunStatus::Closed {
+            return Err(Refusal::new(
+                Reason::RunNotActive,
+                format!("run `{run_id}` is closed; a closed run is never re-pinned"),
+            ));
+        }
+        let check = authz::check_run_scope(&loaded.policy, &run.scope);
+        let report = json!({ "usable_lanes": check.usable_lanes, "blocked": check.blocked });
+        if run.policy_versions == loaded.policy.versions {
+            return Ok(json!({ "run": run, "repinned": false, "scope_check": report }));
+        }
+        let (record, from) = self
+            .runs
+            .repin(
+                &self.audit,
+                run_id,
+                loaded.policy.versions.clone(),
+                &admin,
+                report.clone(),
+            )
             .await
-            .map_err(|_| Refusal::new(Reason::RequestMalformed, format!("no artifact `{sha256}`")))
+            .map_err(run_refusal)?;
+        Ok(json!({
+            "run": record,
+            "repinned": true,
+            "from_policy_versions": from,
+            "scope_check": report,
+        }))
     }
 
     /// The metrics in the OpenMetrics text format, with the policy versions and the
@@ -473,6 +649,13 @@ fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> Value {
         "timeout_default_ms": tool.timeout_default_ms,
         "limits": tool.limits,
         "required_scope_keys": scope_keys,
+        // What else a call must satisfy (lane, then tool), for the agent's prompt.
+        "conditions": lane
+            .conditions
+            .iter()
+            .chain(tool.conditions.iter())
+            .map(|c| json!({ "name": c.name, "expr": c.expr, "message": c.message }))
+            .collect::<Vec<Value>>(),
         "input_schema": *tool.input_schema,
         "output_schema": *tool.output_schema,
         "prompt": prompt,

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
 use crate::adapter::{Adapter, ExecContext, ExecError};
+use crate::artifacts::ArtifactOwner;
 use crate::audit::{Appended, AuditError, EventType, NewEvent};
 use crate::authz;
 use crate::call::{
@@ -41,6 +42,8 @@ struct Allowed<'p> {
     tool: &'p Tool,
     adapter: &'p Adapter,
     run: RunRecord,
+    /// The effective scope (run and call merged): what the tool executes with.
+    scope: authz::EffectiveScope,
     /// The validated, sanitized, normalized arguments: what runs and what is hashed.
     arguments: Value,
 }
@@ -154,20 +157,29 @@ fn decide<'p>(
     authz::lane_permits(lane, tool)?;
     call.trace.passed_step = 6;
 
-    // 7. validate required scope keys (lane and tool; no contradiction with the run)
-    authz::check_scope(lane, tool, &request.scope, &run)?;
+    // 7. validate required scope keys (lane and tool) on the effective scope: the run's
+    //    scope merged with the call's, which may not contradict it
+    let scope = authz::check_scope(lane, tool, &request.scope, &run)?;
+    call.trace.effective_scope = Some(scope.scope.clone());
+    call.trace.scope_from_run = scope.from_run.clone();
     call.trace.passed_step = 7;
 
     // 8. enforce prohibition rules (lane and tool), on arguments that were first
     //    validated against the input schema, sanitized and normalized
     authz::check_arguments(tool, &request.arguments)?;
     let adapter = loaded.adapter(&tool.tool_name)?;
-    adapter.validate(tool, &request.arguments, &request.scope)?;
+    adapter.validate(tool, &request.arguments, &scope.scope)?;
     let arguments = adapter.normalize(tool, &request.arguments);
     call.arguments = Some(arguments.clone());
     call.committed = None;
-    call.trace.flags = authz::raised_flags(tool, &request.scope, &arguments);
-    authz::check_prohibitions(lane, tool, &call.trace.flags)?;
+    call.trace.flags = authz::raised_flags(tool, &scope.scope, &arguments);
+    authz::check_prohibitions(lane, tool, &call.trace.flags, &scope)?;
+    //    and every condition of the lane and the tool holds
+    if !lane.conditions.is_empty() || !tool.conditions.is_empty() {
+        let vars = authz::condition_variables(role, lane, tool, &run, &scope, &arguments);
+        call.trace.conditions = authz::evaluate_conditions(lane, tool, &vars);
+        authz::check_conditions(lane, tool, &call.trace.conditions)?;
+    }
     call.trace.passed_step = 8;
 
     Ok(Allowed {
@@ -176,6 +188,7 @@ fn decide<'p>(
         tool,
         adapter,
         run,
+        scope,
         arguments,
     })
 }
@@ -423,7 +436,7 @@ impl Gateway {
         // 11. capture output and register derived artifacts
         let captured = match executed {
             Ok((output, tool_ms)) => {
-                self.capture(allowed.tool, output, tool_ms)
+                self.capture(&allowed, &call.call_id, output, tool_ms)
                     .instrument(trace::step_span("capture", 11))
                     .await
             }
@@ -458,7 +471,7 @@ impl Gateway {
         let ctx = ExecContext {
             call_id: &call.call_id,
             run_id: &allowed.run.run_id,
-            scope: &allowed.request.scope,
+            scope: &allowed.scope.scope,
             deadline,
         };
         // INVARIANT: nothing starts once the deadline has passed (e.g. a slow audit
@@ -493,7 +506,14 @@ impl Gateway {
 
     /// Step 11: the output must match the tool's output schema; one larger than the
     /// tool's max_output_bytes is stored whole as an artifact and referenced.
-    async fn capture(&self, tool: &Tool, output: Value, tool_ms: u64) -> Result<Captured, Refusal> {
+    async fn capture(
+        &self,
+        allowed: &Allowed<'_>,
+        call_id: &str,
+        output: Value,
+        tool_ms: u64,
+    ) -> Result<Captured, Refusal> {
+        let tool = allowed.tool;
         let violations: Vec<Value> = tool
             .output_validator
             .iter_errors(&output)
@@ -520,7 +540,24 @@ impl Gateway {
                 tool_ms,
             });
         }
-        match self.artifacts.put(bytes).await {
+        // The artifact belongs to this call's run: its owner record is durable before
+        // the response names the artifact.
+        let owner = ArtifactOwner {
+            run_id: allowed.run.run_id.clone(),
+            role_id: allowed.role.role_id.clone(),
+            lane_id: allowed.request.lane_id.clone(),
+            tool_name: tool.tool_name.clone(),
+            call_id: call_id.to_string(),
+        };
+        let stored = match self.artifacts.put(bytes).await {
+            Ok(artifact) => self
+                .artifacts
+                .record_owner(&artifact.sha256, &owner)
+                .await
+                .map(|()| artifact),
+            Err(e) => Err(e),
+        };
+        match stored {
             Ok(artifact) => Ok(Captured {
                 output: None,
                 artifact: Some(artifact),

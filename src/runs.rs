@@ -6,7 +6,7 @@
 //! table. On start the table is rebuilt from those events, so runs survive restarts and
 //! their history is as tamper-evident as every other event.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::RwLock;
 
 use serde::{Deserialize, Serialize};
@@ -44,7 +44,7 @@ pub enum RunError {
 /// Runs by id, rebuilt from the audit log.
 #[derive(Debug, Default)]
 pub struct RunStore {
-    runs: RwLock<HashMap<String, RunRecord>>,
+    runs: RwLock<BTreeMap<String, RunRecord>>,
     /// Serializes writers so the audit order and the table order agree.
     write: tokio::sync::Mutex<()>,
 }
@@ -57,11 +57,15 @@ impl RunStore {
     pub async fn rebuild(audit: &AuditLog) -> Result<RunStore, AuditError> {
         let events = audit
             .events(EventFilter {
-                event_types: vec![EventType::RunCreated, EventType::RunStatusChanged],
+                event_types: vec![
+                    EventType::RunCreated,
+                    EventType::RunStatusChanged,
+                    EventType::RunRepinned,
+                ],
                 ..EventFilter::default()
             })
             .await?;
-        let mut runs = HashMap::new();
+        let mut runs = BTreeMap::new();
         for event in events {
             let details = &event.value["details"];
             match event.value["type"].as_str() {
@@ -71,6 +75,13 @@ impl RunStore {
                         .and_then(|r| serde_json::from_value::<RunRecord>(r.clone()).ok())
                     {
                         runs.insert(record.run_id.clone(), record);
+                    }
+                }
+                Some("run_repinned") => {
+                    let run_id = event.value["run_id"].as_str().unwrap_or_default();
+                    let to = serde_json::from_value::<PolicyVersions>(details["to"].clone()).ok();
+                    if let (Some(run), Some(to)) = (runs.get_mut(run_id), to) {
+                        run.policy_versions = to;
                     }
                 }
                 Some("run_status_changed") => {
@@ -144,6 +155,73 @@ impl RunStore {
             runs.insert(run_id.to_string(), record.clone());
         }
         Ok(record)
+    }
+}
+
+impl RunStore {
+    /// A page of runs in run-id order after `cursor`, optionally of one status, and
+    /// the cursor of the next page (None when this one is the last).
+    pub fn list(
+        &self,
+        status: Option<RunStatus>,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> (Vec<RunRecord>, Option<String>) {
+        use std::ops::Bound;
+        let Ok(runs) = self.runs.read() else {
+            return (Vec::new(), None);
+        };
+        let start = match cursor {
+            Some(c) => Bound::Excluded(c.to_string()),
+            None => Bound::Unbounded,
+        };
+        let mut page: Vec<RunRecord> = runs
+            .range((start, Bound::Unbounded))
+            .map(|(_, r)| r)
+            .filter(|r| status.is_none_or(|s| r.status == s))
+            .take(limit + 1)
+            .cloned()
+            .collect();
+        let next = if page.len() > limit {
+            page.truncate(limit);
+            page.last().map(|r| r.run_id.clone())
+        } else {
+            None
+        };
+        (page, next)
+    }
+
+    /// Records `run_repinned` and then pins the run to `versions`. Returns the record
+    /// and the versions it was pinned to before.
+    pub async fn repin(
+        &self,
+        audit: &AuditLog,
+        run_id: &str,
+        versions: PolicyVersions,
+        by: &str,
+        scope_check: Value,
+    ) -> Result<(RunRecord, PolicyVersions), RunError> {
+        let _writer = self.write.lock().await;
+        let Some(mut record) = self.get(run_id) else {
+            return Err(RunError::NotFound(run_id.to_string()));
+        };
+        if record.status == RunStatus::Closed {
+            return Err(RunError::Closed(run_id.to_string()));
+        }
+        let from = record.policy_versions.clone();
+        let mut event = NewEvent::new(EventType::RunRepinned);
+        event.run_id = Some(run_id.to_string());
+        event.policy_versions = Some(versions.clone());
+        event.details.insert("from".into(), json!(from));
+        event.details.insert("to".into(), json!(versions));
+        event.details.insert("by".into(), json!(by));
+        event.details.insert("scope_check".into(), scope_check);
+        audit.append(event).await.map_err(RunError::Audit)?;
+        record.policy_versions = versions;
+        if let Ok(mut runs) = self.runs.write() {
+            runs.insert(run_id.to_string(), record.clone());
+        }
+        Ok((record, from))
     }
 }
 

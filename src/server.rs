@@ -169,6 +169,19 @@ async fn route(
             gateway.create_run(token.as_deref(), &body).await,
             StatusCode::CREATED,
         ),
+        (&Method::GET, ["v1", "runs"]) => respond(
+            gateway.list_runs(
+                token.as_deref(),
+                query.get("status").map(String::as_str),
+                query.get("limit").map(String::as_str),
+                query.get("cursor").map(String::as_str),
+            ),
+            StatusCode::OK,
+        ),
+        (&Method::POST, ["v1", "runs", run_id, "repin"]) => respond(
+            gateway.repin_run(token.as_deref(), run_id, &body).await,
+            StatusCode::OK,
+        ),
         (&Method::GET, ["v1", "runs", run_id]) => {
             respond(gateway.get_run(token.as_deref(), run_id), StatusCode::OK)
         }
@@ -211,7 +224,13 @@ async fn route(
             }
         }
         (&Method::GET, ["v1", "artifacts", sha256]) => {
-            match gateway.artifact(token.as_deref(), sha256).await {
+            let artifact = gateway.artifact(
+                token.as_deref(),
+                sha256,
+                query.get("run_id").map(String::as_str),
+                query.get("role_id").map(String::as_str),
+            );
+            match artifact.await {
                 Ok(bytes) => with_json_type(Response::new(Full::new(Bytes::from(bytes)))),
                 Err(r) => refusal_response(&r),
             }
@@ -411,7 +430,7 @@ pub fn http_status(reason: Reason) -> StatusCode {
         | Reason::ArgumentUnsafe
         | Reason::PolicyInvalid => StatusCode::BAD_REQUEST,
         Reason::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        Reason::EndpointNotFound => StatusCode::NOT_FOUND,
+        Reason::EndpointNotFound | Reason::ArtifactNotFound => StatusCode::NOT_FOUND,
         Reason::CredentialMissing | Reason::CredentialInvalid | Reason::RoleUnknown => {
             StatusCode::UNAUTHORIZED
         }
@@ -437,7 +456,8 @@ pub fn http_status(reason: Reason) -> StatusCode {
         | Reason::ToolNotAllowedInLane
         | Reason::ScopeKeyMissing
         | Reason::ScopeConflictsWithRun
-        | Reason::ProhibitedFlag => StatusCode::FORBIDDEN,
+        | Reason::ProhibitedFlag
+        | Reason::ConditionFailed => StatusCode::FORBIDDEN,
     }
 }
 

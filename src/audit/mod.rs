@@ -66,11 +66,15 @@ pub enum EventType {
     SafetyLockReleased,
     /// Shadow mode: the candidate policy decided a call differently from the active one.
     ShadowDivergence,
+    /// A read of an artifact, allowed or refused, with who read what.
+    ArtifactRead,
+    /// An admin re-pinned an open run to the loaded policy versions.
+    RunRepinned,
 }
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 12] = [
+    pub const ALL: [EventType; 14] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -83,6 +87,8 @@ impl EventType {
         EventType::SafetyLockEngaged,
         EventType::SafetyLockReleased,
         EventType::ShadowDivergence,
+        EventType::ArtifactRead,
+        EventType::RunRepinned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -99,6 +105,8 @@ impl EventType {
             EventType::SafetyLockEngaged => "safety_lock_engaged",
             EventType::SafetyLockReleased => "safety_lock_released",
             EventType::ShadowDivergence => "shadow_divergence",
+            EventType::ArtifactRead => "artifact_read",
+            EventType::RunRepinned => "run_repinned",
         }
     }
 

@@ -85,6 +85,9 @@ pub struct CaseExpect {
     /// The failed step of the denial.
     #[serde(default)]
     pub step: Option<u8>,
+    /// For `reason: condition_failed`: the name of the condition that denied.
+    #[serde(default)]
+    pub condition: Option<String>,
 }
 
 /// Reads every `*.yaml` file in `dir`, in name order. Returns (file name, case) pairs, or

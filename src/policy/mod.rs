@@ -18,6 +18,7 @@
 //! returned, so it can never replace one that works.
 
 mod check;
+pub mod condition;
 mod flags;
 pub(crate) mod git;
 mod model;

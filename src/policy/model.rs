@@ -10,6 +10,8 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
+pub use super::condition::Condition;
+
 /// One complete, validated policy: the three registries loaded together.
 ///
 /// INVARIANT: every id a role, lane or tool names exists in the same `Policy`; a tool's
@@ -115,6 +117,8 @@ pub struct Lane {
     pub run_statuses: Vec<RunStatus>,
     /// A write lane may host tools with write targets.
     pub write: bool,
+    /// CEL conditions every call in this lane must satisfy (step 8), in file order.
+    pub conditions: Vec<Condition>,
 }
 
 /// How a tool behaves when called twice (contract 000, section 6).
@@ -222,6 +226,8 @@ pub struct Tool {
     pub prohibited_flags: Vec<String>,
     /// Rules that raise flags from arguments (see `FlagRule`).
     pub flag_rules: Vec<FlagRule>,
+    /// CEL conditions every call of this tool must satisfy (step 8), in file order.
+    pub conditions: Vec<Condition>,
     /// Where the tool writes (empty for read-only tools), e.g. `data:drafts/{case_id}`.
     pub write_targets: Vec<String>,
     pub adapter: AdapterConfig,

@@ -71,6 +71,17 @@ pub(crate) struct RawLane {
     pub prohibited_flags: Vec<Spanned<String>>,
     pub run_statuses: Spanned<Vec<Spanned<RunStatus>>>,
     pub write: bool,
+    #[serde(default)]
+    pub conditions: Vec<Spanned<RawCondition>>,
+}
+
+/// A CEL condition: `{name, expr, message}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCondition {
+    pub name: Spanned<String>,
+    pub expr: Spanned<String>,
+    pub message: Spanned<String>,
 }
 
 /// `tools/tool_registry.yaml`.
@@ -97,6 +108,8 @@ pub(crate) struct RawTool {
     pub prohibited_flags: Vec<Spanned<String>>,
     #[serde(default)]
     pub flag_rules: Vec<Spanned<RawFlagRule>>,
+    #[serde(default)]
+    pub conditions: Vec<Spanned<RawCondition>>,
     pub write_targets: Spanned<Vec<Spanned<String>>>,
     pub adapter: Spanned<RawAdapter>,
     pub redaction: Option<Spanned<RawRedaction>>,

@@ -32,6 +32,10 @@ pub struct ExplainArgs {
     /// The call's arguments, a JSON object.
     #[arg(long, default_value = "{}")]
     pub arguments: String,
+    /// The scope of the run the call belongs to, a JSON object (default: the call's
+    /// string scope values). Its keys apply to the call (the effective scope).
+    #[arg(long)]
+    pub run_scope: Option<String>,
     /// The status of the run the call belongs to.
     #[arg(long, value_enum, default_value = "active")]
     pub run_status: RunStatusArg,
@@ -127,7 +131,16 @@ pub fn explain_command(args: &ExplainArgs) -> Exit {
             return Exit::InvalidConfig;
         }
     };
-    let run = offline_run(&scope, args.run_status.into(), &loaded.policy.versions);
+    let mut run = offline_run(&scope, args.run_status.into(), &loaded.policy.versions);
+    if let Some(run_scope) = &args.run_scope {
+        match serde_json::from_str::<Value>(run_scope) {
+            Ok(Value::Object(m)) => run.scope = m,
+            _ => {
+                eprintln!("error: --run-scope must be a JSON object");
+                return Exit::InvalidConfig;
+            }
+        }
+    }
     let request = offline_request(&args.role, &args.lane, &args.tool, scope, arguments);
     let explanation = explain(&loaded, request, Some(run));
     match args.format {
@@ -147,8 +160,31 @@ fn render_text(e: &Explanation) -> String {
     for (step, name, outcome) in e.steps() {
         out.push_str(&format!("  {step:>2}. {name:<40} {outcome}\n"));
     }
+    if let Some(scope) = &e.trace.effective_scope {
+        out.push_str(&format!(
+            "effective scope: {} (from the run: {})\n",
+            Value::Object(scope.clone()),
+            if e.trace.scope_from_run.is_empty() {
+                "none".to_string()
+            } else {
+                e.trace.scope_from_run.join(", ")
+            }
+        ));
+    }
     if !e.trace.flags.is_empty() {
         out.push_str(&format!("flags raised: {}\n", e.trace.flags.join(", ")));
+    }
+    for c in &e.trace.conditions {
+        out.push_str(&format!(
+            "condition {} ({}): {}{}\n",
+            c.name,
+            c.owner,
+            c.value,
+            c.error
+                .as_ref()
+                .map(|e| format!(" (error: {e})"))
+                .unwrap_or_default()
+        ));
     }
     match &e.refusal {
         None => out.push_str("decision: allow (steps 9-13 would record, execute and return)\n"),

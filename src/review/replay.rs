@@ -391,13 +391,21 @@ fn decide(candidate: &Loaded, call: &RecordedCall) -> (Verdict, bool) {
         policy.lanes.get(&call.lane_id),
         policy.tools.get(&call.tool_name),
     ) {
-        let flags: Vec<String> = call
+        let scope = call
+            .run
+            .as_ref()
+            .and_then(|run| crate::authz::merge_scope(&run.scope, &call.scope).ok())
+            .unwrap_or_else(|| crate::authz::EffectiveScope {
+                scope: call.scope.clone(),
+                from_run: Vec::new(),
+            });
+        let flags: Vec<String> = scope
             .scope
             .iter()
             .filter(|(_, v)| **v == Value::Bool(true))
             .map(|(k, _)| k.clone())
             .collect();
-        if let Err(refusal) = crate::authz::check_prohibitions(lane, tool, &flags) {
+        if let Err(refusal) = crate::authz::check_prohibitions(lane, tool, &flags, &scope) {
             return (Verdict::of(Some(&refusal)), true);
         }
     }

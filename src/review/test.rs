@@ -80,6 +80,19 @@ pub fn run_case(loaded: &Loaded, case: &PolicyCase) -> Option<String> {
             {
                 return Some(format!("expected step {step}, got step {}", r.step()));
             }
+            if let Some(condition) = &case.expect.condition {
+                let denied_by = r.details["condition"].as_str();
+                if denied_by != Some(condition.as_str()) {
+                    return Some(format!(
+                        "expected condition `{condition}` to deny, got {}: {}",
+                        denied_by.map_or_else(
+                            || "no condition".to_string(),
+                            |c| format!("condition `{c}`")
+                        ),
+                        r.message
+                    ));
+                }
+            }
             None
         }
     }

@@ -49,6 +49,7 @@ fn tool(name: &str, adapter: AdapterConfig, input: Value, output: Value) -> Tool
         required_scope_keys: vec![],
         prohibited_flags: vec![],
         flag_rules: vec![],
+        conditions: vec![],
         write_targets: vec![],
         adapter,
         redaction: Redaction::Full,

@@ -62,10 +62,13 @@ fn execution_outcomes_each_get_their_status_reason_and_audit_event() {
     let artifact = &body["artifact"];
     let sha256 = artifact["sha256"].as_str().unwrap();
     assert!(artifact["bytes"].as_u64().unwrap() > 200_000);
-    let mut resp = ureq::get(format!("{}/v1/artifacts/{sha256}", server.base))
-        .header("Authorization", "Bearer demo-tester")
-        .call()
-        .unwrap();
+    let mut resp = ureq::get(format!(
+        "{}/v1/artifacts/{sha256}?run_id={run}&role_id=tester",
+        server.base
+    ))
+    .header("Authorization", "Bearer demo-tester")
+    .call()
+    .unwrap();
     let bytes = resp
         .body_mut()
         .with_config()
@@ -84,7 +87,11 @@ fn execution_outcomes_each_get_their_status_reason_and_audit_event() {
     let events = events["events"].as_array().unwrap();
     let closing: Vec<&str> = events
         .iter()
-        .filter(|e| e["type"] != "tool_requested" && e["type"] != "run_created")
+        .filter(|e| {
+            e["type"] != "tool_requested"
+                && e["type"] != "run_created"
+                && e["type"] != "artifact_read"
+        })
         .map(|e| e["type"].as_str().unwrap())
         .collect();
     assert_eq!(
@@ -97,10 +104,12 @@ fn execution_outcomes_each_get_their_status_reason_and_audit_event() {
             "tool_executed"
         ]
     );
-    assert_eq!(
-        events.last().unwrap()["details"]["artifact"]["sha256"],
-        sha256
-    );
+    let executed = events.iter().rfind(|e| e["type"] == "tool_executed");
+    assert_eq!(executed.unwrap()["details"]["artifact"]["sha256"], sha256);
+    let read = events.last().unwrap();
+    assert_eq!(read["type"], "artifact_read");
+    assert_eq!(read["details"]["sha256"], sha256);
+    assert_eq!(read["details"]["allowed"], true);
 }
 
 #[test]

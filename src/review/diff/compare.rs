@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::schema::{self, Class, SchemaChange};
-use crate::policy::{Credential, FlagMatcher, FlagRule, Lane, Policy, Role, Tool};
+use crate::policy::{Condition, Credential, FlagMatcher, FlagRule, Lane, Policy, Role, Tool};
 
 /// Whether a change gives more access, less, or neither.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -57,6 +57,9 @@ pub enum Kind {
     LaneRunStatusAdded,
     LaneRunStatusRemoved,
     LaneWriteChanged,
+    LaneConditionAdded,
+    LaneConditionRemoved,
+    LaneConditionChanged,
     // tools
     ToolAdded,
     ToolRemoved,
@@ -78,6 +81,9 @@ pub enum Kind {
     ToolWriteTargetRemoved,
     ToolAdapterChanged,
     ToolRedactionChanged,
+    ToolConditionAdded,
+    ToolConditionRemoved,
+    ToolConditionChanged,
     InputSchemaChanged,
     OutputSchemaChanged,
 }
@@ -134,7 +140,10 @@ impl Kind {
             | LaneProhibitionRemoved
             | LaneRunStatusAdded
             | LaneRunStatusRemoved
-            | LaneWriteChanged => Section::Lanes,
+            | LaneWriteChanged
+            | LaneConditionAdded
+            | LaneConditionRemoved
+            | LaneConditionChanged => Section::Lanes,
             InputSchemaChanged | OutputSchemaChanged => Section::Schemas,
             ToolAdded
             | ToolRemoved
@@ -155,7 +164,10 @@ impl Kind {
             | ToolWriteTargetAdded
             | ToolWriteTargetRemoved
             | ToolAdapterChanged
-            | ToolRedactionChanged => Section::Tools,
+            | ToolRedactionChanged
+            | ToolConditionAdded
+            | ToolConditionRemoved
+            | ToolConditionChanged => Section::Tools,
         }
     }
 }
@@ -562,6 +574,7 @@ fn lane_fields(id: &str, o: &Lane, n: &Lane, out: &mut Vec<Change>) {
             .values(json!(o.write), json!(n.write)),
         );
     }
+    conditions(Owner::Lane(id), &o.conditions, &n.conditions, out);
 }
 
 fn tools(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
@@ -678,6 +691,7 @@ fn tool_fields(id: &str, o: &Tool, n: &Tool, out: &mut Vec<Change>) {
         ));
     }
     flag_rules(id, &o.flag_rules, &n.flag_rules, out);
+    conditions(Owner::Tool(id), &o.conditions, &n.conditions, out);
     if o.idempotent != n.idempotent {
         let (effect, text) = if n.idempotent {
             (
@@ -914,6 +928,87 @@ fn flag_rules(id: &str, old: &[FlagRule], new: &[FlagRule], out: &mut Vec<Change
             .tool(id)
             .values(Value::Null, json!(a)),
         );
+    }
+}
+
+/// Whose conditions are compared.
+#[derive(Clone, Copy)]
+enum Owner<'a> {
+    Lane(&'a str),
+    Tool(&'a str),
+}
+
+/// Conditions by name: an added one narrows; a removed one widens; a changed expression
+/// widens (whether the new one allows less cannot be proven in general); a changed
+/// message alone is neutral.
+fn conditions(owner: Owner<'_>, old: &[Condition], new: &[Condition], out: &mut Vec<Change>) {
+    let (label, kinds) = match owner {
+        Owner::Lane(id) => (
+            format!("lane `{id}`"),
+            [
+                Kind::LaneConditionAdded,
+                Kind::LaneConditionRemoved,
+                Kind::LaneConditionChanged,
+            ],
+        ),
+        Owner::Tool(id) => (
+            format!("tool `{id}`"),
+            [
+                Kind::ToolConditionAdded,
+                Kind::ToolConditionRemoved,
+                Kind::ToolConditionChanged,
+            ],
+        ),
+    };
+    let attach = |change: Change| match owner {
+        Owner::Lane(id) => change.lane(id),
+        Owner::Tool(id) => change.tool(id),
+    };
+    let o: BTreeMap<&str, &Condition> = old.iter().map(|c| (c.name.as_str(), c)).collect();
+    let n: BTreeMap<&str, &Condition> = new.iter().map(|c| (c.name.as_str(), c)).collect();
+    for (name, c) in &n {
+        match o.get(name) {
+            None => out.push(attach(
+                Change::new(
+                    kinds[0],
+                    Effect::Narrowing,
+                    format!("{label}: condition `{name}` added: {}", c.expr),
+                )
+                .values(Value::Null, json!(c)),
+            )),
+            Some(before) if before.expr != c.expr => out.push(attach(
+                Change::new(
+                    kinds[2],
+                    Effect::Widening,
+                    format!(
+                        "{label}: condition `{name}` changed from `{}` to `{}` (may allow calls the old one denied)",
+                        before.expr, c.expr
+                    ),
+                )
+                .values(json!(before), json!(c)),
+            )),
+            Some(before) if before.message != c.message => out.push(attach(
+                Change::new(
+                    kinds[2],
+                    Effect::Neutral,
+                    format!("{label}: condition `{name}`: message changed"),
+                )
+                .values(json!(before), json!(c)),
+            )),
+            Some(_) => {}
+        }
+    }
+    for (name, c) in &o {
+        if !n.contains_key(name) {
+            out.push(attach(
+                Change::new(
+                    kinds[1],
+                    Effect::Widening,
+                    format!("{label}: condition `{name}` removed: {}", c.expr),
+                )
+                .values(json!(c), Value::Null),
+            ));
+        }
     }
 }
 
