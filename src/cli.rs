@@ -57,6 +57,9 @@ pub enum Command {
     Mcp(crate::mcp::McpCommand),
     /// Measure the gateway against direct tool calls (throughput, latency percentiles).
     Bench(crate::bench::BenchArgs),
+    /// Hold the audit signing key in this process and sign checkpoints for a gateway
+    /// over a Unix socket (run it as another user).
+    Signer(crate::audit::cli::SignerArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -128,6 +131,7 @@ pub fn main() -> ExitCode {
         Command::Audit(command) => crate::audit::cli::run(command),
         Command::Mcp(command) => crate::mcp::mcp_command(&command),
         Command::Bench(args) => crate::bench::bench_command(&args),
+        Command::Signer(args) => crate::audit::cli::signer_command(&args),
     };
     exit.into()
 }
