@@ -61,6 +61,13 @@ pub struct ServeArgs {
     /// newest checkpoint of a file sink (exit 2).
     #[arg(long = "checkpoint-sink", value_parser = parse_sink)]
     pub checkpoint_sinks: Vec<CheckpointSink>,
+    /// Publish a checkpoint to the sinks once this many events arrived since the last
+    /// (every commit is signed locally regardless).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every_events: u64,
+    /// ... or this many milliseconds after the last, if events arrived since.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..))]
+    pub checkpoint_interval_ms: u64,
 }
 
 fn parse_sink(text: &str) -> Result<CheckpointSink, String> {
@@ -154,6 +161,8 @@ async fn run(args: &ServeArgs) -> Exit {
     if let Some(dir) = &args.key_dir {
         options.key_dir = dir.clone();
     }
+    options.checkpoint_every_events = args.checkpoint_every_events;
+    options.checkpoint_interval = Duration::from_millis(args.checkpoint_interval_ms);
     options
         .checkpoint_sinks
         .extend(args.checkpoint_sinks.iter().cloned());
