@@ -230,7 +230,7 @@ fn forge(data: &Path, drop: impl Fn(&Value) -> bool) {
         .unwrap();
         frontier.push(hash);
         prev = hex::encode(hash);
-        if seq % 4 == 0 || i + 1 == count {
+        if seq.is_multiple_of(4) || i + 1 == count {
             let cp = Checkpoint {
                 origin: origin.clone(),
                 size: seq,

@@ -581,8 +581,10 @@ fn readme(fingerprint: &str, full: bool) -> String {
     } else {
         "This is a FILTERED export (see manifest.json, \"filter\"): events.jsonl holds only the\n\
          selected events. Each one is tied to the signed export checkpoint by its inclusion\n\
-         proof, which proves it is in the log exactly as shown. A filtered export cannot\n\
-         prove that no other event of the selection exists; ask for a full export for that."
+         proof, which proves it is in the log exactly as shown. The signed manifest states\n\
+         the filter and commits to the sha256 of events.jsonl, so a dropped line is\n\
+         detected; every tool_requested has its closing event here unless the manifest\n\
+         lists the call in open_calls."
     };
     format!(
         "toolgate audit export\n\
@@ -599,6 +601,8 @@ fn readme(fingerprint: &str, full: bool) -> String {
          2. Use your own trusted copy of verify_export.py (a copy is included here for\n\
             convenience; compare it with the published one).\n\
          3. Run: python3 verify_export.py THIS_DIRECTORY --key-fingerprint HEX\n\
+            [--trusted-checkpoint FILE] [--expect-full | --expect-run RUN_ID]\n\
+            (--trusted-checkpoint: a checkpoint you kept; the export must extend it).\n\
             Exit codes: 0 intact, 1 integrity failure (edited, missing, inserted,\n\
             reordered), 2 truncation or fork, 3 key or signature problem. The first bad\n\
             seq is named.\n\
@@ -614,7 +618,9 @@ fn readme(fingerprint: &str, full: bool) -> String {
            against the last checkpoint.\n\
          - proofs/consistency.jsonl: RFC 9162 consistency proofs between consecutive\n\
            checkpoints.\n\
-         - manifest.json: the range, counts, filter and the sha256 of every file.\n\
+         - manifest.json: the range, counts, filter, the sha256 of every file, the\n\
+           export checkpoint and the calls still open; a statement signed in\n\
+           manifest.sig (an unsigned or altered manifest is refused).\n\
          - events.csv (if present): a derived view for spreadsheets. It is NOT\n\
            integrity-protected; rely on events.jsonl.\n"
     )
