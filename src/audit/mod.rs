@@ -603,3 +603,64 @@ impl AuditError {
         })
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn redacted_values_are_scrubbed_raw_and_json_escaped() {
+        let arguments = json!({"user": "alice", "password": "pa\"ss-w0rd", "pin": 1234, "x": "ab"});
+        let fields = Redaction::Fields {
+            pointers: vec!["/password".into(), "/pin".into(), "/x".into()],
+        };
+        let secrets = redacted_values(&arguments, &fields);
+        // The raw and the JSON-escaped forms; "ab" is too short to scrub.
+        assert_eq!(secrets.len(), 3, "{secrets:?}");
+        let echoed = format!("failed for {arguments} (pass pa\"ss-w0rd, pin 1234)");
+        let scrubbed = scrub(&echoed, &secrets);
+        assert!(
+            !scrubbed.contains("ss-w0rd") && !scrubbed.contains("1234"),
+            "{scrubbed}"
+        );
+        assert!(scrubbed.contains("alice"), "{scrubbed}");
+        let mut details = json!({"tool_error": echoed, "pa\"ss-w0rd": ["1234"]});
+        scrub_value(&mut details, &secrets);
+        assert!(!details.to_string().contains("ss-w0rd"), "{details}");
+        assert!(!details.to_string().contains("1234"), "{details}");
+        // hash_only hides every value; full none.
+        assert_eq!(redacted_values(&arguments, &Redaction::HashOnly).len(), 4);
+        assert!(redacted_values(&arguments, &Redaction::Full).is_empty());
+    }
+
+    #[test]
+    fn checkpoint_sinks_parse() {
+        assert_eq!(
+            CheckpointSink::parse("file:/a/b.log"),
+            Ok(CheckpointSink::File {
+                path: "/a/b.log".into()
+            })
+        );
+        assert_eq!(
+            CheckpointSink::parse("syslog://"),
+            Ok(CheckpointSink::Syslog {
+                socket: "/dev/log".into()
+            })
+        );
+        assert_eq!(
+            CheckpointSink::parse("http://h:1/p"),
+            Ok(CheckpointSink::Webhook {
+                url: "http://h:1/p".into()
+            })
+        );
+        assert!(
+            CheckpointSink::parse("https://h/p")
+                .unwrap_err()
+                .contains("TLS")
+        );
+        assert!(CheckpointSink::parse("ftp://h").is_err());
+        assert!(CheckpointSink::parse("file:").is_err());
+    }
+}
