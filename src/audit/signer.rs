@@ -25,6 +25,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::AuditError;
@@ -36,6 +37,9 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// The first line of every export manifest statement the signer signs.
 pub const MANIFEST_DOMAIN: &str = "toolgate-audit-export-manifest/1\n";
+
+/// The most connections the signer serves at once.
+pub const MAX_CONNECTIONS: usize = 64;
 
 const OP_PUBLIC_KEY: u8 = b'P';
 const OP_SIGN: u8 = b'S';
@@ -201,7 +205,8 @@ pub fn signable(message: &[u8]) -> Result<(), String> {
 }
 
 /// Serves signing requests on `socket` with `key` until the process is stopped. Each
-/// connection is served on its own thread; a connection idle for a minute is closed.
+/// connection is served on its own thread (at most [`MAX_CONNECTIONS`] at once); a
+/// connection idle for a minute is closed.
 pub fn serve(key: SignerKey, socket: &Path) -> Result<(), AuditError> {
     use std::os::unix::fs::PermissionsExt;
     if socket.exists() {
@@ -218,13 +223,23 @@ pub fn serve(key: SignerKey, socket: &Path) -> Result<(), AuditError> {
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o660))
         .map_err(|e| signer_error(socket, format!("cannot set the socket's mode: {e}")))?;
     let key = std::sync::Arc::new(key);
+    let open = std::sync::Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
-        let key = key.clone();
+        // Bounded: a connection beyond the limit is closed at once.
+        if open.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            open.fetch_sub(1, Ordering::AcqRel);
+            continue;
+        }
+        let (key, done) = (key.clone(), open.clone());
         let spawned = std::thread::Builder::new()
             .name("signer-conn".into())
-            .spawn(move || serve_connection(&key, stream));
+            .spawn(move || {
+                serve_connection(&key, stream);
+                done.fetch_sub(1, Ordering::AcqRel);
+            });
         if let Err(e) = spawned {
+            open.fetch_sub(1, Ordering::AcqRel);
             tracing::warn!(error = %e, "cannot start a signer connection thread");
         }
     }
