@@ -507,6 +507,20 @@ pub fn verify_conn(
                 ),
             ));
         };
+        let only_outside = !origin.contains("in the database");
+        if actual != checkpoint_root && only_outside {
+            // The database no longer holds this checkpoint: the log was cut below it
+            // and continued (its sequence numbers reused), or replaced by another
+            // history. Either way it does not extend what was published.
+            return Err(problem(
+                ProblemKind::Fork,
+                Some(last_good + 1),
+                format!(
+                    "the events seq {}..{checkpoint_size} do not match {origin}, which the database no longer holds: the log was cut below it and continued, or forked",
+                    last_good + 1
+                ),
+            ));
+        }
         if actual != checkpoint_root {
             return Err(problem(
                 ProblemKind::RootMismatch,
