@@ -10,7 +10,8 @@
 //! gapless.
 //!
 //! INVARIANT: a waiter is answered Ok only after the COMMIT that holds its events
-//! returned; the writer is the only code that writes events.
+//! returned, and that commit also holds a checkpoint over every event signed by the
+//! log's [`Signer`] (the signed head); the writer is the only code that writes events.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
