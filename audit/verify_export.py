@@ -2,16 +2,26 @@
 """Verify a toolgate audit export with nothing but the Python 3 standard library.
 
     python3 verify_export.py EXPORT_DIR --key-fingerprint HEX
+        [--trusted-checkpoint FILE] [--expect-full | --expect-run RUN_ID]
 
 Get HEX through a channel you trust (the operator runs `toolgate audit key`), never
-from the export itself: a forger could ship their own key.
+from the export itself: a forger could ship their own key. Without it the export's own
+key is trusted, and its fingerprint is printed with a warning.
 
-Checks, in order: the file hashes in manifest.json; the public key against the
-fingerprint; every checkpoint signature (C2SP signed note, Ed25519 after RFC 8032);
+Checks, in order: the public key against the fingerprint; the signature of
+manifest.json (manifest.sig: Ed25519 over "toolgate-audit-export-manifest/1\n" and the
+manifest's bytes), so an unsigned or altered manifest is refused; what the auditor
+expects (--expect-full, --expect-run) against that signed statement; the file hashes in
+manifest.json; every checkpoint signature (C2SP signed note, Ed25519 after RFC 8032);
 the consistency proofs between consecutive checkpoints (RFC 9162 2.1.4.2); that every
 line re-canonicalizes to the same bytes (RFC 8785); then, for a full export, the
 seq/prev chain and the Merkle root at every checkpoint, or, for a filtered export, each
-event's inclusion proof (RFC 9162 2.1.3.2) against the newest checkpoint.
+event's inclusion proof (RFC 9162 2.1.3.2) against the newest checkpoint, that every
+event matches the signed filter, and that every tool_requested has its closing event in
+the export (or is listed as still open in the signed manifest). Since the manifest
+signs the sha256 of events.jsonl, a dropped, added or changed line is detected. With
+--trusted-checkpoint, the export must extend the checkpoint you kept (a fork or a cut
+exits 2).
 
 Exit codes: 0 intact, 1 integrity failure, 2 truncation or fork, 3 key or signature
 problem. The first bad seq is named.
@@ -26,6 +36,8 @@ import sys
 
 INTACT, INTEGRITY, TRUNCATION, SIGNATURE = 0, 1, 2, 3
 GENESIS_PREV = "0" * 64
+MANIFEST_DOMAIN = b"toolgate-audit-export-manifest/1\n"
+CLOSING_TYPES = ("tool_executed", "tool_denied", "tool_failed", "tool_timeout", "tool_allowed")
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
@@ -237,7 +249,9 @@ def load_key(path, fingerprint):
     if len(raw) != 33 or raw[0] != 0x01:
         raise Failure(SIGNATURE, None, "public-key.vkey is not an Ed25519 key")
     public = raw[1:]
-    if hashlib.sha256(public).hexdigest() != fingerprint.lower():
+    if fingerprint is None:
+        print(f"WARNING: no --key-fingerprint given: trusting the export's own key, fingerprint {hashlib.sha256(public).hexdigest()}; a forger can ship their own key, so compare it with the one you recorded")
+    elif hashlib.sha256(public).hexdigest() != fingerprint.strip().lower():
         raise Failure(SIGNATURE, None, "the export's public key does not have the fingerprint you gave")
     expected_id = sha256(name.encode() + b"\n\x01" + public)[:4]
     if expected_id.hex() != key_id:
@@ -321,14 +335,50 @@ def check_files(directory, manifest):
             raise Failure(INTEGRITY, None, f"{name} does not match its sha256 in manifest.json")
 
 
-def verify(directory, fingerprint):
+def check_manifest_signature(directory, raw_manifest, key):
+    name, key_id, public = key
     try:
-        with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
-            manifest = json.load(f)
+        with open(os.path.join(directory, "manifest.sig"), encoding="utf-8") as f:
+            signer, _, sig = f.read().strip().partition(" ")
+        sig = base64.b64decode(sig, validate=True)
+    except (OSError, ValueError):
+        raise Failure(SIGNATURE, None, "manifest.sig is missing or unreadable: the manifest is not a signed statement")
+    if signer != name or sig[:4] != key_id or not ed25519_verify(public, MANIFEST_DOMAIN + raw_manifest, sig[4:]):
+        raise Failure(SIGNATURE, None, "the signature of manifest.json does not verify: the manifest was altered or signed by another key")
+
+
+def check_expectations(manifest, expect_full, expect_run):
+    flt = manifest.get("filter") or {}
+    if expect_full and manifest.get("full") is not True:
+        raise Failure(INTEGRITY, None, "you expect a full export but the signed manifest says it is filtered")
+    if expect_run is not None:
+        if flt.get("run_id") != expect_run or flt.get("since") is not None or flt.get("until") is not None:
+            raise Failure(INTEGRITY, None, f"you expect the complete export of run {expect_run} but the signed manifest's filter is {json.dumps(flt)}")
+
+
+def read_trusted(path, key):
+    try:
+        with open(path, encoding="utf-8") as f:
+            notes = split_notes(f.read())
+    except OSError as e:
+        raise Failure(INTEGRITY, None, f"the trusted checkpoint is unreadable: {e}")
+    if not notes:
+        raise Failure(INTEGRITY, None, "the trusted checkpoint file holds no checkpoint")
+    return verify_note(notes[-1], key)
+
+
+def verify(directory, fingerprint, trusted_path=None, expect_full=False, expect_run=None):
+    try:
+        with open(os.path.join(directory, "manifest.json"), "rb") as f:
+            raw_manifest = f.read()
+        manifest = json.loads(raw_manifest.decode("utf-8"))
     except (OSError, ValueError) as e:
         raise Failure(INTEGRITY, None, f"manifest.json is unreadable: {e}")
-    check_files(directory, manifest)
     key = load_key(os.path.join(directory, "public-key.vkey"), fingerprint)
+    check_manifest_signature(directory, raw_manifest, key)
+    check_expectations(manifest, expect_full, expect_run)
+    check_files(directory, manifest)
+    trusted = read_trusted(trusted_path, key) if trusted_path else None
 
     # Checkpoints: every signature, then consistency between neighbours.
     with open(os.path.join(directory, "checkpoints.txt"), encoding="utf-8") as f:
@@ -346,6 +396,17 @@ def verify(directory, fingerprint):
     if manifest.get("tree_size") != tree_size:
         raise Failure(TRUNCATION, None, f"manifest.json claims tree size {manifest.get('tree_size')} but the newest checkpoint has {tree_size}")
     roots = dict(checkpoints)
+    signed_cp = manifest.get("checkpoint") or {}
+    if signed_cp.get("size") != tree_size or signed_cp.get("root") != tree_root.hex():
+        raise Failure(INTEGRITY, None, "the signed manifest names another checkpoint than the newest in checkpoints.txt")
+    if trusted is not None:
+        trusted_size, trusted_root = trusted
+        if trusted_size > tree_size:
+            raise Failure(TRUNCATION, tree_size + 1, f"your trusted checkpoint covers {trusted_size} events but the export's log has {tree_size}: seq {tree_size + 1}..{trusted_size} were cut")
+        if trusted_size in roots and roots[trusted_size] != trusted_root:
+            raise Failure(TRUNCATION, None, f"the export's checkpoint at size {trusted_size} differs from your trusted one: fork")
+        if trusted_size not in roots and not manifest.get("full") is True:
+            raise Failure(TRUNCATION, None, f"the export holds no checkpoint at the size of your trusted one ({trusted_size}): it cannot show that it extends it")
 
     # Events.
     with open(os.path.join(directory, "events.jsonl"), "rb") as f:
@@ -378,6 +439,8 @@ def verify(directory, fingerprint):
             prev = leaf.hex()
             if seq in roots and frontier.root() != roots[seq]:
                 raise Failure(INTEGRITY, seq, f"the events up to seq {seq} do not match the signed checkpoint at that size")
+            if trusted is not None and seq == trusted[0] and frontier.root() != trusted[1]:
+                raise Failure(TRUNCATION, None, f"the events up to seq {seq} do not match your trusted checkpoint: fork")
         else:
             if seq <= last_seq:
                 raise Failure(INTEGRITY, seq, "events.jsonl is out of order")
@@ -392,18 +455,48 @@ def verify(directory, fingerprint):
         raise Failure(INTEGRITY, tree_size + 1, "events beyond the signed checkpoint")
     if manifest.get("counts", {}).get("events") != len(lines):
         raise Failure(INTEGRITY, None, "manifest.json counts a different number of events")
+    if not full:
+        check_filtered(manifest, lines)
     kind = "full" if full else "filtered"
     span = f"seq {json.loads(lines[0])['seq']}..{last_seq}" if lines else "no events"
     return f"OK: {kind} export, {len(lines)} events ({span}), {len(checkpoints)} checkpoints, tree size {tree_size}"
 
 
+def check_filtered(manifest, lines):
+    """Every event matches the signed filter; every requested call is closed in the
+    export or listed as still open by the signed manifest."""
+    flt = manifest.get("filter") or {}
+    open_calls = set(manifest.get("open_calls") or [])
+    requested = {}
+    for line in lines:
+        event = json.loads(line)
+        seq = event["seq"]
+        if flt.get("run_id") is not None and event.get("run_id") != flt["run_id"]:
+            raise Failure(INTEGRITY, seq, "the event does not belong to the signed filter's run")
+        ts = event.get("timestamp_utc") or ""
+        if (flt.get("since") is not None and ts < flt["since"]) or (flt.get("until") is not None and ts >= flt["until"]):
+            raise Failure(INTEGRITY, seq, "the event is outside the signed filter's time range")
+        call = event.get("call_id")
+        if event.get("type") == "tool_requested" and call:
+            requested[call] = seq
+        elif event.get("type") in CLOSING_TYPES and call:
+            requested.pop(call, None)
+    for call, seq in sorted(requested.items(), key=lambda item: item[1]):
+        if call not in open_calls:
+            raise Failure(INTEGRITY, seq, f"call {call} was requested but its closing event is not in the export")
+
+
 def main():
     parser = argparse.ArgumentParser(description="Verify a toolgate audit export.")
     parser.add_argument("export_dir")
-    parser.add_argument("--key-fingerprint", required=True, help="hex sha256 of the raw Ed25519 public key")
+    parser.add_argument("--key-fingerprint", help="hex sha256 of the raw Ed25519 public key (get it from the operator, not from the export)")
+    parser.add_argument("--trusted-checkpoint", help="a checkpoint note you kept; the export must extend it")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--expect-full", action="store_true", help="fail unless the signed manifest says this is a full export")
+    group.add_argument("--expect-run", metavar="RUN_ID", help="fail unless the signed manifest says this is the complete export of this run")
     args = parser.parse_args()
     try:
-        print(verify(args.export_dir, args.key_fingerprint))
+        print(verify(args.export_dir, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run))
         return INTACT
     except Failure as f:
         where = f" at seq {f.seq}" if f.seq is not None else ""

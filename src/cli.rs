@@ -55,6 +55,9 @@ pub enum Command {
     /// Work with MCP servers (import their tools into the registry).
     #[command(subcommand)]
     Mcp(crate::mcp::McpCommand),
+    /// Hold the audit signing key in this process and sign checkpoints for a gateway
+    /// over a Unix socket (run it as another user).
+    Signer(crate::audit::cli::SignerArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -125,6 +128,7 @@ pub fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Diff(args)) => crate::review::diff::diff_command(&args),
         Command::Audit(command) => crate::audit::cli::run(command),
         Command::Mcp(command) => crate::mcp::mcp_command(&command),
+        Command::Signer(args) => crate::audit::cli::signer_command(&args),
     };
     exit.into()
 }

@@ -645,10 +645,21 @@ impl Gateway {
         call: Call,
         outcome: Result<(Captured, Map<String, Value>), Refusal>,
     ) -> CallResponse {
+        // INVARIANT: a redacted argument value appears nowhere: not in the message or
+        // details of a refusal (a tool's stderr, an upstream error body, a validation
+        // message quoting the input), hence not in the audit line, the response or the
+        // logs built from them.
+        let secrets = call
+            .arguments
+            .as_ref()
+            .map(|arguments| crate::audit::redacted_values(arguments, &call.redaction))
+            .unwrap_or_default();
         let (event_type, refusal) = match &outcome {
             Ok(_) => (EventType::ToolExecuted, None),
             Err(refusal) => {
                 let mut refusal = refusal.clone();
+                refusal.message = crate::audit::scrub(&refusal.message, &secrets);
+                crate::audit::scrub_value(&mut refusal.details, &secrets);
                 if call.executed && !call.retry_safe {
                     // A retry could repeat a side effect: only idempotent tools called
                     // with an idempotency key may be retried.

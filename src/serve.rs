@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::audit::{AuditLog, AuditOptions, Durability};
+use crate::audit::{AuditError, AuditLog, AuditOptions, CheckpointSink, Durability};
 use crate::cli::{Exit, PolicyLocation};
 use crate::gateway::{Gateway, Loaded, PolicySourcePaths, adapter_env};
 use crate::observe::trace;
@@ -46,6 +46,32 @@ pub struct ServeArgs {
     /// The candidate's tool registry (default: the active `--tools`).
     #[arg(long, requires = "shadow_policy_dir")]
     pub shadow_tools: Option<PathBuf>,
+    /// The audit key directory (default `<data-dir>/keys`). Keep it outside the data
+    /// directory, owned by another user; serve refuses one that group or others can
+    /// write.
+    #[arg(long)]
+    pub key_dir: Option<PathBuf>,
+    /// Sign checkpoints with a separate `toolgate signer` process listening on this
+    /// Unix socket instead of the key file; the key directory then holds only the HMAC
+    /// key and the public key.
+    #[arg(long)]
+    pub signer_socket: Option<PathBuf>,
+    /// Also publish checkpoints here (repeatable): `file:PATH`, `http://HOST/PATH` or
+    /// `syslog://SOCKET`. serve refuses to start on a log that does not extend the
+    /// newest checkpoint of a file sink (exit 2).
+    #[arg(long = "checkpoint-sink", value_parser = parse_sink)]
+    pub checkpoint_sinks: Vec<CheckpointSink>,
+    /// Publish a checkpoint to the sinks once this many events arrived since the last
+    /// (every commit is signed locally regardless).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every_events: u64,
+    /// ... or this many milliseconds after the last, if events arrived since.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..))]
+    pub checkpoint_interval_ms: u64,
+}
+
+fn parse_sink(text: &str) -> Result<CheckpointSink, String> {
+    CheckpointSink::parse(text)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -132,13 +158,44 @@ async fn run(args: &ServeArgs) -> Exit {
         DurabilityArg::Full => Durability::Full,
         DurabilityArg::Normal => Durability::Normal,
     };
+    if let Some(dir) = &args.key_dir {
+        options.key_dir = dir.clone();
+    }
+    options.checkpoint_every_events = args.checkpoint_every_events;
+    options.checkpoint_interval = Duration::from_millis(args.checkpoint_interval_ms);
+    options
+        .checkpoint_sinks
+        .extend(args.checkpoint_sinks.iter().cloned());
+    if options.key_dir.exists()
+        && let Err(e) = crate::audit::keys::check_private(&options.key_dir)
+    {
+        eprintln!("error: refusing the key directory: {e}");
+        return Exit::Signature;
+    }
+    if let Some(socket) = &args.signer_socket {
+        match crate::audit::signer::SocketSigner::connect(socket) {
+            Ok(signer) => options.signer = Some(Arc::new(signer)),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Exit::Signature;
+            }
+        }
+    }
     let audit = match AuditLog::open(options) {
         Ok(audit) => audit,
         Err(e) => {
             eprintln!("error: cannot open the audit log: {e}");
-            return Exit::Failure;
+            if let Some(help) = e.help() {
+                eprintln!("help: {help}");
+            }
+            return match e {
+                AuditError::Diverged { .. } => Exit::Truncated,
+                AuditError::Key { .. } | AuditError::Signer { .. } => Exit::Signature,
+                _ => Exit::Failure,
+            };
         }
     };
+    let fingerprint = audit.verifier_key().fingerprint();
     let env = adapter_env(&args.location.tools, &args.data_dir);
     let drain = drain_time(&loaded);
     let source = PolicySourcePaths {
@@ -180,6 +237,7 @@ async fn run(args: &ServeArgs) -> Exit {
         short(&versions.registry.sha256),
     );
     println!("data dir: {}", args.data_dir.display());
+    println!("audit key fingerprint: {fingerprint}");
     tokio::spawn(reload_on_sighup(gateway.clone()));
     let server_options = ServerOptions {
         max_body_bytes: args.max_body_bytes,

@@ -14,8 +14,10 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 
+use super::AuditError;
 use super::keys::{SignerKey, VerifierKey};
 use super::merkle::Hash;
+use super::signer::Signer;
 
 /// The em dash (U+2014) that opens a signature line, followed by a space.
 const SIGNATURE_PREFIX: &str = "\u{2014} ";
@@ -53,6 +55,19 @@ impl Checkpoint {
             key.verifier.name,
             B64.encode(sig)
         )
+    }
+
+    /// The signed note, signed by `signer` (which may be another process).
+    pub fn sign_with(&self, signer: &dyn Signer) -> Result<String, AuditError> {
+        let body = self.body();
+        let verifier = signer.verifier();
+        let mut sig = verifier.key_id.to_vec();
+        sig.extend_from_slice(&signer.sign(body.as_bytes())?);
+        Ok(format!(
+            "{body}\n{SIGNATURE_PREFIX}{} {}\n",
+            verifier.name,
+            B64.encode(sig)
+        ))
     }
 }
 

@@ -48,6 +48,10 @@ pub struct VerifyArgs {
     /// next to the database, if it exists).
     #[arg(long = "checkpoints")]
     pub checkpoint_files: Vec<PathBuf>,
+    /// The key fingerprint you recorded (`toolgate audit key`); the key found must have
+    /// it (exit 3 otherwise). Without it the key is trusted as found, with a warning.
+    #[arg(long)]
+    pub key_fingerprint: Option<String>,
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
 }
@@ -80,6 +84,25 @@ pub struct ExportArgs {
     /// The output directory (created; must be empty).
     #[arg(long)]
     pub out: PathBuf,
+    /// Sign with a `toolgate signer` process on this Unix socket instead of the key
+    /// file in the key directory.
+    #[arg(long)]
+    pub signer_socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct SignerArgs {
+    /// The directory holding the signing key (created with a new key if empty). Keep
+    /// it readable only by the signer's user; the signer refuses one that group or
+    /// others can write.
+    #[arg(long)]
+    pub key_dir: PathBuf,
+    /// The Unix socket to listen on (mode 0660: give the gateway's user the group).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The name of a new key (the checkpoint origin).
+    #[arg(long, default_value = super::DEFAULT_ORIGIN)]
+    pub name: String,
 }
 
 #[derive(Debug, Args)]
@@ -139,7 +162,8 @@ fn exit_for_problem(problem: &Problem) -> Exit {
 /// Errors that stop a command before it could check anything.
 fn exit_for_error(error: &AuditError) -> Exit {
     match error {
-        AuditError::Key { .. } => Exit::Signature,
+        AuditError::Key { .. } | AuditError::Signer { .. } => Exit::Signature,
+        AuditError::Diverged { .. } => Exit::Truncated,
         AuditError::Corrupt { .. } => Exit::Failure,
         _ => Exit::InvalidConfig,
     }
@@ -206,6 +230,7 @@ fn verify_command(args: &VerifyArgs) -> Exit {
             .unwrap_or_else(|| default_key_dir(&args.db)),
         checkpoint_files: checkpoint_files(&args.db, &args.checkpoint_files),
         trusted_checkpoint: args.trusted_checkpoint.clone(),
+        key_fingerprint: args.key_fingerprint.clone(),
     };
     let bar = progress_bar("verifying");
     let result = verify_db(&options, &mut on_progress(&bar));
@@ -240,7 +265,11 @@ fn verify_command(args: &VerifyArgs) -> Exit {
                     if let Some(size) = r.trusted_checkpoint_size {
                         say!("extends the trusted checkpoint at size {size}");
                     }
-                    say!("key fingerprint {}", r.key_fingerprint);
+                    if r.key_fingerprint_confirmed {
+                        say!("key fingerprint {} (as given)", r.key_fingerprint);
+                    } else {
+                        say!("key fingerprint {} (NOT confirmed)", r.key_fingerprint);
+                    }
                     for warning in &r.warnings {
                         say!("warning: {warning}");
                     }
@@ -302,7 +331,18 @@ fn export_command(args: &ExportArgs) -> Exit {
         (Ok(since), Ok(until)) => (since, until),
         (Err(exit), _) | (_, Err(exit)) => return exit,
     };
+    let signer: Option<std::sync::Arc<dyn super::signer::Signer>> = match &args.signer_socket {
+        None => None,
+        Some(socket) => match super::signer::SocketSigner::connect(socket) {
+            Ok(signer) => Some(std::sync::Arc::new(signer)),
+            Err(error) => {
+                print_error(&error, error.help());
+                return Exit::Signature;
+            }
+        },
+    };
     let options = ExportOptions {
+        signer,
         db_path: args.db.clone(),
         key_dir: args
             .key_dir
@@ -442,6 +482,39 @@ fn tail_command(args: &TailArgs) -> Exit {
         Err(error) => {
             print_error(&error, error.help());
             exit_for_error(&error)
+        }
+    }
+}
+
+/// `toolgate signer`: holds the checkpoint key in its own process and signs over a Unix
+/// socket (protocol: `audit::signer`). Runs until stopped.
+pub fn signer_command(args: &SignerArgs) -> Exit {
+    let key = if args.key_dir.join(super::keys::SIGNING_KEY_FILE).exists() {
+        super::keys::load_signer(&args.key_dir)
+    } else {
+        super::keys::create_signer(&args.key_dir, &args.name)
+    };
+    let key = match key.and_then(|key| {
+        super::keys::check_private(&args.key_dir)?;
+        Ok(key)
+    }) {
+        Ok(key) => key,
+        Err(error) => {
+            print_error(&error, error.help());
+            return Exit::Signature;
+        }
+    };
+    say!(
+        "toolgate signer listening on {} (key {}, fingerprint {})",
+        args.socket.display(),
+        key.verifier.name,
+        key.verifier.fingerprint()
+    );
+    match super::signer::serve(key, &args.socket) {
+        Ok(()) => Exit::Ok,
+        Err(error) => {
+            print_error(&error, error.help());
+            Exit::Failure
         }
     }
 }

@@ -7,7 +7,9 @@
 //! public-key.vkey              the checkpoint verifier key
 //! proofs/inclusion.jsonl       per event: its RFC 9162 inclusion proof in the export tree
 //! proofs/consistency.jsonl     per consecutive checkpoint pair: a consistency proof
-//! manifest.json                range, counts, filter, sha256 of every file above
+//! manifest.json                range, counts, filter, sha256 of every file above,
+//!                              the export checkpoint and the calls still open
+//! manifest.sig                 the manifest's Ed25519 signature by the checkpoint key
 //! README.txt                   how to verify
 //! verify_export.py             a copy of the verifier (use your own trusted copy)
 //! ```
@@ -19,6 +21,10 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -28,11 +34,16 @@ use super::checkpoint::Checkpoint;
 use super::keys::load_signer;
 use super::line::format_timestamp;
 use super::merkle::Tree;
+use super::signer::{MANIFEST_DOMAIN, Signer};
 use super::store::{self, INSERT_CHECKPOINT, map_sqlite};
 use super::verify::{
     Problem, Progress, VerifyError, VerifyOptions, read_checkpoint_files, verify_conn,
 };
 use super::{AuditError, DEFAULT_ORIGIN};
+
+/// The signature of manifest.json: `<key name> <base64(key id || Ed25519 signature)>`
+/// over [`MANIFEST_DOMAIN`] followed by the bytes of manifest.json.
+pub const MANIFEST_SIGNATURE_FILE: &str = "manifest.sig";
 
 /// The verifier script shipped in every export.
 pub const VERIFY_SCRIPT: &str = include_str!("../../audit/verify_export.py");
@@ -55,6 +66,9 @@ pub struct ExportOptions {
     pub until: Option<OffsetDateTime>,
     /// Checkpoint sink files to check and to append the export checkpoint to.
     pub checkpoint_files: Vec<PathBuf>,
+    /// Who signs the export checkpoint and the manifest; None: the key file in
+    /// `key_dir`.
+    pub signer: Option<Arc<dyn Signer>>,
 }
 
 /// Why an export failed.
@@ -113,7 +127,30 @@ struct Manifest {
     key: KeyInfo,
     csv_is_integrity_protected: bool,
     files: BTreeMap<String, String>,
+    /// The export checkpoint this statement is about: every event line is included in
+    /// the tree of this size and root.
+    checkpoint: CheckpointInfo,
+    /// Call ids whose `tool_requested` is in the export but whose closing event is not
+    /// in the log yet (calls still running at export time); every other requested call
+    /// has its closing event in the export.
+    open_calls: Vec<String>,
 }
+
+#[derive(Serialize)]
+struct CheckpointInfo {
+    size: u64,
+    /// Hex RFC 9162 root.
+    root: String,
+}
+
+/// The event types that close a requested call.
+const CLOSING_TYPES: [&str; 5] = [
+    "tool_executed",
+    "tool_denied",
+    "tool_failed",
+    "tool_timeout",
+    "tool_allowed",
+];
 
 #[derive(Serialize)]
 struct Filter {
@@ -228,8 +265,11 @@ pub fn export(
     if out.exists() && fs::read_dir(out).map_err(|e| io(out, e))?.next().is_some() {
         return Err(ExportError::OutNotEmpty(out.clone()));
     }
-    let signer = load_signer(&options.key_dir)?;
-    let key = signer.verifier.clone();
+    let signer: Arc<dyn Signer> = match &options.signer {
+        Some(signer) => signer.clone(),
+        None => Arc::new(load_signer(&options.key_dir)?),
+    };
+    let key = signer.verifier().clone();
     let path = &options.db_path;
     let map = |e: rusqlite::Error| ExportError::Audit(map_sqlite(&e, path));
     // Sink files first, then the snapshot (see `verify::read_checkpoint_files`).
@@ -241,6 +281,8 @@ pub fn export(
         key_dir: options.key_dir.clone(),
         checkpoint_files: options.checkpoint_files.clone(),
         trusted_checkpoint: None,
+        // The signer's own key: nothing to confirm.
+        key_fingerprint: Some(key.fingerprint()),
     };
     let verified =
         verify_conn(&conn, &verify_options, sink_notes, &key, progress).map_err(verify_error)?;
@@ -254,7 +296,7 @@ pub fn export(
         size: tree_size,
         root: tree.root(tree_size),
     };
-    let export_note = export_checkpoint.sign(&signer);
+    let export_note = export_checkpoint.sign_with(signer.as_ref())?;
     let created = format_timestamp(OffsetDateTime::now_utc());
 
     // Record the export checkpoint like any other; an export from a read-only copy still
@@ -308,6 +350,7 @@ pub fn export(
         ExportFormat::Jsonl => None,
     };
     let mut by_type: BTreeMap<String, u64> = BTreeMap::new();
+    let mut open_calls = std::collections::BTreeSet::new();
     let (mut count, mut first_seq, mut last_seq) = (0u64, None, None);
     {
         let mut sql = String::from("SELECT seq, line FROM events WHERE seq <= ?");
@@ -344,6 +387,13 @@ pub fn export(
             let value: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
             if let Some(kind) = value.get("type").and_then(|t| t.as_str()) {
                 *by_type.entry(kind.to_string()).or_default() += 1;
+                if let Some(call) = value.get("call_id").and_then(|c| c.as_str()) {
+                    if kind == "tool_requested" {
+                        open_calls.insert(call.to_string());
+                    } else if CLOSING_TYPES.contains(&kind) {
+                        open_calls.remove(call);
+                    }
+                }
             }
             if let Some((path, writer)) = &mut csv {
                 let record: Vec<String> = CSV_COLUMNS
@@ -448,10 +498,27 @@ pub fn export(
         },
         csv_is_integrity_protected: false,
         files,
+        checkpoint: CheckpointInfo {
+            size: tree_size,
+            root: hex::encode(export_checkpoint.root),
+        },
+        open_calls: open_calls.into_iter().collect(),
     };
     let manifest_text = serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n";
+    // The manifest is a signed statement: the signature covers MANIFEST_DOMAIN followed
+    // by the exact bytes of manifest.json.
+    let mut statement = MANIFEST_DOMAIN.as_bytes().to_vec();
+    statement.extend_from_slice(manifest_text.as_bytes());
+    let mut signature = key.key_id.to_vec();
+    signature.extend_from_slice(&signer.sign(&statement)?);
     let manifest_path = out.join("manifest.json");
     fs::write(&manifest_path, manifest_text).map_err(|e| io(&manifest_path, e))?;
+    let signature_path = out.join(MANIFEST_SIGNATURE_FILE);
+    fs::write(
+        &signature_path,
+        format!("{} {}\n", key.name, B64.encode(signature)),
+    )
+    .map_err(|e| io(&signature_path, e))?;
     Ok(ExportSummary {
         out_dir: out.display().to_string(),
         tree_size,
@@ -514,8 +581,10 @@ fn readme(fingerprint: &str, full: bool) -> String {
     } else {
         "This is a FILTERED export (see manifest.json, \"filter\"): events.jsonl holds only the\n\
          selected events. Each one is tied to the signed export checkpoint by its inclusion\n\
-         proof, which proves it is in the log exactly as shown. A filtered export cannot\n\
-         prove that no other event of the selection exists; ask for a full export for that."
+         proof, which proves it is in the log exactly as shown. The signed manifest states\n\
+         the filter and commits to the sha256 of events.jsonl, so a dropped line is\n\
+         detected; every tool_requested has its closing event here unless the manifest\n\
+         lists the call in open_calls."
     };
     format!(
         "toolgate audit export\n\
@@ -532,6 +601,8 @@ fn readme(fingerprint: &str, full: bool) -> String {
          2. Use your own trusted copy of verify_export.py (a copy is included here for\n\
             convenience; compare it with the published one).\n\
          3. Run: python3 verify_export.py THIS_DIRECTORY --key-fingerprint HEX\n\
+            [--trusted-checkpoint FILE] [--expect-full | --expect-run RUN_ID]\n\
+            (--trusted-checkpoint: a checkpoint you kept; the export must extend it).\n\
             Exit codes: 0 intact, 1 integrity failure (edited, missing, inserted,\n\
             reordered), 2 truncation or fork, 3 key or signature problem. The first bad\n\
             seq is named.\n\
@@ -547,7 +618,9 @@ fn readme(fingerprint: &str, full: bool) -> String {
            against the last checkpoint.\n\
          - proofs/consistency.jsonl: RFC 9162 consistency proofs between consecutive\n\
            checkpoints.\n\
-         - manifest.json: the range, counts, filter and the sha256 of every file.\n\
+         - manifest.json: the range, counts, filter, the sha256 of every file, the\n\
+           export checkpoint and the calls still open; a statement signed in\n\
+           manifest.sig (an unsigned or altered manifest is refused).\n\
          - events.csv (if present): a derived view for spreadsheets. It is NOT\n\
            integrity-protected; rely on events.jsonl.\n"
     )

@@ -12,6 +12,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -19,6 +20,7 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use sha2::{Digest, Sha256};
 
 use super::AuditError;
+use super::signer::Signer as CheckpointSigner;
 
 pub const SIGNING_KEY_FILE: &str = "audit-signing.key";
 pub const VERIFIER_KEY_FILE: &str = "audit-signing.vkey";
@@ -175,11 +177,42 @@ impl SignerKey {
     }
 }
 
-/// Both secrets, loaded from (or created in) a key directory.
+/// Both secrets: the checkpoint signer (the key file, or another process holding it)
+/// and the HMAC key, loaded from (or created in) a key directory.
 #[derive(Debug, Clone)]
 pub struct Keys {
-    pub signer: SignerKey,
+    pub signer: Arc<dyn CheckpointSigner>,
     pub hmac_key: [u8; 32],
+}
+
+/// Refuses a key directory (or key file in it) that anyone but its owner can write:
+/// whoever can replace the key can sign a rewritten log.
+pub fn check_private(dir: &Path) -> Result<(), AuditError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut paths = vec![dir.to_path_buf()];
+    for name in [SIGNING_KEY_FILE, VERIFIER_KEY_FILE, HMAC_KEY_FILE] {
+        if dir.join(name).exists() {
+            paths.push(dir.join(name));
+        }
+    }
+    for path in paths {
+        let meta = fs::symlink_metadata(&path)
+            .map_err(|e| key_error(&path, format!("cannot inspect: {e}")))?;
+        if meta.file_type().is_symlink() {
+            return Err(key_error(&path, "is a symbolic link; give the real path"));
+        }
+        let mode = meta.permissions().mode();
+        if mode & 0o022 != 0 {
+            return Err(key_error(
+                &path,
+                format!(
+                    "is writable by group or others (mode {:o}); run `chmod go-w` on it",
+                    mode & 0o777
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn key_error(path: &Path, what: impl Into<String>) -> AuditError {
@@ -253,43 +286,75 @@ impl Keys {
             write_new(&signing_path, &format!("{}\n", signer.to_skey()), 0o600)?;
             signer
         };
-        let vkey_path = dir.join(VERIFIER_KEY_FILE);
-        if vkey_path.exists() {
-            let stored = VerifierKey::parse_vkey(&read_small(&vkey_path)?)
-                .map_err(|e| key_error(&vkey_path, e))?;
-            if stored != signer.verifier {
-                return Err(key_error(
-                    &vkey_path,
-                    "the public key does not belong to the signing key next to it",
-                ));
-            }
-        } else {
-            write_new(
-                &vkey_path,
-                &format!("{}\n", signer.verifier.to_vkey()),
-                0o644,
-            )?;
+        check_or_write_vkey(dir, &signer.verifier)?;
+        let hmac_key = load_hmac(dir, may_create)?;
+        Ok(Keys {
+            signer: Arc::new(signer),
+            hmac_key,
+        })
+    }
+
+    /// The keys of a log signed by `signer` (e.g. a [`super::signer::SocketSigner`]):
+    /// the HMAC key from `dir`, and the public key recorded there (written on first use,
+    /// checked against the signer afterwards).
+    pub fn with_signer(
+        dir: &Path,
+        signer: Arc<dyn CheckpointSigner>,
+        may_create: bool,
+    ) -> Result<Keys, AuditError> {
+        use std::os::unix::fs::DirBuilderExt;
+        if !dir.exists() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| key_error(dir, format!("cannot create the key directory: {e}")))?;
         }
-        let hmac_path = dir.join(HMAC_KEY_FILE);
-        let hmac_key = if hmac_path.exists() {
-            let text = read_small(&hmac_path)?;
-            let bytes = hex::decode(text.trim())
-                .map_err(|_| key_error(&hmac_path, "the hmac key is not hex"))?;
-            bytes
-                .try_into()
-                .map_err(|_| key_error(&hmac_path, "the hmac key must have 32 bytes"))?
-        } else if !may_create {
-            return Err(key_error(
-                &hmac_path,
-                "the log already has events but its hmac key is missing",
-            ));
-        } else {
-            let key = random_32(&hmac_path)?;
-            write_new(&hmac_path, &format!("{}\n", hex::encode(key)), 0o600)?;
-            key
-        };
+        check_or_write_vkey(dir, signer.verifier())?;
+        let hmac_key = load_hmac(dir, may_create)?;
         Ok(Keys { signer, hmac_key })
     }
+}
+
+/// Checks the `vkey` file in `dir` names `verifier`, or writes it.
+fn check_or_write_vkey(dir: &Path, verifier: &VerifierKey) -> Result<(), AuditError> {
+    let vkey_path = dir.join(VERIFIER_KEY_FILE);
+    if vkey_path.exists() {
+        let stored = VerifierKey::parse_vkey(&read_small(&vkey_path)?)
+            .map_err(|e| key_error(&vkey_path, e))?;
+        if stored != *verifier {
+            return Err(key_error(
+                &vkey_path,
+                "the public key does not belong to the signing key next to it",
+            ));
+        }
+    } else {
+        write_new(&vkey_path, &format!("{}\n", verifier.to_vkey()), 0o644)?;
+    }
+    Ok(())
+}
+
+/// Loads the HMAC key from `dir`, creating it if `may_create`.
+fn load_hmac(dir: &Path, may_create: bool) -> Result<[u8; 32], AuditError> {
+    let hmac_path = dir.join(HMAC_KEY_FILE);
+    let hmac_key = if hmac_path.exists() {
+        let text = read_small(&hmac_path)?;
+        let bytes = hex::decode(text.trim())
+            .map_err(|_| key_error(&hmac_path, "the hmac key is not hex"))?;
+        bytes
+            .try_into()
+            .map_err(|_| key_error(&hmac_path, "the hmac key must have 32 bytes"))?
+    } else if !may_create {
+        return Err(key_error(
+            &hmac_path,
+            "the log already has events but its hmac key is missing",
+        ));
+    } else {
+        let key = random_32(&hmac_path)?;
+        write_new(&hmac_path, &format!("{}\n", hex::encode(key)), 0o600)?;
+        key
+    };
+    Ok(hmac_key)
 }
 
 /// Loads only the public key from `dir`: the `vkey` file, or, failing that, the public
@@ -324,6 +389,26 @@ pub fn load_signer(dir: &Path) -> Result<SignerKey, AuditError> {
     SignerKey::parse_skey(&read_small(&signing_path)?).map_err(|e| key_error(&signing_path, e))
 }
 
+/// Creates a new signing key (and its `vkey` file) in `dir`, for `toolgate signer`.
+pub fn create_signer(dir: &Path, name: &str) -> Result<SignerKey, AuditError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !valid_key_name(name) {
+        return Err(key_error(dir, format!("invalid key name `{name}`")));
+    }
+    if !dir.exists() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| key_error(dir, format!("cannot create the key directory: {e}")))?;
+    }
+    let signing_path = dir.join(SIGNING_KEY_FILE);
+    let signer = SignerKey::from_seed(name, random_32(&signing_path)?);
+    write_new(&signing_path, &format!("{}\n", signer.to_skey()), 0o600)?;
+    check_or_write_vkey(dir, &signer.verifier)?;
+    Ok(signer)
+}
+
 /// The default key directory for a database: `<db dir>/keys`.
 pub fn default_key_dir(db_path: &Path) -> PathBuf {
     db_path.parent().unwrap_or(Path::new(".")).join("keys")
@@ -348,8 +433,8 @@ mod tests {
                 .join(SIGNING_KEY_FILE)
                 .exists()
         );
-        assert_eq!(keys.signer.verifier, again.signer.verifier);
-        assert_eq!(again.signer.verifier.name, "example.com/log");
+        assert_eq!(keys.signer.verifier(), again.signer.verifier());
+        assert_eq!(again.signer.verifier().name, "example.com/log");
         assert_eq!(keys.hmac_key, again.hmac_key);
         use std::os::unix::fs::PermissionsExt;
         let mode = fs::metadata(dir.path().join("keys").join(SIGNING_KEY_FILE))
@@ -358,8 +443,8 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         let loaded = load_verifier(&dir.path().join("keys")).unwrap();
-        assert_eq!(loaded, keys.signer.verifier);
-        let sig = keys.signer.sign(b"hello");
+        assert_eq!(&loaded, keys.signer.verifier());
+        let sig = keys.signer.sign(b"hello").unwrap();
         assert!(loaded.verify(b"hello", &sig));
         assert!(!loaded.verify(b"hellO", &sig));
     }

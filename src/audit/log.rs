@@ -10,7 +10,8 @@
 //! gapless.
 //!
 //! INVARIANT: a waiter is answered Ok only after the COMMIT that holds its events
-//! returned; the writer is the only code that writes events.
+//! returned, and that commit also holds a checkpoint over every event signed by the
+//! log's [`Signer`] (the signed head); the writer is the only code that writes events.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,11 +24,12 @@ use time::OffsetDateTime;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::checkpoint::{Checkpoint, verify_note};
-use super::keys::{Keys, SignerKey, VerifierKey, valid_key_name};
+use super::keys::{Keys, VerifierKey, valid_key_name};
 use super::line::{Prepared, event_id, format_timestamp, prepare, render};
 use super::merkle::{Frontier, Hash, leaf_hash};
+use super::signer::Signer;
 use super::sink::Sinks;
-use super::store::{self, INSERT_CHECKPOINT, INSERT_EVENT, map_sqlite};
+use super::store::{self, INSERT_CHECKPOINT, INSERT_EVENT, UPSERT_HEAD, map_sqlite};
 use super::wal::WalCheckpointer;
 use super::{
     Appended, ArgumentCommitment, AuditError, AuditOptions, Durability, EventFilter, NewEvent,
@@ -128,19 +130,50 @@ impl AuditLog {
             options.max_db_bytes,
         )?;
         super::wal::configure_writer(&conn, &path)?;
-        let state = store::load_state(&conn, &path)?;
-        let fresh = state.frontier.size() == 0 && state.last_checkpoint.is_none();
-        let keys = Keys::load_or_create(&options.key_dir, &options.origin, fresh)?;
-        if let Some(row) = &state.last_checkpoint {
-            let checkpoint =
-                verify_note(&row.note, &keys.signer.verifier).map_err(|e| AuditError::Key {
-                    path: options.key_dir.clone(),
-                    what: format!("the newest checkpoint does not verify with this key: {e}"),
+        let (count, _) = store::head(&conn, &path)?;
+        let signed_before: bool = conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM checkpoints) OR EXISTS (SELECT 1 FROM signed_head)",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| map_sqlite(&e, &path))?;
+        let fresh = count == 0 && !signed_before;
+        let keys = match &options.signer {
+            Some(signer) => Keys::with_signer(&options.key_dir, signer.clone(), fresh)?,
+            None => Keys::load_or_create(&options.key_dir, &options.origin, fresh)?,
+        };
+        let verifier = keys.signer.verifier().clone();
+        // The newest checkpoint each readable sink holds: the log must extend them.
+        let mut extra = Vec::new();
+        for sink in &options.checkpoint_sinks {
+            if let super::CheckpointSink::File { path: file } = sink
+                && let Some(note) = super::sink::newest_note(file)?
+            {
+                let checkpoint = verify_note(&note, &verifier).map_err(|e| AuditError::Key {
+                    path: file.clone(),
+                    what: format!("the newest checkpoint in this sink does not verify: {e}"),
                 })?;
+                extra.push((
+                    format!("the newest checkpoint in `{}`", file.display()),
+                    checkpoint,
+                ));
+            }
+        }
+        let state = store::load_state(&conn, &path, &extra)?;
+        for (what, row) in [
+            ("newest checkpoint", &state.last_checkpoint),
+            ("signed head", &state.head),
+        ] {
+            let Some(row) = row else { continue };
+            let checkpoint = verify_note(&row.note, &verifier).map_err(|e| AuditError::Key {
+                path: options.key_dir.clone(),
+                what: format!("the {what} does not verify with this key: {e}"),
+            })?;
             if checkpoint.size != row.size || hex::encode(checkpoint.root) != row.root {
                 return Err(AuditError::Corrupt {
                     seq: 0,
-                    what: "the newest checkpoint note does not match its row".into(),
+                    what: format!("the {what} note does not match its row"),
                 });
             }
         }
@@ -188,7 +221,7 @@ impl AuditLog {
                 closed: AtomicBool::new(false),
                 head,
                 hmac_key: keys.hmac_key,
-                verifier: keys.signer.verifier,
+                verifier,
                 permits: Arc::new(Semaphore::new(MAX_QUEUED_EVENTS)),
                 reader: Arc::new(Mutex::new(reader)),
                 db_path: path,
@@ -381,7 +414,7 @@ struct Writer {
     prev: Hash,
     /// The newest timestamp written; timestamps never go backwards along seq.
     last_ts: String,
-    signer: SignerKey,
+    signer: Arc<dyn Signer>,
     origin: String,
     every: u64,
     interval: Duration,
@@ -589,11 +622,15 @@ impl Writer {
                 appended.push(out);
             }
         }
+        // INVARIANT: every commit carries a signed checkpoint over all of its events
+        // (the signed head), so no acknowledged event is ever unsigned.
+        let (size, head) = sign_head(self.signer.as_ref(), &self.origin, &frontier)?;
+        tx.prepare_cached(UPSERT_HEAD)
+            .and_then(|mut s| s.execute(params![size as i64, hex::encode(frontier.root()), head]))
+            .map_err(map)?;
         let note = if with_checkpoint {
-            Some(
-                insert_checkpoint(&tx, &self.signer, &self.origin, &frontier, &ts, "events")
-                    .map_err(map)?,
-            )
+            insert_checkpoint(&tx, &head, &frontier, &ts, "events").map_err(map)?;
+            Some((size, head))
         } else {
             None
         };
@@ -617,9 +654,8 @@ impl Writer {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(map)?;
-        let (size, note) =
-            insert_checkpoint(&tx, &self.signer, &self.origin, &self.frontier, &ts, reason)
-                .map_err(map)?;
+        let (size, note) = sign_head(self.signer.as_ref(), &self.origin, &self.frontier)?;
+        insert_checkpoint(&tx, &note, &self.frontier, &ts, reason).map_err(map)?;
         tx.commit().map_err(map)?;
         self.last_cp_size = size;
         self.last_cp_at = Instant::now();
@@ -670,7 +706,7 @@ impl Writer {
                 if count == self.frontier.size()
                     && last.as_ref().map(|l| l.1.as_str())
                         == (count > 0).then(|| hex::encode(self.prev)).as_deref() => {}
-            Ok(_) => match store::load_state(&self.conn, &self.path) {
+            Ok(_) => match store::load_state(&self.conn, &self.path, &[]) {
                 Ok(state) => {
                     self.frontier = state.frontier;
                     self.prev = state.prev;
@@ -686,27 +722,35 @@ impl Writer {
     }
 }
 
-/// Signs a checkpoint over `frontier` and inserts it; returns (size, note).
-fn insert_checkpoint(
-    tx: &rusqlite::Transaction<'_>,
-    signer: &SignerKey,
+/// Signs a checkpoint over `frontier`; returns (size, note). Fails closed when the
+/// signer cannot sign (the batch is rolled back and its callers get the error).
+fn sign_head(
+    signer: &dyn Signer,
     origin: &str,
     frontier: &Frontier,
-    ts: &str,
-    reason: &str,
-) -> rusqlite::Result<(u64, String)> {
+) -> Result<(u64, String), AuditError> {
     let checkpoint = Checkpoint {
         origin: origin.to_string(),
         size: frontier.size(),
         root: frontier.root(),
     };
-    let note = checkpoint.sign(signer);
+    Ok((checkpoint.size, checkpoint.sign_with(signer)?))
+}
+
+/// Inserts the signed `note` over `frontier` as a checkpoint row.
+fn insert_checkpoint(
+    tx: &rusqlite::Transaction<'_>,
+    note: &str,
+    frontier: &Frontier,
+    ts: &str,
+    reason: &str,
+) -> rusqlite::Result<()> {
     tx.prepare_cached(INSERT_CHECKPOINT)?.execute(params![
-        checkpoint.size as i64,
-        hex::encode(checkpoint.root),
+        frontier.size() as i64,
+        hex::encode(frontier.root()),
         note,
         ts,
         reason
     ])?;
-    Ok((checkpoint.size, note))
+    Ok(())
 }

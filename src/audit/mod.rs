@@ -11,6 +11,8 @@
 //! - [`merkle`]: the RFC 9162 tree, proofs and their verification.
 //! - [`checkpoint`]: C2SP signed-note checkpoints.
 //! - [`keys`]: the signing and HMAC keys, kept outside the database.
+//! - [`signer`]: the [`signer::Signer`] interface: the key file, or a separate signing
+//!   process over a Unix socket.
 //! - `log`: [`AuditLog`], the writer thread and its group commit.
 //! - `store`: the SQLite schema and error mapping.
 //! - `sink`: where checkpoints are published besides the database.
@@ -30,6 +32,7 @@ pub mod line;
 mod log;
 pub mod merkle;
 mod reader;
+pub mod signer;
 mod sink;
 mod store;
 pub mod verify;
@@ -212,6 +215,46 @@ pub enum CheckpointSink {
     Syslog { socket: PathBuf },
 }
 
+impl CheckpointSink {
+    /// Parses `file:PATH`, `http://HOST[:PORT]/PATH` or `syslog://SOCKET` (e.g.
+    /// `syslog:///dev/log`; `syslog://` alone means `/dev/log`).
+    pub fn parse(text: &str) -> Result<CheckpointSink, String> {
+        if let Some(path) = text.strip_prefix("file:") {
+            if path.is_empty() {
+                return Err(
+                    "`file:` needs a path, e.g. `file:/var/log/toolgate/checkpoints.log`".into(),
+                );
+            }
+            return Ok(CheckpointSink::File {
+                path: PathBuf::from(path),
+            });
+        }
+        if let Some(socket) = text.strip_prefix("syslog://") {
+            let socket = if socket.is_empty() {
+                "/dev/log"
+            } else {
+                socket
+            };
+            return Ok(CheckpointSink::Syslog {
+                socket: PathBuf::from(socket),
+            });
+        }
+        if text.starts_with("http://") {
+            return Ok(CheckpointSink::Webhook {
+                url: text.to_string(),
+            });
+        }
+        if text.starts_with("https://") {
+            return Err(format!(
+                "`{text}`: https is not built in; send to an http endpoint on this host that forwards over TLS (a log shipper, stunnel)"
+            ));
+        }
+        Err(format!(
+            "`{text}` is not a checkpoint sink: use `file:PATH`, `http://HOST/PATH` or `syslog://SOCKET`"
+        ))
+    }
+}
+
 /// How to open the log. [`AuditOptions::new`] gives the defaults for a data directory.
 #[derive(Debug, Clone)]
 pub struct AuditOptions {
@@ -219,6 +262,9 @@ pub struct AuditOptions {
     pub db_path: PathBuf,
     /// Where the signing and HMAC keys live; never inside the database.
     pub key_dir: PathBuf,
+    /// An external signer (e.g. [`signer::SocketSigner`]); None: the key file in
+    /// `key_dir`. With a signer, `key_dir` holds only the HMAC key and the public key.
+    pub signer: Option<std::sync::Arc<dyn signer::Signer>>,
     pub durability: Durability,
     /// Sign a checkpoint once this many events arrived since the last one.
     pub checkpoint_every_events: u64,
@@ -248,6 +294,7 @@ impl AuditOptions {
         AuditOptions {
             db_path: data_dir.join("audit.db"),
             key_dir: data_dir.join("keys"),
+            signer: None,
             durability: Durability::Full,
             checkpoint_every_events: 1000,
             checkpoint_interval: Duration::from_secs(10),
@@ -345,6 +392,89 @@ pub fn redact(arguments: &Value, redaction: &Redaction) -> Option<Value> {
 /// What a redacted value is replaced with.
 pub const REDACTED: &str = "[redacted]";
 
+/// Values shorter than this many characters are not scrubbed from free text (they
+/// would mangle every message that happens to contain them, and hide nothing).
+pub const MIN_SCRUBBED_CHARS: usize = 4;
+
+/// The argument values `redaction` hides from the audit line, as text to scrub from
+/// every other output a call produces (error messages, a tool's stderr, an upstream
+/// error body, diagnostic details): every scalar under a redacted pointer (every
+/// scalar of the arguments under `hash_only`), raw and JSON-escaped, longest first.
+pub fn redacted_values(arguments: &Value, redaction: &Redaction) -> Vec<String> {
+    fn leaves(value: &Value, out: &mut Vec<String>, depth: usize) {
+        match value {
+            Value::String(s) => out.push(s.clone()),
+            Value::Number(n) => out.push(n.to_string()),
+            Value::Array(items) if depth < 64 => {
+                items.iter().for_each(|v| leaves(v, out, depth + 1))
+            }
+            Value::Object(map) if depth < 64 => {
+                map.values().for_each(|v| leaves(v, out, depth + 1))
+            }
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    match redaction {
+        Redaction::Full => {}
+        Redaction::HashOnly => leaves(arguments, &mut found, 0),
+        Redaction::Fields { pointers } => {
+            for pointer in pointers {
+                if let Some(value) = arguments.pointer(pointer) {
+                    leaves(value, &mut found, 0);
+                }
+            }
+        }
+    }
+    let mut secrets = Vec::new();
+    for value in found {
+        // As JSON would write it (quotes and backslashes escaped), without the quotes.
+        let escaped = serde_json::to_string(&value).unwrap_or_default();
+        let escaped = escaped
+            .strip_prefix('"')
+            .and_then(|e| e.strip_suffix('"'))
+            .unwrap_or(&escaped)
+            .to_string();
+        for text in [value, escaped] {
+            if text.chars().count() >= MIN_SCRUBBED_CHARS && !secrets.contains(&text) {
+                secrets.push(text);
+            }
+        }
+    }
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets
+}
+
+/// `text` with every one of `secrets` replaced by [`REDACTED`].
+pub fn scrub(text: &str, secrets: &[String]) -> String {
+    let mut text = text.to_string();
+    for secret in secrets {
+        if text.contains(secret.as_str()) {
+            text = text.replace(secret.as_str(), REDACTED);
+        }
+    }
+    text
+}
+
+/// Scrubs every string (and object key) inside `value`.
+pub fn scrub_value(value: &mut Value, secrets: &[String]) {
+    if secrets.is_empty() {
+        return;
+    }
+    match value {
+        Value::String(s) => *s = scrub(s, secrets),
+        Value::Array(items) => items.iter_mut().for_each(|v| scrub_value(v, secrets)),
+        Value::Object(map) => {
+            let entries = std::mem::take(map);
+            for (key, mut item) in entries {
+                scrub_value(&mut item, secrets);
+                map.insert(scrub(&key, secrets), item);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Everything that can go wrong with the audit log. Cloneable, so that one failed
 /// commit can fail every waiter in its batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -377,6 +507,11 @@ pub enum AuditError {
     Timeout { waited_ms: u64 },
     /// Invalid options.
     Config { what: String },
+    /// The external signer (`toolgate signer`) is unreachable or refused to sign.
+    Signer { socket: PathBuf, what: String },
+    /// The log does not extend a signed checkpoint it must extend: it was cut
+    /// (`cut: true`) or its history differs (a fork).
+    Diverged { cut: bool, what: String },
 }
 
 impl fmt::Display for AuditError {
@@ -420,6 +555,15 @@ impl fmt::Display for AuditError {
                 "the audit log did not confirm the write within {waited_ms} ms"
             ),
             AuditError::Config { what } => write!(f, "invalid audit configuration: {what}"),
+            AuditError::Signer { socket, what } => {
+                write!(f, "the checkpoint signer at `{}`: {what}", socket.display())
+            }
+            AuditError::Diverged { cut: true, what } => {
+                write!(f, "the audit log was cut: {what}")
+            }
+            AuditError::Diverged { cut: false, what } => {
+                write!(f, "the audit log forks from a signed checkpoint: {what}")
+            }
         }
     }
 }
@@ -452,6 +596,12 @@ impl AuditError {
             AuditError::Closed => {
                 "the gateway is shutting down or the audit writer stopped; see the logs"
             }
+            AuditError::Signer { .. } => {
+                "start the signer (`toolgate signer`) or check --signer-socket; nothing is recorded unsigned"
+            }
+            AuditError::Diverged { .. } => {
+                "keep the database and the checkpoint sinks for investigation; run `toolgate audit verify`"
+            }
             AuditError::Sqlite { .. }
             | AuditError::InvalidEvent { .. }
             | AuditError::TooLarge { .. }
@@ -459,5 +609,66 @@ impl AuditError {
                 return None;
             }
         })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn redacted_values_are_scrubbed_raw_and_json_escaped() {
+        let arguments = json!({"user": "alice", "password": "pa\"ss-w0rd", "pin": 1234, "x": "ab"});
+        let fields = Redaction::Fields {
+            pointers: vec!["/password".into(), "/pin".into(), "/x".into()],
+        };
+        let secrets = redacted_values(&arguments, &fields);
+        // The raw and the JSON-escaped forms; "ab" is too short to scrub.
+        assert_eq!(secrets.len(), 3, "{secrets:?}");
+        let echoed = format!("failed for {arguments} (pass pa\"ss-w0rd, pin 1234)");
+        let scrubbed = scrub(&echoed, &secrets);
+        assert!(
+            !scrubbed.contains("ss-w0rd") && !scrubbed.contains("1234"),
+            "{scrubbed}"
+        );
+        assert!(scrubbed.contains("alice"), "{scrubbed}");
+        let mut details = json!({"tool_error": echoed, "pa\"ss-w0rd": ["1234"]});
+        scrub_value(&mut details, &secrets);
+        assert!(!details.to_string().contains("ss-w0rd"), "{details}");
+        assert!(!details.to_string().contains("1234"), "{details}");
+        // hash_only hides every value; full none.
+        assert_eq!(redacted_values(&arguments, &Redaction::HashOnly).len(), 4);
+        assert!(redacted_values(&arguments, &Redaction::Full).is_empty());
+    }
+
+    #[test]
+    fn checkpoint_sinks_parse() {
+        assert_eq!(
+            CheckpointSink::parse("file:/a/b.log"),
+            Ok(CheckpointSink::File {
+                path: "/a/b.log".into()
+            })
+        );
+        assert_eq!(
+            CheckpointSink::parse("syslog://"),
+            Ok(CheckpointSink::Syslog {
+                socket: "/dev/log".into()
+            })
+        );
+        assert_eq!(
+            CheckpointSink::parse("http://h:1/p"),
+            Ok(CheckpointSink::Webhook {
+                url: "http://h:1/p".into()
+            })
+        );
+        assert!(
+            CheckpointSink::parse("https://h/p")
+                .unwrap_err()
+                .contains("TLS")
+        );
+        assert!(CheckpointSink::parse("ftp://h").is_err());
+        assert!(CheckpointSink::parse("file:").is_err());
     }
 }

@@ -4,7 +4,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::time::Duration;
 
@@ -97,6 +97,59 @@ impl Sinks {
             }
         }
     }
+}
+
+/// The most bytes read from the end of a sink file to find its newest note.
+const TAIL_BYTES: u64 = 1024 * 1024;
+
+/// The newest note of a checkpoint sink file (None: no file, or no note yet). Reads at
+/// most the last [`TAIL_BYTES`], so a years-long sink file costs nothing at start.
+pub(crate) fn newest_note(path: &Path) -> Result<Option<String>, AuditError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let io = |e: std::io::Error| AuditError::Io {
+        path: path.to_path_buf(),
+        what: format!("cannot read the checkpoint file: {e}"),
+    };
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(e)),
+    };
+    let len = file.metadata().map_err(io)?.len();
+    let start = len.saturating_sub(TAIL_BYTES);
+    file.seek(SeekFrom::Start(start)).map_err(io)?;
+    let mut bytes = Vec::new();
+    file.take(TAIL_BYTES).read_to_end(&mut bytes).map_err(io)?;
+    let text = String::from_utf8_lossy(&bytes);
+    // Mid-file, skip to the start of a note: after a blank line that is not the one
+    // between a note's text and its signatures.
+    let from = if start == 0 {
+        0
+    } else {
+        let mut found = None;
+        let mut at = 0;
+        while let Some(i) = text[at..].find("\n\n") {
+            let next = at + i + 2;
+            if !text[next..].starts_with('\u{2014}') && !text[next..].starts_with('\n') {
+                found = Some(next);
+                break;
+            }
+            at = next;
+        }
+        match found {
+            Some(i) => i,
+            None => return Ok(None),
+        }
+    };
+    let notes =
+        super::checkpoint::split_notes(&text[from..]).map_err(|what| AuditError::Corrupt {
+            seq: 0,
+            what: format!(
+                "the checkpoint file `{}` is malformed: {what}",
+                path.display()
+            ),
+        })?;
+    Ok(notes.into_iter().next_back())
 }
 
 fn remote_loop(

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 
+use super::checkpoint::Checkpoint;
 use super::merkle::{Frontier, Hash};
 use super::{AuditError, Durability};
 
@@ -39,6 +40,12 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     created_utc TEXT NOT NULL,
     reason TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS signed_head (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    size INTEGER NOT NULL,
+    root TEXT NOT NULL,
+    note TEXT NOT NULL
+);
 CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
     BEGIN SELECT RAISE(ABORT, 'audit events are append-only'); END;
 CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
@@ -50,6 +57,9 @@ CREATE TRIGGER IF NOT EXISTS checkpoints_no_delete BEFORE DELETE ON checkpoints
 ";
 
 pub(crate) const INSERT_EVENT: &str = "INSERT INTO events (seq, event_id, type, run_id, ts, line, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+/// The signed checkpoint over every committed event, replaced by each commit.
+pub(crate) const UPSERT_HEAD: &str =
+    "INSERT OR REPLACE INTO signed_head (id, size, root, note) VALUES (1, ?1, ?2, ?3)";
 pub(crate) const INSERT_CHECKPOINT: &str =
     "INSERT INTO checkpoints (size, root, note, created_utc, reason) VALUES (?1, ?2, ?3, ?4, ?5)";
 
@@ -270,6 +280,8 @@ pub(crate) struct State {
     pub prev: Hash,
     pub last_ts: String,
     pub last_checkpoint: Option<CheckpointRow>,
+    /// The signed checkpoint over every event, replaced by each commit.
+    pub head: Option<CheckpointRow>,
 }
 
 pub(crate) fn decode_hash(text: &str) -> Option<Hash> {
@@ -305,30 +317,57 @@ pub(crate) fn head(conn: &Connection, path: &Path) -> Result<(u64, Option<LastEv
 }
 
 /// Reads the state of the log and checks what can be checked cheaply: the seqs are
-/// gapless from 1, the last line hashes to its stored hash, and the newest checkpoint's
-/// root matches the tree. Reads every stored hash (32 bytes of memory per event are not
-/// kept: only the frontier is).
-pub(crate) fn load_state(conn: &Connection, path: &Path) -> Result<State, AuditError> {
+/// gapless from 1, the last line hashes to its stored hash, and the log extends the
+/// newest stored checkpoint, the signed head and every checkpoint in `extra` (read
+/// from the sinks, signatures already checked): a log shorter than one of them was
+/// cut, one whose root differs forks ([`AuditError::Diverged`]). Reads every stored
+/// hash (32 bytes of memory per event are not kept: only the frontier is).
+pub(crate) fn load_state(
+    conn: &Connection,
+    path: &Path,
+    extra: &[(String, Checkpoint)],
+) -> Result<State, AuditError> {
     let map = |e: rusqlite::Error| map_sqlite(&e, path);
+    let row = |r: &rusqlite::Row<'_>| {
+        Ok(CheckpointRow {
+            size: r.get::<_, i64>(0)? as u64,
+            root: r.get(1)?,
+            note: r.get(2)?,
+        })
+    };
     let last_checkpoint = conn
         .query_row(
             "SELECT size, root, note FROM checkpoints ORDER BY id DESC LIMIT 1",
             [],
-            |r| {
-                Ok(CheckpointRow {
-                    size: r.get::<_, i64>(0)? as u64,
-                    root: r.get(1)?,
-                    note: r.get(2)?,
-                })
-            },
+            row,
         )
         .optional()
         .map_err(map)?;
+    let head = conn
+        .query_row("SELECT size, root, note FROM signed_head", [], row)
+        .optional()
+        .map_err(map)?;
+    // Every signed (size, root) the log must extend, and where it came from.
+    let mut wanted: Vec<(String, u64, String)> = Vec::new();
+    if let Some(c) = &last_checkpoint {
+        wanted.push((
+            "the newest stored checkpoint".into(),
+            c.size,
+            c.root.clone(),
+        ));
+    }
+    if let Some(h) = &head {
+        wanted.push(("the signed head".into(), h.size, h.root.clone()));
+    }
+    for (origin, c) in extra {
+        wanted.push((origin.clone(), c.size, hex::encode(c.root)));
+    }
+    let sizes: std::collections::BTreeSet<u64> = wanted.iter().map(|w| w.1).collect();
+    let mut roots: std::collections::BTreeMap<u64, String> = std::collections::BTreeMap::new();
     let mut frontier = Frontier::new();
     let mut prev = [0u8; 32];
-    let mut checkpoint_root = None;
-    if last_checkpoint.as_ref().is_some_and(|c| c.size == 0) {
-        checkpoint_root = Some(frontier.root());
+    if sizes.contains(&0) {
+        roots.insert(0, hex::encode(frontier.root()));
     }
     {
         let mut stmt = conn
@@ -351,8 +390,8 @@ pub(crate) fn load_state(conn: &Connection, path: &Path) -> Result<State, AuditE
             })?;
             frontier.push(hash);
             prev = hash;
-            if last_checkpoint.as_ref().is_some_and(|c| c.size == seq) {
-                checkpoint_root = Some(frontier.root());
+            if sizes.contains(&seq) {
+                roots.insert(seq, hex::encode(frontier.root()));
             }
         }
     }
@@ -385,31 +424,46 @@ pub(crate) fn load_state(conn: &Connection, path: &Path) -> Result<State, AuditE
         }
         last_ts = ts;
     }
-    if let Some(checkpoint) = &last_checkpoint {
-        let Some(root) = checkpoint_root else {
-            return Err(AuditError::Corrupt {
-                seq: frontier.size() + 1,
-                what: format!(
-                    "the log has {} events but its newest checkpoint covers {}",
-                    frontier.size(),
-                    checkpoint.size
-                ),
-            });
-        };
-        if hex::encode(root) != checkpoint.root {
-            return Err(AuditError::Corrupt {
-                seq: 0,
-                what: format!(
-                    "the events do not match the newest checkpoint (size {})",
-                    checkpoint.size
-                ),
-            });
+    let size = frontier.size();
+    for (origin, wanted_size, wanted_root) in &wanted {
+        match roots.get(wanted_size) {
+            None => {
+                return Err(AuditError::Diverged {
+                    cut: true,
+                    what: format!(
+                        "the log has {size} events but {origin} covers {wanted_size}: seq {}..{wanted_size} are gone; refusing to reuse their sequence numbers",
+                        size + 1
+                    ),
+                });
+            }
+            Some(root) if root != wanted_root => {
+                return Err(AuditError::Diverged {
+                    cut: false,
+                    what: format!(
+                        "the events up to seq {wanted_size} do not match {origin}: the history was rewritten"
+                    ),
+                });
+            }
+            Some(_) => {}
         }
+    }
+    // Every acknowledged event was signed (the head is stored in the commit that
+    // holds the events): events beyond every signed note were added outside the writer.
+    let covered = wanted.iter().map(|w| w.1).max().unwrap_or(0);
+    if size > covered {
+        return Err(AuditError::Corrupt {
+            seq: covered + 1,
+            what: format!(
+                "seq {}..{size} are covered by no signed checkpoint: every acknowledged event is signed when it is committed, so they were added or rewritten outside the gateway",
+                covered + 1
+            ),
+        });
     }
     Ok(State {
         frontier,
         prev,
         last_ts,
         last_checkpoint,
+        head,
     })
 }

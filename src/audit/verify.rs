@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -32,6 +32,9 @@ pub struct VerifyOptions {
     pub checkpoint_files: Vec<PathBuf>,
     /// A checkpoint note the auditor kept; the log must contain and extend it.
     pub trusted_checkpoint: Option<PathBuf>,
+    /// The key fingerprint the auditor recorded (hex SHA-256 of the public key); the
+    /// key in `key_dir` must have it. None: the key is trusted as found, with a warning.
+    pub key_fingerprint: Option<String>,
 }
 
 /// What can be wrong with a log.
@@ -56,8 +59,10 @@ pub enum ProblemKind {
     Fork,
     /// A checkpoint signature does not verify.
     Signature,
-    /// The key is missing or unusable.
+    /// The key is missing or unusable, or not the one the auditor expects.
     Key,
+    /// Events that no signed checkpoint covers, although every commit signs one.
+    Unsigned,
 }
 
 impl ProblemKind {
@@ -69,7 +74,8 @@ impl ProblemKind {
             | ProblemKind::Inserted
             | ProblemKind::Reordered
             | ProblemKind::Malformed
-            | ProblemKind::RootMismatch => 1,
+            | ProblemKind::RootMismatch
+            | ProblemKind::Unsigned => 1,
             ProblemKind::Truncated | ProblemKind::Fork => 2,
             ProblemKind::Signature | ProblemKind::Key => 3,
         }
@@ -87,6 +93,7 @@ impl ProblemKind {
             ProblemKind::Fork => "fork",
             ProblemKind::Signature => "signature",
             ProblemKind::Key => "key",
+            ProblemKind::Unsigned => "unsigned",
         }
     }
 }
@@ -154,6 +161,8 @@ pub struct Report {
     /// The size of the trusted checkpoint the log extends.
     pub trusted_checkpoint_size: Option<u64>,
     pub key_fingerprint: String,
+    /// Whether the key matched the fingerprint the auditor gave.
+    pub key_fingerprint_confirmed: bool,
     /// Not failures, but worth knowing (events not yet under a checkpoint, ...).
     pub warnings: Vec<String>,
 }
@@ -179,6 +188,7 @@ pub fn verify_db(
 ) -> Result<Verified, VerifyError> {
     let key = load_verifier(&options.key_dir)
         .map_err(|e| problem(ProblemKind::Key, None, e.to_string()))?;
+    check_fingerprint(&key, options.key_fingerprint.as_deref())?;
     // INVARIANT: the sink files are read before the database snapshot starts. The
     // writer publishes a checkpoint only after committing the events under it, so every
     // checkpoint read here is covered by the snapshot unless the log was really cut.
@@ -188,6 +198,22 @@ pub fn verify_db(
     conn.execute_batch("BEGIN")
         .map_err(|e| map_sqlite(&e, &options.db_path))?;
     verify_conn(&conn, options, sink_notes, &key, progress)
+}
+
+/// Fails with a key problem unless `key` has the `expected` fingerprint (when given).
+pub fn check_fingerprint(key: &VerifierKey, expected: Option<&str>) -> Result<(), VerifyError> {
+    match expected {
+        Some(hex) if !key.fingerprint().eq_ignore_ascii_case(hex.trim()) => Err(problem(
+            ProblemKind::Key,
+            None,
+            format!(
+                "the key found has fingerprint {}, not the {} you gave: the key was replaced",
+                key.fingerprint(),
+                hex.trim()
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Reads the checkpoint notes of sink files, as (where it came from, note). Read them
@@ -249,6 +275,34 @@ pub fn verify_conn(
         for row in rows {
             let (id, size, root, note) = row.map_err(map)?;
             let origin = format!("checkpoint #{id} in the database");
+            let checkpoint = checked(&mut seen, &note, key, &origin)?;
+            if checkpoint.size != size as u64 || hex::encode(checkpoint.root) != root {
+                return Err(problem(
+                    ProblemKind::Malformed,
+                    None,
+                    format!("{origin}: the size or root column disagrees with the signed note"),
+                ));
+            }
+            notes.push((origin, note, checkpoint));
+        }
+    }
+    // The signed head: a checkpoint over every committed event, stored by each commit.
+    let has_head: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'signed_head')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(map)?;
+    if has_head {
+        let head: Option<(i64, String, String)> = conn
+            .query_row("SELECT size, root, note FROM signed_head", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
+            .map_err(map)?;
+        if let Some((size, root, note)) = head {
+            let origin = "the signed head in the database".to_string();
             let checkpoint = checked(&mut seen, &note, key, &origin)?;
             if checkpoint.size != size as u64 || hex::encode(checkpoint.root) != root {
                 return Err(problem(
@@ -453,6 +507,20 @@ pub fn verify_conn(
                 ),
             ));
         };
+        let only_outside = !origin.contains("in the database");
+        if actual != checkpoint_root && only_outside {
+            // The database no longer holds this checkpoint: the log was cut below it
+            // and continued (its sequence numbers reused), or replaced by another
+            // history. Either way it does not extend what was published.
+            return Err(problem(
+                ProblemKind::Fork,
+                Some(last_good + 1),
+                format!(
+                    "the events seq {}..{checkpoint_size} do not match {origin}, which the database no longer holds: the log was cut below it and continued, or forked",
+                    last_good + 1
+                ),
+            ));
+        }
         if actual != checkpoint_root {
             return Err(problem(
                 ProblemKind::RootMismatch,
@@ -472,6 +540,19 @@ pub fn verify_conn(
     }
 
     let mut warnings = Vec::new();
+    let covered = verified.last().map_or(0, |c| c.size);
+    if covered < size && has_head {
+        // Each commit stores a signed head over all of its events, in the same
+        // transaction: unsigned events were added (or the head removed) by hand.
+        return Err(problem(
+            ProblemKind::Unsigned,
+            Some(covered + 1),
+            format!(
+                "seq {}..{size} are covered by no signed checkpoint: every commit signs its events, so they were added or rewritten outside the gateway",
+                covered + 1
+            ),
+        ));
+    }
     match verified.last() {
         None if size > 0 => warnings.push(
             "no signed checkpoint covers the log: a cut tail could not be detected".to_string(),
@@ -484,6 +565,13 @@ pub fn verify_conn(
         }
         _ => {}
     }
+    if options.key_fingerprint.is_none() {
+        warnings.push(format!(
+            "no --key-fingerprint given: the key in `{}` (fingerprint {}) was trusted as found; an insider who replaced it could have re-signed a rewritten log",
+            options.key_dir.display(),
+            key.fingerprint()
+        ));
+    }
     let report = Report {
         events: size,
         head_hash: (size > 0).then(|| hex::encode(prev)),
@@ -492,6 +580,7 @@ pub fn verify_conn(
         latest_checkpoint_size: verified.last().map(|c| c.size),
         trusted_checkpoint_size: trusted_size,
         key_fingerprint: key.fingerprint(),
+        key_fingerprint_confirmed: options.key_fingerprint.is_some(),
         warnings,
     };
     Ok(Verified {

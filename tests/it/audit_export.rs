@@ -61,8 +61,30 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// A forger who edits a file also fixes its hash (and event count) in the manifest.
-fn fix_manifest(dir: &Path) {
+/// A forger who edits a file also fixes its hash (and event count) in the manifest,
+/// and, holding the stolen key in `keys`, re-signs the manifest (so that the checks
+/// behind the manifest's signature are tested too).
+fn fix_manifest(dir: &Path, keys: &Path) {
+    fix_manifest_unsigned(dir);
+    let key = toolgate::audit::keys::load_signer(keys).unwrap();
+    let mut statement = toolgate::audit::signer::MANIFEST_DOMAIN.as_bytes().to_vec();
+    statement.extend_from_slice(&std::fs::read(dir.join("manifest.json")).unwrap());
+    let mut signature = key.verifier.key_id.to_vec();
+    signature.extend_from_slice(&key.sign(&statement));
+    use base64::Engine;
+    std::fs::write(
+        dir.join("manifest.sig"),
+        format!(
+            "{} {}\n",
+            key.verifier.name,
+            base64::engine::general_purpose::STANDARD.encode(signature)
+        ),
+    )
+    .unwrap();
+}
+
+/// The same, without the key: the manifest's signature no longer verifies.
+fn fix_manifest_unsigned(dir: &Path) {
     let path = dir.join("manifest.json");
     let mut manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -206,7 +228,8 @@ fn untouched_exports_verify_and_carry_every_file() {
 #[test]
 fn tampered_full_exports_are_rejected() {
     let f = fixture();
-    type Case = (&'static str, Box<dyn FnOnce(&Path)>, i32, &'static str);
+    let k = f.data.join("keys");
+    type Case<'a> = (&'static str, Box<dyn FnOnce(&Path) + 'a>, i32, &'static str);
     let cases: Vec<Case> = vec![
         (
             "edited line, manifest left alone",
@@ -220,10 +243,19 @@ fn tampered_full_exports_are_rejected() {
             "edited line, manifest fixed",
             Box::new(|d: &Path| {
                 edit_lines(d, |l| l[4] = l[4].replace("cases/5.txt", "cases/X.txt"));
-                fix_manifest(d);
+                fix_manifest(d, &k);
             }),
             1,
             "FAILED at seq 5",
+        ),
+        (
+            "edited line, manifest fixed without the key",
+            Box::new(|d: &Path| {
+                edit_lines(d, |l| l[4] = l[4].replace("cases/5.txt", "cases/X.txt"));
+                fix_manifest_unsigned(d);
+            }),
+            3,
+            "the signature of manifest.json does not verify",
         ),
         (
             "removed line",
@@ -231,7 +263,7 @@ fn tampered_full_exports_are_rejected() {
                 edit_lines(d, |l| {
                     l.remove(6);
                 });
-                fix_manifest(d);
+                fix_manifest(d, &k);
             }),
             1,
             "FAILED at seq 7: seq 7 is missing",
@@ -240,7 +272,7 @@ fn tampered_full_exports_are_rejected() {
             "truncated",
             Box::new(|d: &Path| {
                 edit_lines(d, |l| l.truncate(10));
-                fix_manifest(d);
+                fix_manifest(d, &k);
             }),
             2,
             "FAILED at seq 11",
@@ -254,7 +286,7 @@ fn tampered_full_exports_are_rejected() {
                 let mut bytes = text.into_bytes();
                 bytes[last] = if bytes[last] == b'A' { b'B' } else { b'A' };
                 std::fs::write(&path, bytes).unwrap();
-                fix_manifest(d);
+                fix_manifest(d, &k);
             }),
             3,
             "does not verify",
@@ -274,9 +306,10 @@ fn tampered_full_exports_are_rejected() {
 #[test]
 fn tampered_filtered_exports_are_rejected() {
     let f = fixture();
+    let k = f.data.join("keys");
     let dir = tampered(&f.filtered, |d| {
         edit_lines(d, |l| l[1] = l[1].replace("cases/4.txt", "cases/Y.txt"));
-        fix_manifest(d);
+        fix_manifest(d, &k);
     });
     let (exit, out) = python(dir.path(), &f.fingerprint);
     assert_eq!(exit, 1, "{out}");
@@ -288,7 +321,7 @@ fn tampered_filtered_exports_are_rejected() {
     // A forged checkpoint history: drop the export checkpoint's consistency proof.
     let dir = tampered(&f.filtered, |d| {
         std::fs::write(d.join("proofs/consistency.jsonl"), "").unwrap();
-        fix_manifest(d);
+        fix_manifest(d, &k);
     });
     let (exit, out) = python(dir.path(), &f.fingerprint);
     assert_eq!(exit, 2, "{out}");

@@ -174,12 +174,13 @@ fn a_recomputed_chain_without_the_key_is_caught() {
     let (exit, v) = failure(&db, &[]);
     assert_eq!((exit, v["kind"].clone()), (3, json!("signature")), "{v}");
 
-    // and deleting them all still leaves the checkpoints in the sink file.
+    // and deleting them all still leaves the checkpoints in the sink file, which the
+    // log no longer extends (only the sink holds them now: a fork).
     conn.execute("DELETE FROM checkpoints", []).unwrap();
     let (exit, v) = failure(&db, &[]);
     assert_eq!(
         (exit, v["kind"].clone(), v["seq"].clone()),
-        (1, json!("root_mismatch"), json!(5)),
+        (2, json!("fork"), json!(5)),
         "{v}"
     );
 }
@@ -200,6 +201,11 @@ fn a_trusted_checkpoint_detects_a_cut_the_log_alone_cannot_show() {
     conn.execute("DELETE FROM checkpoints WHERE size > 8", [])
         .unwrap();
     std::fs::write(dir.path().join("checkpoints.log"), "").unwrap();
+    // The signed head (stored by every commit) still covers the cut events...
+    let (exit, v) = failure(&db, &[]);
+    assert_eq!((exit, v["kind"].clone()), (2, json!("truncated")), "{v}");
+    // ...so the attacker removes it too.
+    conn.execute("DELETE FROM signed_head", []).unwrap();
     assert_eq!(
         code(&verify(&db, &[])),
         0,
@@ -231,11 +237,15 @@ fn a_trusted_checkpoint_detects_a_fork() {
     rewrite_chain_from(&conn, 6);
     conn.execute("DELETE FROM checkpoints WHERE size >= 6", [])
         .unwrap();
+    conn.execute("DELETE FROM signed_head", []).unwrap();
     std::fs::write(dir.path().join("checkpoints.log"), "").unwrap();
+    // Without the key the rewritten events cannot be signed again: every commit signs
+    // its events, so events covered by no signature are themselves the evidence.
+    let (exit, v) = failure(&db, &[]);
     assert_eq!(
-        code(&verify(&db, &[])),
-        0,
-        "without the trusted checkpoint the rewrite is invisible"
+        (exit, v["kind"].clone(), v["seq"].clone()),
+        (1, json!("unsigned"), json!(5)),
+        "{v}"
     );
     let (exit, v) = failure(&db, &["--trusted-checkpoint", trusted.to_str().unwrap()]);
     assert_eq!((exit, v["kind"].clone()), (2, json!("fork")), "{v}");
@@ -334,4 +344,52 @@ async fn verify_and_export_read_a_consistent_snapshot_while_the_log_is_written()
     assert!(writer.await.unwrap() > 0);
     log.close().await.unwrap();
     assert_eq!(code(&verify(&db, &[])), 0);
+}
+
+/// Issue 12, scenario 5: the log is cut below a published checkpoint (the stored ones
+/// and the head deleted too). The gateway refuses to continue it; a log continued
+/// anyway (sequence numbers reused) is reported as a fork (exit 2), not as an edit.
+#[test]
+fn a_log_cut_below_its_sink_is_refused_and_a_continued_one_is_a_fork() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = make_log(dir.path(), N);
+    let conn = tamper(&db);
+    conn.execute("DELETE FROM events WHERE seq > 8", [])
+        .unwrap();
+    conn.execute("DELETE FROM checkpoints WHERE size > 8", [])
+        .unwrap();
+    conn.execute("DELETE FROM signed_head", []).unwrap();
+    drop(conn);
+    let open = |sinks: bool| {
+        let mut options = toolgate::audit::AuditOptions::new(dir.path());
+        options.checkpoint_every_events = 1000;
+        if !sinks {
+            options.checkpoint_sinks.clear();
+        }
+        toolgate::audit::AuditLog::open(options)
+    };
+    // The sink next to the database still holds the checkpoints at 12 and 14.
+    let err = open(true).unwrap_err();
+    assert!(
+        matches!(err, toolgate::audit::AuditError::Diverged { cut: true, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("reuse"), "{err}");
+    // Without the sink (an older gateway did this) the cut seqs are reused...
+    let log = open(false).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for i in 0..6 {
+            let mut e = toolgate::audit::NewEvent::new(toolgate::audit::EventType::RunCreated);
+            e.run_id = Some(format!("run-new-{i}"));
+            log.append(e).await.unwrap();
+        }
+        log.close().await.unwrap();
+    });
+    // ...and verify says the log does not extend what the sink published.
+    let (exit, v) = failure(&db, &[]);
+    assert_eq!((exit, v["kind"].clone()), (2, json!("fork")), "{v}");
 }
