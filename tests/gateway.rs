@@ -257,7 +257,8 @@ fn idempotent_repeat_returns_the_first_outcome_without_executing_again() {
     let (c1, first) = server.post("/v1/tool-calls", Some(&t), &body);
     let (c2, second) = server.post("/v1/tool-calls", Some(&t), &body);
     assert_eq!((c1, c2), (200, 200), "{first} {second}");
-    assert_eq!(first["call_id"], second["call_id"]);
+    assert_eq!(second["replay_of"], first["call_id"]);
+    assert_ne!(first["call_id"], second["call_id"]);
     assert_eq!(first["output"], second["output"]);
     assert_eq!(second["replayed"], true);
     // Executed once: one tool_requested for the run.

@@ -66,11 +66,13 @@ pub enum EventType {
     SafetyLockReleased,
     /// Shadow mode: the candidate policy decided a call differently from the active one.
     ShadowDivergence,
+    /// Shadow mode: calls not shadowed because its queue was full (a periodic summary).
+    ShadowDropped,
 }
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 12] = [
+    pub const ALL: [EventType; 13] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -83,6 +85,7 @@ impl EventType {
         EventType::SafetyLockEngaged,
         EventType::SafetyLockReleased,
         EventType::ShadowDivergence,
+        EventType::ShadowDropped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -99,6 +102,7 @@ impl EventType {
             EventType::SafetyLockEngaged => "safety_lock_engaged",
             EventType::SafetyLockReleased => "safety_lock_released",
             EventType::ShadowDivergence => "shadow_divergence",
+            EventType::ShadowDropped => "shadow_dropped",
         }
     }
 
