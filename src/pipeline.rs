@@ -328,9 +328,33 @@ impl Gateway {
             return self.close(call, Err(refusal)).await;
         }
 
+        // A run no longer in memory (closed long ago) is read back from the log, so
+        // step 3 still knows it.
+        let evicted = match &request {
+            Ok(r) if self.runs.get(&r.run_id).is_none() => {
+                match self.runs.load(&self.audit, &r.run_id).await {
+                    Ok(found) => found,
+                    Err(e) => {
+                        // Unknown is not "does not exist": refuse rather than guess.
+                        let refusal = Refusal::new(
+                            Reason::AuditUnavailable,
+                            format!("the run could not be looked up in the audit log: {e}"),
+                        )
+                        .at_step(3);
+                        return self.close(call, Err(refusal)).await;
+                    }
+                }
+            }
+            _ => None,
+        };
+
         // 1-8. decide: receive the request and run the authorization checks
         let lock = self.safety_lock();
-        let runs = |run_id: &str| self.runs.get(run_id);
+        let runs = |run_id: &str| {
+            self.runs
+                .get(run_id)
+                .or_else(|| evicted.clone().filter(|r| r.run_id == run_id))
+        };
         let decided = trace::step_span("authorize", 8).in_scope(|| {
             decide(
                 &loaded,

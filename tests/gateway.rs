@@ -451,8 +451,9 @@ fn every_malformed_input_gets_a_structured_answer() {
         (code, &resp["diagnostic"]["reason"]),
         (404, &json!("endpoint_not_found"))
     );
-    let (code, _) = server.get("/v1/tool-calls", None);
-    assert_eq!(code, 404);
+    let (code, resp) = server.get("/v1/tool-calls", None);
+    assert_eq!(code, 405, "{resp}");
+    assert_eq!(resp["diagnostic"]["reason"], "method_not_allowed");
     // The server is still healthy.
     let (code, _) = server.get("/healthz", None);
     assert_eq!(code, 200);
