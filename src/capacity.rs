@@ -89,7 +89,8 @@ impl AuditCapacity {
 
     /// Measures the database, its WAL and the free space now.
     pub fn sample(&self) {
-        let used = file_len(&self.db_path).saturating_add(file_len(&sidecar(&self.db_path, "-wal")));
+        let used =
+            file_len(&self.db_path).saturating_add(file_len(&sidecar(&self.db_path, "-wal")));
         self.used.store(used, Ordering::Relaxed);
         if self.options.min_free_disk_bytes.is_some() {
             let dir = self

@@ -461,14 +461,14 @@ impl Gateway {
     /// connections, when it counts them).
     pub fn render_metrics(&self, connections: Option<(usize, usize)>) -> String {
         let loaded = self.current();
-        let audit_capacity = self.audit_headroom().map(|(h, options)| AuditCapacityState {
-            used_bytes: h.used_bytes,
-            headroom_bytes: h.headroom_bytes,
-            max_bytes: options.max_audit_bytes,
-            free_disk_bytes: options
-                .min_free_disk_bytes
-                .map(|_| h.free_disk_bytes),
-        });
+        let audit_capacity = self
+            .audit_headroom()
+            .map(|(h, options)| AuditCapacityState {
+                used_bytes: h.used_bytes,
+                headroom_bytes: h.headroom_bytes,
+                max_bytes: options.max_audit_bytes,
+                free_disk_bytes: options.min_free_disk_bytes.map(|_| h.free_disk_bytes),
+            });
         self.metrics.render(ScrapeState {
             policy: &loaded.policy.versions,
             safety_lock_engaged: self.safety_lock().engaged,

@@ -864,7 +864,6 @@ impl Gateway {
     }
 }
 
-
 impl Call {
     fn new(request: &Received, versions: &crate::policy::PolicyVersions) -> Call {
         let (ids, arguments, scope, dry_run) = match request {

@@ -131,7 +131,11 @@ impl RunStore {
 
     /// A run that is not in memory, read back from its events in the log (a closed
     /// run evicted from the index). None if the log has no such run.
-    pub async fn load(&self, audit: &AuditLog, run_id: &str) -> Result<Option<RunRecord>, AuditError> {
+    pub async fn load(
+        &self,
+        audit: &AuditLog,
+        run_id: &str,
+    ) -> Result<Option<RunRecord>, AuditError> {
         let events = audit
             .events(EventFilter {
                 run_id: Some(run_id.to_string()),

@@ -10,9 +10,9 @@ use clap::{Args, ValueEnum};
 
 use crate::audit::{AuditLog, AuditOptions, Durability};
 use crate::capacity::{AuditCapacity, CapacityOptions};
-use crate::limits::LimitOptions;
 use crate::cli::{Exit, PolicyLocation};
 use crate::gateway::{Gateway, Loaded, PolicySourcePaths, adapter_env};
+use crate::limits::LimitOptions;
 use crate::observe::trace;
 use crate::server::{self, ServerOptions};
 use crate::shadow::Shadow;

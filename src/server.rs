@@ -108,13 +108,7 @@ pub async fn serve(
         let options = options.clone();
         let limits = limits.clone();
         let service = service_fn(move |req| {
-            route(
-                gateway.clone(),
-                options.clone(),
-                limits.clone(),
-                peer,
-                req,
-            )
+            route(gateway.clone(), options.clone(), limits.clone(), peer, req)
         });
         let conn = http1::Builder::new()
             .timer(TokioTimer::new())
@@ -153,10 +147,16 @@ async fn overflow(mut stream: TcpStream, permit: Permit, gateway: Arc<Gateway>) 
         }
         true
     };
-    if !matches!(tokio::time::timeout(OVERFLOW_READ_TIMEOUT, read).await, Ok(true)) {
+    if !matches!(
+        tokio::time::timeout(OVERFLOW_READ_TIMEOUT, read).await,
+        Ok(true)
+    ) {
         return;
     }
-    let line = head[..len].split(|b| *b == b'\r').next().unwrap_or_default();
+    let line = head[..len]
+        .split(|b| *b == b'\r')
+        .next()
+        .unwrap_or_default();
     let response = if line == b"GET /healthz HTTP/1.1" || line == b"GET /healthz HTTP/1.0" {
         raw_json(200, &health())
     } else if line == b"GET /readyz HTTP/1.1" || line == b"GET /readyz HTTP/1.0" {
@@ -345,7 +345,9 @@ async fn route(
         },
         // No credential: the listener is loopback by default; see docs/operations.md.
         (&Method::GET, ["metrics"]) => {
-            let mut response = Response::new(Full::new(Bytes::from(gateway.render_metrics(Some(limits.open())))));
+            let mut response = Response::new(Full::new(Bytes::from(
+                gateway.render_metrics(Some(limits.open())),
+            )));
             response.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static(crate::observe::metrics::CONTENT_TYPE),

@@ -1030,7 +1030,8 @@ async fn a_symlink_swapped_in_during_reads_never_leads_outside_the_case() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let swaps = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let swapper = {
-        let (stop, swaps, case, outside) = (stop.clone(), swaps.clone(), case.clone(), outside.clone());
+        let (stop, swaps, case, outside) =
+            (stop.clone(), swaps.clone(), case.clone(), outside.clone());
         std::thread::spawn(move || {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 std::fs::rename(case.join("sub"), case.join("sub.real")).unwrap();
@@ -1046,7 +1047,12 @@ async fn a_symlink_swapped_in_during_reads_never_leads_outside_the_case() {
     let (mut read, mut refused) = (0, 0);
     for _ in 0..2000 {
         match gate
-            .call("read_document", json!({"path": "sub/doc.md"}), scope.clone(), 2000)
+            .call(
+                "read_document",
+                json!({"path": "sub/doc.md"}),
+                scope.clone(),
+                2000,
+            )
             .await
         {
             Ok(out) => {

@@ -40,8 +40,8 @@ fn raw(base: &str, request: &[u8]) -> (u16, String, Value) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no status line in {text:?}"));
-    let body: Value = serde_json::from_str(body)
-        .unwrap_or_else(|e| panic!("not a JSON body ({e}): {text:?}"));
+    let body: Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("not a JSON body ({e}): {text:?}"));
     (status, head.to_string(), body)
 }
 
@@ -63,11 +63,9 @@ fn start_in(data_dir: &Path, args: &[&str]) -> Server {
 
 /// Closing events by call, read straight from the database after a stop.
 fn closing_lines(db: &Path) -> Vec<(String, String)> {
-    let conn = rusqlite::Connection::open_with_flags(
-        db,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .unwrap();
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
     let mut stmt = conn
         .prepare(
             "SELECT type, line FROM events WHERE type IN ('tool_denied','tool_failed','tool_executed','tool_timeout','tool_allowed') ORDER BY seq",
@@ -116,7 +114,11 @@ fn deep_nesting_flood_leaves_one_bounded_closing_event_per_request() {
             body.to_string().into_bytes()
         };
         // Wrong token on every other request: unauthenticated callers are bounded too.
-        let tok = if i % 2 == 0 { t.clone() } else { "wrong".into() };
+        let tok = if i % 2 == 0 {
+            t.clone()
+        } else {
+            "wrong".into()
+        };
         let (code, resp) = server.post_raw("/v1/tool-calls", Some(&tok), &bytes);
         assert_eq!(code, 400, "{resp}");
         assert_eq!(resp["diagnostic"]["reason"], "request_malformed", "{resp}");
@@ -144,7 +146,10 @@ fn deep_nesting_flood_leaves_one_bounded_closing_event_per_request() {
     }
     let grown = stopped_db_bytes(&data) - before;
     let per_request = grown / (requests as u64 + 1);
-    assert!(per_request < 10 * 1024, "{per_request} bytes per refused request");
+    assert!(
+        per_request < 10 * 1024,
+        "{per_request} bytes per refused request"
+    );
 }
 
 #[test]
@@ -177,25 +182,39 @@ fn one_megabyte_scope_wrong_token_flood_stays_bounded() {
         &json!({"role_id": "research_agent", "run_id": run, "lane_id": "research",
             "tool_name": "case_lookup", "arguments": {}, "scope": {"case_id": "C-1001", "note": "x".repeat(10_000)}}),
     );
-    assert_eq!((code, resp["diagnostic"]["reason"].as_str()), (401, Some("credential_invalid")), "{resp}");
+    assert_eq!(
+        (code, resp["diagnostic"]["reason"].as_str()),
+        (401, Some("credential_invalid")),
+        "{resp}"
+    );
     assert!(server.stop().success());
     let lines = closing_lines(&data.join("audit.db"));
     assert_eq!(lines.len(), requests + 1);
     for (_, line) in &lines {
         assert!(line.len() < 4096, "{} bytes", line.len());
         let event: Value = serde_json::from_str(line).unwrap();
-        assert!(event["details"]["scope"].is_null(), "no raw scope kept: {event}");
+        assert!(
+            event["details"]["scope"].is_null(),
+            "no raw scope kept: {event}"
+        );
         let digest = &event["details"]["received"]["scope"];
         assert_eq!(digest["sha256"].as_str().unwrap().len(), 64, "{event}");
         assert!(digest["excerpt"].as_str().unwrap().chars().count() <= 256);
     }
     let grown = stopped_db_bytes(&data) - before;
     let per_request = grown / (requests as u64 + 1);
-    assert!(per_request < 10 * 1024, "{per_request} bytes per refused request");
+    assert!(
+        per_request < 10 * 1024,
+        "{per_request} bytes per refused request"
+    );
 }
 
 /// The enforced lock state and the last audited lock event, as (engaged, reason).
-fn lock_states(server: &Server, after_seq: &mut u64, last: &mut Option<(bool, String)>) -> (bool, String) {
+fn lock_states(
+    server: &Server,
+    after_seq: &mut u64,
+    last: &mut Option<(bool, String)>,
+) -> (bool, String) {
     loop {
         let (code, page) = server.get(
             &format!("/v1/audit/events?after_seq={after_seq}&limit=1000"),
@@ -212,7 +231,10 @@ fn lock_states(server: &Server, after_seq: &mut u64, last: &mut Option<(bool, St
                 "safety_lock_engaged" | "safety_lock_released" => {
                     *last = Some((
                         e["type"] == "safety_lock_engaged",
-                        e["details"]["reason"].as_str().unwrap_or_default().to_string(),
+                        e["details"]["reason"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
                     ));
                 }
                 _ => {}
@@ -266,9 +288,20 @@ fn safety_lock_race_audited_order_is_enforced_order_also_after_restart() {
     }
     // Enforced on calls too: the state decides a call as it says.
     let run = server.create_run(json!({"case_id": "C-1001"}));
-    let (_, resp) = server.call("research_agent", &run, "research", "case_lookup", json!({}), json!({"case_id": "C-1001"}));
+    let (_, resp) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "case_lookup",
+        json!({}),
+        json!({"case_id": "C-1001"}),
+    );
     let engaged = last.as_ref().unwrap().0;
-    assert_eq!(resp["diagnostic"]["reason"] == "safety_lock_engaged", engaged, "{resp}");
+    assert_eq!(
+        resp["diagnostic"]["reason"] == "safety_lock_engaged",
+        engaged,
+        "{resp}"
+    );
     assert!(server.stop().success());
     let server = start_in(&data, &["--durability", "normal"]);
     let mut after = 0;
@@ -293,7 +326,12 @@ fn idempotent_repeats_are_audited_scoped_and_released_when_nothing_ran() {
     let barrier = Arc::new(Barrier::new(24));
     let handles: Vec<_> = (0..24)
         .map(|_| {
-            let (barrier, base, body, t) = (barrier.clone(), server.base.clone(), body.clone(), t.clone());
+            let (barrier, base, body, t) = (
+                barrier.clone(),
+                server.base.clone(),
+                body.clone(),
+                t.clone(),
+            );
             std::thread::spawn(move || {
                 barrier.wait();
                 let mut resp = ureq::post(format!("{base}/v1/tool-calls"))
@@ -305,7 +343,10 @@ fn idempotent_repeats_are_audited_scoped_and_released_when_nothing_ran() {
         })
         .collect();
     let responses: Vec<Value> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    let firsts: Vec<&Value> = responses.iter().filter(|r| r["replayed"] == false).collect();
+    let firsts: Vec<&Value> = responses
+        .iter()
+        .filter(|r| r["replayed"] == false)
+        .collect();
     assert_eq!(firsts.len(), 1, "{responses:?}");
     let first_id = firsts[0]["call_id"].clone();
     let event_ids: std::collections::BTreeSet<String> = responses
@@ -347,7 +388,10 @@ fn idempotent_repeats_are_audited_scoped_and_released_when_nothing_ran() {
 
     // Nothing reached the tool (no court upstream listens): retry is safe, the key is
     // released, and the retry executes again rather than replaying the failure.
-    let draft = firsts[0]["output"]["draft_id"].as_str().unwrap().to_string();
+    let draft = firsts[0]["output"]["draft_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let filing_run = server.create_run(json!({"case_id": "C-1001", "matter_id": "M-1"}));
     let filing = json!({
         "role_id": "filing_agent", "run_id": filing_run, "lane_id": "filing", "tool_name": "file_with_court",
@@ -394,7 +438,10 @@ fn raise_nofile(want: u64) -> u64 {
 fn health_answers_within_100ms_under_5000_idle_sockets() {
     let sockets = 5000;
     let limit = raise_nofile(sockets as u64 + 512);
-    assert!(limit >= sockets as u64 + 256, "open-files limit {limit} is too low for this test");
+    assert!(
+        limit >= sockets as u64 + 256,
+        "open-files limit {limit} is too low for this test"
+    );
     let server = Server::start();
     let addr = server.base.trim_start_matches("http://").to_string();
     let mut idle = Vec::with_capacity(sockets);
@@ -442,7 +489,12 @@ fn request_rate_per_client_is_limited_with_a_structured_429() {
     }
     let body = limited.expect("the 11th request within a second is limited");
     assert_eq!(body["diagnostic"]["reason"], "rate_limited");
-    assert!(body["diagnostic"]["details"]["retry_after_ms"].as_u64().unwrap() >= 1);
+    assert!(
+        body["diagnostic"]["details"]["retry_after_ms"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
     // Health stays answerable.
     assert_eq!(server.get("/healthz", None).0, 200);
 }
@@ -473,7 +525,10 @@ fn every_malformed_transport_case_answers_json() {
         assert_eq!(code, status, "{name}: {head} {body}");
         assert_eq!(body["diagnostic"]["reason"], reason, "{name}: {body}");
         if status == 405 {
-            assert!(head.to_ascii_lowercase().contains("\r\nallow: "), "{name}: {head}");
+            assert!(
+                head.to_ascii_lowercase().contains("\r\nallow: "),
+                "{name}: {head}"
+            );
         }
     }
     // The exact token is accepted.
@@ -522,12 +577,19 @@ fn audit_capacity_refuses_new_calls_before_the_cap() {
         }
     }
     let resp = refused.expect("calls are refused before the cap");
-    assert!(resp["audit_event_id"].is_string(), "the refusal is audited: {resp}");
-    let headroom = resp["diagnostic"]["details"]["headroom_bytes"].as_u64().unwrap();
+    assert!(
+        resp["audit_event_id"].is_string(),
+        "the refusal is audited: {resp}"
+    );
+    let headroom = resp["diagnostic"]["details"]["headroom_bytes"]
+        .as_u64()
+        .unwrap();
     assert!(headroom < 4 * 1024 * 1024 && headroom > 0, "{resp}");
     // /metrics shows the headroom.
     let mut stream = TcpStream::connect(server.base.trim_start_matches("http://")).unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let mut text = String::new();
     let _ = stream.read_to_string(&mut text);
     assert!(text.contains("toolgate_audit_headroom_bytes "), "{text}");
@@ -541,10 +603,25 @@ fn audit_capacity_refuses_new_calls_before_the_cap() {
 fn a_closed_run_is_still_refused_as_not_active_and_its_id_stays_taken() {
     let server = Server::start();
     let run = server.create_run(json!({"case_id": "C-1001"}));
-    let (code, _) = server.post(&format!("/v1/runs/{run}/status"), Some(ADMIN), &json!({"status": "closed"}));
+    let (code, _) = server.post(
+        &format!("/v1/runs/{run}/status"),
+        Some(ADMIN),
+        &json!({"status": "closed"}),
+    );
     assert_eq!(code, 200);
-    let (code, resp) = server.call("research_agent", &run, "research", "case_lookup", json!({}), json!({"case_id": "C-1001"}));
-    assert_eq!((code, resp["diagnostic"]["reason"].as_str()), (403, Some("run_not_active")), "{resp}");
+    let (code, resp) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "case_lookup",
+        json!({}),
+        json!({"case_id": "C-1001"}),
+    );
+    assert_eq!(
+        (code, resp["diagnostic"]["reason"].as_str()),
+        (403, Some("run_not_active")),
+        "{resp}"
+    );
     // Its id cannot be taken again.
     let (code, resp) = server.post("/v1/runs", Some(ADMIN), &json!({"run_id": run}));
     assert_eq!(code, 400, "{resp}");

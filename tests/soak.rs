@@ -58,9 +58,10 @@ fn soak_64_clients_keeps_the_wal_bounded_and_rss_flat() {
                     .timeout_global(Some(Duration::from_secs(30)))
                     .build()
                     .into();
-                let body = json!({"role_id": "research_agent", "run_id": run, "lane_id": "research",
+                let body =
+                    json!({"role_id": "research_agent", "run_id": run, "lane_id": "research",
                     "tool_name": "case_lookup", "arguments": {}, "scope": {"case_id": "C-1001"}})
-                .to_string();
+                    .to_string();
                 let auth = format!("Bearer {}", token("research_agent"));
                 while !stop.load(Ordering::Relaxed) {
                     let ok = agent

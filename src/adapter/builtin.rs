@@ -639,7 +639,9 @@ pub(crate) fn open_beneath(root: &Path, rel: &str) -> std::io::Result<std::fs::F
     let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
     if rel.is_empty()
         || rel.starts_with('/')
-        || rel.split('/').any(|p| p.is_empty() || p == "." || p == "..")
+        || rel
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..")
     {
         return Err(invalid());
     }
@@ -673,7 +675,9 @@ pub(crate) fn open_beneath(root: &Path, rel: &str) -> std::io::Result<std::fs::F
     };
     if fd >= 0 {
         // SAFETY: openat2 returned a new descriptor that nothing else owns.
-        return Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }));
+        return Ok(std::fs::File::from(unsafe {
+            OwnedFd::from_raw_fd(fd as i32)
+        }));
     }
     let error = std::io::Error::last_os_error();
     match error.raw_os_error() {

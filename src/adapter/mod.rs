@@ -254,7 +254,9 @@ impl Adapter {
             .with_retryable(true),
             ExecError::Unreachable(m) => Refusal::new(
                 Reason::DependencyDown,
-                format!("the upstream of tool `{name}` could not be reached; nothing was sent to it"),
+                format!(
+                    "the upstream of tool `{name}` could not be reached; nothing was sent to it"
+                ),
             )
             .with_details(json!({ "dependency_error": bounded(m), "reached_tool": false }))
             .with_retryable(true),

@@ -357,11 +357,7 @@ impl Metrics {
                 gauge(c.headroom_bytes),
             );
             if let Some(max) = c.max_bytes {
-                scraped.register(
-                    "audit_max_bytes",
-                    "The --max-audit-bytes cap",
-                    gauge(max),
-                );
+                scraped.register("audit_max_bytes", "The --max-audit-bytes cap", gauge(max));
             }
             if let Some(free) = c.free_disk_bytes {
                 scraped.register(
