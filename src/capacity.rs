@@ -171,7 +171,10 @@ fn free_disk_bytes(dir: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs returned 0, so it filled the struct.
     let stat = unsafe { stat.assume_init() };
-    Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+    // The field types differ between platforms (u32 on some 32-bit targets).
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, size) = (stat.f_bavail as u64, stat.f_frsize as u64);
+    Some(blocks.saturating_mul(size))
 }
 
 #[cfg(test)]
