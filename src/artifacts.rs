@@ -47,7 +47,13 @@ impl ArtifactStore {
 
     /// Stores `bytes` (written to a temporary file, synced, then renamed into place).
     pub async fn put(&self, bytes: Vec<u8>) -> io::Result<ArtifactRef> {
-        let sha256 = sha256_hex(&bytes);
+        // Hashed off the async workers: artifacts are the large outputs.
+        let (bytes, sha256) = tokio::task::spawn_blocking(move || {
+            let sha256 = sha256_hex(&bytes);
+            (bytes, sha256)
+        })
+        .await
+        .map_err(io::Error::other)?;
         let path = self.dir.join(&sha256);
         let len = bytes.len() as u64;
         if tokio::fs::metadata(&path).await.is_err() {

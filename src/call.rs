@@ -13,6 +13,14 @@ use crate::diagnostic::{Diagnostic, ErrorCode, Reason, Refusal};
 const MAX_ID_LEN: usize = 128;
 /// Longest idempotency key accepted.
 const MAX_KEY_LEN: usize = 256;
+/// Deepest nesting accepted in `scope` and in `arguments` (the object itself is level
+/// 1). Deeper values are refused at step 1, well inside what the audit line accepts.
+pub const MAX_DEPTH: usize = 32;
+/// Largest `scope` accepted, as compact JSON. A scope names a case, a matter and a few
+/// flags; anything larger is refused at step 1.
+pub const MAX_SCOPE_BYTES: usize = 16 * 1024;
+/// Longest excerpt of a refused value kept in the audit log.
+pub const MAX_EXCERPT_CHARS: usize = 256;
 
 /// A parsed, well-formed tool-call request (not yet authorized).
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +44,10 @@ pub struct PartialRequest {
     pub run_id: Option<String>,
     pub lane_id: Option<String>,
     pub tool_name: Option<String>,
+    /// A bounded digest of what was received but could not be accepted (the body, the
+    /// scope, the arguments): hashes, sizes and a short sanitized excerpt, never the
+    /// value itself. See [`digest_value`].
+    pub received: Map<String, Value>,
 }
 
 /// A request as received: parsed, or refused with whatever ids could be read.
@@ -53,6 +65,26 @@ const FIELDS: [&str; 9] = [
     "dry_run",
 ];
 
+/// The credential of an `Authorization` header, compared later exactly as sent: the
+/// value must be `Bearer <token>` (scheme in any case, one space). Anything else that
+/// is present (spaces or tabs around the token, another scheme, bytes that are not
+/// text) is returned whole, so it is refused as an invalid credential rather than
+/// trimmed into a valid one or mistaken for a missing one.
+pub fn bearer_token(value: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(value);
+    if text.is_empty() {
+        return None;
+    }
+    let token = match text.get(..7) {
+        Some(scheme) if scheme.eq_ignore_ascii_case("bearer ") => &text[7..],
+        _ => return Some(text.into_owned()),
+    };
+    if token.is_empty() {
+        return Some(text.into_owned());
+    }
+    Some(token.to_string())
+}
+
 /// Parses a request body. On failure returns the refusal (listing every problem) and
 /// whatever ids could be read, so the refusal can still be audited under them.
 pub fn parse_request(body: &[u8]) -> Received {
@@ -64,13 +96,91 @@ pub fn parse_request(body: &[u8]) -> Received {
             } else {
                 format!("the body is not valid JSON: {e}")
             };
-            return Err(Box::new((
-                malformed(vec![problem]),
-                PartialRequest::default(),
-            )));
+            let mut partial = PartialRequest::default();
+            partial.received.insert("body".into(), digest_bytes(body));
+            return Err(Box::new((malformed(vec![problem]), partial)));
         }
     };
     parse_request_value(value)
+}
+
+/// A bounded, sanitized record of raw bytes: their sha256, size and the first
+/// [`MAX_EXCERPT_CHARS`] characters with control characters replaced.
+pub fn digest_bytes(bytes: &[u8]) -> Value {
+    let head = &bytes[..bytes.len().min(MAX_EXCERPT_CHARS * 4)];
+    let text = String::from_utf8_lossy(head);
+    json!({
+        "sha256": crate::canonical::sha256_hex(bytes),
+        "bytes": bytes.len(),
+        "excerpt": excerpt(&text),
+    })
+}
+
+/// A bounded record of a JSON value: the sha256 of its canonical form, its size,
+/// nesting depth and, when `with_excerpt`, the first characters of that form.
+pub fn digest_value(value: &Value, with_excerpt: bool) -> Value {
+    let canonical = crate::canonical::to_canonical_string(value);
+    let mut digest = json!({
+        "sha256": crate::canonical::sha256_hex(canonical.as_bytes()),
+        "bytes": canonical.len(),
+        "depth": depth(value),
+    });
+    if with_excerpt {
+        digest["excerpt"] = json!(excerpt(&canonical));
+    }
+    digest
+}
+
+/// The first [`MAX_EXCERPT_CHARS`] characters of `text`, control characters replaced
+/// by U+FFFD.
+fn excerpt(text: &str) -> String {
+    text.chars()
+        .take(MAX_EXCERPT_CHARS)
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
+}
+
+/// The nesting depth of a value: 0 for a scalar, 1 for a flat object or array.
+pub fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((v, d)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(d + 1);
+        stack.extend(children.map(|c| (c, d + 1)));
+    }
+    deepest
+}
+
+/// The size of a value as compact JSON, counted without building it and stopping
+/// once past `limit` (so the answer is exact up to `limit`, and `> limit` beyond).
+pub fn json_size(value: &Value, limit: usize) -> usize {
+    let mut size = 0usize;
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        size += match v {
+            Value::Null => 4,
+            Value::Bool(b) => 4 + usize::from(!b),
+            Value::Number(n) => n.to_string().len(),
+            Value::String(s) => s.len() + 2,
+            Value::Array(items) => {
+                stack.extend(items.iter());
+                2 + items.len().saturating_sub(1)
+            }
+            Value::Object(map) => {
+                stack.extend(map.values());
+                2 + map.len().saturating_sub(1) + map.keys().map(|k| k.len() + 3).sum::<usize>()
+            }
+        };
+        if size > limit {
+            break;
+        }
+    }
+    size
 }
 
 /// Parses a request already read as JSON (the MCP front builds one from headers).
@@ -115,11 +225,12 @@ pub fn parse_request_value(value: Value) -> Received {
     let run_id = id("run_id", &mut problems);
     let lane_id = id("lane_id", &mut problems);
     let tool_name = id("tool_name", &mut problems);
-    let partial = PartialRequest {
+    let mut partial = PartialRequest {
         role_id: role_id.clone(),
         run_id: run_id.clone(),
         lane_id: lane_id.clone(),
         tool_name: tool_name.clone(),
+        received: Map::new(),
     };
     let arguments = match obj.remove("arguments") {
         Some(v @ Value::Object(_)) => Some(v),
@@ -174,6 +285,33 @@ pub fn parse_request_value(value: Value) -> Received {
             false
         }
     };
+    // Bounds: depth and size, so that everything accepted can also be audited.
+    if let Some(scope) = &scope {
+        let scope = Value::Object(scope.clone());
+        let (d, size) = (depth(&scope), json_size(&scope, MAX_SCOPE_BYTES));
+        if d > MAX_DEPTH {
+            problems.push(format!("`scope` is nested deeper than {MAX_DEPTH} levels"));
+        }
+        if size > MAX_SCOPE_BYTES {
+            problems.push(format!("`scope` is larger than {MAX_SCOPE_BYTES} bytes"));
+        }
+        if d > MAX_DEPTH || size > MAX_SCOPE_BYTES {
+            partial
+                .received
+                .insert("scope".into(), digest_value(&scope, true));
+        }
+    }
+    if let Some(arguments) = &arguments
+        && depth(arguments) > MAX_DEPTH
+    {
+        problems.push(format!(
+            "`arguments` is nested deeper than {MAX_DEPTH} levels"
+        ));
+        // Hash only: arguments are kept readable only once the tool's redaction is known.
+        partial
+            .received
+            .insert("arguments".into(), digest_value(arguments, false));
+    }
     match (role_id, run_id, lane_id, tool_name, arguments, scope) {
         (
             Some(role_id),
@@ -373,6 +511,9 @@ pub struct CallResponse {
     /// True when this is the stored outcome of an earlier call with the same
     /// idempotency key, returned without executing again.
     pub replayed: bool,
+    /// On a replay: the call_id of the first call, whose outcome this is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

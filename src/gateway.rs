@@ -19,10 +19,11 @@ use crate::adapter::{Adapter, AdapterEnv, Adapters};
 use crate::artifacts::ArtifactStore;
 use crate::audit::{AuditError, AuditLog, EventFilter, EventType, NewEvent};
 use crate::authz;
+use crate::capacity::{AuditCapacity, CapacityOptions};
 use crate::diagnostic::{Reason, Refusal};
 use crate::idempotency::Idempotency;
 use crate::observe::Metrics;
-use crate::observe::metrics::ScrapeState;
+use crate::observe::metrics::{AuditCapacityState, ScrapeState};
 use crate::policy::{Policy, Problem, RunStatus, Tool};
 use crate::runs::{RunError, RunRecord, RunStore};
 
@@ -137,10 +138,16 @@ pub struct Gateway {
     source: PolicySourcePaths,
     /// Serializes reloads so the audit order and the swap order agree.
     reloading: tokio::sync::Mutex<()>,
+    /// Serializes safety-lock changes: held across the audit append and the state
+    /// change, so the audited order is the enforced order (and a restart, which
+    /// rebuilds the lock from the last lock event, enforces the same state).
+    lock_change: tokio::sync::Mutex<()>,
     /// Counters and histograms of the calls, scraped by `GET /metrics`.
     pub metrics: Metrics,
     /// A candidate policy deciding every call beside the active one (shadow mode).
     shadow: Option<crate::shadow::Shadow>,
+    /// The audit log's disk headroom; new calls are refused when it runs out.
+    capacity: Option<Arc<AuditCapacity>>,
 }
 
 impl Gateway {
@@ -167,8 +174,10 @@ impl Gateway {
             env,
             source,
             reloading: tokio::sync::Mutex::new(()),
+            lock_change: tokio::sync::Mutex::new(()),
             metrics,
             shadow: None,
+            capacity: None,
         })
     }
 
@@ -176,6 +185,25 @@ impl Gateway {
     pub fn with_shadow(mut self, shadow: crate::shadow::Shadow) -> Gateway {
         self.shadow = Some(shadow);
         self
+    }
+
+    /// Bounds the audit log's growth: new calls are refused once `capacity` has no
+    /// headroom left.
+    pub fn with_capacity(mut self, capacity: Arc<AuditCapacity>) -> Gateway {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// The refusal of a new call when the audit log has no headroom left.
+    pub fn capacity_refusal(&self) -> Option<Refusal> {
+        self.capacity.as_ref().and_then(|c| c.refusal())
+    }
+
+    /// The audit log's headroom, when it is bounded.
+    pub fn audit_headroom(&self) -> Option<(crate::capacity::Headroom, CapacityOptions)> {
+        self.capacity
+            .as_ref()
+            .map(|c| (c.headroom(), c.options().clone()))
     }
 
     /// The shadow policy, when shadow mode is on.
@@ -263,13 +291,29 @@ impl Gateway {
         let mut event = NewEvent::new(event_type);
         event.details.insert("by".into(), json!(admin));
         event.details.insert("reason".into(), json!(reason));
-        // Hold the lock while recording so the log order and the state agree.
         let new = SafetyLock {
             engaged,
             reason,
             changed_by: Some(admin),
         };
-        self.audit.append(event).await.map_err(audit_refusal)?;
+        // INVARIANT: one change at a time, from its audit append to its state change,
+        // so the last lock event in the log is the state enforced.
+        let _one_at_a_time = self.lock_change.lock().await;
+        if let Err(e) = self.audit.append(event).await {
+            // The event may or may not be in the log (a timed-out append can still
+            // commit): the state is uncertain, so the lock engages (fail closed).
+            if let Ok(mut lock) = self.lock.write() {
+                *lock = SafetyLock {
+                    engaged: true,
+                    reason: Some(
+                        "a safety-lock change could not be recorded; engaged until an admin sets it again"
+                            .into(),
+                    ),
+                    changed_by: None,
+                };
+            }
+            return Err(audit_refusal(e));
+        }
         if let Ok(mut lock) = self.lock.write() {
             *lock = new.clone();
         }
@@ -588,14 +632,26 @@ impl Gateway {
         }))
     }
 
-    /// The metrics in the OpenMetrics text format, with the policy versions and the
-    /// safety lock as they are now.
-    pub fn render_metrics(&self) -> String {
+    /// The metrics in the OpenMetrics text format, with the policy versions, the
+    /// safety lock and the audit headroom as they are now (and the server's open
+    /// connections, when it counts them).
+    pub fn render_metrics(&self, connections: Option<(usize, usize)>) -> String {
         let loaded = self.current();
+        let audit_capacity = self
+            .audit_headroom()
+            .map(|(h, options)| AuditCapacityState {
+                used_bytes: h.used_bytes,
+                headroom_bytes: h.headroom_bytes,
+                max_bytes: options.max_audit_bytes,
+                free_disk_bytes: options.min_free_disk_bytes.map(|_| h.free_disk_bytes),
+            });
         self.metrics.render(ScrapeState {
             policy: &loaded.policy.versions,
             safety_lock_engaged: self.safety_lock().engaged,
             shadow_divergences: self.shadow().map(crate::shadow::Shadow::divergences),
+            audit_capacity,
+            shadow_dropped: self.shadow().map(crate::shadow::Shadow::dropped),
+            connections,
         })
     }
 

@@ -15,6 +15,10 @@
 //! - [`review`]: policy as code: explain, test, diff, replay.
 //! - [`observe`]: metrics (`GET /metrics`), traces (OTLP) and logs.
 //! - [`server`]: the HTTP API (hyper); the only module that serves HTTP.
+//! - [`limits`]: per-client connection and request-rate limits of the HTTP front.
+//! - [`transport`]: the socket wrapper that gives hyper's own refusals a JSON body.
+//! - [`capacity`]: the audit log's disk headroom (`--max-audit-bytes`,
+//!   `--min-free-disk-bytes`).
 //! - [`mcp`]: MCP on both sides: the `/mcp` front for agents, the adapter for
 //!   upstream MCP servers, and `toolgate mcp import`.
 //! - [`cli`]: the `toolgate` command line; `main.rs` only calls [`cli::main`].
@@ -25,10 +29,12 @@ pub mod audit;
 pub mod authz;
 pub mod call;
 pub mod canonical;
+pub mod capacity;
 pub mod cli;
 pub mod diagnostic;
 pub mod gateway;
 pub mod idempotency;
+pub mod limits;
 pub mod mcp;
 pub mod observe;
 pub mod pipeline;
@@ -38,6 +44,7 @@ pub mod runs;
 pub mod serve;
 pub mod server;
 pub mod shadow;
+pub mod transport;
 
 /// The version of the tool gateway contract this build implements, recorded in every
 /// audit event.

@@ -25,7 +25,7 @@ use crate::call::{
 use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, Loaded, SafetyLock};
-use crate::idempotency::{Claim, Key};
+use crate::idempotency::{Claim, Key, MAX_INLINE_OUTPUT_BYTES, Outcome};
 use crate::observe::metrics::{AppendKind, CallRecord};
 use crate::observe::trace::{self, TraceParent};
 use crate::policy::{Redaction, Role, Tool};
@@ -70,6 +70,9 @@ struct Call {
     committed: Option<CommittedArguments>,
     /// The scope as received (case and matter ids, flags), kept for replay and review.
     scope: Option<Map<String, Value>>,
+    /// Bounded digests of what a malformed request carried (see
+    /// `call::PartialRequest::received`), recorded as `details.received`.
+    received: Map<String, Value>,
     /// How to keep the arguments readable; unknown until the tool is found, and then
     /// only the hash and the commitment are kept.
     redaction: Redaction,
@@ -333,9 +336,38 @@ impl Gateway {
         // Shadow mode: a copy of the request is also decided under the candidate policy.
         let shadowed = self.shadow_copy(&request);
 
+        // 1. (before anything else) the audit log must have room for this call
+        if let Some(refusal) = self.capacity_refusal() {
+            return self.close(call, Err(refusal)).await;
+        }
+
+        // A run no longer in memory (closed long ago) is read back from the log, so
+        // step 3 still knows it.
+        let evicted = match &request {
+            Ok(r) if self.runs.get(&r.run_id).is_none() => {
+                match self.runs.load(&self.audit, &r.run_id).await {
+                    Ok(found) => found,
+                    Err(e) => {
+                        // Unknown is not "does not exist": refuse rather than guess.
+                        let refusal = Refusal::new(
+                            Reason::AuditUnavailable,
+                            format!("the run could not be looked up in the audit log: {e}"),
+                        )
+                        .at_step(3);
+                        return self.close(call, Err(refusal)).await;
+                    }
+                }
+            }
+            _ => None,
+        };
+
         // 1-8. decide: receive the request and run the authorization checks
         let lock = self.safety_lock();
-        let runs = |run_id: &str| self.runs.get(run_id);
+        let runs = |run_id: &str| {
+            self.runs
+                .get(run_id)
+                .or_else(|| evicted.clone().filter(|r| r.run_id == run_id))
+        };
         let decided = trace::step_span("authorize", 8).in_scope(|| {
             decide(
                 &loaded,
@@ -350,8 +382,7 @@ impl Gateway {
             && !lock.engaged
         {
             let verdict = Verdict::of(decided.as_ref().err());
-            self.shadow_submit(&call.call_id, token, copy, verdict, &loaded.policy.versions)
-                .await;
+            self.shadow_submit(&call.call_id, token, copy, verdict, &loaded.policy.versions);
         }
 
         let allowed = match decided {
@@ -363,7 +394,8 @@ impl Gateway {
         }
 
         // 9. emit audit event: tool_requested (durable before anything runs; once per
-        //    idempotency key: a repeat returns the first outcome)
+        //    idempotency key, arguments and scope: a repeat returns the first outcome
+        //    and writes its own closing event referring to the first call)
         let guard = match &allowed.request.idempotency_key {
             None => None,
             Some(key) => {
@@ -373,12 +405,15 @@ impl Gateway {
                     tool_name: allowed.tool.tool_name.clone(),
                     idempotency_key: key.clone(),
                 };
-                match self
-                    .idempotency
-                    .claim(key, &sha256_hex(&to_canonical_bytes(&allowed.arguments)))
-                {
+                // The run is in the key; with the call's scope, that fixes the
+                // effective scope.
+                let fingerprint = sha256_hex(&to_canonical_bytes(&json!({
+                    "arguments": allowed.arguments,
+                    "scope": allowed.request.scope,
+                })));
+                match self.idempotency.claim(key, &fingerprint) {
                     Claim::First(guard) => Some(guard),
-                    Claim::Replay(first) => return self.observed(&call, replayed(&first)),
+                    Claim::Replay(first) => return self.close_replay(call, first).await,
                     Claim::Wait(mut outcome) => {
                         let first = outcome
                             .wait_for(Option::is_some)
@@ -386,14 +421,14 @@ impl Gateway {
                             .ok()
                             .and_then(|f| f.clone());
                         return match first {
-                            Some(first) => self.observed(&call, replayed(&first)),
+                            Some(first) => self.close_replay(call, first).await,
                             None => self.close(call, Err(Refusal::new(Reason::InternalError, "the first call with this idempotency key ended without an outcome"))).await,
                         };
                     }
                     Claim::Conflict => {
                         let refusal = Refusal::new(
                             Reason::IdempotencyConflict,
-                            "`idempotency_key` was already used with different arguments",
+                            "`idempotency_key` was already used with different arguments or another scope",
                         );
                         return self.close(call, Err(refusal)).await;
                     }
@@ -426,6 +461,12 @@ impl Gateway {
                     .instrument(trace::step_span("execute", 10))
                     .await;
                 call.tool_time = Some(started.elapsed());
+                if let Err(refusal) = &executed
+                    && refusal.details["reached_tool"] == json!(false)
+                {
+                    // Nothing was sent to the tool: no side effect can have happened.
+                    call.executed = false;
+                }
                 executed
             }
         };
@@ -448,12 +489,103 @@ impl Gateway {
 
         // 12. emit audit event: tool_executed | tool_failed | tool_denied | tool_timeout
         // 13. return the response
-        let keep = !matches!(&captured, Err(r) if call.retry_safe && r.diagnostic().retryable);
+        // The key is released (a retry executes again) when nothing reached the tool,
+        // or when the failure is retryable for an idempotent tool.
+        let keep = !matches!(&captured,
+            Err(r) if !call.executed || (call.retry_safe && r.diagnostic().retryable));
         let response = self.close_executed(call, &allowed, captured).await;
         if let Some(guard) = guard {
-            guard.complete(Arc::new(response.clone()), keep);
+            guard.complete(self.stored_outcome(&response).await, keep);
         }
         response
+    }
+
+    /// What the idempotency table keeps of a first call's response: an output larger
+    /// than `MAX_INLINE_OUTPUT_BYTES` goes to the artifact store (content-addressed)
+    /// and only its sha256 stays in memory.
+    async fn stored_outcome(&self, response: &CallResponse) -> Outcome {
+        let mut kept = response.clone();
+        let mut spilled_output = None;
+        if let Some(output) = &response.output
+            && crate::call::json_size(output, MAX_INLINE_OUTPUT_BYTES) > MAX_INLINE_OUTPUT_BYTES
+        {
+            let output = output.clone();
+            let bytes = tokio::task::spawn_blocking(move || to_canonical_bytes(&output)).await;
+            if let Ok(bytes) = bytes
+                && let Ok(artifact) = self.artifacts.put(bytes).await
+            {
+                kept.output = None;
+                spilled_output = Some(artifact.sha256);
+            }
+        }
+        let bytes = serde_json::to_vec(&kept).map_or(0, |v| v.len());
+        Outcome {
+            response: Arc::new(kept),
+            spilled_output,
+            bytes,
+        }
+    }
+
+    /// Steps 12 and 13 of a repeat of an idempotent call: the first call's outcome,
+    /// nothing executed, recorded by its own closing event (`details.replay_of` names
+    /// the first call and its closing event). Fails closed like any call: no output
+    /// is returned unless that event is written.
+    async fn close_replay(&self, mut call: Call, first: Outcome) -> CallResponse {
+        let mut response = (*first.response).clone();
+        if let Some(sha256) = &first.spilled_output {
+            let output = match self.artifacts.get(sha256).await {
+                Ok(bytes) => serde_json::from_slice::<Value>(&bytes).ok(),
+                Err(_) => None,
+            };
+            let Some(output) = output else {
+                let refusal = Refusal::new(
+                    Reason::InternalError,
+                    "the stored outcome of the first call with this idempotency key could not be read",
+                );
+                return self.close(call, Err(refusal)).await;
+            };
+            response.output = Some(output);
+        }
+        let event_type = match response.status {
+            Status::Success => EventType::ToolExecuted,
+            Status::Denied => EventType::ToolDenied,
+            Status::Timeout => EventType::ToolTimeout,
+            Status::Failed => EventType::ToolFailed,
+        };
+        let mut event = call.event(self, event_type);
+        event.execution_time_ms = Some(call.started.elapsed().as_millis() as u64);
+        if let Some(d) = &response.diagnostic {
+            event.error_code = Some(d.error_code.as_str().to_string());
+            event.reason = Some(d.reason.as_str().to_string());
+            event.failed_step = Some(d.failed_step);
+        }
+        if let Some(artifact) = &response.artifact {
+            event.details.insert("artifact".into(), json!(artifact));
+        }
+        event.details.insert(
+            "replay_of".into(),
+            json!({ "call_id": response.call_id, "audit_event_id": response.audit_event_id }),
+        );
+        match self.append_timed(event, AppendKind::Closing).await {
+            Ok(appended) => {
+                response.replay_of = Some(response.call_id.clone());
+                response.call_id = call.call_id.clone();
+                response.audit_event_id = Some(appended.event_id);
+                response.replayed = true;
+                response.execution_time_ms = call.started.elapsed().as_millis() as u64;
+                self.observed(&call, response)
+            }
+            Err(e) => {
+                call.trace.failed = Some("12:audit_unavailable".into());
+                let refusal = Refusal::new(
+                    Reason::AuditUnavailable,
+                    format!("the audit log could not record the repeated call; no output is returned: {e}"),
+                )
+                .at_step(12);
+                let response = call.response(Status::Failed, Some(&refusal));
+                self.observed(&call, response)
+            }
+        }
     }
 
     /// Step 10: runs the adapter within the call's deadline: the request's timeout_ms
@@ -530,8 +662,22 @@ impl Gateway {
             )
             .with_details(json!({ "violations": violations })));
         }
-        let bytes = to_canonical_bytes(&output);
-        let output_hash = sha256_hex(&bytes);
+        // A large output is canonicalized and hashed on the blocking pool, never on an
+        // async worker that other calls are waiting for.
+        let (output, bytes, output_hash) =
+            if crate::call::json_size(&output, MAX_INLINE_OUTPUT_BYTES) > MAX_INLINE_OUTPUT_BYTES {
+                tokio::task::spawn_blocking(move || {
+                    let bytes = to_canonical_bytes(&output);
+                    let hash = sha256_hex(&bytes);
+                    (output, bytes, hash)
+                })
+                .await
+                .map_err(|_| Refusal::new(Reason::InternalError, "hashing the output failed"))?
+            } else {
+                let bytes = to_canonical_bytes(&output);
+                let hash = sha256_hex(&bytes);
+                (output, bytes, hash)
+            };
         if bytes.len() as u64 <= tool.limits.max_output_bytes {
             return Ok(Captured {
                 output: Some(output),
@@ -665,6 +811,17 @@ impl Gateway {
                     // with an idempotency key may be retried.
                     refusal.retryable = Some(false);
                 }
+                if refusal.reason == Reason::DependencyDown {
+                    let safe = refusal.diagnostic().retryable;
+                    refusal.message.push_str(if safe {
+                        "; a retry is safe"
+                    } else {
+                        "; the request may have reached the tool, so a retry could repeat its effect"
+                    });
+                    if let Value::Object(details) = &mut refusal.details {
+                        details.insert("retry_safe".into(), json!(safe));
+                    }
+                }
                 let event_type = match Status::of(refusal.reason) {
                     Status::Timeout => EventType::ToolTimeout,
                     Status::Denied => EventType::ToolDenied,
@@ -755,14 +912,6 @@ impl Gateway {
     }
 }
 
-/// The stored outcome of an earlier call with the same idempotency key.
-fn replayed(first: &CallResponse) -> CallResponse {
-    CallResponse {
-        replayed: true,
-        ..first.clone()
-    }
-}
-
 impl Call {
     fn new(request: &Received, versions: &crate::policy::PolicyVersions) -> Call {
         let (ids, arguments, scope, dry_run) = match request {
@@ -772,6 +921,7 @@ impl Call {
                     run_id: Some(r.run_id.clone()),
                     lane_id: Some(r.lane_id.clone()),
                     tool_name: Some(r.tool_name.clone()),
+                    received: Map::new(),
                 },
                 Some(r.arguments.clone()),
                 Some(r.scope.clone()),
@@ -779,6 +929,7 @@ impl Call {
             ),
             Err(rejected) => (rejected.1.clone(), None, None, false),
         };
+        let received = ids.received.clone();
         Call {
             call_id: format!("call-{}", uuid::Uuid::new_v4()),
             started: Instant::now(),
@@ -787,6 +938,7 @@ impl Call {
             arguments,
             committed: None,
             scope,
+            received,
             redaction: Redaction::HashOnly,
             trace: Trace::default(),
             dry_run,
@@ -847,10 +999,25 @@ impl Call {
             event.arguments_hmac_sha256 = committed.hmac_sha256.clone();
             event.arguments = committed.readable.clone();
         }
-        if let Some(scope) = &self.scope {
+        let mut received = self.received.clone();
+        match &self.scope {
+            // INVARIANT: what a caller that has not proved its identity (step 2) can
+            // make the log keep is bounded: its scope is kept as a digest only.
+            Some(scope) if self.trace.passed_step < 2 => {
+                let digest = crate::call::digest_value(&Value::Object(scope.clone()), true);
+                received.insert("scope".into(), digest);
+            }
+            Some(scope) => {
+                event
+                    .details
+                    .insert("scope".into(), Value::Object(scope.clone()));
+            }
+            None => {}
+        }
+        if !received.is_empty() {
             event
                 .details
-                .insert("scope".into(), Value::Object(scope.clone()));
+                .insert("received".into(), Value::Object(received));
         }
         event.details.insert("trace".into(), self.trace.to_json());
         if self.dry_run {
@@ -882,6 +1049,7 @@ impl Call {
                 },
             }),
             replayed: false,
+            replay_of: None,
         }
     }
 }

@@ -6,7 +6,7 @@
 //! table. On start the table is rebuilt from those events, so runs survive restarts and
 //! their history is as tamper-evident as every other event.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::RwLock;
 
 use serde::{Deserialize, Serialize};
@@ -42,68 +42,119 @@ pub enum RunError {
 }
 
 /// Runs by id, rebuilt from the audit log.
+///
+/// Live runs (active or suspended) are kept in memory, at most [`MAX_RUNS`]. A closed
+/// run leaves that table (closed is final): the newest [`MAX_CLOSED_KEPT`] closed runs
+/// stay in a bounded index, and an older one is read back from the log when a call
+/// names it ([`RunStore::load`]), so it is still refused as `run_not_active`, and
+/// closing runs frees room for new ones.
 #[derive(Debug, Default)]
 pub struct RunStore {
+    /// Live runs, in run-id order (for paged listing).
     runs: RwLock<BTreeMap<String, RunRecord>>,
+    closed: RwLock<ClosedRuns>,
     /// Serializes writers so the audit order and the table order agree.
     write: tokio::sync::Mutex<()>,
 }
 
-/// The largest number of runs kept; creating more is refused (bounded memory).
+/// The newest closed runs, oldest first for eviction.
+#[derive(Debug, Default)]
+struct ClosedRuns {
+    records: HashMap<String, RunRecord>,
+    order: VecDeque<String>,
+}
+
+impl ClosedRuns {
+    fn insert(&mut self, record: RunRecord) {
+        if self
+            .records
+            .insert(record.run_id.clone(), record.clone())
+            .is_none()
+        {
+            self.order.push_back(record.run_id);
+        }
+        while self.order.len() > MAX_CLOSED_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.records.remove(&old);
+            }
+        }
+    }
+}
+
+/// The events that make up a run's record.
+const RUN_EVENTS: [EventType; 3] = [
+    EventType::RunCreated,
+    EventType::RunStatusChanged,
+    EventType::RunRepinned,
+];
+
+/// The largest number of live (not closed) runs kept; creating more is refused
+/// (bounded memory). Closed runs do not count.
 pub const MAX_RUNS: usize = 1_000_000;
+/// The most closed runs kept in memory; older ones are read back from the log.
+pub const MAX_CLOSED_KEPT: usize = 10_000;
 
 impl RunStore {
     /// Rebuilds the table from the run events in the audit log.
     pub async fn rebuild(audit: &AuditLog) -> Result<RunStore, AuditError> {
         let events = audit
             .events(EventFilter {
-                event_types: vec![
-                    EventType::RunCreated,
-                    EventType::RunStatusChanged,
-                    EventType::RunRepinned,
-                ],
+                event_types: RUN_EVENTS.to_vec(),
                 ..EventFilter::default()
             })
             .await?;
-        let mut runs = BTreeMap::new();
-        for event in events {
-            let details = &event.value["details"];
-            match event.value["type"].as_str() {
-                Some("run_created") => {
-                    if let Some(record) = details
-                        .get("run")
-                        .and_then(|r| serde_json::from_value::<RunRecord>(r.clone()).ok())
-                    {
-                        runs.insert(record.run_id.clone(), record);
-                    }
-                }
-                Some("run_repinned") => {
-                    let run_id = event.value["run_id"].as_str().unwrap_or_default();
-                    let to = serde_json::from_value::<PolicyVersions>(details["to"].clone()).ok();
-                    if let (Some(run), Some(to)) = (runs.get_mut(run_id), to) {
-                        run.policy_versions = to;
-                    }
-                }
-                Some("run_status_changed") => {
-                    let run_id = event.value["run_id"].as_str().unwrap_or_default();
-                    let status = serde_json::from_value::<RunStatus>(details["to"].clone()).ok();
-                    if let (Some(run), Some(status)) = (runs.get_mut(run_id), status) {
-                        run.status = status;
-                    }
-                }
-                _ => {}
+        let mut runs = replay_events(events.iter().map(|e| &e.value));
+        let mut closed = ClosedRuns::default();
+        let mut closed_ids: Vec<(u64, String)> = Vec::new();
+        let last_seq: HashMap<&str, u64> = events
+            .iter()
+            .filter_map(|e| Some((e.value["run_id"].as_str()?, e.seq)))
+            .collect();
+        for (id, run) in &runs {
+            if run.status == RunStatus::Closed {
+                closed_ids.push((last_seq.get(id.as_str()).copied().unwrap_or(0), id.clone()));
+            }
+        }
+        // Oldest closed first, so the newest stay in the bounded index.
+        closed_ids.sort();
+        for (_, id) in closed_ids {
+            if let Some(record) = runs.remove(&id) {
+                closed.insert(record);
             }
         }
         Ok(RunStore {
             runs: RwLock::new(runs),
+            closed: RwLock::new(closed),
             write: tokio::sync::Mutex::new(()),
         })
     }
 
+    /// A run in memory: live, or among the newest closed.
     pub fn get(&self, run_id: &str) -> Option<RunRecord> {
-        self.runs.read().ok()?.get(run_id).cloned()
+        if let Some(run) = self.runs.read().ok()?.get(run_id) {
+            return Some(run.clone());
+        }
+        self.closed.read().ok()?.records.get(run_id).cloned()
     }
 
+    /// A run that is not in memory, read back from its events in the log (a closed
+    /// run evicted from the index). None if the log has no such run.
+    pub async fn load(
+        &self,
+        audit: &AuditLog,
+        run_id: &str,
+    ) -> Result<Option<RunRecord>, AuditError> {
+        let events = audit
+            .events(EventFilter {
+                run_id: Some(run_id.to_string()),
+                event_types: RUN_EVENTS.to_vec(),
+                ..EventFilter::default()
+            })
+            .await?;
+        Ok(replay_events(events.iter().map(|e| &e.value)).remove(run_id))
+    }
+
+    /// Live runs in memory (closed runs do not count against [`MAX_RUNS`]).
     pub fn len(&self) -> usize {
         self.runs.read().map(|r| r.len()).unwrap_or(0)
     }
@@ -115,7 +166,13 @@ impl RunStore {
     /// Records `run_created` and then adds the run.
     pub async fn create(&self, audit: &AuditLog, record: RunRecord) -> Result<RunRecord, RunError> {
         let _writer = self.write.lock().await;
-        if self.get(&record.run_id).is_some() {
+        if self.get(&record.run_id).is_some()
+            || self
+                .load(audit, &record.run_id)
+                .await
+                .map_err(RunError::Audit)?
+                .is_some()
+        {
             return Err(RunError::Exists(record.run_id));
         }
         let mut event = NewEvent::new(EventType::RunCreated);
@@ -138,7 +195,11 @@ impl RunStore {
         by: &str,
     ) -> Result<RunRecord, RunError> {
         let _writer = self.write.lock().await;
-        let Some(mut record) = self.get(run_id) else {
+        let known = match self.get(run_id) {
+            Some(record) => Some(record),
+            None => self.load(audit, run_id).await.map_err(RunError::Audit)?,
+        };
+        let Some(mut record) = known else {
             return Err(RunError::NotFound(run_id.to_string()));
         };
         if record.status == RunStatus::Closed && status != RunStatus::Closed {
@@ -151,7 +212,15 @@ impl RunStore {
         event.details.insert("by".into(), json!(by));
         audit.append(event).await.map_err(RunError::Audit)?;
         record.status = status;
-        if let Ok(mut runs) = self.runs.write() {
+        if status == RunStatus::Closed {
+            // Closed is final: the run leaves the live table for the bounded index.
+            if let Ok(mut runs) = self.runs.write() {
+                runs.remove(run_id);
+            }
+            if let Ok(mut closed) = self.closed.write() {
+                closed.insert(record.clone());
+            }
+        } else if let Ok(mut runs) = self.runs.write() {
             runs.insert(run_id.to_string(), record.clone());
         }
         Ok(record)
@@ -160,28 +229,30 @@ impl RunStore {
 
 impl RunStore {
     /// A page of runs in run-id order after `cursor`, optionally of one status, and
-    /// the cursor of the next page (None when this one is the last).
+    /// the cursor of the next page (None when this one is the last). Lists the live
+    /// runs and the newest closed ones kept in memory ([`MAX_CLOSED_KEPT`]); older
+    /// closed runs are in the audit log (`GET /v1/audit/events?type=run_created`).
     pub fn list(
         &self,
         status: Option<RunStatus>,
         cursor: Option<&str>,
         limit: usize,
     ) -> (Vec<RunRecord>, Option<String>) {
-        use std::ops::Bound;
-        let Ok(runs) = self.runs.read() else {
-            return (Vec::new(), None);
-        };
-        let start = match cursor {
-            Some(c) => Bound::Excluded(c.to_string()),
-            None => Bound::Unbounded,
-        };
-        let mut page: Vec<RunRecord> = runs
-            .range((start, Bound::Unbounded))
-            .map(|(_, r)| r)
-            .filter(|r| status.is_none_or(|s| r.status == s))
-            .take(limit + 1)
-            .cloned()
-            .collect();
+        let after = |id: &str| cursor.is_none_or(|c| id > c);
+        let wanted = |r: &RunRecord| status.is_none_or(|s| r.status == s) && after(&r.run_id);
+        let mut page: Vec<RunRecord> = Vec::new();
+        if status != Some(RunStatus::Closed)
+            && let Ok(runs) = self.runs.read()
+        {
+            page.extend(runs.values().filter(|r| wanted(r)).take(limit + 1).cloned());
+        }
+        if status.is_none_or(|s| s == RunStatus::Closed)
+            && let Ok(closed) = self.closed.read()
+        {
+            page.extend(closed.records.values().filter(|r| wanted(r)).cloned());
+        }
+        page.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        page.truncate(limit + 1);
         let next = if page.len() > limit {
             page.truncate(limit);
             page.last().map(|r| r.run_id.clone())
@@ -223,6 +294,41 @@ impl RunStore {
         }
         Ok((record, from))
     }
+}
+
+/// The runs that `run_created`, `run_repinned` and `run_status_changed` events (oldest
+/// first) leave.
+fn replay_events<'a>(events: impl Iterator<Item = &'a Value>) -> BTreeMap<String, RunRecord> {
+    let mut runs = BTreeMap::new();
+    for event in events {
+        let details = &event["details"];
+        match event["type"].as_str() {
+            Some("run_created") => {
+                if let Some(record) = details
+                    .get("run")
+                    .and_then(|r| serde_json::from_value::<RunRecord>(r.clone()).ok())
+                {
+                    runs.insert(record.run_id.clone(), record);
+                }
+            }
+            Some("run_repinned") => {
+                let run_id = event["run_id"].as_str().unwrap_or_default();
+                let to = serde_json::from_value::<PolicyVersions>(details["to"].clone()).ok();
+                if let (Some(run), Some(to)) = (runs.get_mut(run_id), to) {
+                    run.policy_versions = to;
+                }
+            }
+            Some("run_status_changed") => {
+                let run_id = event["run_id"].as_str().unwrap_or_default();
+                let status = serde_json::from_value::<RunStatus>(details["to"].clone()).ok();
+                if let (Some(run), Some(status)) = (runs.get_mut(run_id), status) {
+                    run.status = status;
+                }
+            }
+            _ => {}
+        }
+    }
+    runs
 }
 
 /// The run record as kept in `run_created` details.

@@ -9,8 +9,10 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::audit::{AuditError, AuditLog, AuditOptions, CheckpointSink, Durability};
+use crate::capacity::{AuditCapacity, CapacityOptions};
 use crate::cli::{Exit, PolicyLocation};
 use crate::gateway::{Gateway, Loaded, PolicySourcePaths, adapter_env};
+use crate::limits::LimitOptions;
 use crate::observe::trace;
 use crate::server::{self, ServerOptions};
 use crate::shadow::Shadow;
@@ -31,6 +33,27 @@ pub struct ServeArgs {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// Connections served at once, all clients together; more are answered only on
+    /// /healthz and /readyz (429 otherwise).
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Connections served at once from one client address; more are answered only on
+    /// /healthz and /readyz (429 otherwise).
+    #[arg(long, default_value_t = 256)]
+    pub max_connections_per_client: usize,
+    /// Requests per second from one client address, bursts of twice as many (0: no
+    /// limit); more get a 429 with Retry-After. /healthz, /readyz and /metrics are
+    /// not counted.
+    #[arg(long, default_value_t = 0)]
+    pub max_requests_per_second_per_client: u32,
+    /// The most bytes the audit database and its WAL may take; new calls are refused
+    /// (`audit_capacity_exhausted`) once less than 4 MiB of it is left.
+    #[arg(long)]
+    pub max_audit_bytes: Option<u64>,
+    /// The least free space to leave on the disk holding the audit database; new calls
+    /// are refused (`audit_capacity_exhausted`) 4 MiB before it is reached.
+    #[arg(long)]
+    pub min_free_disk_bytes: Option<u64>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -181,6 +204,11 @@ async fn run(args: &ServeArgs) -> Exit {
             }
         }
     }
+    if let Some(max) = args.max_audit_bytes {
+        // The hard stop beneath the refusal: SQLite itself refuses to grow past it.
+        options.max_db_bytes = Some(max);
+    }
+    let options_db_path = options.db_path.clone();
     let audit = match AuditLog::open(options) {
         Ok(audit) => audit,
         Err(e) => {
@@ -202,8 +230,16 @@ async fn run(args: &ServeArgs) -> Exit {
         policy_dir: args.location.policy_dir.clone(),
         tools_file: args.location.tools.clone(),
     };
+    let capacity = AuditCapacity::new(
+        &options_db_path,
+        CapacityOptions {
+            max_audit_bytes: args.max_audit_bytes,
+            min_free_disk_bytes: args.min_free_disk_bytes,
+        },
+    );
+    tokio::spawn(capacity.clone().run());
     let gateway = match Gateway::start(loaded, audit.clone(), env, source).await {
-        Ok(g) => g,
+        Ok(g) => g.with_capacity(capacity),
         Err(e) => {
             eprintln!("error: cannot start the gateway: {e}");
             return Exit::Failure;
@@ -241,8 +277,14 @@ async fn run(args: &ServeArgs) -> Exit {
     tokio::spawn(reload_on_sighup(gateway.clone()));
     let server_options = ServerOptions {
         max_body_bytes: args.max_body_bytes,
+        limits: LimitOptions {
+            max_connections: args.max_connections.max(1),
+            max_connections_per_client: args.max_connections_per_client.max(1),
+            max_requests_per_second_per_client: args.max_requests_per_second_per_client,
+        },
         ..ServerOptions::default()
     };
+    raise_open_files_limit();
     if let Some(shadow) = gateway.shadow() {
         let v = shadow.versions();
         println!(
@@ -286,6 +328,26 @@ fn drain_time(loaded: &Loaded) -> Duration {
         .max()
         .unwrap_or(0);
     Duration::from_millis(max_ms + 1000)
+}
+
+/// Raises the soft limit of open files to the hard limit: every connection, admitted
+/// or overflow, is a descriptor, and running out of them would stop the accept loop.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    let raised = unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
+            && (limit.rlim_cur >= limit.rlim_max || {
+                limit.rlim_cur = limit.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
+            })
+    };
+    if !raised {
+        tracing::warn!("cannot raise the open-files limit; connection floods may exhaust it");
+    }
 }
 
 fn short(sha256: &str) -> &str {

@@ -14,30 +14,35 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::header::{
+    ALLOW, AUTHORIZATION, CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER, TRANSFER_ENCODING,
+};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::audit::{EventFilter, EventType};
 use crate::call::{CallResponse, Status, parse_request};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
+use crate::limits::{Admission, ClientLimits, Limit, LimitOptions, Permit};
 use crate::observe::trace::TraceParent;
+use crate::transport::JsonRefusals;
 
 /// Limits of the HTTP front.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// Request bodies larger than this get 413.
     pub max_body_bytes: usize,
-    /// The most connections served at once; more wait in the accept queue.
-    pub max_connections: usize,
-    /// Time allowed to send the request headers and, separately, the body.
+    /// Connections in total, per client address, and the request rate per client.
+    pub limits: LimitOptions,
+    /// Time allowed to send the request headers and, separately, the body. An idle
+    /// connection (no request started) is closed after this long too.
     pub read_timeout: Duration,
 }
 
@@ -45,14 +50,23 @@ impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             max_body_bytes: 1024 * 1024,
-            max_connections: 4096,
+            limits: LimitOptions::default(),
             read_timeout: Duration::from_secs(30),
         }
     }
 }
 
+/// How long an overflow connection may take to send its request head.
+const OVERFLOW_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// The largest request head an overflow connection may send.
+const OVERFLOW_HEAD_BYTES: usize = 2048;
+
 /// Serves the API on `listener` until `shutdown` resolves, then stops accepting and
 /// waits (up to `drain`) for in-flight requests to finish.
+///
+/// The accept loop never waits for a free slot: a connection over the per-client or
+/// the total cap is admitted as an overflow connection that answers the health
+/// endpoints and refuses the rest with a 429 (see `limits.rs`).
 pub async fn serve(
     listener: TcpListener,
     gateway: Arc<Gateway>,
@@ -61,21 +75,15 @@ pub async fn serve(
     drain: Duration,
 ) {
     let graceful = GracefulShutdown::new();
-    let connections = Arc::new(Semaphore::new(options.max_connections));
+    let limits = ClientLimits::new(options.limits);
     let options = Arc::new(options);
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
+                    // Out of file descriptors or similar: back off briefly.
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
@@ -84,14 +92,28 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        let permit = match limits.admit(peer.ip()) {
+            Admission::Full(permit) => permit,
+            Admission::Overflow(permit) => {
+                tokio::spawn(overflow(stream, permit, gateway.clone()));
+                continue;
+            }
+            Admission::Closed => {
+                drop(stream);
+                continue;
+            }
+        };
         let gateway = gateway.clone();
         let read_timeout = options.read_timeout;
         let options = options.clone();
-        let service = service_fn(move |req| route(gateway.clone(), options.clone(), peer, req));
+        let limits = limits.clone();
+        let service = service_fn(move |req| {
+            route(gateway.clone(), options.clone(), limits.clone(), peer, req)
+        });
         let conn = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(read_timeout)
-            .serve_connection(TokioIo::new(stream), service);
+            .serve_connection(TokioIo::new(JsonRefusals::new(stream)), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _ = conn.await;
@@ -110,15 +132,106 @@ pub async fn serve(
     }
 }
 
+/// An overflow connection: reads one request head (bounded in bytes and time),
+/// answers `GET /healthz` and `GET /readyz`, refuses anything else with a 429, and
+/// closes. It never reaches the pipeline and holds no more than one small buffer.
+async fn overflow(mut stream: TcpStream, permit: Permit, gateway: Arc<Gateway>) {
+    let mut head = [0u8; OVERFLOW_HEAD_BYTES];
+    let mut len = 0;
+    let read = async {
+        while len < head.len() && !head[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut head[len..]).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => len += n,
+            }
+        }
+        true
+    };
+    if !matches!(
+        tokio::time::timeout(OVERFLOW_READ_TIMEOUT, read).await,
+        Ok(true)
+    ) {
+        return;
+    }
+    let line = head[..len]
+        .split(|b| *b == b'\r')
+        .next()
+        .unwrap_or_default();
+    let response = if line == b"GET /healthz HTTP/1.1" || line == b"GET /healthz HTTP/1.0" {
+        raw_json(200, &health())
+    } else if line == b"GET /readyz HTTP/1.1" || line == b"GET /readyz HTTP/1.0" {
+        raw_json(200, &ready(&gateway))
+    } else {
+        let limit = permit.overflow().unwrap_or(Limit::Connections);
+        let refusal = Refusal::new(
+            Reason::RateLimited,
+            format!(
+                "too many connections ({}); this one only answers /healthz and /readyz",
+                limit.as_str().replace('_', " ")
+            ),
+        )
+        .with_details(json!({ "limit": limit.as_str(), "retry_after_ms": 1000 }));
+        crate::transport::json_response(429, &refusal)
+    };
+    let _ = tokio::time::timeout(OVERFLOW_READ_TIMEOUT, stream.write_all(&response)).await;
+    let _ = stream.shutdown().await;
+    drop(permit);
+}
+
+/// A complete `connection: close` JSON response with `status`.
+fn raw_json(status: u16, body: &Value) -> Vec<u8> {
+    let body = body.to_string();
+    format!(
+        "HTTP/1.1 {status} OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn health() -> Value {
+    json!({ "status": "ok" })
+}
+
+fn ready(gateway: &Gateway) -> Value {
+    let loaded = gateway.current();
+    json!({
+        "ready": true,
+        "policy_versions": loaded.policy.versions,
+        "safety_lock": gateway.safety_lock().engaged,
+    })
+}
+
 type HttpResponse = Response<Full<Bytes>>;
 
 /// Routes one request. Never fails: every outcome is a JSON response.
 async fn route(
     gateway: Arc<Gateway>,
     options: Arc<ServerOptions>,
-    _peer: SocketAddr,
+    limits: Arc<ClientLimits>,
+    peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<HttpResponse, Infallible> {
+    if let Some(refusal) = transport_refusal(&req) {
+        let mut response = refusal_response(&refusal);
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        return Ok(response);
+    }
+    let health_path = matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
+    if !health_path && let Err(wait) = limits.allow_request(peer.ip(), std::time::Instant::now()) {
+        let rate = limits.options().max_requests_per_second_per_client;
+        let refusal = Refusal::new(
+            Reason::RateLimited,
+            format!("more than {rate} requests per second from this client"),
+        )
+        .with_details(json!({
+            "limit": Limit::RequestsPerSecond.as_str(),
+            "max_requests_per_second": rate,
+            "retry_after_ms": (wait.as_millis() as u64).max(1),
+        }));
+        return Ok(refusal_response(&refusal));
+    }
     let token = bearer_token(&req);
     let parent = req
         .headers()
@@ -251,34 +364,76 @@ async fn route(
         },
         // No credential: the listener is loopback by default; see docs/operations.md.
         (&Method::GET, ["metrics"]) => {
-            let mut response = Response::new(Full::new(Bytes::from(gateway.render_metrics())));
+            let mut response = Response::new(Full::new(Bytes::from(
+                gateway.render_metrics(Some(limits.open())),
+            )));
             response.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static(crate::observe::metrics::CONTENT_TYPE),
             );
             response
         }
-        (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, &json!({ "status": "ok" })),
-        (&Method::GET, ["readyz"]) => {
-            let loaded = gateway.current();
-            json_response(
-                StatusCode::OK,
-                &json!({
-                    "ready": true,
-                    "policy_versions": loaded.policy.versions,
-                    "safety_lock": gateway.safety_lock().engaged,
-                }),
-            )
-        }
-        _ => refusal_response(&Refusal::new(
-            Reason::EndpointNotFound,
-            format!(
-                "no endpoint `{method} {}`",
-                path.chars().take(200).collect::<String>()
-            ),
-        )),
+        (&Method::GET, ["healthz"]) => json_response(StatusCode::OK, &health()),
+        (&Method::GET, ["readyz"]) => json_response(StatusCode::OK, &ready(&gateway)),
+        _ => match allowed_methods(&segments) {
+            Some(allow) => {
+                let refusal = Refusal::new(
+                    Reason::MethodNotAllowed,
+                    format!(
+                        "`{method} {}` is not served; this endpoint serves {allow}",
+                        path.chars().take(200).collect::<String>()
+                    ),
+                )
+                .with_details(json!({ "allow": allow.split(", ").collect::<Vec<_>>() }));
+                let mut response = refusal_response(&refusal);
+                response
+                    .headers_mut()
+                    .insert(ALLOW, HeaderValue::from_static(allow));
+                response
+            }
+            None => refusal_response(&Refusal::new(
+                Reason::EndpointNotFound,
+                format!(
+                    "no endpoint `{method} {}`",
+                    path.chars().take(200).collect::<String>()
+                ),
+            )),
+        },
     };
     Ok(response)
+}
+
+/// The methods an existing endpoint serves (for a 405's `Allow`), None for a path
+/// that is no endpoint.
+fn allowed_methods(segments: &[&str]) -> Option<&'static str> {
+    match segments {
+        ["v1", "tool-calls"] | ["v1", "runs"] | ["v1", "runs", _, "status"] => Some("POST"),
+        ["v1", "policy", "reload"] => Some("POST"),
+        ["v1", "safety-lock"] => Some("GET, POST"),
+        ["v1", "runs", _]
+        | ["v1", "tools"]
+        | ["v1", "audit", "events"]
+        | ["v1", "artifacts", _]
+        | ["v1", "policy"]
+        | ["metrics"]
+        | ["healthz"]
+        | ["readyz"] => Some("GET"),
+        _ => None,
+    }
+}
+
+/// A request whose framing toolgate refuses before reading it: any
+/// `Transfer-Encoding` (request bodies must carry `Content-Length`; with both headers,
+/// the request-smuggling shape, hyper would silently drop one of them).
+fn transport_refusal(req: &Request<Incoming>) -> Option<Refusal> {
+    if req.headers().contains_key(TRANSFER_ENCODING) {
+        let message = "`Transfer-Encoding` is not accepted: send the request body with `Content-Length` (and never both)";
+        return Some(
+            Refusal::new(Reason::RequestMalformed, message)
+                .with_details(json!({ "problems": [message] })),
+        );
+    }
+    None
 }
 
 /// `/mcp`: the MCP front (`mcp::front`), with the API's body limits. Only POST is
@@ -292,14 +447,14 @@ async fn mcp(
 ) -> HttpResponse {
     if req.method() != Method::POST {
         let refusal = Refusal::new(
-            Reason::EndpointNotFound,
+            Reason::MethodNotAllowed,
             format!(
                 "`{} /mcp` is not served: mcp requests are POSTed; this server opens no streams and keeps no sessions",
                 req.method()
             ),
-        );
+        )
+        .with_details(json!({ "allow": ["POST"] }));
         let mut response = refusal_response(&refusal);
-        *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
         response
             .headers_mut()
             .insert(hyper::header::ALLOW, HeaderValue::from_static("POST"));
@@ -310,6 +465,18 @@ async fn mcp(
         Ok(body) => body,
         Err(refusal) => return refusal_response(&refusal),
     };
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+        // Not JSON at all: a JSON-RPC parse error (the transport would answer 415).
+        let error = json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {
+                "code": -32700,
+                "message": format!("parse error: the body is not valid JSON: {e}"),
+            },
+        });
+        return json_response(StatusCode::BAD_REQUEST, &error);
+    }
     let response =
         crate::mcp::front::handle(gateway, Request::from_parts(parts, Full::new(body))).await;
     // INVARIANT: the front answers with JSON (`json_response`), so the body is complete
@@ -376,12 +543,9 @@ fn too_large(limit: usize) -> Refusal {
     .with_details(json!({ "max_body_bytes": limit }))
 }
 
-/// The token of an `Authorization: Bearer <token>` header.
+/// The token of an `Authorization: Bearer <token>` header, exactly as sent.
 fn bearer_token(req: &Request<Incoming>) -> Option<String> {
-    let value = req.headers().get(AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| token.to_string())
+    crate::call::bearer_token(req.headers().get(AUTHORIZATION)?.as_bytes())
 }
 
 fn query_params(query: Option<&str>) -> HashMap<String, String> {
@@ -431,6 +595,8 @@ pub fn http_status(reason: Reason) -> StatusCode {
         | Reason::PolicyInvalid => StatusCode::BAD_REQUEST,
         Reason::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Reason::EndpointNotFound | Reason::ArtifactNotFound => StatusCode::NOT_FOUND,
+        Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        Reason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         Reason::CredentialMissing | Reason::CredentialInvalid | Reason::RoleUnknown => {
             StatusCode::UNAUTHORIZED
         }
@@ -439,7 +605,9 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::DependencyDown => StatusCode::BAD_GATEWAY,
         Reason::ToolTimeout => StatusCode::GATEWAY_TIMEOUT,
         Reason::AdapterNotImplemented => StatusCode::NOT_IMPLEMENTED,
-        Reason::AuditUnavailable | Reason::PolicyUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::AuditUnavailable | Reason::PolicyUnavailable | Reason::AuditCapacityExhausted => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         Reason::ToolError
         | Reason::OutputSchemaViolation
         | Reason::ArtifactStoreFailed

@@ -8,11 +8,15 @@
 //! recorded as a `shadow_divergence` audit event with both decisions.
 //!
 //! The work is off the response path: the pipeline hands a copy of the request to one
-//! worker task over a bounded queue and goes on. The queue applies backpressure when
-//! full rather than dropping a call, and [`Shadow::flush`] (run at shutdown before the
-//! audit log closes) waits until every queued call is decided and recorded.
+//! worker task over a bounded queue and goes on. When the queue is full the copy is
+//! dropped and counted, never waited for: shadow mode must not delay a live call. The
+//! worker records the drops in a `shadow_dropped` audit event at most every
+//! [`DROP_SUMMARY_EVERY`] (and at flush), so the evaluation says how much it did not
+//! see. [`Shadow::flush`] (run at shutdown before the audit log closes) waits until
+//! every queued call is decided and recorded.
 //!
-//! INVARIANT: the candidate never executes anything and never changes a response.
+//! INVARIANT: the candidate never executes anything, never changes a response and
+//! never delays one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,8 +31,10 @@ use crate::pipeline::{Caller, Verdict, explain_as};
 use crate::policy::PolicyVersions;
 use crate::runs::RunRecord;
 
-/// Calls waiting for the shadow worker; beyond this the pipeline waits for room.
+/// Calls waiting for the shadow worker; beyond this, calls are not shadowed (counted).
 const QUEUE: usize = 4096;
+/// How often dropped calls are summarized in the audit log (when there were any).
+pub const DROP_SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 /// The most divergences recorded in one audit append.
 const BATCH: usize = 64;
 
@@ -56,6 +62,8 @@ pub struct Shadow {
     sender: mpsc::Sender<Message>,
     decided: Arc<AtomicU64>,
     divergences: Arc<AtomicU64>,
+    /// Calls not shadowed because the queue was full.
+    dropped: Arc<AtomicU64>,
 }
 
 impl Shadow {
@@ -71,11 +79,14 @@ impl Shadow {
         let (sender, receiver) = mpsc::channel(queue.max(1));
         let decided = Arc::new(AtomicU64::new(0));
         let divergences = Arc::new(AtomicU64::new(0));
+        let dropped = Arc::new(AtomicU64::new(0));
         let worker = Worker {
             candidate: candidate.clone(),
             audit,
             decided: decided.clone(),
             divergences: divergences.clone(),
+            dropped: dropped.clone(),
+            reported: 0,
         };
         tokio::spawn(worker.run(receiver));
         Shadow {
@@ -83,7 +94,13 @@ impl Shadow {
             sender,
             decided,
             divergences,
+            dropped,
         }
+    }
+
+    /// Calls not shadowed because the queue was full, so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// The candidate's versions.
@@ -115,11 +132,26 @@ struct Worker {
     audit: AuditLog,
     decided: Arc<AtomicU64>,
     divergences: Arc<AtomicU64>,
+    dropped: Arc<AtomicU64>,
+    /// Drops already recorded in a `shadow_dropped` event.
+    reported: u64,
 }
 
 impl Worker {
-    async fn run(self, mut receiver: mpsc::Receiver<Message>) {
-        while let Some(first) = receiver.recv().await {
+    async fn run(mut self, mut receiver: mpsc::Receiver<Message>) {
+        let mut summary = tokio::time::interval(DROP_SUMMARY_EVERY);
+        summary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let first = tokio::select! {
+                message = receiver.recv() => match message {
+                    Some(m) => m,
+                    None => break,
+                },
+                _ = summary.tick() => {
+                    self.summarize_drops().await;
+                    continue;
+                }
+            };
             let mut events = Vec::new();
             let mut flushes = Vec::new();
             let mut next = Some(first);
@@ -138,8 +170,34 @@ impl Worker {
                     tracing::error!(error = %e, divergences = count, "shadow divergences could not be recorded in the audit log");
                 }
             }
+            if !flushes.is_empty() {
+                self.summarize_drops().await;
+            }
             for done in flushes {
                 let _ = done.send(());
+            }
+        }
+    }
+
+    /// Records the calls dropped since the last summary, if any.
+    async fn summarize_drops(&mut self) {
+        let total = self.dropped.load(Ordering::Relaxed);
+        if total == self.reported {
+            return;
+        }
+        let mut event = NewEvent::new(EventType::ShadowDropped);
+        event
+            .details
+            .insert("dropped".into(), json!(total - self.reported));
+        event.details.insert("dropped_total".into(), json!(total));
+        event.details.insert(
+            "shadow_policy_versions".into(),
+            json!(self.candidate.policy.versions),
+        );
+        match self.audit.append(event).await {
+            Ok(_) => self.reported = total,
+            Err(e) => {
+                tracing::error!(error = %e, dropped = total - self.reported, "the shadow drop summary could not be recorded")
             }
         }
     }
@@ -195,8 +253,9 @@ impl Gateway {
         }
     }
 
-    /// Queues a call for the candidate's decision. Waits only when the queue is full.
-    pub(crate) async fn shadow_submit(
+    /// Queues a call for the candidate's decision; never waits: a call that finds the
+    /// queue full is not shadowed, only counted.
+    pub(crate) fn shadow_submit(
         &self,
         call_id: &str,
         token: Option<&str>,
@@ -215,13 +274,15 @@ impl Gateway {
             active,
             active_versions: active_versions.clone(),
         };
-        if shadow
-            .sender
-            .send(Message::Decide(Box::new(job)))
-            .await
-            .is_err()
-        {
-            tracing::error!("the shadow worker stopped; a call was not shadowed");
+        match shadow.sender.try_send(Message::Decide(Box::new(job))) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                shadow.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                shadow.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::error!("the shadow worker stopped; a call was not shadowed");
+            }
         }
     }
 
@@ -345,7 +406,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_full_queue_waits_rather_than_dropping_a_call() {
+    async fn a_full_queue_drops_and_counts_rather_than_delaying_a_call() {
         let dir = tempfile::tempdir().unwrap();
         let mut options = AuditOptions::new(dir.path());
         options.durability = crate::audit::Durability::Normal;
@@ -390,7 +451,10 @@ mod tests {
             assert_eq!(task.await.unwrap().status, Status::Success);
         }
         gateway.flush_shadow().await;
-        assert_eq!(gateway.shadow_divergences(), calls as u64);
+        let shadow = gateway.shadow().unwrap();
+        // Every call is either shadowed (and diverged) or dropped and counted.
+        assert_eq!(shadow.decided() + shadow.dropped(), calls as u64);
+        assert_eq!(gateway.shadow_divergences(), shadow.decided());
         let recorded = audit
             .events(EventFilter {
                 event_types: vec![EventType::ShadowDivergence],
@@ -398,7 +462,20 @@ mod tests {
             })
             .await
             .unwrap();
-        assert_eq!(recorded.len(), calls);
+        assert_eq!(recorded.len() as u64, shadow.decided());
+        // The drops are summarized in the log at the flush.
+        let summaries = audit
+            .events(EventFilter {
+                event_types: vec![EventType::ShadowDropped],
+                ..EventFilter::default()
+            })
+            .await
+            .unwrap();
+        let summarized: u64 = summaries
+            .iter()
+            .map(|e| e.value["details"]["dropped"].as_u64().unwrap())
+            .sum();
+        assert_eq!(summarized, shadow.dropped());
         audit.close().await.unwrap();
     }
 }

@@ -3,10 +3,14 @@
 //! schemas are registered in `tools/tool_registry.yaml`.
 //!
 //! INVARIANT: `read_document` reads exactly the file its normalized `path` names,
-//! inside `data/cases/<case_id>/`: the path is normalized lexically first, then the
-//! resolved path must equal the resolved case folder joined with it, so a symlink can
-//! neither lead out of the folder nor make flag rules (evaluated on the normalized
-//! path, e.g. `privileged/`) see another file than the one read. `draft_document`
+//! inside `data/cases/<case_id>/`: the path is normalized lexically first, then opened
+//! beneath the case folder with no symlink followed at any component (`open_beneath`:
+//! openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, or an O_NOFOLLOW walk), in one
+//! operation, so a symlink, even one swapped in while the call runs, can neither lead
+//! out of the folder nor make flag rules (evaluated on the normalized path, e.g.
+//! `privileged/`) see another file than the one read. `case_lookup` and
+//! `file_with_court` open their files the same way beneath `data/cases/` and
+//! `<data_dir>/drafts/`. `draft_document`
 //! writes only inside `<data_dir>/drafts/<case_id>/`. `case_id` must be a plain
 //! identifier before it is used in a path.
 //!
@@ -235,8 +239,9 @@ impl BuiltinAdapter {
     }
 
     async fn case_lookup(&self, case_id: &str) -> Result<Value, ExecError> {
-        let path = self.data_root.join("cases").join(case_id).join("case.json");
-        let bytes = read_data_file(&path, &format!("case `{case_id}`")).await?;
+        let cases = self.data_root.join("cases");
+        let rel = format!("{case_id}/case.json");
+        let bytes = read_beneath(cases, rel, format!("case `{case_id}`")).await?;
         let record: CaseRecord = serde_json::from_slice(&bytes).map_err(|e| {
             ExecError::Failed(format!("the record of case `{case_id}` is malformed: {e}"))
         })?;
@@ -379,13 +384,14 @@ impl BuiltinAdapter {
                 problem: "must match ^d-[0-9a-f]{16}$".into(),
             });
         }
-        let path = self
-            .data_dir
-            .join("drafts")
-            .join(case_id)
-            .join(format!("{draft_id}.md"));
-        let bytes =
-            read_data_file(&path, &format!("draft `{draft_id}` of case `{case_id}`")).await?;
+        let drafts = self.data_dir.join("drafts");
+        let rel = format!("{case_id}/{draft_id}.md");
+        let bytes = read_beneath(
+            drafts,
+            rel,
+            format!("draft `{draft_id}` of case `{case_id}`"),
+        )
+        .await?;
         let text = String::from_utf8(bytes)
             .map_err(|_| ExecError::Failed(format!("draft `{draft_id}` is not utf-8 text")))?;
         let (title, body) = parse_draft(&text).ok_or_else(|| {
@@ -562,71 +568,136 @@ pub fn normalize_relative(path: &str) -> Result<String, &'static str> {
     Ok(parts.join("/"))
 }
 
-/// Reads `rel` (already lexically normal) inside `case_dir`, refusing anything whose
-/// resolved path is outside the resolved case folder. Blocking.
+/// Reads `rel` (already lexically normal) inside `case_dir`, opened beneath it without
+/// following a symlink at any component ([`open_beneath`]). Blocking.
 fn read_confined(
     case_dir: &Path,
     case_id: &str,
     rel: &str,
     cap: usize,
 ) -> Result<Vec<u8>, ExecError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let root = case_dir.canonicalize().map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => ExecError::Failed(format!("case `{case_id}` not found")),
-        _ => ExecError::Failed(format!("case `{case_id}` cannot be opened: {e}")),
-    })?;
-    let target = root.join(rel).canonicalize().map_err(|e| match e.kind() {
+    let file = open_beneath(case_dir, rel).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => {
             ExecError::Failed(format!("document `{rel}` not found in case `{case_id}`"))
         }
+        _ if is_symlink_refusal(&e) => ExecError::ArgumentUnsafe {
+            pointer: "/path".into(),
+            problem: "the path goes through a symlink; pass the document's real path".into(),
+        },
         _ => ExecError::Failed(format!("document `{rel}` cannot be opened: {e}")),
     })?;
-    // INVARIANT: the resolved target is inside the resolved case folder, and is the
-    // very file the normalized path names (no symlink on the way).
-    match target.strip_prefix(&root) {
-        Ok(inside) if inside == Path::new(rel) => {}
-        Ok(_) => {
-            return Err(ExecError::ArgumentUnsafe {
-                pointer: "/path".into(),
-                problem: "the path goes through a symlink; pass the document's real path".into(),
-            });
-        }
-        Err(_) => {
-            return Err(ExecError::ArgumentUnsafe {
-                pointer: "/path".into(),
-                problem: "the path resolves outside the case folder (through a symlink)".into(),
-            });
-        }
-    }
-    // O_NOFOLLOW: the final component was resolved above; it must not have become a
-    // symlink since.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&target)
-        .map_err(|e| ExecError::Failed(format!("document `{rel}` cannot be opened: {e}")))?;
+    read_bounded(file, rel, cap)
+}
+
+/// Reads an open regular file of at most `cap` bytes.
+fn read_bounded(file: std::fs::File, what: &str, cap: usize) -> Result<Vec<u8>, ExecError> {
     let meta = file
         .metadata()
-        .map_err(|e| ExecError::Failed(format!("document `{rel}` cannot be read: {e}")))?;
+        .map_err(|e| ExecError::Failed(format!("document `{what}` cannot be read: {e}")))?;
     if !meta.is_file() {
-        return Err(ExecError::Failed(format!("`{rel}` is not a regular file")));
+        return Err(ExecError::Failed(format!("`{what}` is not a regular file")));
     }
     let limit = u64::try_from(cap).unwrap_or(u64::MAX);
     if meta.len() > limit {
         return Err(ExecError::Failed(format!(
-            "document `{rel}` is larger than {cap} bytes"
+            "document `{what}` is larger than {cap} bytes"
         )));
     }
     let mut bytes = Vec::new();
     file.take(limit.saturating_add(1))
         .read_to_end(&mut bytes)
-        .map_err(|e| ExecError::Failed(format!("document `{rel}` cannot be read: {e}")))?;
+        .map_err(|e| ExecError::Failed(format!("document `{what}` cannot be read: {e}")))?;
     if bytes.len() > cap {
         return Err(ExecError::Failed(format!(
-            "document `{rel}` is larger than {cap} bytes"
+            "document `{what}` is larger than {cap} bytes"
         )));
     }
     Ok(bytes)
+}
+
+/// Whether an open failed because a component is a symlink (ELOOP from O_NOFOLLOW or
+/// RESOLVE_NO_SYMLINKS) or would leave the root (EXDEV from RESOLVE_BENEATH).
+fn is_symlink_refusal(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV))
+}
+
+/// Opens `rel` (relative, lexically normal: no `..`, no empty part) for reading
+/// beneath `root`, following no symlink at any component of `rel` and never leaving
+/// `root`: `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` where the kernel has it
+/// (Linux 5.6), otherwise a walk that opens each component with `O_NOFOLLOW` relative
+/// to the directory opened before it. Either way the check and the open are one
+/// operation, so a component swapped for a symlink meanwhile cannot redirect it.
+/// Blocking.
+pub(crate) fn open_beneath(root: &Path, rel: &str) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::fs::OpenOptionsExt;
+    let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
+    if rel.is_empty()
+        || rel.starts_with('/')
+        || rel
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..")
+    {
+        return Err(invalid());
+    }
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(root)?;
+    let c_rel = std::ffi::CString::new(rel).map_err(|_| invalid())?;
+    /// `struct open_how` of openat2(2).
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let how = OpenHow {
+        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: the arguments are a valid directory descriptor, a NUL-terminated path,
+    // and a pointer to an `open_how` of the size passed; the kernel only reads them.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c_rel.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: openat2 returned a new descriptor that nothing else owns.
+        return Ok(std::fs::File::from(unsafe {
+            OwnedFd::from_raw_fd(fd as i32)
+        }));
+    }
+    let error = std::io::Error::last_os_error();
+    match error.raw_os_error() {
+        // No openat2 here (old kernel, or a seccomp filter): walk the components.
+        Some(libc::ENOSYS) | Some(libc::EPERM) => {}
+        _ => return Err(error),
+    }
+    let parts: Vec<&str> = rel.split('/').collect();
+    let mut current: OwnedFd = dir.into();
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let c_part = std::ffi::CString::new(*part).map_err(|_| invalid())?;
+        let flags = libc::O_RDONLY
+            | libc::O_CLOEXEC
+            | libc::O_NOFOLLOW
+            | if last { 0 } else { libc::O_DIRECTORY };
+        // SAFETY: a valid directory descriptor and a NUL-terminated name.
+        let fd = unsafe { libc::openat(current.as_raw_fd(), c_part.as_ptr(), flags) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: openat returned a new descriptor that nothing else owns.
+        current = unsafe { OwnedFd::from_raw_fd(fd) };
+    }
+    Ok(std::fs::File::from(current))
 }
 
 /// Writes `dir/name` atomically: a temporary file in the same folder, synced, then
@@ -650,6 +721,25 @@ fn write_atomically(dir: &Path, name: &str, content: &[u8]) -> Result<(), ExecEr
         let _ = std::fs::remove_file(&tmp);
     }
     result.map_err(failed)
+}
+
+/// Reads `rel` beneath `root` ([`open_beneath`]: no symlink at any component), at
+/// most [`MAX_DATA_FILE_BYTES`], on the blocking pool; a missing file is a tool error
+/// naming `what`.
+async fn read_beneath(root: PathBuf, rel: String, what: String) -> Result<Vec<u8>, ExecError> {
+    let cap = usize::try_from(MAX_DATA_FILE_BYTES).unwrap_or(usize::MAX);
+    tokio::task::spawn_blocking(move || {
+        let file = open_beneath(&root, &rel).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ExecError::Failed(format!("{what} not found")),
+            _ if is_symlink_refusal(&e) => ExecError::Failed(format!(
+                "{what} cannot be opened: a symlink on its path is refused"
+            )),
+            _ => ExecError::Failed(format!("{what} cannot be opened: {e}")),
+        })?;
+        read_bounded(file, &what, cap)
+    })
+    .await
+    .map_err(|e| ExecError::Failed(format!("reading failed: {e}")))?
 }
 
 /// Reads a data file of at most [`MAX_DATA_FILE_BYTES`]; a missing file is a tool

@@ -263,13 +263,16 @@ impl Upstream {
     }
 
     fn request_error(&self, e: &hyper_util::client::legacy::Error) -> ExecError {
-        let what = if e.is_connect() {
-            "could not connect to"
-        } else {
-            "lost the connection to"
-        };
+        if e.is_connect() {
+            // No connection, so no byte of the request was sent.
+            return ExecError::Unreachable(format!(
+                "could not connect to upstream `{}`: {}",
+                self.label,
+                error_chain(e)
+            ));
+        }
         ExecError::DependencyDown(format!(
-            "{what} upstream `{}`: {}",
+            "lost the connection to upstream `{}`: {}",
             self.label,
             error_chain(e)
         ))

@@ -47,6 +47,9 @@ pub enum ExecError {
     Timeout,
     /// The upstream could not be reached (connection refused, reset, DNS, 5xx).
     DependencyDown(String),
+    /// The upstream could not be reached and nothing was sent to it (the connection or
+    /// the upstream process could not be set up): a retry cannot repeat an effect.
+    Unreachable(String),
     /// The tool ran and reported an error (non-zero exit, 4xx, an error result).
     Failed(String),
     /// The tool's output is not a JSON value.
@@ -247,7 +250,15 @@ impl Adapter {
                 Reason::DependencyDown,
                 format!("the upstream of tool `{name}` could not be reached"),
             )
-            .with_details(json!({ "dependency_error": bounded(m) }))
+            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": null }))
+            .with_retryable(true),
+            ExecError::Unreachable(m) => Refusal::new(
+                Reason::DependencyDown,
+                format!(
+                    "the upstream of tool `{name}` could not be reached; nothing was sent to it"
+                ),
+            )
+            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": false }))
             .with_retryable(true),
             ExecError::Failed(m) => Refusal::new(
                 Reason::ToolError,

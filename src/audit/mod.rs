@@ -73,11 +73,13 @@ pub enum EventType {
     ArtifactRead,
     /// An admin re-pinned an open run to the loaded policy versions.
     RunRepinned,
+    /// Shadow mode: calls not shadowed because its queue was full (a periodic summary).
+    ShadowDropped,
 }
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 14] = [
+    pub const ALL: [EventType; 15] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -92,6 +94,7 @@ impl EventType {
         EventType::ShadowDivergence,
         EventType::ArtifactRead,
         EventType::RunRepinned,
+        EventType::ShadowDropped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -110,6 +113,7 @@ impl EventType {
             EventType::ShadowDivergence => "shadow_divergence",
             EventType::ArtifactRead => "artifact_read",
             EventType::RunRepinned => "run_repinned",
+            EventType::ShadowDropped => "shadow_dropped",
         }
     }
 

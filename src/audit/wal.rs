@@ -170,18 +170,52 @@ fn open(path: &Path, durability: Durability) -> Result<Connection, AuditError> {
     Ok(conn)
 }
 
-/// One PASSIVE round; a failure is logged and the next round tries again.
+/// Once the WAL file is larger than this, a round also runs a TRUNCATE checkpoint:
+/// under sustained load a PASSIVE checkpoint copies frames but the WAL is never idle
+/// long enough to be reset, so without it the file grows without bound.
+pub(crate) const WAL_TRUNCATE_BYTES: u64 = 16 * 1024 * 1024;
+/// How long a TRUNCATE checkpoint waits for the writer's commit (and readers) to let
+/// it in; the writer's transactions are short, so this is ample.
+const TRUNCATE_WAIT: Duration = Duration::from_millis(500);
+
+/// One round: PASSIVE, and TRUNCATE when the WAL is over [`WAL_TRUNCATE_BYTES`]. A
+/// failure is logged and the next round tries again.
 fn checkpoint(conn: &Connection, path: &Path) {
-    let result = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, i64>(2)?,
-        ))
-    });
-    if let Err(e) = result {
+    let run = |mode: &str| {
+        conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })
+    };
+    if let Err(e) = run("PASSIVE") {
         tracing::warn!(error = %map_sqlite(&e, path), "WAL checkpoint failed");
+        return;
     }
+    if wal_bytes(path) <= WAL_TRUNCATE_BYTES {
+        return;
+    }
+    // Waits (busy handler) for a gap between the writer's commits, copies what is
+    // left, and truncates the WAL to zero bytes.
+    let _ = conn.busy_timeout(TRUNCATE_WAIT);
+    match run("TRUNCATE") {
+        Ok((0, _, _)) => {}
+        Ok(_) => tracing::warn!(
+            wal_bytes = wal_bytes(path),
+            "the WAL could not be truncated this round (busy); trying again next round"
+        ),
+        Err(e) => tracing::warn!(error = %map_sqlite(&e, path), "WAL truncate checkpoint failed"),
+    }
+    let _ = conn.busy_timeout(Duration::ZERO);
+}
+
+/// The size of the WAL file next to `db` (0 when there is none).
+pub(crate) fn wal_bytes(db: &Path) -> u64 {
+    let mut name = OsString::from(db.as_os_str());
+    name.push("-wal");
+    std::fs::metadata(PathBuf::from(name)).map_or(0, |m| m.len())
 }
 
 #[cfg(test)]

@@ -285,7 +285,11 @@ impl McpAdapter {
         ctx: ExecContext<'_>,
     ) -> Result<Value, ExecError> {
         let deadline = ctx.deadline;
-        let connection = self.connection(deadline).await?;
+        // Nothing has been sent to the tool until the connection stands.
+        let connection = self.connection(deadline).await.map_err(|e| match e {
+            ExecError::DependencyDown(m) => ExecError::Unreachable(m),
+            other => other,
+        })?;
         let mut params = CallToolRequestParams::new(self.tool.clone());
         if let Value::Object(map) = arguments {
             params = params.with_arguments(map.clone());

@@ -42,7 +42,9 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
-use crate::call::{CallResponse, PartialRequest, Received, Status, parse_request_value};
+use crate::call::{
+    CallResponse, PartialRequest, Received, Status, digest_bytes, parse_request_value,
+};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
 
@@ -75,8 +77,8 @@ pub const META_TIMEOUT_MS: &str = "io.toolgate/timeout_ms";
 
 /// Longest id header accepted (as for ids in the HTTP API).
 const MAX_ID_LEN: usize = 128;
-/// Largest `X-Toolgate-Scope` header accepted.
-const MAX_SCOPE_BYTES: usize = 16 * 1024;
+/// Largest `X-Toolgate-Scope` header accepted (as for `scope` in the HTTP API).
+const MAX_SCOPE_BYTES: usize = crate::call::MAX_SCOPE_BYTES;
 
 /// Serves one HTTP request to [`ENDPOINT`]; its body was already read within the
 /// server's size and time limits.
@@ -243,6 +245,9 @@ struct Caller {
     run_id: Option<String>,
     lane_id: Option<String>,
     scope: Option<Map<String, Value>>,
+    /// The `X-Toolgate-Scope` header as sent, when it could not be accepted; only its
+    /// digest is audited.
+    scope_header: Option<String>,
     problems: Vec<String>,
 }
 
@@ -275,15 +280,22 @@ impl Caller {
                 caller.problems.push(format!(
                     "header `X-Toolgate-Scope` is larger than {MAX_SCOPE_BYTES} bytes"
                 ));
+                caller.scope_header = Some(scope);
             } else {
                 match serde_json::from_str::<Value>(&scope) {
                     Ok(Value::Object(map)) => caller.scope = Some(map),
-                    Ok(_) => caller
-                        .problems
-                        .push("header `X-Toolgate-Scope` must be a JSON object".into()),
-                    Err(e) => caller
-                        .problems
-                        .push(format!("header `X-Toolgate-Scope` is not valid JSON: {e}")),
+                    Ok(_) => {
+                        caller
+                            .problems
+                            .push("header `X-Toolgate-Scope` must be a JSON object".into());
+                        caller.scope_header = Some(scope);
+                    }
+                    Err(e) => {
+                        caller
+                            .problems
+                            .push(format!("header `X-Toolgate-Scope` is not valid JSON: {e}"));
+                        caller.scope_header = Some(scope);
+                    }
                 }
             }
         }
@@ -312,12 +324,18 @@ impl Caller {
     fn into_request(self, call: &CallToolRequestParams, meta: &JsonObject) -> Received {
         let tool_name = call.name.to_string();
         if let Some(refusal) = self.malformed() {
-            let partial = PartialRequest {
+            let mut partial = PartialRequest {
                 role_id: self.role_id,
                 run_id: self.run_id,
                 lane_id: self.lane_id,
                 tool_name: Some(tool_name).filter(|n| !n.is_empty() && n.len() <= MAX_ID_LEN),
+                received: Map::new(),
             };
+            if let Some(raw) = &self.scope_header {
+                partial
+                    .received
+                    .insert("scope_header".into(), digest_bytes(raw.as_bytes()));
+            }
             return Err(Box::new((refusal, partial)));
         }
         let mut body = json!({
@@ -367,10 +385,7 @@ fn single(
 }
 
 fn bearer_token(headers: &HeaderMap) -> Option<String> {
-    let value = headers.get(hyper::header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| token.to_string())
+    crate::call::bearer_token(headers.get(hyper::header::AUTHORIZATION)?.as_bytes())
 }
 
 /// A refusal before any tool is involved, as a JSON-RPC error.

@@ -91,7 +91,9 @@ pub fn import_command(args: &ImportArgs) -> Exit {
                 ExecError::Timeout => {
                     format!("the server did not answer within {} s", timeout.as_secs())
                 }
-                ExecError::DependencyDown(m) | ExecError::Failed(m) => m,
+                ExecError::DependencyDown(m) | ExecError::Unreachable(m) | ExecError::Failed(m) => {
+                    m
+                }
                 other => format!("{other:?}"),
             };
             eprintln!("error: cannot list the tools of the mcp server: {why}");

@@ -109,6 +109,11 @@ pub struct CallRecord<'a> {
     pub tool_time: Option<Duration>,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnectionLabels {
+    kind: &'static str,
+}
+
 /// State that is read when `/metrics` is scraped rather than kept up to date.
 #[derive(Debug, Clone, Copy)]
 pub struct ScrapeState<'a> {
@@ -116,6 +121,22 @@ pub struct ScrapeState<'a> {
     pub safety_lock_engaged: bool,
     /// Calls whose shadow decision differed from the live one, if the gateway counts them.
     pub shadow_divergences: Option<u64>,
+    /// The audit log's size and headroom, when `--max-audit-bytes` or
+    /// `--min-free-disk-bytes` bounds it.
+    pub audit_capacity: Option<AuditCapacityState>,
+    /// Shadow calls dropped because the shadow queue was full, if shadow mode is on.
+    pub shadow_dropped: Option<u64>,
+    /// Connections served in full and overflow connections open now.
+    pub connections: Option<(usize, usize)>,
+}
+
+/// What `/metrics` shows of the audit log's capacity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AuditCapacityState {
+    pub used_bytes: u64,
+    pub headroom_bytes: u64,
+    pub max_bytes: Option<u64>,
+    pub free_disk_bytes: Option<u64>,
 }
 
 /// The gateway's metrics. Updating one costs a few atomic operations and, for the
@@ -310,6 +331,56 @@ impl Metrics {
                 counter,
             );
         }
+        if let Some(dropped) = state.shadow_dropped {
+            let counter = Counter::<u64>::default();
+            counter.inc_by(dropped);
+            scraped.register(
+                "shadow_dropped",
+                "Calls not shadowed because the shadow queue was full (never delaying a live call)",
+                counter,
+            );
+        }
+        if let Some(c) = state.audit_capacity {
+            let gauge = |value: u64| {
+                let g = Gauge::<i64>::default();
+                g.set(i64::try_from(value).unwrap_or(i64::MAX));
+                g
+            };
+            scraped.register(
+                "audit_bytes",
+                "Bytes of the audit database and its WAL",
+                gauge(c.used_bytes),
+            );
+            scraped.register(
+                "audit_headroom_bytes",
+                "Bytes the audit log may still grow by before --max-audit-bytes or --min-free-disk-bytes is reached; new calls are refused under 4 MiB",
+                gauge(c.headroom_bytes),
+            );
+            if let Some(max) = c.max_bytes {
+                scraped.register("audit_max_bytes", "The --max-audit-bytes cap", gauge(max));
+            }
+            if let Some(free) = c.free_disk_bytes {
+                scraped.register(
+                    "disk_free_bytes",
+                    "Free bytes on the disk holding the audit database",
+                    gauge(free),
+                );
+            }
+        }
+        if let Some((full, overflow)) = state.connections {
+            let family = Family::<ConnectionLabels, Gauge<i64>>::default();
+            family
+                .get_or_create(&ConnectionLabels { kind: "served" })
+                .set(full as i64);
+            family
+                .get_or_create(&ConnectionLabels { kind: "overflow" })
+                .set(overflow as i64);
+            scraped.register(
+                "connections",
+                "Open connections: served in full, or over a connection cap (health only, 429 otherwise)",
+                family,
+            );
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode_registry(&mut out, &self.registry);
@@ -352,6 +423,9 @@ mod tests {
             policy: &versions(),
             safety_lock_engaged: true,
             shadow_divergences: None,
+            audit_capacity: None,
+            shadow_dropped: None,
+            connections: None,
         })
     }
 

@@ -1012,6 +1012,66 @@ async fn read_document_refuses_symlinks_that_resolve_outside() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlink_swapped_in_during_reads_never_leads_outside_the_case() {
+    // The case folder has `sub/doc.md`; a thread keeps swapping `sub` for a symlink to
+    // a folder outside the case with its own `doc.md`, while reads run.
+    let root = tempfile::tempdir().unwrap();
+    let tools = root.path().join("tools");
+    let case = tools.join("data/cases/C-1001");
+    std::fs::create_dir_all(case.join("sub")).unwrap();
+    std::fs::write(case.join("sub/doc.md"), "inside").unwrap();
+    let outside = root.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("doc.md"), "SECRET-OUTSIDE").unwrap();
+    let gate = Gate::demo(&AdapterEnv {
+        tools_dir: tools.clone(),
+        data_dir: root.path().join("var"),
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swaps = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let swapper = {
+        let (stop, swaps, case, outside) =
+            (stop.clone(), swaps.clone(), case.clone(), outside.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::fs::rename(case.join("sub"), case.join("sub.real")).unwrap();
+                std::os::unix::fs::symlink(&outside, case.join("sub")).unwrap();
+                std::thread::yield_now();
+                std::fs::remove_file(case.join("sub")).unwrap();
+                std::fs::rename(case.join("sub.real"), case.join("sub")).unwrap();
+                swaps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+    };
+    let scope = json!({"case_id": "C-1001"});
+    let (mut read, mut refused) = (0, 0);
+    for _ in 0..2000 {
+        match gate
+            .call(
+                "read_document",
+                json!({"path": "sub/doc.md"}),
+                scope.clone(),
+                2000,
+            )
+            .await
+        {
+            Ok(out) => {
+                assert_eq!(out["content"], "inside", "read outside the case: {out}");
+                read += 1;
+            }
+            Err(r) => {
+                assert!(!format!("{r:?}").contains("SECRET"), "{r:?}");
+                refused += 1;
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    swapper.join().unwrap();
+    assert!(swaps.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert_eq!(read + refused, 2000);
+}
+
 #[tokio::test]
 async fn draft_document_writes_atomically_and_is_idempotent() {
     let dir = tempfile::tempdir().unwrap();

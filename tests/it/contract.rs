@@ -23,7 +23,7 @@ fn diagnostics_catalog_matches_the_code() {
     let published = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         published == generated,
-        "contract/diagnostics.json is out of date; run `TOOLGATE_BLESS=1 cargo test --test contract` and review the diff"
+        "contract/diagnostics.json is out of date; run `TOOLGATE_BLESS=1 cargo test --test it contract` and review the diff"
     );
 }
 

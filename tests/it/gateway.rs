@@ -257,7 +257,8 @@ fn idempotent_repeat_returns_the_first_outcome_without_executing_again() {
     let (c1, first) = server.post("/v1/tool-calls", Some(&t), &body);
     let (c2, second) = server.post("/v1/tool-calls", Some(&t), &body);
     assert_eq!((c1, c2), (200, 200), "{first} {second}");
-    assert_eq!(first["call_id"], second["call_id"]);
+    assert_eq!(second["replay_of"], first["call_id"]);
+    assert_ne!(first["call_id"], second["call_id"]);
     assert_eq!(first["output"], second["output"]);
     assert_eq!(second["replayed"], true);
     // Executed once: one tool_requested for the run.
@@ -450,8 +451,9 @@ fn every_malformed_input_gets_a_structured_answer() {
         (code, &resp["diagnostic"]["reason"]),
         (404, &json!("endpoint_not_found"))
     );
-    let (code, _) = server.get("/v1/tool-calls", None);
-    assert_eq!(code, 404);
+    let (code, resp) = server.get("/v1/tool-calls", None);
+    assert_eq!(code, 405, "{resp}");
+    assert_eq!(resp["diagnostic"]["reason"], "method_not_allowed");
     // The server is still healthy.
     let (code, _) = server.get("/healthz", None);
     assert_eq!(code, 200);

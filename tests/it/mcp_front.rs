@@ -315,7 +315,7 @@ fn protocol_problems_are_json_rpc_errors_and_http_refusals() {
             let text = String::from_utf8_lossy(&out.stdout).to_lowercase();
             assert!(text.starts_with("http/1.1 405"), "{text}");
             assert!(text.contains("allow: post"), "{text}");
-            assert!(text.contains("\"reason\":\"endpoint_not_found\""), "{text}");
+            assert!(text.contains("\"reason\":\"method_not_allowed\""), "{text}");
         }
     }
     let resp = rpc.agent.get(&rpc.url).call().unwrap();
