@@ -687,6 +687,15 @@ impl Writer {
             Ok(())
         };
         self.wal.stop();
+        // Copy the whole WAL into the database and cut it to zero bytes, so a stopped
+        // gateway leaves no WAL behind (readers may still hold connections, which keeps
+        // SQLite from deleting it at close). Best effort: the WAL is valid either way.
+        if let Err(e) = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        {
+            tracing::warn!(error = %e, "cannot truncate the audit WAL at close");
+        }
         let path = self.path.clone();
         let closed = self.conn.close().map_err(|(_, e)| map_sqlite(&e, &path));
         result.and(closed)
