@@ -7,11 +7,11 @@
 use crate::common;
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
 
-use common::lab::sha;
+use common::lab::{read_request, sha};
 use common::{Server, Start, run};
 use serde_json::{Value, json};
 
@@ -104,42 +104,13 @@ fn start_echoing_upstream() -> String {
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            let (head_end, len) = loop {
-                let n = stream.read(&mut chunk).unwrap_or(0);
-                if n == 0 {
-                    break (0, 0);
-                }
-                buf.extend_from_slice(&chunk[..n]);
-                if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    let head = String::from_utf8_lossy(&buf[..pos]).to_lowercase();
-                    let len = head
-                        .lines()
-                        .find_map(|l| {
-                            l.strip_prefix("content-length:")
-                                .map(|v| v.trim().parse().unwrap_or(0))
-                        })
-                        .unwrap_or(0);
-                    break (pos + 4, len);
-                }
-            };
-            while buf.len() < head_end + len {
-                let n = stream.read(&mut chunk).unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            let status = if String::from_utf8_lossy(&buf[..head_end]).contains("/400 ") {
+            let (head, body) = read_request(&mut stream);
+            let status = if head.contains("/400 ") {
                 "400 Bad Request"
             } else {
                 "500 Internal Server Error"
             };
-            let body = format!(
-                "invalid credentials in {}",
-                String::from_utf8_lossy(&buf[head_end..])
-            );
+            let body = format!("invalid credentials in {}", String::from_utf8_lossy(&body));
             let response = format!(
                 "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()

@@ -151,6 +151,40 @@ pub fn sha(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
 }
 
+/// Reads one HTTP/1.1 request from `stream`: its head (request line and headers, as
+/// text) and its body (by Content-Length). A broken connection reads as what arrived.
+pub fn read_request(stream: &mut impl Read) -> (String, Vec<u8>) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let (head_end, len) = loop {
+        let n = stream.read(&mut chunk).unwrap_or(0);
+        if n == 0 {
+            break (buf.len(), 0);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..pos]).to_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap_or(0))
+                })
+                .unwrap_or(0);
+            break (pos + 4, len);
+        }
+    };
+    while buf.len() < head_end + len {
+        let n = stream.read(&mut chunk).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    (head, buf.split_off(head_end))
+}
+
 /// A one-thread HTTP upstream that answers `{"received": <body>}` to every request.
 pub fn start_upstream() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -158,35 +192,8 @@ pub fn start_upstream() -> String {
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            // Read headers, then the body by Content-Length.
-            let (head_end, len) = loop {
-                let n = stream.read(&mut chunk).unwrap_or(0);
-                if n == 0 {
-                    break (0, 0);
-                }
-                buf.extend_from_slice(&chunk[..n]);
-                if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    let head = String::from_utf8_lossy(&buf[..pos]).to_lowercase();
-                    let len = head
-                        .lines()
-                        .find_map(|l| {
-                            l.strip_prefix("content-length:")
-                                .map(|v| v.trim().parse().unwrap_or(0))
-                        })
-                        .unwrap_or(0);
-                    break (pos + 4, len);
-                }
-            };
-            while buf.len() < head_end + len {
-                let n = stream.read(&mut chunk).unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            let body: Value = serde_json::from_slice(&buf[head_end..]).unwrap_or(Value::Null);
+            let (_, body) = read_request(&mut stream);
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             let answer = json!({ "received": body }).to_string();
             let response = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
