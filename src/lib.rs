@@ -21,7 +21,8 @@
 //!   `--min-free-disk-bytes`).
 //! - [`mcp`]: MCP on both sides: the `/mcp` front for agents, the adapter for
 //!   upstream MCP servers, and `toolgate mcp import`.
-//! - [`cli`]: the `toolgate` command line; `main.rs` only calls [`cli::main`].
+//! - [`commands`]: the `toolgate` command line: every subcommand's entry point, output
+//!   and exit code; `main.rs` only calls [`commands::main`].
 
 pub mod adapter;
 pub mod artifacts;
@@ -30,7 +31,7 @@ pub mod authz;
 pub mod call;
 pub mod canonical;
 pub mod capacity;
-pub mod cli;
+pub mod commands;
 pub mod diagnostic;
 pub mod gateway;
 pub mod idempotency;
@@ -41,7 +42,6 @@ pub mod pipeline;
 pub mod policy;
 pub mod review;
 pub mod runs;
-pub mod serve;
 pub mod server;
 pub mod shadow;
 pub mod transport;

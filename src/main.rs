@@ -6,5 +6,5 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    toolgate::cli::main()
+    toolgate::commands::main()
 }

@@ -19,13 +19,11 @@
 //! - `reader`: [`AuditReader`], read-only access for tools beside a live gateway.
 //! - [`verify`]: recomputes a database's chain, tree and checkpoints.
 //! - [`export`]: writes an export directory an auditor can check without toolgate.
-//! - [`cli`]: `toolgate audit ...`.
 //!
 //! INVARIANT: only this module knows rusqlite; there is no code path that updates or
 //! deletes an event; `append` returns only once the event is durable.
 
 pub mod checkpoint;
-pub mod cli;
 pub mod export;
 pub mod keys;
 pub mod line;
@@ -614,6 +612,36 @@ impl AuditError {
             }
         })
     }
+}
+
+/// `toolgate audit tail`: the events of `run_id` (or all) after `after_seq`, at most
+/// `limit`; with `after_seq` 0, the newest `limit` events. Read over a read-only
+/// connection to the database at `db`.
+pub fn tail_events(
+    db: &std::path::Path,
+    run_id: Option<String>,
+    after_seq: u64,
+    limit: u64,
+) -> Result<Vec<StoredEvent>, AuditError> {
+    let conn = store::open_reader(db, std::time::Duration::from_millis(2000))?;
+    let mut filter = EventFilter {
+        run_id,
+        after_seq,
+        limit: limit as usize,
+        ..EventFilter::default()
+    };
+    if after_seq == 0 {
+        // The newest `limit` events: start after the seq of the one just older.
+        let older: Result<Option<i64>, _> = conn.query_row(
+            "SELECT seq FROM events WHERE (?1 IS NULL OR run_id = ?1) ORDER BY seq DESC LIMIT 1 OFFSET ?2",
+            rusqlite::params![filter.run_id, limit as i64],
+            |r| r.get(0),
+        );
+        if let Ok(Some(seq)) = older {
+            filter.after_seq = seq as u64;
+        }
+    }
+    log::read_events(&conn, db, &filter)
 }
 
 #[cfg(test)]

@@ -11,37 +11,10 @@
 //! library is needed to print them and the policy loader reads them back as is.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
-use clap::Args;
 use serde_json::{Value, json};
-use tokio::time::Instant;
 
-use super::adapter::{Listing, Upstream, list_tools};
-use crate::adapter::{AdapterEnv, ExecError};
-use crate::cli::Exit;
-
-#[derive(Debug, Args)]
-pub struct ImportArgs {
-    /// Reach the server at this Streamable HTTP endpoint (http://...).
-    #[arg(
-        long,
-        value_name = "URL",
-        conflicts_with = "command",
-        required_unless_present = "command"
-    )]
-    pub url: Option<String>,
-    /// Lane to put in each entry's `allowed_lanes` (repeatable); entries stay disabled.
-    #[arg(long, value_name = "LANE")]
-    pub lane: Vec<String>,
-    /// How long to wait for the server to start and list its tools.
-    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
-    pub timeout_secs: u64,
-    /// Start the server with this program and its arguments (over stdio). Give it last:
-    /// every word after it belongs to the command.
-    #[arg(long, value_name = "ARGV", num_args = 1.., allow_hyphen_values = true)]
-    pub command: Vec<String>,
-}
+use super::adapter::{Listing, Upstream};
 
 /// Defaults of an imported entry; the reviewer tightens them.
 const TIMEOUT_DEFAULT_MS: u64 = 10_000;
@@ -50,57 +23,6 @@ const MAX_OUTPUT_BYTES: u64 = 65_536;
 const MAX_CONCURRENCY: u32 = 4;
 /// Longest registry tool name.
 const MAX_NAME: usize = 64;
-
-pub fn import_command(args: &ImportArgs) -> Exit {
-    let env = match std::env::current_dir() {
-        Ok(dir) => AdapterEnv {
-            tools_dir: dir.clone(),
-            data_dir: dir,
-        },
-        Err(e) => {
-            eprintln!("error: cannot read the current directory: {e}");
-            return Exit::Failure;
-        }
-    };
-    let command = (!args.command.is_empty()).then_some(args.command.as_slice());
-    let upstream = match Upstream::build(command, args.url.as_deref(), &env) {
-        Ok(upstream) => upstream,
-        Err(problems) => {
-            for p in problems {
-                eprintln!("error: {}", p.message);
-                if let Some(help) = p.help {
-                    eprintln!("  help: {help}");
-                }
-            }
-            return Exit::InvalidConfig;
-        }
-    };
-    let runtime = match crate::cli::runtime(&mut tokio::runtime::Builder::new_current_thread()) {
-        Ok(rt) => rt,
-        Err(exit) => return exit,
-    };
-    let timeout = Duration::from_secs(args.timeout_secs.max(1));
-    let listing = runtime.block_on(async { list_tools(&upstream, Instant::now() + timeout).await });
-    match listing {
-        Ok(listing) => {
-            print!("{}", render(&listing, &upstream, &args.lane));
-            Exit::Ok
-        }
-        Err(e) => {
-            let why = match e {
-                ExecError::Timeout => {
-                    format!("the server did not answer within {} s", timeout.as_secs())
-                }
-                ExecError::DependencyDown(m) | ExecError::Unreachable(m) | ExecError::Failed(m) => {
-                    m
-                }
-                other => format!("{other:?}"),
-            };
-            eprintln!("error: cannot list the tools of the mcp server: {why}");
-            Exit::Failure
-        }
-    }
-}
 
 /// The registry entries for every listed tool, sorted by upstream name, with a header
 /// comment saying how to review them.

@@ -13,21 +13,3 @@
 pub mod adapter;
 pub mod front;
 pub mod import;
-
-use clap::Subcommand;
-
-use crate::cli::Exit;
-
-#[derive(Debug, Subcommand)]
-pub enum McpCommand {
-    /// Ask an MCP server for its tools and print registry entries for them (disabled,
-    /// with no lanes) for a person to review.
-    Import(import::ImportArgs),
-}
-
-/// Runs a `toolgate mcp` command.
-pub fn mcp_command(command: &McpCommand) -> Exit {
-    match command {
-        McpCommand::Import(args) => import::import_command(args),
-    }
-}

@@ -12,12 +12,10 @@
 //! - `schema`: tool input/output JSON Schemas (paths, meta-schema, compilation).
 //! - `git`: the commit a policy was loaded from.
 //! - `flags`: which flags a call raises and which prohibitions they hit.
-//! - `check`: `toolgate policy check`.
 //!
 //! INVARIANT: only this module knows YAML. A policy that fails to load is never
 //! returned, so it can never replace one that works.
 
-mod check;
 pub mod condition;
 mod flags;
 pub(crate) mod git;
@@ -27,7 +25,6 @@ mod read;
 mod schema;
 mod validate;
 
-pub use check::check_command;
 pub use flags::{ProhibitedBy, Prohibition, prohibitions, raised_flags};
 pub use model::*;
 pub use read::{MAX_FILE_BYTES, MAX_YAML_DEPTH};

@@ -22,52 +22,13 @@ pub mod render;
 pub mod schema;
 pub mod source;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use crate::cli::Exit;
 use crate::policy::{Policy, PolicyVersions, Problem};
 pub use compare::{Change, Effect, Kind, Section, Violation};
 pub use source::{Layout, Side, SourceError};
-
-#[derive(Debug, Args)]
-pub struct DiffArgs {
-    /// The old policy: a git revision (`main`, `HEAD~1`) or a directory holding policy/
-    /// and tools/.
-    pub old: String,
-    /// The new policy: a git revision or a directory.
-    pub new: String,
-    #[arg(long, value_enum, default_value = "text")]
-    pub format: DiffFormat,
-    /// Exit 1 when any change widens access (for CI gates).
-    #[arg(long, value_enum)]
-    pub fail_on: Option<FailOn>,
-    /// Where the policy directory sits in the repository (and in a directory side).
-    #[arg(long, default_value = "policy")]
-    pub policy_dir_in_repo: PathBuf,
-    /// Where the tool registry sits in the repository (and in a directory side).
-    #[arg(long, default_value = "tools/tool_registry.yaml")]
-    pub tools_in_repo: PathBuf,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DiffFormat {
-    /// For a terminal.
-    Text,
-    /// For a pull-request comment: a summary table, then the details.
-    Markdown,
-    /// For bots.
-    Json,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FailOn {
-    /// Any change that gives more access.
-    Widening,
-}
 
 /// One side of the report.
 #[derive(Debug, Clone, Serialize)]
@@ -129,12 +90,11 @@ pub enum DiffError {
 }
 
 impl DiffError {
-    /// Writes the error to stderr, one problem a line.
-    pub fn report(&self) {
+    /// The error for stderr, one problem a line (each line ends in a newline).
+    pub fn message(&self) -> String {
         match self {
             DiffError::Source { side, error } => {
-                eprintln!("error: {side}: {error}");
-                eprintln!("  help: {}", error.help());
+                format!("error: {side}: {error}\n  help: {}\n", error.help())
             }
             DiffError::Load {
                 side,
@@ -143,10 +103,12 @@ impl DiffError {
             } => {
                 let n = problems.len();
                 let plural = if n == 1 { "problem" } else { "problems" };
-                eprintln!("error: the {side} policy (`{label}`) did not load ({n} {plural})");
+                let mut out =
+                    format!("error: the {side} policy (`{label}`) did not load ({n} {plural})\n");
                 for p in problems {
-                    eprintln!("  {p}");
+                    out.push_str(&format!("  {p}\n"));
                 }
+                out
             }
         }
     }
@@ -185,52 +147,6 @@ pub fn diff(old: &str, new: &str, cwd: &Path, layout: &Layout) -> Result<PolicyD
         (&old_side, &old_policy),
         (&new_side, &new_policy),
     ))
-}
-
-pub fn diff_command(args: &DiffArgs) -> Exit {
-    let layout = match Layout::new(&args.policy_dir_in_repo, &args.tools_in_repo) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: {e}");
-            eprintln!("  help: {}", e.help());
-            return Exit::InvalidConfig;
-        }
-    };
-    // Relative: paths in messages read as the user typed them.
-    let cwd = PathBuf::new();
-    let report = match diff(&args.old, &args.new, &cwd, &layout) {
-        Ok(r) => r,
-        Err(e) => {
-            e.report();
-            return Exit::InvalidConfig;
-        }
-    };
-    let text = match args.format {
-        DiffFormat::Text => render::text(&report),
-        DiffFormat::Markdown => render::markdown(&report),
-        DiffFormat::Json => render::json(&report),
-    };
-    let mut stdout = std::io::stdout().lock();
-    if stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-        .is_err()
-    {
-        return Exit::Failure;
-    }
-    exit_for(&report, args.fail_on)
-}
-
-/// A version rule violation is a schema error (5) whatever `--fail-on` says; then a
-/// widening change fails a `--fail-on widening` gate (1).
-pub fn exit_for(report: &PolicyDiff, fail_on: Option<FailOn>) -> Exit {
-    if !report.violations.is_empty() {
-        Exit::SchemaError
-    } else if fail_on == Some(FailOn::Widening) && report.widens() {
-        Exit::Failure
-    } else {
-        Exit::Ok
-    }
 }
 
 /// `policy check --base REV`: the version rules between revision `base` of the
@@ -279,81 +195,4 @@ pub fn base_violations(
         },
     )?;
     Ok((base_side, compare::version_violations(&old, &new)))
-}
-
-/// The outcome of `policy check --base REV`, rendered by `policy check`.
-#[derive(Debug)]
-pub struct BaseCheck {
-    pub rev: String,
-    pub result: Result<(Option<String>, Vec<Violation>), DiffError>,
-}
-
-impl BaseCheck {
-    pub fn run(policy_dir: &Path, tools_file: &Path, rev: &str) -> BaseCheck {
-        BaseCheck {
-            rev: rev.to_string(),
-            result: base_violations(policy_dir, tools_file, rev)
-                .map(|(side, violations)| (side.commit.clone(), violations)),
-        }
-    }
-
-    /// Exit 4 when the base could not be compared, 5 on a violation, else None.
-    pub fn exit(&self) -> Option<Exit> {
-        match &self.result {
-            Err(_) => Some(Exit::InvalidConfig),
-            Ok((_, v)) if !v.is_empty() => Some(Exit::SchemaError),
-            Ok(_) => None,
-        }
-    }
-
-    fn against(&self, commit: &Option<String>) -> String {
-        match commit {
-            Some(c) => format!("`{}` ({})", self.rev, c.get(..12).unwrap_or(c)),
-            None => format!("`{}`", self.rev),
-        }
-    }
-
-    /// Lines for the text report (the error itself goes to stderr).
-    pub fn text(&self) -> String {
-        match &self.result {
-            Err(e) => {
-                e.report();
-                format!(
-                    "error: the version rules could not be checked against `{}`\n",
-                    self.rev
-                )
-            }
-            Ok((commit, violations)) if violations.is_empty() => {
-                format!("version rules: ok against {}\n", self.against(commit))
-            }
-            Ok((commit, violations)) => {
-                let mut out = String::new();
-                for v in violations {
-                    out.push_str(&format!("error: {}\n  help: {}\n", v.message, v.help));
-                }
-                out.push_str(&format!(
-                    "error: {} version rule violation(s) against {}\n",
-                    violations.len(),
-                    self.against(commit)
-                ));
-                out
-            }
-        }
-    }
-
-    /// The `base` member of the JSON report.
-    pub fn json(&self) -> serde_json::Value {
-        match &self.result {
-            Err(e) => {
-                e.report();
-                serde_json::json!({ "rev": self.rev, "ok": false, "error": "the base could not be compared", "violations": [] })
-            }
-            Ok((commit, violations)) => serde_json::json!({
-                "rev": self.rev,
-                "commit": commit,
-                "ok": violations.is_empty(),
-                "violations": violations,
-            }),
-        }
-    }
 }

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::{Policy, Problem, load, sort_problems, tools_dir};
-use crate::cli::{Exit, Format, PolicyCheckArgs};
+use crate::commands::{Exit, Format, PolicyCheckArgs};
+use crate::policy::{Policy, Problem, load, sort_problems, tools_dir};
+use crate::review::diff::{DiffError, Violation, base_violations};
 
 /// Runs the check; `Exit::Ok` when the policy loads and its adapters build,
 /// `Exit::InvalidConfig` when there is any problem (or `--base` cannot be compared),
@@ -20,7 +21,7 @@ pub fn check_command(args: &PolicyCheckArgs) -> Exit {
     let outcome = check(&args.location.policy_dir, &args.location.tools);
     // With --base, a policy that loads is also held to the version rules.
     let base = match (&args.base, &outcome) {
-        (Some(rev), Ok(_)) => Some(crate::review::diff::BaseCheck::run(
+        (Some(rev), Ok(_)) => Some(BaseCheck::run(
             &args.location.policy_dir,
             &args.location.tools,
             rev,
@@ -176,4 +177,81 @@ fn render_json(outcome: &Result<Policy, Vec<Problem>>, base: Option<Value>) -> S
         serde_json::to_string_pretty(&value).unwrap_or_else(|_| String::from("{\"ok\": false}"));
     text.push('\n');
     text
+}
+
+/// The outcome of `policy check --base REV`, rendered by `policy check`.
+#[derive(Debug)]
+pub struct BaseCheck {
+    pub rev: String,
+    pub result: Result<(Option<String>, Vec<Violation>), DiffError>,
+}
+
+impl BaseCheck {
+    pub fn run(policy_dir: &Path, tools_file: &Path, rev: &str) -> BaseCheck {
+        BaseCheck {
+            rev: rev.to_string(),
+            result: base_violations(policy_dir, tools_file, rev)
+                .map(|(side, violations)| (side.commit.clone(), violations)),
+        }
+    }
+
+    /// Exit 4 when the base could not be compared, 5 on a violation, else None.
+    pub fn exit(&self) -> Option<Exit> {
+        match &self.result {
+            Err(_) => Some(Exit::InvalidConfig),
+            Ok((_, v)) if !v.is_empty() => Some(Exit::SchemaError),
+            Ok(_) => None,
+        }
+    }
+
+    fn against(&self, commit: &Option<String>) -> String {
+        match commit {
+            Some(c) => format!("`{}` ({})", self.rev, c.get(..12).unwrap_or(c)),
+            None => format!("`{}`", self.rev),
+        }
+    }
+
+    /// Lines for the text report (the error itself goes to stderr).
+    pub fn text(&self) -> String {
+        match &self.result {
+            Err(e) => {
+                eprint!("{}", e.message());
+                format!(
+                    "error: the version rules could not be checked against `{}`\n",
+                    self.rev
+                )
+            }
+            Ok((commit, violations)) if violations.is_empty() => {
+                format!("version rules: ok against {}\n", self.against(commit))
+            }
+            Ok((commit, violations)) => {
+                let mut out = String::new();
+                for v in violations {
+                    out.push_str(&format!("error: {}\n  help: {}\n", v.message, v.help));
+                }
+                out.push_str(&format!(
+                    "error: {} version rule violation(s) against {}\n",
+                    violations.len(),
+                    self.against(commit)
+                ));
+                out
+            }
+        }
+    }
+
+    /// The `base` member of the JSON report.
+    pub fn json(&self) -> serde_json::Value {
+        match &self.result {
+            Err(e) => {
+                eprint!("{}", e.message());
+                serde_json::json!({ "rev": self.rev, "ok": false, "error": "the base could not be compared", "violations": [] })
+            }
+            Ok((commit, violations)) => serde_json::json!({
+                "rev": self.rev,
+                "commit": commit,
+                "ok": violations.is_empty(),
+                "violations": violations,
+            }),
+        }
+    }
 }

@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 
 use crate::audit::{AuditError, AuditLog, AuditOptions, CheckpointSink, Durability};
 use crate::capacity::{AuditCapacity, CapacityOptions};
-use crate::cli::{Exit, PolicyLocation};
+use crate::commands::{Exit, PolicyLocation};
 use crate::gateway::{Gateway, Loaded, PolicySourcePaths, adapter_env};
 use crate::limits::LimitOptions;
 use crate::observe::trace;
@@ -110,7 +110,7 @@ pub enum LogFormat {
 }
 
 pub fn serve_command(args: &ServeArgs) -> Exit {
-    let runtime = match crate::cli::runtime(&mut tokio::runtime::Builder::new_multi_thread()) {
+    let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_multi_thread()) {
         Ok(rt) => rt,
         Err(exit) => return exit,
     };

@@ -1,5 +1,5 @@
 //! `toolgate audit verify | export | key | tail`: flags and command bodies
-//! (`audit replay` lives in `review::replay`).
+//! (`audit replay` is `commands::replay`).
 //!
 //! Exit codes: 0 ok; 1 integrity failure (edited, missing, inserted, reordered, a root
 //! that does not match); 2 truncation or fork; 3 key or signature problem; 4 invalid
@@ -13,11 +13,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::export::{ExportError, ExportFormat, ExportOptions, export};
-use super::keys::{default_key_dir, load_verifier};
-use super::verify::{Problem, Progress, VerifyError, VerifyOptions, verify_db};
-use super::{AuditError, DEFAULT_SINK_FILE, EventFilter};
-use crate::cli::{Exit, Format};
+use crate::audit::export::{ExportError, ExportFormat, ExportOptions, export};
+use crate::audit::keys::{default_key_dir, load_verifier};
+use crate::audit::verify::{Problem, Progress, VerifyError, VerifyOptions, verify_db};
+use crate::audit::{AuditError, DEFAULT_SINK_FILE};
+use crate::commands::{Exit, Format};
 
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
@@ -30,7 +30,7 @@ pub enum AuditCommand {
     /// Print event lines.
     Tail(TailArgs),
     /// Re-decide recorded tool calls under a candidate policy; list changed decisions.
-    Replay(crate::review::replay::ReplayArgs),
+    Replay(crate::commands::replay::ReplayArgs),
 }
 
 #[derive(Debug, Args)]
@@ -101,7 +101,7 @@ pub struct SignerArgs {
     #[arg(long)]
     pub socket: PathBuf,
     /// The name of a new key (the checkpoint origin).
-    #[arg(long, default_value = super::DEFAULT_ORIGIN)]
+    #[arg(long, default_value = crate::audit::DEFAULT_ORIGIN)]
     pub name: String,
 }
 
@@ -147,7 +147,7 @@ pub fn run(command: AuditCommand) -> Exit {
         AuditCommand::Export(args) => export_command(&args),
         AuditCommand::Key(args) => key_command(&args),
         AuditCommand::Tail(args) => tail_command(&args),
-        AuditCommand::Replay(args) => crate::review::replay::replay_command(&args),
+        AuditCommand::Replay(args) => crate::commands::replay::replay_command(&args),
     }
 }
 
@@ -331,9 +331,10 @@ fn export_command(args: &ExportArgs) -> Exit {
         (Ok(since), Ok(until)) => (since, until),
         (Err(exit), _) | (_, Err(exit)) => return exit,
     };
-    let signer: Option<std::sync::Arc<dyn super::signer::Signer>> = match &args.signer_socket {
+    let signer: Option<std::sync::Arc<dyn crate::audit::signer::Signer>> = match &args.signer_socket
+    {
         None => None,
-        Some(socket) => match super::signer::SocketSigner::connect(socket) {
+        Some(socket) => match crate::audit::signer::SocketSigner::connect(socket) {
             Ok(signer) => Some(std::sync::Arc::new(signer)),
             Err(error) => {
                 print_error(&error, error.help());
@@ -444,31 +445,9 @@ fn key_command(args: &KeyArgs) -> Exit {
 }
 
 fn tail_command(args: &TailArgs) -> Exit {
-    let conn = match super::store::open_reader(&args.db, std::time::Duration::from_millis(2000)) {
-        Ok(conn) => conn,
-        Err(error) => {
-            print_error(&error, error.help());
-            return exit_for_error(&error);
-        }
-    };
-    let mut filter = EventFilter {
-        run_id: args.run_id.clone(),
-        after_seq: args.after_seq,
-        limit: args.limit as usize,
-        ..EventFilter::default()
-    };
-    if args.after_seq == 0 {
-        // The newest `limit` events: start after the seq of the one just older.
-        let older: Result<Option<i64>, _> = conn.query_row(
-            "SELECT seq FROM events WHERE (?1 IS NULL OR run_id = ?1) ORDER BY seq DESC LIMIT 1 OFFSET ?2",
-            rusqlite::params![args.run_id, args.limit as i64],
-            |r| r.get(0),
-        );
-        if let Ok(Some(seq)) = older {
-            filter.after_seq = seq as u64;
-        }
-    }
-    match super::log::read_events(&conn, &args.db, &filter) {
+    let events =
+        crate::audit::tail_events(&args.db, args.run_id.clone(), args.after_seq, args.limit);
+    match events {
         Ok(events) => {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
@@ -489,13 +468,17 @@ fn tail_command(args: &TailArgs) -> Exit {
 /// `toolgate signer`: holds the checkpoint key in its own process and signs over a Unix
 /// socket (protocol: `audit::signer`). Runs until stopped.
 pub fn signer_command(args: &SignerArgs) -> Exit {
-    let key = if args.key_dir.join(super::keys::SIGNING_KEY_FILE).exists() {
-        super::keys::load_signer(&args.key_dir)
+    let key = if args
+        .key_dir
+        .join(crate::audit::keys::SIGNING_KEY_FILE)
+        .exists()
+    {
+        crate::audit::keys::load_signer(&args.key_dir)
     } else {
-        super::keys::create_signer(&args.key_dir, &args.name)
+        crate::audit::keys::create_signer(&args.key_dir, &args.name)
     };
     let key = match key.and_then(|key| {
-        super::keys::check_private(&args.key_dir)?;
+        crate::audit::keys::check_private(&args.key_dir)?;
         Ok(key)
     }) {
         Ok(key) => key,
@@ -510,7 +493,7 @@ pub fn signer_command(args: &SignerArgs) -> Exit {
         key.verifier.name,
         key.verifier.fingerprint()
     );
-    match super::signer::serve(key, &args.socket) {
+    match crate::audit::signer::serve(key, &args.socket) {
         Ok(()) => Exit::Ok,
         Err(error) => {
             print_error(&error, error.help());

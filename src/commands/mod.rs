@@ -1,4 +1,5 @@
-//! The `toolgate` command line: flag definitions and dispatch.
+//! The `toolgate` command line: flag definitions, dispatch, and every subcommand's
+//! entry point, output and exit code (one file per command).
 //!
 //! This is the only place that prints a command's final error and picks the process
 //! exit code (see [`Exit`]).
@@ -7,6 +8,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub mod audit;
+pub mod diff;
+pub mod explain;
+pub mod mcp;
+pub mod policy_check;
+pub mod replay;
+pub mod serve;
+pub mod test;
 
 /// Exit codes, as documented in docs/operations.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,19 +55,19 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the sidecar: the HTTP API on the loaded policy.
-    Serve(crate::serve::ServeArgs),
+    Serve(serve::ServeArgs),
     /// Check, review and test the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
     /// Verify, export and inspect the audit log.
     #[command(subcommand)]
-    Audit(crate::audit::cli::AuditCommand),
+    Audit(audit::AuditCommand),
     /// Work with MCP servers (import their tools into the registry).
     #[command(subcommand)]
-    Mcp(crate::mcp::McpCommand),
+    Mcp(mcp::McpCommand),
     /// Hold the audit signing key in this process and sign checkpoints for a gateway
     /// over a Unix socket (run it as another user).
-    Signer(crate::audit::cli::SignerArgs),
+    Signer(audit::SignerArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -65,11 +75,11 @@ pub enum PolicyCommand {
     /// Load and validate the policy; print the versions and hashes, or every problem.
     Check(PolicyCheckArgs),
     /// Run the authorization steps for one request and print each with pass or fail.
-    Explain(crate::review::explain::ExplainArgs),
+    Explain(explain::ExplainArgs),
     /// Run the policy test cases (policy/tests/*.yaml) offline.
-    Test(crate::review::test::TestArgs),
+    Test(test::TestArgs),
     /// Show the change in effective permissions between two versions of the policy.
-    Diff(crate::review::diff::DiffArgs),
+    Diff(diff::DiffArgs),
 }
 
 /// Where the policy lives.
@@ -119,16 +129,14 @@ pub fn main() -> ExitCode {
         }
     };
     let exit = match cli.command {
-        Command::Serve(args) => crate::serve::serve_command(&args),
-        Command::Policy(PolicyCommand::Check(args)) => crate::policy::check_command(&args),
-        Command::Policy(PolicyCommand::Explain(args)) => {
-            crate::review::explain::explain_command(&args)
-        }
-        Command::Policy(PolicyCommand::Test(args)) => crate::review::test::test_command(&args),
-        Command::Policy(PolicyCommand::Diff(args)) => crate::review::diff::diff_command(&args),
-        Command::Audit(command) => crate::audit::cli::run(command),
-        Command::Mcp(command) => crate::mcp::mcp_command(&command),
-        Command::Signer(args) => crate::audit::cli::signer_command(&args),
+        Command::Serve(args) => serve::serve_command(&args),
+        Command::Policy(PolicyCommand::Check(args)) => policy_check::check_command(&args),
+        Command::Policy(PolicyCommand::Explain(args)) => explain::explain_command(&args),
+        Command::Policy(PolicyCommand::Test(args)) => test::test_command(&args),
+        Command::Policy(PolicyCommand::Diff(args)) => diff::diff_command(&args),
+        Command::Audit(command) => audit::run(command),
+        Command::Mcp(command) => mcp::mcp_command(&command),
+        Command::Signer(args) => audit::signer_command(&args),
     };
     exit.into()
 }

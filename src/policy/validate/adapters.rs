@@ -1,0 +1,258 @@
+//! Validation rules, adapters: adapter settings and redaction.
+
+use super::*;
+
+pub(super) fn check_adapter(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    adapter: &Spanned<RawAdapter>,
+) -> Option<AdapterConfig> {
+    let before = report.problems.len();
+    let raw = &adapter.value;
+    let kind = raw.kind.value;
+    let present: [(&str, Option<Location>); 9] = [
+        ("name", raw.name.as_ref().map(|v| v.referenced)),
+        ("settings", raw.settings.as_ref().map(|v| v.referenced)),
+        ("argv", raw.argv.as_ref().map(|v| v.referenced)),
+        (
+            "working_dir",
+            raw.working_dir.as_ref().map(|v| v.referenced),
+        ),
+        (
+            "env_allowlist",
+            raw.env_allowlist.as_ref().map(|v| v.referenced),
+        ),
+        ("command", raw.command.as_ref().map(|v| v.referenced)),
+        ("url", raw.url.as_ref().map(|v| v.referenced)),
+        (
+            "allowed_hosts",
+            raw.allowed_hosts.as_ref().map(|v| v.referenced),
+        ),
+        ("tool", raw.tool.as_ref().map(|v| v.referenced)),
+    ];
+    let allowed: &[&str] = match kind {
+        RawAdapterKind::Builtin => &["name", "settings"],
+        RawAdapterKind::Command => &["argv", "working_dir", "env_allowlist"],
+        RawAdapterKind::Http => &["url", "allowed_hosts"],
+        RawAdapterKind::Mcp => &["command", "url", "tool"],
+    };
+    for (field, location) in present {
+        if let Some(location) = location
+            && !allowed.contains(&field)
+        {
+            report.at(
+                file,
+                location,
+                adapter.referenced,
+                format!(
+                    "{owner}: adapter field `{field}` does not apply to kind `{}`",
+                    kind.as_str()
+                ),
+                format!(
+                    "an adapter of kind `{}` takes: {}",
+                    kind.as_str(),
+                    allowed.join(", ")
+                ),
+            );
+        }
+    }
+    let mut missing = Vec::new();
+    let non_empty = |report: &mut Report<'_>, field: &str, value: &Spanned<String>| {
+        if value.value.trim().is_empty() {
+            report.spanned(
+                file,
+                value,
+                format!("{owner}: adapter `{field}` is empty"),
+                format!("give the adapter's `{field}`"),
+            );
+        }
+    };
+    let argv_ok = |report: &mut Report<'_>, field: &str, argv: &Spanned<Vec<String>>| {
+        if argv
+            .value
+            .first()
+            .is_none_or(|program| program.trim().is_empty())
+        {
+            report.spanned(
+                file,
+                argv,
+                format!("{owner}: adapter `{field}` has no program"),
+                format!(
+                    "`{field}` is the program and its fixed arguments, e.g. `[python3, tools/x.py]`"
+                ),
+            );
+        }
+    };
+    let config = match kind {
+        RawAdapterKind::Builtin => {
+            let name = raw.name.as_ref();
+            match name {
+                Some(name) => non_empty(report, "name", name),
+                None => missing.push("name"),
+            }
+            name.map(|name| AdapterConfig::Builtin {
+                name: name.value.clone(),
+                settings: raw
+                    .settings
+                    .as_ref()
+                    .map(|s| s.value.clone())
+                    .unwrap_or_default(),
+            })
+        }
+        RawAdapterKind::Command => {
+            match &raw.argv {
+                Some(argv) => argv_ok(report, "argv", argv),
+                None => missing.push("argv"),
+            }
+            let mut env_allowlist = Vec::new();
+            for var in raw.env_allowlist.iter().flat_map(|l| &l.value) {
+                if !is_env_var_name(&var.value) {
+                    report.spanned(
+                        file,
+                        var,
+                        format!(
+                            "{owner}: `{}` is not an environment variable name",
+                            var.value.escape_debug()
+                        ),
+                        "use letters, digits and `_`, not starting with a digit",
+                    );
+                }
+                env_allowlist.push(var.value.clone());
+            }
+            env_allowlist.sort();
+            env_allowlist.dedup();
+            raw.argv.as_ref().map(|argv| AdapterConfig::Command {
+                argv: argv.value.clone(),
+                working_dir: raw.working_dir.as_ref().map(|w| w.value.clone()),
+                env_allowlist,
+            })
+        }
+        RawAdapterKind::Http => {
+            match &raw.url {
+                Some(url) => non_empty(report, "url", url),
+                None => missing.push("url"),
+            }
+            let hosts: Vec<String> = raw
+                .allowed_hosts
+                .iter()
+                .flat_map(|l| &l.value)
+                .map(|h| h.value.clone())
+                .collect();
+            match &raw.allowed_hosts {
+                Some(list) if list.value.is_empty() => report.spanned(
+                    file,
+                    list,
+                    format!("{owner}: `allowed_hosts` is empty"),
+                    "list the host (or host:port) the adapter may connect to",
+                ),
+                None => missing.push("allowed_hosts"),
+                Some(_) => {}
+            }
+            raw.url.as_ref().map(|url| AdapterConfig::Http {
+                url: url.value.clone(),
+                allowed_hosts: hosts,
+            })
+        }
+        RawAdapterKind::Mcp => {
+            match &raw.tool {
+                Some(tool) => non_empty(report, "tool", tool),
+                None => missing.push("tool"),
+            }
+            match (&raw.command, &raw.url) {
+                (Some(command), None) => argv_ok(report, "command", command),
+                (None, Some(url)) => non_empty(report, "url", url),
+                _ => report.spanned(
+                    file,
+                    adapter,
+                    format!(
+                        "{owner}: adapter of kind `mcp` needs exactly one of `command` or `url`"
+                    ),
+                    "start the server with `command: [argv...]` or connect to it with `url:`",
+                ),
+            }
+            raw.tool.as_ref().map(|tool| AdapterConfig::Mcp {
+                command: raw.command.as_ref().map(|c| c.value.clone()),
+                url: raw.url.as_ref().map(|u| u.value.clone()),
+                tool: tool.value.clone(),
+            })
+        }
+    };
+    if !missing.is_empty() {
+        report.spanned(
+            file,
+            adapter,
+            format!(
+                "{owner}: adapter of kind `{}` is missing {}",
+                kind.as_str(),
+                missing
+                    .iter()
+                    .map(|f| format!("`{f}`"))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
+            format!(
+                "an adapter of kind `{}` takes: {}",
+                kind.as_str(),
+                allowed.join(", ")
+            ),
+        );
+    }
+    (report.problems.len() == before)
+        .then_some(config)
+        .flatten()
+}
+
+pub(super) fn check_redaction(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    redaction: Option<&Spanned<RawRedaction>>,
+) -> Option<Redaction> {
+    let Some(redaction) = redaction else {
+        return Some(Redaction::Full);
+    };
+    let RawRedaction { mode, pointers } = &redaction.value;
+    match (mode.value, pointers) {
+        (RawRedactionMode::Full, None) => Some(Redaction::Full),
+        (RawRedactionMode::HashOnly, None) => Some(Redaction::HashOnly),
+        (RawRedactionMode::Fields, Some(pointers)) if !pointers.is_empty() => {
+            let before = report.problems.len();
+            for pointer in pointers {
+                if !is_json_pointer(&pointer.value) {
+                    report.spanned(
+                        file,
+                        pointer,
+                        format!("{owner}: redaction pointer `{}` is not a JSON pointer", pointer.value.escape_debug()),
+                        "a JSON pointer starts with `/`, e.g. `/body`; use `mode: hash_only` to keep nothing",
+                    );
+                }
+            }
+            let mut list: Vec<String> = pointers.iter().map(|p| p.value.clone()).collect();
+            list.sort();
+            list.dedup();
+            (report.problems.len() == before).then_some(Redaction::Fields { pointers: list })
+        }
+        (RawRedactionMode::Fields, _) => {
+            report.spanned(
+                file,
+                redaction,
+                format!("{owner}: redaction `mode: fields` needs a non-empty `pointers` list"),
+                "e.g. `{mode: fields, pointers: [/body]}`",
+            );
+            None
+        }
+        (_, Some(_)) => {
+            report.spanned(
+                file,
+                redaction,
+                format!("{owner}: redaction `pointers` only apply to `mode: fields`"),
+                "remove `pointers` or use `mode: fields`",
+            );
+            None
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Cross-references
