@@ -17,7 +17,7 @@ use clap::Args;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::adapter::{Listing, Upstream, list_tools};
+use crate::adapter::mcp::{Listing, Upstream, list_tools};
 use crate::adapter::{AdapterEnv, ExecError};
 use crate::cli::Exit;
 
@@ -83,6 +83,9 @@ pub fn import_command(args: &ImportArgs) -> Exit {
     let listing = runtime.block_on(async { list_tools(&upstream, Instant::now() + timeout).await });
     match listing {
         Ok(listing) => {
+            for warning in warnings(&listing) {
+                eprintln!("warning: {warning}");
+            }
             print!("{}", render(&listing, &upstream, &args.lane));
             Exit::Ok
         }
@@ -100,6 +103,26 @@ pub fn import_command(args: &ImportArgs) -> Exit {
             Exit::Failure
         }
     }
+}
+
+/// What a person must know before enabling the listed tools: a declared output schema
+/// is enforced by MCP clients on every result (the registry's `output_schema` is what
+/// the front advertises, so it must describe what the upstream returns).
+pub fn warnings(listing: &Listing) -> Vec<String> {
+    let mut names: Vec<&rmcp::model::Tool> = listing.tools.iter().collect();
+    names.sort_by(|a, b| a.name.cmp(&b.name));
+    names
+        .iter()
+        .filter(|t| t.output_schema.is_some())
+        .map(|t| {
+            format!(
+                "upstream tool {} declares an outputSchema: MCP clients (the TypeScript and Python SDKs) \
+                 reject a success whose structuredContent does not match it; the entry copies it into \
+                 output_schema, keep it exact when you tighten it",
+                json!(t.name)
+            )
+        })
+        .collect()
 }
 
 /// The registry entries for every listed tool, sorted by upstream name, with a header
