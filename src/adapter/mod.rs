@@ -154,14 +154,10 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                 command,
                 url,
                 tool: upstream_tool,
-            } => mcp::McpAdapter::build(
-                tool,
-                command.as_deref(),
-                url.as_deref(),
-                upstream_tool,
-                env,
-            )
-            .map(Adapter::Mcp),
+            } => {
+                mcp::McpAdapter::build(tool, command.as_deref(), url.as_deref(), upstream_tool, env)
+                    .map(Adapter::Mcp)
+            }
         };
         match built {
             Ok(adapter) => {

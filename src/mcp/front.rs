@@ -95,11 +95,9 @@ pub async fn handle(
         // The server already read the body within its own limit.
         .with_max_request_body_bytes(usize::MAX)
         // The sidecar is addressed by whatever name its deployment gives it; every
-        // request must carry a credential anyway.
-        .disable_allowed_hosts()
-        // Origin, protocol version, Accept and batches were checked by
-        // [`transport_refusal`] before the request got here.
-        ;
+        // request must carry a credential anyway. Origin, protocol version, Accept and
+        // batches were checked by [`transport_refusal`] before the request got here.
+        .disable_allowed_hosts();
     let service = StreamableHttpService::new(
         move || Ok(Front::new(gateway.clone())),
         Arc::new(NeverSessionManager::default()),
@@ -719,9 +717,8 @@ async fn artifact_result(
         let bytes = gateway.artifacts.get(&artifact.sha256).await.map_err(|e| {
             artifact_failure(response, &format!("the artifact could not be read: {e}"))
         })?;
-        let output: Value = serde_json::from_slice(&bytes).map_err(|e| {
-            artifact_failure(response, &format!("the artifact is not JSON: {e}"))
-        })?;
+        let output: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| artifact_failure(response, &format!("the artifact is not JSON: {e}")))?;
         result.structured_content = Some(output);
     }
     Ok(result)

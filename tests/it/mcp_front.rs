@@ -153,10 +153,7 @@ fn the_typescript_sdk_client_reads_denials_as_is_error_results() {
     let seen = support::node_client(&plan, Duration::from_secs(60));
     assert!(seen.get("connect_error").is_none(), "{seen}");
     let tools = seen["tools"].as_array().unwrap();
-    let read_document = tools
-        .iter()
-        .find(|t| t["name"] == "read_document")
-        .unwrap();
+    let read_document = tools.iter().find(|t| t["name"] == "read_document").unwrap();
     assert_eq!(read_document["outputSchema"]["type"], "object", "{seen}");
     let calls = seen["calls"].as_array().unwrap();
     assert_eq!(calls[0]["isError"], false, "{}", calls[0]);

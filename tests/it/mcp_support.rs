@@ -163,14 +163,23 @@ fn prepare_node() -> PathBuf {
     }
     let package_json = dir.join("package.json");
     if !package_json.exists() {
-        fs::write(&package_json, r#"{"name":"toolgate-test-clients","private":true}"#).unwrap();
+        fs::write(
+            &package_json,
+            r#"{"name":"toolgate-test-clients","private":true}"#,
+        )
+        .unwrap();
     }
     let out = run_bounded(
         Command::new("npm")
             .arg("install")
             .arg("--prefix")
             .arg(&dir)
-            .args(["--no-audit", "--no-fund", "--fetch-timeout=60000", "--fetch-retries=1"])
+            .args([
+                "--no-audit",
+                "--no-fund",
+                "--fetch-timeout=60000",
+                "--fetch-retries=1",
+            ])
             .args(NODE_PACKAGES),
         NODE_INSTALL_LIMIT,
     );
