@@ -189,7 +189,7 @@ fn allowed_origins() -> Vec<String> {
 /// `[::1]`, any port) or one of `allowed` exactly.
 fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
     let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
-    if allowed.iter().any(|a| *a == origin) {
+    if allowed.contains(&origin) {
         return true;
     }
     let Some(rest) = origin
