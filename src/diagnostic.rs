@@ -76,6 +76,10 @@ pub enum Severity {
 #[serde(rename_all = "snake_case")]
 pub enum Reason {
     RequestMalformed,
+    ProtocolVersionUnsupported,
+    OriginNotAllowed,
+    AcceptUnsupported,
+    BatchUnsupported,
     RequestTooLarge,
     EndpointNotFound,
     ArtifactNotFound,
@@ -106,6 +110,7 @@ pub enum Reason {
     ConcurrencyLimitReached,
     AdapterNotImplemented,
     ToolTimeout,
+    Cancelled,
     DependencyDown,
     ToolError,
     OutputSchemaViolation,
@@ -134,8 +139,12 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in catalog order.
-    pub const ALL: [Reason; 38] = [
+    pub const ALL: [Reason; 43] = [
         Reason::RequestMalformed,
+        Reason::ProtocolVersionUnsupported,
+        Reason::OriginNotAllowed,
+        Reason::AcceptUnsupported,
+        Reason::BatchUnsupported,
         Reason::RequestTooLarge,
         Reason::EndpointNotFound,
         Reason::ArtifactNotFound,
@@ -166,6 +175,7 @@ impl Reason {
         Reason::ConcurrencyLimitReached,
         Reason::AdapterNotImplemented,
         Reason::ToolTimeout,
+        Reason::Cancelled,
         Reason::DependencyDown,
         Reason::ToolError,
         Reason::OutputSchemaViolation,
@@ -179,6 +189,10 @@ impl Reason {
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::RequestMalformed => "request_malformed",
+            Reason::ProtocolVersionUnsupported => "protocol_version_unsupported",
+            Reason::OriginNotAllowed => "origin_not_allowed",
+            Reason::AcceptUnsupported => "accept_unsupported",
+            Reason::BatchUnsupported => "batch_unsupported",
             Reason::RequestTooLarge => "request_too_large",
             Reason::EndpointNotFound => "endpoint_not_found",
             Reason::ArtifactNotFound => "artifact_not_found",
@@ -209,6 +223,7 @@ impl Reason {
             Reason::ConcurrencyLimitReached => "concurrency_limit_reached",
             Reason::AdapterNotImplemented => "adapter_not_implemented",
             Reason::ToolTimeout => "tool_timeout",
+            Reason::Cancelled => "cancelled",
             Reason::DependencyDown => "dependency_down",
             Reason::ToolError => "tool_error",
             Reason::OutputSchemaViolation => "output_schema_violation",
@@ -226,6 +241,46 @@ impl Reason {
         use Severity as S;
         let (error_code, category, step, retryable, severity, meaning, likely_cause, suggested_fix) =
             match self {
+                Reason::ProtocolVersionUnsupported => (
+                    E::InvalidArguments,
+                    C::Request,
+                    1,
+                    false,
+                    S::Error,
+                    "the MCP-Protocol-Version header names a protocol revision the MCP front does not speak",
+                    "an old client (2024-11-05 or 2025-03-26) or a mistyped version",
+                    "send one of the versions listed in details.supported (or upgrade the MCP client)",
+                ),
+                Reason::OriginNotAllowed => (
+                    E::Denied,
+                    C::Request,
+                    1,
+                    false,
+                    S::Error,
+                    "the request's Origin is not in the MCP front's allowlist",
+                    "a browser page from another site, or a DNS rebinding attempt",
+                    "connect from an allowed origin, or add it to TOOLGATE_MCP_ALLOWED_ORIGINS",
+                ),
+                Reason::AcceptUnsupported => (
+                    E::InvalidArguments,
+                    C::Request,
+                    1,
+                    false,
+                    S::Error,
+                    "the Accept header of an MCP POST must list both application/json and text/event-stream",
+                    "a client that is not a Streamable HTTP client",
+                    "send Accept: application/json, text/event-stream",
+                ),
+                Reason::BatchUnsupported => (
+                    E::InvalidArguments,
+                    C::Request,
+                    1,
+                    false,
+                    S::Error,
+                    "the body is a JSON-RPC batch, which MCP (since 2025-06-18) does not allow",
+                    "several messages sent in one JSON array",
+                    "send one JSON-RPC message per POST",
+                ),
                 Reason::RequestMalformed => (
                     E::InvalidArguments,
                     C::Request,
@@ -525,6 +580,16 @@ impl Reason {
                     "the tool's adapter is not available in this build",
                     "the registry names an adapter kind or builtin this gateway does not have",
                     "fix the tool's adapter in tools/tool_registry.yaml",
+                ),
+                Reason::Cancelled => (
+                    E::InternalError,
+                    C::Execution,
+                    10,
+                    false,
+                    S::Warning,
+                    "the caller cancelled the call (MCP notifications/cancelled or a dropped connection) and its execution was stopped",
+                    "the client gave up on the call",
+                    "nothing to fix; call again if the result is still wanted (an idempotency key of a cancelled call is released)",
                 ),
                 Reason::ToolTimeout => (
                     E::Timeout,

@@ -465,6 +465,9 @@ async fn mcp(
         Ok(body) => body,
         Err(refusal) => return refusal_response(&refusal),
     };
+    if let Some(refusal) = crate::mcp::transport::refusal(&parts.headers, &body) {
+        return refusal_response(&refusal);
+    }
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
         // Not JSON at all: a JSON-RPC parse error (the transport would answer 415).
         let error = json!({
@@ -592,7 +595,11 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::RequestMalformed
         | Reason::ArgumentsInvalid
         | Reason::ArgumentUnsafe
-        | Reason::PolicyInvalid => StatusCode::BAD_REQUEST,
+        | Reason::PolicyInvalid
+        | Reason::ProtocolVersionUnsupported
+        | Reason::BatchUnsupported => StatusCode::BAD_REQUEST,
+        Reason::AcceptUnsupported => StatusCode::NOT_ACCEPTABLE,
+        Reason::OriginNotAllowed => StatusCode::FORBIDDEN,
         Reason::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Reason::EndpointNotFound | Reason::ArtifactNotFound => StatusCode::NOT_FOUND,
         Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -609,6 +616,7 @@ pub fn http_status(reason: Reason) -> StatusCode {
             StatusCode::SERVICE_UNAVAILABLE
         }
         Reason::ToolError
+        | Reason::Cancelled
         | Reason::OutputSchemaViolation
         | Reason::ArtifactStoreFailed
         | Reason::InternalError => StatusCode::INTERNAL_SERVER_ERROR,

@@ -65,6 +65,7 @@ pub enum ExecError {
 mod builtin;
 mod command;
 mod http;
+pub mod mcp;
 
 pub use builtin::BUILTIN_NAMES;
 pub(crate) use command::{ProcessGroup, resolve_program};
@@ -75,7 +76,7 @@ pub enum Adapter {
     Builtin(builtin::BuiltinAdapter),
     Command(command::CommandAdapter),
     Http(http::HttpAdapter),
-    Mcp(crate::mcp::adapter::McpAdapter),
+    Mcp(mcp::McpAdapter),
     /// An adapter kind this build cannot execute: the tool loads, and every call to
     /// it fails with `adapter_not_implemented`.
     NotImplemented {
@@ -153,14 +154,10 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                 command,
                 url,
                 tool: upstream_tool,
-            } => crate::mcp::adapter::McpAdapter::build(
-                tool,
-                command.as_deref(),
-                url.as_deref(),
-                upstream_tool,
-                env,
-            )
-            .map(Adapter::Mcp),
+            } => {
+                mcp::McpAdapter::build(tool, command.as_deref(), url.as_deref(), upstream_tool, env)
+                    .map(Adapter::Mcp)
+            }
         };
         match built {
             Ok(adapter) => {

@@ -6,9 +6,9 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use tokio::time::Instant;
 
+use crate::adapter::mcp::{Upstream, list_tools};
 use crate::adapter::{AdapterEnv, ExecError};
 use crate::commands::Exit;
-use crate::mcp::adapter::{Upstream, list_tools};
 use crate::mcp::import::render;
 
 #[derive(Debug, Subcommand)]
@@ -80,6 +80,9 @@ pub fn import_command(args: &ImportArgs) -> Exit {
     let listing = runtime.block_on(async { list_tools(&upstream, Instant::now() + timeout).await });
     match listing {
         Ok(listing) => {
+            for warning in crate::mcp::import::warnings(&listing) {
+                eprintln!("warning: {warning}");
+            }
             print!("{}", render(&listing, &upstream, &args.lane));
             Exit::Ok
         }

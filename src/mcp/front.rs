@@ -14,7 +14,7 @@
 //! - `tools/list` is the gateway's tool catalog for that role and lane;
 //! - `tools/call` becomes a [`crate::call::CallRequest`] and goes through
 //!   [`Gateway::handle`]: a denial, failure or timeout is a tool result with
-//!   `isError: true` and the diagnostic in `structuredContent`; a tool name the
+//!   `isError: true` and the diagnostic as text and in `_meta` ([`META_DIAGNOSTIC`]); a tool name the
 //!   registry does not know is a JSON-RPC error (`-32602`), after it was audited.
 //!
 //! INVARIANT: role, run, lane and scope come only from the headers. Nothing in the
@@ -43,7 +43,7 @@ use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
 use crate::call::{
-    CallResponse, PartialRequest, Received, Status, digest_bytes, parse_request_value,
+    ArtifactRef, CallResponse, PartialRequest, Received, Status, digest_bytes, parse_request_value,
 };
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
@@ -95,11 +95,9 @@ pub async fn handle(
         // The server already read the body within its own limit.
         .with_max_request_body_bytes(usize::MAX)
         // The sidecar is addressed by whatever name its deployment gives it; every
-        // request must carry a credential anyway.
-        .disable_allowed_hosts()
-        // Agents are not browsers: a request with any Origin header is refused
-        // (the transport spec's defence against DNS rebinding).
-        .enforce_origin_validation();
+        // request must carry a credential anyway. Origin, protocol version, Accept and
+        // batches were checked by [`super::transport::refusal`] before the request got here.
+        .disable_allowed_hosts();
     let service = StreamableHttpService::new(
         move || Ok(Front::new(gateway.clone())),
         Arc::new(NeverSessionManager::default()),
@@ -143,7 +141,7 @@ impl ServerHandler for Front {
         info.instructions = Some(
             "Every tool call passes toolgate's policy checks and is recorded in its audit log. \
              A refused or failed call returns isError with a structured diagnostic \
-             (reason, message, suggested_fix) in structuredContent."
+             (reason, message, suggested_fix) as JSON text and in _meta[\"io.toolgate/diagnostic\"]."
                 .into(),
         );
         info
@@ -224,7 +222,9 @@ impl ServerHandler for Front {
                 Some(error_fields(&response)),
             ));
         }
-        Ok(CallToolResponse::Complete(tool_result(&response)))
+        Ok(CallToolResponse::Complete(
+            tool_result(&self.gateway, &response).await,
+        ))
     }
 }
 
@@ -417,7 +417,7 @@ fn mcp_tool(entry: &Value) -> McpTool {
     let mut tool = McpTool::new(name, description, Arc::new(input_schema));
     // MCP output schemas describe an object (structuredContent is an object).
     if let Value::Object(schema) = &entry["output_schema"]
-        && schema.get("type").and_then(Value::as_str) == Some("object")
+        && advertised_output_schema(&entry["output_schema"])
     {
         tool = tool.with_raw_output_schema(Arc::new(schema.clone()));
     }
@@ -441,10 +441,24 @@ fn mcp_tool(entry: &Value) -> McpTool {
     tool.with_meta(meta)
 }
 
-/// The call's outcome as an MCP tool result. Success: the output as JSON text and as
-/// `structuredContent` (when it is an object). Anything else: `isError` and the
-/// diagnostic (with status, call and audit ids) as `structuredContent`.
-fn tool_result(response: &CallResponse) -> CallToolResult {
+/// The `_meta` key of a refused or failed call's diagnostic (with its status, error
+/// code, call id and audit event id).
+pub const META_DIAGNOSTIC: &str = "io.toolgate/diagnostic";
+/// The `_meta` key of the artifact reference when the output is held as an artifact.
+pub const META_ARTIFACT: &str = "io.toolgate/artifact";
+
+/// The call's outcome as an MCP tool result.
+///
+/// - Success: the output as JSON text, and as `structuredContent` when it is an
+///   object (it was validated against the tool's output schema by the pipeline).
+/// - Success held as an artifact (over `max_output_bytes`): a `resource_link` to the
+///   artifact and a text summary; when the tool advertises an `outputSchema` the MCP
+///   spec requires conforming `structuredContent`, so the stored output (validated
+///   before it was stored) is read back and sent as `structuredContent`.
+/// - Anything else: `isError: true`, the diagnostic as JSON text and under
+///   [`META_DIAGNOSTIC`] in `_meta`, and never a `structuredContent` (it would not
+///   match the tool's `outputSchema` and official clients reject such a result).
+async fn tool_result(gateway: &Gateway, response: &CallResponse) -> CallToolResult {
     let mut meta = MetaObject::new();
     meta.insert("io.toolgate/call_id".into(), json!(response.call_id));
     meta.insert(
@@ -457,30 +471,138 @@ fn tool_result(response: &CallResponse) -> CallToolResult {
     }
     let mut result = if response.status == Status::Success {
         match (&response.output, &response.artifact) {
-            (Some(output), _) => {
-                let mut result =
-                    CallToolResult::success(vec![ContentBlock::text(output.to_string())]);
-                if output.is_object() {
-                    result.structured_content = Some(output.clone());
+            (Some(output), _) => match upstream_content(gateway, response, output) {
+                Some((content, advertised)) => {
+                    // An MCP upstream's content blocks, as it sent them.
+                    let mut result = CallToolResult::success(content);
+                    if advertised {
+                        result.structured_content = Some(output.clone());
+                    }
+                    result
                 }
-                result
-            }
-            (None, artifact) => {
-                // Larger than the tool's max_output_bytes: the policy keeps it out of
-                // the response; it is fetched with GET /v1/artifacts/{sha256}.
-                CallToolResult::success(vec![ContentBlock::text(
-                    json!({ "artifact": artifact }).to_string(),
-                )])
-            }
+                None => {
+                    let mut result =
+                        CallToolResult::success(vec![ContentBlock::text(output.to_string())]);
+                    if output.is_object() {
+                        result.structured_content = Some(output.clone());
+                    }
+                    result
+                }
+            },
+            (None, Some(artifact)) => match artifact_result(gateway, response, artifact).await {
+                Ok(result) => {
+                    meta.insert(META_ARTIFACT.into(), json!(artifact));
+                    result
+                }
+                Err(fields) => {
+                    meta.insert(META_DIAGNOSTIC.into(), fields.clone());
+                    CallToolResult::error(vec![ContentBlock::text(fields.to_string())])
+                }
+            },
+            (None, None) => CallToolResult::success(vec![ContentBlock::text("null")]),
         }
     } else {
         let fields = error_fields(response);
-        let mut result = CallToolResult::error(vec![ContentBlock::text(fields.to_string())]);
-        result.structured_content = Some(fields);
-        result
+        meta.insert(META_DIAGNOSTIC.into(), fields.clone());
+        CallToolResult::error(vec![ContentBlock::text(fields.to_string())])
     };
     result.meta = Some(meta);
     result
+}
+
+/// The content blocks of an MCP upstream's result, when the call's tool has an `mcp`
+/// adapter and its output is the adapter's `{"content": [...]}` form (the upstream
+/// sent neither `structuredContent` nor a single JSON text block): each block is sent
+/// as the upstream sent it (image, audio, resource link, embedded resource, with their
+/// annotations); a block of a type this gateway does not know is sent as text holding
+/// its JSON. Also whether the tool advertises an `outputSchema` (then the output goes
+/// in `structuredContent` too).
+fn upstream_content(
+    gateway: &Gateway,
+    response: &CallResponse,
+    output: &Value,
+) -> Option<(Vec<ContentBlock>, bool)> {
+    let Value::Object(map) = output else {
+        return None;
+    };
+    let blocks = map.get("content")?.as_array()?;
+    if map.len() != 1 {
+        return None;
+    }
+    let loaded = gateway.current();
+    let tool = loaded.policy.tools.get(response.tool_name.as_deref()?)?;
+    if !matches!(tool.adapter, crate::policy::AdapterConfig::Mcp { .. }) {
+        return None;
+    }
+    let content = blocks
+        .iter()
+        .map(|block| {
+            serde_json::from_value::<ContentBlock>(block.clone())
+                .unwrap_or_else(|_| ContentBlock::text(block.to_string()))
+        })
+        .collect();
+    Some((content, advertised_output_schema(&tool.output_schema)))
+}
+
+/// A success whose output the policy kept out of the response: a `resource_link` to
+/// the artifact (fetched with `GET /v1/artifacts/{sha256}`), a summary, and the output
+/// as `structuredContent` when the tool advertises an `outputSchema`.
+async fn artifact_result(
+    gateway: &Gateway,
+    response: &CallResponse,
+    artifact: &ArtifactRef,
+) -> Result<CallToolResult, Value> {
+    let link = serde_json::from_value::<ContentBlock>(json!({
+        "type": "resource_link",
+        "uri": artifact.uri,
+        "name": format!("artifact-{}", artifact.sha256),
+        "description": "The call's output, held as an artifact: GET /v1/artifacts/{sha256}?run_id=...",
+        "mimeType": artifact.media_type,
+        "size": artifact.bytes,
+    }))
+    .map_err(|e| artifact_failure(response, &format!("the artifact link could not be built: {e}")))?;
+    let summary = ContentBlock::text(json!({ "artifact": artifact }).to_string());
+    let mut result = CallToolResult::success(vec![link, summary]);
+    let advertised = response
+        .tool_name
+        .as_deref()
+        .and_then(|name| {
+            gateway
+                .current()
+                .policy
+                .tools
+                .get(name)
+                .map(|t| advertised_output_schema(&t.output_schema))
+        })
+        .unwrap_or(false);
+    if advertised {
+        let bytes = gateway.artifacts.get(&artifact.sha256).await.map_err(|e| {
+            artifact_failure(response, &format!("the artifact could not be read: {e}"))
+        })?;
+        let output: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| artifact_failure(response, &format!("the artifact is not JSON: {e}")))?;
+        result.structured_content = Some(output);
+    }
+    Ok(result)
+}
+
+/// Why an artifact-held output could not be returned, as error fields.
+fn artifact_failure(response: &CallResponse, message: &str) -> Value {
+    let refusal = Refusal::new(Reason::InternalError, message.to_string());
+    let mut fields = serde_json::to_value(refusal.diagnostic()).unwrap_or_else(|_| json!({}));
+    if let Some(obj) = fields.as_object_mut() {
+        obj.insert("status".into(), json!(response.status));
+        obj.insert("call_id".into(), json!(response.call_id));
+        obj.insert("audit_event_id".into(), json!(response.audit_event_id));
+        obj.insert("tool_name".into(), json!(response.tool_name));
+    }
+    fields
+}
+
+/// Whether the front advertises `schema` as the tool's `outputSchema`: MCP output
+/// schemas describe an object (structuredContent is an object).
+fn advertised_output_schema(schema: &Value) -> bool {
+    schema.get("type").and_then(Value::as_str) == Some("object")
 }
 
 /// The diagnostic of a refused or failed call, with its status, error code, call id
@@ -505,6 +627,7 @@ fn error_fields(response: &CallResponse) -> Value {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use crate::mcp::transport::{origin_allowed, refusal as transport_refusal};
     use hyper::http::HeaderValue;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -525,6 +648,60 @@ mod tests {
         ("x-toolgate-lane", "research"),
         ("x-toolgate-scope", r#"{"case_id":"C-1001"}"#),
     ];
+
+    #[test]
+    fn origins_are_checked_against_localhost_and_the_allowlist() {
+        let allowed = vec!["https://app.example".to_string()];
+        for ok in [
+            "http://localhost",
+            "http://localhost:6274",
+            "https://127.0.0.1:8443",
+            "http://[::1]:3000",
+            "https://app.example",
+            "HTTPS://APP.EXAMPLE/",
+        ] {
+            assert!(origin_allowed(ok, &allowed), "{ok}");
+        }
+        for bad in [
+            "http://evil.example",
+            "http://localhost.evil.example",
+            "http://localhost:80@evil.example",
+            "http://127.0.0.1.nip.io",
+            "null",
+            "file://",
+            "https://app.example:444",
+        ] {
+            assert!(!origin_allowed(bad, &allowed), "{bad}");
+        }
+    }
+
+    #[test]
+    fn transport_checks_have_their_own_reasons() {
+        let accept = ("accept", "application/json, text/event-stream");
+        let reason = |pairs: &[(&str, &str)], body: &str| {
+            transport_refusal(&headers(pairs), body.as_bytes()).map(|r| r.reason)
+        };
+        assert_eq!(reason(&[accept], "{}"), None);
+        for old in ["2024-11-05", "2025-03-26", "junk"] {
+            assert_eq!(
+                reason(&[accept, ("mcp-protocol-version", old)], "{}"),
+                Some(Reason::ProtocolVersionUnsupported)
+            );
+        }
+        assert_eq!(
+            reason(&[accept, ("mcp-protocol-version", "2025-11-25")], "{}"),
+            None
+        );
+        assert_eq!(
+            reason(&[("accept", "application/json")], "{}"),
+            Some(Reason::AcceptUnsupported)
+        );
+        assert_eq!(reason(&[accept], " [{}]"), Some(Reason::BatchUnsupported));
+        assert_eq!(
+            reason(&[accept, ("origin", "http://evil.example")], "{}"),
+            Some(Reason::OriginNotAllowed)
+        );
+    }
 
     #[test]
     fn good_headers_read_cleanly() {

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
-use super::adapter::{Listing, Upstream};
+use crate::adapter::mcp::{Listing, Upstream};
 
 /// Defaults of an imported entry; the reviewer tightens them.
 const TIMEOUT_DEFAULT_MS: u64 = 10_000;
@@ -23,6 +23,26 @@ const MAX_OUTPUT_BYTES: u64 = 65_536;
 const MAX_CONCURRENCY: u32 = 4;
 /// Longest registry tool name.
 const MAX_NAME: usize = 64;
+
+/// What a person must know before enabling the listed tools: a declared output schema
+/// is enforced by MCP clients on every result (the registry's `output_schema` is what
+/// the front advertises, so it must describe what the upstream returns).
+pub fn warnings(listing: &Listing) -> Vec<String> {
+    let mut names: Vec<&rmcp::model::Tool> = listing.tools.iter().collect();
+    names.sort_by(|a, b| a.name.cmp(&b.name));
+    names
+        .iter()
+        .filter(|t| t.output_schema.is_some())
+        .map(|t| {
+            format!(
+                "upstream tool {} declares an outputSchema: MCP clients (the TypeScript and Python SDKs) \
+                 reject a success whose structuredContent does not match it; the entry copies it into \
+                 output_schema, keep it exact when you tighten it",
+                json!(t.name)
+            )
+        })
+        .collect()
+}
 
 /// The registry entries for every listed tool, sorted by upstream name, with a header
 /// comment saying how to review them.

@@ -621,3 +621,52 @@ fn import_refuses_bad_flags_and_reports_an_unreachable_server() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot list the tools"), "{stderr}");
 }
+
+/// `@modelcontextprotocol/server-everything` (over stdio) behind the MCP adapter, read
+/// by the official TypeScript SDK client through the front: the upstream's content
+/// blocks arrive as it sent them (an image as an image block, not base64 in text).
+#[test]
+fn server_everything_content_blocks_reach_the_typescript_client_unchanged() {
+    let everything = support::server_everything();
+    let dir = tempfile::tempdir().unwrap();
+    let command = json!(["node", everything, "stdio"]);
+    let server = Server::start_with(lab(
+        dir.path(),
+        &[LabTool {
+            name: "tiny_image",
+            adapter: format!("{{kind: mcp, command: {command}, tool: get-tiny-image}}"),
+            timeout_ms: 30000,
+            output_schema: ANY_OBJECT,
+        }],
+    ));
+    let run = server.create_run(json!({}));
+    let plan = json!({
+        "url": format!("{}/mcp", server.base),
+        "headers": {
+            "Authorization": "Bearer demo-tester",
+            "X-Toolgate-Role": "tester",
+            "X-Toolgate-Run": run,
+            "X-Toolgate-Lane": "lab",
+            "X-Toolgate-Scope": "{}",
+        },
+        "calls": [{"name": "tiny_image", "arguments": {}}],
+    });
+    let seen = support::node_client(&plan, Duration::from_secs(90));
+    assert!(seen.get("connect_error").is_none(), "{seen}");
+    let result = &seen["calls"][0];
+    assert!(result.get("error").is_none(), "the SDK threw: {result}");
+    assert_eq!(result["isError"], false, "{result}");
+    let content = result["content"].as_array().unwrap();
+    let image = content
+        .iter()
+        .find(|b| b["type"] == "image")
+        .unwrap_or_else(|| panic!("no image block in {result}"));
+    assert_eq!(image["mimeType"], "image/png", "{image}");
+    assert!(!image["data"].as_str().unwrap().is_empty());
+    // The HTTP API keeps the blocks too: `output.content` as the upstream sent them.
+    let (status, body) = call(&server, &run, "tiny_image", json!({}));
+    assert_eq!(status, 200, "{body}");
+    let blocks = body["output"]["content"].as_array().unwrap();
+    assert_eq!(blocks.len(), content.len(), "{body}");
+    assert!(blocks.iter().any(|b| b["type"] == "image"), "{body}");
+}

@@ -94,7 +94,10 @@ fn check_research_session(seen: &Value, expected_version: &str) {
     // A forbidden one: a tool result with isError and the diagnostic.
     let denied = &calls[1];
     assert_eq!(denied["isError"], true, "{denied}");
-    let d = &denied["structuredContent"];
+    // Never a structuredContent that the outputSchema would reject: the diagnostic is
+    // in `_meta` and in the text.
+    assert!(denied["structuredContent"].is_null(), "{denied}");
+    let d = &denied["meta"]["io.toolgate/diagnostic"];
     assert_eq!(d["reason"], "prohibited_flag", "{d}");
     assert_eq!(d["status"], "denied");
     assert_eq!(d["error_code"], "TOOL_DENIED");
@@ -110,7 +113,7 @@ fn check_research_session(seen: &Value, expected_version: &str) {
     // A registered tool the lane does not allow: denied at step 6.
     assert_eq!(calls[2]["isError"], true);
     assert_eq!(
-        calls[2]["structuredContent"]["reason"],
+        calls[2]["meta"]["io.toolgate/diagnostic"]["reason"],
         "tool_not_allowed_in_lane"
     );
 
@@ -132,6 +135,45 @@ fn the_python_sdk_client_lists_calls_and_reads_denials_over_2025_11_25() {
         research_calls(),
     );
     check_research_session(&seen, "2025-11-25");
+}
+
+/// The official TypeScript SDK client validates every `structuredContent` against the
+/// tool's `outputSchema` and throws when it does not conform: a denial of a tool with
+/// an output schema must reach it as an `isError` result, never as an exception.
+#[test]
+fn the_typescript_sdk_client_reads_denials_as_is_error_results() {
+    let server = Server::start();
+    let scope = json!({"case_id": "C-1001"});
+    let run = server.create_run(scope.clone());
+    let plan = json!({
+        "url": format!("{}/mcp", server.base),
+        "headers": headers("research_agent", &run, "research", &scope),
+        "calls": research_calls(),
+    });
+    let seen = support::node_client(&plan, Duration::from_secs(60));
+    assert!(seen.get("connect_error").is_none(), "{seen}");
+    let tools = seen["tools"].as_array().unwrap();
+    let read_document = tools.iter().find(|t| t["name"] == "read_document").unwrap();
+    assert_eq!(read_document["outputSchema"]["type"], "object", "{seen}");
+    let calls = seen["calls"].as_array().unwrap();
+    assert_eq!(calls[0]["isError"], false, "{}", calls[0]);
+    assert_eq!(calls[0]["structuredContent"]["case_id"], "C-1001");
+    for denied in &calls[1..3] {
+        assert!(denied.get("error").is_none(), "the SDK threw: {denied}");
+        assert_eq!(denied["isError"], true, "{denied}");
+        assert!(denied["structuredContent"].is_null(), "{denied}");
+        let d = &denied["meta"]["io.toolgate/diagnostic"];
+        assert_eq!(d["status"], "denied", "{denied}");
+        let text: Value =
+            serde_json::from_str(denied["content"][0]["text"].as_str().unwrap()).unwrap();
+        assert_eq!(&text, d);
+    }
+    assert_eq!(
+        calls[1]["meta"]["io.toolgate/diagnostic"]["reason"],
+        "prohibited_flag"
+    );
+    // A tool the registry does not know stays a protocol error.
+    assert_eq!(calls[3]["error"]["code"], -32602, "{}", calls[3]);
 }
 
 #[test]
@@ -199,10 +241,13 @@ fn meta_and_arguments_cannot_widen_the_headers() {
     );
     let calls = seen["calls"].as_array().unwrap();
     assert_eq!(
-        calls[0]["structuredContent"]["reason"], "prohibited_flag",
+        calls[0]["meta"]["io.toolgate/diagnostic"]["reason"], "prohibited_flag",
         "{seen}"
     );
-    assert_eq!(calls[1]["structuredContent"]["reason"], "arguments_invalid");
+    assert_eq!(
+        calls[1]["meta"]["io.toolgate/diagnostic"]["reason"],
+        "arguments_invalid"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -328,6 +373,38 @@ fn protocol_problems_are_json_rpc_errors_and_http_refusals() {
     let (status, refusal) = rpc.post(&from_browser, &body.to_string());
     assert_eq!(status, 403, "{refusal}");
     assert_eq!(refusal["status"], "denied");
+    assert_eq!(refusal["diagnostic"]["reason"], "origin_not_allowed");
+    // Look-alikes of localhost are refused too; localhost itself is allowed.
+    from_browser["Origin"] = json!("http://localhost.evil.example");
+    let (status, refusal) = rpc.post(&from_browser, &body.to_string());
+    assert_eq!(status, 403, "{refusal}");
+    from_browser["Origin"] = json!("http://localhost:6274");
+    let (status, answer) = rpc.post(&from_browser, &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["result"]["tools"].is_array(), "{answer}");
+
+    // Unsupported protocol revisions, named in the header, are refused.
+    for old in ["2024-11-05", "2025-03-26"] {
+        let mut versioned = h.clone();
+        versioned["MCP-Protocol-Version"] = json!(old);
+        let (status, refusal) = rpc.post(&versioned, &body.to_string());
+        assert_eq!(status, 400, "{refusal}");
+        assert_eq!(
+            refusal["diagnostic"]["reason"], "protocol_version_unsupported",
+            "{refusal}"
+        );
+        assert!(refusal["diagnostic"]["details"]["supported"].is_array());
+    }
+    let mut versioned = h.clone();
+    versioned["MCP-Protocol-Version"] = json!("2025-11-25");
+    let (status, answer) = rpc.post(&versioned, &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+
+    // A batch: its own reason, not 415.
+    let batch = format!("[{body}]");
+    let (status, refusal) = rpc.post(&h, &batch);
+    assert_eq!(status, 400, "{refusal}");
+    assert_eq!(refusal["diagnostic"]["reason"], "batch_unsupported");
 }
 
 #[test]
@@ -349,7 +426,8 @@ fn a_tools_call_with_missing_headers_is_a_denied_and_audited_call() {
     );
     let result = &answer["result"];
     assert_eq!(result["isError"], true, "{answer}");
-    let d = &result["structuredContent"];
+    assert!(result.get("structuredContent").is_none(), "{answer}");
+    let d = &result["_meta"]["io.toolgate/diagnostic"];
     assert_eq!(d["reason"], "request_malformed");
     assert_eq!(
         d["details"]["problems"][0],

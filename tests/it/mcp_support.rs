@@ -1,6 +1,8 @@
 //! Test support for the MCP tests: a Python virtual environment holding the official
-//! Python MCP SDK (`mcp`) and the reference server `mcp-server-time`, created on
-//! first use under the target directory and reused by later runs.
+//! Python MCP SDK (`mcp`) and the reference server `mcp-server-time`, and a Node
+//! package directory holding the official TypeScript SDK and the reference server
+//! `@modelcontextprotocol/server-everything`; both created on first use under the
+//! target directory and reused by later runs.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs::{self, File};
@@ -130,4 +132,108 @@ fn run_bounded(command: &mut Command, limit: Duration) -> Output {
         stdout: Vec::new(),
         stderr: fs::read(log.path()).unwrap_or_default(),
     }
+}
+
+/// The npm packages the tests install, pinned.
+const NODE_PACKAGES: [&str; 2] = [
+    "@modelcontextprotocol/sdk@1.32.2",
+    "@modelcontextprotocol/server-everything@2026.8.31",
+];
+/// How long installing the npm packages may take, in all.
+const NODE_INSTALL_LIMIT: Duration = Duration::from_secs(600);
+
+/// The Node package directory: `TOOLGATE_TEST_NODE`, or `test-node` in the target
+/// directory. Its `node_modules` holds [`NODE_PACKAGES`]; installs them when needed
+/// and panics with a clear message when that fails (for example when the npm registry
+/// cannot be reached).
+pub fn node_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(prepare_node).clone()
+}
+
+fn prepare_node() -> PathBuf {
+    let dir = std::env::var_os("TOOLGATE_TEST_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| venv_dir().with_file_name("test-node"));
+    fs::create_dir_all(&dir).unwrap();
+    let lock = File::create(dir.with_extension("lock")).unwrap();
+    lock.lock().unwrap();
+    if node_ready(&dir) {
+        return dir;
+    }
+    let package_json = dir.join("package.json");
+    if !package_json.exists() {
+        fs::write(
+            &package_json,
+            r#"{"name":"toolgate-test-clients","private":true}"#,
+        )
+        .unwrap();
+    }
+    let out = run_bounded(
+        Command::new("npm")
+            .arg("install")
+            .arg("--prefix")
+            .arg(&dir)
+            .args([
+                "--no-audit",
+                "--no-fund",
+                "--fetch-timeout=60000",
+                "--fetch-retries=1",
+            ])
+            .args(NODE_PACKAGES),
+        NODE_INSTALL_LIMIT,
+    );
+    assert!(
+        out.status.success() && node_ready(&dir),
+        "could not install {NODE_PACKAGES:?} from the npm registry into {} \
+         (is the registry reachable? is Node 20 with npm installed? set TOOLGATE_TEST_NODE \
+         to a directory whose node_modules has them):\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+fn node_ready(dir: &Path) -> bool {
+    let modules = dir.join("node_modules/@modelcontextprotocol");
+    modules.join("sdk/package.json").exists()
+        && modules.join("server-everything/package.json").exists()
+}
+
+/// Runs tests/mcp/client.mjs (the TypeScript SDK client) with `plan`; returns what it
+/// printed, parsed. Bounded by `limit`.
+pub fn node_client(plan: &serde_json::Value, limit: Duration) -> serde_json::Value {
+    let dir = node_dir();
+    // The script is copied next to node_modules so Node resolves the packages.
+    let script = dir.join("client.mjs");
+    fs::copy(scripts().join("client.mjs"), &script).unwrap();
+    let out_file = tempfile::NamedTempFile::new().unwrap();
+    let mut child = Command::new("node")
+        .arg(&script)
+        .arg(plan.to_string())
+        .stdin(Stdio::null())
+        .stdout(out_file.reopen().unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("node is installed");
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the TypeScript client did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = fs::read_to_string(out_file.path()).unwrap();
+    serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("the TypeScript client printed no JSON ({e}): {text}"))
+}
+
+/// The entry script of `@modelcontextprotocol/server-everything` (run with `node`).
+pub fn server_everything() -> PathBuf {
+    node_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
 }

@@ -1,0 +1,147 @@
+//! The MCP transport checks of the 2025-11-25 and 2026-07-28 Streamable HTTP specs
+//! (Origin, protocol version, Accept, batches), made on the request's headers and body
+//! before the front hands it to rmcp.
+
+use hyper::http::HeaderMap;
+use serde_json::json;
+
+use super::front::SUPPORTED_VERSIONS;
+use crate::diagnostic::{Reason, Refusal};
+
+/// The environment variable listing the browser origins allowed besides localhost
+/// (comma-separated, exact `scheme://host[:port]`).
+pub const ALLOWED_ORIGINS_ENV: &str = "TOOLGATE_MCP_ALLOWED_ORIGINS";
+
+/// The transport checks of the 2025-11-25 and 2026-07-28 Streamable HTTP specs, made
+/// before the body is handed to rmcp, each with a reason of its own:
+///
+/// - `Origin` (when present) is a localhost origin or one listed in
+///   [`ALLOWED_ORIGINS_ENV`] (`origin_not_allowed`, 403; DNS rebinding defence);
+/// - `MCP-Protocol-Version` (when present) is one of [`SUPPORTED_VERSIONS`]
+///   (`protocol_version_unsupported`, 400);
+/// - `Accept` lists both `application/json` and `text/event-stream`
+///   (`accept_unsupported`, 406);
+/// - the body is one JSON-RPC message, not a batch (`batch_unsupported`, 400).
+pub fn refusal(headers: &HeaderMap, body: &[u8]) -> Option<Refusal> {
+    if let Some(origin) = headers.get(hyper::header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or_default();
+        if !origin_allowed(origin, &allowed_origins()) {
+            return Some(
+                Refusal::new(
+                    Reason::OriginNotAllowed,
+                    format!("the origin `{}` may not call /mcp", shorten(origin)),
+                )
+                .with_details(json!({ "origin": shorten(origin) })),
+            );
+        }
+    }
+    if let Some(version) = headers.get("mcp-protocol-version") {
+        let version = version.to_str().unwrap_or_default();
+        if !SUPPORTED_VERSIONS.iter().any(|v| v.as_str() == version) {
+            let supported: Vec<&str> = SUPPORTED_VERSIONS.iter().map(|v| v.as_str()).collect();
+            return Some(
+                Refusal::new(
+                    Reason::ProtocolVersionUnsupported,
+                    format!(
+                        "MCP-Protocol-Version `{}` is not supported; supported: {}",
+                        shorten(version),
+                        supported.join(", ")
+                    ),
+                )
+                .with_details(json!({ "supported": supported })),
+            );
+        }
+    }
+    if !accepts_both(headers) {
+        return Some(Refusal::new(
+            Reason::AcceptUnsupported,
+            "the Accept header must list application/json and text/event-stream",
+        ));
+    }
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Some(Refusal::new(
+            Reason::BatchUnsupported,
+            "a JSON-RPC batch is not accepted: send one message per POST",
+        ));
+    }
+    None
+}
+
+/// At most 200 characters of a header value, for messages.
+fn shorten(value: &str) -> String {
+    value.chars().take(200).collect()
+}
+
+/// The origins of [`ALLOWED_ORIGINS_ENV`], read once.
+fn allowed_origins() -> Vec<String> {
+    static ORIGINS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    ORIGINS
+        .get_or_init(|| {
+            std::env::var(ALLOWED_ORIGINS_ENV)
+                .unwrap_or_default()
+                .split(',')
+                .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+                .filter(|o| !o.is_empty())
+                .collect()
+        })
+        .clone()
+}
+
+/// Whether `origin` may call: a loopback origin (`http(s)://localhost`, `127.0.0.1` or
+/// `[::1]`, any port) or one of `allowed` exactly.
+pub(super) fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+    let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
+    if allowed.contains(&origin) {
+        return true;
+    }
+    let Some(rest) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let host = if let Some(v6) = rest.strip_prefix('[') {
+        match v6.split_once(']') {
+            Some((host, port)) if port.is_empty() || is_port(port) => host,
+            _ => return false,
+        }
+    } else {
+        match rest.split_once(':') {
+            Some((host, port)) if is_port(port) => host,
+            Some(_) => return false,
+            None => rest,
+        }
+    };
+    matches!(host, "localhost" | "127.0.0.1" | "::1")
+}
+
+fn is_port(text: &str) -> bool {
+    let digits = text.strip_prefix(':').unwrap_or(text);
+    !digits.is_empty() && digits.len() <= 5 && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether `Accept` lists JSON and SSE (wildcards count).
+fn accepts_both(headers: &HeaderMap) -> bool {
+    let mut json = false;
+    let mut sse = false;
+    for value in headers.get_all(hyper::header::ACCEPT) {
+        for item in value.to_str().unwrap_or_default().split(',') {
+            let media = item
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase();
+            match media.as_str() {
+                "*/*" => {
+                    json = true;
+                    sse = true;
+                }
+                "application/json" | "application/*" => json = true,
+                "text/event-stream" | "text/*" => sse = true,
+                _ => {}
+            }
+        }
+    }
+    json && sse
+}
