@@ -34,10 +34,10 @@ fn code_map(text: &str) -> Vec<(String, usize)> {
     for (rank, line) in section.lines().filter(|l| l.starts_with("- ")).enumerate() {
         let head = line.split(": ").next().unwrap_or(line);
         for (i, part) in head.split('`').enumerate() {
-            if i % 2 == 1 {
-                if let Some(unit) = unit_name(part) {
-                    units.push((unit, rank));
-                }
+            if i % 2 == 1
+                && let Some(unit) = unit_name(part)
+            {
+                units.push((unit, rank));
             }
         }
     }
