@@ -34,6 +34,7 @@ pub mod cli;
 pub mod diagnostic;
 pub mod gateway;
 pub mod idempotency;
+pub mod identity;
 pub mod limits;
 pub mod mcp;
 pub mod observe;

@@ -20,6 +20,7 @@
 mod check;
 pub mod condition;
 mod flags;
+mod identity;
 pub(crate) mod git;
 mod model;
 mod raw;
