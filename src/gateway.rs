@@ -382,16 +382,10 @@ impl Gateway {
             .get("status")
             .and_then(|s| serde_json::from_value::<RunStatus>(s.clone()).ok())
             .ok_or_else(|| malformed("`status` must be one of active, suspended, closed"))?;
-        let record = self
-            .runs
+        self.runs
             .set_status(&self.audit, run_id, status, &admin)
             .await
-            .map_err(run_refusal)?;
-        if record.status == RunStatus::Closed {
-            // The run's tokens died with it.
-            self.run_tokens.forget_run(run_id);
-        }
-        Ok(record)
+            .map_err(run_refusal)
     }
 
     /// The tools a role may use in a lane, with schemas and a prompt-ready description.

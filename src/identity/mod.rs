@@ -121,13 +121,13 @@ impl Gateway {
             .await
     }
 
-    /// Parses a tool call's body. With a live run token, the body may omit `role_id`
-    /// and `run_id` (the token names them) and `lane_id` when the token names exactly
-    /// one lane; ids the body does carry are checked against the token in steps 2-4.
+    /// Parses a tool call's body. With a run token, the body may omit `role_id`,
+    /// `run_id` (the token names them), `scope` (the run's binds the call) and `lane_id`
+    /// when the token names exactly one lane; ids the body does carry are checked
+    /// against the token in steps 2-4 (a dead token is refused at step 2).
     pub fn parse_call(&self, token: Option<&str>, body: &[u8]) -> Received {
-        let binding = match token.and_then(|t| self.run_binding(t)) {
-            Some(Ok(binding)) => binding,
-            _ => return crate::call::parse_request(body),
+        let Some(binding) = token.and_then(|t| self.run_tokens.lookup(t)) else {
+            return crate::call::parse_request(body);
         };
         match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(mut obj)) => {
@@ -149,6 +149,10 @@ pub fn fill_from_binding(obj: &mut serde_json::Map<String, Value>, binding: &Run
     }
     if absent(obj, "run_id") {
         obj.insert("run_id".into(), json!(binding.run_id));
+    }
+    if absent(obj, "scope") {
+        // The run's scope binds the call (the effective scope); the call adds nothing.
+        obj.insert("scope".into(), json!({}));
     }
     if absent(obj, "lane_id")
         && let [lane] = binding.lanes.as_slice()

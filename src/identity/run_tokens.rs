@@ -443,12 +443,16 @@ impl RunTokenStore {
         Some(Ok(entry.binding))
     }
 
-    /// Forgets the tokens of a closed run (they died with it).
-    pub fn forget_run(&self, run_id: &str) {
-        if let (Ok(mut by_hash), Ok(mut by_id)) = (self.by_hash.write(), self.by_id.write()) {
-            by_hash.retain(|_, e| e.binding.run_id != run_id);
-            by_id.retain(|_, hash| by_hash.contains_key(hash));
+    /// The binding a run token names, live or not (None for an unknown token): used
+    /// only to fill the ids a call may leave out, so a dead token's call still parses
+    /// and is refused at step 2 with the reason it died.
+    pub fn lookup(&self, token: &str) -> Option<RunBinding> {
+        if !token.starts_with(PREFIX) || token.len() > MAX_TOKEN_LEN {
+            return None;
         }
+        let hash = crate::canonical::sha256_hex(token.as_bytes());
+        let by_hash = self.by_hash.read().ok()?;
+        by_hash.get(&hash).map(|e| e.binding.clone())
     }
 
     /// Drops expired tokens.

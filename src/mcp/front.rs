@@ -252,12 +252,11 @@ struct Caller {
 }
 
 impl Caller {
-    /// [`Caller::read`], where a live run token answers the headers left out: role, run,
+    /// [`Caller::read`], where a run token answers the headers left out: role, run,
     /// scope (the run's, so `{}` here) and the lane when the token names exactly one.
+    /// Whether the token is live is checked with the credential (step 2).
     fn read_for(gateway: &Gateway, headers: &HeaderMap) -> Caller {
-        let binding = bearer_token(headers)
-            .and_then(|t| gateway.run_binding(&t))
-            .and_then(Result::ok);
+        let binding = bearer_token(headers).and_then(|t| gateway.run_tokens.lookup(&t));
         let Some(binding) = binding else {
             return Caller::read(headers);
         };

@@ -110,7 +110,7 @@ fn a_run_token_is_refused_in_another_run_for_another_role_and_outside_its_lanes(
         let (code, answer) = server.post("/v1/tool-calls", Some(&t), &body);
         assert_eq!(code, 403, "{answer}");
         assert_eq!(reason(&answer), "credential_not_for_run", "{answer}");
-        assert_eq!(answer["diagnostic"]["step"], 3, "{answer}");
+        assert_eq!(answer["diagnostic"]["failed_step"], 3, "{answer}");
     }
     // Another role named in the body: the token does not prove it.
     let mut body = draft();
@@ -232,7 +232,7 @@ fn a_run_tokens_only_role_cannot_call_with_its_static_token() {
     );
     assert_eq!(code, 403, "{answer}");
     assert_eq!(reason(&answer), "run_token_required", "{answer}");
-    assert_eq!(answer["diagnostic"]["step"], 2);
+    assert_eq!(answer["diagnostic"]["failed_step"], 2);
     // The demo's paralegal has no static token at all: any guess is just invalid.
     let (code, answer) = server.call(
         "paralegal_agent",
@@ -253,8 +253,12 @@ fn a_run_tokens_only_role_cannot_call_with_its_static_token() {
 
 #[test]
 fn a_restart_keeps_unexpired_run_tokens_valid_and_revoked_ones_dead() {
-    let server = Server::start();
-    let data_dir = server.data_dir.clone();
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("var");
+    let server = Server::start_with(Start {
+        data_dir: Some(data_dir.clone()),
+        ..Start::default()
+    });
     let (_, t, _) = paralegal_token(&server);
     let (run, revoked, revoked_id) = paralegal_token(&server);
     let (code, _) = server.post(
@@ -326,13 +330,16 @@ fn files_under(dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
 
 #[test]
 fn no_run_token_appears_in_logs_metrics_or_the_audit_log() {
+    let tmp = tempfile::tempdir().unwrap();
     let server = Server::start_with(Start {
+        data_dir: Some(tmp.path().join("var")),
         env: vec![("TOOLGATE_LOG".into(), "debug".into())],
         ..Start::default()
     });
     let (run, t, token_id) = paralegal_token(&server);
-    let (code, _) = server.post("/v1/tool-calls", Some(&t), &draft());
+    let (code, answer) = server.post("/v1/tool-calls", Some(&t), &draft());
     assert_eq!(code, 200);
+    let call_id = answer["call_id"].as_str().unwrap().to_string();
     let mut other = draft();
     other["run_id"] = json!("elsewhere");
     let (code, _) = server.post("/v1/tool-calls", Some(&t), &other);
@@ -344,7 +351,7 @@ fn no_run_token_appears_in_logs_metrics_or_the_audit_log() {
     );
     assert_eq!(code, 200);
     // The logs did record the calls (so the search below searched something).
-    assert!(!server.log_lines_with(&run).is_empty());
+    assert!(!server.log_lines_with(&call_id).is_empty());
     assert!(server.log_lines_with(&t).is_empty(), "the token is in the logs");
     // The secret part: without its prefix, and a long piece of it.
     let secret = &t[4..];
