@@ -65,7 +65,9 @@ pub fn verify_identity<'p>(
         {
             return Err(Refusal::new(
                 Reason::RunTokenRequired,
-                format!("role `{role_id}` calls tools only with run tokens; its static token is not accepted"),
+                format!(
+                    "role `{role_id}` calls tools only with run tokens; its static token is not accepted"
+                ),
             ));
         }
         return Err(Refusal::new(

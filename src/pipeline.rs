@@ -393,16 +393,8 @@ impl Gateway {
             Some(bound) => Caller::Run(bound),
             None => Caller::Token(token),
         };
-        let decided = trace::step_span("authorize", 8).in_scope(|| {
-            decide(
-                &loaded,
-                caller,
-                request,
-                &runs,
-                &lock,
-                &mut call,
-            )
-        });
+        let decided = trace::step_span("authorize", 8)
+            .in_scope(|| decide(&loaded, caller, request, &runs, &lock, &mut call));
         if let Some(copy) = shadowed
             && !lock.engaged
         {

@@ -296,7 +296,10 @@ impl RunTokenStore {
         let mut issued = Vec::with_capacity(requests.len());
         for request in requests {
             let token = mint().map_err(|e| {
-                Refusal::new(Reason::InternalError, format!("no token could be minted: {e}"))
+                Refusal::new(
+                    Reason::InternalError,
+                    format!("no token could be minted: {e}"),
+                )
             })?;
             let hash = crate::canonical::sha256_hex(token.as_bytes());
             let token_id = format!("rtk-{}", uuid::Uuid::new_v4());
@@ -309,8 +312,12 @@ impl RunTokenStore {
             event.details.insert("token_sha256".into(), json!(hash));
             event.details.insert("lanes".into(), json!(request.lanes));
             event.details.insert("ttl_s".into(), json!(request.ttl_s));
-            event.details.insert("expires_unix".into(), json!(expires_unix));
-            event.details.insert("expires_utc".into(), json!(expires_utc));
+            event
+                .details
+                .insert("expires_unix".into(), json!(expires_unix));
+            event
+                .details
+                .insert("expires_utc".into(), json!(expires_utc));
             event.details.insert("by".into(), json!(by));
             audit.append(event).await.map_err(|e| {
                 Refusal::new(

@@ -29,7 +29,9 @@ pub(crate) fn run_tokens_only(
     }
     if owner.starts_with("admin ") {
         return Err((
-            format!("{owner}: `run_tokens_only` is for roles; run tokens are never issued to admins"),
+            format!(
+                "{owner}: `run_tokens_only` is for roles; run tokens are never issued to admins"
+            ),
             "remove `run_tokens_only` from the admin's credential".to_string(),
         ));
     }

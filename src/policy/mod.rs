@@ -20,8 +20,8 @@
 mod check;
 pub mod condition;
 mod flags;
-mod identity;
 pub(crate) mod git;
+mod identity;
 mod model;
 mod raw;
 mod read;

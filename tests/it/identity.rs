@@ -132,7 +132,10 @@ fn a_run_token_is_refused_in_another_run_for_another_role_and_outside_its_lanes(
     let (code, answer) = server.post("/v1/tool-calls", Some(sup), &body);
     assert_eq!(code, 403, "{answer}");
     assert_eq!(reason(&answer), "lane_not_allowed_for_role", "{answer}");
-    assert_eq!(answer["diagnostic"]["details"]["token_lanes"], json!(["research"]));
+    assert_eq!(
+        answer["diagnostic"]["details"]["token_lanes"],
+        json!(["research"])
+    );
     // With one lane in the token, the lane may be left out.
     let body = json!({
         "tool_name": "legal_search", "arguments": {"query": "duty", "limit": 1},
@@ -171,12 +174,20 @@ fn closing_the_run_revoking_or_expiry_kills_the_token() {
     let (code, answer) = server.post("/v1/tool-calls", Some(&t), &draft());
     assert_eq!(code, 401, "{answer}");
     assert_eq!(reason(&answer), "credential_expired", "{answer}");
-    assert!(answer["error_message"].as_str().unwrap().contains("revoked"));
+    assert!(
+        answer["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("revoked")
+    );
     let (_, events) = server.get(
         &format!("/v1/audit/events?run_id={run}&type=run_token_revoked"),
         Some(ADMIN),
     );
-    assert_eq!(events["events"][0]["details"]["token_id"], token_id.as_str());
+    assert_eq!(
+        events["events"][0]["details"]["token_id"],
+        token_id.as_str()
+    );
     assert_eq!(events["events"][0]["details"]["by"], "ops");
 
     // Expiry: a one-second token is refused once its second has passed.
@@ -191,7 +202,12 @@ fn closing_the_run_revoking_or_expiry_kills_the_token() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(reason(&answer), "credential_expired", "{answer}");
-    assert!(answer["error_message"].as_str().unwrap().contains("expired"));
+    assert!(
+        answer["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("expired")
+    );
 }
 
 /// A copy of the demo policy in which `drafting_agent` sets `run_tokens_only` beside its
@@ -352,7 +368,10 @@ fn no_run_token_appears_in_logs_metrics_or_the_audit_log() {
     assert_eq!(code, 200);
     // The logs did record the calls (so the search below searched something).
     assert!(!server.log_lines_with(&call_id).is_empty());
-    assert!(server.log_lines_with(&t).is_empty(), "the token is in the logs");
+    assert!(
+        server.log_lines_with(&t).is_empty(),
+        "the token is in the logs"
+    );
     // The secret part: without its prefix, and a long piece of it.
     let secret = &t[4..];
     assert!(server.log_lines_with(&secret[..24]).is_empty());
@@ -376,7 +395,7 @@ fn no_run_token_appears_in_logs_metrics_or_the_audit_log() {
     let mut files = Vec::new();
     files_under(&data_dir, &mut files);
     assert!(files.iter().any(|(name, _)| name.ends_with("audit.db")));
-    let needle = secret[..24].as_bytes();
+    let needle = &secret.as_bytes()[..24];
     for (name, bytes) in &files {
         assert!(
             !bytes.windows(needle.len()).any(|w| w == needle),

@@ -11,12 +11,12 @@ mod common;
 mod mcp_support;
 
 mod adapters;
-mod authz;
 mod audit_crash;
 mod audit_export;
 mod audit_insider;
 mod audit_log;
 mod audit_verify;
+mod authz;
 mod bench;
 mod contract;
 mod durability;
