@@ -1383,6 +1383,6 @@ mod tests {
         let mut sorted = sections.clone();
         sorted.sort();
         assert_eq!(sections, sorted);
-        assert_eq!(a.iter().filter(|c| c.kind == Kind::RoleRemoved).count(), 5);
+        assert_eq!(a.iter().filter(|c| c.kind == Kind::RoleRemoved).count(), 6);
     }
 }
