@@ -26,6 +26,8 @@ fn credential_matches(credential: &Credential, token: &str) -> bool {
     let expected = match credential {
         Credential::TokenSha256(hex) => Some(hex.as_str()),
         Credential::TokenEnv { sha256, .. } => sha256.as_deref(),
+        // A run-tokens-only role's static token proves nothing (see verify_identity).
+        Credential::RunTokensOnly { .. } => None,
     };
     let Some(expected) = expected else {
         return false;
@@ -58,12 +60,66 @@ pub fn verify_identity<'p>(
         }
     };
     if !proven {
+        if let Some(role) = policy.roles.get(role_id)
+            && crate::identity::static_token_of_run_tokens_only(&role.credential, token)
+        {
+            return Err(Refusal::new(
+                Reason::RunTokenRequired,
+                format!(
+                    "role `{role_id}` calls tools only with run tokens; its static token is not accepted"
+                ),
+            ));
+        }
         return Err(Refusal::new(
             Reason::CredentialInvalid,
             "the bearer token does not prove the role named in the request",
         ));
     }
     find_role(policy, role_id)
+}
+
+/// Step 2 for a call authenticated by a run token: the token's role is the role, and a
+/// role named in the request must be it. The token was resolved (known, unexpired, not
+/// revoked) before the decision; this check is pure.
+pub fn verify_run_token<'p>(
+    policy: &'p Policy,
+    binding: &crate::identity::RunBinding,
+    role_id: &str,
+) -> Result<&'p Role, Refusal> {
+    if role_id != binding.role_id {
+        return Err(Refusal::new(
+            Reason::CredentialInvalid,
+            "the run token is bound to another role than the one named in the request",
+        ));
+    }
+    find_role(policy, role_id)
+}
+
+/// Step 3 for a call authenticated by a run token: the call's run must be the token's
+/// run (`credential_not_for_run`), whether or not the other run exists.
+pub fn check_token_run(binding: &crate::identity::RunBinding, run_id: &str) -> Result<(), Refusal> {
+    if run_id != binding.run_id {
+        return Err(Refusal::new(
+            Reason::CredentialNotForRun,
+            "the run token is bound to another run than the one named in the request",
+        ));
+    }
+    Ok(())
+}
+
+/// Step 4 for a call authenticated by a run token: the lane is one of the token's.
+pub fn check_token_lane(
+    binding: &crate::identity::RunBinding,
+    lane_id: &str,
+) -> Result<(), Refusal> {
+    if !binding.lanes.iter().any(|l| l == lane_id) {
+        return Err(Refusal::new(
+            Reason::LaneNotAllowedForRole,
+            format!("the run token may act only in lanes {:?}", binding.lanes),
+        )
+        .with_details(json!({ "token_lanes": binding.lanes })));
+    }
+    Ok(())
 }
 
 /// Step 2 without a credential (offline decisions): the role exists and is enabled.

@@ -130,6 +130,8 @@ pub struct Gateway {
     loaded: ArcSwap<Loaded>,
     pub audit: AuditLog,
     pub runs: RunStore,
+    /// Run tokens by sha256, rebuilt from the audit log (see `identity::run_tokens`).
+    pub run_tokens: crate::identity::RunTokenStore,
     lock: RwLock<SafetyLock>,
     pub(crate) idempotency: Idempotency,
     pub(crate) artifacts: ArtifactStore,
@@ -162,12 +164,14 @@ impl Gateway {
         let metrics = Metrics::new();
         audit.observe_batches(metrics.audit_batch_observer());
         let runs = RunStore::rebuild(&audit).await?;
+        let run_tokens = crate::identity::RunTokenStore::rebuild(&audit).await?;
         let lock = rebuild_lock(&audit).await?;
         record_policy_loaded(&audit, &loaded.policy, "start").await?;
         Ok(Gateway {
             loaded: ArcSwap::from_pointee(loaded),
             audit,
             runs,
+            run_tokens,
             lock: RwLock::new(lock),
             idempotency: Idempotency::default(),
             artifacts: ArtifactStore::new(env.data_dir.join("artifacts")),
@@ -393,7 +397,16 @@ impl Gateway {
     ) -> Result<Value, Refusal> {
         let loaded = self.current();
         let policy = &loaded.policy;
-        let role = authz::verify_identity(policy, role_id, token)?;
+        let role = match token.and_then(|t| self.run_binding(t)) {
+            // A run token: its role, and only its lanes.
+            Some(bound) => {
+                let binding = bound?;
+                let role = authz::verify_run_token(policy, &binding, role_id)?;
+                authz::check_token_lane(&binding, lane_id)?;
+                role
+            }
+            None => authz::verify_identity(policy, role_id, token)?,
+        };
         let lane = policy.lanes.get(lane_id).ok_or_else(|| {
             Refusal::new(
                 Reason::LaneUnknown,

@@ -35,6 +35,7 @@ pub mod commands;
 pub mod diagnostic;
 pub mod gateway;
 pub mod idempotency;
+pub mod identity;
 pub mod limits;
 pub mod mcp;
 pub mod observe;

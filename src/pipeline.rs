@@ -89,6 +89,9 @@ struct Call {
     tool_time: Option<Duration>,
     /// The call's trace span (disabled unless traces are exported).
     span: Span,
+    /// Who called, beyond the role, when the credential says more (a run token's id),
+    /// recorded as `details.caller`.
+    caller: Option<Value>,
 }
 
 /// What the audit events of a call record about its arguments.
@@ -105,6 +108,8 @@ struct CommittedArguments {
 pub enum Caller<'a> {
     Token(Option<&'a str>),
     Offline,
+    /// A run token, resolved before the decision: its binding, or why it is dead.
+    Run(&'a Result<crate::identity::RunBinding, Refusal>),
 }
 
 /// Steps 1-8: the decision. Reads only what it is given (the policy snapshot, the run
@@ -133,16 +138,26 @@ fn decide<'p>(
     let role = match caller {
         Caller::Token(token) => authz::verify_identity(policy, &request.role_id, token)?,
         Caller::Offline => authz::find_role(policy, &request.role_id)?,
+        Caller::Run(Ok(binding)) => authz::verify_run_token(policy, binding, &request.role_id)?,
+        Caller::Run(Err(dead)) => return Err(dead.clone()),
     };
     call.trace.role = Some(role.role_id.clone());
     call.trace.passed_step = 2;
 
-    // 3. verify run_id exists (and is pinned to the loaded policy versions)
+    // 3. verify run_id exists (and is pinned to the loaded policy versions); a run
+    //    token acts only in its own run
+    if let Caller::Run(Ok(binding)) = caller {
+        authz::check_token_run(binding, &request.run_id)?;
+    }
     let run = runs(&request.run_id);
     let run = authz::verify_run(run.as_ref(), &request.run_id, &policy.versions)?.clone();
     call.trace.passed_step = 3;
 
-    // 4. validate lane authorization for the role (and the run's status)
+    // 4. validate lane authorization for the role (and the run's status); a run token
+    //    acts only in its lanes
+    if let Caller::Run(Ok(binding)) = caller {
+        authz::check_token_lane(binding, &request.lane_id)?;
+    }
     let lane = authz::authorize_lane(policy, role, &request.lane_id, &run)?;
     call.trace.lane = Some(lane.lane_id.clone());
     call.trace.passed_step = 4;
@@ -368,16 +383,18 @@ impl Gateway {
                 .get(run_id)
                 .or_else(|| evicted.clone().filter(|r| r.run_id == run_id))
         };
-        let decided = trace::step_span("authorize", 8).in_scope(|| {
-            decide(
-                &loaded,
-                Caller::Token(token),
-                request,
-                &runs,
-                &lock,
-                &mut call,
-            )
-        });
+        // A run token is resolved here (table lookup, clock, run status); the decision
+        // itself stays pure.
+        let bound = token.and_then(|t| self.run_binding(t));
+        if let Some(Ok(binding)) = &bound {
+            call.caller = Some(crate::identity::caller_json(binding));
+        }
+        let caller = match &bound {
+            Some(bound) => Caller::Run(bound),
+            None => Caller::Token(token),
+        };
+        let decided = trace::step_span("authorize", 8)
+            .in_scope(|| decide(&loaded, caller, request, &runs, &lock, &mut call));
         if let Some(copy) = shadowed
             && !lock.engaged
         {
@@ -947,6 +964,7 @@ impl Call {
             policy_versions: versions.clone(),
             tool_time: None,
             span: Span::current(),
+            caller: None,
         }
         .traced()
     }
@@ -1020,6 +1038,9 @@ impl Call {
                 .insert("received".into(), Value::Object(received));
         }
         event.details.insert("trace".into(), self.trace.to_json());
+        if let Some(caller) = &self.caller {
+            event.details.insert("caller".into(), caller.clone());
+        }
         if self.dry_run {
             event.details.insert("dry_run".into(), json!(true));
         }

@@ -27,7 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::audit::{EventFilter, EventType};
-use crate::call::{CallResponse, Status, parse_request};
+use crate::call::{CallResponse, Status};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
 use crate::limits::{Admission, ClientLimits, Limit, LimitOptions, Permit};
@@ -267,7 +267,7 @@ async fn route(
             // call runs to its closing audit event.
             let gw = gateway.clone();
             let handle = tokio::spawn(async move {
-                let request = parse_request(&body);
+                let request = gw.parse_call(token.as_deref(), &body);
                 gw.handle_traced(token.as_deref(), request, parent.as_ref())
                     .await
             });
@@ -279,8 +279,14 @@ async fn route(
             }
         }
         (&Method::POST, ["v1", "runs"]) => respond(
-            gateway.create_run(token.as_deref(), &body).await,
+            gateway.create_run_issuing(token.as_deref(), &body).await,
             StatusCode::CREATED,
+        ),
+        (&Method::POST, ["v1", "runs", run_id, "tokens", token_id, "revoke"]) => respond(
+            gateway
+                .revoke_run_token(token.as_deref(), run_id, token_id)
+                .await,
+            StatusCode::OK,
         ),
         (&Method::GET, ["v1", "runs"]) => respond(
             gateway.list_runs(
@@ -408,6 +414,7 @@ async fn route(
 fn allowed_methods(segments: &[&str]) -> Option<&'static str> {
     match segments {
         ["v1", "tool-calls"] | ["v1", "runs"] | ["v1", "runs", _, "status"] => Some("POST"),
+        ["v1", "runs", _, "tokens", _, "revoke"] => Some("POST"),
         ["v1", "policy", "reload"] => Some("POST"),
         ["v1", "safety-lock"] => Some("GET, POST"),
         ["v1", "runs", _]
@@ -604,9 +611,10 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::EndpointNotFound | Reason::ArtifactNotFound => StatusCode::NOT_FOUND,
         Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         Reason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-        Reason::CredentialMissing | Reason::CredentialInvalid | Reason::RoleUnknown => {
-            StatusCode::UNAUTHORIZED
-        }
+        Reason::CredentialMissing
+        | Reason::CredentialInvalid
+        | Reason::CredentialExpired
+        | Reason::RoleUnknown => StatusCode::UNAUTHORIZED,
         Reason::IdempotencyConflict => StatusCode::CONFLICT,
         Reason::ConcurrencyLimitReached => StatusCode::TOO_MANY_REQUESTS,
         Reason::DependencyDown => StatusCode::BAD_GATEWAY,
@@ -622,6 +630,8 @@ pub fn http_status(reason: Reason) -> StatusCode {
         | Reason::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
         Reason::SafetyLockEngaged
         | Reason::RoleDisabled
+        | Reason::RunTokenRequired
+        | Reason::CredentialNotForRun
         | Reason::RunNotFound
         | Reason::PolicyVersionMismatch
         | Reason::LaneUnknown

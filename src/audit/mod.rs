@@ -73,11 +73,15 @@ pub enum EventType {
     RunRepinned,
     /// Shadow mode: calls not shadowed because its queue was full (a periodic summary).
     ShadowDropped,
+    /// An admin issued a run token (its sha256 and binding, never the token).
+    RunTokenIssued,
+    /// An admin revoked a run token.
+    RunTokenRevoked,
 }
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 15] = [
+    pub const ALL: [EventType; 17] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -93,6 +97,8 @@ impl EventType {
         EventType::ArtifactRead,
         EventType::RunRepinned,
         EventType::ShadowDropped,
+        EventType::RunTokenIssued,
+        EventType::RunTokenRevoked,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -112,6 +118,8 @@ impl EventType {
             EventType::ArtifactRead => "artifact_read",
             EventType::RunRepinned => "run_repinned",
             EventType::ShadowDropped => "shadow_dropped",
+            EventType::RunTokenIssued => "run_token_issued",
+            EventType::RunTokenRevoked => "run_token_revoked",
         }
     }
 

@@ -121,7 +121,7 @@ impl Front {
     /// catalog of tools the role may use in the lane.
     fn admit(&self, context: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
         let headers = headers(context)?;
-        let caller = Caller::read(headers);
+        let caller = Caller::read_for(&self.gateway, headers);
         if let Some(refusal) = caller.malformed() {
             return Err(refused(&refusal));
         }
@@ -198,7 +198,7 @@ impl ServerHandler for Front {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let caller = Caller::read(headers(&context)?);
+        let caller = Caller::read_for(&self.gateway, headers(&context)?);
         let mut meta = context.meta.0.0.clone();
         if let Some(own) = &request.meta {
             meta.extend(own.0.0.clone());
@@ -252,6 +252,35 @@ struct Caller {
 }
 
 impl Caller {
+    /// [`Caller::read`], where a run token answers the headers left out: role, run,
+    /// scope (the run's, so `{}` here) and the lane when the token names exactly one.
+    /// Whether the token is live is checked with the credential (step 2).
+    fn read_for(gateway: &Gateway, headers: &HeaderMap) -> Caller {
+        let binding = bearer_token(headers).and_then(|t| gateway.run_tokens.lookup(&t));
+        let Some(binding) = binding else {
+            return Caller::read(headers);
+        };
+        let mut filled = headers.clone();
+        let lane = match binding.lanes.as_slice() {
+            [lane] => Some(lane.as_str()),
+            _ => None,
+        };
+        for (name, value) in [
+            (HEADER_ROLE, Some(binding.role_id.as_str())),
+            (HEADER_RUN, Some(binding.run_id.as_str())),
+            (HEADER_LANE, lane),
+            (HEADER_SCOPE, Some("{}")),
+        ] {
+            if let Some(value) = value
+                && !filled.contains_key(name)
+                && let Ok(value) = hyper::header::HeaderValue::from_str(value)
+            {
+                filled.insert(name, value);
+            }
+        }
+        Caller::read(&filled)
+    }
+
     fn read(headers: &HeaderMap) -> Caller {
         let mut caller = Caller {
             token: bearer_token(headers),

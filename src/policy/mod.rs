@@ -19,6 +19,7 @@
 pub mod condition;
 mod flags;
 pub(crate) mod git;
+mod identity;
 mod model;
 mod raw;
 mod read;

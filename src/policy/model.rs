@@ -63,6 +63,10 @@ pub enum Credential {
     /// The token is read from this environment variable when the policy loads; only its
     /// sha256 is kept in memory.
     TokenEnv { var: String, sha256: Option<String> },
+    /// `{run_tokens_only: true}`: the role calls tools only with run tokens issued for a
+    /// run (see `identity::run_tokens`). A static token the entry also binds (its sha256
+    /// here) is recognized only to answer `run_token_required`.
+    RunTokensOnly { sha256: Option<String> },
 }
 
 #[derive(Debug, Clone)]

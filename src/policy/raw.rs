@@ -51,6 +51,8 @@ pub(crate) struct RawAdmin {
 pub(crate) struct RawCredential {
     pub token_sha256: Option<Spanned<String>>,
     pub token_env: Option<Spanned<String>>,
+    /// Roles only: the role calls tools only with run tokens (see policy/identity.rs).
+    pub run_tokens_only: Option<Spanned<bool>>,
 }
 
 /// `policy/lanes.yaml`.

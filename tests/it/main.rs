@@ -23,6 +23,7 @@ mod contract;
 mod durability;
 mod gateway;
 mod hostile;
+mod identity;
 mod lab;
 mod mcp_adapter;
 mod mcp_front;

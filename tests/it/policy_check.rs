@@ -318,7 +318,7 @@ fn the_shipped_policy_passes_and_prints_versions_and_hashes() {
         );
     }
     assert!(
-        out.contains("ok: 5 roles, 1 admin, 4 lanes, 7 tools (6 enabled)"),
+        out.contains("ok: 6 roles, 1 admin, 4 lanes, 7 tools (6 enabled)"),
         "{out}"
     );
 }

@@ -225,11 +225,15 @@ fn json_lists_effective_changes_with_their_marks() {
     );
     assert_eq!(triple("supervisor", "drafting", "legal_search"), "widening");
     assert_eq!(
+        triple("paralegal_agent", "drafting", "legal_search"),
+        "widening"
+    );
+    assert_eq!(
         changes(&report)
             .iter()
             .filter(|c| c["section"] == "access")
             .count(),
-        3,
+        4,
         "no other triple changed"
     );
 
@@ -448,7 +452,7 @@ fn text_and_markdown_show_the_same_changes() {
         assert!(text.contains(line), "`{line}` not in\n{text}");
     }
     assert!(
-        text.ends_with("5 widening, 1 narrowing, 3 neutral\n"),
+        text.ends_with("6 widening, 1 narrowing, 3 neutral\n"),
         "{text}"
     );
 
@@ -461,8 +465,8 @@ fn text_and_markdown_show_the_same_changes() {
         "## toolgate policy diff",
         "**This change widens access.**",
         "| Section | Widening | Narrowing | Neutral |",
-        "| access (role / lane / tool) | 3 | 0 | 0 |",
-        "| **total** | **5** | **1** | **3** |",
+        "| access (role / lane / tool) | 4 | 0 | 0 |",
+        "| **total** | **6** | **1** | **3** |",
         "| **widening** | `supervisor` may now call `legal_search` in lane `drafting` |",
         "| narrowing | lane `intake` now prohibits flag `urgent` |",
         "<details><summary>output schema of `case_lookup`: breaking</summary>",

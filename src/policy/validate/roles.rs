@@ -85,6 +85,17 @@ pub(super) fn check_credential(
 ) -> Option<Credential> {
     const HELP: &str =
         "bind the credential as `{token_sha256: <64 lowercase hex>}` or `{token_env: VAR_NAME}`";
+    let run_tokens_only = match crate::policy::identity::run_tokens_only(owner, &credential.value) {
+        Err((message, help)) => {
+            report.spanned(file, credential, message, help);
+            return None;
+        }
+        Ok(crate::policy::identity::RunTokensOnly::Alone) => {
+            return Some(Credential::RunTokensOnly { sha256: None });
+        }
+        Ok(crate::policy::identity::RunTokensOnly::WithStatic) => true,
+        Ok(crate::policy::identity::RunTokensOnly::No) => false,
+    };
     let (credential_value, sha256) = match (
         &credential.value.token_sha256,
         &credential.value.token_env,
@@ -168,7 +179,12 @@ pub(super) fn check_credential(
         );
         return None;
     }
-    holders.insert(sha256, owner.to_string());
+    holders.insert(sha256.clone(), owner.to_string());
+    if run_tokens_only {
+        return Some(Credential::RunTokensOnly {
+            sha256: Some(sha256),
+        });
+    }
     Some(credential_value)
 }
 

@@ -353,6 +353,9 @@ fn same_credential(a: &Credential, b: &Credential) -> bool {
     match (a, b) {
         (Credential::TokenSha256(x), Credential::TokenSha256(y)) => x == y,
         (Credential::TokenEnv { var: x, .. }, Credential::TokenEnv { var: y, .. }) => x == y,
+        (Credential::RunTokensOnly { sha256: x }, Credential::RunTokensOnly { sha256: y }) => {
+            x == y
+        }
         _ => false,
     }
 }
@@ -361,6 +364,7 @@ fn credential_kind(c: &Credential) -> Value {
     match c {
         Credential::TokenSha256(_) => json!("token_sha256"),
         Credential::TokenEnv { var, .. } => json!(format!("token_env:{var}")),
+        Credential::RunTokensOnly { .. } => json!("run_tokens_only"),
     }
 }
 
@@ -1379,6 +1383,6 @@ mod tests {
         let mut sorted = sections.clone();
         sorted.sort();
         assert_eq!(sections, sorted);
-        assert_eq!(a.iter().filter(|c| c.kind == Kind::RoleRemoved).count(), 5);
+        assert_eq!(a.iter().filter(|c| c.kind == Kind::RoleRemoved).count(), 6);
     }
 }
