@@ -27,6 +27,8 @@ use crate::observe::metrics::{AuditCapacityState, ScrapeState};
 use crate::policy::{Policy, Problem, RunStatus, Tool};
 use crate::runs::{RunError, RunRecord, RunStore};
 
+mod run_tokens;
+
 /// How long a caller over a tool's concurrency limit is told to wait.
 const RETRY_AFTER_MS: u64 = 100;
 

@@ -1,0 +1,114 @@
+//! The gateway's run-token operations: resolving a bearer token to its run binding,
+//! creating a run that issues tokens, revoking one, and reading a call whose ids come
+//! from its run token. The token store itself is `identity::run_tokens`.
+
+use serde_json::Value;
+
+use crate::call::Received;
+use crate::diagnostic::{Reason, Refusal};
+use crate::gateway::Gateway;
+use crate::identity::{RunBinding, fill_from_binding, run_tokens};
+use crate::policy::RunStatus;
+use crate::runs::RunRecord;
+
+/// `POST /v1/runs`' answer: the run, and the tokens issued for it (returned only here).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunCreated {
+    #[serde(flatten)]
+    pub run: RunRecord,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<run_tokens::IssuedToken>,
+}
+
+impl Gateway {
+    /// The binding of a run token (None when `token` is another kind of credential):
+    /// known, unexpired, not revoked, and its run not closed.
+    pub fn run_binding(&self, token: &str) -> Option<Result<RunBinding, Refusal>> {
+        let binding = match self.run_tokens.resolve(token)? {
+            Ok(binding) => binding,
+            Err(refusal) => return Some(Err(refusal)),
+        };
+        // Live runs are always in memory; a run that is not is closed (or never was).
+        let open = self
+            .runs
+            .get(&binding.run_id)
+            .is_some_and(|run| run.status != RunStatus::Closed);
+        if !open {
+            return Some(Err(Refusal::new(
+                Reason::CredentialExpired,
+                format!(
+                    "run token `{}` died when run `{}` closed",
+                    binding.token_id, binding.run_id
+                ),
+            )));
+        }
+        Some(Ok(binding))
+    }
+
+    /// `POST /v1/runs` with `issue_tokens`: creates the run (admin), then issues one
+    /// run token per entry. Each token is audited (`run_token_issued`, its sha256)
+    /// before it is valid and returned, once.
+    pub async fn create_run_issuing(
+        &self,
+        token: Option<&str>,
+        body: &[u8],
+    ) -> Result<RunCreated, Refusal> {
+        // Authenticate before reading anything that names roles.
+        let admin = crate::authz::verify_admin(&self.current().policy, token)?
+            .admin_id
+            .clone();
+        let mut parsed = serde_json::from_slice::<Value>(body).ok();
+        let issue = match parsed.as_mut().and_then(Value::as_object_mut) {
+            Some(obj) => obj.remove("issue_tokens"),
+            None => None,
+        };
+        let Some(issue) = issue else {
+            let run = self.create_run(token, body).await?;
+            return Ok(RunCreated {
+                run,
+                tokens: Vec::new(),
+            });
+        };
+        let requests = run_tokens::parse_requests(&self.current().policy, &issue)?;
+        let rest = serde_json::to_vec(&parsed).unwrap_or_default();
+        let run = self.create_run(token, &rest).await?;
+        let tokens = self
+            .run_tokens
+            .issue(&self.audit, &run.run_id, &requests, &admin)
+            .await?;
+        Ok(RunCreated { run, tokens })
+    }
+
+    /// `POST /v1/runs/{run_id}/tokens/{token_id}/revoke` (admin): the token is dead
+    /// once `run_token_revoked` is recorded.
+    pub async fn revoke_run_token(
+        &self,
+        token: Option<&str>,
+        run_id: &str,
+        token_id: &str,
+    ) -> Result<Value, Refusal> {
+        let admin = crate::authz::verify_admin(&self.current().policy, token)?
+            .admin_id
+            .clone();
+        self.run_tokens
+            .revoke(&self.audit, run_id, token_id, &admin)
+            .await
+    }
+
+    /// Parses a tool call's body. With a run token, the body may omit `role_id`,
+    /// `run_id` (the token names them), `scope` (the run's binds the call) and `lane_id`
+    /// when the token names exactly one lane; ids the body does carry are checked
+    /// against the token in steps 2-4 (a dead token is refused at step 2).
+    pub fn parse_call(&self, token: Option<&str>, body: &[u8]) -> Received {
+        let Some(binding) = token.and_then(|t| self.run_tokens.lookup(t)) else {
+            return crate::call::parse_request(body);
+        };
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(mut obj)) => {
+                fill_from_binding(&mut obj, &binding);
+                crate::call::parse_request_value(Value::Object(obj))
+            }
+            _ => crate::call::parse_request(body),
+        }
+    }
+}
