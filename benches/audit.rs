@@ -1,7 +1,8 @@
 //! Audit append throughput: events per second with durability FULL and NORMAL at 1, 8
 //! and 64 concurrent writers, each awaiting its own durable append (group commit).
 //!
-//! Run: `cargo bench --bench audit` (optionally `-- SECONDS` per configuration).
+//! Run: `cargo bench --bench audit` (optionally `-- SECONDS` per configuration). Last,
+//! it prints what signing one checkpoint costs (each commit signs its head).
 #![allow(clippy::expect_used)]
 
 use std::sync::Arc;
@@ -102,4 +103,29 @@ fn main() {
     }
     let (median, p90) = fsync_latency();
     println!("disk: 32 KiB write + fdatasync median {median:.2} ms, p90 {p90:.2} ms");
+    println!(
+        "signing one checkpoint (every commit signs its head): {:.1} us",
+        sign_cost_us()
+    );
+}
+
+/// Mean time to sign one checkpoint note with the file signer, in microseconds.
+fn sign_cost_us() -> f64 {
+    use toolgate::audit::checkpoint::Checkpoint;
+    use toolgate::audit::keys::SignerKey;
+    let key = SignerKey::from_seed("toolgate/audit", [7; 32]);
+    let rounds = 2000u64;
+    let started = Instant::now();
+    let mut bytes = 0;
+    for size in 0..rounds {
+        let checkpoint = Checkpoint {
+            origin: "toolgate/audit".into(),
+            size,
+            root: [size as u8; 32],
+        };
+        bytes += checkpoint.sign(&key).len();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    std::hint::black_box(bytes);
+    elapsed * 1e6 / rounds as f64
 }
