@@ -4,6 +4,9 @@
 //!
 //!     TOOLGATE_SOAK_SECONDS=600 cargo test --release --test it soak -- --ignored --nocapture
 //!
+//! (`TOOLGATE_TEST_BIN=target/release/toolgate` runs a release server from a debug test
+//! build.)
+//!
 //! It asserts the WAL stays under 64 MiB and the RSS is flat (the last quarter's
 //! peak within 25% + 16 MiB of the first quarter's), and prints the figures that
 //! docs/performance.md records.

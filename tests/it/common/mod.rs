@@ -15,6 +15,12 @@ pub mod lab;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_toolgate");
 
+/// The binary a test server runs: `BIN`, or `TOOLGATE_TEST_BIN` when set (the soak
+/// runs a release binary from a debug test build).
+pub fn server_bin() -> String {
+    std::env::var("TOOLGATE_TEST_BIN").unwrap_or_else(|_| BIN.to_string())
+}
+
 /// The repository root (where the demo policy lives).
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -75,7 +81,7 @@ impl Server {
                 (Some(t), d)
             }
         };
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(server_bin());
         cmd.arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")
