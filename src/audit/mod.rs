@@ -17,12 +17,14 @@
 //! - `store`: the SQLite schema and error mapping.
 //! - `sink`: where checkpoints are published besides the database.
 //! - `reader`: [`AuditReader`], read-only access for tools beside a live gateway.
+//! - [`segments`]: the log as sealed segment files, one chain and one tree over all.
 //! - [`verify`]: recomputes a database's chain, tree and checkpoints.
 //! - [`export`]: writes an export directory an auditor can check without toolgate.
 //!
 //! INVARIANT: only this module knows rusqlite; there is no code path that updates or
 //! deletes an event; `append` returns only once the event is durable.
 
+pub mod archive;
 pub mod checkpoint;
 pub mod export;
 pub mod keys;
@@ -30,6 +32,7 @@ pub mod line;
 mod log;
 pub mod merkle;
 mod reader;
+pub mod segments;
 pub mod signer;
 mod sink;
 mod store;
@@ -77,11 +80,13 @@ pub enum EventType {
     RunTokenIssued,
     /// An admin revoked a run token.
     RunTokenRevoked,
+    /// `toolgate audit archive` moved sealed segments out of the data directory.
+    AuditSegmentsArchived,
 }
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 17] = [
+    pub const ALL: [EventType; 18] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -99,6 +104,7 @@ impl EventType {
         EventType::ShadowDropped,
         EventType::RunTokenIssued,
         EventType::RunTokenRevoked,
+        EventType::AuditSegmentsArchived,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -120,6 +126,7 @@ impl EventType {
             EventType::ShadowDropped => "shadow_dropped",
             EventType::RunTokenIssued => "run_token_issued",
             EventType::RunTokenRevoked => "run_token_revoked",
+            EventType::AuditSegmentsArchived => "audit_segments_archived",
         }
     }
 
@@ -295,6 +302,12 @@ pub struct AuditOptions {
     /// Refuse appends with [`AuditError::DiskFull`] once the database would exceed this
     /// many bytes. None: no cap besides the disk.
     pub max_db_bytes: Option<u64>,
+    /// Seal the active segment once its database passes this many bytes (checked at
+    /// each commit) and continue in a new one (see `segments`). None: never by size.
+    pub segment_max_bytes: Option<u64>,
+    /// Seal the active segment once it has been open this long and holds an event.
+    /// None: never by age.
+    pub segment_max_age: Option<Duration>,
 }
 
 impl AuditOptions {
@@ -316,6 +329,8 @@ impl AuditOptions {
             busy_timeout: Duration::from_millis(1000),
             append_timeout: Duration::from_secs(30),
             max_db_bytes: None,
+            segment_max_bytes: None,
+            segment_max_age: None,
         }
     }
 }

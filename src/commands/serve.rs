@@ -54,6 +54,16 @@ pub struct ServeArgs {
     /// are refused (`audit_capacity_exhausted`) 4 MiB before it is reached.
     #[arg(long)]
     pub min_free_disk_bytes: Option<u64>,
+    /// Seal the active audit segment once its database passes this many bytes
+    /// (checked at each commit; at least 65536) and continue in a new segment file
+    /// (`audit-000002.db`, ...); one chain and one Merkle tree span the segments
+    /// (docs/audit.md). Default: no rotation by size.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(65_536..))]
+    pub audit_segment_bytes: Option<u64>,
+    /// Seal the active audit segment once it has been open this many seconds and holds
+    /// an event. Default: no rotation by age.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub audit_segment_max_age_s: Option<u64>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -208,6 +218,8 @@ async fn run(args: &ServeArgs) -> Exit {
         // The hard stop beneath the refusal: SQLite itself refuses to grow past it.
         options.max_db_bytes = Some(max);
     }
+    options.segment_max_bytes = args.audit_segment_bytes;
+    options.segment_max_age = args.audit_segment_max_age_s.map(Duration::from_secs);
     let options_db_path = options.db_path.clone();
     let audit = match AuditLog::open(options) {
         Ok(audit) => audit,
