@@ -174,7 +174,9 @@ async fn archive_with(
             .take_while(|(_, _, seal)| seal.last_seq < seq)
             .collect(),
         Selection::KeepSegments(keep) => {
-            let count = sealed.len().saturating_sub(keep.min(usize::MAX as u64) as usize);
+            let count = sealed
+                .len()
+                .saturating_sub(keep.min(usize::MAX as u64) as usize);
             sealed.into_iter().take(count).collect()
         }
     };
@@ -189,8 +191,7 @@ async fn archive_with(
     std::fs::create_dir_all(&to).map_err(|e| io(&to, "cannot create the archive", e))?;
     let data_dir = std::fs::canonicalize(options.db_path.parent().unwrap_or(Path::new(".")))
         .map_err(|e| io(&options.db_path, "cannot resolve the data directory", e))?;
-    if std::fs::canonicalize(&to).map_err(|e| io(&to, "cannot resolve the archive", e))?
-        == data_dir
+    if std::fs::canonicalize(&to).map_err(|e| io(&to, "cannot resolve the archive", e))? == data_dir
     {
         return Err(ArchiveError::Refused(
             "--to is the data directory itself".into(),
@@ -261,7 +262,9 @@ async fn archive_with(
             })
         })
         .collect();
-    event.details.insert("through_segment".into(), json!(last_number));
+    event
+        .details
+        .insert("through_segment".into(), json!(last_number));
     event
         .details
         .insert("through_seq".into(), json!(last_seal.last_seq));

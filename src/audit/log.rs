@@ -992,7 +992,8 @@ impl Writer {
         } else {
             super::segments::create(&next, &start, self.durability)?;
         }
-        let conn = store::open_writer(&next, self.durability, self.busy_timeout, self.max_db_bytes)?;
+        let conn =
+            store::open_writer(&next, self.durability, self.busy_timeout, self.max_db_bytes)?;
         super::wal::configure_writer(&conn, &next)?;
         // The notes signed so far are published by the thread before it moves.
         self.wal.restart(&next)?;

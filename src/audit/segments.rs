@@ -63,7 +63,10 @@ impl StartRecord {
             .iter()
             .map(|h| decode_hash(h))
             .collect::<Option<Vec<Hash>>>()?;
-        Some((Frontier::from_parts(self.size, &nodes)?, decode_hash(&self.prev)?))
+        Some((
+            Frontier::from_parts(self.size, &nodes)?,
+            decode_hash(&self.prev)?,
+        ))
     }
 }
 
@@ -252,8 +255,18 @@ pub(crate) fn create(
             Err(e) => return Err(io(format!("cannot remove a stale segment file: {e}"))),
         }
     }
-    let conn = super::store::open_writer(&tmp, durability, std::time::Duration::from_secs(1), None)?;
+    let conn =
+        super::store::open_writer(&tmp, durability, std::time::Duration::from_secs(1), None)?;
     write_start(&conn, start).map_err(|e| map_sqlite(&e, &tmp))?;
+    // Everything into the main file before it is renamed without its WAL.
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map_err(|e| map_sqlite(&e, &tmp))
+    .and_then(|busy| match busy {
+        0 => Ok(()),
+        _ => Err(AuditError::Locked { path: tmp.clone() }),
+    })?;
     conn.close().map_err(|(_, e)| map_sqlite(&e, &tmp))?;
     std::fs::rename(&tmp, path).map_err(|e| io(format!("cannot create the segment: {e}")))?;
     sync_dir(path)
@@ -289,9 +302,7 @@ pub fn total_bytes(base: &Path) -> u64 {
 
 /// The active segment's number and path: the newest present (segment 1 when none).
 pub(crate) fn newest(base: &Path) -> Result<(u64, PathBuf), AuditError> {
-    Ok(list(base)?
-        .pop()
-        .unwrap_or_else(|| (1, base.to_path_buf())))
+    Ok(list(base)?.pop().unwrap_or_else(|| (1, base.to_path_buf())))
 }
 
 #[cfg(test)]

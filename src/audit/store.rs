@@ -370,7 +370,10 @@ pub(crate) fn load_state(
     let mut roots: std::collections::BTreeMap<u64, String> = std::collections::BTreeMap::new();
     let (mut frontier, mut prev) = start.state().ok_or_else(|| AuditError::Corrupt {
         seq: 0,
-        what: format!("`{}`: the segment's start record is malformed", path.display()),
+        what: format!(
+            "`{}`: the segment's start record is malformed",
+            path.display()
+        ),
     })?;
     if sizes.contains(&start.size) {
         roots.insert(start.size, hex::encode(frontier.root()));
@@ -455,7 +458,12 @@ pub(crate) fn load_state(
     }
     // Every acknowledged event was signed (the head is stored in the commit that
     // holds the events): events beyond every signed note were added outside the writer.
-    let covered = wanted.iter().map(|w| w.1).max().unwrap_or(0).max(start.size);
+    let covered = wanted
+        .iter()
+        .map(|w| w.1)
+        .max()
+        .unwrap_or(0)
+        .max(start.size);
     if size > covered {
         return Err(AuditError::Corrupt {
             seq: covered + 1,

@@ -222,7 +222,10 @@ pub struct OpenSegment {
 /// Opens every segment of the log whose first segment is `base`, oldest first, each
 /// in its own read transaction (a consistent snapshot of each file while a writer
 /// appends; a segment sealed meanwhile is seen as it was at the listing or after).
-pub fn open_segments(base: &Path, archive_dirs: &[PathBuf]) -> Result<Vec<OpenSegment>, VerifyError> {
+pub fn open_segments(
+    base: &Path,
+    archive_dirs: &[PathBuf],
+) -> Result<Vec<OpenSegment>, VerifyError> {
     let mut listed = super::segments::list(base)?;
     for dir in archive_dirs {
         if !dir.is_dir() {
@@ -392,9 +395,7 @@ pub fn verify_segments(
                     return Err(problem(
                         ProblemKind::Malformed,
                         None,
-                        format!(
-                            "{origin}: the size or root column disagrees with the signed note"
-                        ),
+                        format!("{origin}: the size or root column disagrees with the signed note"),
                     ));
                 }
                 notes.push((origin, note, checkpoint, true));
@@ -695,12 +696,7 @@ pub fn verify_segments(
                 && seal.last_seq == frontier.size()
                 && seal.last_hash == hex::encode(prev)
                 && seal.root == hex::encode(frontier.root())
-                && seal.frontier
-                    == frontier
-                        .nodes()
-                        .iter()
-                        .map(hex::encode)
-                        .collect::<Vec<_>>();
+                && seal.frontier == frontier.nodes().iter().map(hex::encode).collect::<Vec<_>>();
             if !matches {
                 let kind = if seal.last_seq > frontier.size() {
                     ProblemKind::Truncated

@@ -72,7 +72,11 @@ impl WalCheckpointer {
         };
         let (conn, result, target) = match open(path, self.durability) {
             Ok(conn) => (conn, Ok(()), path.to_path_buf()),
-            Err(e) => (open(&self.path, self.durability)?, Err(e), self.path.clone()),
+            Err(e) => (
+                open(&self.path, self.durability)?,
+                Err(e),
+                self.path.clone(),
+            ),
         };
         *self = Self::spawn(conn, &target, self.durability, sinks)?;
         result
