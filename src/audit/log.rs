@@ -737,10 +737,10 @@ impl Writer {
                     self.last_cp_at = Instant::now();
                     self.wal.publish(note, self.durability == Durability::Full);
                 }
-                if self.segment_due() {
-                    if let Err(error) = self.seal() {
-                        tracing::error!(error = %error, "cannot seal the audit segment");
-                    }
+                if self.segment_due()
+                    && let Err(error) = self.seal()
+                {
+                    tracing::error!(error = %error, "cannot seal the audit segment");
                 }
             }
             Err(error) => {
