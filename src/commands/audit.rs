@@ -2,8 +2,10 @@
 //! (`audit replay` is `commands::replay`).
 //!
 //! Exit codes: 0 ok; 1 integrity failure (edited, missing, inserted, reordered, a root
-//! that does not match); 2 truncation or fork; 3 key or signature problem; 4 invalid
-//! arguments, or a database that cannot be opened as an audit log.
+//! that does not match; across segments too: a missing or swapped segment, a start that
+//! does not match the previous seal or the archive record), and `archive` refused; 2
+//! truncation or fork; 3 key or signature problem; 4 invalid arguments, a database that
+//! cannot be opened as an audit log, or (`archive`) a log locked by a running gateway.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

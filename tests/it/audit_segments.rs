@@ -293,6 +293,28 @@ fn archived_segments_leave_a_log_that_verifies_from_its_start() {
     assert_eq!(report["first_seq"], json!(first));
 }
 
+/// Replaces the largest subtree hash of a segment's start record.
+fn forge_start(segment: &Path) {
+    let conn = rusqlite::Connection::open(segment).unwrap();
+    let text: String = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'segment_start'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let mut start: Value = serde_json::from_str(&text).unwrap();
+    let nodes = start["frontier"].as_array_mut().unwrap();
+    nodes[0] = json!(hex::encode([7u8; 32]));
+    let changed = conn
+        .execute(
+            "UPDATE meta SET value = ?1 WHERE key = 'segment_start'",
+            [start.to_string()],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+}
+
 /// Runs `attack` on a copy of the segmented data directory and returns verify's exit
 /// code and failure kind.
 fn attacked(source: &Path, attack: impl FnOnce(&Path)) -> (i32, Value) {
@@ -329,6 +351,11 @@ fn an_insider_with_the_data_directory_is_caught_across_segments() {
         std::fs::rename(d.join("swap"), d.join(&b)).unwrap();
     });
     assert_eq!(got, (1, json!("reordered")));
+
+    // A middle segment's start record re-pointed (another right edge).
+    let third = name(&files[2]);
+    let got = attacked(&data, |d| forge_start(&d.join(&third)));
+    assert_eq!(got, (1, json!("edited")));
 
     // An event edited in a sealed segment.
     let sealed = name(&files[1]);
@@ -385,28 +412,58 @@ fn an_insider_with_the_data_directory_is_caught_across_segments() {
     let oldest_name = name(&oldest);
     let (exit, _) = verify_json(&archived.join("audit.db"), &[]);
     assert_eq!(exit, 0);
-    let got = attacked(&archived, |d| {
-        let conn = rusqlite::Connection::open(d.join(&oldest_name)).unwrap();
-        let text: String = conn
-            .query_row(
-                "SELECT value FROM meta WHERE key = 'segment_start'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        let mut start: Value = serde_json::from_str(&text).unwrap();
-        let nodes = start["frontier"].as_array_mut().unwrap();
-        nodes[0] = json!(hex::encode([7u8; 32]));
-        conn.execute(
-            "UPDATE meta SET value = ?1 WHERE key = 'segment_start'",
-            [start.to_string()],
-        )
-        .unwrap();
-    });
-    assert_eq!(got.0, 1, "{got:?}");
+    let got = attacked(&archived, |d| forge_start(&d.join(&oldest_name)));
+    assert_eq!(got, (1, json!("edited")));
     // Deleting one more segment than was archived is not covered by the record.
     let got = attacked(&archived, |d| {
         std::fs::remove_file(d.join(&oldest_name)).unwrap()
     });
     assert_eq!(got, (1, json!("missing")));
+}
+
+#[test]
+fn segments_are_also_sealed_by_age() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("var");
+    let server = Server::start_with(Start {
+        data_dir: Some(data.clone()),
+        args: vec![
+            "--audit-segment-max-age-s".into(),
+            "1".into(),
+            "--checkpoint-interval-ms".into(),
+            "100".into(),
+        ],
+        ..Start::default()
+    });
+    let scope = json!({"case_id": "C-1001"});
+    let run = server.create_run(scope.clone());
+    // Each round: one call, then wait (bounded) for the timer to seal its segment.
+    for round in 1..=2usize {
+        let (status, body) = server.call(
+            "research_agent",
+            &run,
+            "research",
+            "legal_search",
+            json!({"query": format!("round {round}"), "limit": 1}),
+            scope.clone(),
+        );
+        assert_eq!(status, 200, "{body}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while segment_files(&data).len() <= round {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "segment {round} was not sealed by age"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    let (exit, report) = verify_json(&data.join("audit.db"), &[]);
+    assert_eq!(exit, 0, "{report}");
+    assert!(
+        report["segments"].as_array().unwrap().len() >= 3,
+        "{report}"
+    );
+    server.stop();
+    let (exit, report) = verify_json(&data.join("audit.db"), &[]);
+    assert_eq!(exit, 0, "{report}");
 }
