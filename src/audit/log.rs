@@ -728,19 +728,21 @@ impl Writer {
                 self.prev = committed.prev;
                 self.last_ts = committed.last_ts;
                 self.set_head();
-                for ((_, reply, permit), appended) in batch.into_iter().zip(committed.appended) {
-                    let _ = reply.send(Ok(appended));
-                    drop(permit);
-                }
                 if let Some((size, note)) = committed.note {
                     self.last_cp_size = size;
                     self.last_cp_at = Instant::now();
                     self.wal.publish(note, self.durability == Durability::Full);
                 }
+                // Sealed before the batch is answered: an append that fills a segment
+                // returns once that segment is sealed (a few ms, once per segment).
                 if self.segment_due()
                     && let Err(error) = self.seal()
                 {
                     tracing::error!(error = %error, "cannot seal the audit segment");
+                }
+                for ((_, reply, permit), appended) in batch.into_iter().zip(committed.appended) {
+                    let _ = reply.send(Ok(appended));
+                    drop(permit);
                 }
             }
             Err(error) => {

@@ -169,8 +169,18 @@ fn calls_span_sealed_segments_that_verify_and_export_as_one_log() {
     );
     server.stop();
 
-    // Each sealed segment ends where the next starts; a restart continues the chain.
+    // Each sealed segment ends where the next starts; a restart continues the chain,
+    // and the run (created in segment 1) is rebuilt from the segments.
     let server = serve(&data);
+    let (status, body) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "legal_search",
+        json!({"query": "after the restart", "limit": 1}),
+        json!({"case_id": "C-1001"}),
+    );
+    assert_eq!(status, 200, "{body}");
     traffic(&server, 10);
     server.stop();
     let (exit, report) = verify_json(&db, &[]);
@@ -466,4 +476,52 @@ fn segments_are_also_sealed_by_age() {
     server.stop();
     let (exit, report) = verify_json(&data.join("audit.db"), &[]);
     assert_eq!(exit, 0, "{report}");
+}
+
+#[test]
+fn a_crash_between_a_seal_and_the_next_segment_is_finished_at_the_next_start() {
+    use toolgate::audit::{AuditLog, AuditOptions, EventType, NewEvent};
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("var");
+    let mut options = AuditOptions::new(&data);
+    options.segment_max_bytes = Some(65_536);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let event = |i: u64| {
+        let mut e = NewEvent::new(EventType::PolicyLoaded);
+        e.reason = Some(format!("event {i} {}", "x".repeat(600)));
+        e
+    };
+    // Append until the first seal, then stop at once: the new segment is still empty.
+    let log = AuditLog::open(options.clone()).unwrap();
+    let mut appended = 0u64;
+    rt.block_on(async {
+        while segment_files(&data).len() < 2 {
+            appended += 1;
+            assert!(appended < 10_000, "never sealed");
+            log.append(event(appended)).await.unwrap();
+        }
+        log.close().await.unwrap();
+    });
+    let files = segment_files(&data);
+    assert_eq!(files.len(), 2);
+    assert_eq!(event_count(&files[1]), 0);
+    assert_eq!(seal_end(&files[0]), appended);
+    // The crash: the sealed segment exists, its successor does not.
+    std::fs::remove_file(&files[1]).unwrap();
+
+    let log = AuditLog::open(options).unwrap();
+    let next = rt.block_on(async {
+        let next = log.append(event(appended + 1)).await.unwrap();
+        log.close().await.unwrap();
+        next
+    });
+    assert_eq!(next.seq, appended + 1);
+    assert_eq!(segment_files(&data).len(), 2);
+    let (exit, report) = verify_json(&data.join("audit.db"), &[]);
+    assert_eq!(exit, 0, "{report}");
+    assert_eq!(report["events"], json!(appended + 1));
+    assert_eq!(report["segments"], json!([1, 2]));
 }
