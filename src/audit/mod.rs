@@ -646,7 +646,6 @@ pub fn tail_events(
     after_seq: u64,
     limit: u64,
 ) -> Result<Vec<StoredEvent>, AuditError> {
-    let conn = store::open_reader(db, std::time::Duration::from_millis(2000))?;
     let mut filter = EventFilter {
         run_id,
         after_seq,
@@ -654,17 +653,38 @@ pub fn tail_events(
         ..EventFilter::default()
     };
     if after_seq == 0 {
-        // The newest `limit` events: start after the seq of the one just older.
-        let older: Result<Option<i64>, _> = conn.query_row(
-            "SELECT seq FROM events WHERE (?1 IS NULL OR run_id = ?1) ORDER BY seq DESC LIMIT 1 OFFSET ?2",
-            rusqlite::params![filter.run_id, limit as i64],
-            |r| r.get(0),
-        );
-        if let Ok(Some(seq)) = older {
-            filter.after_seq = seq as u64;
+        // The newest `limit` events: start after the seq of the one just older,
+        // counting back from the newest segment.
+        use rusqlite::OptionalExtension;
+        let mut newer = 0i64;
+        for (_, path) in segments::list(db)?.into_iter().rev() {
+            let conn = store::open_reader(&path, std::time::Duration::from_millis(2000))?;
+            let map = |e: rusqlite::Error| store::map_sqlite(&e, &path);
+            let count: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM events WHERE (?1 IS NULL OR run_id = ?1)",
+                    rusqlite::params![filter.run_id],
+                    |r| r.get(0),
+                )
+                .map_err(map)?;
+            if newer + count > limit as i64 {
+                let older: Option<i64> = conn
+                    .query_row(
+                        "SELECT seq FROM events WHERE (?1 IS NULL OR run_id = ?1) ORDER BY seq DESC LIMIT 1 OFFSET ?2",
+                        rusqlite::params![filter.run_id, limit as i64 - newer],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(map)?;
+                if let Some(seq) = older {
+                    filter.after_seq = seq as u64;
+                }
+                break;
+            }
+            newer += count;
         }
     }
-    log::read_events(&conn, db, &filter)
+    log::read_segment_events(db, &filter)
 }
 
 #[cfg(test)]

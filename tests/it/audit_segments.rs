@@ -189,6 +189,26 @@ fn calls_span_sealed_segments_that_verify_and_export_as_one_log() {
     assert!(events > 100, "{report}");
     assert_eq!(report["latest_checkpoint_size"], json!(events), "{report}");
 
+    // `audit tail` reads the newest events across segments, and from any seq on.
+    let tail = |extra: &[&str]| -> Vec<u64> {
+        let mut args = vec!["audit", "tail", "--db", db.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = toolgate(&args);
+        assert_eq!(code(&out), 0, "{}", stdout(&out));
+        stdout(&out)
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["seq"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let newest: Vec<u64> = ((events - 39)..=events).collect();
+    assert_eq!(tail(&["--limit", "40"]), newest);
+    let after: Vec<u64> = (6..=45).collect();
+    assert_eq!(tail(&["--after-seq", "5", "--limit", "40"]), after);
+
     // A full export and a run export both span segments and verify without toolgate.
     let fp = fingerprint(&data);
     let full = tmp.path().join("full");
