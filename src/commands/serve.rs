@@ -46,7 +46,8 @@ pub struct ServeArgs {
     /// not counted.
     #[arg(long, default_value_t = 0)]
     pub max_requests_per_second_per_client: u32,
-    /// The most bytes the audit database and its WAL may take; new calls are refused
+    /// The most bytes the audit database and its WAL may take (every segment still in
+    /// the data directory, with `--audit-segment-bytes`); new calls are refused
     /// (`audit_capacity_exhausted`) once less than 4 MiB of it is left.
     #[arg(long)]
     pub max_audit_bytes: Option<u64>,

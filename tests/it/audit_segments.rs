@@ -545,3 +545,28 @@ fn a_crash_between_a_seal_and_the_next_segment_is_finished_at_the_next_start() {
     assert_eq!(report["events"], json!(appended + 1));
     assert_eq!(report["segments"], json!([1, 2]));
 }
+
+#[test]
+fn verify_passes_while_the_server_seals_segments_under_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("var");
+    let server = std::sync::Arc::new(serve(&data));
+    let busy = server.clone();
+    let load = std::thread::spawn(move || traffic(&busy, 60));
+    let db = data.join("audit.db");
+    let mut runs = 0;
+    let mut seen_segments = 0;
+    while !load.is_finished() || runs < 3 {
+        let (exit, report) = verify_json(&db, &[]);
+        assert_eq!(exit, 0, "{report}");
+        seen_segments = seen_segments.max(report["segments"].as_array().unwrap().len());
+        runs += 1;
+    }
+    load.join().unwrap();
+    assert!(
+        seen_segments >= 3,
+        "the log never spanned 3 segments during the runs"
+    );
+    let (exit, report) = verify_json(&db, &[]);
+    assert_eq!(exit, 0, "{report}");
+}
