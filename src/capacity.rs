@@ -89,8 +89,8 @@ impl AuditCapacity {
 
     /// Measures the database, its WAL and the free space now.
     pub fn sample(&self) {
-        let used =
-            file_len(&self.db_path).saturating_add(file_len(&sidecar(&self.db_path, "-wal")));
+        // Every segment still in the data directory counts (archived ones do not).
+        let used = crate::audit::segments::total_bytes(&self.db_path);
         self.used.store(used, Ordering::Relaxed);
         if self.options.min_free_disk_bytes.is_some() {
             let dir = self
@@ -146,16 +146,6 @@ impl AuditCapacity {
             })),
         )
     }
-}
-
-fn sidecar(db: &Path, suffix: &str) -> PathBuf {
-    let mut name = db.as_os_str().to_os_string();
-    name.push(suffix);
-    PathBuf::from(name)
-}
-
-fn file_len(path: &Path) -> u64 {
-    std::fs::metadata(path).map_or(0, |m| m.len())
 }
 
 /// Free bytes for an unprivileged writer on the file system holding `dir`.

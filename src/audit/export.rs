@@ -35,9 +35,10 @@ use super::keys::load_signer;
 use super::line::format_timestamp;
 use super::merkle::Tree;
 use super::signer::{MANIFEST_DOMAIN, Signer};
-use super::store::{self, INSERT_CHECKPOINT, map_sqlite};
+use super::store::{INSERT_CHECKPOINT, map_sqlite};
 use super::verify::{
-    Problem, Progress, VerifyError, VerifyOptions, read_checkpoint_files, verify_conn,
+    Problem, Progress, VerifyError, VerifyOptions, open_segments, read_checkpoint_files,
+    verify_segments,
 };
 use super::{AuditError, DEFAULT_ORIGIN};
 
@@ -66,6 +67,8 @@ pub struct ExportOptions {
     pub until: Option<OffsetDateTime>,
     /// Checkpoint sink files to check and to append the export checkpoint to.
     pub checkpoint_files: Vec<PathBuf>,
+    /// Directories holding archived segments, exported with those beside the database.
+    pub archive_dirs: Vec<PathBuf>,
     /// Who signs the export checkpoint and the manifest; None: the key file in
     /// `key_dir`.
     pub signer: Option<Arc<dyn Signer>>,
@@ -270,22 +273,24 @@ pub fn export(
         None => Arc::new(load_signer(&options.key_dir)?),
     };
     let key = signer.verifier().clone();
-    let path = &options.db_path;
-    let map = |e: rusqlite::Error| ExportError::Audit(map_sqlite(&e, path));
     // Sink files first, then the snapshot (see `verify::read_checkpoint_files`).
     let sink_notes = read_checkpoint_files(&options.checkpoint_files).map_err(verify_error)?;
-    let conn = store::open_reader(path, std::time::Duration::from_millis(2000))?;
-    conn.execute_batch("BEGIN").map_err(map)?;
+    let segments = open_segments(&options.db_path, &options.archive_dirs).map_err(verify_error)?;
+    // The export checkpoint is stored in the newest segment.
+    let path = &segments
+        .last()
+        .map_or_else(|| options.db_path.clone(), |s| s.path.clone());
     let verify_options = VerifyOptions {
-        db_path: path.clone(),
+        db_path: options.db_path.clone(),
         key_dir: options.key_dir.clone(),
         checkpoint_files: options.checkpoint_files.clone(),
         trusted_checkpoint: None,
         // The signer's own key: nothing to confirm.
         key_fingerprint: Some(key.fingerprint()),
+        archive_dirs: options.archive_dirs.clone(),
     };
-    let verified =
-        verify_conn(&conn, &verify_options, sink_notes, &key, progress).map_err(verify_error)?;
+    let verified = verify_segments(&segments, &verify_options, sink_notes, &key, progress, true)
+        .map_err(verify_error)?;
     let mut warnings = verified.report.warnings.clone();
     let tree_size = verified.report.events;
     let tree = Tree::new(verified.leaves);
@@ -352,7 +357,9 @@ pub fn export(
     let mut by_type: BTreeMap<String, u64> = BTreeMap::new();
     let mut open_calls = std::collections::BTreeSet::new();
     let (mut count, mut first_seq, mut last_seq) = (0u64, None, None);
-    {
+    for segment in &segments {
+        let conn = &segment.conn;
+        let map = |e: rusqlite::Error| ExportError::Audit(map_sqlite(&e, &segment.path));
         let mut sql = String::from("SELECT seq, line FROM events WHERE seq <= ?");
         let mut args: Vec<rusqlite::types::Value> = vec![(tree_size as i64).into()];
         if let Some(run) = &options.run_id {

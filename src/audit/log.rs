@@ -27,6 +27,7 @@ use super::checkpoint::{Checkpoint, verify_note};
 use super::keys::{Keys, VerifierKey, valid_key_name};
 use super::line::{Prepared, event_id, format_timestamp, prepare, render};
 use super::merkle::{Frontier, Hash, leaf_hash};
+use super::segments::{SealRecord, StartRecord};
 use super::signer::Signer;
 use super::sink::Sinks;
 use super::store::{self, INSERT_CHECKPOINT, INSERT_EVENT, UPSERT_HEAD, map_sqlite};
@@ -76,7 +77,9 @@ struct Inner {
     hmac_key: [u8; 32],
     verifier: VerifierKey,
     permits: Arc<Semaphore>,
-    reader: Arc<Mutex<Connection>>,
+    /// One read at a time (reads open the segments they need).
+    reader: Arc<Mutex<()>>,
+    /// The first segment's path (the configured database).
     db_path: PathBuf,
     append_timeout: Duration,
 }
@@ -113,8 +116,8 @@ impl AuditLog {
                 ),
             });
         }
-        let path = options.db_path.clone();
-        if let Some(dir) = path
+        let base = options.db_path.clone();
+        if let Some(dir) = base
             .parent()
             .filter(|d| !d.as_os_str().is_empty() && !d.exists())
         {
@@ -123,13 +126,8 @@ impl AuditLog {
                 what: format!("cannot create the data directory: {e}"),
             })?;
         }
-        let conn = store::open_writer(
-            &path,
-            options.durability,
-            options.busy_timeout,
-            options.max_db_bytes,
-        )?;
-        super::wal::configure_writer(&conn, &path)?;
+        let lock = take_writer_lock(&base, options.busy_timeout)?;
+        let (conn, path, start) = open_active(&options)?;
         let (count, _) = store::head(&conn, &path)?;
         let signed_before: bool = conn
             .query_row(
@@ -138,7 +136,7 @@ impl AuditLog {
                 |r| r.get(0),
             )
             .map_err(|e| map_sqlite(&e, &path))?;
-        let fresh = count == 0 && !signed_before;
+        let fresh = count == 0 && !signed_before && start.size == 0;
         let keys = match &options.signer {
             Some(signer) => Keys::with_signer(&options.key_dir, signer.clone(), fresh)?,
             None => Keys::load_or_create(&options.key_dir, &options.origin, fresh)?,
@@ -160,7 +158,7 @@ impl AuditLog {
                 ));
             }
         }
-        let state = store::load_state(&conn, &path, &extra)?;
+        let state = store::load_state(&conn, &path, &extra, &start)?;
         for (what, row) in [
             ("newest checkpoint", &state.last_checkpoint),
             ("signed head", &state.head),
@@ -179,7 +177,6 @@ impl AuditLog {
         }
         let sinks = Sinks::open(&options.checkpoint_sinks)?;
         let wal = WalCheckpointer::start(&path, options.durability, sinks)?;
-        let reader = store::open_reader(&path, options.busy_timeout)?;
         let head_value =
             (state.frontier.size() > 0).then(|| (state.frontier.size(), hex::encode(state.prev)));
         let head = Arc::new(RwLock::new(head_value));
@@ -189,7 +186,19 @@ impl AuditLog {
             batch_observer: batch_observer.clone(),
             path: path.clone(),
             durability: options.durability,
-            last_cp_size: state.last_checkpoint.as_ref().map_or(0, |c| c.size),
+            last_cp_size: state
+                .last_checkpoint
+                .as_ref()
+                .map_or(0, |c| c.size)
+                .max(start.size),
+            base: base.clone(),
+            start,
+            needs_segment: false,
+            segment_max_bytes: options.segment_max_bytes,
+            segment_max_age: options.segment_max_age,
+            max_db_bytes: options.max_db_bytes,
+            busy_timeout: options.busy_timeout,
+            _lock: lock,
             last_cp_at: Instant::now(),
             frontier: state.frontier,
             prev: state.prev,
@@ -223,8 +232,8 @@ impl AuditLog {
                 hmac_key: keys.hmac_key,
                 verifier,
                 permits: Arc::new(Semaphore::new(MAX_QUEUED_EVENTS)),
-                reader: Arc::new(Mutex::new(reader)),
-                db_path: path,
+                reader: Arc::new(Mutex::new(())),
+                db_path: base,
                 append_timeout: options.append_timeout,
             }),
         })
@@ -297,8 +306,8 @@ impl AuditLog {
         let reader = self.inner.reader.clone();
         let path = self.inner.db_path.clone();
         tokio::task::spawn_blocking(move || {
-            let conn = reader.lock().unwrap_or_else(|p| p.into_inner());
-            read_events(&conn, &path, &filter)
+            let _one = reader.lock().unwrap_or_else(|p| p.into_inner());
+            read_segment_events(&path, &filter)
         })
         .await
         .map_err(|_| AuditError::Closed)?
@@ -342,6 +351,155 @@ impl AuditLog {
     pub fn verifier_key(&self) -> &VerifierKey {
         &self.inner.verifier
     }
+}
+
+/// How long a read waits for the writer's lock.
+const READ_BUSY_TIMEOUT: Duration = Duration::from_millis(2000);
+
+/// Reads events matching `filter` across the segments of the log whose first segment
+/// is `base`, oldest first: each segment is opened read-only while it is read; a
+/// sealed segment wholly at or before `filter.after_seq` is skipped. A segment that
+/// vanishes between the listing and its opening (archived meanwhile) is skipped too.
+pub(crate) fn read_segment_events(
+    base: &std::path::Path,
+    filter: &EventFilter,
+) -> Result<Vec<StoredEvent>, AuditError> {
+    let mut out: Vec<StoredEvent> = Vec::new();
+    let segments = super::segments::list(base)?;
+    if segments.is_empty() {
+        return Err(AuditError::Io {
+            path: base.to_path_buf(),
+            what: "no such file".into(),
+        });
+    }
+    for (_, path) in segments {
+        let conn = match store::open_reader(&path, READ_BUSY_TIMEOUT) {
+            Ok(conn) => conn,
+            Err(AuditError::Io { .. }) if !path.exists() => continue,
+            Err(e) => return Err(e),
+        };
+        if let Some(seal) = super::segments::read_seal(&conn, &path)?
+            && seal.last_seq <= filter.after_seq
+        {
+            continue;
+        }
+        let mut part = filter.clone();
+        if let Some(last) = out.last() {
+            part.after_seq = part.after_seq.max(last.seq);
+        }
+        if filter.limit != 0 {
+            part.limit = filter.limit - out.len();
+        }
+        out.extend(read_events(&conn, &path, &part)?);
+        if filter.limit != 0 && out.len() >= filter.limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Waits (up to `wait`) for the exclusive lock on `<db>.lock`: one writer per log
+/// (a gateway, or `toolgate audit archive`).
+fn take_writer_lock(base: &std::path::Path, wait: Duration) -> Result<std::fs::File, AuditError> {
+    let mut name = base.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => AuditError::ReadOnly {
+                path: lock_path.clone(),
+            },
+            _ => AuditError::Io {
+                path: lock_path.clone(),
+                what: format!("cannot open the writer lock: {e}"),
+            },
+        })?;
+    let deadline = Instant::now() + wait;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                // Bounded retry: a writer closing in this process releases it soon.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(AuditError::Locked {
+                    path: base.to_path_buf(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(AuditError::Io {
+                    path: lock_path,
+                    what: format!("cannot take the writer lock: {e}"),
+                });
+            }
+        }
+    }
+}
+
+/// Opens the active segment for writing and returns it with its start record: the
+/// newest segment present; if it is sealed (a crash after its seal), the next one,
+/// created from its seal record.
+fn open_active(
+    options: &AuditOptions,
+) -> Result<(Connection, PathBuf, super::segments::StartRecord), AuditError> {
+    use super::segments::{self, StartRecord};
+    let base = &options.db_path;
+    let (number, path) = segments::newest(base)?;
+    let conn = store::open_writer(
+        &path,
+        options.durability,
+        options.busy_timeout,
+        options.max_db_bytes,
+    )?;
+    let map = |e: rusqlite::Error| map_sqlite(&e, &path);
+    let start = match segments::read_start(&conn, &path)? {
+        Some(start) => start,
+        None if number == 1 => {
+            let start = StartRecord::genesis(OffsetDateTime::now_utc().unix_timestamp());
+            segments::write_start(&conn, &start).map_err(map)?;
+            start
+        }
+        None => {
+            return Err(AuditError::Corrupt {
+                seq: 0,
+                what: format!(
+                    "`{}` has no segment start record: run `toolgate audit verify`",
+                    path.display()
+                ),
+            });
+        }
+    };
+    if start.segment != number {
+        return Err(AuditError::Corrupt {
+            seq: 0,
+            what: format!(
+                "`{}` holds segment {}, not {number}: run `toolgate audit verify`",
+                path.display(),
+                start.segment
+            ),
+        });
+    }
+    if let Some(seal) = segments::read_seal(&conn, &path)? {
+        drop(conn);
+        let next = segments::segment_path(base, number + 1);
+        let start = seal.next_start(OffsetDateTime::now_utc().unix_timestamp());
+        segments::create(&next, &start, options.durability)?;
+        let conn = store::open_writer(
+            &next,
+            options.durability,
+            options.busy_timeout,
+            options.max_db_bytes,
+        )?;
+        super::wal::configure_writer(&conn, &next)?;
+        return Ok((conn, next, start));
+    }
+    super::wal::configure_writer(&conn, &path)?;
+    Ok((conn, path, start))
 }
 
 /// Reads events matching `filter` over `conn`.
@@ -433,6 +591,19 @@ struct Writer {
     batch_observer: Arc<OnceLock<BatchObserver>>,
     /// Copies the WAL into the database off this thread (see `wal.rs`).
     wal: WalCheckpointer,
+    /// The first segment's path; `path` is the active segment's.
+    base: PathBuf,
+    /// The active segment's start record.
+    start: StartRecord,
+    /// The active segment is sealed and the next could not be opened yet: every
+    /// commit tries again first and fails closed until it can.
+    needs_segment: bool,
+    segment_max_bytes: Option<u64>,
+    segment_max_age: Option<Duration>,
+    max_db_bytes: Option<u64>,
+    busy_timeout: Duration,
+    /// Held for the writer's life: one writer per log.
+    _lock: std::fs::File,
 }
 
 /// A request arriving this soon after a commit belongs to a busy streak.
@@ -537,6 +708,15 @@ impl Writer {
         batch: Vec<(Vec<Prepared>, Reply<Vec<Appended>>, OwnedSemaphorePermit)>,
         count: u64,
     ) {
+        if self.needs_segment
+            && let Err(error) = self.open_next_segment()
+        {
+            tracing::error!(error = %error, "cannot open the next audit segment");
+            for (_, reply, _) in batch {
+                let _ = reply.send(Err(error.clone()));
+            }
+            return;
+        }
         let with_checkpoint = self.frontier.size() + count - self.last_cp_size >= self.every;
         let requests: Vec<&[Prepared]> = batch
             .iter()
@@ -548,14 +728,21 @@ impl Writer {
                 self.prev = committed.prev;
                 self.last_ts = committed.last_ts;
                 self.set_head();
-                for ((_, reply, permit), appended) in batch.into_iter().zip(committed.appended) {
-                    let _ = reply.send(Ok(appended));
-                    drop(permit);
-                }
                 if let Some((size, note)) = committed.note {
                     self.last_cp_size = size;
                     self.last_cp_at = Instant::now();
                     self.wal.publish(note, self.durability == Durability::Full);
+                }
+                // Sealed before the batch is answered: an append that fills a segment
+                // returns once that segment is sealed (a few ms, once per segment).
+                if self.segment_due()
+                    && let Err(error) = self.seal()
+                {
+                    tracing::error!(error = %error, "cannot seal the audit segment");
+                }
+                for ((_, reply, permit), appended) in batch.into_iter().zip(committed.appended) {
+                    let _ = reply.send(Ok(appended));
+                    drop(permit);
                 }
             }
             Err(error) => {
@@ -666,6 +853,16 @@ impl Writer {
     /// The interval elapsed: sign if events arrived since the last checkpoint (or
     /// always, with the idle heartbeat).
     fn timed_checkpoint(&mut self) {
+        if self.segment_due()
+            && let Err(error) = self.seal()
+        {
+            tracing::error!(error = %error, "cannot seal the audit segment");
+        }
+        if self.needs_segment {
+            // Nothing more goes into a sealed segment.
+            self.last_cp_at = Instant::now();
+            return;
+        }
         if self.frontier.size() > self.last_cp_size || self.idle_heartbeat {
             let reason = if self.frontier.size() > self.last_cp_size {
                 "interval"
@@ -701,6 +898,120 @@ impl Writer {
         result.and(closed)
     }
 
+    /// Whether the active segment is due for its seal: it holds an event and passed
+    /// the size or age limit.
+    fn segment_due(&self) -> bool {
+        if self.needs_segment || self.frontier.size() <= self.start.size {
+            return false;
+        }
+        let by_size = self.segment_max_bytes.is_some_and(|max| {
+            let pages = |pragma: &str| {
+                self.conn
+                    .query_row(pragma, [], |r| r.get::<_, i64>(0))
+                    .unwrap_or(0)
+                    .max(0) as u64
+            };
+            pages("PRAGMA page_count").saturating_mul(pages("PRAGMA page_size")) >= max
+        });
+        let by_age = self.segment_max_age.is_some_and(|age| {
+            let now = OffsetDateTime::now_utc().unix_timestamp();
+            now.saturating_sub(self.start.opened_unix) >= age.as_secs() as i64
+        });
+        by_size || by_age
+    }
+
+    /// Seals the active segment: one transaction stores a signed checkpoint over its
+    /// last event (reason `seal`) and its seal record; then the next segment is opened.
+    fn seal(&mut self) -> Result<(), AuditError> {
+        let path = self.path.clone();
+        let map = |e: rusqlite::Error| map_sqlite(&e, &path);
+        let ts = format_timestamp(OffsetDateTime::now_utc());
+        let (size, note) = sign_head(self.signer.as_ref(), &self.origin, &self.frontier)?;
+        let record = SealRecord {
+            segment: self.start.segment,
+            first_seq: self.start.size + 1,
+            last_seq: size,
+            last_hash: hex::encode(self.prev),
+            root: hex::encode(self.frontier.root()),
+            frontier: self.frontier.nodes().iter().map(hex::encode).collect(),
+            last_ts: self.last_ts.clone(),
+            note: note.clone(),
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(map)?;
+        insert_checkpoint(&tx, &note, &self.frontier, &ts, "seal").map_err(map)?;
+        super::segments::write_seal(&tx, &record).map_err(map)?;
+        tx.commit().map_err(map)?;
+        self.last_cp_size = size;
+        self.last_cp_at = Instant::now();
+        self.wal.publish(note, self.durability == Durability::Full);
+        self.needs_segment = true;
+        tracing::info!(
+            segment = record.segment,
+            first_seq = record.first_seq,
+            last_seq = record.last_seq,
+            "audit segment sealed"
+        );
+        self.open_next_segment()
+    }
+
+    /// Creates the segment after the sealed active one and moves the writer and the WAL
+    /// thread to it.
+    fn open_next_segment(&mut self) -> Result<(), AuditError> {
+        let number = self.start.segment + 1;
+        let next = super::segments::segment_path(&self.base, number);
+        let start = StartRecord {
+            segment: number,
+            size: self.frontier.size(),
+            prev: hex::encode(self.prev),
+            frontier: self.frontier.nodes().iter().map(hex::encode).collect(),
+            last_ts: self.last_ts.clone(),
+            opened_unix: OffsetDateTime::now_utc().unix_timestamp(),
+        };
+        if next.exists() {
+            // A previous attempt created it and failed later: take it if it is
+            // exactly the segment this one would create, still empty.
+            let conn = store::open_reader(&next, self.busy_timeout)?;
+            let found = super::segments::read_start(&conn, &next)?;
+            let (count, _) = store::head(&conn, &next)?;
+            let same = found.as_ref().is_some_and(|f| {
+                f.segment == start.segment
+                    && f.size == start.size
+                    && f.prev == start.prev
+                    && f.frontier == start.frontier
+            });
+            if !same || count > 0 {
+                return Err(AuditError::Corrupt {
+                    seq: 0,
+                    what: format!(
+                        "`{}` exists but is not the segment that continues this log",
+                        next.display()
+                    ),
+                });
+            }
+        } else {
+            super::segments::create(&next, &start, self.durability)?;
+        }
+        let conn =
+            store::open_writer(&next, self.durability, self.busy_timeout, self.max_db_bytes)?;
+        super::wal::configure_writer(&conn, &next)?;
+        // The notes signed so far are published by the thread before it moves.
+        self.wal.restart(&next)?;
+        let old = std::mem::replace(&mut self.conn, conn);
+        if let Err(e) = old.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "cannot truncate the sealed segment's WAL");
+        }
+        if let Err((_, e)) = old.close() {
+            tracing::warn!(error = %e, "closing the sealed segment failed");
+        }
+        self.path = next;
+        self.start = start;
+        self.needs_segment = false;
+        Ok(())
+    }
+
     fn set_head(&self) {
         let value =
             (self.frontier.size() > 0).then(|| (self.frontier.size(), hex::encode(self.prev)));
@@ -712,10 +1023,10 @@ impl Writer {
     fn reload(&mut self) {
         match store::head(&self.conn, &self.path) {
             Ok((count, last))
-                if count == self.frontier.size()
+                if count + self.start.size == self.frontier.size()
                     && last.as_ref().map(|l| l.1.as_str())
                         == (count > 0).then(|| hex::encode(self.prev)).as_deref() => {}
-            Ok(_) => match store::load_state(&self.conn, &self.path, &[]) {
+            Ok(_) => match store::load_state(&self.conn, &self.path, &[], &self.start) {
                 Ok(state) => {
                     self.frontier = state.frontier;
                     self.prev = state.prev;

@@ -73,6 +73,26 @@ impl Frontier {
         self.size += 1;
     }
 
+    /// The hashes of the complete subtrees of the right edge, largest first (one per set
+    /// bit of the size): with the size, all a tree needs to keep growing (RFC 9162's
+    /// compact range of the whole tree).
+    pub fn nodes(&self) -> Vec<Hash> {
+        self.nodes.iter().map(|(_, hash)| *hash).collect()
+    }
+
+    /// The frontier of a tree of `size` leaves whose right edge is `nodes` (as
+    /// [`Frontier::nodes`] gives it); None when the count does not fit the size.
+    pub fn from_parts(size: u64, nodes: &[Hash]) -> Option<Frontier> {
+        if nodes.len() != size.count_ones() as usize {
+            return None;
+        }
+        let heights = (0..64u32).rev().filter(|h| size & (1u64 << h) != 0);
+        Some(Frontier {
+            size,
+            nodes: heights.zip(nodes.iter().copied()).collect(),
+        })
+    }
+
     /// The Merkle tree hash (MTH) of the leaves appended so far.
     pub fn root(&self) -> Hash {
         let mut iter = self.nodes.iter().rev();
@@ -354,6 +374,25 @@ mod tests {
         (0..n)
             .map(|i| leaf_hash(format!("leaf {i}").as_bytes()))
             .collect()
+    }
+
+    #[test]
+    fn a_frontier_rebuilt_from_its_parts_continues_the_same_tree() {
+        let d = leaves(40);
+        for cut in 0..40usize {
+            let mut whole = Frontier::new();
+            for leaf in &d[..cut] {
+                whole.push(*leaf);
+            }
+            let mut resumed = Frontier::from_parts(cut as u64, &whole.nodes()).unwrap();
+            assert_eq!(resumed.root(), whole.root());
+            for leaf in &d[cut..] {
+                resumed.push(*leaf);
+                whole.push(*leaf);
+                assert_eq!(resumed.root(), whole.root(), "resumed at {cut}");
+            }
+            assert!(Frontier::from_parts(cut as u64 + 1, &[]).is_none());
+        }
     }
 
     #[test]

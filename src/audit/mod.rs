@@ -17,12 +17,14 @@
 //! - `store`: the SQLite schema and error mapping.
 //! - `sink`: where checkpoints are published besides the database.
 //! - `reader`: [`AuditReader`], read-only access for tools beside a live gateway.
+//! - [`segments`]: the log as sealed segment files, one chain and one tree over all.
 //! - [`verify`]: recomputes a database's chain, tree and checkpoints.
 //! - [`export`]: writes an export directory an auditor can check without toolgate.
 //!
 //! INVARIANT: only this module knows rusqlite; there is no code path that updates or
 //! deletes an event; `append` returns only once the event is durable.
 
+pub mod archive;
 pub mod checkpoint;
 pub mod export;
 pub mod keys;
@@ -30,6 +32,7 @@ pub mod line;
 mod log;
 pub mod merkle;
 mod reader;
+pub mod segments;
 pub mod signer;
 mod sink;
 mod store;
@@ -77,11 +80,13 @@ pub enum EventType {
     RunTokenIssued,
     /// An admin revoked a run token.
     RunTokenRevoked,
+    /// `toolgate audit archive` moved sealed segments out of the data directory.
+    AuditSegmentsArchived,
 }
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 17] = [
+    pub const ALL: [EventType; 18] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -99,6 +104,7 @@ impl EventType {
         EventType::ShadowDropped,
         EventType::RunTokenIssued,
         EventType::RunTokenRevoked,
+        EventType::AuditSegmentsArchived,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -120,6 +126,7 @@ impl EventType {
             EventType::ShadowDropped => "shadow_dropped",
             EventType::RunTokenIssued => "run_token_issued",
             EventType::RunTokenRevoked => "run_token_revoked",
+            EventType::AuditSegmentsArchived => "audit_segments_archived",
         }
     }
 
@@ -295,6 +302,12 @@ pub struct AuditOptions {
     /// Refuse appends with [`AuditError::DiskFull`] once the database would exceed this
     /// many bytes. None: no cap besides the disk.
     pub max_db_bytes: Option<u64>,
+    /// Seal the active segment once its database passes this many bytes (checked at
+    /// each commit) and continue in a new one (see `segments`). None: never by size.
+    pub segment_max_bytes: Option<u64>,
+    /// Seal the active segment once it has been open this long and holds an event.
+    /// None: never by age.
+    pub segment_max_age: Option<Duration>,
 }
 
 impl AuditOptions {
@@ -316,6 +329,8 @@ impl AuditOptions {
             busy_timeout: Duration::from_millis(1000),
             append_timeout: Duration::from_secs(30),
             max_db_bytes: None,
+            segment_max_bytes: None,
+            segment_max_age: None,
         }
     }
 }
@@ -631,7 +646,6 @@ pub fn tail_events(
     after_seq: u64,
     limit: u64,
 ) -> Result<Vec<StoredEvent>, AuditError> {
-    let conn = store::open_reader(db, std::time::Duration::from_millis(2000))?;
     let mut filter = EventFilter {
         run_id,
         after_seq,
@@ -639,17 +653,38 @@ pub fn tail_events(
         ..EventFilter::default()
     };
     if after_seq == 0 {
-        // The newest `limit` events: start after the seq of the one just older.
-        let older: Result<Option<i64>, _> = conn.query_row(
-            "SELECT seq FROM events WHERE (?1 IS NULL OR run_id = ?1) ORDER BY seq DESC LIMIT 1 OFFSET ?2",
-            rusqlite::params![filter.run_id, limit as i64],
-            |r| r.get(0),
-        );
-        if let Ok(Some(seq)) = older {
-            filter.after_seq = seq as u64;
+        // The newest `limit` events: start after the seq of the one just older,
+        // counting back from the newest segment.
+        use rusqlite::OptionalExtension;
+        let mut newer = 0i64;
+        for (_, path) in segments::list(db)?.into_iter().rev() {
+            let conn = store::open_reader(&path, std::time::Duration::from_millis(2000))?;
+            let map = |e: rusqlite::Error| store::map_sqlite(&e, &path);
+            let count: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM events WHERE (?1 IS NULL OR run_id = ?1)",
+                    rusqlite::params![filter.run_id],
+                    |r| r.get(0),
+                )
+                .map_err(map)?;
+            if newer + count > limit as i64 {
+                let older: Option<i64> = conn
+                    .query_row(
+                        "SELECT seq FROM events WHERE (?1 IS NULL OR run_id = ?1) ORDER BY seq DESC LIMIT 1 OFFSET ?2",
+                        rusqlite::params![filter.run_id, limit as i64 - newer],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(map)?;
+                if let Some(seq) = older {
+                    filter.after_seq = seq as u64;
+                }
+                break;
+            }
+            newer += count;
         }
     }
-    log::read_events(&conn, db, &filter)
+    log::read_segment_events(db, &filter)
 }
 
 #[cfg(test)]

@@ -326,6 +326,7 @@ pub(crate) fn load_state(
     conn: &Connection,
     path: &Path,
     extra: &[(String, Checkpoint)],
+    start: &super::segments::StartRecord,
 ) -> Result<State, AuditError> {
     let map = |e: rusqlite::Error| map_sqlite(&e, path);
     let row = |r: &rusqlite::Row<'_>| {
@@ -362,12 +363,20 @@ pub(crate) fn load_state(
     for (origin, c) in extra {
         wanted.push((origin.clone(), c.size, hex::encode(c.root)));
     }
+    // Checkpoints below this segment's start concern older segments (checked by
+    // `audit verify`); the segment's start record carries the tree up to its start.
+    wanted.retain(|w| w.1 >= start.size);
     let sizes: std::collections::BTreeSet<u64> = wanted.iter().map(|w| w.1).collect();
     let mut roots: std::collections::BTreeMap<u64, String> = std::collections::BTreeMap::new();
-    let mut frontier = Frontier::new();
-    let mut prev = [0u8; 32];
-    if sizes.contains(&0) {
-        roots.insert(0, hex::encode(frontier.root()));
+    let (mut frontier, mut prev) = start.state().ok_or_else(|| AuditError::Corrupt {
+        seq: 0,
+        what: format!(
+            "`{}`: the segment's start record is malformed",
+            path.display()
+        ),
+    })?;
+    if sizes.contains(&start.size) {
+        roots.insert(start.size, hex::encode(frontier.root()));
     }
     {
         let mut stmt = conn
@@ -395,8 +404,8 @@ pub(crate) fn load_state(
             }
         }
     }
-    let mut last_ts = String::new();
-    if frontier.size() > 0 {
+    let mut last_ts = start.last_ts.clone();
+    if frontier.size() > start.size {
         let (seq, line, hash, ts): (i64, String, String, String) = conn
             .query_row(
                 "SELECT seq, line, hash, ts FROM events ORDER BY seq DESC LIMIT 1",
@@ -449,7 +458,12 @@ pub(crate) fn load_state(
     }
     // Every acknowledged event was signed (the head is stored in the commit that
     // holds the events): events beyond every signed note were added outside the writer.
-    let covered = wanted.iter().map(|w| w.1).max().unwrap_or(0);
+    let covered = wanted
+        .iter()
+        .map(|w| w.1)
+        .max()
+        .unwrap_or(0)
+        .max(start.size);
     if size > covered {
         return Err(AuditError::Corrupt {
             seq: covered + 1,

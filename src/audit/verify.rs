@@ -1,6 +1,8 @@
-//! Verification of an audit database: recompute every line's hash, the `seq`/`prev`
-//! chain, the Merkle tree, and every checkpoint signature and root; optionally check
-//! that the log still contains and extends a checkpoint the auditor kept.
+//! Verification of an audit log: recompute every line's hash, the `seq`/`prev` chain,
+//! the Merkle tree, and every checkpoint signature and root, across its segments (each
+//! must start where the one before ends; an archived start must be vouched for by an
+//! `audit_segments_archived` event); optionally check that the log still contains and
+//! extends a checkpoint the auditor kept.
 //!
 //! The first problem found is reported with the seq it concerns and what is wrong;
 //! [`ProblemKind::exit_code`] maps it to the CLI's exit code.
@@ -15,7 +17,7 @@ use serde_json::Value;
 use super::checkpoint::{Checkpoint, NoteError, split_notes, verify_note};
 use super::keys::{VerifierKey, load_verifier};
 use super::line::{GENESIS_PREV, MAX_SAFE_INTEGER, event_id};
-use super::merkle::{Frontier, Hash, Tree, leaf_hash, verify_consistency};
+use super::merkle::{Frontier, Hash, leaf_hash};
 use super::store::{self, decode_hash, map_sqlite};
 use super::{AuditError, EventType};
 use crate::canonical::to_canonical_string;
@@ -27,7 +29,7 @@ pub struct VerifyOptions {
     /// Holds the public key (`audit-signing.vkey`).
     pub key_dir: PathBuf,
     /// Extra files of checkpoints (the sink files), checked like the stored ones; used
-    /// by [`verify_db`] (callers of [`verify_conn`] read them with
+    /// by [`verify_db`] (callers of [`verify_segments`] read them with
     /// [`read_checkpoint_files`]).
     pub checkpoint_files: Vec<PathBuf>,
     /// A checkpoint note the auditor kept; the log must contain and extend it.
@@ -35,6 +37,9 @@ pub struct VerifyOptions {
     /// The key fingerprint the auditor recorded (hex SHA-256 of the public key); the
     /// key in `key_dir` must have it. None: the key is trusted as found, with a warning.
     pub key_fingerprint: Option<String>,
+    /// Directories holding archived segments (`toolgate audit archive --to`): their
+    /// segments are verified with those beside the database, as one log.
+    pub archive_dirs: Vec<PathBuf>,
 }
 
 /// What can be wrong with a log.
@@ -165,12 +170,22 @@ pub struct Report {
     pub key_fingerprint_confirmed: bool,
     /// Not failures, but worth knowing (events not yet under a checkpoint, ...).
     pub warnings: Vec<String>,
+    /// The segment files verified, oldest first (their numbers).
+    pub segments: Vec<u64>,
+    /// The first seq verified: 1, or the first seq after an archive.
+    pub first_seq: u64,
+    /// Older segments were archived: the last archived segment and its last seq (the
+    /// verification started from the oldest remaining segment's start record, which
+    /// the newest `audit_segments_archived` event vouches for).
+    pub archived_through_segment: Option<u64>,
+    pub archived_through_seq: Option<u64>,
 }
 
 /// An intact log: the report, and what export builds on.
 #[derive(Debug, Clone)]
 pub struct Verified {
     pub report: Report,
+    /// Every leaf hash from seq 1 (only when asked for, see [`verify_segments`]).
     pub leaves: Vec<Hash>,
     /// Sorted by size, one per size.
     pub checkpoints: Vec<VerifiedCheckpoint>,
@@ -193,11 +208,64 @@ pub fn verify_db(
     // writer publishes a checkpoint only after committing the events under it, so every
     // checkpoint read here is covered by the snapshot unless the log was really cut.
     let sink_notes = read_checkpoint_files(&options.checkpoint_files)?;
-    let conn = store::open_reader(&options.db_path, std::time::Duration::from_millis(2000))?;
-    // One read transaction: a consistent snapshot even while a writer appends.
-    conn.execute_batch("BEGIN")
-        .map_err(|e| map_sqlite(&e, &options.db_path))?;
-    verify_conn(&conn, options, sink_notes, &key, progress)
+    let segments = open_segments(&options.db_path, &options.archive_dirs)?;
+    verify_segments(&segments, options, sink_notes, &key, progress, false)
+}
+
+/// One segment file of the log, open read-only inside a read transaction.
+pub struct OpenSegment {
+    pub number: u64,
+    pub path: PathBuf,
+    pub conn: Connection,
+}
+
+/// Opens every segment of the log whose first segment is `base`, oldest first, each
+/// in its own read transaction (a consistent snapshot of each file while a writer
+/// appends; a segment sealed meanwhile is seen as it was at the listing or after).
+pub fn open_segments(
+    base: &Path,
+    archive_dirs: &[PathBuf],
+) -> Result<Vec<OpenSegment>, VerifyError> {
+    let mut listed = super::segments::list(base)?;
+    for dir in archive_dirs {
+        if !dir.is_dir() {
+            return Err(VerifyError::Open(AuditError::Io {
+                path: dir.clone(),
+                what: "no such archive directory".into(),
+            }));
+        }
+        listed.extend(super::segments::list_in(base, Some(dir))?);
+    }
+    listed.sort();
+    if let Some(pair) = listed.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(problem(
+            ProblemKind::Inserted,
+            None,
+            format!(
+                "segment {} is both `{}` and `{}`: keep one copy",
+                pair[0].0,
+                pair[0].1.display(),
+                pair[1].1.display()
+            ),
+        ));
+    }
+    if listed.is_empty() {
+        return Err(VerifyError::Open(AuditError::Io {
+            path: base.to_path_buf(),
+            what: "no such file".into(),
+        }));
+    }
+    let mut out = Vec::with_capacity(listed.len());
+    for (number, path) in listed {
+        let conn = store::open_reader(&path, std::time::Duration::from_millis(2000))?;
+        conn.execute_batch("BEGIN")
+            .map_err(|e| map_sqlite(&e, &path))?;
+        // The first read pins the snapshot.
+        conn.query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0))
+            .map_err(|e| map_sqlite(&e, &path))?;
+        out.push(OpenSegment { number, path, conn });
+    }
+    Ok(out)
 }
 
 /// Fails with a key problem unless `key` has the `expected` fingerprint (when given).
@@ -217,7 +285,7 @@ pub fn check_fingerprint(key: &VerifierKey, expected: Option<&str>) -> Result<()
 }
 
 /// Reads the checkpoint notes of sink files, as (where it came from, note). Read them
-/// before the database snapshot of [`verify_conn`] starts.
+/// before the database snapshot of [`verify_segments`] starts.
 pub fn read_checkpoint_files(files: &[PathBuf]) -> Result<Vec<(String, String)>, VerifyError> {
     let mut notes = Vec::new();
     for file in files {
@@ -238,27 +306,46 @@ pub enum Progress {
     Checked(u64),
 }
 
-/// Verifies over an open connection (inside a read transaction), with the sink notes
-/// read before the transaction's first read (see [`read_checkpoint_files`]).
-pub fn verify_conn(
-    conn: &Connection,
+/// What an `audit_segments_archived` event says (see docs/audit.md).
+struct ArchiveClaim {
+    seq: u64,
+    through_segment: u64,
+    through_seq: u64,
+    through_root: String,
+}
+
+/// Verifies the segments (oldest first, each inside a read transaction), with the sink
+/// notes read before the first segment was opened (see [`read_checkpoint_files`]).
+/// `keep_leaves` keeps every leaf hash (32 bytes per event) for export; verification
+/// alone keeps only the tree's right edge.
+pub fn verify_segments(
+    segments: &[OpenSegment],
     options: &VerifyOptions,
     sink_notes: Vec<(String, String)>,
     key: &VerifierKey,
     progress: &mut dyn FnMut(Progress),
+    keep_leaves: bool,
 ) -> Result<Verified, VerifyError> {
-    let path = &options.db_path;
-    let map = |e: rusqlite::Error| VerifyError::Open(map_sqlite(&e, path));
-    let total: i64 = conn
-        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
-        .map_err(map)?;
-    progress(Progress::Total(total as u64));
+    let mut total = 0u64;
+    for segment in segments {
+        let count: i64 = segment
+            .conn
+            .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+            .map_err(|e| VerifyError::Open(map_sqlite(&e, &segment.path)))?;
+        total += count.max(0) as u64;
+    }
+    progress(Progress::Total(total));
 
-    // Checkpoints: stored ones and those in the sink files, each signature checked
-    // (once per distinct note: the sink repeats the stored ones).
-    let mut notes: Vec<(String, String, Checkpoint)> = Vec::new();
+    // Checkpoints: stored ones (in every segment) and those in the sink files, each
+    // signature checked (once per distinct note: the sink repeats the stored ones).
+    // (origin, note, checkpoint, stored in a segment present)
+    let mut notes: Vec<(String, String, Checkpoint, bool)> = Vec::new();
     let mut seen: HashMap<String, Checkpoint> = HashMap::new();
-    {
+    let mut has_head = false;
+    for segment in segments {
+        let conn = &segment.conn;
+        let path = &segment.path;
+        let map = |e: rusqlite::Error| VerifyError::Open(map_sqlite(&e, path));
         let mut stmt = conn
             .prepare("SELECT id, size, root, note FROM checkpoints ORDER BY id")
             .map_err(map)?;
@@ -274,7 +361,7 @@ pub fn verify_conn(
             .map_err(map)?;
         for row in rows {
             let (id, size, root, note) = row.map_err(map)?;
-            let origin = format!("checkpoint #{id} in the database");
+            let origin = format!("checkpoint #{id} in segment {}", segment.number);
             let checkpoint = checked(&mut seen, &note, key, &origin)?;
             if checkpoint.size != size as u64 || hex::encode(checkpoint.root) != root {
                 return Err(problem(
@@ -283,45 +370,58 @@ pub fn verify_conn(
                     format!("{origin}: the size or root column disagrees with the signed note"),
                 ));
             }
-            notes.push((origin, note, checkpoint));
+            notes.push((origin, note, checkpoint, true));
         }
-    }
-    // The signed head: a checkpoint over every committed event, stored by each commit.
-    let has_head: bool = conn
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'signed_head')",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(map)?;
-    if has_head {
-        let head: Option<(i64, String, String)> = conn
-            .query_row("SELECT size, root, note FROM signed_head", [], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .optional()
+        // The signed head: a checkpoint over every committed event, stored by each commit.
+        let head_table: bool = conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'signed_head')",
+                [],
+                |r| r.get(0),
+            )
             .map_err(map)?;
-        if let Some((size, root, note)) = head {
-            let origin = "the signed head in the database".to_string();
-            let checkpoint = checked(&mut seen, &note, key, &origin)?;
-            if checkpoint.size != size as u64 || hex::encode(checkpoint.root) != root {
+        has_head |= head_table;
+        if head_table {
+            let head: Option<(i64, String, String)> = conn
+                .query_row("SELECT size, root, note FROM signed_head", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .optional()
+                .map_err(map)?;
+            if let Some((size, root, note)) = head {
+                let origin = format!("the signed head in segment {}", segment.number);
+                let checkpoint = checked(&mut seen, &note, key, &origin)?;
+                if checkpoint.size != size as u64 || hex::encode(checkpoint.root) != root {
+                    return Err(problem(
+                        ProblemKind::Malformed,
+                        None,
+                        format!("{origin}: the size or root column disagrees with the signed note"),
+                    ));
+                }
+                notes.push((origin, note, checkpoint, true));
+            }
+        }
+        if let Some(seal) = super::segments::read_seal(conn, path)? {
+            let origin = format!("the seal of segment {}", segment.number);
+            let checkpoint = checked(&mut seen, &seal.note, key, &origin)?;
+            if checkpoint.size != seal.last_seq || hex::encode(checkpoint.root) != seal.root {
                 return Err(problem(
-                    ProblemKind::Malformed,
-                    None,
-                    format!("{origin}: the size or root column disagrees with the signed note"),
+                    ProblemKind::Edited,
+                    Some(seal.last_seq),
+                    format!("{origin}: its size or root disagrees with its signed note"),
                 ));
             }
-            notes.push((origin, note, checkpoint));
+            notes.push((origin, seal.note, checkpoint, true));
         }
     }
     for (origin, note) in sink_notes {
         let checkpoint = checked(&mut seen, &note, key, &origin)?;
-        notes.push((origin, note, checkpoint));
+        notes.push((origin, note, checkpoint, false));
     }
-    let mut by_size: BTreeMap<u64, (Hash, String, String)> = BTreeMap::new();
-    for (origin, note, checkpoint) in notes {
-        match by_size.get(&checkpoint.size) {
-            Some((root, _, first)) if *root != checkpoint.root => {
+    let mut by_size: BTreeMap<u64, (Hash, String, String, bool)> = BTreeMap::new();
+    for (origin, note, checkpoint, inside) in notes {
+        match by_size.get_mut(&checkpoint.size) {
+            Some((root, _, first, _)) if *root != checkpoint.root => {
                 return Err(problem(
                     ProblemKind::Fork,
                     None,
@@ -331,23 +431,148 @@ pub fn verify_conn(
                     ),
                 ));
             }
-            Some(_) => {}
+            Some(entry) => entry.3 |= inside,
             None => {
-                by_size.insert(checkpoint.size, (checkpoint.root, note, origin));
+                by_size.insert(checkpoint.size, (checkpoint.root, note, origin, inside));
             }
         }
     }
 
-    // The chain, row by row.
+    // The auditor's trusted checkpoint, read up front so its root is recorded on the way.
+    let trusted = match &options.trusted_checkpoint {
+        None => None,
+        Some(file) => {
+            let trusted_notes = read_notes(file)?;
+            let origin = format!("the trusted checkpoint `{}`", file.display());
+            let Some(note) = trusted_notes.last() else {
+                return Err(problem(
+                    ProblemKind::Malformed,
+                    None,
+                    format!("{origin} holds no checkpoint"),
+                ));
+            };
+            Some((check_note(note, key, &origin)?, origin))
+        }
+    };
+
+    // The chain, segment by segment, row by row.
+    let first_number = segments.first().map_or(1, |s| s.number);
     let mut frontier = Frontier::new();
-    let mut leaves: Vec<Hash> = Vec::with_capacity(total.max(0) as usize);
-    let mut roots: BTreeMap<u64, Hash> = BTreeMap::new();
-    if by_size.contains_key(&0) {
-        roots.insert(0, frontier.root());
-    }
     let mut prev = [0u8; 32];
+    let mut leaves: Vec<Hash> = Vec::new();
+    if keep_leaves {
+        leaves.reserve(total as usize);
+    }
+    let mut roots: BTreeMap<u64, Hash> = BTreeMap::new();
+    let mut boundaries: BTreeMap<u64, (u64, Hash)> = BTreeMap::new();
+    let mut claims: Vec<ArchiveClaim> = Vec::new();
+    let mut start_size = 0u64;
     let mut prev_line_seq = 0u64;
-    {
+    let mut previous_seal: Option<(u64, bool)> = None;
+    for (index, segment) in segments.iter().enumerate() {
+        let conn = &segment.conn;
+        let path = &segment.path;
+        let map = |e: rusqlite::Error| VerifyError::Open(map_sqlite(&e, path));
+        let start = match super::segments::read_start(conn, path)? {
+            Some(start) => start,
+            None if segment.number == 1 => super::segments::StartRecord::genesis(0),
+            None => {
+                return Err(problem(
+                    ProblemKind::Malformed,
+                    None,
+                    format!("`{}` has no segment start record", path.display()),
+                ));
+            }
+        };
+        if start.segment != segment.number {
+            return Err(problem(
+                ProblemKind::Reordered,
+                Some(start.size + 1),
+                format!(
+                    "the file of segment {} (`{}`) holds segment {}: segment files were renamed or swapped",
+                    segment.number,
+                    path.display(),
+                    start.segment
+                ),
+            ));
+        }
+        let Some((start_frontier, start_prev)) = start.state() else {
+            return Err(problem(
+                ProblemKind::Malformed,
+                Some(start.size + 1),
+                format!("segment {}: the start record is malformed", segment.number),
+            ));
+        };
+        if index == 0 {
+            if segment.number > 1 && keep_leaves {
+                return Err(problem(
+                    ProblemKind::Missing,
+                    Some(1),
+                    format!(
+                        "segments 1..{} are not here (archived?): an export needs every segment from seq 1; copy the archived segments back beside the database",
+                        segment.number - 1
+                    ),
+                ));
+            }
+            frontier = start_frontier;
+            prev = start_prev;
+            start_size = start.size;
+            prev_line_seq = start.size;
+            if by_size.contains_key(&start.size) {
+                roots.insert(start.size, frontier.root());
+            }
+            if segment.number > 1 {
+                boundaries.insert(segment.number - 1, (start.size, frontier.root()));
+            }
+        } else {
+            let expected = segments[index - 1].number + 1;
+            if segment.number != expected {
+                return Err(problem(
+                    ProblemKind::Missing,
+                    Some(frontier.size() + 1),
+                    format!(
+                        "segment {expected} is missing (the next present is segment {}): events from seq {} on were removed",
+                        segment.number,
+                        frontier.size() + 1
+                    ),
+                ));
+            }
+            match previous_seal {
+                Some((_, true)) => {}
+                _ => {
+                    return Err(problem(
+                        ProblemKind::Malformed,
+                        Some(frontier.size()),
+                        format!(
+                            "segment {} is followed by segment {} but is not sealed",
+                            segment.number - 1,
+                            segment.number
+                        ),
+                    ));
+                }
+            }
+            if start.size != frontier.size()
+                || start_prev != prev
+                || start_frontier.root() != frontier.root()
+            {
+                let kind = if start.size > frontier.size() {
+                    ProblemKind::Missing
+                } else {
+                    ProblemKind::Edited
+                };
+                return Err(problem(
+                    kind,
+                    Some(frontier.size() + 1),
+                    format!(
+                        "segment {} does not start where segment {} ends (its start record says size {}, the log has {}): the segment was replaced or events were removed",
+                        segment.number,
+                        segment.number - 1,
+                        start.size,
+                        frontier.size()
+                    ),
+                ));
+            }
+        }
         let mut stmt = conn
             .prepare("SELECT seq, line, hash, type, run_id, ts FROM events ORDER BY seq")
             .map_err(map)?;
@@ -424,6 +649,15 @@ pub fn verify_conn(
                         Some(1),
                         "the first event's `prev` is not the genesis value",
                     )
+                } else if position == start_size + 1 && index == 0 {
+                    problem(
+                        ProblemKind::Edited,
+                        Some(position),
+                        format!(
+                            "seq {position}'s `prev` does not match the start record of segment {}: the start record was replaced",
+                            segment.number
+                        ),
+                    )
                 } else {
                     problem(
                         ProblemKind::Edited,
@@ -435,35 +669,106 @@ pub fn verify_conn(
                 });
             }
             check_fields(&value, row_seq, &columns)?;
+            if columns.0 == EventType::AuditSegmentsArchived.as_str() {
+                claims.push(archive_claim(&value, row_seq)?);
+            }
             frontier.push(hash);
-            leaves.push(hash);
+            if keep_leaves {
+                leaves.push(hash);
+            }
             prev = hash;
             prev_line_seq = line_seq;
-            if by_size.contains_key(&position) {
+            if by_size.contains_key(&position)
+                || trusted.as_ref().is_some_and(|t| t.0.size == position)
+            {
                 roots.insert(position, frontier.root());
             }
             if position.is_multiple_of(PROGRESS_STEP) {
-                progress(Progress::Checked(position));
+                progress(Progress::Checked(position - start_size));
             }
         }
+        drop(rows);
+        drop(stmt);
+        let seal = super::segments::read_seal(conn, path)?;
+        if let Some(seal) = &seal {
+            let matches = seal.segment == segment.number
+                && seal.first_seq == start.size + 1
+                && seal.last_seq == frontier.size()
+                && seal.last_hash == hex::encode(prev)
+                && seal.root == hex::encode(frontier.root())
+                && seal.frontier == frontier.nodes().iter().map(hex::encode).collect::<Vec<_>>();
+            if !matches {
+                let kind = if seal.last_seq > frontier.size() {
+                    ProblemKind::Truncated
+                } else {
+                    ProblemKind::Edited
+                };
+                return Err(problem(
+                    kind,
+                    Some(frontier.size().min(seal.last_seq) + 1),
+                    format!(
+                        "segment {} does not hold what its seal says (seq {}..{}, the segment has up to {}): events were removed, added or changed",
+                        segment.number,
+                        seal.first_seq,
+                        seal.last_seq,
+                        frontier.size()
+                    ),
+                ));
+            }
+            boundaries.insert(segment.number, (frontier.size(), frontier.root()));
+        }
+        previous_seal = Some((segment.number, seal.is_some()));
     }
     let size = frontier.size();
-    progress(Progress::Checked(size));
+    progress(Progress::Checked(size - start_size));
     let root = frontier.root();
 
-    // The auditor's trusted checkpoint: the log must contain and extend it.
-    let mut trusted_size = None;
-    if let Some(file) = &options.trusted_checkpoint {
-        let trusted_notes = read_notes(file)?;
-        let origin = format!("the trusted checkpoint `{}`", file.display());
-        let Some(note) = trusted_notes.last() else {
+    // An archive: the oldest remaining segment starts after seq 1. The newest
+    // `audit_segments_archived` event must vouch for it (else segments were removed),
+    // and each archive claim must match the boundary it names.
+    let mut archived = None;
+    for claim in &claims {
+        if let Some((last_seq, boundary_root)) = boundaries.get(&claim.through_segment)
+            && (claim.through_seq != *last_seq || claim.through_root != hex::encode(boundary_root))
+        {
             return Err(problem(
-                ProblemKind::Malformed,
-                None,
-                format!("{origin} holds no checkpoint"),
+                ProblemKind::Edited,
+                Some(claim.through_seq + 1),
+                format!(
+                    "the archive recorded at seq {} says segment {} ended at seq {} with root {}, but the log here has seq {last_seq} with root {}: a start record or segment was replaced",
+                    claim.seq,
+                    claim.through_segment,
+                    claim.through_seq,
+                    claim.through_root,
+                    hex::encode(boundary_root)
+                ),
             ));
-        };
-        let trusted = check_note(note, key, &origin)?;
+        }
+    }
+    if first_number > 1 {
+        let vouched = claims
+            .iter()
+            .map(|c| c.through_segment)
+            .max()
+            .is_some_and(|through| through >= first_number - 1);
+        if !vouched {
+            return Err(problem(
+                ProblemKind::Missing,
+                Some(1),
+                format!(
+                    "segments 1..{} are gone and no audit_segments_archived event in the log records their archive: they were removed",
+                    first_number - 1
+                ),
+            ));
+        }
+        archived = Some((first_number - 1, start_size));
+    }
+
+    // The auditor's trusted checkpoint: the log must contain and extend it (the root
+    // over its first `size` events, recomputed, must be the one it signs).
+    let mut trusted_size = None;
+    let mut warnings = Vec::new();
+    if let Some((trusted, origin)) = &trusted {
         if trusted.size > size {
             return Err(problem(
                 ProblemKind::Truncated,
@@ -476,27 +781,36 @@ pub fn verify_conn(
                 ),
             ));
         }
-        let tree = Tree::new(leaves.clone());
-        let proof = tree
-            .consistency_proof(trusted.size, size)
-            .unwrap_or_default();
-        if !verify_consistency(trusted.size, size, &proof, &trusted.root, &root) {
-            return Err(problem(
-                ProblemKind::Fork,
-                None,
-                format!(
-                    "the log does not extend {origin} (size {}): the consistency proof fails, the history was rewritten",
-                    trusted.size
-                ),
+        if trusted.size < start_size {
+            warnings.push(format!(
+                "{origin} (size {}) predates the oldest segment here (which starts after seq {start_size}): check it against the archive",
+                trusted.size
             ));
+        } else {
+            if roots.get(&trusted.size) != Some(&trusted.root) {
+                return Err(problem(
+                    ProblemKind::Fork,
+                    None,
+                    format!(
+                        "the log does not extend {origin} (size {}): the root over its events differs, the history was rewritten",
+                        trusted.size
+                    ),
+                ));
+            }
+            trusted_size = Some(trusted.size);
         }
-        trusted_size = Some(trusted.size);
     }
 
     // Every signed checkpoint, smallest first.
     let mut verified = Vec::new();
     let mut last_good = 0u64;
-    for (checkpoint_size, (checkpoint_root, note, origin)) in &by_size {
+    let mut before_start = 0usize;
+    for (checkpoint_size, (checkpoint_root, note, origin, inside)) in &by_size {
+        if *checkpoint_size < start_size {
+            // Over archived events: checked against the archive, not here.
+            before_start += 1;
+            continue;
+        }
         let Some(actual) = roots.get(checkpoint_size) else {
             return Err(problem(
                 ProblemKind::Truncated,
@@ -507,7 +821,7 @@ pub fn verify_conn(
                 ),
             ));
         };
-        let only_outside = !origin.contains("in the database");
+        let only_outside = !inside;
         if actual != checkpoint_root && only_outside {
             // The database no longer holds this checkpoint: the log was cut below it
             // and continued (its sequence numbers reused), or replaced by another
@@ -539,8 +853,13 @@ pub fn verify_conn(
         });
     }
 
-    let mut warnings = Vec::new();
-    let covered = verified.last().map_or(0, |c| c.size);
+    if before_start > 0 {
+        warnings.push(format!(
+            "{before_start} checkpoints cover only archived events (before seq {}): check them against the archive",
+            start_size + 1
+        ));
+    }
+    let covered = verified.last().map_or(0, |c| c.size).max(start_size);
     if covered < size && has_head {
         // Each commit stores a signed head over all of its events, in the same
         // transaction: unsigned events were added (or the head removed) by hand.
@@ -554,7 +873,7 @@ pub fn verify_conn(
         ));
     }
     match verified.last() {
-        None if size > 0 => warnings.push(
+        None if size > start_size => warnings.push(
             "no signed checkpoint covers the log: a cut tail could not be detected".to_string(),
         ),
         Some(latest) if latest.size < size => {
@@ -582,6 +901,10 @@ pub fn verify_conn(
         key_fingerprint: key.fingerprint(),
         key_fingerprint_confirmed: options.key_fingerprint.is_some(),
         warnings,
+        segments: segments.iter().map(|s| s.number).collect(),
+        first_seq: start_size + 1,
+        archived_through_segment: archived.map(|a| a.0),
+        archived_through_seq: archived.map(|a| a.1),
     };
     Ok(Verified {
         report,
@@ -589,6 +912,30 @@ pub fn verify_conn(
         checkpoints: verified,
         key: key.clone(),
     })
+}
+
+/// Reads the claim of an `audit_segments_archived` event (`details.through_segment`,
+/// `details.through_seq`, `details.through_root`).
+fn archive_claim(value: &Value, seq: u64) -> Result<ArchiveClaim, VerifyError> {
+    let details = value.get("details");
+    let field = |k: &str| details.and_then(|d| d.get(k));
+    match (
+        field("through_segment").and_then(Value::as_u64),
+        field("through_seq").and_then(Value::as_u64),
+        field("through_root").and_then(Value::as_str),
+    ) {
+        (Some(through_segment), Some(through_seq), Some(root)) => Ok(ArchiveClaim {
+            seq,
+            through_segment,
+            through_seq,
+            through_root: root.to_string(),
+        }),
+        _ => Err(problem(
+            ProblemKind::Malformed,
+            Some(seq),
+            "an audit_segments_archived event without through_segment, through_seq and through_root",
+        )),
+    }
 }
 
 /// The other fields every line must carry, and the indexed columns that must agree.

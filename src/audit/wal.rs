@@ -46,7 +46,10 @@ struct Publish {
 /// every note sent and run a last checkpoint.
 pub(crate) struct WalCheckpointer {
     sender: Option<Sender<Publish>>,
-    thread: Option<JoinHandle<()>>,
+    /// Gives the sinks back when it ends (see [`WalCheckpointer::restart`]).
+    thread: Option<JoinHandle<Sinks>>,
+    path: PathBuf,
+    durability: Durability,
 }
 
 impl WalCheckpointer {
@@ -54,9 +57,37 @@ impl WalCheckpointer {
     pub(crate) fn start(
         path: &Path,
         durability: Durability,
-        mut sinks: Sinks,
+        sinks: Sinks,
     ) -> Result<Self, AuditError> {
         let conn = open(path, durability)?;
+        Self::spawn(conn, path, durability, sinks)
+    }
+
+    /// Moves the thread to the database at `path` (a new audit segment): publishes
+    /// what was sent, stops, and starts again there with the same sinks. If `path`
+    /// cannot be opened, it goes on with the old database and returns the error.
+    pub(crate) fn restart(&mut self, path: &Path) -> Result<(), AuditError> {
+        let Some(sinks) = self.stop() else {
+            return Err(AuditError::Closed);
+        };
+        let (conn, result, target) = match open(path, self.durability) {
+            Ok(conn) => (conn, Ok(()), path.to_path_buf()),
+            Err(e) => (
+                open(&self.path, self.durability)?,
+                Err(e),
+                self.path.clone(),
+            ),
+        };
+        *self = Self::spawn(conn, &target, self.durability, sinks)?;
+        result
+    }
+
+    fn spawn(
+        conn: Connection,
+        path: &Path,
+        durability: Durability,
+        mut sinks: Sinks,
+    ) -> Result<Self, AuditError> {
         let (sender, received) = mpsc::channel::<Publish>();
         let owned: PathBuf = path.to_path_buf();
         let thread = std::thread::Builder::new()
@@ -83,6 +114,7 @@ impl WalCheckpointer {
                 if let Err((_, e)) = conn.close() {
                     tracing::warn!(error = %e, "closing the WAL thread's connection failed");
                 }
+                sinks
             })
             .map_err(|e| AuditError::Io {
                 path: path.to_path_buf(),
@@ -91,6 +123,8 @@ impl WalCheckpointer {
         Ok(WalCheckpointer {
             sender: Some(sender),
             thread: Some(thread),
+            path: path.to_path_buf(),
+            durability,
         })
     }
 
@@ -106,11 +140,9 @@ impl WalCheckpointer {
 
     /// Publishes what was sent, runs a last round and waits for the thread to close
     /// its connection.
-    pub(crate) fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) -> Option<Sinks> {
         self.sender.take();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.thread.take().and_then(|thread| thread.join().ok())
     }
 }
 

@@ -2,8 +2,10 @@
 //! (`audit replay` is `commands::replay`).
 //!
 //! Exit codes: 0 ok; 1 integrity failure (edited, missing, inserted, reordered, a root
-//! that does not match); 2 truncation or fork; 3 key or signature problem; 4 invalid
-//! arguments, or a database that cannot be opened as an audit log.
+//! that does not match; across segments too: a missing or swapped segment, a start that
+//! does not match the previous seal or the archive record), and `archive` refused; 2
+//! truncation or fork; 3 key or signature problem; 4 invalid arguments, a database that
+//! cannot be opened as an audit log, or (`archive`) a log locked by a running gateway.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -31,6 +33,34 @@ pub enum AuditCommand {
     Tail(TailArgs),
     /// Re-decide recorded tool calls under a candidate policy; list changed decisions.
     Replay(crate::commands::replay::ReplayArgs),
+    /// Move sealed segments out of the data directory (the gateway must be stopped);
+    /// what remains still verifies, from the oldest remaining segment.
+    Archive(ArchiveArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["before_seq", "keep_segments"])))]
+pub struct ArchiveArgs {
+    /// The audit database (the log's first segment).
+    #[arg(long, default_value = "var/audit.db")]
+    pub db: PathBuf,
+    /// The key directory (default: `keys` next to the database).
+    #[arg(long)]
+    pub key_dir: Option<PathBuf>,
+    /// Sign with a `toolgate signer` process on this Unix socket.
+    #[arg(long)]
+    pub signer_socket: Option<PathBuf>,
+    /// Archive every sealed segment whose events all have a seq below this one.
+    #[arg(long)]
+    pub before_seq: Option<u64>,
+    /// Archive every sealed segment but the newest N sealed ones.
+    #[arg(long)]
+    pub keep_segments: Option<u64>,
+    /// The archive directory (created if missing; not the data directory).
+    #[arg(long)]
+    pub to: PathBuf,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
 }
 
 #[derive(Debug, Args)]
@@ -52,6 +82,10 @@ pub struct VerifyArgs {
     /// it (exit 3 otherwise). Without it the key is trusted as found, with a warning.
     #[arg(long)]
     pub key_fingerprint: Option<String>,
+    /// A directory of archived segments (`toolgate audit archive --to`; repeatable):
+    /// verified with the segments beside the database as one log from seq 1.
+    #[arg(long = "archive")]
+    pub archive_dirs: Vec<PathBuf>,
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
 }
@@ -88,6 +122,10 @@ pub struct ExportArgs {
     /// file in the key directory.
     #[arg(long)]
     pub signer_socket: Option<PathBuf>,
+    /// A directory of archived segments (repeatable): an export needs every segment
+    /// from seq 1.
+    #[arg(long = "archive")]
+    pub archive_dirs: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -148,6 +186,7 @@ pub fn run(command: AuditCommand) -> Exit {
         AuditCommand::Key(args) => key_command(&args),
         AuditCommand::Tail(args) => tail_command(&args),
         AuditCommand::Replay(args) => crate::commands::replay::replay_command(&args),
+        AuditCommand::Archive(args) => archive_command(&args),
     }
 }
 
@@ -215,7 +254,7 @@ fn checkpoint_files(db: &Path, named: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 fn verify_command(args: &VerifyArgs) -> Exit {
-    if !args.db.exists() {
+    if log_missing(&args.db) {
         print_error(
             &format!("no audit database at `{}`", args.db.display()),
             Some("pass --db PATH"),
@@ -231,6 +270,7 @@ fn verify_command(args: &VerifyArgs) -> Exit {
         checkpoint_files: checkpoint_files(&args.db, &args.checkpoint_files),
         trusted_checkpoint: args.trusted_checkpoint.clone(),
         key_fingerprint: args.key_fingerprint.clone(),
+        archive_dirs: args.archive_dirs.clone(),
     };
     let bar = progress_bar("verifying");
     let result = verify_db(&options, &mut on_progress(&bar));
@@ -255,6 +295,17 @@ fn verify_command(args: &VerifyArgs) -> Exit {
                         None => say!("ok: the log is empty"),
                     }
                     say!("root {}", r.root);
+                    match (r.archived_through_segment, r.archived_through_seq) {
+                        (Some(segment), Some(seq)) => say!(
+                            "verified from seq {} (segment {}): segments 1..{segment} (seq 1..{seq}) were archived; the start was checked against the audit_segments_archived record, verify the archive with --archive DIR",
+                            r.first_seq,
+                            segment + 1
+                        ),
+                        _ if r.segments.len() > 1 => {
+                            say!("{} segments (1..{})", r.segments.len(), r.segments.len())
+                        }
+                        _ => {}
+                    }
                     match r.latest_checkpoint_size {
                         Some(size) => say!(
                             "{} checkpoints verified (newest at size {size})",
@@ -303,6 +354,102 @@ fn verify_command(args: &VerifyArgs) -> Exit {
     }
 }
 
+/// True when no segment of the log whose first segment is `db` exists.
+fn log_missing(db: &Path) -> bool {
+    crate::audit::segments::list(db).map_or(!db.exists(), |s| s.is_empty())
+}
+
+fn archive_command(args: &ArchiveArgs) -> Exit {
+    use crate::audit::archive::{ArchiveError, ArchiveOptions, Selection, archive};
+    if log_missing(&args.db) {
+        print_error(
+            &format!("no audit database at `{}`", args.db.display()),
+            Some("pass --db PATH"),
+        );
+        return Exit::InvalidConfig;
+    }
+    let selection = match (args.before_seq, args.keep_segments) {
+        (Some(seq), None) => Selection::BeforeSeq(seq),
+        (None, Some(keep)) => Selection::KeepSegments(keep),
+        _ => {
+            print_error(
+                &"give exactly one of --before-seq and --keep-segments",
+                None,
+            );
+            return Exit::InvalidConfig;
+        }
+    };
+    let signer: Option<std::sync::Arc<dyn crate::audit::signer::Signer>> = match &args.signer_socket
+    {
+        None => None,
+        Some(socket) => match crate::audit::signer::SocketSigner::connect(socket) {
+            Ok(signer) => Some(std::sync::Arc::new(signer)),
+            Err(error) => {
+                print_error(&error, error.help());
+                return Exit::Signature;
+            }
+        },
+    };
+    let options = ArchiveOptions {
+        db_path: args.db.clone(),
+        key_dir: args
+            .key_dir
+            .clone()
+            .unwrap_or_else(|| default_key_dir(&args.db)),
+        signer,
+        checkpoint_files: checkpoint_files(&args.db, &[]),
+        selection,
+        to: args.to.clone(),
+    };
+    let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
+    {
+        Ok(runtime) => runtime,
+        Err(exit) => return exit,
+    };
+    match runtime.block_on(archive(&options)) {
+        Ok(summary) => {
+            match args.format {
+                Format::Json => {
+                    let mut value = serde_json::to_value(&summary).unwrap_or_default();
+                    value["status"] = "ok".into();
+                    say!(
+                        "{}",
+                        serde_json::to_string_pretty(&value).unwrap_or_default()
+                    );
+                }
+                Format::Text => match (summary.archived.first(), summary.archived.last()) {
+                    (Some(first), Some(last)) => say!(
+                        "archived segments {}..{} (seq {}..{}) to `{}`; recorded as seq {}",
+                        first.seal.segment,
+                        last.seal.segment,
+                        first.seal.first_seq,
+                        last.seal.last_seq,
+                        summary.to,
+                        summary.event_seq.unwrap_or_default()
+                    ),
+                    _ => say!("nothing to archive"),
+                },
+            }
+            Exit::Ok
+        }
+        Err(ArchiveError::Verify(problem)) => {
+            print_error(
+                &ArchiveError::Verify(problem.clone()),
+                Some("run `toolgate audit verify` for details"),
+            );
+            exit_for_problem(&problem)
+        }
+        Err(ArchiveError::Audit(error)) => {
+            print_error(&error, error.help());
+            exit_for_error(&error)
+        }
+        Err(error @ ArchiveError::Refused(_)) => {
+            print_error(&error, None);
+            Exit::Failure
+        }
+    }
+}
+
 fn parse_time(flag: &str, text: &Option<String>) -> Result<Option<OffsetDateTime>, Exit> {
     match text {
         None => Ok(None),
@@ -317,7 +464,7 @@ fn parse_time(flag: &str, text: &Option<String>) -> Result<Option<OffsetDateTime
 }
 
 fn export_command(args: &ExportArgs) -> Exit {
-    if !args.db.exists() {
+    if log_missing(&args.db) {
         print_error(
             &format!("no audit database at `{}`", args.db.display()),
             Some("pass --db PATH"),
@@ -358,6 +505,7 @@ fn export_command(args: &ExportArgs) -> Exit {
         since,
         until,
         checkpoint_files: checkpoint_files(&args.db, &[]),
+        archive_dirs: args.archive_dirs.clone(),
     };
     let bar = progress_bar("exporting");
     let result = export(&options, &mut on_progress(&bar));

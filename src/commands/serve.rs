@@ -46,7 +46,8 @@ pub struct ServeArgs {
     /// not counted.
     #[arg(long, default_value_t = 0)]
     pub max_requests_per_second_per_client: u32,
-    /// The most bytes the audit database and its WAL may take; new calls are refused
+    /// The most bytes the audit database and its WAL may take (every segment still in
+    /// the data directory, with `--audit-segment-bytes`); new calls are refused
     /// (`audit_capacity_exhausted`) once less than 4 MiB of it is left.
     #[arg(long)]
     pub max_audit_bytes: Option<u64>,
@@ -54,6 +55,16 @@ pub struct ServeArgs {
     /// are refused (`audit_capacity_exhausted`) 4 MiB before it is reached.
     #[arg(long)]
     pub min_free_disk_bytes: Option<u64>,
+    /// Seal the active audit segment once its database passes this many bytes
+    /// (checked at each commit; at least 65536) and continue in a new segment file
+    /// (`audit-000002.db`, ...); one chain and one Merkle tree span the segments
+    /// (docs/audit.md). Default: no rotation by size.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(65_536..))]
+    pub audit_segment_bytes: Option<u64>,
+    /// Seal the active audit segment once it has been open this many seconds and holds
+    /// an event. Default: no rotation by age.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub audit_segment_max_age_s: Option<u64>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -208,6 +219,8 @@ async fn run(args: &ServeArgs) -> Exit {
         // The hard stop beneath the refusal: SQLite itself refuses to grow past it.
         options.max_db_bytes = Some(max);
     }
+    options.segment_max_bytes = args.audit_segment_bytes;
+    options.segment_max_age = args.audit_segment_max_age_s.map(Duration::from_secs);
     let options_db_path = options.db_path.clone();
     let audit = match AuditLog::open(options) {
         Ok(audit) => audit,

@@ -16,6 +16,7 @@ mod audit_crash;
 mod audit_export;
 mod audit_insider;
 mod audit_log;
+mod audit_segments;
 mod audit_verify;
 mod authz;
 mod bench;
