@@ -11,9 +11,9 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::audit::{AuditError, AuditReader};
 use crate::call::Decision;
+use crate::call::Verdict;
 use crate::commands::{Exit, Format};
 use crate::gateway::Loaded;
-use crate::pipeline::Verdict;
 use crate::review::replay::{ChangeKind, ReplayReport, Replayed, replay_db};
 
 #[derive(Debug, Args)]

@@ -27,10 +27,10 @@ use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 
 use crate::audit::{AuditError, AuditReader, EventFilter, EventType, StoredEvent};
-use crate::call::{CallRequest, Decision};
+use crate::call::{CallRequest, Decision, Verdict};
 use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::gateway::Loaded;
-use crate::pipeline::{Verdict, explain};
+use crate::pipeline::explain;
 use crate::policy::RunStatus;
 use crate::runs::RunRecord;
 
