@@ -53,18 +53,6 @@ pub struct PartialRequest {
 /// A request as received: parsed, or refused with whatever ids could be read.
 pub type Received = Result<CallRequest, Box<(Refusal, PartialRequest)>>;
 
-const FIELDS: [&str; 9] = [
-    "role_id",
-    "run_id",
-    "lane_id",
-    "tool_name",
-    "arguments",
-    "scope",
-    "timeout_ms",
-    "idempotency_key",
-    "dry_run",
-];
-
 /// The credential of an `Authorization` header, compared later exactly as sent: the
 /// value must be `Bearer <token>` (scheme in any case, one space). Anything else that
 /// is present (spaces or tabs around the token, another scheme, bytes that are not
@@ -88,20 +76,91 @@ pub fn bearer_token(value: &[u8]) -> Option<String> {
 /// Parses a request body. On failure returns the refusal (listing every problem) and
 /// whatever ids could be read, so the refusal can still be audited under them.
 pub fn parse_request(body: &[u8]) -> Received {
-    let value: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => {
-            let problem = if std::str::from_utf8(body).is_err() {
-                "the body is not valid UTF-8".to_string()
-            } else {
-                format!("the body is not valid JSON: {e}")
-            };
-            let mut partial = PartialRequest::default();
-            partial.received.insert("body".into(), digest_bytes(body));
-            return Err(Box::new((malformed(vec![problem]), partial)));
+    CallBody::from_bytes(body).and_then(CallBody::into_request)
+}
+
+/// The body of `POST /v1/tool-calls` as sent, field by field: what `server` parses from
+/// the bytes and the gateway completes (from a run token) and checks
+/// ([`CallBody::into_request`]).
+///
+/// Each field is kept as the JSON value received (null read as absent) so that the
+/// check can name every problem at once, in the documented words ("`role_id` must be a
+/// string, not a number"), rather than stop at the first wrong type. Unknown fields are
+/// refused too (docs/api.md), all of them named, together with the other problems:
+/// they are collected here instead of failing the parse at the first one, as
+/// `deny_unknown_fields` would.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+pub struct CallBody {
+    #[serde(default)]
+    pub role_id: Option<Value>,
+    #[serde(default)]
+    pub run_id: Option<Value>,
+    #[serde(default)]
+    pub lane_id: Option<Value>,
+    #[serde(default)]
+    pub tool_name: Option<Value>,
+    #[serde(default)]
+    pub arguments: Option<Value>,
+    #[serde(default)]
+    pub scope: Option<Value>,
+    #[serde(default)]
+    pub timeout_ms: Option<Value>,
+    #[serde(default)]
+    pub idempotency_key: Option<Value>,
+    #[serde(default)]
+    pub dry_run: Option<Value>,
+    /// Every other field, by name: each is refused.
+    #[serde(flatten)]
+    pub unknown: std::collections::BTreeMap<String, serde::de::IgnoredAny>,
+}
+
+impl CallBody {
+    /// Reads a body: a JSON object, or the refusal saying why not (with a digest of
+    /// what was received when it is not JSON at all).
+    pub fn from_bytes(body: &[u8]) -> Result<CallBody, Box<(Refusal, PartialRequest)>> {
+        // One pass from the bytes straight into the fields.
+        if let Ok(parsed) = serde_json::from_slice::<CallBody>(body) {
+            return Ok(parsed);
         }
-    };
-    parse_request_value(value)
+        // Not an object, not JSON, or a field given twice (the last one counts, as in
+        // any JSON object): read it as JSON to say which.
+        match serde_json::from_slice::<Value>(body) {
+            Ok(value) => CallBody::from_value(value),
+            Err(e) => {
+                let problem = if std::str::from_utf8(body).is_err() {
+                    "the body is not valid UTF-8".to_string()
+                } else {
+                    format!("the body is not valid JSON: {e}")
+                };
+                let mut partial = PartialRequest::default();
+                partial.received.insert("body".into(), digest_bytes(body));
+                Err(Box::new((malformed(vec![problem]), partial)))
+            }
+        }
+    }
+
+    /// Reads a body already parsed as JSON (the MCP front builds one from headers).
+    pub fn from_value(value: Value) -> Result<CallBody, Box<(Refusal, PartialRequest)>> {
+        if !value.is_object() {
+            return Err(Box::new((
+                malformed(vec!["the body must be a JSON object".into()]),
+                PartialRequest::default(),
+            )));
+        }
+        // Every field is a JSON value: an object always reads.
+        serde_json::from_value(value).map_err(|e| {
+            Box::new((
+                malformed(vec![format!("the body could not be read: {e}")]),
+                PartialRequest::default(),
+            ))
+        })
+    }
+
+    /// Checks every field and bound; the request, or a refusal listing every problem
+    /// with whatever ids could be read.
+    pub fn into_request(self) -> Received {
+        check_call(self)
+    }
 }
 
 /// A bounded, sanitized record of raw bytes: their sha256, size and the first
@@ -185,23 +244,17 @@ pub fn json_size(value: &Value, limit: usize) -> usize {
 
 /// Parses a request already read as JSON (the MCP front builds one from headers).
 pub fn parse_request_value(value: Value) -> Received {
-    let Value::Object(mut obj) = value else {
-        return Err(Box::new((
-            malformed(vec!["the body must be a JSON object".into()]),
-            PartialRequest::default(),
-        )));
-    };
+    CallBody::from_value(value).and_then(CallBody::into_request)
+}
+
+/// [`CallBody::into_request`]: every problem at once, in the order of the fields.
+fn check_call(body: CallBody) -> Received {
     let mut problems = Vec::new();
-    let mut unknown: Vec<&String> = obj
-        .keys()
-        .filter(|k| !FIELDS.contains(&k.as_str()))
-        .collect();
-    unknown.sort();
-    for key in unknown {
+    for key in body.unknown.keys() {
         problems.push(format!("unknown field `{}`", truncate(key, 64)));
     }
-    let id = |name: &str, problems: &mut Vec<String>| -> Option<String> {
-        match obj.get(name) {
+    let id = |name: &str, value: &Option<Value>, problems: &mut Vec<String>| -> Option<String> {
+        match value {
             None | Some(Value::Null) => {
                 problems.push(format!("missing required field `{name}`"));
                 None
@@ -221,10 +274,10 @@ pub fn parse_request_value(value: Value) -> Received {
             }
         }
     };
-    let role_id = id("role_id", &mut problems);
-    let run_id = id("run_id", &mut problems);
-    let lane_id = id("lane_id", &mut problems);
-    let tool_name = id("tool_name", &mut problems);
+    let role_id = id("role_id", &body.role_id, &mut problems);
+    let run_id = id("run_id", &body.run_id, &mut problems);
+    let lane_id = id("lane_id", &body.lane_id, &mut problems);
+    let tool_name = id("tool_name", &body.tool_name, &mut problems);
     let mut partial = PartialRequest {
         role_id: role_id.clone(),
         run_id: run_id.clone(),
@@ -232,7 +285,7 @@ pub fn parse_request_value(value: Value) -> Received {
         tool_name: tool_name.clone(),
         received: Map::new(),
     };
-    let arguments = match obj.remove("arguments") {
+    let arguments = match body.arguments {
         Some(v @ Value::Object(_)) => Some(v),
         None | Some(Value::Null) => {
             problems.push("missing required field `arguments` (use {} for none)".into());
@@ -246,7 +299,7 @@ pub fn parse_request_value(value: Value) -> Received {
             None
         }
     };
-    let scope = match obj.remove("scope") {
+    let scope = match body.scope {
         Some(Value::Object(m)) => Some(m),
         None | Some(Value::Null) => {
             problems.push("missing required field `scope` (use {} for none)".into());
@@ -257,7 +310,7 @@ pub fn parse_request_value(value: Value) -> Received {
             None
         }
     };
-    let timeout_ms = match obj.get("timeout_ms") {
+    let timeout_ms = match &body.timeout_ms {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_u64() {
             Some(ms) if ms > 0 => Some(ms),
@@ -267,7 +320,7 @@ pub fn parse_request_value(value: Value) -> Received {
             }
         },
     };
-    let idempotency_key = match obj.get("idempotency_key") {
+    let idempotency_key = match &body.idempotency_key {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_KEY_LEN => Some(s.clone()),
         Some(_) => {
@@ -277,7 +330,7 @@ pub fn parse_request_value(value: Value) -> Received {
             None
         }
     };
-    let dry_run = match obj.get("dry_run") {
+    let dry_run = match &body.dry_run {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(other) => {
@@ -526,6 +579,42 @@ pub struct DryRun {
 pub enum Decision {
     Allow,
     Deny,
+}
+
+/// The outcome of steps 1-8 in a form two policies' decisions can be compared by
+/// (shadow mode, `audit replay`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    pub decision: Decision,
+    /// The denial reason (`prohibited_flag`, ...), the step and the message.
+    pub reason: Option<String>,
+    pub step: Option<u8>,
+    pub message: Option<String>,
+}
+
+impl Verdict {
+    /// Allow, or the refusal's reason, step and message.
+    pub fn of(refusal: Option<&Refusal>) -> Verdict {
+        match refusal {
+            None => Verdict {
+                decision: Decision::Allow,
+                reason: None,
+                step: None,
+                message: None,
+            },
+            Some(r) => Verdict {
+                decision: Decision::Deny,
+                reason: Some(r.reason.as_str().to_string()),
+                step: Some(r.step()),
+                message: Some(r.message.clone()),
+            },
+        }
+    }
+
+    /// Whether two verdicts differ in decision or in denial reason (not in wording).
+    pub fn diverges(&self, other: &Verdict) -> bool {
+        self.decision != other.decision || self.reason != other.reason
+    }
 }
 
 #[cfg(test)]

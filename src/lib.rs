@@ -10,6 +10,8 @@
 //! - [`adapter`]: executes authorized calls (builtin, command, http).
 //! - [`audit`]: the hash-chained, append-only audit log in SQLite, its checkpoints,
 //!   verification and export.
+//! - [`requests`]: the typed requests of the run and safety-lock endpoints, parsed by
+//!   [`server`] from the body.
 //! - [`runs`]: run records, pinned to the policy versions they were created under.
 //! - [`shadow`]: shadow mode: a candidate policy decides every call beside the active one.
 //! - [`review`]: policy as code: explain, test, diff, replay.
@@ -41,6 +43,7 @@ pub mod mcp;
 pub mod observe;
 pub mod pipeline;
 pub mod policy;
+pub mod requests;
 pub mod review;
 pub mod runs;
 pub mod server;

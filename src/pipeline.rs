@@ -20,7 +20,7 @@ use crate::audit::{Appended, AuditError, EventType, NewEvent};
 use crate::authz;
 use crate::call::{
     ArtifactRef, CallRequest, CallResponse, Decision, DryRun, PartialRequest, Received, Status,
-    Trace,
+    Trace, Verdict,
 };
 use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
@@ -251,42 +251,6 @@ pub struct Explanation {
     pub trace: Trace,
     /// The first failing check, or None when steps 1-8 all pass.
     pub refusal: Option<Refusal>,
-}
-
-/// The outcome of steps 1-8 in a form two policies' decisions can be compared by
-/// (shadow mode, `audit replay`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Verdict {
-    pub decision: Decision,
-    /// The denial reason (`prohibited_flag`, ...), the step and the message.
-    pub reason: Option<String>,
-    pub step: Option<u8>,
-    pub message: Option<String>,
-}
-
-impl Verdict {
-    /// Allow, or the refusal's reason, step and message.
-    pub fn of(refusal: Option<&Refusal>) -> Verdict {
-        match refusal {
-            None => Verdict {
-                decision: Decision::Allow,
-                reason: None,
-                step: None,
-                message: None,
-            },
-            Some(r) => Verdict {
-                decision: Decision::Deny,
-                reason: Some(r.reason.as_str().to_string()),
-                step: Some(r.step()),
-                message: Some(r.message.clone()),
-            },
-        }
-    }
-
-    /// Whether two verdicts differ in decision or in denial reason (not in wording).
-    pub fn diverges(&self, other: &Verdict) -> bool {
-        self.decision != other.decision || self.reason != other.reason
-    }
 }
 
 impl Explanation {

@@ -30,6 +30,14 @@ pub struct RunRecord {
     pub created_by: String,
 }
 
+/// Whether `s` is a run id the API accepts: `^[A-Za-z0-9._-]{1,128}$`.
+pub fn valid_run_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
 /// Why a run operation was refused.
 #[derive(Debug)]
 pub enum RunError {

@@ -27,11 +27,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::audit::{EventFilter, EventType};
-use crate::call::{CallResponse, Status};
+use crate::call::{CallBody, CallResponse, Status};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
 use crate::limits::{Admission, ClientLimits, Limit, LimitOptions, Permit};
 use crate::observe::trace::TraceParent;
+use crate::requests::{self, ListRuns};
 use crate::transport::JsonRefusals;
 
 /// Limits of the HTTP front.
@@ -267,7 +268,10 @@ async fn route(
             // call runs to its closing audit event.
             let gw = gateway.clone();
             let handle = tokio::spawn(async move {
-                let request = gw.parse_call(token.as_deref(), &body);
+                // A body that does not parse is still a tool call: refused at step 1
+                // and audited like every call.
+                let request = CallBody::from_bytes(&body)
+                    .and_then(|body| gw.parse_call(token.as_deref(), body));
                 gw.handle_traced(token.as_deref(), request, parent.as_ref())
                     .await
             });
@@ -279,7 +283,9 @@ async fn route(
             }
         }
         (&Method::POST, ["v1", "runs"]) => respond(
-            gateway.create_run_issuing(token.as_deref(), &body).await,
+            gateway
+                .create_run_issuing(token.as_deref(), requests::parse(&body))
+                .await,
             StatusCode::CREATED,
         ),
         (&Method::POST, ["v1", "runs", run_id, "tokens", token_id, "revoke"]) => respond(
@@ -291,14 +297,18 @@ async fn route(
         (&Method::GET, ["v1", "runs"]) => respond(
             gateway.list_runs(
                 token.as_deref(),
-                query.get("status").map(String::as_str),
-                query.get("limit").map(String::as_str),
-                query.get("cursor").map(String::as_str),
+                ListRuns::from_query(
+                    query.get("status").map(String::as_str),
+                    query.get("limit").map(String::as_str),
+                    query.get("cursor").map(String::as_str),
+                ),
             ),
             StatusCode::OK,
         ),
         (&Method::POST, ["v1", "runs", run_id, "repin"]) => respond(
-            gateway.repin_run(token.as_deref(), run_id, &body).await,
+            gateway
+                .repin_run(token.as_deref(), run_id, requests::parse(&body))
+                .await,
             StatusCode::OK,
         ),
         (&Method::GET, ["v1", "runs", run_id]) => {
@@ -306,7 +316,7 @@ async fn route(
         }
         (&Method::POST, ["v1", "runs", run_id, "status"]) => respond(
             gateway
-                .set_run_status(token.as_deref(), run_id, &body)
+                .set_run_status(token.as_deref(), run_id, requests::parse(&body))
                 .await,
             StatusCode::OK,
         ),
@@ -319,7 +329,9 @@ async fn route(
             }
         }
         (&Method::POST, ["v1", "safety-lock"]) => respond(
-            gateway.set_safety_lock(token.as_deref(), &body).await,
+            gateway
+                .set_safety_lock(token.as_deref(), requests::parse(&body))
+                .await,
             StatusCode::OK,
         ),
         (&Method::GET, ["v1", "safety-lock"]) => match gateway.verify_any(token.as_deref()) {

@@ -19,17 +19,17 @@
 //! never delays one.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use serde_json::json;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::audit::{AuditLog, EventType, NewEvent};
-use crate::call::{CallRequest, Received};
-use crate::gateway::{Gateway, Loaded};
-use crate::pipeline::{Caller, Verdict, explain_as};
-use crate::policy::PolicyVersions;
-use crate::runs::RunRecord;
+use crate::gateway::Loaded;
+use crate::gateway::shadow::{Counters, Job, Message};
+use crate::pipeline::{Caller, explain_as};
+
+pub use crate::gateway::shadow::Shadow;
 
 /// Calls waiting for the shadow worker; beyond this, calls are not shadowed (counted).
 const QUEUE: usize = 4096;
@@ -38,101 +38,32 @@ pub const DROP_SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_se
 /// The most divergences recorded in one audit append.
 const BATCH: usize = 64;
 
-/// One live call to decide under the candidate.
-#[derive(Debug)]
-struct Job {
-    call_id: String,
-    /// The caller's bearer token, held only until the candidate has verified it.
-    token: Option<String>,
-    request: CallRequest,
-    /// The live run record at the time of the call, if the run exists.
-    run: Option<RunRecord>,
-    active: Verdict,
-    active_versions: PolicyVersions,
+/// Starts the worker (on the current tokio runtime) that decides calls under
+/// `candidate` and records divergences in `audit`; the handle the gateway holds
+/// (`Gateway::with_shadow`).
+pub fn start(candidate: Loaded, audit: AuditLog) -> Shadow {
+    with_queue(candidate, audit, QUEUE)
 }
 
-enum Message {
-    Decide(Box<Job>),
-    Flush(oneshot::Sender<()>),
-}
-
-/// The candidate policy and its worker.
-pub struct Shadow {
-    candidate: Arc<Loaded>,
-    sender: mpsc::Sender<Message>,
-    decided: Arc<AtomicU64>,
-    divergences: Arc<AtomicU64>,
-    /// Calls not shadowed because the queue was full.
-    dropped: Arc<AtomicU64>,
-}
-
-impl Shadow {
-    /// Starts the worker (on the current tokio runtime) that decides calls under
-    /// `candidate` and records divergences in `audit`.
-    pub fn start(candidate: Loaded, audit: AuditLog) -> Shadow {
-        Shadow::with_queue(candidate, audit, QUEUE)
-    }
-
-    /// [`Shadow::start`] with a queue of `queue` calls.
-    fn with_queue(candidate: Loaded, audit: AuditLog, queue: usize) -> Shadow {
-        let candidate = Arc::new(candidate);
-        let (sender, receiver) = mpsc::channel(queue.max(1));
-        let decided = Arc::new(AtomicU64::new(0));
-        let divergences = Arc::new(AtomicU64::new(0));
-        let dropped = Arc::new(AtomicU64::new(0));
-        let worker = Worker {
-            candidate: candidate.clone(),
-            audit,
-            decided: decided.clone(),
-            divergences: divergences.clone(),
-            dropped: dropped.clone(),
-            reported: 0,
-        };
-        tokio::spawn(worker.run(receiver));
-        Shadow {
-            candidate,
-            sender,
-            decided,
-            divergences,
-            dropped,
-        }
-    }
-
-    /// Calls not shadowed because the queue was full, so far.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
-
-    /// The candidate's versions.
-    pub fn versions(&self) -> &PolicyVersions {
-        &self.candidate.policy.versions
-    }
-
-    /// Calls decided under the candidate so far.
-    pub fn decided(&self) -> u64 {
-        self.decided.load(Ordering::Relaxed)
-    }
-
-    /// Calls whose candidate decision differed from the active one so far.
-    pub fn divergences(&self) -> u64 {
-        self.divergences.load(Ordering::Relaxed)
-    }
-
-    /// Waits until every call queued so far is decided and its divergence recorded.
-    pub async fn flush(&self) {
-        let (done, wait) = oneshot::channel();
-        if self.sender.send(Message::Flush(done)).await.is_ok() {
-            let _ = wait.await;
-        }
-    }
+/// [`start`] with a queue of `queue` calls.
+fn with_queue(candidate: Loaded, audit: AuditLog, queue: usize) -> Shadow {
+    let (sender, receiver) = mpsc::channel(queue.max(1));
+    let counters = Arc::new(Counters::default());
+    let versions = candidate.policy.versions.clone();
+    let worker = Worker {
+        candidate,
+        audit,
+        counters: counters.clone(),
+        reported: 0,
+    };
+    tokio::spawn(worker.run(receiver));
+    Shadow::new(versions, sender, counters)
 }
 
 struct Worker {
-    candidate: Arc<Loaded>,
+    candidate: Loaded,
     audit: AuditLog,
-    decided: Arc<AtomicU64>,
-    divergences: Arc<AtomicU64>,
-    dropped: Arc<AtomicU64>,
+    counters: Arc<Counters>,
     /// Drops already recorded in a `shadow_dropped` event.
     reported: u64,
 }
@@ -181,7 +112,7 @@ impl Worker {
 
     /// Records the calls dropped since the last summary, if any.
     async fn summarize_drops(&mut self) {
-        let total = self.dropped.load(Ordering::Relaxed);
+        let total = self.counters.dropped.load(Ordering::Relaxed);
         if total == self.reported {
             return;
         }
@@ -214,12 +145,12 @@ impl Worker {
             job.request.clone(),
             run,
         );
-        self.decided.fetch_add(1, Ordering::Relaxed);
+        self.counters.decided.fetch_add(1, Ordering::Relaxed);
         let shadow = explanation.verdict();
         if !job.active.diverges(&shadow) {
             return None;
         }
-        self.divergences.fetch_add(1, Ordering::Relaxed);
+        self.counters.divergences.fetch_add(1, Ordering::Relaxed);
         let request = &job.request;
         let mut event = NewEvent::new(EventType::ShadowDivergence);
         event.call_id = Some(job.call_id);
@@ -244,62 +175,6 @@ impl Worker {
     }
 }
 
-impl Gateway {
-    /// A copy of a well-formed request when shadow mode is on.
-    pub(crate) fn shadow_copy(&self, request: &Received) -> Option<CallRequest> {
-        match (self.shadow(), request) {
-            (Some(_), Ok(request)) => Some(request.clone()),
-            _ => None,
-        }
-    }
-
-    /// Queues a call for the candidate's decision; never waits: a call that finds the
-    /// queue full is not shadowed, only counted.
-    pub(crate) fn shadow_submit(
-        &self,
-        call_id: &str,
-        token: Option<&str>,
-        request: CallRequest,
-        active: Verdict,
-        active_versions: &PolicyVersions,
-    ) {
-        let Some(shadow) = self.shadow() else {
-            return;
-        };
-        let job = Job {
-            call_id: call_id.to_string(),
-            token: token.map(str::to_string),
-            run: self.runs.get(&request.run_id),
-            request,
-            active,
-            active_versions: active_versions.clone(),
-        };
-        match shadow.sender.try_send(Message::Decide(Box::new(job))) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                shadow.dropped.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                shadow.dropped.fetch_add(1, Ordering::Relaxed);
-                tracing::error!("the shadow worker stopped; a call was not shadowed");
-            }
-        }
-    }
-
-    /// Calls whose shadow decision diverged from the active one (0 without shadow
-    /// mode), for metrics.
-    pub fn shadow_divergences(&self) -> u64 {
-        self.shadow().map_or(0, Shadow::divergences)
-    }
-
-    /// Waits until every shadowed call so far is decided and recorded.
-    pub async fn flush_shadow(&self) {
-        if let Some(shadow) = self.shadow() {
-            shadow.flush().await;
-        }
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -309,8 +184,9 @@ mod tests {
 
     use super::*;
     use crate::audit::{AuditOptions, EventFilter};
+    use crate::call::Received;
     use crate::call::Status;
-    use crate::gateway::{PolicySourcePaths, adapter_env};
+    use crate::gateway::{Gateway, PolicySourcePaths, adapter_env};
 
     fn repo() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -352,10 +228,13 @@ mod tests {
             let lane = p.lanes.get_mut("research").unwrap();
             lane.prohibited_flags.push("urgent".into());
         });
-        let gateway = gateway.with_shadow(Shadow::start(candidate, audit.clone()));
+        let gateway = gateway.with_shadow(start(candidate, audit.clone()));
         assert_eq!(gateway.shadow_divergences(), 0);
         let run = gateway
-            .create_run(Some("demo-admin"), br#"{"scope": {"case_id": "C-1001"}}"#)
+            .create_run(
+                Some("demo-admin"),
+                crate::requests::parse(br#"{"scope": {"case_id": "C-1001"}}"#).unwrap(),
+            )
             .await
             .unwrap();
         let token = Some("demo-research_agent");
@@ -430,10 +309,13 @@ mod tests {
             }
         });
         // A queue of 4 calls, and 200 calls at once.
-        let gateway = gateway.with_shadow(Shadow::with_queue(candidate, audit.clone(), 4));
+        let gateway = gateway.with_shadow(with_queue(candidate, audit.clone(), 4));
         let gateway = Arc::new(gateway);
         let run = gateway
-            .create_run(Some("demo-admin"), br#"{"scope": {"case_id": "C-1001"}}"#)
+            .create_run(
+                Some("demo-admin"),
+                crate::requests::parse(br#"{"scope": {"case_id": "C-1001"}}"#).unwrap(),
+            )
             .await
             .unwrap();
         let calls = 200;

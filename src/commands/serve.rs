@@ -15,7 +15,6 @@ use crate::gateway::{Gateway, Loaded, PolicySourcePaths, adapter_env};
 use crate::limits::LimitOptions;
 use crate::observe::trace;
 use crate::server::{self, ServerOptions};
-use crate::shadow::Shadow;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -259,7 +258,7 @@ async fn run(args: &ServeArgs) -> Exit {
         }
     };
     let gateway = match shadow {
-        Some(candidate) => gateway.with_shadow(Shadow::start(candidate, audit.clone())),
+        Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
         None => gateway,
     };
     let gateway = Arc::new(gateway);

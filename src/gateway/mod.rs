@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::adapter::{Adapter, AdapterEnv, Adapters};
@@ -25,9 +25,11 @@ use crate::idempotency::Idempotency;
 use crate::observe::Metrics;
 use crate::observe::metrics::{AuditCapacityState, ScrapeState};
 use crate::policy::{Policy, Problem, RunStatus, Tool};
-use crate::runs::{RunError, RunRecord, RunStore};
+use crate::requests::{CreateRun, ListRuns, Repin, SetRunStatus, SetSafetyLock, malformed};
+use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
 
 mod run_tokens;
+pub mod shadow;
 
 /// How long a caller over a tool's concurrency limit is told to wait.
 const RETRY_AFTER_MS: u64 = 100;
@@ -149,7 +151,7 @@ pub struct Gateway {
     /// Counters and histograms of the calls, scraped by `GET /metrics`.
     pub metrics: Metrics,
     /// A candidate policy deciding every call beside the active one (shadow mode).
-    shadow: Option<crate::shadow::Shadow>,
+    shadow: Option<shadow::Shadow>,
     /// The audit log's disk headroom; new calls are refused when it runs out.
     capacity: Option<Arc<AuditCapacity>>,
 }
@@ -188,7 +190,7 @@ impl Gateway {
     }
 
     /// Turns shadow mode on: `shadow` decides every call beside the active policy.
-    pub fn with_shadow(mut self, shadow: crate::shadow::Shadow) -> Gateway {
+    pub fn with_shadow(mut self, shadow: shadow::Shadow) -> Gateway {
         self.shadow = Some(shadow);
         self
     }
@@ -213,7 +215,7 @@ impl Gateway {
     }
 
     /// The shadow policy, when shadow mode is on.
-    pub fn shadow(&self) -> Option<&crate::shadow::Shadow> {
+    pub fn shadow(&self) -> Option<&shadow::Shadow> {
         self.shadow.as_ref()
     }
 
@@ -271,24 +273,17 @@ impl Gateway {
         })
     }
 
-    /// Engages or releases the safety lock (admin).
+    /// Engages or releases the safety lock (admin). `request` is the body as parsed;
+    /// a malformed one is answered only once the caller is authenticated.
     pub async fn set_safety_lock(
         &self,
         token: Option<&str>,
-        body: &[u8],
+        request: Result<SetSafetyLock, Refusal>,
     ) -> Result<SafetyLock, Refusal> {
         let admin = authz::verify_admin(&self.current().policy, token)?
             .admin_id
             .clone();
-        let body = parse_object(body, &["engaged", "reason"])?;
-        let Some(engaged) = body.get("engaged").and_then(Value::as_bool) else {
-            return Err(malformed("`engaged` must be a boolean"));
-        };
-        let reason = match body.get("reason") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s.len() <= 1024 => Some(s.clone()),
-            Some(_) => return Err(malformed("`reason` must be a string of at most 1024 bytes")),
-        };
+        let SetSafetyLock { engaged, reason } = request?;
         let event_type = if engaged {
             EventType::SafetyLockEngaged
         } else {
@@ -327,20 +322,18 @@ impl Gateway {
     }
 
     /// Creates a run bound to a scope and pinned to the loaded policy versions (admin).
-    pub async fn create_run(&self, token: Option<&str>, body: &[u8]) -> Result<RunRecord, Refusal> {
+    /// Run tokens are issued by [`Gateway::create_run_issuing`].
+    pub async fn create_run(
+        &self,
+        token: Option<&str>,
+        request: CreateRun,
+    ) -> Result<RunRecord, Refusal> {
         let loaded = self.current();
         let admin = authz::verify_admin(&loaded.policy, token)?.admin_id.clone();
-        let body = parse_object(body, &["run_id", "scope"])?;
-        let run_id = match body.get("run_id") {
-            None | Some(Value::Null) => format!("run-{}", uuid::Uuid::new_v4()),
-            Some(Value::String(s)) if valid_run_id(s) => s.clone(),
-            Some(_) => return Err(malformed("`run_id` must match ^[A-Za-z0-9._-]{1,128}$")),
-        };
-        let scope = match body.get("scope") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(m)) => m.clone(),
-            Some(_) => return Err(malformed("`scope` must be an object")),
-        };
+        let run_id = request
+            .run_id
+            .unwrap_or_else(|| format!("run-{}", uuid::Uuid::new_v4()));
+        let scope = request.scope;
         if self.runs.len() >= crate::runs::MAX_RUNS {
             return Err(Refusal::new(Reason::InternalError, "the run table is full"));
         }
@@ -374,16 +367,12 @@ impl Gateway {
         &self,
         token: Option<&str>,
         run_id: &str,
-        body: &[u8],
+        request: Result<SetRunStatus, Refusal>,
     ) -> Result<RunRecord, Refusal> {
         let admin = authz::verify_admin(&self.current().policy, token)?
             .admin_id
             .clone();
-        let body = parse_object(body, &["status"])?;
-        let status = body
-            .get("status")
-            .and_then(|s| serde_json::from_value::<RunStatus>(s.clone()).ok())
-            .ok_or_else(|| malformed("`status` must be one of active, suspended, closed"))?;
+        let status = request?.status;
         self.runs
             .set_status(&self.audit, run_id, status, &admin)
             .await
@@ -576,26 +565,15 @@ impl Gateway {
     pub fn list_runs(
         &self,
         token: Option<&str>,
-        status: Option<&str>,
-        limit: Option<&str>,
-        cursor: Option<&str>,
+        query: Result<ListRuns, Refusal>,
     ) -> Result<Value, Refusal> {
         authz::verify_admin(&self.current().policy, token)?;
-        let status = match status {
-            None => None,
-            Some(s) => Some(
-                serde_json::from_value::<RunStatus>(json!(s))
-                    .map_err(|_| malformed("`status` must be one of active, suspended, closed"))?,
-            ),
-        };
-        let limit = match limit {
-            None => 100,
-            Some(l) => match l.parse::<usize>() {
-                Ok(n) if (1..=1000).contains(&n) => n,
-                _ => return Err(malformed("`limit` must be an integer from 1 to 1000")),
-            },
-        };
-        let (runs, next) = self.runs.list(status, cursor, limit);
+        let ListRuns {
+            status,
+            limit,
+            cursor,
+        } = query?;
+        let (runs, next) = self.runs.list(status, cursor.as_deref(), limit);
         Ok(json!({ "runs": runs, "next_cursor": next }))
     }
 
@@ -606,11 +584,11 @@ impl Gateway {
         &self,
         token: Option<&str>,
         run_id: &str,
-        body: &[u8],
+        request: Result<Repin, Refusal>,
     ) -> Result<Value, Refusal> {
         let loaded = self.current();
         let admin = authz::verify_admin(&loaded.policy, token)?.admin_id.clone();
-        parse_object(body, &[])?;
+        let Repin {} = request?;
         let Some(run) = self.runs.get(run_id) else {
             return Err(Refusal::new(
                 Reason::RunNotFound,
@@ -663,9 +641,9 @@ impl Gateway {
         self.metrics.render(ScrapeState {
             policy: &loaded.policy.versions,
             safety_lock_engaged: self.safety_lock().engaged,
-            shadow_divergences: self.shadow().map(crate::shadow::Shadow::divergences),
+            shadow_divergences: self.shadow().map(shadow::Shadow::divergences),
             audit_capacity,
-            shadow_dropped: self.shadow().map(crate::shadow::Shadow::dropped),
+            shadow_dropped: self.shadow().map(shadow::Shadow::dropped),
             connections,
         })
     }
@@ -765,51 +743,6 @@ async fn rebuild_lock(audit: &AuditLog) -> Result<SafetyLock, AuditError> {
             changed_by: last.value["details"]["by"].as_str().map(str::to_string),
         },
     })
-}
-
-fn valid_run_id(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-}
-
-fn malformed(message: &str) -> Refusal {
-    Refusal::new(
-        Reason::RequestMalformed,
-        format!("malformed request: {message}"),
-    )
-    .with_details(json!({ "problems": [message] }))
-}
-
-/// Parses an admin request body: a JSON object with only the allowed fields.
-fn parse_object(body: &[u8], allowed: &[&str]) -> Result<Map<String, Value>, Refusal> {
-    let body = if body.iter().all(u8::is_ascii_whitespace) {
-        b"{}" as &[u8]
-    } else {
-        body
-    };
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => {
-            let mut unknown: Vec<String> = map
-                .keys()
-                .filter(|k| !allowed.contains(&k.as_str()))
-                .map(|k| format!("unknown field `{}`", k.chars().take(64).collect::<String>()))
-                .collect();
-            unknown.sort();
-            if unknown.is_empty() {
-                Ok(map)
-            } else {
-                Err(Refusal::new(
-                    Reason::RequestMalformed,
-                    format!("malformed request: {}", unknown[0]),
-                )
-                .with_details(json!({ "problems": unknown })))
-            }
-        }
-        Ok(_) => Err(malformed("the body must be a JSON object")),
-        Err(e) => Err(malformed(&format!("the body is not valid JSON: {e}"))),
-    }
 }
 
 fn audit_refusal(e: AuditError) -> Refusal {

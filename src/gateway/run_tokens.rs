@@ -4,11 +4,12 @@
 
 use serde_json::Value;
 
-use crate::call::Received;
+use crate::call::{CallBody, Received};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
 use crate::identity::{RunBinding, fill_from_binding, run_tokens};
 use crate::policy::RunStatus;
+use crate::requests::CreateRun;
 use crate::runs::RunRecord;
 
 /// `POST /v1/runs`' answer: the run, and the tokens issued for it (returned only here).
@@ -45,33 +46,30 @@ impl Gateway {
         Some(Ok(binding))
     }
 
-    /// `POST /v1/runs` with `issue_tokens`: creates the run (admin), then issues one
+    /// `POST /v1/runs`: creates the run (admin), then, with `issue_tokens`, issues one
     /// run token per entry. Each token is audited (`run_token_issued`, its sha256)
-    /// before it is valid and returned, once.
+    /// before it is valid and returned, once. `request` is the body as parsed; a
+    /// malformed one is answered only once the caller is authenticated.
     pub async fn create_run_issuing(
         &self,
         token: Option<&str>,
-        body: &[u8],
+        request: Result<CreateRun, Refusal>,
     ) -> Result<RunCreated, Refusal> {
         // Authenticate before reading anything that names roles.
         let admin = crate::authz::verify_admin(&self.current().policy, token)?
             .admin_id
             .clone();
-        let mut parsed = serde_json::from_slice::<Value>(body).ok();
-        let issue = match parsed.as_mut().and_then(Value::as_object_mut) {
-            Some(obj) => obj.remove("issue_tokens"),
-            None => None,
-        };
-        let Some(issue) = issue else {
-            let run = self.create_run(token, body).await?;
+        let mut request = request?;
+        let Some(issue) = request.issue_tokens.take() else {
+            let run = self.create_run(token, request).await?;
             return Ok(RunCreated {
                 run,
                 tokens: Vec::new(),
             });
         };
+        // Every token request is checked before the run is created.
         let requests = run_tokens::parse_requests(&self.current().policy, &issue)?;
-        let rest = serde_json::to_vec(&parsed).unwrap_or_default();
-        let run = self.create_run(token, &rest).await?;
+        let run = self.create_run(token, request).await?;
         let tokens = self
             .run_tokens
             .issue(&self.audit, &run.run_id, &requests, &admin)
@@ -95,20 +93,14 @@ impl Gateway {
             .await
     }
 
-    /// Parses a tool call's body. With a run token, the body may omit `role_id`,
+    /// Checks a tool call's body. With a run token, the body may omit `role_id`,
     /// `run_id` (the token names them), `scope` (the run's binds the call) and `lane_id`
     /// when the token names exactly one lane; ids the body does carry are checked
     /// against the token in steps 2-4 (a dead token is refused at step 2).
-    pub fn parse_call(&self, token: Option<&str>, body: &[u8]) -> Received {
-        let Some(binding) = token.and_then(|t| self.run_tokens.lookup(t)) else {
-            return crate::call::parse_request(body);
-        };
-        match serde_json::from_slice::<Value>(body) {
-            Ok(Value::Object(mut obj)) => {
-                fill_from_binding(&mut obj, &binding);
-                crate::call::parse_request_value(Value::Object(obj))
-            }
-            _ => crate::call::parse_request(body),
+    pub fn parse_call(&self, token: Option<&str>, mut body: CallBody) -> Received {
+        if let Some(binding) = token.and_then(|t| self.run_tokens.lookup(t)) {
+            fill_from_binding(&mut body, &binding);
         }
+        body.into_request()
     }
 }

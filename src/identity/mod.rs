@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 pub use run_tokens::{RunBinding, RunTokenStore};
 
+use crate::call::CallBody;
 use crate::policy::Credential;
 
 /// Whether `token` is the static token a run-tokens-only role still binds (so the
@@ -32,23 +33,21 @@ pub fn caller_json(binding: &RunBinding) -> Value {
 }
 
 /// Fills the ids a run-token call may leave out.
-pub fn fill_from_binding(obj: &mut serde_json::Map<String, Value>, binding: &RunBinding) {
-    let absent = |obj: &serde_json::Map<String, Value>, key: &str| {
-        matches!(obj.get(key), None | Some(Value::Null))
-    };
-    if absent(obj, "role_id") {
-        obj.insert("role_id".into(), json!(binding.role_id));
+pub fn fill_from_binding(body: &mut CallBody, binding: &RunBinding) {
+    let absent = |field: &Option<Value>| matches!(field, None | Some(Value::Null));
+    if absent(&body.role_id) {
+        body.role_id = Some(json!(binding.role_id));
     }
-    if absent(obj, "run_id") {
-        obj.insert("run_id".into(), json!(binding.run_id));
+    if absent(&body.run_id) {
+        body.run_id = Some(json!(binding.run_id));
     }
-    if absent(obj, "scope") {
+    if absent(&body.scope) {
         // The run's scope binds the call (the effective scope); the call adds nothing.
-        obj.insert("scope".into(), json!({}));
+        body.scope = Some(json!({}));
     }
-    if absent(obj, "lane_id")
+    if absent(&body.lane_id)
         && let [lane] = binding.lanes.as_slice()
     {
-        obj.insert("lane_id".into(), json!(lane));
+        body.lane_id = Some(json!(lane));
     }
 }

@@ -32,6 +32,7 @@ mod metrics;
 mod policy_check;
 mod policy_diff;
 mod redaction;
+mod requests;
 mod review_live;
 mod soak;
 mod traces;

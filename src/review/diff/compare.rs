@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::fields::TOOL_FIELDS;
 use super::schema::{self, Class, SchemaChange};
 use crate::policy::{Condition, Credential, FlagMatcher, FlagRule, Lane, Policy, Role, Tool};
 
@@ -199,7 +200,7 @@ pub struct Change {
 }
 
 impl Change {
-    fn new(kind: Kind, effect: Effect, message: String) -> Change {
+    pub(super) fn new(kind: Kind, effect: Effect, message: String) -> Change {
         Change {
             kind,
             section: kind.section(),
@@ -227,11 +228,11 @@ impl Change {
         self.lane = Some(id.to_string());
         self
     }
-    fn tool(mut self, id: &str) -> Change {
+    pub(super) fn tool(mut self, id: &str) -> Change {
         self.tool = Some(id.to_string());
         self
     }
-    fn values(mut self, before: Value, after: Value) -> Change {
+    pub(super) fn values(mut self, before: Value, after: Value) -> Change {
         self.before = Some(before);
         self.after = Some(after);
         self
@@ -338,7 +339,10 @@ fn pair<'a, T>(
 }
 
 /// Items in `new` and not in `old`, and the reverse, sorted.
-fn set_diff<'a>(old: &'a [String], new: &'a [String]) -> (Vec<&'a String>, Vec<&'a String>) {
+pub(super) fn set_diff<'a>(
+    old: &'a [String],
+    new: &'a [String],
+) -> (Vec<&'a String>, Vec<&'a String>) {
     let (o, n): (BTreeSet<&String>, BTreeSet<&String>) =
         (old.iter().collect(), new.iter().collect());
     (
@@ -615,236 +619,14 @@ fn tools(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
     }
 }
 
-/// `raised`: a bigger value gives more access (a limit raised).
-fn limit(id: &str, field: &str, kind: Kind, old: u64, new: u64, out: &mut Vec<Change>) {
-    if old == new {
-        return;
-    }
-    let (effect, word) = if new > old {
-        (Effect::Widening, "raised")
-    } else {
-        (Effect::Narrowing, "lowered")
-    };
-    out.push(
-        Change::new(
-            kind,
-            effect,
-            format!("tool `{id}`: `{field}` {word} from {old} to {new}"),
-        )
-        .tool(id)
-        .values(json!(old), json!(new)),
-    );
-}
-
+/// The changes of one tool present on both sides: every field of `fields::TOOL_FIELDS`, then
+/// its flag rules and conditions.
 fn tool_fields(id: &str, o: &Tool, n: &Tool, out: &mut Vec<Change>) {
-    let tool =
-        |kind: Kind, effect: Effect, message: String| Change::new(kind, effect, message).tool(id);
-    if o.enabled != n.enabled {
-        out.push(if n.enabled {
-            tool(
-                Kind::ToolEnabled,
-                Effect::Widening,
-                format!("tool `{id}` enabled"),
-            )
-        } else {
-            tool(
-                Kind::ToolDisabled,
-                Effect::Narrowing,
-                format!("tool `{id}` disabled"),
-            )
-        });
-    }
-    if o.version != n.version {
-        out.push(
-            tool(
-                Kind::ToolVersionChanged,
-                Effect::Neutral,
-                format!("tool `{id}`: version {} -> {}", o.version, n.version),
-            )
-            .values(json!(o.version.to_string()), json!(n.version.to_string())),
-        );
-    }
-    let (added, removed) = set_diff(&o.required_scope_keys, &n.required_scope_keys);
-    for key in added {
-        out.push(tool(
-            Kind::ToolScopeKeyAdded,
-            Effect::Narrowing,
-            format!("tool `{id}` now requires scope key `{key}`"),
-        ));
-    }
-    for key in removed {
-        out.push(tool(
-            Kind::ToolScopeKeyRemoved,
-            Effect::Widening,
-            format!("tool `{id}` no longer requires scope key `{key}`"),
-        ));
-    }
-    let (added, removed) = set_diff(&o.prohibited_flags, &n.prohibited_flags);
-    for flag in added {
-        out.push(tool(
-            Kind::ToolProhibitionAdded,
-            Effect::Narrowing,
-            format!("tool `{id}` now prohibits flag `{flag}`"),
-        ));
-    }
-    for flag in removed {
-        out.push(tool(
-            Kind::ToolProhibitionRemoved,
-            Effect::Widening,
-            format!("tool `{id}` no longer prohibits flag `{flag}`"),
-        ));
+    for field in &TOOL_FIELDS {
+        field.compare(id, o, n, out);
     }
     flag_rules(id, &o.flag_rules, &n.flag_rules, out);
     conditions(Owner::Tool(id), &o.conditions, &n.conditions, out);
-    if o.idempotent != n.idempotent {
-        let (effect, text) = if n.idempotent {
-            (
-                Effect::Widening,
-                "is now idempotent: failed calls may be retried",
-            )
-        } else {
-            (
-                Effect::Narrowing,
-                "is no longer idempotent: failed calls are not retried",
-            )
-        };
-        out.push(
-            tool(
-                Kind::ToolIdempotentChanged,
-                effect,
-                format!("tool `{id}` {text}"),
-            )
-            .values(json!(o.idempotent), json!(n.idempotent)),
-        );
-    }
-    if o.determinism != n.determinism {
-        let (a, b) = (json!(o.determinism), json!(n.determinism));
-        out.push(
-            tool(
-                Kind::ToolDeterminismChanged,
-                Effect::Neutral,
-                format!(
-                    "tool `{id}`: determinism {} -> {}",
-                    a.as_str().unwrap_or_default(),
-                    b.as_str().unwrap_or_default()
-                ),
-            )
-            .values(a, b),
-        );
-    }
-    limit(
-        id,
-        "timeout_default_ms",
-        Kind::ToolTimeoutChanged,
-        o.timeout_default_ms,
-        n.timeout_default_ms,
-        out,
-    );
-    limit(
-        id,
-        "limits.timeout_ms_max",
-        Kind::ToolTimeoutChanged,
-        o.limits.timeout_ms_max,
-        n.limits.timeout_ms_max,
-        out,
-    );
-    limit(
-        id,
-        "limits.max_output_bytes",
-        Kind::ToolLimitChanged,
-        o.limits.max_output_bytes,
-        n.limits.max_output_bytes,
-        out,
-    );
-    limit(
-        id,
-        "limits.max_concurrency",
-        Kind::ToolLimitChanged,
-        u64::from(o.limits.max_concurrency),
-        u64::from(n.limits.max_concurrency),
-        out,
-    );
-    let (added, removed) = set_diff(&o.write_targets, &n.write_targets);
-    for target in added {
-        out.push(tool(
-            Kind::ToolWriteTargetAdded,
-            Effect::Widening,
-            format!("tool `{id}` now writes to `{target}`"),
-        ));
-    }
-    for target in removed {
-        out.push(tool(
-            Kind::ToolWriteTargetRemoved,
-            Effect::Narrowing,
-            format!("tool `{id}` no longer writes to `{target}`"),
-        ));
-    }
-    if o.adapter != n.adapter {
-        out.push(
-            tool(
-                Kind::ToolAdapterChanged,
-                Effect::Widening,
-                format!("tool `{id}`: adapter changed (treated as widening: it changes what runs)"),
-            )
-            .values(json!(o.adapter), json!(n.adapter)),
-        );
-    }
-    if o.redaction != n.redaction {
-        let (a, b) = (json!(o.redaction), json!(n.redaction));
-        out.push(
-            tool(
-                Kind::ToolRedactionChanged,
-                Effect::Neutral,
-                format!(
-                    "tool `{id}`: audit redaction {} -> {}",
-                    a["mode"].as_str().unwrap_or_default(),
-                    b["mode"].as_str().unwrap_or_default()
-                ),
-            )
-            .values(a, b),
-        );
-    }
-    for (kind, name, a, b) in [
-        (
-            Kind::InputSchemaChanged,
-            "input",
-            &o.input_schema,
-            &n.input_schema,
-        ),
-        (
-            Kind::OutputSchemaChanged,
-            "output",
-            &o.output_schema,
-            &n.output_schema,
-        ),
-    ] {
-        let changes = schema::compare(a, b);
-        let Some(class) = schema::overall(&changes) else {
-            continue;
-        };
-        // An input schema that accepts more gives more access; an output schema
-        // changes what callers get, not what they may do.
-        let effect = match kind {
-            Kind::InputSchemaChanged if changes.iter().any(|c| c.loosens) => Effect::Widening,
-            Kind::InputSchemaChanged if class == Class::Breaking => Effect::Narrowing,
-            _ => Effect::Neutral,
-        };
-        let also = if class == Class::Breaking && effect == Effect::Widening {
-            "; it also accepts arguments it refused before"
-        } else {
-            ""
-        };
-        let mut change = tool(
-            kind,
-            effect,
-            format!(
-                "tool `{id}`: {name} schema changed ({}{also})",
-                class.as_str()
-            ),
-        );
-        change.schema = Some(SchemaDiff { class, changes });
-        out.push(change);
-    }
 }
 
 fn rule_text(rule: &FlagRule) -> String {

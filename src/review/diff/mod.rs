@@ -10,6 +10,7 @@
 //!
 //! - `source`: reads a side (directory, or a git revision materialized with git).
 //! - `compare`: the changes and the version rules, over two loaded policies.
+//! - `fields`: the table of a tool's compared fields (field, getter, kind, effect).
 //! - `schema`: the JSON Schema comparator.
 //! - `render`: text, markdown and JSON.
 //!
@@ -18,6 +19,7 @@
 //! change without the version bump it needs), with or without `--fail-on`.
 
 pub mod compare;
+mod fields;
 pub mod render;
 pub mod schema;
 pub mod source;
