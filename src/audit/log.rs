@@ -177,7 +177,10 @@ impl AuditLog {
                 });
             }
         }
-        let sinks = Sinks::open(&options.checkpoint_sinks)?;
+        let sinks = Sinks::open(
+            &options.checkpoint_sinks,
+            options.checkpoint_sink_ca.as_deref(),
+        )?;
         let wal = WalCheckpointer::start(&path, options.durability, sinks)?;
         let reader = store::open_reader(&path, options.busy_timeout)?;
         let head_value =
