@@ -177,14 +177,14 @@ impl Sinks {
             }
         }
         if let Some(size) = note_size(note) {
-            self.offer(size, note);
+            self.offer(size, note, true);
         }
     }
 
     /// Hands the signed head of the newest commit batch to the remote sinks (not to
     /// the files).
     pub(crate) fn publish_head(&mut self, size: u64, note: &str) {
-        self.offer(size, note);
+        self.offer(size, note, false);
     }
 
     /// Whether there is a webhook or syslog sink.
@@ -199,12 +199,17 @@ impl Sinks {
             .is_some_and(|r| r.size.is_none_or(|have| have < size))
     }
 
-    fn offer(&mut self, size: u64, note: &str) {
+    fn offer(&mut self, size: u64, note: &str, checkpoint: bool) {
         let Some(remote) = &mut self.remote else {
             return;
         };
-        // Signing order: a note never replaces a newer one.
-        if remote.size.is_some_and(|have| have > size) {
+        // Signing order: a note never replaces a newer one. A head of the size the
+        // sinks already have adds nothing; a checkpoint of that size (an idle
+        // heartbeat) goes out again, as the sign of life it is meant to be.
+        if remote
+            .size
+            .is_some_and(|have| have > size || (have == size && !checkpoint))
+        {
             return;
         }
         remote.size = Some(size);

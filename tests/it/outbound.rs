@@ -103,6 +103,15 @@ fn tls_server(pki: &Pki, answer: fn(&[u8]) -> Value) -> TlsServer {
     }
 }
 
+/// Waits (at most 10 s) until the server has seen a connection end without a request.
+fn wait_refused(server: &TlsServer) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.refused.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "no refused handshake reached the server");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn event_count(db: &Path) -> u64 {
     let conn = rusqlite::Connection::open(db).unwrap();
     conn.query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0))
@@ -175,6 +184,7 @@ fn an_https_sink_with_a_private_ca_receives_checkpoints_that_verify_the_log() {
             "--checkpoint-sink-ca".into(),
             ca.display().to_string(),
         ],
+        data_dir: Some(dir.path().join("var")),
         ..Start::default()
     });
     traffic(&server, 3);
@@ -197,7 +207,13 @@ fn an_https_sink_with_a_private_ca_receives_checkpoints_that_verify_the_log() {
         "--trusted-checkpoint",
         trusted.to_str().unwrap(),
     ]);
-    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        code(&out),
+        0,
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(sink.refused.load(Ordering::SeqCst), 0);
 }
 
@@ -220,6 +236,7 @@ fn an_https_sink_with_an_untrusted_certificate_is_refused_and_calls_go_on() {
             "--checkpoint-every-events".into(),
             "1".into(),
         ],
+        data_dir: Some(dir.path().join("var")),
         ..Start::default()
     });
     let started = Instant::now();
@@ -231,11 +248,7 @@ fn an_https_sink_with_an_untrusted_certificate_is_refused_and_calls_go_on() {
         logged[0].contains("UnknownIssuer") || logged[0].contains("certificate"),
         "{logged:?}"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while impostor.refused.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "no handshake reached the impostor");
-        std::thread::yield_now();
-    }
+    wait_refused(&impostor);
     let db = server.db();
     let events = event_count(&db);
     server.kill9();
@@ -251,7 +264,13 @@ fn an_https_sink_with_an_untrusted_certificate_is_refused_and_calls_go_on() {
         "--format",
         "json",
     ]);
-    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        code(&out),
+        0,
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["events"], json!(events), "{report}");
 }
@@ -395,5 +414,5 @@ fn an_https_upstream_with_an_untrusted_certificate_is_dependency_down_and_gets_n
         upstream.requests.try_recv().is_err(),
         "the request reached an upstream whose certificate is not trusted"
     );
-    assert!(upstream.refused.load(Ordering::SeqCst) >= 1);
+    wait_refused(&upstream);
 }
