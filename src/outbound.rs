@@ -130,7 +130,9 @@ pub struct CaBundle {
 
 impl fmt::Debug for CaBundle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CaBundle").field("path", &self.path).finish()
+        f.debug_struct("CaBundle")
+            .field("path", &self.path)
+            .finish()
     }
 }
 

@@ -358,10 +358,7 @@ async fn deliver(target: &Target, note: &Note) -> Result<(), String> {
         Target::Webhook { url, client } => {
             let response = client
                 .post(url.clone())
-                .header(
-                    reqwest::header::CONTENT_TYPE,
-                    "text/plain; charset=utf-8",
-                )
+                .header(reqwest::header::CONTENT_TYPE, "text/plain; charset=utf-8")
                 .body(note.text.to_string())
                 .send()
                 .await

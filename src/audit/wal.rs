@@ -148,7 +148,9 @@ fn offer_head(conn: &Connection, db: &Path, durability: Durability, sinks: &mut 
             }
         }
         Ok(None) => {}
-        Err(e) => tracing::warn!(error = %map_sqlite(&e, db), "cannot read the signed head for the checkpoint sinks"),
+        Err(e) => {
+            tracing::warn!(error = %map_sqlite(&e, db), "cannot read the signed head for the checkpoint sinks")
+        }
     }
 }
 
@@ -280,7 +282,8 @@ mod tests {
         let before = db_bytes();
         assert!(before < 100_000, "{before}");
         let mut wal =
-            WalCheckpointer::start(&path, Durability::Full, Sinks::open(&[], None).unwrap()).unwrap();
+            WalCheckpointer::start(&path, Durability::Full, Sinks::open(&[], None).unwrap())
+                .unwrap();
         wal.stop();
         assert!(db_bytes() > 1_000_000, "{}", db_bytes());
         let n: i64 = writer
@@ -299,8 +302,11 @@ mod tests {
             .unwrap();
         writer.execute_batch("CREATE TABLE t (x TEXT)").unwrap();
         let sink = dir.path().join("sink.log");
-        let sinks =
-            Sinks::open(&[crate::audit::CheckpointSink::File { path: sink.clone() }], None).unwrap();
+        let sinks = Sinks::open(
+            &[crate::audit::CheckpointSink::File { path: sink.clone() }],
+            None,
+        )
+        .unwrap();
         let mut wal = WalCheckpointer::start(&path, Durability::Normal, sinks).unwrap();
         for i in 0..50 {
             wal.publish(format!("note {i}"), i % 2 == 0);

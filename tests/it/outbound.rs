@@ -107,7 +107,10 @@ fn tls_server(pki: &Pki, answer: fn(&[u8]) -> Value) -> TlsServer {
 fn wait_refused(server: &TlsServer) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while server.refused.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "no refused handshake reached the server");
+        assert!(
+            Instant::now() < deadline,
+            "no refused handshake reached the server"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -321,7 +324,11 @@ fn serve_refuses_an_unusable_sink_ca() {
     let data = dir.path().join("var");
     for (ca, sink, expect) in [
         (&not_pem, "https://127.0.0.1:9/x", "BEGIN CERTIFICATE"),
-        (&good, "http://127.0.0.1:9/x", "no checkpoint sink is an https"),
+        (
+            &good,
+            "http://127.0.0.1:9/x",
+            "no checkpoint sink is an https",
+        ),
     ] {
         let mut child = std::process::Command::new(crate::common::server_bin())
             .args(["serve", "--listen", "127.0.0.1:0", "--policy-dir"])
@@ -370,9 +377,10 @@ fn the_http_adapter_calls_an_https_upstream_its_system_trusts() {
     let pki = pki("upstream");
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, &pki.ca_pem).unwrap();
-    let upstream = tls_server(&pki, |body| {
-        json!({"received": serde_json::from_slice::<Value>(body).unwrap_or(Value::Null)})
-    });
+    let upstream = tls_server(
+        &pki,
+        |body| json!({"received": serde_json::from_slice::<Value>(body).unwrap_or(Value::Null)}),
+    );
     // The private CA is the system's trust store of this server (SSL_CERT_FILE).
     let mut start = https_lab(dir.path(), &upstream.addr);
     start.env = vec![("SSL_CERT_FILE".into(), ca.display().to_string())];
@@ -406,7 +414,11 @@ fn an_https_upstream_with_an_untrusted_certificate_is_dependency_down_and_gets_n
     );
     let diagnostic = &body["diagnostic"];
     assert_eq!(diagnostic["reason"], "dependency_down", "{body}");
-    assert_eq!(diagnostic["details"]["reached_tool"], json!(false), "{body}");
+    assert_eq!(
+        diagnostic["details"]["reached_tool"],
+        json!(false),
+        "{body}"
+    );
     let error = diagnostic["details"]["dependency_error"].as_str().unwrap();
     assert!(error.contains("certificate"), "{error}");
     assert!(status >= 500, "{status}");
