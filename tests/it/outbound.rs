@@ -2,8 +2,8 @@
 //! given with `--checkpoint-sink-ca`, a certificate that CA did not issue), the newest
 //! signed head reaching a remote sink between periodic checkpoints, and the http
 //! adapter calling an https upstream (trusted through `SSL_CERT_FILE`, or refused with
-//! nothing sent). Certificates are made by the test (rcgen); the TLS servers are rustls
-//! on 127.0.0.1.
+//! nothing sent), and the adapter's answer cap enforced while the body streams.
+//! Certificates are made by the test (rcgen); the TLS servers are rustls on 127.0.0.1.
 
 use crate::audit_support::{code, toolgate};
 use crate::common::lab;
@@ -427,4 +427,78 @@ fn an_https_upstream_with_an_untrusted_certificate_is_dependency_down_and_gets_n
         "the request reached an upstream whose certificate is not trusted"
     );
     wait_refused(&upstream);
+}
+
+/// A plain-http upstream that answers the first request on each connection with
+/// `head` and then blocks of 64 KiB (chunked encoding when `chunked`), until the
+/// client goes away or 1 GiB was written; reports the bytes written.
+fn flooding_upstream(head: &'static str, chunked: bool) -> (String, mpsc::Receiver<u64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (tx, written) = mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let _ = lab::read_request(&mut stream);
+                let mut total = 0u64;
+                let block = vec![b'a'; 64 * 1024];
+                let mut chunk = Vec::new();
+                if chunked {
+                    chunk.extend_from_slice(format!("{:x}\r\n", block.len()).as_bytes());
+                }
+                chunk.extend_from_slice(&block);
+                if chunked {
+                    chunk.extend_from_slice(b"\r\n");
+                }
+                if stream.write_all(head.as_bytes()).is_ok() {
+                    while total < (1 << 30) && stream.write_all(&chunk).is_ok() {
+                        total += chunk.len() as u64;
+                    }
+                }
+                let _ = tx.send(total);
+            });
+        }
+    });
+    (addr, written)
+}
+
+/// The upstream's answer is read as it streams and refused once it passes the hard
+/// cap (16 MiB here): the gateway never reads (or holds) an endless body, and refuses
+/// at once a body whose announced length is over the cap.
+#[test]
+fn an_http_answer_over_the_cap_is_refused_while_it_streams() {
+    let cap = 16 * 1024 * 1024u64;
+    for (head, chunked) in [
+        (
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+            true,
+        ),
+        (
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1073741824\r\n\r\n",
+            false,
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (addr, written) = flooding_upstream(head, chunked);
+        let start = lab::lab(dir.path());
+        std::fs::write(&start.tools, lab::TOOLS.replace("UPSTREAM", &addr)).unwrap();
+        let server = Server::start_with(start);
+        let run = server.create_run(json!({}));
+        let started = Instant::now();
+        let (_, body) = lab::call(&server, &run, "upstream_echo", json!({}), json!({}));
+        let elapsed = started.elapsed();
+        let diagnostic = &body["diagnostic"];
+        assert_eq!(diagnostic["reason"], "tool_error", "{body}");
+        let error = diagnostic["details"]["tool_error"].as_str().unwrap();
+        assert!(error.contains(&format!("more than {cap} bytes")), "{error}");
+        // Refused well before the 5 s deadline, not by it.
+        assert!(elapsed < Duration::from_secs(4), "took {elapsed:?}");
+        let total = written.recv_timeout(Duration::from_secs(20)).unwrap();
+        // What the upstream got rid of: at most the cap plus what the kernel's socket
+        // buffers hold, far from the 1 GiB it would send to a reader that kept reading.
+        assert!(total < cap + (32 << 20), "the upstream wrote {total} bytes");
+        println!("chunked={chunked}: refused after {elapsed:?}; upstream wrote {total} bytes");
+    }
 }
