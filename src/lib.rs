@@ -16,6 +16,7 @@
 //! - [`shadow`]: shadow mode: a candidate policy decides every call beside the active one.
 //! - [`review`]: policy as code: explain, test, diff, replay.
 //! - [`observe`]: metrics (`GET /metrics`), traces (OTLP) and logs.
+//! - [`outbound`]: the one outgoing HTTP client stack (reqwest over rustls with ring).
 //! - [`server`]: the HTTP API (hyper); the only module that serves HTTP.
 //! - [`limits`]: per-client connection and request-rate limits of the HTTP front.
 //! - [`transport`]: the socket wrapper that gives hyper's own refusals a JSON body.
@@ -41,6 +42,7 @@ pub mod identity;
 pub mod limits;
 pub mod mcp;
 pub mod observe;
+pub mod outbound;
 pub mod pipeline;
 pub mod policy;
 pub mod requests;

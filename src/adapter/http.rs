@@ -4,18 +4,18 @@
 //!
 //! INVARIANT: a request only ever goes to a host:port in the tool's `allowed_hosts`,
 //! checked when the adapter is built and again before every request; redirects are
-//! not followed. Only plain `http://` upstreams are supported (no TLS in this build).
+//! not followed and no proxy is used. `https://` upstreams are verified against the
+//! system's CA roots (`SSL_CERT_FILE` to trust a private CA); the client is the
+//! project's one HTTP stack (`crate::outbound`).
+//! INVARIANT: an answer body is read chunk by chunk and refused as soon as it would pass
+//! the cap; no more than the cap (plus one network chunk) is ever held.
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use bytes::BytesMut;
 use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderValue, USER_AGENT};
 use hyper::http::uri::{Authority, Scheme};
-use hyper::{Method, Request, StatusCode, Uri};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper::{StatusCode, Uri};
 use serde_json::Value;
 
 use super::{
@@ -24,6 +24,7 @@ use super::{
 };
 use crate::canonical::to_canonical_bytes;
 use crate::diagnostic::Refusal;
+use crate::outbound::error_chain;
 use crate::policy::Tool;
 
 /// How long connecting may take before the upstream counts as down.
@@ -81,12 +82,26 @@ impl HostAllowlist {
         let Some(authority) = uri.authority() else {
             return false;
         };
-        let host = authority.host().to_ascii_lowercase();
         let port = authority.port_u16().or(match uri.scheme_str() {
             Some("http") => Some(80),
             Some("https") => Some(443),
             _ => None,
         });
+        self.allows_host(authority.host(), port)
+    }
+
+    /// Whether the client's own reading of the URL (the one it connects to) points at
+    /// an allowed host and port too, so two URL parsers cannot disagree about where a
+    /// request goes.
+    fn allows_url(&self, url: &reqwest::Url) -> bool {
+        match url.host_str() {
+            Some(host) => self.allows_host(host, url.port_or_known_default()),
+            None => false,
+        }
+    }
+
+    fn allows_host(&self, host: &str, port: Option<u16>) -> bool {
+        let host = host.to_ascii_lowercase();
         self.patterns
             .iter()
             .any(|p| p.host == host && (p.port.is_none() || p.port == port))
@@ -110,17 +125,19 @@ impl HostAllowlist {
 #[derive(Debug)]
 pub(crate) struct Upstream {
     uri: Uri,
+    /// `uri` as the client reads it.
+    url: reqwest::Url,
     /// `host:port` of `uri`, for messages (never includes credentials: URLs with
     /// user info are refused at build).
     label: String,
     allowed: HostAllowlist,
     /// One client per adapter, so connections are pooled across calls.
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: reqwest::Client,
 }
 
 impl Upstream {
-    /// Checks the URL (absolute `http://`, no user info, host in `allowed_hosts`) and
-    /// builds the client. Needs no tokio runtime.
+    /// Checks the URL (absolute `http://` or `https://`, no user info, host in
+    /// `allowed_hosts`) and builds the client. Needs no tokio runtime.
     pub(crate) fn build(url: &str, allowed_hosts: &[String]) -> Result<Self, Vec<SettingProblem>> {
         let mut problems = Vec::new();
         let allowed = match HostAllowlist::parse(allowed_hosts) {
@@ -147,17 +164,12 @@ impl Upstream {
             }
         };
         if let Some(uri) = &uri {
-            if uri.scheme() == Some(&Scheme::HTTPS) {
+            if !matches!(uri.scheme(), Some(s) if *s == Scheme::HTTP || *s == Scheme::HTTPS)
+                || uri.authority().is_none()
+            {
                 problems.push(
-                    SettingProblem::new(format!(
-                        "url `{url}` is https, which this build does not support"
-                    ))
-                    .help("use an `http://` url, for example a local tls-terminating proxy"),
-                );
-            } else if uri.scheme() != Some(&Scheme::HTTP) || uri.authority().is_none() {
-                problems.push(
-                    SettingProblem::new(format!("url `{url}` is not an absolute http url"))
-                        .help("write an absolute url like `http://127.0.0.1:8799/path`"),
+                    SettingProblem::new(format!("url `{url}` is not an absolute http(s) url"))
+                        .help("write an absolute url like `http://127.0.0.1:8799/path` or `https://api.example.com/path`"),
                 );
             } else if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
                 problems.push(
@@ -174,21 +186,35 @@ impl Upstream {
                 );
             }
         }
-        match uri {
-            Some(uri) if problems.is_empty() => {
-                let label = uri
-                    .authority()
-                    .map(|a| a.as_str().to_string())
-                    .unwrap_or_default();
-                Ok(Upstream {
-                    uri,
-                    label,
-                    allowed,
-                    client: new_client(),
-                })
-            }
-            _ => Err(problems),
+        if !problems.is_empty() {
+            return Err(problems);
         }
+        let Some(uri) = uri else {
+            return Err(problems);
+        };
+        let url = match reqwest::Url::parse(url) {
+            Ok(parsed) if allowed.allows_url(&parsed) => parsed,
+            _ => {
+                return Err(vec![
+                    SettingProblem::new(format!(
+                        "url `{url}` is read differently by the http client"
+                    ))
+                    .help("write the url plainly: a host name or IP address, an optional port, a path"),
+                ]);
+            }
+        };
+        let client = new_client().map_err(|e| vec![SettingProblem::new(e)])?;
+        let label = uri
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .unwrap_or_default();
+        Ok(Upstream {
+            uri,
+            url,
+            label,
+            allowed,
+            client,
+        })
     }
 
     /// The allowlist, for argument checks.
@@ -206,15 +232,15 @@ impl Upstream {
     ) -> Result<Value, ExecError> {
         // INVARIANT: checked at build too; checked again so no code path can send a
         // request elsewhere.
-        if !self.allowed.allows(&self.uri) {
+        if !self.allowed.allows(&self.uri) || !self.allowed.allows_url(&self.url) {
             return Err(ExecError::Failed(format!(
                 "upstream `{}` is not in the tool's allowed hosts",
                 self.label
             )));
         }
-        let mut request = Request::builder()
-            .method(Method::POST)
-            .uri(self.uri.clone())
+        let mut request = self
+            .client
+            .post(self.url.clone())
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "application/json")
             .header(USER_AGENT, concat!("toolgate/", env!("CARGO_PKG_VERSION")));
@@ -226,33 +252,39 @@ impl Upstream {
                 request = request.header(name, v);
             }
         }
-        let request = request
-            .body(Full::new(Bytes::from(to_canonical_bytes(body))))
-            .map_err(|e| ExecError::Failed(format!("could not build the request: {e}")))?;
+        let request = request.body(to_canonical_bytes(body));
 
         let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| self.request_error(&e))?;
+            let mut response = request.send().await.map_err(|e| self.request_error(e))?;
             let status = response.status();
-            let bytes = match Limited::new(response.into_body(), cap).collect().await {
-                Ok(collected) => collected.to_bytes(),
-                Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                    return Err(ExecError::Failed(format!(
-                        "upstream `{}` answered more than {cap} bytes",
-                        self.label
-                    )));
-                }
-                Err(e) => {
-                    return Err(ExecError::DependencyDown(format!(
-                        "upstream `{}` dropped the connection while answering: {}",
-                        self.label,
-                        error_chain(e.as_ref())
-                    )));
-                }
+            let too_large = || {
+                ExecError::Failed(format!(
+                    "upstream `{}` answered more than {cap} bytes",
+                    self.label
+                ))
             };
+            if response.content_length().is_some_and(|n| n > cap as u64) {
+                return Err(too_large());
+            }
+            let mut bytes = BytesMut::new();
+            loop {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => {
+                        if bytes.len() + chunk.len() > cap {
+                            return Err(too_large());
+                        }
+                        bytes.extend_from_slice(&chunk);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        return Err(ExecError::DependencyDown(format!(
+                            "upstream `{}` dropped the connection while answering: {}",
+                            self.label,
+                            error_chain(&e.without_url())
+                        )));
+                    }
+                }
+            }
             self.answer(status, &bytes)
         };
         match tokio::time::timeout_at(ctx.deadline, exchange).await {
@@ -262,19 +294,21 @@ impl Upstream {
         }
     }
 
-    fn request_error(&self, e: &hyper_util::client::legacy::Error) -> ExecError {
+    fn request_error(&self, e: reqwest::Error) -> ExecError {
+        let e = e.without_url();
         if e.is_connect() {
-            // No connection, so no byte of the request was sent.
+            // The connection (TCP, and for https the TLS handshake with its certificate
+            // check) was not set up, so no byte of the request was sent.
             return ExecError::Unreachable(format!(
                 "could not connect to upstream `{}`: {}",
                 self.label,
-                error_chain(e)
+                error_chain(&e)
             ));
         }
         ExecError::DependencyDown(format!(
             "lost the connection to upstream `{}`: {}",
             self.label,
-            error_chain(e)
+            error_chain(&e)
         ))
     }
 
@@ -300,33 +334,15 @@ impl Upstream {
     }
 }
 
-fn new_client() -> Client<HttpConnector, Full<Bytes>> {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-    connector.set_nodelay(true);
-    // `enforce_http` (the default) refuses anything but http:// at connect time too.
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
+/// The adapter's client: the project's stack, system roots for https, a connect
+/// timeout (TCP and TLS handshake), pooled connections closed after a while idle.
+fn new_client() -> Result<reqwest::Client, String> {
+    crate::outbound::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_timer(TokioTimer::new())
-        .build(connector)
-}
-
-/// An error and its sources, joined by `: `, bounded.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    let mut depth = 0;
-    while let Some(s) = source {
-        if depth >= 8 {
-            break;
-        }
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-        depth += 1;
-    }
-    truncate(&text, 512)
+        .build()
+        .map_err(|e| format!("cannot build the http client: {}", error_chain(&e)))
 }
 
 /// Refuses every string argument that is a URL (any `scheme://`) unless it is an
@@ -449,11 +465,12 @@ mod tests {
     }
 
     #[test]
-    fn build_refuses_https_userinfo_and_foreign_hosts() {
+    fn build_takes_https_and_refuses_userinfo_and_foreign_hosts() {
         let hosts = vec!["127.0.0.1:8799".to_string()];
         assert!(Upstream::build("http://127.0.0.1:8799/filings", &hosts).is_ok());
+        assert!(Upstream::build("https://127.0.0.1:8799/filings", &hosts).is_ok());
         for bad in [
-            "https://127.0.0.1:8799/filings",
+            "https://127.0.0.1/filings",
             "http://u:p@127.0.0.1:8799/filings",
             "http://127.0.0.1:9999/filings",
             "ftp://127.0.0.1:8799/",

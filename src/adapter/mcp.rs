@@ -455,10 +455,8 @@ async fn open(
             }
         }
         Upstream::Http { url } => {
-            let http = reqwest::Client::builder()
-                .no_proxy()
+            let http = crate::outbound::builder()
                 .pool_max_idle_per_host(0)
-                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .map_err(|e| {
                     ExecError::DependencyDown(format!("could not build an http client: {e}"))

@@ -175,7 +175,10 @@ impl AuditLog {
                 });
             }
         }
-        let sinks = Sinks::open(&options.checkpoint_sinks)?;
+        let sinks = Sinks::open(
+            &options.checkpoint_sinks,
+            options.checkpoint_sink_ca.as_deref(),
+        )?;
         let wal = WalCheckpointer::start(&path, options.durability, sinks)?;
         let head_value =
             (state.frontier.size() > 0).then(|| (state.frontier.size(), hex::encode(state.prev)));

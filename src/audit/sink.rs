@@ -1,32 +1,95 @@
 //! Publishing checkpoints outside the database: an append-only file (written and
 //! fsynced by the writer itself), webhooks and syslog (best effort, from a helper
-//! thread with a bounded queue, so a slow endpoint never delays an append).
+//! thread, so a slow endpoint never delays an append).
+//!
+//! The remote sinks (webhooks, syslog) get the newest signed note, latest wins: each has
+//! a one-slot mailbox ([`tokio::sync::watch`]) that a newer note overwrites, so nothing
+//! queues up behind a slow or dead endpoint and handing a note over never blocks. Besides
+//! the periodic checkpoints they get the signed head of the newest commit batch
+//! ([`Sinks::publish_head`], offered by the WAL thread at most every
+//! [`HEAD_INTERVAL`]), so what a remote sink holds is never more than about that
+//! interval (plus one delivery) behind the acknowledged events. File sinks keep the
+//! periodic checkpoints only (one note per commit would grow them without bound).
+//!
+//! INVARIANT: notes reach a remote sink in signing order (a note never replaces a newer
+//! one); a webhook POST takes at most [`WEBHOOK_TIMEOUT`]; closing waits at most
+//! [`CLOSE_GRACE`] for the last note to go out.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::Duration;
 
-use super::{AuditError, CheckpointSink};
+use tokio::sync::watch;
 
-/// Notes waiting for the best-effort sinks; more are dropped with a warning.
-const QUEUE: usize = 64;
-/// The longest one webhook POST may take.
+use super::{AuditError, CheckpointSink};
+use crate::outbound::{self, CaBundle, error_chain};
+
+/// The longest one webhook POST may take, connecting included.
 const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a webhook connection (TCP and TLS) may take to set up.
+const WEBHOOK_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the WAL thread offers the newest signed head to the remote sinks.
+pub(crate) const HEAD_INTERVAL: Duration = Duration::from_secs(1);
+/// How long closing waits for the remote sinks to send the last note.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// One signed note and the tree size it covers.
+#[derive(Clone)]
+struct Note {
+    size: u64,
+    text: Arc<str>,
+}
 
 pub(crate) struct Sinks {
     files: Vec<(PathBuf, File)>,
-    remote: Option<SyncSender<String>>,
+    remote: Option<Remote>,
+}
+
+/// The helper thread and the mailbox of the remote sinks.
+struct Remote {
+    newest: watch::Sender<Option<Note>>,
+    /// The size of the newest note handed over.
+    size: Option<u64>,
+    /// Closed by the helper thread when it ends.
+    done: Receiver<()>,
+}
+
+/// Where a remote sink delivers.
+enum Target {
+    Webhook {
+        url: reqwest::Url,
+        client: reqwest::Client,
+    },
+    Syslog {
+        socket: PathBuf,
+    },
+}
+
+impl Target {
+    fn name(&self) -> String {
+        match self {
+            Target::Webhook { url, .. } => format!("webhook {url}"),
+            Target::Syslog { socket } => format!("syslog {}", socket.display()),
+        }
+    }
 }
 
 impl Sinks {
-    /// Opens every file sink (creating it and its directory) and starts the helper
-    /// thread if there is a webhook or syslog sink.
-    pub(crate) fn open(sinks: &[CheckpointSink]) -> Result<Sinks, AuditError> {
+    /// Opens every file sink (creating it and its directory), checks every webhook url
+    /// (`http://` or `https://`; with `ca`, https trusts only that CA bundle, else the
+    /// system's roots) and starts the helper thread if there is a webhook or syslog sink.
+    pub(crate) fn open(sinks: &[CheckpointSink], ca: Option<&Path>) -> Result<Sinks, AuditError> {
+        let config = |what: String| AuditError::Config { what };
+        let ca = match ca {
+            Some(path) => Some(CaBundle::load(path).map_err(|e| config(e.to_string()))?),
+            None => None,
+        };
         let mut files = Vec::new();
-        let mut webhooks = Vec::new();
-        let mut syslogs = Vec::new();
+        let mut targets = Vec::new();
+        let mut https = false;
         for sink in sinks {
             match sink {
                 CheckpointSink::File { path } => {
@@ -45,36 +108,64 @@ impl Sinks {
                     files.push((path.clone(), file));
                 }
                 CheckpointSink::Webhook { url } => {
-                    let uri: hyper::Uri = url.parse().map_err(|_| AuditError::Config {
-                        what: format!("webhook url `{url}` is not a valid url"),
-                    })?;
-                    if uri.scheme_str() != Some("http") || uri.host().is_none() {
-                        return Err(AuditError::Config {
-                            what: format!("webhook url `{url}` must be `http://host[:port]/path`"),
-                        });
-                    }
-                    webhooks.push(uri);
+                    let parsed = webhook_url(url).map_err(config)?;
+                    https |= parsed.scheme() == "https";
+                    let builder = match &ca {
+                        Some(ca) => outbound::builder_trusting(ca),
+                        None => outbound::builder(),
+                    };
+                    let client = builder
+                        .connect_timeout(WEBHOOK_CONNECT_TIMEOUT)
+                        .timeout(WEBHOOK_TIMEOUT)
+                        .build()
+                        .map_err(|e| {
+                            config(format!(
+                                "cannot build the client of webhook `{url}`: {}",
+                                error_chain(&e)
+                            ))
+                        })?;
+                    targets.push(Target::Webhook {
+                        url: parsed,
+                        client,
+                    });
                 }
-                CheckpointSink::Syslog { socket } => syslogs.push(socket.clone()),
+                CheckpointSink::Syslog { socket } => targets.push(Target::Syslog {
+                    socket: socket.clone(),
+                }),
             }
         }
-        let remote = if webhooks.is_empty() && syslogs.is_empty() {
+        if let Some(ca) = &ca
+            && !https
+        {
+            return Err(config(format!(
+                "a checkpoint sink CA (`{}`) is given but no checkpoint sink is an https:// url",
+                ca.path().display()
+            )));
+        }
+        let remote = if targets.is_empty() {
             None
         } else {
-            let (tx, rx) = sync_channel::<String>(QUEUE);
+            let (newest, mailbox) = watch::channel(None);
+            let (finished, done) = sync_channel::<()>(0);
             std::thread::Builder::new()
                 .name("audit-sinks".into())
-                .spawn(move || remote_loop(rx, webhooks, syslogs))
-                .map_err(|e| AuditError::Config {
-                    what: format!("cannot start the checkpoint sink thread: {e}"),
-                })?;
-            Some(tx)
+                .spawn(move || {
+                    remote_loop(mailbox, targets);
+                    drop(finished);
+                })
+                .map_err(|e| config(format!("cannot start the checkpoint sink thread: {e}")))?;
+            Some(Remote {
+                newest,
+                size: None,
+                done,
+            })
         };
         Ok(Sinks { files, remote })
     }
 
-    /// Publishes one signed note. Failures are logged, never returned: the checkpoint is
-    /// already stored in the database.
+    /// Publishes one signed checkpoint: appended to every file sink, handed to the
+    /// remote sinks. Failures are logged, never returned: the checkpoint is already
+    /// stored in the database.
     pub(crate) fn publish(&mut self, note: &str) {
         for (path, file) in &mut self.files {
             let written = file
@@ -85,18 +176,78 @@ impl Sinks {
                 tracing::error!(path = %path.display(), error = %e, "cannot append the checkpoint to its file");
             }
         }
-        if let Some(tx) = &self.remote {
-            match tx.try_send(note.to_string()) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) => tracing::warn!(
-                    "checkpoint sink queue full; a checkpoint was not sent to the webhook/syslog sinks"
-                ),
-                Err(TrySendError::Disconnected(_)) => {
-                    tracing::warn!("checkpoint sink thread stopped")
-                }
-            }
+        if let Some(size) = note_size(note) {
+            self.offer(size, note, true);
         }
     }
+
+    /// Hands the signed head of the newest commit batch to the remote sinks (not to
+    /// the files).
+    pub(crate) fn publish_head(&mut self, size: u64, note: &str) {
+        self.offer(size, note, false);
+    }
+
+    /// Whether there is a webhook or syslog sink.
+    pub(crate) fn has_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// Whether the remote sinks lack a note of `size` events or more.
+    pub(crate) fn wants_head(&self, size: u64) -> bool {
+        self.remote
+            .as_ref()
+            .is_some_and(|r| r.size.is_none_or(|have| have < size))
+    }
+
+    fn offer(&mut self, size: u64, note: &str, checkpoint: bool) {
+        let Some(remote) = &mut self.remote else {
+            return;
+        };
+        // Signing order: a note never replaces a newer one. A head of the size the
+        // sinks already have adds nothing; a checkpoint of that size (an idle
+        // heartbeat) goes out again, as the sign of life it is meant to be.
+        if remote
+            .size
+            .is_some_and(|have| have > size || (have == size && !checkpoint))
+        {
+            return;
+        }
+        remote.size = Some(size);
+        remote.newest.send_replace(Some(Note {
+            size,
+            text: Arc::from(note),
+        }));
+    }
+}
+
+impl Drop for Sinks {
+    /// Closes the mailbox and waits (at most [`CLOSE_GRACE`]) for the helper thread to
+    /// send the last note.
+    fn drop(&mut self) {
+        if let Some(remote) = self.remote.take() {
+            drop(remote.newest);
+            let _ = remote.done.recv_timeout(CLOSE_GRACE);
+        }
+    }
+}
+
+/// The tree size of a note (its second line).
+fn note_size(note: &str) -> Option<u64> {
+    note.lines().nth(1).and_then(|line| line.parse().ok())
+}
+
+/// A webhook url: absolute `http://` or `https://` with a host and no user info.
+fn webhook_url(url: &str) -> Result<reqwest::Url, String> {
+    let bad = || format!("webhook url `{url}` must be `http(s)://host[:port]/path`");
+    let parsed = reqwest::Url::parse(url).map_err(|_| bad())?;
+    if !matches!(parsed.scheme(), "http" | "https")
+        || parsed.host_str().is_none_or(str::is_empty)
+        || !parsed.username().is_empty()
+        || parsed.password().is_some()
+    {
+        return Err(bad());
+    }
+    Ok(parsed)
 }
 
 /// The most bytes read from the end of a sink file to find its newest note.
@@ -152,52 +303,85 @@ pub(crate) fn newest_note(path: &Path) -> Result<Option<String>, AuditError> {
     Ok(notes.into_iter().next_back())
 }
 
-fn remote_loop(
-    rx: std::sync::mpsc::Receiver<String>,
-    webhooks: Vec<hyper::Uri>,
-    syslogs: Vec<PathBuf>,
-) {
+/// The helper thread: one task per remote sink on a small runtime of its own, each
+/// sending the newest note whenever it changes; ends once the mailbox is closed and
+/// every sink has sent (or failed to send) the last note.
+fn remote_loop(mailbox: watch::Receiver<Option<Note>>, targets: Vec<Target>) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start the webhook runtime");
+            tracing::error!(error = %e, "cannot start the checkpoint sink runtime");
             return;
         }
     };
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Full<bytes::Bytes>>();
-    while let Ok(note) = rx.recv() {
-        for uri in &webhooks {
-            let request = hyper::Request::post(uri.clone())
-                .header(hyper::header::CONTENT_TYPE, "text/plain; charset=utf-8")
-                .body(http_body_util::Full::new(bytes::Bytes::from(note.clone())));
-            let Ok(request) = request else { continue };
-            let outcome = runtime.block_on(async {
-                tokio::time::timeout(WEBHOOK_TIMEOUT, client.request(request)).await
-            });
-            match outcome {
-                Ok(Ok(response)) if response.status().is_success() => {}
-                Ok(Ok(response)) => {
-                    tracing::warn!(url = %uri, status = %response.status(), "checkpoint webhook refused the checkpoint")
-                }
-                Ok(Err(e)) => tracing::warn!(url = %uri, error = %e, "checkpoint webhook failed"),
-                Err(_) => tracing::warn!(url = %uri, "checkpoint webhook timed out"),
+    runtime.block_on(async move {
+        let mut tasks = tokio::task::JoinSet::new();
+        for target in targets {
+            tasks.spawn(deliver_loop(mailbox.clone(), target));
+        }
+        drop(mailbox);
+        while tasks.join_next().await.is_some() {}
+    });
+}
+
+/// Sends each newest note to one sink. A failure is logged when the sink starts
+/// failing and again when it recovers, not for every note.
+async fn deliver_loop(mut mailbox: watch::Receiver<Option<Note>>, target: Target) {
+    let mut failing = false;
+    // `changed` still returns a note sent just before the mailbox closed.
+    while mailbox.changed().await.is_ok() {
+        let Some(note) = mailbox.borrow_and_update().clone() else {
+            continue;
+        };
+        match deliver(&target, &note).await {
+            Ok(()) if failing => {
+                failing = false;
+                tracing::info!(sink = %target.name(), size = note.size, "checkpoint sink delivers again");
+            }
+            Ok(()) => {}
+            Err(error) if !failing => {
+                failing = true;
+                tracing::warn!(sink = %target.name(), size = note.size, error = %error, "checkpoint sink failed; the checkpoint is signed and stored locally, newer ones will be sent when it is back");
+            }
+            Err(error) => {
+                tracing::debug!(sink = %target.name(), size = note.size, error = %error, "checkpoint sink still failing");
             }
         }
-        for socket in &syslogs {
+    }
+}
+
+async fn deliver(target: &Target, note: &Note) -> Result<(), String> {
+    match target {
+        Target::Webhook { url, client } => {
+            let response = client
+                .post(url.clone())
+                .header(reqwest::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                .body(note.text.to_string())
+                .send()
+                .await
+                .map_err(|e| error_chain(&e.without_url()))?;
+            if response.status().is_success() {
+                Ok(())
+            } else {
+                Err(format!("answered {}", response.status()))
+            }
+        }
+        Target::Syslog { socket } => {
             // One line: facility local0, severity info (<134>).
             let message = format!(
                 "<134>toolgate-audit: checkpoint {}",
-                note.trim_end().replace('\n', " | ")
+                note.text.trim_end().replace('\n', " | ")
             );
-            let sent = std::os::unix::net::UnixDatagram::unbound()
-                .and_then(|s| s.send_to(message.as_bytes(), socket));
-            if let Err(e) = sent {
-                tracing::warn!(socket = %socket.display(), error = %e, "cannot send the checkpoint to syslog");
-            }
+            // Non-blocking: a full syslog socket drops this note rather than stall
+            // the other sinks.
+            let sock = std::os::unix::net::UnixDatagram::unbound().map_err(|e| e.to_string())?;
+            sock.set_nonblocking(true).map_err(|e| e.to_string())?;
+            sock.send_to(message.as_bytes(), socket)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
         }
     }
 }

@@ -23,9 +23,9 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
-use super::sink::Sinks;
+use super::sink::{HEAD_INTERVAL, Sinks};
 use super::store::map_sqlite;
 use super::{AuditError, Durability};
 
@@ -94,6 +94,7 @@ impl WalCheckpointer {
             .name("audit-wal".into())
             .spawn(move || {
                 let mut next_round = Instant::now() + INTERVAL;
+                let mut next_head = Instant::now();
                 loop {
                     let wait = next_round.saturating_duration_since(Instant::now());
                     match received.recv_timeout(wait) {
@@ -101,14 +102,21 @@ impl WalCheckpointer {
                             if publish.synced || sync_wal(&owned) {
                                 sinks.publish(&publish.note);
                             }
+                            // A steady stream of notes must not starve the rounds.
+                            if Instant::now() < next_round {
+                                continue;
+                            }
                         }
-                        Err(RecvTimeoutError::Timeout) => {
-                            checkpoint(&conn, &owned);
-                            next_round = Instant::now() + INTERVAL;
-                        }
+                        Err(RecvTimeoutError::Timeout) => {}
                         // Stopped: every note sent before has been received.
                         Err(RecvTimeoutError::Disconnected) => break,
                     }
+                    checkpoint(&conn, &owned);
+                    if Instant::now() >= next_head {
+                        offer_head(&conn, &owned, durability, &mut sinks);
+                        next_head = Instant::now() + HEAD_INTERVAL;
+                    }
+                    next_round = Instant::now() + INTERVAL;
                 }
                 checkpoint(&conn, &owned);
                 if let Err((_, e)) = conn.close() {
@@ -149,6 +157,32 @@ impl WalCheckpointer {
 impl Drop for WalCheckpointer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Hands the signed head of the newest commit (the `signed_head` row) to the remote
+/// sinks when they lack it; under NORMAL durability only after a sync of the WAL, so the
+/// events under it are on disk before it leaves the process.
+fn offer_head(conn: &Connection, db: &Path, durability: Durability, sinks: &mut Sinks) {
+    if !sinks.has_remote() {
+        return;
+    }
+    let head = conn
+        .query_row("SELECT size, note FROM signed_head", [], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+        })
+        .optional();
+    match head {
+        Ok(Some((size, note))) => {
+            let size = u64::try_from(size).unwrap_or(0);
+            if sinks.wants_head(size) && (durability == Durability::Full || sync_wal(db)) {
+                sinks.publish_head(size, &note);
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(error = %map_sqlite(&e, db), "cannot read the signed head for the checkpoint sinks")
+        }
     }
 }
 
@@ -280,7 +314,8 @@ mod tests {
         let before = db_bytes();
         assert!(before < 100_000, "{before}");
         let mut wal =
-            WalCheckpointer::start(&path, Durability::Full, Sinks::open(&[]).unwrap()).unwrap();
+            WalCheckpointer::start(&path, Durability::Full, Sinks::open(&[], None).unwrap())
+                .unwrap();
         wal.stop();
         assert!(db_bytes() > 1_000_000, "{}", db_bytes());
         let n: i64 = writer
@@ -299,8 +334,11 @@ mod tests {
             .unwrap();
         writer.execute_batch("CREATE TABLE t (x TEXT)").unwrap();
         let sink = dir.path().join("sink.log");
-        let sinks =
-            Sinks::open(&[crate::audit::CheckpointSink::File { path: sink.clone() }]).unwrap();
+        let sinks = Sinks::open(
+            &[crate::audit::CheckpointSink::File { path: sink.clone() }],
+            None,
+        )
+        .unwrap();
         let mut wal = WalCheckpointer::start(&path, Durability::Normal, sinks).unwrap();
         for i in 0..50 {
             wal.publish(format!("note {i}"), i % 2 == 0);

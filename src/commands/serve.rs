@@ -89,11 +89,16 @@ pub struct ServeArgs {
     /// key and the public key.
     #[arg(long)]
     pub signer_socket: Option<PathBuf>,
-    /// Also publish checkpoints here (repeatable): `file:PATH`, `http://HOST/PATH` or
-    /// `syslog://SOCKET`. serve refuses to start on a log that does not extend the
-    /// newest checkpoint of a file sink (exit 2).
+    /// Also publish checkpoints here (repeatable): `file:PATH`, `http(s)://HOST/PATH`
+    /// or `syslog://SOCKET`. Webhook and syslog sinks get the newest signed note (the
+    /// signed head at least every second under traffic, latest wins). serve refuses to
+    /// start on a log that does not extend the newest checkpoint of a file sink (exit 2).
     #[arg(long = "checkpoint-sink", value_parser = parse_sink)]
     pub checkpoint_sinks: Vec<CheckpointSink>,
+    /// A PEM file of CA certificates that https checkpoint sinks must chain to (instead
+    /// of the system's roots), for a sink with a private CA.
+    #[arg(long)]
+    pub checkpoint_sink_ca: Option<PathBuf>,
     /// Publish a checkpoint to the sinks once this many events arrived since the last
     /// (every commit is signed locally regardless).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -199,6 +204,7 @@ async fn run(args: &ServeArgs) -> Exit {
     options
         .checkpoint_sinks
         .extend(args.checkpoint_sinks.iter().cloned());
+    options.checkpoint_sink_ca = args.checkpoint_sink_ca.clone();
     if options.key_dir.exists()
         && let Err(e) = crate::audit::keys::check_private(&options.key_dir)
     {

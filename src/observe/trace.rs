@@ -311,9 +311,8 @@ pub fn init(
     };
     let client = OtlpHttpClient {
         runtime: runtime.clone(),
-        client: reqwest::Client::builder()
+        client: crate::outbound::builder()
             .timeout(EXPORT_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| TraceError::Exporter(e.to_string()))?,
     };

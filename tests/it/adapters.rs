@@ -519,7 +519,7 @@ async fn build_reports_every_problem_with_the_tool_named() {
         ),
         tool(
             "t_https",
-            http("https://127.0.0.1:8799/x", &["127.0.0.1:8799"]),
+            http("https://127.0.0.1/x", &["127.0.0.1:8799"]),
             any_object(),
             any_object(),
         ),
@@ -561,7 +561,7 @@ async fn build_reports_every_problem_with_the_tool_named() {
         ("t_relative", "relative path"),
         ("t_not_on_path", "not found on PATH"),
         ("t_workdir", "working_dir"),
-        ("t_https", "https"),
+        ("t_https", "not in its own `allowed_hosts`"),
         ("t_foreign", "not in its own `allowed_hosts`"),
         ("t_garbage", "does not parse"),
     ];

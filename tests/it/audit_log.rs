@@ -488,7 +488,7 @@ async fn checkpoints_reach_the_webhook_and_syslog_sinks() {
     // An unusable webhook url is a configuration error at open.
     let mut bad = options(dir.path());
     bad.checkpoint_sinks = vec![toolgate::audit::CheckpointSink::Webhook {
-        url: "https://example.com/x".into(),
+        url: "ftp://example.com/x".into(),
     }];
     assert!(matches!(
         AuditLog::open(bad),

@@ -29,6 +29,7 @@ mod lab;
 mod mcp_adapter;
 mod mcp_front;
 mod metrics;
+mod outbound;
 mod policy_check;
 mod policy_diff;
 mod redaction;

@@ -1,0 +1,309 @@
+//! The one outgoing HTTP client stack: every request toolgate sends (the http adapter and
+//! the builtins that call out, checkpoint webhooks, OTLP trace export, the MCP client)
+//! goes through a reqwest client made by [`builder`] or [`builder_trusting`], over rustls
+//! with the ring crypto provider (docs/decisions.md says why).
+//!
+//! INVARIANT: no redirect is followed and no proxy is used, so a request goes to the
+//! host its caller checked and to no other; server certificates are always verified
+//! (against the system's roots, or only the given CA bundle), never skipped.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+/// The largest CA bundle file read (a system bundle is about 200 KiB).
+const MAX_CA_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// A problem with a CA bundle or with building a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutboundError {
+    /// The CA bundle cannot be read or holds no usable certificate.
+    CaFile { path: PathBuf, what: String },
+    /// The client could not be built.
+    Build(String),
+}
+
+impl fmt::Display for OutboundError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OutboundError::CaFile { path, what } => {
+                write!(f, "CA bundle `{}`: {what}", path.display())
+            }
+            OutboundError::Build(what) => write!(f, "cannot build an http client: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for OutboundError {}
+
+/// The crypto provider of every TLS connection: ring (no C toolchain beyond `cc`, no
+/// cmake; the same provider everywhere).
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// TLS trusting the operating system's roots (`/etc/ssl/certs`, or `SSL_CERT_FILE` /
+/// `SSL_CERT_DIR`), loaded once per process. Without any system root, https requests
+/// fail at the handshake with a message saying so; http still works.
+fn system_tls() -> Result<ClientConfig, String> {
+    static CONFIG: OnceLock<Result<ClientConfig, String>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let verifier: Arc<dyn ServerCertVerifier> =
+                match rustls_platform_verifier::Verifier::new(provider()) {
+                    Ok(verifier) => Arc::new(verifier),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no trusted CA certificates on this system; https requests will be refused");
+                        Arc::new(NoRoots(e.to_string()))
+                    }
+                };
+            tls_with(verifier).map_err(|e| e.to_string())
+        })
+        .clone()
+}
+
+fn tls_with(verifier: Arc<dyn ServerCertVerifier>) -> Result<ClientConfig, rustls::Error> {
+    Ok(ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth())
+}
+
+/// The verifier when the system has no root certificate: refuses every server.
+#[derive(Debug)]
+struct NoRoots(String);
+
+impl ServerCertVerifier for NoRoots {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Err(rustls::Error::General(format!(
+            "no trusted CA certificates: {}",
+            self.0
+        )))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("no trusted CA certificates".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("no trusted CA certificates".into()))
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Certificates to trust instead of the system's roots (a private CA), read from a PEM
+/// file of one or more `CERTIFICATE` blocks.
+#[derive(Clone)]
+pub struct CaBundle {
+    path: PathBuf,
+    config: ClientConfig,
+}
+
+impl fmt::Debug for CaBundle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CaBundle")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl CaBundle {
+    /// Reads and checks the bundle: at least one certificate, every one usable as a
+    /// trust anchor.
+    pub fn load(path: &Path) -> Result<CaBundle, OutboundError> {
+        let fail = |what: String| OutboundError::CaFile {
+            path: path.to_path_buf(),
+            what,
+        };
+        let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(file, MAX_CA_FILE_BYTES + 1),
+            &mut bytes,
+        )
+        .map_err(|e| fail(format!("cannot read: {e}")))?;
+        if bytes.len() as u64 > MAX_CA_FILE_BYTES {
+            return Err(fail(format!("larger than {MAX_CA_FILE_BYTES} bytes")));
+        }
+        let mut roots = RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&bytes) {
+            let cert = cert.map_err(|e| fail(format!("not a PEM certificate file: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| fail(format!("a certificate is not usable as a CA: {e}")))?;
+        }
+        if roots.is_empty() {
+            return Err(fail("holds no `BEGIN CERTIFICATE` block".into()));
+        }
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider(),
+        )
+        .build()
+        .map_err(|e| fail(e.to_string()))?;
+        Ok(CaBundle {
+            path: path.to_path_buf(),
+            config: tls_with(verifier).map_err(|e| fail(e.to_string()))?,
+        })
+    }
+
+    /// The file it was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// A client builder with the project's settings, trusting the system's roots: no
+/// redirects, no proxy (not even from `HTTP_PROXY`), HTTP/1.1, rustls with ring, a
+/// `toolgate/<version>` user agent. Callers add their own timeouts and pool settings.
+pub fn builder() -> reqwest::ClientBuilder {
+    match system_tls() {
+        Ok(tls) => base().tls_backend_preconfigured(tls),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot set up TLS");
+            // A value reqwest does not know as a TLS set-up: `build()` then fails with
+            // an error (fail closed), where a default set-up would panic.
+            base().tls_backend_preconfigured(())
+        }
+    }
+}
+
+/// [`builder`], trusting only the certificates of `ca` (not the system's roots).
+pub fn builder_trusting(ca: &CaBundle) -> reqwest::ClientBuilder {
+    base().tls_backend_preconfigured(ca.config.clone())
+}
+
+fn base() -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("toolgate/", env!("CARGO_PKG_VERSION")))
+        .http1_only()
+}
+
+/// An error and its sources, joined by `: ` (reqwest's own text names only the outer
+/// layer, e.g. "error sending request"; the cause, such as "connection refused" or
+/// "invalid peer certificate: UnknownIssuer", is in its sources). Bounded.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    let mut depth = 0;
+    while let Some(s) = source {
+        if depth >= 8 {
+            break;
+        }
+        let next = s.to_string();
+        // Some layers repeat their source's text; say it once.
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+        depth += 1;
+    }
+    if text.len() > 512 {
+        let mut end = 512;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("...");
+    }
+    text
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_build_without_a_runtime_and_without_a_default_provider() {
+        // No process-wide rustls provider is installed; reqwest would panic building a
+        // client that relied on one.
+        assert!(CryptoProvider::get_default().is_none());
+        builder().build().unwrap();
+    }
+
+    #[test]
+    fn a_ca_bundle_must_hold_a_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "no certificate here\n").unwrap();
+        let e = CaBundle::load(&empty).unwrap_err();
+        assert!(e.to_string().contains("no `BEGIN CERTIFICATE`"), "{e}");
+        let missing = dir.path().join("missing.pem");
+        assert!(CaBundle::load(&missing).is_err());
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(
+            &garbage,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        assert!(CaBundle::load(&garbage).is_err());
+    }
+
+    /// Every reqwest client of the crate is made here, so none misses the settings
+    /// above (no redirects, no proxy, the TLS stack): reqwest's own default TLS set-up
+    /// would also panic without a process-wide crypto provider.
+    #[test]
+    fn no_other_module_builds_a_reqwest_client() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut offenders = Vec::new();
+        let mut stack = vec![src];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs")
+                    && !path.ends_with("outbound.rs")
+                {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    for needle in [
+                        "Client::builder()",
+                        "reqwest::Client::new",
+                        "ClientBuilder::new",
+                    ] {
+                        if text.contains(needle) {
+                            offenders.push(format!("{}: {needle}", path.display()));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "build clients with crate::outbound::builder(): {offenders:?}"
+        );
+    }
+}
