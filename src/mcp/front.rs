@@ -23,6 +23,7 @@
 //! pipeline bounds like the same fields of the HTTP API.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -33,8 +34,9 @@ use hyper::http::{HeaderMap, Request, Response};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
     ErrorCode, ErrorData, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
-    ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
-    ServerConfig, Tool as McpTool, ToolAnnotations,
+    ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, RequestId, ServerCapabilities, ServerConfig, Tool as McpTool,
+    ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -43,7 +45,8 @@ use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
 use crate::call::{
-    ArtifactRef, CallResponse, PartialRequest, Received, Status, digest_bytes, parse_request_value,
+    ArtifactRef, CallResponse, CallSignals, PartialRequest, Progress, Received, Status,
+    digest_bytes, parse_request_value,
 };
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
@@ -86,6 +89,9 @@ pub async fn handle(
     gateway: Arc<Gateway>,
     request: Request<Full<Bytes>>,
 ) -> Response<BoxBody<Bytes, Infallible>> {
+    if let Some(accepted) = cancellation(&gateway, &request).await {
+        return accepted;
+    }
     let config = StreamableHttpServerConfig::default()
         // Stateless: every POST stands alone, so any gateway instance can answer it
         // and no session state can outlive a policy reload.
@@ -204,14 +210,54 @@ impl ServerHandler for Front {
             meta.extend(own.0.0.clone());
         }
         let token = caller.token.clone();
+        let key = InFlightKey::of(&self.gateway, &caller, &context.id);
         let received = caller.into_request(&request, &meta);
-        // Spawned so a client that disconnects cannot cancel a call halfway: every
-        // call runs to its closing audit event.
+        let progress_token = meta
+            .get("progressToken")
+            .and_then(|t| serde_json::from_value::<ProgressToken>(t.clone()).ok());
+        let (progress, mut heard) = tokio::sync::watch::channel(None);
+        let signals = CallSignals {
+            cancel: tokio_util::sync::CancellationToken::new(),
+            progress: progress_token.is_some().then_some(progress),
+        };
+        let _registered = InFlightCalls::register(key, &signals);
+        // Spawned so a client that disconnects cannot cut a call halfway: every call
+        // runs to its closing audit event. Cancelling (the client's
+        // `notifications/cancelled`, or its connection dropped) stops the execution.
         let gateway = self.gateway.clone();
-        let response =
-            tokio::spawn(async move { gateway.handle(token.as_deref(), received).await })
+        let task_signals = signals.clone();
+        let mut task = tokio::spawn(async move {
+            gateway
+                .handle_signalled(token.as_deref(), received, None, task_signals)
                 .await
-                .map_err(|_| ErrorData::internal_error("the call task failed", None))?;
+        });
+        let mut listening = progress_token.is_some();
+        let mut connected = true;
+        let joined = loop {
+            tokio::select! {
+                joined = &mut task => break joined,
+                () = context.ct.cancelled(), if connected => {
+                    connected = false;
+                    signals.cancel.cancel();
+                }
+                changed = heard.changed(), if listening && connected => {
+                    let latest = heard.borrow_and_update().clone();
+                    match (changed, latest, &progress_token) {
+                        (Ok(()), Some(latest), Some(token)) => {
+                            // The latest report only: reports that came while this one
+                            // was being sent were coalesced by the watch.
+                            if context.peer.notify_progress(progress_param(token, latest)).await.is_err() {
+                                listening = false;
+                            }
+                        }
+                        (Ok(()), None, _) => {}
+                        _ => listening = false,
+                    }
+                }
+            }
+        };
+        let response =
+            joined.map_err(|_| ErrorData::internal_error("the call task failed", None))?;
         if let Some(d) = &response.diagnostic
             && d.reason == Reason::ToolUnregistered
         {
@@ -226,6 +272,139 @@ impl ServerHandler for Front {
             tool_result(&self.gateway, &response).await,
         ))
     }
+}
+
+/// An MCP progress notification of `token` carrying `progress`.
+fn progress_param(token: &ProgressToken, progress: Progress) -> ProgressNotificationParam {
+    let mut param = ProgressNotificationParam::new(token.clone(), progress.progress);
+    param.total = progress.total;
+    param.message = progress.message;
+    param
+}
+
+/// Who may cancel an MCP call in flight: the same credential, role and run, naming
+/// the call's JSON-RPC request id, on the same gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct InFlightKey {
+    gateway: usize,
+    token_sha256: String,
+    role_id: Option<String>,
+    run_id: Option<String>,
+    request_id: String,
+}
+
+impl InFlightKey {
+    fn of(gateway: &Arc<Gateway>, caller: &Caller, request_id: &RequestId) -> InFlightKey {
+        InFlightKey {
+            gateway: Arc::as_ptr(gateway) as usize,
+            token_sha256: crate::canonical::sha256_hex(
+                caller.token.as_deref().unwrap_or_default().as_bytes(),
+            ),
+            role_id: caller.role_id.clone(),
+            run_id: caller.run_id.clone(),
+            request_id: json!(request_id).to_string(),
+        }
+    }
+}
+
+/// The MCP calls in flight in this process, by who may cancel them. An entry lives
+/// as long as its call's handler, so the table holds at most the calls running.
+struct InFlightCalls;
+
+static IN_FLIGHT: std::sync::LazyLock<
+    std::sync::Mutex<HashMap<InFlightKey, Vec<(u64, CallSignals)>>>,
+> = std::sync::LazyLock::new(Default::default);
+static NEXT_IN_FLIGHT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A registration in [`IN_FLIGHT`], removed on drop.
+struct Registered {
+    key: InFlightKey,
+    serial: u64,
+}
+
+impl InFlightCalls {
+    fn register(key: InFlightKey, signals: &CallSignals) -> Registered {
+        let serial = NEXT_IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut table) = IN_FLIGHT.lock() {
+            table
+                .entry(key.clone())
+                .or_default()
+                .push((serial, signals.clone()));
+        }
+        Registered { key, serial }
+    }
+
+    /// Cancels every call in flight under `key`; returns how many.
+    fn cancel(key: &InFlightKey) -> usize {
+        let found: Vec<CallSignals> = IN_FLIGHT
+            .lock()
+            .map(|table| {
+                table
+                    .get(key)
+                    .map(|calls| calls.iter().map(|(_, s)| s.clone()).collect())
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default();
+        for signals in &found {
+            signals.cancel.cancel();
+        }
+        found.len()
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if let Ok(mut table) = IN_FLIGHT.lock()
+            && let Some(calls) = table.get_mut(&self.key)
+        {
+            calls.retain(|(serial, _)| *serial != self.serial);
+            if calls.is_empty() {
+                table.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// A client's `notifications/cancelled`, answered here (`202 Accepted`) because the
+/// front is stateless: the call it names runs in another request's handler. It
+/// cancels the caller's own call with that request id, if one is in flight; anything
+/// else is ignored, as MCP says a cancellation of an unknown request is.
+async fn cancellation(
+    gateway: &Arc<Gateway>,
+    request: &Request<Full<Bytes>>,
+) -> Option<Response<BoxBody<Bytes, Infallible>>> {
+    use http_body_util::BodyExt;
+    #[derive(serde::Deserialize)]
+    struct Notification {
+        method: String,
+        #[serde(default)]
+        params: Option<Value>,
+        id: Option<Value>,
+    }
+    let bytes = request.body().clone().collect().await.ok()?.to_bytes();
+    const METHOD: &[u8] = b"notifications/cancelled";
+    if !bytes.windows(METHOD.len()).any(|w| w == METHOD) {
+        return None;
+    }
+    let notification: Notification = serde_json::from_slice(&bytes).ok()?;
+    if notification.method != "notifications/cancelled" || notification.id.is_some() {
+        return None;
+    }
+    let request_id = notification
+        .params
+        .as_ref()
+        .and_then(|p| p.get("requestId"))
+        .and_then(|id| serde_json::from_value::<RequestId>(id.clone()).ok());
+    if let Some(request_id) = request_id {
+        let caller = Caller::read_for(gateway, request.headers());
+        let cancelled = InFlightCalls::cancel(&InFlightKey::of(gateway, &caller, &request_id));
+        tracing::debug!(cancelled, "mcp notifications/cancelled");
+    }
+    let accepted = Response::builder()
+        .status(hyper::StatusCode::ACCEPTED)
+        .body(Full::new(Bytes::new()).map_err(|never| match never {}).boxed())
+        .ok()?;
+    Some(accepted)
 }
 
 /// The HTTP request headers rmcp put in the request's extensions.
