@@ -27,6 +27,7 @@ mod identity;
 mod lab;
 mod mcp_adapter;
 mod mcp_front;
+mod mcp_session;
 mod metrics;
 mod policy_check;
 mod policy_diff;
