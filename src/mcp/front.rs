@@ -34,9 +34,8 @@ use hyper::http::{HeaderMap, Request, Response};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
     ErrorCode, ErrorData, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
-    ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, RequestId, ServerCapabilities, ServerConfig, Tool as McpTool,
-    ToolAnnotations,
+    ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ProtocolVersion, RequestId, ServerCapabilities, ServerConfig, Tool as McpTool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -311,9 +310,11 @@ impl InFlightKey {
 /// as long as its call's handler, so the table holds at most the calls running.
 struct InFlightCalls;
 
-static IN_FLIGHT: std::sync::LazyLock<
-    std::sync::Mutex<HashMap<InFlightKey, Vec<(u64, CallSignals)>>>,
-> = std::sync::LazyLock::new(Default::default);
+/// The calls in flight under one key, each with the serial of its registration.
+type InFlightTable = HashMap<InFlightKey, Vec<(u64, CallSignals)>>;
+
+static IN_FLIGHT: std::sync::LazyLock<std::sync::Mutex<InFlightTable>> =
+    std::sync::LazyLock::new(Default::default);
 static NEXT_IN_FLIGHT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A registration in [`IN_FLIGHT`], removed on drop.
@@ -402,7 +403,11 @@ async fn cancellation(
     }
     let accepted = Response::builder()
         .status(hyper::StatusCode::ACCEPTED)
-        .body(Full::new(Bytes::new()).map_err(|never| match never {}).boxed())
+        .body(
+            Full::new(Bytes::new())
+                .map_err(|never| match never {})
+                .boxed(),
+        )
         .ok()?;
     Some(accepted)
 }

@@ -154,7 +154,11 @@ fn the_tools_of_one_server_share_one_process_and_a_killed_one_is_restarted() {
     });
     let (status, body) = call(&server, &run, "echo_c", json!({"text": "again"}));
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["output"], json!({"text": "again", "start": 2}), "{body}");
+    assert_eq!(
+        body["output"],
+        json!({"text": "again", "start": 2}),
+        "{body}"
+    );
     assert_eq!(starts(&state), 2);
     assert_eq!(processes_mentioning(&state).len(), 1);
     assert!(server.stop().success());
@@ -226,7 +230,10 @@ fn the_servers_section_is_checked_strictly() {
         }],
     );
     let (ok, out) = policy_check(&start.policy_dir, &start.tools);
-    assert!(!ok && out.contains("exactly one of `server`, `command` or `url`"), "{out}");
+    assert!(
+        !ok && out.contains("exactly one of `server`, `command` or `url`"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -368,8 +375,7 @@ fn rpc_message(body: &str) -> Value {
     let data = body
         .lines()
         .filter_map(|l| l.strip_prefix("data:"))
-        .filter(|d| !d.trim().is_empty())
-        .next_back()
+        .rfind(|d| !d.trim().is_empty())
         .unwrap_or_else(|| panic!("no message in {body}"));
     serde_json::from_str(data.trim()).unwrap()
 }
@@ -540,7 +546,11 @@ fn upstream_progress_reaches_the_python_client_and_a_flood_stays_bounded() {
     assert_eq!(with["isError"], false, "{with}");
     assert_eq!(
         with["progress"],
-        json!([[1.0, 3.0, "step 1"], [2.0, 3.0, "step 2"], [3.0, 3.0, "step 3"]]),
+        json!([
+            [1.0, 3.0, "step 1"],
+            [2.0, 3.0, "step 2"],
+            [3.0, 3.0, "step 3"]
+        ]),
         "{with}"
     );
     // Without a progressToken, nothing is sent to the client.

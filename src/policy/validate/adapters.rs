@@ -189,11 +189,21 @@ pub(super) fn check_adapter(
                 },
                 (None, Some(command), None) => {
                     argv_ok(report, "command", command);
-                    Some((None, Some(command.value.clone()), None, DEFAULT_SERVER_CONCURRENCY))
+                    Some((
+                        None,
+                        Some(command.value.clone()),
+                        None,
+                        DEFAULT_SERVER_CONCURRENCY,
+                    ))
                 }
                 (None, None, Some(url)) => {
                     non_empty(report, "url", url);
-                    Some((None, None, Some(url.value.clone()), DEFAULT_SERVER_CONCURRENCY))
+                    Some((
+                        None,
+                        None,
+                        Some(url.value.clone()),
+                        DEFAULT_SERVER_CONCURRENCY,
+                    ))
                 }
                 _ => {
                     report.spanned(

@@ -26,13 +26,13 @@ use super::Problem;
 use super::condition::Condition;
 use super::model::{
     AdapterConfig, Admin, Credential, DEFAULT_SERVER_CONCURRENCY, Determinism, FileVersion,
-    FlagMatcher, FlagRule, Lane, Limits, McpServer, Policy, PolicySource, PolicyVersions, Redaction, Role, RunStatus, Tool,
+    FlagMatcher, FlagRule, Lane, Limits, McpServer, Policy, PolicySource, PolicyVersions,
+    Redaction, Role, RunStatus, Tool,
 };
 use super::raw::{
     LanesFile, RawAdapter, RawAdapterKind, RawCondition, RawCredential, RawDeterminism,
     RawFlagRule, RawLane, RawRedaction, RawRedactionMode, RawRole, RawServer, RawTool,
-    RegistryFile,
-    RolesFile,
+    RegistryFile, RolesFile,
 };
 use super::read::SourceFile;
 use super::schema::{self, SchemaContext};
