@@ -24,7 +24,7 @@
 //! cancellation is sent. A stdio server runs without a shell, in its own process
 //! group, with a cleared environment plus [`PASSED_ENV`], in the registry's directory.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -33,15 +33,12 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
-    ClientRequest, ContentBlock, Implementation, ProgressNotificationParam, ProgressToken,
-    ServerResult,
+    ClientRequest, ContentBlock, Implementation, ServerResult,
 };
-use rmcp::service::{
-    NotificationContext, PeerRequestOptions, RequestHandle, RunningService, ServiceError,
-};
+use rmcp::service::{PeerRequestOptions, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
@@ -50,10 +47,13 @@ use crate::adapter::{
     AdapterEnv, ExecContext, ExecError, ProcessGroup, SettingProblem, output_hard_cap,
     resolve_program, unsafe_argument,
 };
-use crate::call::{CallSignals, MAX_PROGRESS_MESSAGE_BYTES, Progress};
+use crate::call::CallSignals;
 use crate::canonical::to_canonical_bytes;
 use crate::diagnostic::Refusal;
 use crate::policy::{AdapterConfig, Policy};
+
+mod upcalls;
+use upcalls::{InFlight, ProgressRoutes, Route, Upcalls};
 
 /// First wait before restarting an upstream that failed; doubles per failure.
 pub const BACKOFF_BASE: Duration = Duration::from_millis(100);
@@ -100,96 +100,6 @@ pub struct Session {
     supervisor: tokio::sync::Mutex<Supervisor>,
     /// Where the upstream's progress notifications go, by the session's own token.
     routes: Arc<ProgressRoutes>,
-}
-
-/// The calls waiting for progress, by the progress token sent upstream.
-#[derive(Default)]
-struct ProgressRoutes {
-    by_token: Mutex<HashMap<ProgressToken, CallSignals>>,
-}
-
-impl ProgressRoutes {
-    fn deliver(&self, params: ProgressNotificationParam) {
-        let signals = self
-            .by_token
-            .lock()
-            .ok()
-            .and_then(|routes| routes.get(&params.progress_token).cloned());
-        if let Some(signals) = signals {
-            let message = params
-                .message
-                .map(|m| super::truncate(&m, MAX_PROGRESS_MESSAGE_BYTES));
-            signals.report(Progress {
-                progress: params.progress,
-                total: params.total,
-                message,
-            });
-        }
-    }
-}
-
-/// A progress route, removed when the call ends.
-struct Route<'a> {
-    routes: &'a ProgressRoutes,
-    token: ProgressToken,
-}
-
-impl Drop for Route<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut routes) = self.routes.by_token.lock() {
-            routes.remove(&self.token);
-        }
-    }
-}
-
-/// How toolgate answers what an upstream sends on its own: progress is routed to
-/// the call it belongs to; everything else is rmcp's default.
-#[derive(Clone)]
-struct Upcalls {
-    routes: Arc<ProgressRoutes>,
-}
-
-impl ClientHandler for Upcalls {
-    fn get_info(&self) -> ClientConfig {
-        client_config()
-    }
-
-    async fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        self.routes.deliver(params);
-    }
-}
-
-/// A request in flight upstream: cancelled there (`notifications/cancelled`) if it
-/// is dropped before its answer arrived.
-struct InFlight {
-    handle: Option<RequestHandle<RoleClient>>,
-}
-
-impl InFlight {
-    async fn response(&mut self) -> Result<ServerResult, ServiceError> {
-        let Some(handle) = self.handle.as_mut() else {
-            return Err(ServiceError::TransportClosed);
-        };
-        let answer = (&mut handle.rx).await;
-        self.handle = None;
-        answer.unwrap_or(Err(ServiceError::TransportClosed))
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if let Some(handle) = self.handle.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(handle.cancel(Some(
-                "the caller cancelled the call or its deadline passed".into(),
-            )));
-        }
-    }
 }
 
 /// The sessions of one policy's MCP servers, while its adapters are built.

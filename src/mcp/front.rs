@@ -23,7 +23,6 @@
 //! pipeline bounds like the same fields of the HTTP API.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -34,8 +33,8 @@ use hyper::http::{HeaderMap, Request, Response};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
     ErrorCode, ErrorData, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
-    ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
-    ProtocolVersion, RequestId, ServerCapabilities, ServerConfig, Tool as McpTool, ToolAnnotations,
+    ListToolsResult, MetaObject, PaginatedRequestParams, ProgressToken, ProtocolVersion,
+    ServerCapabilities, ServerConfig, Tool as McpTool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -44,11 +43,12 @@ use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
 use crate::call::{
-    ArtifactRef, CallResponse, CallSignals, PartialRequest, Progress, Received, Status,
-    digest_bytes, parse_request_value,
+    ArtifactRef, CallResponse, CallSignals, PartialRequest, Received, Status, digest_bytes,
+    parse_request_value,
 };
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
+use crate::mcp::signals::{self, InFlightCalls, InFlightKey, progress_param};
 
 /// The path the front is served at.
 pub const ENDPOINT: &str = "/mcp";
@@ -209,7 +209,13 @@ impl ServerHandler for Front {
             meta.extend(own.0.0.clone());
         }
         let token = caller.token.clone();
-        let key = InFlightKey::of(&self.gateway, &caller, &context.id);
+        let key = InFlightKey::of(
+            &self.gateway,
+            caller.token.as_deref(),
+            &caller.role_id,
+            &caller.run_id,
+            &context.id,
+        );
         let received = caller.into_request(&request, &meta);
         let progress_token = meta
             .get("progressToken")
@@ -273,99 +279,6 @@ impl ServerHandler for Front {
     }
 }
 
-/// An MCP progress notification of `token` carrying `progress`.
-fn progress_param(token: &ProgressToken, progress: Progress) -> ProgressNotificationParam {
-    let mut param = ProgressNotificationParam::new(token.clone(), progress.progress);
-    param.total = progress.total;
-    param.message = progress.message;
-    param
-}
-
-/// Who may cancel an MCP call in flight: the same credential, role and run, naming
-/// the call's JSON-RPC request id, on the same gateway.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct InFlightKey {
-    gateway: usize,
-    token_sha256: String,
-    role_id: Option<String>,
-    run_id: Option<String>,
-    request_id: String,
-}
-
-impl InFlightKey {
-    fn of(gateway: &Arc<Gateway>, caller: &Caller, request_id: &RequestId) -> InFlightKey {
-        InFlightKey {
-            gateway: Arc::as_ptr(gateway) as usize,
-            token_sha256: crate::canonical::sha256_hex(
-                caller.token.as_deref().unwrap_or_default().as_bytes(),
-            ),
-            role_id: caller.role_id.clone(),
-            run_id: caller.run_id.clone(),
-            request_id: json!(request_id).to_string(),
-        }
-    }
-}
-
-/// The MCP calls in flight in this process, by who may cancel them. An entry lives
-/// as long as its call's handler, so the table holds at most the calls running.
-struct InFlightCalls;
-
-/// The calls in flight under one key, each with the serial of its registration.
-type InFlightTable = HashMap<InFlightKey, Vec<(u64, CallSignals)>>;
-
-static IN_FLIGHT: std::sync::LazyLock<std::sync::Mutex<InFlightTable>> =
-    std::sync::LazyLock::new(Default::default);
-static NEXT_IN_FLIGHT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// A registration in [`IN_FLIGHT`], removed on drop.
-struct Registered {
-    key: InFlightKey,
-    serial: u64,
-}
-
-impl InFlightCalls {
-    fn register(key: InFlightKey, signals: &CallSignals) -> Registered {
-        let serial = NEXT_IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut table) = IN_FLIGHT.lock() {
-            table
-                .entry(key.clone())
-                .or_default()
-                .push((serial, signals.clone()));
-        }
-        Registered { key, serial }
-    }
-
-    /// Cancels every call in flight under `key`; returns how many.
-    fn cancel(key: &InFlightKey) -> usize {
-        let found: Vec<CallSignals> = IN_FLIGHT
-            .lock()
-            .map(|table| {
-                table
-                    .get(key)
-                    .map(|calls| calls.iter().map(|(_, s)| s.clone()).collect())
-                    .unwrap_or_default()
-            })
-            .unwrap_or_default();
-        for signals in &found {
-            signals.cancel.cancel();
-        }
-        found.len()
-    }
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        if let Ok(mut table) = IN_FLIGHT.lock()
-            && let Some(calls) = table.get_mut(&self.key)
-        {
-            calls.retain(|(serial, _)| *serial != self.serial);
-            if calls.is_empty() {
-                table.remove(&self.key);
-            }
-        }
-    }
-}
-
 /// A client's `notifications/cancelled`, answered here (`202 Accepted`) because the
 /// front is stateless: the call it names runs in another request's handler. It
 /// cancels the caller's own call with that request id, if one is in flight; anything
@@ -375,30 +288,18 @@ async fn cancellation(
     request: &Request<Full<Bytes>>,
 ) -> Option<Response<BoxBody<Bytes, Infallible>>> {
     use http_body_util::BodyExt;
-    #[derive(serde::Deserialize)]
-    struct Notification {
-        method: String,
-        #[serde(default)]
-        params: Option<Value>,
-        id: Option<Value>,
-    }
     let bytes = request.body().clone().collect().await.ok()?.to_bytes();
-    const METHOD: &[u8] = b"notifications/cancelled";
-    if !bytes.windows(METHOD.len()).any(|w| w == METHOD) {
-        return None;
-    }
-    let notification: Notification = serde_json::from_slice(&bytes).ok()?;
-    if notification.method != "notifications/cancelled" || notification.id.is_some() {
-        return None;
-    }
-    let request_id = notification
-        .params
-        .as_ref()
-        .and_then(|p| p.get("requestId"))
-        .and_then(|id| serde_json::from_value::<RequestId>(id.clone()).ok());
+    let request_id = signals::cancelled_request(&bytes)?;
     if let Some(request_id) = request_id {
         let caller = Caller::read_for(gateway, request.headers());
-        let cancelled = InFlightCalls::cancel(&InFlightKey::of(gateway, &caller, &request_id));
+        let key = InFlightKey::of(
+            gateway,
+            caller.token.as_deref(),
+            &caller.role_id,
+            &caller.run_id,
+            &request_id,
+        );
+        let cancelled = InFlightCalls::cancel(&key);
         tracing::debug!(cancelled, "mcp notifications/cancelled");
     }
     let accepted = Response::builder()
@@ -840,7 +741,6 @@ fn error_fields(response: &CallResponse) -> Value {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::mcp::transport::{origin_allowed, refusal as transport_refusal};
     use hyper::http::HeaderValue;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -861,60 +761,6 @@ mod tests {
         ("x-toolgate-lane", "research"),
         ("x-toolgate-scope", r#"{"case_id":"C-1001"}"#),
     ];
-
-    #[test]
-    fn origins_are_checked_against_localhost_and_the_allowlist() {
-        let allowed = vec!["https://app.example".to_string()];
-        for ok in [
-            "http://localhost",
-            "http://localhost:6274",
-            "https://127.0.0.1:8443",
-            "http://[::1]:3000",
-            "https://app.example",
-            "HTTPS://APP.EXAMPLE/",
-        ] {
-            assert!(origin_allowed(ok, &allowed), "{ok}");
-        }
-        for bad in [
-            "http://evil.example",
-            "http://localhost.evil.example",
-            "http://localhost:80@evil.example",
-            "http://127.0.0.1.nip.io",
-            "null",
-            "file://",
-            "https://app.example:444",
-        ] {
-            assert!(!origin_allowed(bad, &allowed), "{bad}");
-        }
-    }
-
-    #[test]
-    fn transport_checks_have_their_own_reasons() {
-        let accept = ("accept", "application/json, text/event-stream");
-        let reason = |pairs: &[(&str, &str)], body: &str| {
-            transport_refusal(&headers(pairs), body.as_bytes()).map(|r| r.reason)
-        };
-        assert_eq!(reason(&[accept], "{}"), None);
-        for old in ["2024-11-05", "2025-03-26", "junk"] {
-            assert_eq!(
-                reason(&[accept, ("mcp-protocol-version", old)], "{}"),
-                Some(Reason::ProtocolVersionUnsupported)
-            );
-        }
-        assert_eq!(
-            reason(&[accept, ("mcp-protocol-version", "2025-11-25")], "{}"),
-            None
-        );
-        assert_eq!(
-            reason(&[("accept", "application/json")], "{}"),
-            Some(Reason::AcceptUnsupported)
-        );
-        assert_eq!(reason(&[accept], " [{}]"), Some(Reason::BatchUnsupported));
-        assert_eq!(
-            reason(&[accept, ("origin", "http://evil.example")], "{}"),
-            Some(Reason::OriginNotAllowed)
-        );
-    }
 
     #[test]
     fn good_headers_read_cleanly() {
