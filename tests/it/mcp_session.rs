@@ -572,3 +572,46 @@ fn upstream_progress_reaches_the_python_client_and_a_flood_stays_bounded() {
     let grown = rss_kib(server.pid()).saturating_sub(before);
     assert!(grown < 64 * 1024, "the gateway grew by {grown} KiB");
 }
+
+#[test]
+fn a_busy_server_refuses_more_than_its_max_concurrency_without_sending() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let server = Server::start_with(lab_with_servers(
+        dir.path(),
+        &lab_server_entry("lab", &state, 1),
+        &[
+            LabTool {
+                name: "slow",
+                adapter: on("lab", "slow"),
+                timeout_ms: 30000,
+                output_schema: ANY_OBJECT,
+            },
+            LabTool {
+                name: "slow_too",
+                adapter: on("lab", "slow"),
+                timeout_ms: 30000,
+                output_schema: ANY_OBJECT,
+            },
+        ],
+    ));
+    let run = server.create_run(json!({}));
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| call(&server, &run, "slow", json!({"seconds": 25})));
+        wait_for("the upstream to start the first call", || {
+            (!slow_calls(&state).is_empty()).then_some(())
+        });
+        // Another tool of the same server: the server's limit is shared by its tools.
+        let (status, body) = call(&server, &run, "slow_too", json!({"seconds": 25}));
+        assert_eq!(status, 429, "{body}");
+        let d = &body["diagnostic"];
+        assert_eq!(d["reason"], "concurrency_limit_reached", "{body}");
+        assert_eq!(d["details"]["reached_tool"], false, "{body}");
+        assert!(d["details"]["retry_after_ms"].is_u64(), "{body}");
+        fs::write(state.join("go"), "").unwrap();
+        let (status, body) = first.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+    });
+    // Nothing of the refused call reached the upstream.
+    assert_eq!(slow_calls(&state).len(), 1);
+}
