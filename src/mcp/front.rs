@@ -236,6 +236,8 @@ impl ServerHandler for Front {
                 .handle_signalled(token.as_deref(), received, None, task_signals)
                 .await
         });
+        // Should this handler be dropped (the client went away), the call is cancelled.
+        let cancel_on_drop = signals.cancel.clone().drop_guard();
         let mut listening = progress_token.is_some();
         let mut connected = true;
         let joined = loop {
@@ -261,6 +263,7 @@ impl ServerHandler for Front {
                 }
             }
         };
+        cancel_on_drop.disarm();
         let response =
             joined.map_err(|_| ErrorData::internal_error("the call task failed", None))?;
         if let Some(d) = &response.diagnostic
