@@ -267,6 +267,10 @@ fn a_caller_that_hangs_up_cancels_the_upstream_request_and_releases_its_key() {
         cancellations(&state).first().cloned()
     });
     assert_eq!(id, upstream_id);
+    eprintln!(
+        "hang-up to upstream cancellation: {:.1} ms",
+        (heard - hung_up) * 1000.0
+    );
     assert!(
         heard - hung_up < 0.5,
         "the upstream heard the cancellation {:.3} s after the hang-up",
@@ -441,6 +445,10 @@ fn mcp_cancellation_stops_the_upstream_and_only_the_caller_can_send_it() {
             cancellations(&state).first().cloned()
         });
         assert_eq!(id, upstream_id);
+        eprintln!(
+            "notifications/cancelled to upstream: {:.1} ms",
+            (heard - sent) * 1000.0
+        );
         assert!(
             heard - sent < 0.5,
             "the upstream heard the cancellation {:.3} s after the client sent it",
@@ -570,6 +578,7 @@ fn upstream_progress_reaches_the_python_client_and_a_flood_stays_bounded() {
     let heard = flood["progress"].as_array().unwrap().len();
     assert!((1..=20000).contains(&heard), "{heard}");
     let grown = rss_kib(server.pid()).saturating_sub(before);
+    eprintln!("flood of 20000: the client heard {heard}, the gateway grew by {grown} KiB");
     assert!(grown < 64 * 1024, "the gateway grew by {grown} KiB");
 }
 
