@@ -416,6 +416,39 @@ fn truncate(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
 
+/// What a caller can do to its call while it runs: give up on it, and hear how far it
+/// got. Every field is optional in effect: the default signals never cancel and drop
+/// progress.
+#[derive(Debug, Clone, Default)]
+pub struct CallSignals {
+    /// Cancelled when the caller gave up (an MCP `notifications/cancelled`, a dropped
+    /// connection): the call's execution is stopped and it closes as `cancelled`.
+    pub cancel: tokio_util::sync::CancellationToken,
+    /// Where the tool's progress goes. A `watch` holds only the latest report, so a
+    /// flood of upstream notifications costs one slot however fast it comes.
+    pub progress: Option<tokio::sync::watch::Sender<Option<Progress>>>,
+}
+
+/// Longest progress message kept (longer ones are cut).
+pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 1024;
+
+/// One progress report of a running tool (MCP `notifications/progress`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Progress {
+    pub progress: f64,
+    pub total: Option<f64>,
+    pub message: Option<String>,
+}
+
+impl CallSignals {
+    /// Reports progress, replacing any report the caller has not read yet.
+    pub fn report(&self, progress: Progress) {
+        if let Some(sender) = &self.progress {
+            sender.send_replace(Some(progress));
+        }
+    }
+}
+
 /// The four outcomes of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -19,8 +19,8 @@ use crate::artifacts::ArtifactOwner;
 use crate::audit::{Appended, AuditError, EventType, NewEvent};
 use crate::authz;
 use crate::call::{
-    ArtifactRef, CallRequest, CallResponse, Decision, DryRun, PartialRequest, Received, Status,
-    Trace, Verdict,
+    ArtifactRef, CallRequest, CallResponse, CallSignals, Decision, DryRun, PartialRequest,
+    Received, Status, Trace, Verdict,
 };
 use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
@@ -293,11 +293,25 @@ impl Gateway {
         request: Received,
         parent: Option<&TraceParent>,
     ) -> CallResponse {
+        self.handle_signalled(token, request, parent, CallSignals::default())
+            .await
+    }
+
+    /// [`Gateway::handle_traced`] for a caller that may cancel the call or hear its
+    /// progress (`signals`): a cancelled call stops executing and closes as
+    /// `cancelled` (status failed) with its one closing event.
+    pub async fn handle_signalled(
+        &self,
+        token: Option<&str>,
+        request: Received,
+        parent: Option<&TraceParent>,
+        signals: CallSignals,
+    ) -> CallResponse {
         let span = trace::call_span(parent);
         let _in_flight = self.metrics.in_flight();
         // Boxed: the steps' state machine is large, and a boxed one is not copied again
         // each time the call's task moves it (spawn, poll, completion).
-        let steps = Box::pin(self.steps(token, request));
+        let steps = Box::pin(self.steps(token, request, &signals));
         let response = steps.instrument(span.clone()).await;
         let trace_id = match parent {
             Some(p) => Some(p.trace_id_hex()),
@@ -308,7 +322,12 @@ impl Gateway {
     }
 
     /// The 13 steps.
-    async fn steps(&self, token: Option<&str>, request: Received) -> CallResponse {
+    async fn steps(
+        &self,
+        token: Option<&str>,
+        request: Received,
+        signals: &CallSignals,
+    ) -> CallResponse {
         // One policy snapshot for the whole call: a reload never mixes two policies.
         let loaded: Arc<Loaded> = self.current();
         let mut call = Call::new(&request, &loaded.policy.versions);
@@ -438,7 +457,7 @@ impl Gateway {
                 call.executed = true;
                 let started = Instant::now();
                 let executed = self
-                    .execute(&allowed, &call)
+                    .execute(&allowed, &call, signals)
                     .instrument(trace::step_span("execute", 10))
                     .await;
                 call.tool_time = Some(started.elapsed());
@@ -471,9 +490,12 @@ impl Gateway {
         // 12. emit audit event: tool_executed | tool_failed | tool_denied | tool_timeout
         // 13. return the response
         // The key is released (a retry executes again) when nothing reached the tool,
-        // or when the failure is retryable for an idempotent tool.
+        // when the caller cancelled the call, or when the failure is retryable for an
+        // idempotent tool.
         let keep = !matches!(&captured,
-            Err(r) if !call.executed || (call.retry_safe && r.diagnostic().retryable));
+            Err(r) if !call.executed
+                || r.reason == Reason::Cancelled
+                || (call.retry_safe && r.diagnostic().retryable));
         let response = self.close_executed(call, &allowed, captured).await;
         if let Some(guard) = guard {
             guard.complete(self.stored_outcome(&response).await, keep);
@@ -572,7 +594,16 @@ impl Gateway {
     /// Step 10: runs the adapter within the call's deadline: the request's timeout_ms
     /// (capped by the tool's timeout_ms_max) counted from the call's receipt, so the
     /// agent has its answer by then whatever the earlier steps took.
-    async fn execute(&self, allowed: &Allowed<'_>, call: &Call) -> Result<(Value, u64), Refusal> {
+    ///
+    /// The caller's cancellation stops the execution at once: the adapter's work is
+    /// dropped (a process group is killed, an upstream MCP request is cancelled
+    /// upstream) and the call fails with `cancelled`.
+    async fn execute(
+        &self,
+        allowed: &Allowed<'_>,
+        call: &Call,
+        signals: &CallSignals,
+    ) -> Result<(Value, u64), Refusal> {
         let tool = allowed.tool;
         let timeout_ms = allowed
             .request
@@ -589,13 +620,20 @@ impl Gateway {
         };
         // INVARIANT: nothing starts once the deadline has passed (e.g. a slow audit
         // append in step 9 used the whole budget).
-        let result = if started >= deadline {
+        let result = if signals.cancel.is_cancelled() {
+            Err(ExecError::Cancelled)
+        } else if started >= deadline {
             Err(ExecError::Timeout)
         } else {
-            let run = allowed.adapter.execute(tool, &allowed.arguments, ctx);
-            match tokio::time::timeout_at(deadline + DEADLINE_BACKSTOP, run).await {
-                Ok(result) => result,
-                Err(_) => Err(ExecError::Timeout),
+            let run = allowed
+                .adapter
+                .execute_signalled(tool, &allowed.arguments, ctx, signals);
+            tokio::select! {
+                timed = tokio::time::timeout_at(deadline + DEADLINE_BACKSTOP, run) => match timed {
+                    Ok(result) => result,
+                    Err(_) => Err(ExecError::Timeout),
+                },
+                () = signals.cancel.cancelled() => Err(ExecError::Cancelled),
             }
         };
         let tool_ms = started.elapsed().as_millis() as u64;

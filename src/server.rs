@@ -264,18 +264,23 @@ async fn route(
 
     let response = match (&method, segments.as_slice()) {
         (&Method::POST, ["v1", "tool-calls"]) => {
-            // Spawned so a client that disconnects cannot cancel a call halfway: every
-            // call runs to its closing audit event.
+            // Spawned so a client that disconnects cannot cut a call halfway: every
+            // call runs to its closing audit event. A dropped connection drops this
+            // future, and the guard cancels the call (closed as `cancelled`).
             let gw = gateway.clone();
+            let signals = crate::call::CallSignals::default();
+            let cancel_on_disconnect = signals.cancel.clone().drop_guard();
             let handle = tokio::spawn(async move {
                 // A body that does not parse is still a tool call: refused at step 1
                 // and audited like every call.
                 let request = CallBody::from_bytes(&body)
                     .and_then(|body| gw.parse_call(token.as_deref(), body));
-                gw.handle_traced(token.as_deref(), request, parent.as_ref())
+                gw.handle_signalled(token.as_deref(), request, parent.as_ref(), signals)
                     .await
             });
-            match handle.await {
+            let joined = handle.await;
+            cancel_on_disconnect.disarm();
+            match joined {
                 Ok(response) => call_response(&response),
                 Err(_) => {
                     refusal_response(&Refusal::new(Reason::InternalError, "the call task failed"))

@@ -1,12 +1,22 @@
 //! The MCP adapter: a registry tool executed by a tool on an upstream MCP server,
 //! started and supervised by the gateway (stdio) or reached over Streamable HTTP.
 //!
-//! The client side of the protocol is rmcp's. Each registry tool keeps one connection
-//! to its upstream, opened on the first call (building a policy starts nothing) and
-//! shared by concurrent calls. A connection that dies (the process exited, the
-//! transport closed) is dropped and reopened by the next call, after a backoff that
-//! doubles from [`BACKOFF_BASE`] to [`BACKOFF_CAP`] while the upstream keeps failing;
-//! a call never waits for a backoff past its deadline (it gets `dependency_down`).
+//! The client side of the protocol is rmcp's. Each upstream server (a `servers:`
+//! entry of the registry, or one inline `command`/`url`) has one [`Session`] per
+//! loaded policy, shared by every registry tool on it: one connection, opened on the
+//! first call (building a policy starts nothing) and shared by concurrent calls, at
+//! most the server's `max_concurrency` requests in flight at once (more are refused
+//! with `concurrency_limit_reached`, nothing sent). A connection that dies (the
+//! process exited, the transport closed) is dropped and reopened by the next call,
+//! after a backoff that doubles from [`BACKOFF_BASE`] to [`BACKOFF_CAP`] while the
+//! upstream keeps failing; a call never waits for a backoff past its deadline (it gets
+//! `dependency_down`).
+//!
+//! Progress and cancellation: every request carries a progress token of the session's
+//! own (never the caller's, so callers sharing a server cannot hear each other); the
+//! upstream's `notifications/progress` for it go to the call's [`CallSignals`]. A call
+//! whose future is dropped before its answer (the caller cancelled, or the deadline
+//! passed) sends `notifications/cancelled` for its request upstream.
 //!
 //! INVARIANT: a call returns by its deadline. A stdio server that does not answer in
 //! time is killed with its whole process group (and restarted by a later call), so
@@ -14,6 +24,7 @@
 //! cancellation is sent. A stdio server runs without a shell, in its own process
 //! group, with a cleared environment plus [`PASSED_ENV`], in the registry's directory.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -21,10 +32,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
-    Implementation,
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
+    ClientRequest, ContentBlock, Implementation, ServerResult,
 };
-use rmcp::service::{RunningService, ServiceError};
+use rmcp::service::{PeerRequestOptions, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{RoleClient, ServiceExt};
@@ -36,9 +47,13 @@ use crate::adapter::{
     AdapterEnv, ExecContext, ExecError, ProcessGroup, SettingProblem, output_hard_cap,
     resolve_program, unsafe_argument,
 };
+use crate::call::CallSignals;
 use crate::canonical::to_canonical_bytes;
 use crate::diagnostic::Refusal;
-use crate::policy::Tool;
+use crate::policy::{AdapterConfig, Policy};
+
+mod upcalls;
+use upcalls::{InFlight, ProgressRoutes, Route, Upcalls};
 
 /// First wait before restarting an upstream that failed; doubles per failure.
 pub const BACKOFF_BASE: Duration = Duration::from_millis(100);
@@ -56,22 +71,128 @@ const STDERR_GRACE: Duration = Duration::from_millis(200);
 /// Longest upstream tool name accepted (MCP names are at most 128 characters).
 const MAX_TOOL_NAME: usize = 128;
 
-/// The MCP adapter of one registry tool.
+/// The MCP adapter of one registry tool: a tool on a shared [`Session`].
 pub struct McpAdapter {
-    upstream: Upstream,
+    session: Arc<Session>,
     /// The tool's name on the upstream server.
     tool: String,
-    /// Largest response accepted from the upstream.
-    hard_cap: usize,
-    supervisor: tokio::sync::Mutex<Supervisor>,
 }
 
 impl fmt::Debug for McpAdapter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("McpAdapter")
-            .field("upstream", &self.upstream)
+            .field("upstream", &self.session.upstream)
             .field("tool", &self.tool)
             .finish_non_exhaustive()
+    }
+}
+
+/// The one supervised session of an upstream server, shared by all its tools.
+pub struct Session {
+    /// How the server is named in messages: its `server_id`, or its command or url.
+    label: String,
+    upstream: Upstream,
+    /// Largest response accepted from the upstream: the largest hard cap of its tools.
+    hard_cap: usize,
+    /// One permit per request in flight (the server's `max_concurrency`).
+    slots: Arc<tokio::sync::Semaphore>,
+    max_concurrency: u32,
+    supervisor: tokio::sync::Mutex<Supervisor>,
+    /// Where the upstream's progress notifications go, by the session's own token.
+    routes: Arc<ProgressRoutes>,
+}
+
+/// The sessions of one policy's MCP servers, while its adapters are built.
+pub(crate) struct Servers {
+    sessions: BTreeMap<String, Arc<Session>>,
+    /// The largest hard cap of the tools of each server.
+    hard_caps: BTreeMap<String, usize>,
+}
+
+/// Which session a tool's adapter settings name: its `servers:` entry, or its inline
+/// command or url (tools giving the same one share it).
+fn session_key(config: &AdapterConfig) -> Option<String> {
+    match config {
+        AdapterConfig::Mcp {
+            server: Some(id), ..
+        } => Some(format!("server:{id}")),
+        AdapterConfig::Mcp {
+            command: Some(argv),
+            ..
+        } => Some(format!("command:{}", json!(argv))),
+        AdapterConfig::Mcp { url: Some(url), .. } => Some(format!("url:{url}")),
+        _ => None,
+    }
+}
+
+impl Servers {
+    pub(crate) fn new(policy: &Policy) -> Servers {
+        let mut hard_caps: BTreeMap<String, usize> = BTreeMap::new();
+        for tool in policy.tools.values() {
+            if let Some(key) = session_key(&tool.adapter) {
+                let cap = hard_caps.entry(key).or_default();
+                *cap = (*cap).max(output_hard_cap(tool));
+            }
+        }
+        Servers {
+            sessions: BTreeMap::new(),
+            hard_caps,
+        }
+    }
+
+    /// The adapter of a tool on the server its settings name, sharing the server's
+    /// session with the other tools on it.
+    pub(crate) fn adapter(
+        &mut self,
+        config: &AdapterConfig,
+        upstream_tool: &str,
+        env: &AdapterEnv,
+    ) -> Result<McpAdapter, Vec<SettingProblem>> {
+        let mut problems = Vec::new();
+        if upstream_tool.is_empty()
+            || upstream_tool.len() > MAX_TOOL_NAME
+            || upstream_tool.chars().any(char::is_control)
+        {
+            problems.push(SettingProblem::new(format!(
+                "upstream tool name `{}` must be 1 to {MAX_TOOL_NAME} characters without control characters",
+                upstream_tool.escape_debug()
+            )));
+        }
+        let AdapterConfig::Mcp {
+            server,
+            command,
+            url,
+            max_concurrency,
+            ..
+        } = config
+        else {
+            return Err(vec![SettingProblem::new("not an `mcp` adapter")]);
+        };
+        let key = session_key(config).unwrap_or_default();
+        let session = match self.sessions.get(&key) {
+            Some(session) => Ok(session.clone()),
+            None => Upstream::build(command.as_deref(), url.as_deref(), env).map(|upstream| {
+                let label = match server {
+                    Some(id) => format!("`{id}`"),
+                    None => upstream.describe(),
+                };
+                let hard_cap = self.hard_caps.get(&key).copied().unwrap_or(usize::MAX);
+                let session = Arc::new(Session::new(label, upstream, hard_cap, *max_concurrency));
+                self.sessions.insert(key, session.clone());
+                session
+            }),
+        };
+        match session {
+            Ok(session) if problems.is_empty() => Ok(McpAdapter {
+                session,
+                tool: upstream_tool.to_string(),
+            }),
+            Ok(_) => Err(problems),
+            Err(found) => {
+                problems.extend(found);
+                Err(problems)
+            }
+        }
     }
 }
 
@@ -196,13 +317,18 @@ impl Supervisor {
 
 /// One open connection to the upstream.
 struct Connection {
-    client: RunningService<RoleClient, ClientConfig>,
+    client: RunningService<RoleClient, Upcalls>,
     /// The server process, for stdio upstreams. Dropped after `client`: the process
     /// group is killed, then the process is reaped by the runtime.
     process: Option<Process>,
 }
 
 impl Connection {
+    /// Whether the server process has exited (stdio), seen without waiting.
+    fn exited(&self) -> bool {
+        self.process.as_ref().is_some_and(Process::exited)
+    }
+
     /// The end of the server's stderr (stdio), waiting briefly for its last lines.
     async fn stderr_tail(&self, deadline: Instant) -> String {
         match &self.process {
@@ -217,12 +343,20 @@ struct Process {
     // INVARIANT: `group` is declared before `child`, so it is dropped first: the group
     // is killed while the child is still unreaped, so its id cannot have been reused.
     group: ProcessGroup,
-    _child: tokio::process::Child,
+    child: Mutex<tokio::process::Child>,
     stderr: Arc<Mutex<Vec<u8>>>,
     stderr_done: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Process {
+    /// Whether the process has exited (reaping it if so).
+    fn exited(&self) -> bool {
+        self.child
+            .lock()
+            .map(|mut child| matches!(child.try_wait(), Ok(Some(_))))
+            .unwrap_or(false)
+    }
+
     async fn stderr_tail(&self, deadline: Instant) -> String {
         let reader = self.stderr_done.lock().ok().and_then(|mut h| h.take());
         if let Some(reader) = reader {
@@ -235,35 +369,6 @@ impl Process {
 }
 
 impl McpAdapter {
-    pub(crate) fn build(
-        tool: &Tool,
-        command: Option<&[String]>,
-        url: Option<&str>,
-        upstream_tool: &str,
-        env: &AdapterEnv,
-    ) -> Result<McpAdapter, Vec<SettingProblem>> {
-        let mut problems = Vec::new();
-        if upstream_tool.is_empty()
-            || upstream_tool.len() > MAX_TOOL_NAME
-            || upstream_tool.chars().any(char::is_control)
-        {
-            problems.push(SettingProblem::new(format!(
-                "upstream tool name `{}` must be 1 to {MAX_TOOL_NAME} characters without control characters",
-                upstream_tool.escape_debug()
-            )));
-        }
-        let upstream = Upstream::build(command, url, env).map_err(|p| problems.extend(p));
-        match upstream {
-            Ok(upstream) if problems.is_empty() => Ok(McpAdapter {
-                upstream,
-                tool: upstream_tool.to_string(),
-                hard_cap: output_hard_cap(tool),
-                supervisor: tokio::sync::Mutex::new(Supervisor::default()),
-            }),
-            _ => Err(problems),
-        }
-    }
-
     /// Arguments travel as JSON-RPC, so only their size is bounded.
     pub fn validate(&self, arguments: &Value) -> Result<(), Refusal> {
         let size = to_canonical_bytes(arguments).len();
@@ -278,15 +383,24 @@ impl McpAdapter {
         Ok(())
     }
 
+    /// Calls the tool on the server's session within `ctx.deadline`, reporting its
+    /// progress to `signals`. Dropping the future cancels the request upstream.
     pub async fn execute(
         &self,
-        _tool: &Tool,
         arguments: &Value,
         ctx: ExecContext<'_>,
+        signals: &CallSignals,
     ) -> Result<Value, ExecError> {
+        let session = &self.session;
         let deadline = ctx.deadline;
+        let Ok(_slot) = session.slots.clone().try_acquire_owned() else {
+            return Err(ExecError::Busy(format!(
+                "mcp server {} already has {} requests in flight, its max_concurrency",
+                session.label, session.max_concurrency
+            )));
+        };
         // Nothing has been sent to the tool until the connection stands.
-        let connection = self.connection(deadline).await.map_err(|e| match e {
+        let connection = session.connection(deadline).await.map_err(|e| match e {
             ExecError::DependencyDown(m) => ExecError::Unreachable(m),
             other => other,
         })?;
@@ -294,23 +408,55 @@ impl McpAdapter {
         if let Value::Object(map) = arguments {
             params = params.with_arguments(map.clone());
         }
-        let call = connection.client.peer().call_tool(params);
-        let outcome = match tokio::time::timeout_at(deadline, call).await {
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let sent = connection
+            .client
+            .peer()
+            .send_cancellable_request(request, PeerRequestOptions::no_options());
+        let outcome = match tokio::time::timeout_at(deadline, sent).await {
+            Err(_) => Err(None),
+            Ok(Err(error)) => Ok(Err(error)),
+            Ok(Ok(handle)) => {
+                let _route = signals.progress.is_some().then(|| {
+                    let token = handle.progress_token.clone();
+                    if let Ok(mut routes) = session.routes.by_token.lock() {
+                        routes.insert(token.clone(), signals.clone());
+                    }
+                    Route {
+                        routes: &session.routes,
+                        token,
+                    }
+                });
+                let mut in_flight = InFlight {
+                    handle: Some(handle),
+                };
+                match tokio::time::timeout_at(deadline, in_flight.response()).await {
+                    Ok(answer) => Ok(answer),
+                    // Dropping `in_flight` sends the cancellation upstream.
+                    Err(_) => Err(Some(in_flight)),
+                }
+            }
+        };
+        let outcome = match outcome {
             Ok(outcome) => outcome,
-            Err(_) => {
+            Err(in_flight) => {
+                drop(in_flight);
                 if connection.process.is_some() {
                     // A stdio server that missed the deadline is stopped, not left
                     // running the call: killed now, restarted by a later call.
-                    self.retire(&connection).await;
+                    session.retire(&connection).await;
                 }
                 return Err(ExecError::Timeout);
             }
         };
         match outcome {
-            Ok(result) => {
-                self.supervisor.lock().await.failures = 0;
+            Ok(ServerResult::CallToolResult(result)) => {
+                session.supervisor.lock().await.failures = 0;
                 output_of(result)
             }
+            Ok(_) => Err(ExecError::Failed(
+                "the upstream answered the call with something other than a tool result".into(),
+            )),
             Err(ServiceError::McpError(error)) => Err(ExecError::Failed(format!(
                 "the upstream refused the call ({}): {}",
                 error.code.0, error.message
@@ -318,15 +464,29 @@ impl McpAdapter {
             Err(ServiceError::Timeout { .. }) => Err(ExecError::Timeout),
             Err(error) => {
                 let tail = connection.stderr_tail(deadline).await;
-                self.retire(&connection).await;
+                session.retire(&connection).await;
                 Err(ExecError::DependencyDown(with_stderr(
                     format!(
                         "the connection to mcp server {} failed during the call: {error}",
-                        self.upstream.describe()
+                        session.label
                     ),
                     &tail,
                 )))
             }
+        }
+    }
+}
+
+impl Session {
+    fn new(label: String, upstream: Upstream, hard_cap: usize, max_concurrency: u32) -> Session {
+        Session {
+            label,
+            upstream,
+            hard_cap,
+            slots: Arc::new(tokio::sync::Semaphore::new(max_concurrency as usize)),
+            max_concurrency,
+            supervisor: tokio::sync::Mutex::new(Supervisor::default()),
+            routes: Arc::default(),
         }
     }
 
@@ -337,7 +497,7 @@ impl McpAdapter {
             return Err(ExecError::Timeout);
         };
         if let Some(current) = &supervisor.current {
-            if !current.client.peer().is_transport_closed() {
+            if !current.client.peer().is_transport_closed() && !current.exited() {
                 return Ok(current.clone());
             }
             // It died while idle: forget it (killing what is left of its group).
@@ -349,16 +509,16 @@ impl McpAdapter {
         {
             if at >= deadline {
                 return Err(ExecError::DependencyDown(format!(
-                    "mcp server {} failed {} times in a row; the next restart is in {} ms, after this call's deadline",
-                    self.upstream.describe(),
+                    "mcp server {} failed {} times in a row and is down; the next restart is in {} ms, after this call's deadline",
+                    self.label,
                     supervisor.failures,
                     at.saturating_duration_since(Instant::now()).as_millis()
                 )));
             }
             tokio::time::sleep_until(at).await;
         }
-        match tokio::time::timeout_at(deadline, open(&self.upstream, self.hard_cap, deadline)).await
-        {
+        let opened = open(&self.upstream, self.hard_cap, deadline, self.routes.clone());
+        match tokio::time::timeout_at(deadline, opened).await {
             Ok(Ok(connection)) => {
                 let connection = Arc::new(connection);
                 supervisor.current = Some(connection.clone());
@@ -397,7 +557,9 @@ async fn open(
     upstream: &Upstream,
     hard_cap: usize,
     deadline: Instant,
+    routes: Arc<ProgressRoutes>,
 ) -> Result<Connection, ExecError> {
+    let upcalls = Upcalls { routes };
     match upstream {
         Upstream::Stdio {
             argv0,
@@ -436,11 +598,11 @@ async fn open(
                 .map(|pipe| tokio::spawn(keep_tail(pipe, stderr.clone())));
             let process = Process {
                 group,
-                _child: child,
+                child: Mutex::new(child),
                 stderr,
                 stderr_done: Mutex::new(reader),
             };
-            match client_config().serve((stdout, stdin)).await {
+            match upcalls.serve((stdout, stdin)).await {
                 Ok(client) => Ok(Connection {
                     client,
                     process: Some(process),
@@ -465,7 +627,7 @@ async fn open(
             config.max_json_response_size = hard_cap;
             config.max_sse_event_size = hard_cap;
             let transport = StreamableHttpClientTransport::with_client(http, config);
-            let client = client_config().serve(transport).await.map_err(|e| {
+            let client = upcalls.serve(transport).await.map_err(|e| {
                 ExecError::DependencyDown(format!("could not connect to mcp server `{url}`: {e}"))
             })?;
             Ok(Connection {
@@ -485,7 +647,7 @@ pub struct Listing {
 /// Connects to `upstream`, lists every tool and disconnects (stopping a stdio server).
 pub async fn list_tools(upstream: &Upstream, deadline: Instant) -> Result<Listing, ExecError> {
     let work = async {
-        let connection = open(upstream, usize::MAX, deadline).await?;
+        let connection = open(upstream, usize::MAX, deadline, Arc::default()).await?;
         let server = connection
             .client
             .peer()

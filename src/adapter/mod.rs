@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
+use crate::call::CallSignals;
 use crate::diagnostic::{Reason, Refusal};
 use crate::policy::{AdapterConfig, Policy, Problem, Tool};
 
@@ -45,6 +46,11 @@ pub struct ExecContext<'a> {
 pub enum ExecError {
     /// The deadline passed; the work was terminated.
     Timeout,
+    /// The caller cancelled the call; the work was terminated.
+    Cancelled,
+    /// The upstream server already has as many requests in flight as its
+    /// `max_concurrency`; nothing was sent to it.
+    Busy(String),
     /// The upstream could not be reached (connection refused, reset, DNS, 5xx).
     DependencyDown(String),
     /// The upstream could not be reached and nothing was sent to it (the connection or
@@ -89,6 +95,9 @@ pub enum Adapter {
 pub struct Adapters {
     pub by_tool: BTreeMap<String, Adapter>,
 }
+
+/// How long a caller refused because an upstream server is busy is told to wait.
+const BUSY_RETRY_AFTER_MS: u64 = 100;
 
 /// Largest tool error message kept in a refusal's details.
 pub const MAX_TOOL_ERROR_BYTES: usize = 2048;
@@ -136,6 +145,7 @@ impl SettingProblem {
 pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>> {
     let mut adapters = Adapters::default();
     let mut problems = Vec::new();
+    let mut servers = mcp::Servers::new(policy);
     for (name, tool) in &policy.tools {
         let built = match &tool.adapter {
             AdapterConfig::Builtin { name, settings } => {
@@ -151,13 +161,11 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                 http::HttpAdapter::build(url, allowed_hosts).map(Adapter::Http)
             }
             AdapterConfig::Mcp {
-                command,
-                url,
                 tool: upstream_tool,
-            } => {
-                mcp::McpAdapter::build(tool, command.as_deref(), url.as_deref(), upstream_tool, env)
-                    .map(Adapter::Mcp)
-            }
+                ..
+            } => servers
+                .adapter(&tool.adapter, upstream_tool, env)
+                .map(Adapter::Mcp),
         };
         match built {
             Ok(adapter) => {
@@ -222,11 +230,26 @@ impl Adapter {
         arguments: &Value,
         ctx: ExecContext<'_>,
     ) -> Result<Value, ExecError> {
+        self.execute_signalled(tool, arguments, ctx, &CallSignals::default())
+            .await
+    }
+
+    /// [`Adapter::execute`], reporting the tool's progress to `signals` (MCP
+    /// upstreams). Cancellation is the caller's: it drops this future, which
+    /// terminates the work (a process group is killed on drop, an MCP request is
+    /// cancelled upstream on drop).
+    pub async fn execute_signalled(
+        &self,
+        tool: &Tool,
+        arguments: &Value,
+        ctx: ExecContext<'_>,
+        signals: &CallSignals,
+    ) -> Result<Value, ExecError> {
         match self {
             Adapter::Builtin(b) => b.execute(tool, arguments, ctx).await,
             Adapter::Command(c) => c.execute(tool, arguments, ctx).await,
             Adapter::Http(h) => h.execute(tool, arguments, ctx).await,
-            Adapter::Mcp(m) => m.execute(tool, arguments, ctx).await,
+            Adapter::Mcp(m) => m.execute(arguments, ctx, signals).await,
             Adapter::NotImplemented { kind } => Err(ExecError::NotImplemented(format!(
                 "the {kind} adapter is not available in this build"
             ))),
@@ -243,6 +266,20 @@ impl Adapter {
                 format!("tool `{name}` did not finish before its deadline and was terminated"),
             )
             .with_retryable(tool.idempotent),
+            ExecError::Cancelled => Refusal::new(
+                Reason::Cancelled,
+                format!("the caller cancelled the call of `{name}`; its execution was stopped"),
+            ),
+            ExecError::Busy(m) => Refusal::new(
+                Reason::ConcurrencyLimitReached,
+                format!("the upstream of tool `{name}` is busy; nothing was sent to it"),
+            )
+            .with_details(json!({
+                "dependency_error": bounded(m),
+                "reached_tool": false,
+                "retry_after_ms": BUSY_RETRY_AFTER_MS,
+            }))
+            .with_retryable(true),
             ExecError::DependencyDown(m) => Refusal::new(
                 Reason::DependencyDown,
                 format!("the upstream of tool `{name}` could not be reached"),

@@ -33,8 +33,8 @@ use hyper::http::{HeaderMap, Request, Response};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
     ErrorCode, ErrorData, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
-    ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
-    ServerConfig, Tool as McpTool, ToolAnnotations,
+    ListToolsResult, MetaObject, PaginatedRequestParams, ProgressToken, ProtocolVersion,
+    ServerCapabilities, ServerConfig, Tool as McpTool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -43,10 +43,12 @@ use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
 use crate::call::{
-    ArtifactRef, CallResponse, PartialRequest, Received, Status, digest_bytes, parse_request_value,
+    ArtifactRef, CallResponse, CallSignals, PartialRequest, Received, Status, digest_bytes,
+    parse_request_value,
 };
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
+use crate::mcp::signals::{self, InFlightCalls, InFlightKey, progress_param};
 
 /// The path the front is served at.
 pub const ENDPOINT: &str = "/mcp";
@@ -86,6 +88,9 @@ pub async fn handle(
     gateway: Arc<Gateway>,
     request: Request<Full<Bytes>>,
 ) -> Response<BoxBody<Bytes, Infallible>> {
+    if let Some(accepted) = cancellation(&gateway, &request).await {
+        return accepted;
+    }
     let config = StreamableHttpServerConfig::default()
         // Stateless: every POST stands alone, so any gateway instance can answer it
         // and no session state can outlive a policy reload.
@@ -204,14 +209,63 @@ impl ServerHandler for Front {
             meta.extend(own.0.0.clone());
         }
         let token = caller.token.clone();
+        let key = InFlightKey::of(
+            &self.gateway,
+            caller.token.as_deref(),
+            &caller.role_id,
+            &caller.run_id,
+            &context.id,
+        );
         let received = caller.into_request(&request, &meta);
-        // Spawned so a client that disconnects cannot cancel a call halfway: every
-        // call runs to its closing audit event.
+        let progress_token = meta
+            .get("progressToken")
+            .and_then(|t| serde_json::from_value::<ProgressToken>(t.clone()).ok());
+        let (progress, mut heard) = tokio::sync::watch::channel(None);
+        let signals = CallSignals {
+            cancel: tokio_util::sync::CancellationToken::new(),
+            progress: progress_token.is_some().then_some(progress),
+        };
+        let _registered = InFlightCalls::register(key, &signals);
+        // Spawned so a client that disconnects cannot cut a call halfway: every call
+        // runs to its closing audit event. Cancelling (the client's
+        // `notifications/cancelled`, or its connection dropped) stops the execution.
         let gateway = self.gateway.clone();
-        let response =
-            tokio::spawn(async move { gateway.handle(token.as_deref(), received).await })
+        let task_signals = signals.clone();
+        let mut task = tokio::spawn(async move {
+            gateway
+                .handle_signalled(token.as_deref(), received, None, task_signals)
                 .await
-                .map_err(|_| ErrorData::internal_error("the call task failed", None))?;
+        });
+        // Should this handler be dropped (the client went away), the call is cancelled.
+        let cancel_on_drop = signals.cancel.clone().drop_guard();
+        let mut listening = progress_token.is_some();
+        let mut connected = true;
+        let joined = loop {
+            tokio::select! {
+                joined = &mut task => break joined,
+                () = context.ct.cancelled(), if connected => {
+                    connected = false;
+                    signals.cancel.cancel();
+                }
+                changed = heard.changed(), if listening && connected => {
+                    let latest = heard.borrow_and_update().clone();
+                    match (changed, latest, &progress_token) {
+                        (Ok(()), Some(latest), Some(token)) => {
+                            // The latest report only: reports that came while this one
+                            // was being sent were coalesced by the watch.
+                            if context.peer.notify_progress(progress_param(token, latest)).await.is_err() {
+                                listening = false;
+                            }
+                        }
+                        (Ok(()), None, _) => {}
+                        _ => listening = false,
+                    }
+                }
+            }
+        };
+        cancel_on_drop.disarm();
+        let response =
+            joined.map_err(|_| ErrorData::internal_error("the call task failed", None))?;
         if let Some(d) = &response.diagnostic
             && d.reason == Reason::ToolUnregistered
         {
@@ -226,6 +280,40 @@ impl ServerHandler for Front {
             tool_result(&self.gateway, &response).await,
         ))
     }
+}
+
+/// A client's `notifications/cancelled`, answered here (`202 Accepted`) because the
+/// front is stateless: the call it names runs in another request's handler. It
+/// cancels the caller's own call with that request id, if one is in flight; anything
+/// else is ignored, as MCP says a cancellation of an unknown request is.
+async fn cancellation(
+    gateway: &Arc<Gateway>,
+    request: &Request<Full<Bytes>>,
+) -> Option<Response<BoxBody<Bytes, Infallible>>> {
+    use http_body_util::BodyExt;
+    let bytes = request.body().clone().collect().await.ok()?.to_bytes();
+    let request_id = signals::cancelled_request(&bytes)?;
+    if let Some(request_id) = request_id {
+        let caller = Caller::read_for(gateway, request.headers());
+        let key = InFlightKey::of(
+            gateway,
+            caller.token.as_deref(),
+            &caller.role_id,
+            &caller.run_id,
+            &request_id,
+        );
+        let cancelled = InFlightCalls::cancel(&key);
+        tracing::debug!(cancelled, "mcp notifications/cancelled");
+    }
+    let accepted = Response::builder()
+        .status(hyper::StatusCode::ACCEPTED)
+        .body(
+            Full::new(Bytes::new())
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .ok()?;
+    Some(accepted)
 }
 
 /// The HTTP request headers rmcp put in the request's extensions.
@@ -656,7 +744,6 @@ fn error_fields(response: &CallResponse) -> Value {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::mcp::transport::{origin_allowed, refusal as transport_refusal};
     use hyper::http::HeaderValue;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -677,60 +764,6 @@ mod tests {
         ("x-toolgate-lane", "research"),
         ("x-toolgate-scope", r#"{"case_id":"C-1001"}"#),
     ];
-
-    #[test]
-    fn origins_are_checked_against_localhost_and_the_allowlist() {
-        let allowed = vec!["https://app.example".to_string()];
-        for ok in [
-            "http://localhost",
-            "http://localhost:6274",
-            "https://127.0.0.1:8443",
-            "http://[::1]:3000",
-            "https://app.example",
-            "HTTPS://APP.EXAMPLE/",
-        ] {
-            assert!(origin_allowed(ok, &allowed), "{ok}");
-        }
-        for bad in [
-            "http://evil.example",
-            "http://localhost.evil.example",
-            "http://localhost:80@evil.example",
-            "http://127.0.0.1.nip.io",
-            "null",
-            "file://",
-            "https://app.example:444",
-        ] {
-            assert!(!origin_allowed(bad, &allowed), "{bad}");
-        }
-    }
-
-    #[test]
-    fn transport_checks_have_their_own_reasons() {
-        let accept = ("accept", "application/json, text/event-stream");
-        let reason = |pairs: &[(&str, &str)], body: &str| {
-            transport_refusal(&headers(pairs), body.as_bytes()).map(|r| r.reason)
-        };
-        assert_eq!(reason(&[accept], "{}"), None);
-        for old in ["2024-11-05", "2025-03-26", "junk"] {
-            assert_eq!(
-                reason(&[accept, ("mcp-protocol-version", old)], "{}"),
-                Some(Reason::ProtocolVersionUnsupported)
-            );
-        }
-        assert_eq!(
-            reason(&[accept, ("mcp-protocol-version", "2025-11-25")], "{}"),
-            None
-        );
-        assert_eq!(
-            reason(&[("accept", "application/json")], "{}"),
-            Some(Reason::AcceptUnsupported)
-        );
-        assert_eq!(reason(&[accept], " [{}]"), Some(Reason::BatchUnsupported));
-        assert_eq!(
-            reason(&[accept, ("origin", "http://evil.example")], "{}"),
-            Some(Reason::OriginNotAllowed)
-        );
-    }
 
     #[test]
     fn good_headers_read_cleanly() {

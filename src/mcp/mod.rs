@@ -5,6 +5,8 @@
 //! - [`crate::adapter::mcp`] (the other side, with the other adapters): a registry
 //!   tool can be executed by a tool on an upstream MCP server, over stdio (the gateway
 //!   starts and supervises the server) or Streamable HTTP.
+//! - `signals`: progress relayed to, and cancellation from, the client of a call
+//!   in flight.
 //! - [`import`]: `toolgate mcp import` lists an upstream server's tools and prints
 //!   registry entries for a person to review.
 //!
@@ -13,4 +15,5 @@
 
 pub mod front;
 pub mod import;
+pub(crate) mod signals;
 pub mod transport;

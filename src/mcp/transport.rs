@@ -145,3 +145,75 @@ fn accepts_both(headers: &HeaderMap) -> bool {
     }
     json && sse
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use hyper::http::HeaderValue;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(
+                hyper::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn origins_are_checked_against_localhost_and_the_allowlist() {
+        let allowed = vec!["https://app.example".to_string()];
+        for ok in [
+            "http://localhost",
+            "http://localhost:6274",
+            "https://127.0.0.1:8443",
+            "http://[::1]:3000",
+            "https://app.example",
+            "HTTPS://APP.EXAMPLE/",
+        ] {
+            assert!(origin_allowed(ok, &allowed), "{ok}");
+        }
+        for bad in [
+            "http://evil.example",
+            "http://localhost.evil.example",
+            "http://localhost:80@evil.example",
+            "http://127.0.0.1.nip.io",
+            "null",
+            "file://",
+            "https://app.example:444",
+        ] {
+            assert!(!origin_allowed(bad, &allowed), "{bad}");
+        }
+    }
+
+    #[test]
+    fn transport_checks_have_their_own_reasons() {
+        let accept = ("accept", "application/json, text/event-stream");
+        let reason = |pairs: &[(&str, &str)], body: &str| {
+            refusal(&headers(pairs), body.as_bytes()).map(|r| r.reason)
+        };
+        assert_eq!(reason(&[accept], "{}"), None);
+        for old in ["2024-11-05", "2025-03-26", "junk"] {
+            assert_eq!(
+                reason(&[accept, ("mcp-protocol-version", old)], "{}"),
+                Some(Reason::ProtocolVersionUnsupported)
+            );
+        }
+        assert_eq!(
+            reason(&[accept, ("mcp-protocol-version", "2025-11-25")], "{}"),
+            None
+        );
+        assert_eq!(
+            reason(&[("accept", "application/json")], "{}"),
+            Some(Reason::AcceptUnsupported)
+        );
+        assert_eq!(reason(&[accept], " [{}]"), Some(Reason::BatchUnsupported));
+        assert_eq!(
+            reason(&[accept, ("origin", "http://evil.example")], "{}"),
+            Some(Reason::OriginNotAllowed)
+        );
+    }
+}

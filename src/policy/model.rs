@@ -189,16 +189,38 @@ pub enum AdapterConfig {
         /// Hosts (host or host:port) the adapter may connect to.
         allowed_hosts: Vec<String>,
     },
-    /// A tool on an upstream MCP server.
+    /// A tool on an upstream MCP server. Every tool of one server shares one
+    /// supervised session with it (see `adapter::mcp`).
+    ///
+    /// INVARIANT: exactly one of `command` and `url` is set; when `server` names a
+    /// `servers:` entry, they are that entry's.
     Mcp {
+        /// The `servers:` entry the tool runs on; None when the adapter gives its
+        /// server inline (`command` or `url`): then tools giving the same one share it.
+        server: Option<String>,
         /// Start this server over stdio (argv), or
         command: Option<Vec<String>>,
         /// connect to this Streamable HTTP endpoint.
         url: Option<String>,
         /// The tool's name on the upstream server.
         tool: String,
+        /// How many requests may be in flight on the server's session at once.
+        max_concurrency: u32,
     },
 }
+
+/// An entry of the registry's `servers:` section, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpServer {
+    pub server_id: String,
+    /// Exactly one of `command` and `url` is set.
+    pub command: Option<Vec<String>>,
+    pub url: Option<String>,
+    pub max_concurrency: u32,
+}
+
+/// Requests in flight on one MCP server's session when its entry does not say.
+pub const DEFAULT_SERVER_CONCURRENCY: u32 = 16;
 
 /// What the audit log keeps of a call's arguments as readable text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -91,7 +91,22 @@ pub(crate) struct RawCondition {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RegistryFile {
     pub version: Spanned<String>,
+    /// The upstream MCP servers the `mcp` adapters refer to by `server`.
+    #[serde(default)]
+    pub servers: Vec<Spanned<RawServer>>,
     pub tools: Vec<Spanned<RawTool>>,
+}
+
+/// An upstream MCP server, named once and shared by every tool that refers to it:
+/// exactly one of `command` and `url` (checked in validation).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawServer {
+    pub server_id: Spanned<String>,
+    pub description: Option<Spanned<String>>,
+    pub command: Option<Spanned<Vec<String>>>,
+    pub url: Option<Spanned<String>>,
+    pub max_concurrency: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -185,6 +200,7 @@ pub(crate) struct RawAdapter {
     pub url: Option<Spanned<String>>,
     pub allowed_hosts: Option<Spanned<Vec<Spanned<String>>>>,
     // mcp
+    pub server: Option<Spanned<String>>,
     pub tool: Option<Spanned<String>>,
 }
 

@@ -538,9 +538,11 @@ async fn build_reports_every_problem_with_the_tool_named() {
         tool(
             "t_mcp",
             AdapterConfig::Mcp {
+                server: None,
                 command: None,
                 url: Some("http://127.0.0.1:9/mcp".into()),
                 tool: "x".into(),
+                max_concurrency: 4,
             },
             any_object(),
             any_object(),
@@ -589,9 +591,11 @@ async fn the_demo_tools_build_and_an_mcp_server_that_exits_is_dependency_down() 
     tools.push(tool(
         "upstream_mcp",
         AdapterConfig::Mcp {
+            server: None,
             command: Some(vec!["sh".into(), "-c".into(), "exit 3".into()]),
             url: None,
             tool: "search".into(),
+            max_concurrency: 4,
         },
         any_object(),
         any_object(),

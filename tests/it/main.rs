@@ -28,6 +28,7 @@ mod identity;
 mod lab;
 mod mcp_adapter;
 mod mcp_front;
+mod mcp_session;
 mod metrics;
 mod outbound;
 mod policy_check;

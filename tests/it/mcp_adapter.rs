@@ -33,16 +33,21 @@ admins:
 "#;
 
 /// One registry entry of a lab tool executed through an `mcp` adapter.
-struct LabTool {
-    name: &'static str,
-    adapter: String,
-    timeout_ms: u64,
-    output_schema: &'static str,
+pub(crate) struct LabTool {
+    pub name: &'static str,
+    pub adapter: String,
+    pub timeout_ms: u64,
+    pub output_schema: &'static str,
 }
 
 /// Writes a lab policy (one role, one lane holding every tool) and returns how to
 /// start a server on it.
-fn lab(dir: &Path, tools: &[LabTool]) -> Start {
+pub(crate) fn lab(dir: &Path, tools: &[LabTool]) -> Start {
+    lab_with_servers(dir, "", tools)
+}
+
+/// [`lab`] with a `servers:` section (`servers` is its YAML list, or empty).
+pub(crate) fn lab_with_servers(dir: &Path, servers: &str, tools: &[LabTool]) -> Start {
     let policy = dir.join("policy");
     let tools_dir = dir.join("tools");
     fs::create_dir_all(&policy).unwrap();
@@ -63,7 +68,12 @@ fn lab(dir: &Path, tools: &[LabTool]) -> Start {
         ),
     )
     .unwrap();
-    let mut registry = String::from("version: \"mcp-lab-1\"\ntools:\n");
+    let mut registry = String::from("version: \"mcp-lab-1\"\n");
+    if !servers.is_empty() {
+        registry.push_str("servers:\n");
+        registry.push_str(servers);
+    }
+    registry.push_str("tools:\n");
     for t in tools {
         registry.push_str(&format!(
             r#"  - tool_name: {name}
@@ -96,7 +106,7 @@ fn lab(dir: &Path, tools: &[LabTool]) -> Start {
     }
 }
 
-fn call(server: &Server, run: &str, tool: &str, arguments: Value) -> (u16, Value) {
+pub(crate) fn call(server: &Server, run: &str, tool: &str, arguments: Value) -> (u16, Value) {
     let body = json!({
         "role_id": "tester", "run_id": run, "lane_id": "lab", "tool_name": tool,
         "arguments": arguments, "scope": {},
@@ -105,7 +115,7 @@ fn call(server: &Server, run: &str, tool: &str, arguments: Value) -> (u16, Value
 }
 
 /// An `mcp` adapter running tests/mcp/lab_server.py with its state in `state`.
-fn lab_server(state: &Path, mode: &str, tool: &str) -> String {
+pub(crate) fn lab_server(state: &Path, mode: &str, tool: &str) -> String {
     fs::create_dir_all(state).unwrap();
     format!(
         "{{kind: mcp, command: {}, tool: {tool}}}",
@@ -118,14 +128,14 @@ fn lab_server(state: &Path, mode: &str, tool: &str) -> String {
     )
 }
 
-fn starts(state: &Path) -> usize {
+pub(crate) fn starts(state: &Path) -> usize {
     fs::read_to_string(state.join("starts"))
         .map(|s| s.lines().count())
         .unwrap_or(0)
 }
 
 /// The live (not zombie) processes whose command line mentions `needle`.
-fn processes_mentioning(needle: &Path) -> Vec<String> {
+pub(crate) fn processes_mentioning(needle: &Path) -> Vec<String> {
     let needle = needle.to_str().unwrap();
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").unwrap().flatten() {
@@ -143,7 +153,7 @@ fn processes_mentioning(needle: &Path) -> Vec<String> {
 }
 
 /// Waits (at most 20 s) until no process mentions `needle`.
-fn none_left(needle: &Path) -> bool {
+pub(crate) fn none_left(needle: &Path) -> bool {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         if processes_mentioning(needle).is_empty() {
@@ -154,8 +164,8 @@ fn none_left(needle: &Path) -> bool {
     false
 }
 
-const ANY_OBJECT: &str = "{type: object}";
-const ECHO_OUTPUT: &str = "{type: object, properties: {text: {type: string}, start: {type: integer}}, required: [text, start], additionalProperties: false}";
+pub(crate) const ANY_OBJECT: &str = "{type: object}";
+pub(crate) const ECHO_OUTPUT: &str = "{type: object, properties: {text: {type: string}, start: {type: integer}}, required: [text, start], additionalProperties: false}";
 
 #[test]
 fn a_real_third_party_server_over_stdio_answers_through_the_gateway() {
@@ -475,7 +485,7 @@ fn demo_copy(dir: &Path) -> (PathBuf, PathBuf) {
     (policy, tools.join("tool_registry.yaml"))
 }
 
-fn policy_check(policy: &Path, registry: &Path) -> (bool, String) {
+pub(crate) fn policy_check(policy: &Path, registry: &Path) -> (bool, String) {
     let out = Command::new(BIN)
         .args(["policy", "check", "--policy-dir"])
         .arg(policy)

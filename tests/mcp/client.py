@@ -3,11 +3,13 @@
 Used by tests/mcp_front.rs. Reads a plan (JSON) from argv[1]:
 
     {"url": "...", "headers": {...}, "mode": "legacy" | "auto",
-     "calls": [{"name": "...", "arguments": {...}, "meta": {...}}]}
+     "calls": [{"name": "...", "arguments": {...}, "meta": {...}, "progress": true}]}
 
 connects (mode "legacy": the initialize handshake; "auto": server/discover first,
 the stateless 2026-07-28 revision when the server has it), lists the tools, makes the
-calls in order and prints one JSON object with what the client saw. A connection
+calls in order and prints one JSON object with what the client saw (with
+"progress": true, a call passes a progress callback and its notifications are
+printed as [progress, total, message] triples). A connection
 that fails prints {"connect_error": {...}} instead. Exits 0 either way: the Rust test
 asserts on the printed JSON.
 """
@@ -49,9 +51,17 @@ async def run(plan: dict) -> dict:
             ]
             calls = []
             for call in plan.get("calls", []):
+                heard: list = []
+
+                async def on_progress(progress, total, message):
+                    heard.append([progress, total, message])
+
                 try:
                     result = await client.call_tool(
-                        call["name"], call.get("arguments", {}), meta=call.get("meta")
+                        call["name"],
+                        call.get("arguments", {}),
+                        progress_callback=on_progress if call.get("progress") else None,
+                        meta=call.get("meta"),
                     )
                     calls.append(
                         {
@@ -59,6 +69,7 @@ async def run(plan: dict) -> dict:
                             "structuredContent": result.structured_content,
                             "text": [c.text for c in result.content if getattr(c, "type", "") == "text"],
                             "meta": result.meta,
+                            "progress": heard,
                         }
                     )
                 except Exception as e:  # a protocol error is a result for the test

@@ -9,12 +9,19 @@ Every start appends a line to STATE_DIR/starts and writes its pid to STATE_DIR/p
 `hang-handshake`: never answers `initialize`.
 `crash-first-call`: the first start exits in the middle of its first `tools/call`.
 Tools: `echo` (structured result), `fail` (an error result), `crash` (the process
-exits during the call), `hang` (never answers).
+exits during the call), `hang` (never answers), and three that run beside the
+message loop (so the server keeps reading while they run): `slow` (appends its
+request id to STATE_DIR/calls, then answers once STATE_DIR/go exists or after
+`seconds`; a `notifications/cancelled` for it is written to STATE_DIR/cancelled as
+`<request id> <unix time>` and stops it), `progress` (three progress notifications
+for the request's progressToken, then a result), `flood` (`count` progress
+notifications as fast as it can write them, then a result).
 """
 
 import json
 import os
 import sys
+import threading
 import time
 
 state = sys.argv[1]
@@ -39,18 +46,64 @@ TOOLS = [
     {"name": "fail", "description": "Always fails.", "inputSchema": OBJECT},
     {"name": "crash", "description": "Exits mid-call.", "inputSchema": OBJECT},
     {"name": "hang", "description": "Never answers.", "inputSchema": OBJECT},
+    {"name": "slow", "description": "Answers when told to.", "inputSchema": OBJECT},
+    {"name": "progress", "description": "Reports three steps.", "inputSchema": OBJECT},
+    {"name": "flood", "description": "Floods progress.", "inputSchema": OBJECT},
 ]
+
+write_lock = threading.Lock()
+stopped = {}  # request id (as JSON) -> threading.Event
 
 
 def send(message):
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+    with write_lock:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+
+def result(rid, out):
+    send({"jsonrpc": "2.0", "id": rid, "result": {
+        "content": [{"type": "text", "text": json.dumps(out)}], "structuredContent": out}})
+
+
+def slow(rid, args, stop):
+    with open(os.path.join(state, "calls"), "a") as f:
+        f.write(json.dumps(rid) + "\n")
+    deadline = time.time() + float(args.get("seconds", 30))
+    while time.time() < deadline and not stop.is_set():
+        if os.path.exists(os.path.join(state, "go")):
+            result(rid, {"text": "done", "start": starts})
+            return
+        stop.wait(0.01)
+
+
+def progress(rid, token, args):
+    for step in (1, 2, 3):
+        if token is not None:
+            send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+                "progressToken": token, "progress": step, "total": 3, "message": f"step {step}"}})
+        time.sleep(0.02)
+    result(rid, {"text": "three steps", "start": starts})
+
+
+def flood(rid, token, args):
+    for step in range(int(args.get("count", 10000))):
+        if token is not None:
+            send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+                "progressToken": token, "progress": step, "message": "x" * 100}})
+    result(rid, {"text": "flooded", "start": starts})
 
 
 for line in sys.stdin:
     message = json.loads(line)
     method = message.get("method")
     if "id" not in message:
+        if method == "notifications/cancelled":
+            cancelled = json.dumps((message.get("params") or {}).get("requestId"))
+            with open(os.path.join(state, "cancelled"), "a") as f:
+                f.write(f"{cancelled} {time.time()}\n")
+            if cancelled in stopped:
+                stopped[cancelled].set()
         continue  # a notification
     rid = message["id"]
     if method == "initialize":
@@ -82,6 +135,13 @@ for line in sys.stdin:
             os._exit(4)
         elif name == "hang":
             time.sleep(3600)
+        elif name in ("slow", "progress", "flood"):
+            token = ((message["params"].get("_meta") or {}).get("progressToken"))
+            stop = stopped.setdefault(json.dumps(rid), threading.Event())
+            work = {"slow": lambda: slow(rid, args, stop),
+                    "progress": lambda: progress(rid, token, args),
+                    "flood": lambda: flood(rid, token, args)}[name]
+            threading.Thread(target=work, daemon=True).start()
         else:
             send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": f"unknown tool {name}"}})
     elif method == "ping":

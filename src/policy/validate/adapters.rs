@@ -7,11 +7,12 @@ pub(super) fn check_adapter(
     file: &str,
     owner: &str,
     adapter: &Spanned<RawAdapter>,
+    servers: &BTreeMap<String, McpServer>,
 ) -> Option<AdapterConfig> {
     let before = report.problems.len();
     let raw = &adapter.value;
     let kind = raw.kind.value;
-    let present: [(&str, Option<Location>); 9] = [
+    let present: [(&str, Option<Location>); 10] = [
         ("name", raw.name.as_ref().map(|v| v.referenced)),
         ("settings", raw.settings.as_ref().map(|v| v.referenced)),
         ("argv", raw.argv.as_ref().map(|v| v.referenced)),
@@ -29,13 +30,14 @@ pub(super) fn check_adapter(
             "allowed_hosts",
             raw.allowed_hosts.as_ref().map(|v| v.referenced),
         ),
+        ("server", raw.server.as_ref().map(|v| v.referenced)),
         ("tool", raw.tool.as_ref().map(|v| v.referenced)),
     ];
     let allowed: &[&str] = match kind {
         RawAdapterKind::Builtin => &["name", "settings"],
         RawAdapterKind::Command => &["argv", "working_dir", "env_allowlist"],
         RawAdapterKind::Http => &["url", "allowed_hosts"],
-        RawAdapterKind::Mcp => &["command", "url", "tool"],
+        RawAdapterKind::Mcp => &["server", "tool", "command", "url"],
     };
     for (field, location) in present {
         if let Some(location) = location
@@ -159,23 +161,74 @@ pub(super) fn check_adapter(
                 Some(tool) => non_empty(report, "tool", tool),
                 None => missing.push("tool"),
             }
-            match (&raw.command, &raw.url) {
-                (Some(command), None) => argv_ok(report, "command", command),
-                (None, Some(url)) => non_empty(report, "url", url),
-                _ => report.spanned(
-                    file,
-                    adapter,
-                    format!(
-                        "{owner}: adapter of kind `mcp` needs exactly one of `command` or `url`"
-                    ),
-                    "start the server with `command: [argv...]` or connect to it with `url:`",
-                ),
+            let upstream = match (&raw.server, &raw.command, &raw.url) {
+                (Some(id), None, None) => match servers.get(&id.value) {
+                    Some(server) => Some((
+                        Some(server.server_id.clone()),
+                        server.command.clone(),
+                        server.url.clone(),
+                        server.max_concurrency,
+                    )),
+                    None => {
+                        let known: Vec<&str> = servers.keys().map(String::as_str).collect();
+                        report.spanned(
+                            file,
+                            id,
+                            format!(
+                                "{owner}: adapter `server` `{}` is not in the registry's `servers:`",
+                                id.value.escape_debug()
+                            ),
+                            if known.is_empty() {
+                                "define it under `servers:` with `server_id`, and `command` or `url`".to_string()
+                            } else {
+                                format!("known servers: {}", known.join(", "))
+                            },
+                        );
+                        None
+                    }
+                },
+                (None, Some(command), None) => {
+                    argv_ok(report, "command", command);
+                    Some((
+                        None,
+                        Some(command.value.clone()),
+                        None,
+                        DEFAULT_SERVER_CONCURRENCY,
+                    ))
+                }
+                (None, None, Some(url)) => {
+                    non_empty(report, "url", url);
+                    Some((
+                        None,
+                        None,
+                        Some(url.value.clone()),
+                        DEFAULT_SERVER_CONCURRENCY,
+                    ))
+                }
+                _ => {
+                    report.spanned(
+                        file,
+                        adapter,
+                        format!(
+                            "{owner}: adapter of kind `mcp` needs exactly one of `server`, `command` or `url`"
+                        ),
+                        "name the server once under `servers:` and refer to it with `server: <server_id>`",
+                    );
+                    None
+                }
+            };
+            match (raw.tool.as_ref(), upstream) {
+                (Some(tool), Some((server, command, url, max_concurrency))) => {
+                    Some(AdapterConfig::Mcp {
+                        server,
+                        command,
+                        url,
+                        tool: tool.value.clone(),
+                        max_concurrency,
+                    })
+                }
+                _ => None,
             }
-            raw.tool.as_ref().map(|tool| AdapterConfig::Mcp {
-                command: raw.command.as_ref().map(|c| c.value.clone()),
-                url: raw.url.as_ref().map(|u| u.value.clone()),
-                tool: tool.value.clone(),
-            })
         }
     };
     if !missing.is_empty() {
@@ -201,6 +254,76 @@ pub(super) fn check_adapter(
     (report.problems.len() == before)
         .then_some(config)
         .flatten()
+}
+
+/// The registry's `servers:` section: ids valid and unique, exactly one of `command`
+/// and `url`, `max_concurrency` within bounds. Returns the valid entries by id.
+pub(super) fn check_servers(
+    report: &mut Report<'_>,
+    file: &str,
+    servers: &[Spanned<RawServer>],
+) -> BTreeMap<String, McpServer> {
+    let mut valid = BTreeMap::new();
+    let mut seen = BTreeMap::new();
+    for entry in servers {
+        let before = report.problems.len();
+        let raw = &entry.value;
+        let id = &raw.server_id;
+        let unique = check_id(report, file, "server id", id)
+            && check_unique(report, file, "server id", &mut seen, id);
+        let owner = format!("server `{}`", id.value.escape_debug());
+        if let Some(description) = &raw.description {
+            check_description(report, file, &owner, description);
+        }
+        match (&raw.command, &raw.url) {
+            (Some(command), None) => {
+                if command.value.first().is_none_or(|p| p.trim().is_empty()) {
+                    report.spanned(
+                        file,
+                        command,
+                        format!("{owner}: `command` has no program"),
+                        "`command` is the server's program and its arguments, e.g. `[uvx, mcp-server-time]`",
+                    );
+                }
+            }
+            (None, Some(url)) => {
+                if url.value.trim().is_empty() {
+                    report.spanned(file, url, format!("{owner}: `url` is empty"), "give the server's Streamable HTTP endpoint");
+                }
+            }
+            _ => report.spanned(
+                file,
+                entry,
+                format!("{owner} needs exactly one of `command` or `url`"),
+                "start the server with `command: [argv...]` or connect to it with `url: http://...`",
+            ),
+        }
+        let max_concurrency = match &raw.max_concurrency {
+            None => DEFAULT_SERVER_CONCURRENCY,
+            Some(n) if (1..=MAX_CONCURRENCY).contains(&n.value) => n.value,
+            Some(n) => {
+                report.spanned(
+                    file,
+                    n,
+                    format!("{owner}: `max_concurrency` must be 1 to {MAX_CONCURRENCY}"),
+                    "how many requests may be in flight on the server's session at once",
+                );
+                DEFAULT_SERVER_CONCURRENCY
+            }
+        };
+        if unique && report.problems.len() == before {
+            valid.insert(
+                id.value.clone(),
+                McpServer {
+                    server_id: id.value.clone(),
+                    command: raw.command.as_ref().map(|c| c.value.clone()),
+                    url: raw.url.as_ref().map(|u| u.value.clone()),
+                    max_concurrency,
+                },
+            );
+        }
+    }
+    valid
 }
 
 pub(super) fn check_redaction(

@@ -25,13 +25,14 @@ mod tools;
 use super::Problem;
 use super::condition::Condition;
 use super::model::{
-    AdapterConfig, Admin, Credential, Determinism, FileVersion, FlagMatcher, FlagRule, Lane,
-    Limits, Policy, PolicySource, PolicyVersions, Redaction, Role, RunStatus, Tool,
+    AdapterConfig, Admin, Credential, DEFAULT_SERVER_CONCURRENCY, Determinism, FileVersion,
+    FlagMatcher, FlagRule, Lane, Limits, McpServer, Policy, PolicySource, PolicyVersions,
+    Redaction, Role, RunStatus, Tool,
 };
 use super::raw::{
     LanesFile, RawAdapter, RawAdapterKind, RawCondition, RawCredential, RawDeterminism,
-    RawFlagRule, RawLane, RawRedaction, RawRedactionMode, RawRole, RawTool, RegistryFile,
-    RolesFile,
+    RawFlagRule, RawLane, RawRedaction, RawRedactionMode, RawRole, RawServer, RawTool,
+    RegistryFile, RolesFile,
 };
 use super::read::SourceFile;
 use super::schema::{self, SchemaContext};

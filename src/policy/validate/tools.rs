@@ -9,6 +9,7 @@ pub(super) fn check_tools(
     tools_dir: &Path,
 ) -> BTreeMap<String, Tool> {
     check_version(report, file, &raw.version);
+    let servers = check_servers(report, file, &raw.servers);
     let mut tools = BTreeMap::new();
     let mut seen = BTreeMap::new();
     for entry in &raw.tools {
@@ -25,7 +26,7 @@ pub(super) fn check_tools(
             check_id(report, file, "tool name", name)
         };
         let unique = name_ok && check_unique(report, file, "tool name", &mut seen, name);
-        let tool = check_tool(report, file, entry, tools_dir, name_ok);
+        let tool = check_tool(report, file, entry, (tools_dir, &servers), name_ok);
         if let (true, Some(tool)) = (unique, tool) {
             tools.insert(tool.tool_name.clone(), tool);
         }
@@ -37,7 +38,7 @@ pub(super) fn check_tool(
     report: &mut Report<'_>,
     file: &str,
     entry: &Spanned<RawTool>,
-    tools_dir: &Path,
+    (tools_dir, servers): (&Path, &BTreeMap<String, McpServer>),
     name_ok: bool,
 ) -> Option<Tool> {
     let before = report.problems.len();
@@ -89,7 +90,7 @@ pub(super) fn check_tool(
         .iter()
         .filter_map(|rule| check_flag_rule(report, file, &owner, rule))
         .collect();
-    let adapter = check_adapter(report, file, &owner, &raw.adapter);
+    let adapter = check_adapter(report, file, &owner, &raw.adapter, servers);
     let redaction = check_redaction(report, file, &owner, raw.redaction.as_ref());
 
     let mut conditions = Vec::new();
