@@ -152,6 +152,11 @@ pub struct Gateway {
     shadow: Option<crate::shadow::Shadow>,
     /// The audit log's disk headroom; new calls are refused when it runs out.
     capacity: Option<Arc<AuditCapacity>>,
+    /// Verifies bearer JWTs against the identity providers' keys (see `identity::jwt`).
+    pub jwt: crate::identity::JwtVerifier,
+    /// The server's public base URL (`serve --public-url`): the MCP resource URI is
+    /// this plus `/mcp`, accepted as a JWT audience (RFC 8707).
+    public_url: Option<String>,
 }
 
 impl Gateway {
@@ -184,7 +189,68 @@ impl Gateway {
             metrics,
             shadow: None,
             capacity: None,
+            jwt: crate::identity::JwtVerifier::new(),
+            public_url: None,
         })
+    }
+
+    /// Sets the public base URL the MCP resource URI is derived from.
+    pub fn with_public_url(mut self, public_url: Option<String>) -> Gateway {
+        self.public_url = public_url.map(|u| u.trim_end_matches('/').to_string());
+        self
+    }
+
+    /// The public base URL, when configured (`serve --public-url`).
+    pub fn public_url(&self) -> Option<&str> {
+        self.public_url.as_deref()
+    }
+
+    /// The MCP resource URI (RFC 9728 `resource`), when a public URL is configured.
+    pub fn resource_uri(&self) -> Option<String> {
+        self.public_url
+            .as_ref()
+            .map(|base| format!("{base}{}", crate::mcp::front::ENDPOINT))
+    }
+
+    /// Verifies a bearer JWT (None for any other kind of credential, or when the
+    /// policy has no identity providers). A verified token is remembered briefly so
+    /// the synchronous checks of the same request find it.
+    pub async fn authenticate(
+        &self,
+        policy: &Policy,
+        token: Option<&str>,
+    ) -> Option<Result<Arc<crate::identity::JwtIdentity>, Refusal>> {
+        let resource = self.resource_uri();
+        self.jwt
+            .authenticate(policy, resource.as_deref(), token?)
+            .await
+    }
+
+    /// Admin endpoints: the caller proves it is one of the policy's admins, by a static
+    /// token or by a JWT verified for this request (`authenticate`).
+    pub fn admin_of<'p>(
+        &self,
+        policy: &'p Policy,
+        token: Option<&str>,
+    ) -> Result<&'p crate::policy::Admin, Refusal> {
+        match token.and_then(|t| self.jwt.cached(policy, t)) {
+            Some(identity) => authz::verify_admin_jwt(policy, &*identity?),
+            None => authz::verify_admin(policy, token),
+        }
+    }
+
+    /// The caller proves it holds `role_id`, by a static token or by a JWT verified for
+    /// this request (`authenticate`).
+    pub fn role_of<'p>(
+        &self,
+        policy: &'p Policy,
+        role_id: &str,
+        token: Option<&str>,
+    ) -> Result<&'p crate::policy::Role, Refusal> {
+        match token.and_then(|t| self.jwt.cached(policy, t)) {
+            Some(identity) => authz::verify_jwt(policy, role_id, &*identity?),
+            None => authz::verify_identity(policy, role_id, token),
+        }
     }
 
     /// Turns shadow mode on: `shadow` decides every call beside the active policy.
@@ -255,7 +321,7 @@ impl Gateway {
 
     /// `POST /v1/policy/reload` (admin).
     pub async fn reload_as_admin(&self, token: Option<&str>) -> Result<Value, Refusal> {
-        let admin = authz::verify_admin(&self.current().policy, token)?
+        let admin = self.admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let versions = self.reload(&format!("admin:{admin}")).await?;
@@ -277,7 +343,7 @@ impl Gateway {
         token: Option<&str>,
         body: &[u8],
     ) -> Result<SafetyLock, Refusal> {
-        let admin = authz::verify_admin(&self.current().policy, token)?
+        let admin = self.admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let body = parse_object(body, &["engaged", "reason"])?;
@@ -329,7 +395,7 @@ impl Gateway {
     /// Creates a run bound to a scope and pinned to the loaded policy versions (admin).
     pub async fn create_run(&self, token: Option<&str>, body: &[u8]) -> Result<RunRecord, Refusal> {
         let loaded = self.current();
-        let admin = authz::verify_admin(&loaded.policy, token)?.admin_id.clone();
+        let admin = self.admin_of(&loaded.policy, token)?.admin_id.clone();
         let body = parse_object(body, &["run_id", "scope"])?;
         let run_id = match body.get("run_id") {
             None | Some(Value::Null) => format!("run-{}", uuid::Uuid::new_v4()),
@@ -376,7 +442,7 @@ impl Gateway {
         run_id: &str,
         body: &[u8],
     ) -> Result<RunRecord, Refusal> {
-        let admin = authz::verify_admin(&self.current().policy, token)?
+        let admin = self.admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let body = parse_object(body, &["status"])?;
@@ -407,7 +473,7 @@ impl Gateway {
                 authz::check_token_lane(&binding, lane_id)?;
                 role
             }
-            None => authz::verify_identity(policy, role_id, token)?,
+            None => self.role_of(policy, role_id, token)?,
         };
         let lane = policy.lanes.get(lane_id).ok_or_else(|| {
             Refusal::new(
@@ -440,13 +506,13 @@ impl Gateway {
     pub fn verify_any(&self, token: Option<&str>) -> Result<(), Refusal> {
         let loaded = self.current();
         let policy = &loaded.policy;
-        if authz::verify_admin(policy, token).is_ok() {
+        if self.admin_of(policy, token).is_ok() {
             return Ok(());
         }
         let any_role = policy
             .roles
             .keys()
-            .any(|role_id| authz::verify_identity(policy, role_id, token).is_ok());
+            .any(|role_id| self.role_of(policy, role_id, token).is_ok());
         if any_role {
             Ok(())
         } else if token.is_none() {
@@ -519,7 +585,7 @@ impl Gateway {
                 "no artifact with this sha256 belongs to the named run for this role",
             )
         };
-        let role = match authz::verify_admin(policy, token) {
+        let role = match self.admin_of(policy, token) {
             Ok(admin) => {
                 event
                     .details
@@ -534,7 +600,7 @@ impl Gateway {
                         "name the run and the role the artifact is read for: ?run_id=...&role_id=...",
                     ));
                 };
-                let role = authz::verify_identity(policy, role_id, token)?;
+                let role = self.role_of(policy, role_id, token)?;
                 event.role_id = Some(role.role_id.clone());
                 event
                     .details
@@ -580,7 +646,7 @@ impl Gateway {
         limit: Option<&str>,
         cursor: Option<&str>,
     ) -> Result<Value, Refusal> {
-        authz::verify_admin(&self.current().policy, token)?;
+        self.admin_of(&self.current().policy, token)?;
         let status = match status {
             None => None,
             Some(s) => Some(
@@ -609,7 +675,7 @@ impl Gateway {
         body: &[u8],
     ) -> Result<Value, Refusal> {
         let loaded = self.current();
-        let admin = authz::verify_admin(&loaded.policy, token)?.admin_id.clone();
+        let admin = self.admin_of(&loaded.policy, token)?.admin_id.clone();
         parse_object(body, &[])?;
         let Some(run) = self.runs.get(run_id) else {
             return Err(Refusal::new(
@@ -676,7 +742,7 @@ impl Gateway {
         token: Option<&str>,
         filter: EventFilter,
     ) -> Result<Vec<Value>, Refusal> {
-        authz::verify_admin(&self.current().policy, token)?;
+        self.admin_of(&self.current().policy, token)?;
         let events = self.audit.events(filter).await.map_err(audit_refusal)?;
         Ok(events.into_iter().map(|e| e.value).collect())
     }

@@ -54,7 +54,7 @@ impl Gateway {
         body: &[u8],
     ) -> Result<RunCreated, Refusal> {
         // Authenticate before reading anything that names roles.
-        let admin = crate::authz::verify_admin(&self.current().policy, token)?
+        let admin = self.admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let mut parsed = serde_json::from_slice::<Value>(body).ok();
@@ -87,7 +87,7 @@ impl Gateway {
         run_id: &str,
         token_id: &str,
     ) -> Result<Value, Refusal> {
-        let admin = crate::authz::verify_admin(&self.current().policy, token)?
+        let admin = self.admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         self.run_tokens

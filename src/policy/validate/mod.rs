@@ -24,12 +24,15 @@ mod tools;
 
 use super::Problem;
 use super::condition::Condition;
+use super::identity;
 use super::model::{
-    AdapterConfig, Admin, Credential, Determinism, FileVersion, FlagMatcher, FlagRule, Lane,
-    Limits, Policy, PolicySource, PolicyVersions, Redaction, Role, RunStatus, Tool,
+    AdapterConfig, Admin, Credential, DEFAULT_RUN_TOKEN_MAX_TTL_S, Determinism, FileVersion,
+    FlagMatcher, FlagRule, IdentityProvider, IdentitySettings, JWT_ALGORITHMS, JwksSource,
+    JwtCredential, Lane, Limits, Policy, PolicySource, PolicyVersions, Redaction, Role, RunStatus, Tool,
 };
 use super::raw::{
     LanesFile, RawAdapter, RawAdapterKind, RawCondition, RawCredential, RawDeterminism,
+    RawIdentityProvider, RawJwtCredential, RawRunTokens,
     RawFlagRule, RawLane, RawRedaction, RawRedactionMode, RawRole, RawTool, RegistryFile,
     RolesFile,
 };
@@ -47,6 +50,8 @@ use tools::*;
 pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
 pub const MAX_OUTPUT_BYTES: u64 = 64 * 1024 * 1024;
 pub const MAX_CONCURRENCY: u32 = 1024;
+/// The longest `run_tokens.max_ttl_s` a policy may set (30 days).
+pub const MAX_RUN_TOKEN_TTL_S: u64 = 30 * 86_400;
 
 /// A file that parsed: its bytes (for the hash) and its raw content.
 pub(crate) struct Parsed<T> {
@@ -62,6 +67,8 @@ pub(crate) struct Input<'a> {
     pub registry: Option<Parsed<RegistryFile>>,
     /// The registry's directory: schema paths resolve against it.
     pub tools_dir: &'a Path,
+    /// The policy directory: `jwks_file` paths resolve against it.
+    pub policy_dir: &'a Path,
     /// Reads an environment variable (for `token_env` credentials).
     pub env: &'a dyn Fn(&str) -> Option<String>,
 }
@@ -75,7 +82,15 @@ pub(crate) fn build(input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Pol
     let roles = input
         .roles
         .as_ref()
-        .map(|p| check_roles(&mut report, &p.file.display, &p.raw, input.env));
+        .map(|p| {
+            check_roles(
+                &mut report,
+                &p.file.display,
+                &p.raw,
+                input.env,
+                input.policy_dir,
+            )
+        });
     let lanes = input
         .lanes
         .as_ref()
@@ -116,7 +131,7 @@ pub(crate) fn build(input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Pol
         return None;
     }
     let (roles_file, lanes_file, registry_file) = (input.roles?, input.lanes?, input.registry?);
-    let (roles, admins) = roles?;
+    let (roles, admins, identity) = roles?;
     let version = |parsed_version: &Spanned<String>, file: &SourceFile| FileVersion {
         version: parsed_version.value.clone(),
         sha256: crate::canonical::sha256_hex(&file.bytes),
@@ -132,6 +147,7 @@ pub(crate) fn build(input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Pol
             registry: version(&registry_file.raw.version, &registry_file.file),
         },
         source: PolicySource::default(),
+        identity,
     })
 }
 
@@ -392,7 +408,7 @@ fn check_unique(
 // ---------------------------------------------------------------------------------------
 // roles.yaml
 
-type RolesAndAdmins = (BTreeMap<String, Role>, Vec<Admin>);
+type RolesAndAdmins = (BTreeMap<String, Role>, Vec<Admin>, IdentitySettings);
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
@@ -575,6 +591,7 @@ tools:
         let dir = tempfile::tempdir().unwrap();
         let env = |var: &str| (var == "WRITER_TOKEN").then(|| "writer-token".to_string());
         let input = Input {
+            policy_dir: Path::new("."),
             roles: Some(parsed::<RolesFile>("roles.yaml", roles)),
             lanes: Some(parsed::<LanesFile>("lanes.yaml", lanes)),
             registry: Some(parsed::<RegistryFile>("tool_registry.yaml", registry)),
@@ -755,6 +772,7 @@ tools:
         let env = |_: &str| Some("t".to_string());
         let roles = ROLES.replace("lanes: [research]", "lanes: [nowhere]");
         let input = Input {
+            policy_dir: Path::new("."),
             roles: Some(parsed::<RolesFile>("roles.yaml", &roles)),
             lanes: None,
             registry: Some(parsed::<RegistryFile>("tool_registry.yaml", REGISTRY)),
