@@ -326,7 +326,10 @@ fn rs256_es256_and_eddsa_tokens_are_accepted_and_audited_without_the_token() {
     // No token, nor its signature, in the audit log, the logs or the metrics.
     let audit = std::fs::read(lab.server.db()).unwrap();
     let logs = lab.server.log_lines_with("");
-    let (_, metrics) = lab.server.get("/metrics", None);
+    let (_, _, metrics) = raw(
+        &lab.server,
+        "GET /metrics HTTP/1.1\r\nhost: gate.test\r\nconnection: close\r\n\r\n",
+    );
     for token in tokens.iter().chain([&admin_token]) {
         let signature = token.rsplit('.').next().unwrap();
         for part in [token.as_str(), signature] {
@@ -335,7 +338,7 @@ fn rs256_es256_and_eddsa_tokens_are_accepted_and_audited_without_the_token() {
                 "token in the audit database"
             );
             assert!(!logs.iter().any(|l| l.contains(part)), "token in the logs");
-            assert!(!metrics.to_string().contains(part), "token in the metrics");
+            assert!(!metrics.contains(part), "token in the metrics");
         }
     }
 }
@@ -572,7 +575,8 @@ fn huge_slow_and_non_json_key_sets_are_refused_in_bounded_time() {
 
 /// A raw HTTP request; the status line, headers (lowercased names) and body.
 fn raw(server: &Server, request: &str) -> (u16, Vec<(String, String)>, String) {
-    let mut stream = TcpStream::connect(&server.base).unwrap();
+    let address = server.base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     stream.write_all(request.as_bytes()).unwrap();
     let mut text = String::new();
@@ -684,8 +688,25 @@ fn the_python_mcp_sdk_is_told_401_without_a_credential_and_lists_and_calls_with_
     let run = run(&lab.server);
     let url = format!("{}/mcp", lab.server.base);
     let refused = python_client(json!({"url": url, "mode": "legacy", "headers": {}}));
-    let error = refused["connect_error"].to_string();
-    assert!(error.contains("401"), "{refused}");
+    assert!(refused["connect_error"].is_object(), "{refused}");
+    let first = &refused["responses"][0];
+    assert_eq!(first["status"], 401, "{refused}");
+    let challenge = first["www_authenticate"].as_str().unwrap_or_default();
+    assert!(
+        challenge.starts_with("Bearer resource_metadata=\"http://")
+            && challenge.ends_with("/.well-known/oauth-protected-resource/mcp\""),
+        "{refused}"
+    );
+    // The document the challenge names answers.
+    let path = challenge
+        .split("//")
+        .nth(1)
+        .and_then(|rest| rest.split_once('/'))
+        .map(|(_, path)| format!("/{}", path.trim_end_matches('"')))
+        .unwrap();
+    let (status, metadata) = lab.server.get(&path, None);
+    assert_eq!(status, 200, "{metadata}");
+    assert_eq!(metadata["resource"], url);
 
     let token = sign(&ed1(), &claims("system:serviceaccount:lab:mcp"));
     let seen = python_client(json!({
