@@ -88,9 +88,10 @@ pub fn verify_jwt<'p>(
     role_id: &str,
     identity: &crate::identity::JwtIdentity,
 ) -> Result<&'p Role, Refusal> {
-    let proven = policy.roles.get(role_id).is_some_and(|role| {
-        matches!(&role.credential, Credential::Jwt(c) if identity.proves(c))
-    });
+    let proven = policy
+        .roles
+        .get(role_id)
+        .is_some_and(|role| matches!(&role.credential, Credential::Jwt(c) if identity.proves(c)));
     if !proven {
         return Err(Refusal::new(
             Reason::CredentialInvalid,

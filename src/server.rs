@@ -548,8 +548,9 @@ fn public_base(gateway: &Gateway, req: &Request<Incoming>) -> String {
         .filter(|h| {
             !h.is_empty()
                 && h.len() <= 255
-                && h.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+                && h.bytes().all(|b| {
+                    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']')
+                })
         })
         .unwrap_or("localhost");
     format!("http://{host}")
@@ -575,17 +576,26 @@ fn protected_resource_metadata(gateway: &Gateway, req: &Request<Incoming>) -> Op
     if req.method() != Method::GET {
         let refusal = Refusal::new(
             Reason::MethodNotAllowed,
-            format!("`{} {path}` is not served; this endpoint serves GET", req.method()),
+            format!(
+                "`{} {path}` is not served; this endpoint serves GET",
+                req.method()
+            ),
         )
         .with_details(json!({ "allow": ["GET"] }));
         let mut response = refusal_response(&refusal);
-        response.headers_mut().insert(ALLOW, HeaderValue::from_static("GET"));
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET"));
         return Some(response);
     }
     let mut issuers: Vec<&str> = providers.values().map(|p| p.issuer.as_str()).collect();
     issuers.sort();
     issuers.dedup();
-    let resource = format!("{}{}", public_base(gateway, req), crate::mcp::front::ENDPOINT);
+    let resource = format!(
+        "{}{}",
+        public_base(gateway, req),
+        crate::mcp::front::ENDPOINT
+    );
     Some(json_response(
         StatusCode::OK,
         &json!({
@@ -626,7 +636,9 @@ async fn mcp_unauthorized(gateway: &Gateway, req: &Request<Incoming>) -> Option<
     if response.status() == StatusCode::UNAUTHORIZED
         && let Ok(value) = HeaderValue::from_str(&challenge)
     {
-        response.headers_mut().insert(hyper::header::WWW_AUTHENTICATE, value);
+        response
+            .headers_mut()
+            .insert(hyper::header::WWW_AUTHENTICATE, value);
     }
     Some(response)
 }

@@ -321,7 +321,8 @@ impl Gateway {
 
     /// `POST /v1/policy/reload` (admin).
     pub async fn reload_as_admin(&self, token: Option<&str>) -> Result<Value, Refusal> {
-        let admin = self.admin_of(&self.current().policy, token)?
+        let admin = self
+            .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let versions = self.reload(&format!("admin:{admin}")).await?;
@@ -343,7 +344,8 @@ impl Gateway {
         token: Option<&str>,
         body: &[u8],
     ) -> Result<SafetyLock, Refusal> {
-        let admin = self.admin_of(&self.current().policy, token)?
+        let admin = self
+            .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let body = parse_object(body, &["engaged", "reason"])?;
@@ -442,7 +444,8 @@ impl Gateway {
         run_id: &str,
         body: &[u8],
     ) -> Result<RunRecord, Refusal> {
-        let admin = self.admin_of(&self.current().policy, token)?
+        let admin = self
+            .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let body = parse_object(body, &["status"])?;

@@ -54,7 +54,8 @@ impl Gateway {
         body: &[u8],
     ) -> Result<RunCreated, Refusal> {
         // Authenticate before reading anything that names roles.
-        let admin = self.admin_of(&self.current().policy, token)?
+        let admin = self
+            .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let mut parsed = serde_json::from_slice::<Value>(body).ok();
@@ -87,7 +88,8 @@ impl Gateway {
         run_id: &str,
         token_id: &str,
     ) -> Result<Value, Refusal> {
-        let admin = self.admin_of(&self.current().policy, token)?
+        let admin = self
+            .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         self.run_tokens

@@ -118,7 +118,11 @@ fn refuse(reason: Reason, message: impl Into<String>) -> Refusal {
 }
 
 fn shown(text: &str) -> String {
-    text.chars().take(SHOWN).collect::<String>().escape_debug().to_string()
+    text.chars()
+        .take(SHOWN)
+        .collect::<String>()
+        .escape_debug()
+        .to_string()
 }
 
 /// A usable signing key of a JWK Set.
@@ -240,7 +244,11 @@ impl JwtVerifier {
     /// The identity of a JWT verified moments ago (by [`Self::authenticate`]) under the
     /// same roles.yaml, for the synchronous checks of the admin and read endpoints;
     /// None for another kind of credential.
-    pub fn cached(&self, policy: &Policy, token: &str) -> Option<Result<Arc<JwtIdentity>, Refusal>> {
+    pub fn cached(
+        &self,
+        policy: &Policy,
+        token: &str,
+    ) -> Option<Result<Arc<JwtIdentity>, Refusal>> {
         if policy.identity.providers.is_empty() || !looks_like_jwt(token) {
             return None;
         }
@@ -286,9 +294,17 @@ impl JwtVerifier {
         resource: Option<&str>,
         token: &str,
     ) -> Result<JwtIdentity, Refusal> {
-        let malformed = |why: &str| refuse(Reason::JwtMalformed, format!("the bearer JWT is malformed: {why}"));
+        let malformed = |why: &str| {
+            refuse(
+                Reason::JwtMalformed,
+                format!("the bearer JWT is malformed: {why}"),
+            )
+        };
         if token.len() > MAX_JWT_BYTES {
-            return Err(malformed(&format!("it is {} bytes, more than the {MAX_JWT_BYTES} accepted", token.len())));
+            return Err(malformed(&format!(
+                "it is {} bytes, more than the {MAX_JWT_BYTES} accepted",
+                token.len()
+            )));
         }
         let parts: Vec<&str> = token.split('.').collect();
         let [header, payload, _signature] = parts.as_slice() else {
@@ -300,7 +316,9 @@ impl JwtVerifier {
             return Err(malformed("the header has no `alg`"));
         };
         if header.contains_key("crit") {
-            return Err(malformed("the header has `crit` extensions, none of which are understood"));
+            return Err(malformed(
+                "the header has `crit` extensions, none of which are understood",
+            ));
         }
         let Some(issuer) = payload.get("iss").and_then(Value::as_str) else {
             return Err(malformed("the payload has no `iss`"));
@@ -324,7 +342,10 @@ impl JwtVerifier {
             .with_details(json!({ "accepted": provider.algorithms })));
         }
         let Some(kid) = header.get("kid").and_then(Value::as_str) else {
-            return Err(refuse(Reason::JwtUnknownKid, "the JWT header names no key (`kid`)"));
+            return Err(refuse(
+                Reason::JwtUnknownKid,
+                "the JWT header names no key (`kid`)",
+            ));
         };
         let key = self.key(provider, kid).await?;
         if !key.kind.fits(alg) || key.alg.as_deref().is_some_and(|a| a != alg) {
@@ -333,9 +354,12 @@ impl JwtVerifier {
                 format!("key `{}` is not a key for algorithm `{alg}`", shown(kid)),
             ));
         }
-        let algorithm: Algorithm = alg
-            .parse()
-            .map_err(|_| refuse(Reason::JwtAlgorithmRefused, format!("algorithm `{alg}` is not supported")))?;
+        let algorithm: Algorithm = alg.parse().map_err(|_| {
+            refuse(
+                Reason::JwtAlgorithmRefused,
+                format!("algorithm `{alg}` is not supported"),
+            )
+        })?;
         let mut validation = Validation::new(algorithm);
         // The claims are checked below, each with its own reason.
         validation.validate_exp = false;
@@ -366,7 +390,9 @@ impl JwtVerifier {
                 Some(_) => Err(malformed(&format!("`{name}` is not a string"))),
             }
         };
-        let exp = numeric(&payload, "exp").map_err(|e| malformed(&e))?.unwrap_or(0);
+        let exp = numeric(&payload, "exp")
+            .map_err(|e| malformed(&e))?
+            .unwrap_or(0);
         Ok(JwtIdentity {
             provider: provider.id.clone(),
             issuer: issuer.to_string(),
@@ -457,7 +483,10 @@ impl JwtVerifier {
                 },
             },
             _ => Err(unavailable(
-                state.error.as_deref().unwrap_or("the key set was never fetched"),
+                state
+                    .error
+                    .as_deref()
+                    .unwrap_or("the key set was never fetched"),
             )),
         }
     }
@@ -469,7 +498,8 @@ impl JwtVerifier {
             JwksSource::File(path) => {
                 let path = path.clone();
                 let read = tokio::task::spawn_blocking(move || read_bounded_file(&path));
-                read.await.map_err(|_| "the read task failed".to_string())??
+                read.await
+                    .map_err(|_| "the read task failed".to_string())??
             }
             JwksSource::Uri(uri) => {
                 let Some(http) = &self.http else {
@@ -492,7 +522,10 @@ async fn fetch_uri(http: &reqwest::Client, uri: &str) -> Result<Vec<u8>, String>
         .await
         .map_err(|e| format!("fetching the key set failed: {e}"))?;
     if !response.status().is_success() {
-        return Err(format!("the key set endpoint answered {}", response.status()));
+        return Err(format!(
+            "the key set endpoint answered {}",
+            response.status()
+        ));
     }
     if response
         .content_length()
@@ -516,13 +549,17 @@ async fn fetch_uri(http: &reqwest::Client, uri: &str) -> Result<Vec<u8>, String>
 
 fn read_bounded_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("reading `{}` failed: {e}", path.display()))?;
+    let file = std::fs::File::open(path)
+        .map_err(|e| format!("reading `{}` failed: {e}", path.display()))?;
     let mut bytes = Vec::new();
     file.take(MAX_JWKS_BYTES as u64 + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("reading `{}` failed: {e}", path.display()))?;
     if bytes.len() > MAX_JWKS_BYTES {
-        return Err(format!("`{}` is larger than {MAX_JWKS_BYTES} bytes", path.display()));
+        return Err(format!(
+            "`{}` is larger than {MAX_JWKS_BYTES} bytes",
+            path.display()
+        ));
     }
     Ok(bytes)
 }
@@ -531,12 +568,16 @@ fn read_bounded_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
 /// `kid`, are symmetric (`oct`), weak or unparseable are left out; a set with none left
 /// is an error.
 fn parse_jwks(bytes: &[u8]) -> Result<Keys, String> {
-    let doc: Value = serde_json::from_slice(bytes).map_err(|e| format!("the key set is not JSON: {e}"))?;
+    let doc: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("the key set is not JSON: {e}"))?;
     let Some(list) = doc.get("keys").and_then(Value::as_array) else {
         return Err("the key set has no `keys` array".into());
     };
     if list.len() > MAX_JWKS_KEYS {
-        return Err(format!("the key set has {} keys, more than {MAX_JWKS_KEYS}", list.len()));
+        return Err(format!(
+            "the key set has {} keys, more than {MAX_JWKS_KEYS}",
+            list.len()
+        ));
     }
     let mut by_kid = HashMap::new();
     for raw in list {
@@ -587,7 +628,14 @@ fn usable_key(raw: &Value) -> Option<(String, Key)> {
         return None;
     }
     let decoding = DecodingKey::from_jwk(&jwk).ok()?;
-    Some((kid, Key { decoding, kind, alg }))
+    Some((
+        kid,
+        Key {
+            decoding,
+            kind,
+            alg,
+        },
+    ))
 }
 
 /// One base64url part of a compact JWT, decoded to a JSON object.
@@ -619,11 +667,18 @@ fn check_claims(
     resource: Option<&str>,
     claims: &Map<String, Value>,
 ) -> Result<(), Refusal> {
-    let malformed = |why: String| refuse(Reason::JwtMalformed, format!("the bearer JWT is malformed: {why}"));
+    let malformed = |why: String| {
+        refuse(
+            Reason::JwtMalformed,
+            format!("the bearer JWT is malformed: {why}"),
+        )
+    };
     let now = now_unix();
     let leeway = provider.leeway_s;
     let Some(exp) = numeric(claims, "exp").map_err(malformed)? else {
-        return Err(malformed("the payload has no `exp`; tokens without an expiry are not accepted".into()));
+        return Err(malformed(
+            "the payload has no `exp`; tokens without an expiry are not accepted".into(),
+        ));
     };
     if now > exp.saturating_add(leeway) {
         return Err(refuse(
@@ -636,7 +691,10 @@ fn check_claims(
     {
         return Err(refuse(
             Reason::JwtNotYetValid,
-            format!("the JWT is not valid for another {} s (`nbf`, leeway {leeway} s)", nbf - now),
+            format!(
+                "the JWT is not valid for another {} s (`nbf`, leeway {leeway} s)",
+                nbf - now
+            ),
         ));
     }
     if let Some(iat) = numeric(claims, "iat").map_err(malformed)?
@@ -644,7 +702,10 @@ fn check_claims(
     {
         return Err(refuse(
             Reason::JwtNotYetValid,
-            format!("the JWT says it was issued {} s in the future (`iat`, leeway {leeway} s)", iat - now),
+            format!(
+                "the JWT says it was issued {} s in the future (`iat`, leeway {leeway} s)",
+                iat - now
+            ),
         ));
     }
     let audiences: Vec<&str> = match claims.get("aud") {

@@ -67,7 +67,10 @@ pub(crate) fn check_jwks_uri(uri: &str) -> Result<(), (String, String)> {
         "https" if url.host().is_some() => Ok(()),
         "http" if loopback => Ok(()),
         "http" => Err((
-            format!("`jwks_uri` `{}` is plain http to a host that is not loopback", uri.escape_debug()),
+            format!(
+                "`jwks_uri` `{}` is plain http to a host that is not loopback",
+                uri.escape_debug()
+            ),
             help,
         )),
         _ => Err((
@@ -104,7 +107,9 @@ pub(crate) fn check_algorithms(
         if name.to_ascii_uppercase().starts_with("HS") {
             return Err((
                 Some(i),
-                format!("algorithm `{name}` is never accepted: an HMAC key is a shared secret, so it cannot prove which workload signed (and with a public key it can be forged)"),
+                format!(
+                    "algorithm `{name}` is never accepted: an HMAC key is a shared secret, so it cannot prove which workload signed (and with a public key it can be forged)"
+                ),
                 format!("use one of: {supported}"),
             ));
         }

@@ -173,7 +173,10 @@ fn answer(mut stream: TcpStream, mode: &Mutex<Jwks>, hits: &Mutex<u32>) {
             std::thread::sleep(Duration::from_secs(20));
             return;
         }
-        Jwks::Huge => format!("{{\"keys\":[],\"pad\":\"{}\"}}", "x".repeat(2 * 1024 * 1024)),
+        Jwks::Huge => format!(
+            "{{\"keys\":[],\"pad\":\"{}\"}}",
+            "x".repeat(2 * 1024 * 1024)
+        ),
         Jwks::NotJson => "<html>maintenance</html>".to_string(),
         Jwks::Serve(body) => body,
     };
@@ -269,7 +272,10 @@ fn rs256_es256_and_eddsa_tokens_are_accepted_and_audited_without_the_token() {
     let run = run(&lab.server);
     let mut tokens = Vec::new();
     for key in [rsa1(), ec1(), ed1()] {
-        let token = sign(&key, &claims(&format!("system:serviceaccount:lab:{}", key.kid)));
+        let token = sign(
+            &key,
+            &claims(&format!("system:serviceaccount:lab:{}", key.kid)),
+        );
         let (code, body) = lab
             .server
             .post("/v1/tool-calls", Some(&token), &draft_call(&run));
@@ -280,10 +286,16 @@ fn rs256_es256_and_eddsa_tokens_are_accepted_and_audited_without_the_token() {
     // The same caller without the claim the role needs proves nothing.
     let mut other = claims("system:serviceaccount:lab:other");
     other["groups"] = json!(["readers"]);
-    let (code, body) =
-        lab.server
-            .post("/v1/tool-calls", Some(&sign(&rsa1(), &other)), &draft_call(&run));
-    assert_eq!((code, reason(&body).as_str()), (401, "credential_invalid"), "{body}");
+    let (code, body) = lab.server.post(
+        "/v1/tool-calls",
+        Some(&sign(&rsa1(), &other)),
+        &draft_call(&run),
+    );
+    assert_eq!(
+        (code, reason(&body).as_str()),
+        (401, "credential_invalid"),
+        "{body}"
+    );
 
     // An admin proven by a JWT creates a run.
     let mut admin = claims("system:serviceaccount:platform:ops");
@@ -301,7 +313,11 @@ fn rs256_es256_and_eddsa_tokens_are_accepted_and_audited_without_the_token() {
         Some(&tokens[0]),
         &json!({"scope": {"case_id": "C-1002"}}),
     );
-    assert_eq!((code, reason(&body).as_str()), (401, "credential_invalid"), "{body}");
+    assert_eq!(
+        (code, reason(&body).as_str()),
+        (401, "credential_invalid"),
+        "{body}"
+    );
 
     // Every event of a JWT call names the caller: issuer, subject, kid, jti.
     let (_, events) = lab
@@ -319,8 +335,14 @@ fn rs256_es256_and_eddsa_tokens_are_accepted_and_audited_without_the_token() {
             assert_eq!(caller["kind"], "jwt", "{event}");
             assert_eq!(caller["issuer"], ISSUER);
             assert_eq!(caller["kid"], *kid);
-            assert_eq!(caller["subject"], format!("system:serviceaccount:lab:{kid}"));
-            assert_eq!(caller["jti"], format!("jti-system:serviceaccount:lab:{kid}"));
+            assert_eq!(
+                caller["subject"],
+                format!("system:serviceaccount:lab:{kid}")
+            );
+            assert_eq!(
+                caller["jti"],
+                format!("jti-system:serviceaccount:lab:{kid}")
+            );
         }
     }
     // No token, nor its signature, in the audit log, the logs or the metrics.
@@ -356,7 +378,11 @@ fn each_bad_token_is_refused_with_its_own_reason_and_audited() {
     let valid = with(&|_| {});
     let (header, payload, signature) = {
         let parts: Vec<&str> = valid.split('.').collect();
-        (parts[0].to_string(), parts[1].to_string(), parts[2].to_string())
+        (
+            parts[0].to_string(),
+            parts[1].to_string(),
+            parts[2].to_string(),
+        )
     };
     // HS256 keyed with the provider's public key: the classic algorithm confusion.
     let public_pem = {
@@ -373,10 +399,16 @@ fn each_bad_token_is_refused_with_its_own_reason_and_audited() {
     .unwrap();
     let none = format!(
         "{}.{payload}.",
-        b64(json!({"alg": "none", "kid": key.kid}).to_string().as_bytes())
+        b64(json!({"alg": "none", "kid": key.kid})
+            .to_string()
+            .as_bytes())
     );
     let mut tampered_signature = signature.clone().into_bytes();
-    tampered_signature[10] = if tampered_signature[10] == b'A' { b'B' } else { b'A' };
+    tampered_signature[10] = if tampered_signature[10] == b'A' {
+        b'B'
+    } else {
+        b'A'
+    };
     let tampered_signature = format!(
         "{header}.{payload}.{}",
         String::from_utf8(tampered_signature).unwrap()
@@ -389,38 +421,118 @@ fn each_bad_token_is_refused_with_its_own_reason_and_audited() {
     );
     let bomb = format!("{}{}", "[".repeat(3000), "]".repeat(3000));
     let cases: Vec<(&str, String, &str)> = vec![
-        ("expired", with(&|c| c["exp"] = json!(now() - 3600)), "jwt_expired"),
-        ("not yet valid", with(&|c| c["nbf"] = json!(now() + 3600)), "jwt_not_yet_valid"),
-        ("issued in the future", with(&|c| c["iat"] = json!(now() + 3600)), "jwt_not_yet_valid"),
-        ("wrong issuer", with(&|c| c["iss"] = json!("https://evil.test")), "jwt_issuer_mismatch"),
-        ("wrong audience", with(&|c| c["aud"] = json!(["other-service"])), "jwt_audience_mismatch"),
-        ("no audience", with(&|c| { c.as_object_mut().unwrap().remove("aud"); }), "jwt_audience_mismatch"),
-        ("no expiry", with(&|c| { c.as_object_mut().unwrap().remove("exp"); }), "jwt_malformed"),
-        ("unknown kid", {
-            let mut h = Header::new(Algorithm::RS256);
-            h.kid = Some("nobody".into());
-            jsonwebtoken::encode(&h, &claims("x"), &key.key).unwrap()
-        }, "jwt_unknown_kid"),
+        (
+            "expired",
+            with(&|c| c["exp"] = json!(now() - 3600)),
+            "jwt_expired",
+        ),
+        (
+            "not yet valid",
+            with(&|c| c["nbf"] = json!(now() + 3600)),
+            "jwt_not_yet_valid",
+        ),
+        (
+            "issued in the future",
+            with(&|c| c["iat"] = json!(now() + 3600)),
+            "jwt_not_yet_valid",
+        ),
+        (
+            "wrong issuer",
+            with(&|c| c["iss"] = json!("https://evil.test")),
+            "jwt_issuer_mismatch",
+        ),
+        (
+            "wrong audience",
+            with(&|c| c["aud"] = json!(["other-service"])),
+            "jwt_audience_mismatch",
+        ),
+        (
+            "no audience",
+            with(&|c| {
+                c.as_object_mut().unwrap().remove("aud");
+            }),
+            "jwt_audience_mismatch",
+        ),
+        (
+            "no expiry",
+            with(&|c| {
+                c.as_object_mut().unwrap().remove("exp");
+            }),
+            "jwt_malformed",
+        ),
+        (
+            "unknown kid",
+            {
+                let mut h = Header::new(Algorithm::RS256);
+                h.kid = Some("nobody".into());
+                jsonwebtoken::encode(&h, &claims("x"), &key.key).unwrap()
+            },
+            "jwt_unknown_kid",
+        ),
         ("alg none", none, "jwt_algorithm_refused"),
         ("HS256 with the public key", hs256, "jwt_algorithm_refused"),
-        ("RS384 not listed", {
-            let mut h = Header::new(Algorithm::RS384);
-            h.kid = Some(key.kid.into());
-            jsonwebtoken::encode(&h, &claims("x"), &key.key).unwrap()
-        }, "jwt_algorithm_refused"),
-        ("ES256 header on an RSA key", {
-            let mut h = Header::new(Algorithm::ES256);
-            h.kid = Some(key.kid.into());
-            jsonwebtoken::encode(&h, &claims("x"), &ec1().key).unwrap()
-        }, "jwt_algorithm_refused"),
-        ("tampered signature", tampered_signature, "jwt_signature_invalid"),
-        ("tampered payload", tampered_payload, "jwt_signature_invalid"),
+        (
+            "RS384 not listed",
+            {
+                let mut h = Header::new(Algorithm::RS384);
+                h.kid = Some(key.kid.into());
+                jsonwebtoken::encode(&h, &claims("x"), &key.key).unwrap()
+            },
+            "jwt_algorithm_refused",
+        ),
+        (
+            "ES256 header on an RSA key",
+            {
+                let mut h = Header::new(Algorithm::ES256);
+                h.kid = Some(key.kid.into());
+                jsonwebtoken::encode(&h, &claims("x"), &ec1().key).unwrap()
+            },
+            "jwt_algorithm_refused",
+        ),
+        (
+            "tampered signature",
+            tampered_signature,
+            "jwt_signature_invalid",
+        ),
+        (
+            "tampered payload",
+            tampered_payload,
+            "jwt_signature_invalid",
+        ),
         ("bad base64", "a$$.b%%.c^^".to_string(), "jwt_malformed"),
-        ("100 KB token", format!("{header}.{}.{signature}", "A".repeat(100 * 1024)), "jwt_malformed"),
-        ("huge header", format!("{}.{payload}.{signature}", b64(json!({"alg": "RS256", "kid": "x".repeat(7000)}).to_string().as_bytes())), "jwt_malformed"),
-        ("json bomb header", format!("{}.{payload}.{signature}", b64(bomb.as_bytes())), "jwt_malformed"),
-        ("json bomb payload", format!("{header}.{}.{signature}", b64(format!("{{\"iss\":{bomb}}}").as_bytes())), "jwt_malformed"),
-        ("header not an object", format!("{}.{payload}.{signature}", b64(b"[1]")), "jwt_malformed"),
+        (
+            "100 KB token",
+            format!("{header}.{}.{signature}", "A".repeat(100 * 1024)),
+            "jwt_malformed",
+        ),
+        (
+            "huge header",
+            format!(
+                "{}.{payload}.{signature}",
+                b64(json!({"alg": "RS256", "kid": "x".repeat(7000)})
+                    .to_string()
+                    .as_bytes())
+            ),
+            "jwt_malformed",
+        ),
+        (
+            "json bomb header",
+            format!("{}.{payload}.{signature}", b64(bomb.as_bytes())),
+            "jwt_malformed",
+        ),
+        (
+            "json bomb payload",
+            format!(
+                "{header}.{}.{signature}",
+                b64(format!("{{\"iss\":{bomb}}}").as_bytes())
+            ),
+            "jwt_malformed",
+        ),
+        (
+            "header not an object",
+            format!("{}.{payload}.{signature}", b64(b"[1]")),
+            "jwt_malformed",
+        ),
     ];
     let mut seen = std::collections::BTreeSet::new();
     for (name, token, expected) in &cases {
@@ -430,7 +542,10 @@ fn each_bad_token_is_refused_with_its_own_reason_and_audited() {
             .post("/v1/tool-calls", Some(token), &draft_call(&run));
         assert_eq!(reason(&body), *expected, "{name}: {body}");
         assert_eq!(code, 401, "{name}: {body}");
-        assert!(body["audit_event_id"].is_string(), "{name}: not audited: {body}");
+        assert!(
+            body["audit_event_id"].is_string(),
+            "{name}: not audited: {body}"
+        );
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{name} took {:?}",
@@ -440,9 +555,10 @@ fn each_bad_token_is_refused_with_its_own_reason_and_audited() {
     }
     assert_eq!(seen.len(), 8, "{seen:?}");
     // Every refused call left exactly one closing event; none names a caller.
-    let (_, events) = lab
-        .server
-        .get(&format!("/v1/audit/events?run_id={run}&limit=1000"), Some(ADMIN));
+    let (_, events) = lab.server.get(
+        &format!("/v1/audit/events?run_id={run}&limit=1000"),
+        Some(ADMIN),
+    );
     let denied: Vec<&Value> = events["events"]
         .as_array()
         .unwrap()
@@ -470,16 +586,22 @@ fn a_rotated_key_is_picked_up_without_restart() {
     let lab = lab();
     let run = run(&lab.server);
     let old = sign(&rsa1(), &claims("a"));
-    let (code, body) = lab.server.post("/v1/tool-calls", Some(&old), &draft_call(&run));
+    let (code, body) = lab
+        .server
+        .post("/v1/tool-calls", Some(&old), &draft_call(&run));
     assert_eq!(code, 200, "{body}");
     let new = sign(&rsa2(), &claims("b"));
-    let (code, body) = lab.server.post("/v1/tool-calls", Some(&new), &draft_call(&run));
+    let (code, body) = lab
+        .server
+        .post("/v1/tool-calls", Some(&new), &draft_call(&run));
     assert_eq!(reason(&body), "jwt_unknown_kid", "{code} {body}");
 
     // The issuer publishes its next key beside the current one.
     lab.jwks.set(Jwks::Serve(jwks(&[rsa1(), rsa2()])));
     let accepted = eventually(Duration::from_secs(10), || {
-        let (code, _) = lab.server.post("/v1/tool-calls", Some(&new), &draft_call(&run));
+        let (code, _) = lab
+            .server
+            .post("/v1/tool-calls", Some(&new), &draft_call(&run));
         code == 200
     });
     assert!(accepted, "the new kid was never accepted");
@@ -491,21 +613,28 @@ fn a_rotated_key_is_picked_up_without_restart() {
         let mut h = Header::new(Algorithm::RS256);
         h.kid = Some(format!("spray-{i}"));
         let spray = jsonwebtoken::encode(&h, &claims("x"), &rsa1().key).unwrap();
-        let (_, body) = lab.server.post("/v1/tool-calls", Some(&spray), &draft_call(&run));
+        let (_, body) = lab
+            .server
+            .post("/v1/tool-calls", Some(&spray), &draft_call(&run));
         assert_eq!(reason(&body), "jwt_unknown_kid", "{body}");
     }
     let fetched = lab.jwks.hits() - before;
     let allowed = started.elapsed().as_secs() as u32 + 1;
-    assert!(fetched <= allowed, "{fetched} fetches in {:?}", started.elapsed());
+    assert!(
+        fetched <= allowed,
+        "{fetched} fetches in {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
-fn a_key_set_endpoint_that_goes_down_keeps_the_cached_keys_and_without_a_cache_fails_closed()
-{
+fn a_key_set_endpoint_that_goes_down_keeps_the_cached_keys_and_without_a_cache_fails_closed() {
     let lab = lab();
     let run = run(&lab.server);
     let token = sign(&rsa1(), &claims("cached"));
-    let (code, body) = lab.server.post("/v1/tool-calls", Some(&token), &draft_call(&run));
+    let (code, body) = lab
+        .server
+        .post("/v1/tool-calls", Some(&token), &draft_call(&run));
     assert_eq!(code, 200, "{body}");
 
     lab.jwks.set(Jwks::Down);
@@ -523,7 +652,9 @@ fn a_key_set_endpoint_that_goes_down_keeps_the_cached_keys_and_without_a_cache_f
     });
     assert!(failed_fetch && lab.jwks.hits() > hits);
     // The cached keys keep serving.
-    let (code, body) = lab.server.post("/v1/tool-calls", Some(&token), &draft_call(&run));
+    let (code, body) = lab
+        .server
+        .post("/v1/tool-calls", Some(&token), &draft_call(&run));
     assert_eq!(code, 200, "{body}");
 
     // A gateway that never had the keys refuses: fail closed, retryable.
@@ -532,7 +663,11 @@ fn a_key_set_endpoint_that_goes_down_keeps_the_cached_keys_and_without_a_cache_f
     let (code, body) = cold
         .server
         .post("/v1/tool-calls", Some(&token), &draft_call(&run));
-    assert_eq!((code, reason(&body).as_str()), (503, "jwks_unavailable"), "{body}");
+    assert_eq!(
+        (code, reason(&body).as_str()),
+        (503, "jwks_unavailable"),
+        "{body}"
+    );
     assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
     assert!(body["audit_event_id"].is_string(), "{body}");
 }
@@ -543,7 +678,9 @@ fn huge_slow_and_non_json_key_sets_are_refused_in_bounded_time() {
     let huge = JwksServer::start(Jwks::Huge);
     let slow = JwksServer::start(Jwks::Slow);
     let text = JwksServer::start(Jwks::NotJson);
-    let empty = JwksServer::start(Jwks::Serve(r#"{"keys":[{"kty":"oct","k":"c2VjcmV0","kid":"rsa-1"}]}"#.into()));
+    let empty = JwksServer::start(Jwks::Serve(
+        r#"{"keys":[{"kty":"oct","k":"c2VjcmV0","kid":"rsa-1"}]}"#.into(),
+    ));
     let policy = policy_dir(
         dir.path(),
         &[
@@ -558,13 +695,22 @@ fn huge_slow_and_non_json_key_sets_are_refused_in_bounded_time() {
         ..Start::default()
     });
     let run = server.create_run(json!({"case_id": "C-1001"}));
-    for issuer in ["https://huge.test", "https://slow.test", "https://text.test", "https://hmac.test"] {
+    for issuer in [
+        "https://huge.test",
+        "https://slow.test",
+        "https://text.test",
+        "https://hmac.test",
+    ] {
         let mut c = claims("x");
         c["iss"] = json!(issuer);
         let token = sign(&rsa1(), &c);
         let started = Instant::now();
         let (code, body) = server.post("/v1/tool-calls", Some(&token), &draft_call(&run));
-        assert_eq!((code, reason(&body).as_str()), (503, "jwks_unavailable"), "{issuer}: {body}");
+        assert_eq!(
+            (code, reason(&body).as_str()),
+            (503, "jwks_unavailable"),
+            "{issuer}: {body}"
+        );
         assert!(
             started.elapsed() < Duration::from_secs(8),
             "{issuer} took {:?}",
@@ -577,7 +723,9 @@ fn huge_slow_and_non_json_key_sets_are_refused_in_bounded_time() {
 fn raw(server: &Server, request: &str) -> (u16, Vec<(String, String)>, String) {
     let address = server.base.trim_start_matches("http://");
     let mut stream = TcpStream::connect(address).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     stream.write_all(request.as_bytes()).unwrap();
     let mut text = String::new();
     let _ = stream.read_to_string(&mut text);
@@ -654,15 +802,20 @@ fn mcp_answers_401_with_resource_metadata_and_audiences_follow_the_resource_uri(
     let run = run(&lab.server);
     let mut c = claims("resource");
     c["aud"] = json!("https://gate.example/mcp");
-    let (code, body) = lab
-        .server
-        .post("/v1/tool-calls", Some(&sign(&rsa1(), &c)), &draft_call(&run));
+    let (code, body) = lab.server.post(
+        "/v1/tool-calls",
+        Some(&sign(&rsa1(), &c)),
+        &draft_call(&run),
+    );
     assert_eq!(code, 200, "{body}");
 
     // Without identity providers there is no metadata document.
     let plain = Server::start();
     let (status, body) = plain.get("/.well-known/oauth-protected-resource", None);
-    assert_eq!((status, reason(&body).as_str()), (404, "endpoint_not_found"));
+    assert_eq!(
+        (status, reason(&body).as_str()),
+        (404, "endpoint_not_found")
+    );
 }
 
 /// Runs tests/mcp/client.py (the official Python SDK's client) with `plan`.

@@ -246,7 +246,11 @@ pub(super) fn check_credential(
 }
 
 /// `run_tokens: {max_ttl_s}`: 1 s to 30 days; the default when absent.
-fn check_run_tokens(report: &mut Report<'_>, file: &str, raw: Option<&Spanned<RawRunTokens>>) -> u64 {
+fn check_run_tokens(
+    report: &mut Report<'_>,
+    file: &str,
+    raw: Option<&Spanned<RawRunTokens>>,
+) -> u64 {
     let Some(raw) = raw else {
         return DEFAULT_RUN_TOKEN_MAX_TTL_S;
     };
@@ -345,12 +349,21 @@ fn check_providers(
                 Ok(algorithms) => Some(algorithms),
                 Err((at, message, help)) => {
                     let at = at.map_or(list.referenced, |i| list.value[i].referenced);
-                    report.at(file, at, list.referenced, format!("{owner}: {message}"), help);
+                    report.at(
+                        file,
+                        at,
+                        list.referenced,
+                        format!("{owner}: {message}"),
+                        help,
+                    );
                     None
                 }
             },
         };
-        let mut bounded = |name: &str, value: &Option<Spanned<u64>>, (low, default, high): (u64, u64, u64)| -> u64 {
+        let mut bounded = |name: &str,
+                           value: &Option<Spanned<u64>>,
+                           (low, default, high): (u64, u64, u64)|
+         -> u64 {
             let Some(value) = value else { return default };
             if !(low..=high).contains(&value.value) {
                 report.spanned(
@@ -408,7 +421,12 @@ fn check_jwt_credential(
                 "{owner}: unknown identity provider `{}`",
                 provider.value.escape_debug()
             ),
-            unknown_help("identity provider", &provider.value, providers, "`identity_providers`"),
+            unknown_help(
+                "identity provider",
+                &provider.value,
+                providers,
+                "`identity_providers`",
+            ),
         );
         ok = false;
     }
@@ -416,7 +434,10 @@ fn check_jwt_credential(
         report.spanned(
             file,
             claim,
-            format!("{owner}: `claim` `{}` is not a claim name", claim.value.escape_debug()),
+            format!(
+                "{owner}: `claim` `{}` is not a claim name",
+                claim.value.escape_debug()
+            ),
             "a top-level claim of the token: 1-128 characters of letters, digits and `_:.-/`",
         );
         ok = false;
