@@ -94,15 +94,19 @@ pub(super) fn check_roles(
     (roles, admins, identity)
 }
 
+/// What credentials are checked against: the environment (`token_env`) and the
+/// declared identity providers (`jwt`).
+type CredentialContext<'a> = (
+    &'a dyn Fn(&str) -> Option<String>,
+    &'a BTreeMap<String, IdentityProvider>,
+);
+
 pub(super) fn check_credential(
     report: &mut Report<'_>,
     file: &str,
     owner: &str,
     credential: &Spanned<RawCredential>,
-    (env, providers): (
-        &dyn Fn(&str) -> Option<String>,
-        &BTreeMap<String, IdentityProvider>,
-    ),
+    (env, providers): CredentialContext<'_>,
     holders: &mut BTreeMap<String, String>,
 ) -> Option<Credential> {
     const HELP: &str = "bind the credential as `{token_sha256: <64 lowercase hex>}`, `{token_env: VAR_NAME}` or `{jwt: {provider, claim, value}}`";
