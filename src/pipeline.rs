@@ -413,7 +413,14 @@ impl Gateway {
             && !lock.engaged
         {
             let verdict = Verdict::of(decided.as_ref().err());
-            self.shadow_submit(&call.call_id, token, copy, verdict, &loaded.policy.versions);
+            self.shadow_submit(
+                &call.call_id,
+                token,
+                jwt.as_ref(),
+                copy,
+                verdict,
+                &loaded.policy.versions,
+            );
         }
 
         let allowed = match decided {

@@ -44,6 +44,9 @@ struct Job {
     call_id: String,
     /// The caller's bearer token, held only until the candidate has verified it.
     token: Option<String>,
+    /// The caller's JWT as the active gateway verified it (who it proves, or why not):
+    /// the candidate decides on the same identity.
+    jwt: Option<Result<Arc<crate::identity::JwtIdentity>, crate::diagnostic::Refusal>>,
     request: CallRequest,
     /// The live run record at the time of the call, if the run exists.
     run: Option<RunRecord>,
@@ -208,12 +211,11 @@ impl Worker {
             run.policy_versions = self.candidate.policy.versions.clone();
             run
         });
-        let explanation = explain_as(
-            &self.candidate,
-            Caller::Token(job.token.as_deref()),
-            job.request.clone(),
-            run,
-        );
+        let caller = match &job.jwt {
+            Some(jwt) => Caller::Jwt(jwt),
+            None => Caller::Token(job.token.as_deref()),
+        };
+        let explanation = explain_as(&self.candidate, caller, job.request.clone(), run);
         self.decided.fetch_add(1, Ordering::Relaxed);
         let shadow = explanation.verdict();
         if !job.active.diverges(&shadow) {
@@ -259,6 +261,7 @@ impl Gateway {
         &self,
         call_id: &str,
         token: Option<&str>,
+        jwt: Option<&Result<Arc<crate::identity::JwtIdentity>, crate::diagnostic::Refusal>>,
         request: CallRequest,
         active: Verdict,
         active_versions: &PolicyVersions,
@@ -269,6 +272,7 @@ impl Gateway {
         let job = Job {
             call_id: call_id.to_string(),
             token: token.map(str::to_string),
+            jwt: jwt.cloned(),
             run: self.runs.get(&request.run_id),
             request,
             active,
