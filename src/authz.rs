@@ -26,8 +26,9 @@ fn credential_matches(credential: &Credential, token: &str) -> bool {
     let expected = match credential {
         Credential::TokenSha256(hex) => Some(hex.as_str()),
         Credential::TokenEnv { sha256, .. } => sha256.as_deref(),
-        // A run-tokens-only role's static token proves nothing (see verify_identity).
-        Credential::RunTokensOnly { .. } => None,
+        // A run-tokens-only role's static token proves nothing (see verify_identity);
+        // a JWT credential is proven by a verified JWT only (verify_jwt).
+        Credential::RunTokensOnly { .. } | Credential::Jwt(_) => None,
     };
     let Some(expected) = expected else {
         return false;
@@ -76,6 +77,46 @@ pub fn verify_identity<'p>(
         ));
     }
     find_role(policy, role_id)
+}
+
+/// Step 2 for a call authenticated by a JWT: the token was verified (signature, issuer,
+/// audience, times) before the decision; this check is pure. The role's credential
+/// must be a `jwt` credential the identity proves. A wrong role gets the same answer
+/// whether it exists or not.
+pub fn verify_jwt<'p>(
+    policy: &'p Policy,
+    role_id: &str,
+    identity: &crate::identity::JwtIdentity,
+) -> Result<&'p Role, Refusal> {
+    let proven = policy
+        .roles
+        .get(role_id)
+        .is_some_and(|role| matches!(&role.credential, Credential::Jwt(c) if identity.proves(c)));
+    if !proven {
+        return Err(Refusal::new(
+            Reason::CredentialInvalid,
+            "the JWT does not prove the role named in the request",
+        ));
+    }
+    find_role(policy, role_id)
+}
+
+/// Admin endpoints for a caller authenticated by a verified JWT: the first admin whose
+/// `jwt` credential the identity proves.
+pub fn verify_admin_jwt<'p>(
+    policy: &'p Policy,
+    identity: &crate::identity::JwtIdentity,
+) -> Result<&'p Admin, Refusal> {
+    policy
+        .admins
+        .iter()
+        .find(|admin| matches!(&admin.credential, Credential::Jwt(c) if identity.proves(c)))
+        .ok_or_else(|| {
+            Refusal::new(
+                Reason::CredentialInvalid,
+                "the JWT is not an admin credential",
+            )
+        })
 }
 
 /// Step 2 for a call authenticated by a run token: the token's role is the role, and a

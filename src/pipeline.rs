@@ -110,6 +110,8 @@ pub enum Caller<'a> {
     Offline,
     /// A run token, resolved before the decision: its binding, or why it is dead.
     Run(&'a Result<crate::identity::RunBinding, Refusal>),
+    /// A bearer JWT, verified before the decision: who it proves, or why it does not.
+    Jwt(&'a Result<Arc<crate::identity::JwtIdentity>, Refusal>),
 }
 
 /// Steps 1-8: the decision. Reads only what it is given (the policy snapshot, the run
@@ -140,6 +142,8 @@ fn decide<'p>(
         Caller::Offline => authz::find_role(policy, &request.role_id)?,
         Caller::Run(Ok(binding)) => authz::verify_run_token(policy, binding, &request.role_id)?,
         Caller::Run(Err(dead)) => return Err(dead.clone()),
+        Caller::Jwt(Ok(identity)) => authz::verify_jwt(policy, &request.role_id, identity)?,
+        Caller::Jwt(Err(refused)) => return Err(refused.clone()),
     };
     call.trace.role = Some(role.role_id.clone());
     call.trace.passed_step = 2;
@@ -372,9 +376,19 @@ impl Gateway {
         if let Some(Ok(binding)) = &bound {
             call.caller = Some(crate::identity::caller_json(binding));
         }
-        let caller = match &bound {
-            Some(bound) => Caller::Run(bound),
-            None => Caller::Token(token),
+        // A bearer JWT is verified here (key-set cache, clock); who it proves is
+        // decided in step 2.
+        let jwt = match &bound {
+            Some(_) => None,
+            None => self.authenticate(&loaded.policy, token).await,
+        };
+        if let Some(Ok(identity)) = &jwt {
+            call.caller = Some(identity.caller_json());
+        }
+        let caller = match (&bound, &jwt) {
+            (Some(bound), _) => Caller::Run(bound),
+            (None, Some(jwt)) => Caller::Jwt(jwt),
+            (None, None) => Caller::Token(token),
         };
         let decided = trace::step_span("authorize", 8)
             .in_scope(|| decide(&loaded, caller, request, &runs, &lock, &mut call));
@@ -382,7 +396,14 @@ impl Gateway {
             && !lock.engaged
         {
             let verdict = Verdict::of(decided.as_ref().err());
-            self.shadow_submit(&call.call_id, token, copy, verdict, &loaded.policy.versions);
+            self.shadow_submit(
+                &call.call_id,
+                token,
+                jwt.as_ref(),
+                copy,
+                verdict,
+                &loaded.policy.versions,
+            );
         }
 
         let allowed = match decided {

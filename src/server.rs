@@ -243,8 +243,20 @@ async fn route(
     let path = req.uri().path().to_string();
     let query = query_params(req.uri().query());
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if let Some(metadata) = protected_resource_metadata(&gateway, &req) {
+        return Ok(metadata);
+    }
     if path == crate::mcp::front::ENDPOINT {
         return Ok(mcp(gateway, &options, req).await);
+    }
+    // A bearer JWT is verified once, before any endpoint reads it (the pipeline
+    // verifies and audits its own).
+    if path != "/v1/tool-calls"
+        && let Some(Err(refusal)) = gateway
+            .authenticate(&gateway.current().policy, token.as_deref())
+            .await
+    {
+        return Ok(refusal_response(&refusal));
     }
 
     let body = match read_body(req, &options).await {
@@ -484,6 +496,9 @@ async fn mcp(
             .insert(hyper::header::ALLOW, HeaderValue::from_static("POST"));
         return response;
     }
+    if let Some(unauthorized) = mcp_unauthorized(&gateway, &req).await {
+        return unauthorized;
+    }
     let (parts, body) = req.into_parts();
     let body = match read_body(Request::from_parts(parts.clone(), body), options).await {
         Ok(body) => body,
@@ -531,6 +546,118 @@ async fn mcp(
         return response;
     }
     Response::from_parts(head, Full::new(bytes))
+}
+
+/// The OAuth protected-resource metadata path (RFC 9728), and its form for the MCP
+/// endpoint (the well-known segment inserted before `/mcp`).
+const RESOURCE_METADATA: &str = "/.well-known/oauth-protected-resource";
+
+/// The base URL of this server: `serve --public-url`, else `http://` and the request's
+/// `Host` (well-formed, or `localhost`).
+fn public_base(gateway: &Gateway, req: &Request<Incoming>) -> String {
+    if let Some(url) = gateway.public_url() {
+        return url.to_string();
+    }
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .filter(|h| {
+            !h.is_empty()
+                && h.len() <= 255
+                && h.bytes().all(|b| {
+                    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']')
+                })
+        })
+        .unwrap_or("localhost");
+    format!("http://{host}")
+}
+
+/// `GET /.well-known/oauth-protected-resource[/mcp]` (RFC 9728), served when the
+/// policy has identity providers: the MCP resource URI and the providers' issuers as
+/// its authorization servers. None for any other request.
+fn protected_resource_metadata(gateway: &Gateway, req: &Request<Incoming>) -> Option<HttpResponse> {
+    let path = req.uri().path();
+    let suffixed = format!("{RESOURCE_METADATA}{}", crate::mcp::front::ENDPOINT);
+    if path != RESOURCE_METADATA && path != suffixed {
+        return None;
+    }
+    let loaded = gateway.current();
+    let providers = &loaded.policy.identity.providers;
+    if providers.is_empty() {
+        return Some(refusal_response(&Refusal::new(
+            Reason::EndpointNotFound,
+            "no identity providers are configured, so no protected-resource metadata is published",
+        )));
+    }
+    if req.method() != Method::GET {
+        let refusal = Refusal::new(
+            Reason::MethodNotAllowed,
+            format!(
+                "`{} {path}` is not served; this endpoint serves GET",
+                req.method()
+            ),
+        )
+        .with_details(json!({ "allow": ["GET"] }));
+        let mut response = refusal_response(&refusal);
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET"));
+        return Some(response);
+    }
+    let mut issuers: Vec<&str> = providers.values().map(|p| p.issuer.as_str()).collect();
+    issuers.sort();
+    issuers.dedup();
+    let resource = format!(
+        "{}{}",
+        public_base(gateway, req),
+        crate::mcp::front::ENDPOINT
+    );
+    Some(json_response(
+        StatusCode::OK,
+        &json!({
+            "resource": resource,
+            "authorization_servers": issuers,
+            "bearer_methods_supported": ["header"],
+            "resource_name": "toolgate",
+        }),
+    ))
+}
+
+/// `/mcp` when the policy has identity providers (MCP authorization): a request
+/// without a credential, or with a JWT that does not verify, is answered 401 with
+/// `WWW-Authenticate: Bearer resource_metadata="..."` (the refusal as the body).
+async fn mcp_unauthorized(gateway: &Gateway, req: &Request<Incoming>) -> Option<HttpResponse> {
+    let loaded = gateway.current();
+    if loaded.policy.identity.providers.is_empty() {
+        return None;
+    }
+    let token = bearer_token(req);
+    let refusal = match token.as_deref() {
+        None => Refusal::new(
+            Reason::CredentialMissing,
+            "no bearer token in the Authorization header",
+        ),
+        Some(t) => gateway.authenticate(&loaded.policy, Some(t)).await?.err()?,
+    };
+    let metadata = format!(
+        "{}{RESOURCE_METADATA}{}",
+        public_base(gateway, req),
+        crate::mcp::front::ENDPOINT
+    );
+    let challenge = match refusal.reason {
+        Reason::CredentialMissing => format!("Bearer resource_metadata=\"{metadata}\""),
+        _ => format!("Bearer error=\"invalid_token\", resource_metadata=\"{metadata}\""),
+    };
+    let mut response = refusal_response(&refusal);
+    if response.status() == StatusCode::UNAUTHORIZED
+        && let Ok(value) = HeaderValue::from_str(&challenge)
+    {
+        response
+            .headers_mut()
+            .insert(hyper::header::WWW_AUTHENTICATE, value);
+    }
+    Some(response)
 }
 
 /// Reads the whole body, refusing one over the size limit or slower than the timeout.
@@ -631,7 +758,16 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::CredentialMissing
         | Reason::CredentialInvalid
         | Reason::CredentialExpired
+        | Reason::JwtMalformed
+        | Reason::JwtExpired
+        | Reason::JwtNotYetValid
+        | Reason::JwtIssuerMismatch
+        | Reason::JwtAudienceMismatch
+        | Reason::JwtUnknownKid
+        | Reason::JwtAlgorithmRefused
+        | Reason::JwtSignatureInvalid
         | Reason::RoleUnknown => StatusCode::UNAUTHORIZED,
+        Reason::JwksUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         Reason::IdempotencyConflict => StatusCode::CONFLICT,
         Reason::ConcurrencyLimitReached => StatusCode::TOO_MANY_REQUESTS,
         Reason::DependencyDown => StatusCode::BAD_GATEWAY,

@@ -139,12 +139,11 @@ impl Worker {
             run.policy_versions = self.candidate.policy.versions.clone();
             run
         });
-        let explanation = explain_as(
-            &self.candidate,
-            Caller::Token(job.token.as_deref()),
-            job.request.clone(),
-            run,
-        );
+        let caller = match &job.jwt {
+            Some(jwt) => Caller::Jwt(jwt),
+            None => Caller::Token(job.token.as_deref()),
+        };
+        let explanation = explain_as(&self.candidate, caller, job.request.clone(), run);
         self.counters.decided.fetch_add(1, Ordering::Relaxed);
         let shadow = explanation.verdict();
         if !job.active.diverges(&shadow) {

@@ -106,6 +106,22 @@ pub struct ServeArgs {
     /// ... or this many milliseconds after the last, if events arrived since.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..))]
     pub checkpoint_interval_ms: u64,
+    /// The base URL clients reach this server at, e.g. `https://toolgate.example`: the
+    /// MCP resource URI (`<url>/mcp`) published in the OAuth protected-resource
+    /// metadata and accepted as a JWT audience (RFC 8707).
+    #[arg(long, value_parser = parse_public_url)]
+    pub public_url: Option<String>,
+}
+
+fn parse_public_url(text: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(text).map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("use an http or https URL with a host".into());
+    }
+    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
+        return Err("use a base URL without query, fragment or user".into());
+    }
+    Ok(text.trim_end_matches('/').to_string())
 }
 
 fn parse_sink(text: &str) -> Result<CheckpointSink, String> {
@@ -257,7 +273,9 @@ async fn run(args: &ServeArgs) -> Exit {
     );
     tokio::spawn(capacity.clone().run());
     let gateway = match Gateway::start(loaded, audit.clone(), env, source).await {
-        Ok(g) => g.with_capacity(capacity),
+        Ok(g) => g
+            .with_capacity(capacity)
+            .with_public_url(args.public_url.clone()),
         Err(e) => {
             eprintln!("error: cannot start the gateway: {e}");
             return Exit::Failure;

@@ -28,6 +28,7 @@ use crate::policy::{Policy, Problem, RunStatus, Tool};
 use crate::requests::{CreateRun, ListRuns, Repin, SetRunStatus, SetSafetyLock, malformed};
 use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
 
+mod jwt;
 mod run_tokens;
 pub mod shadow;
 
@@ -154,6 +155,11 @@ pub struct Gateway {
     shadow: Option<shadow::Shadow>,
     /// The audit log's disk headroom; new calls are refused when it runs out.
     capacity: Option<Arc<AuditCapacity>>,
+    /// Verifies bearer JWTs against the identity providers' keys (see `identity::jwt`).
+    pub jwt: crate::identity::JwtVerifier,
+    /// The server's public base URL (`serve --public-url`): the MCP resource URI is
+    /// this plus `/mcp`, accepted as a JWT audience (RFC 8707).
+    public_url: Option<String>,
 }
 
 impl Gateway {
@@ -186,6 +192,8 @@ impl Gateway {
             metrics,
             shadow: None,
             capacity: None,
+            jwt: crate::identity::JwtVerifier::new(),
+            public_url: None,
         })
     }
 
@@ -257,7 +265,8 @@ impl Gateway {
 
     /// `POST /v1/policy/reload` (admin).
     pub async fn reload_as_admin(&self, token: Option<&str>) -> Result<Value, Refusal> {
-        let admin = authz::verify_admin(&self.current().policy, token)?
+        let admin = self
+            .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let versions = self.reload(&format!("admin:{admin}")).await?;
@@ -280,7 +289,8 @@ impl Gateway {
         token: Option<&str>,
         request: Result<SetSafetyLock, Refusal>,
     ) -> Result<SafetyLock, Refusal> {
-        let admin = authz::verify_admin(&self.current().policy, token)?
+        let admin = self
+            .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let SetSafetyLock { engaged, reason } = request?;
@@ -329,7 +339,7 @@ impl Gateway {
         request: CreateRun,
     ) -> Result<RunRecord, Refusal> {
         let loaded = self.current();
-        let admin = authz::verify_admin(&loaded.policy, token)?.admin_id.clone();
+        let admin = self.admin_of(&loaded.policy, token)?.admin_id.clone();
         let run_id = request
             .run_id
             .unwrap_or_else(|| format!("run-{}", uuid::Uuid::new_v4()));
@@ -369,7 +379,8 @@ impl Gateway {
         run_id: &str,
         request: Result<SetRunStatus, Refusal>,
     ) -> Result<RunRecord, Refusal> {
-        let admin = authz::verify_admin(&self.current().policy, token)?
+        let admin = self
+            .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let status = request?.status;
@@ -396,7 +407,7 @@ impl Gateway {
                 authz::check_token_lane(&binding, lane_id)?;
                 role
             }
-            None => authz::verify_identity(policy, role_id, token)?,
+            None => self.role_of(policy, role_id, token)?,
         };
         let lane = policy.lanes.get(lane_id).ok_or_else(|| {
             Refusal::new(
@@ -429,13 +440,13 @@ impl Gateway {
     pub fn verify_any(&self, token: Option<&str>) -> Result<(), Refusal> {
         let loaded = self.current();
         let policy = &loaded.policy;
-        if authz::verify_admin(policy, token).is_ok() {
+        if self.admin_of(policy, token).is_ok() {
             return Ok(());
         }
         let any_role = policy
             .roles
             .keys()
-            .any(|role_id| authz::verify_identity(policy, role_id, token).is_ok());
+            .any(|role_id| self.role_of(policy, role_id, token).is_ok());
         if any_role {
             Ok(())
         } else if token.is_none() {
@@ -508,7 +519,7 @@ impl Gateway {
                 "no artifact with this sha256 belongs to the named run for this role",
             )
         };
-        let role = match authz::verify_admin(policy, token) {
+        let role = match self.admin_of(policy, token) {
             Ok(admin) => {
                 event
                     .details
@@ -523,7 +534,7 @@ impl Gateway {
                         "name the run and the role the artifact is read for: ?run_id=...&role_id=...",
                     ));
                 };
-                let role = authz::verify_identity(policy, role_id, token)?;
+                let role = self.role_of(policy, role_id, token)?;
                 event.role_id = Some(role.role_id.clone());
                 event
                     .details
@@ -567,7 +578,7 @@ impl Gateway {
         token: Option<&str>,
         query: Result<ListRuns, Refusal>,
     ) -> Result<Value, Refusal> {
-        authz::verify_admin(&self.current().policy, token)?;
+        self.admin_of(&self.current().policy, token)?;
         let ListRuns {
             status,
             limit,
@@ -587,7 +598,7 @@ impl Gateway {
         request: Result<Repin, Refusal>,
     ) -> Result<Value, Refusal> {
         let loaded = self.current();
-        let admin = authz::verify_admin(&loaded.policy, token)?.admin_id.clone();
+        let admin = self.admin_of(&loaded.policy, token)?.admin_id.clone();
         let Repin {} = request?;
         let Some(run) = self.runs.get(run_id) else {
             return Err(Refusal::new(
@@ -654,7 +665,7 @@ impl Gateway {
         token: Option<&str>,
         filter: EventFilter,
     ) -> Result<Vec<Value>, Refusal> {
-        authz::verify_admin(&self.current().policy, token)?;
+        self.admin_of(&self.current().policy, token)?;
         let events = self.audit.events(filter).await.map_err(audit_refusal)?;
         Ok(events.into_iter().map(|e| e.value).collect())
     }

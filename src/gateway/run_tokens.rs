@@ -56,7 +56,8 @@ impl Gateway {
         request: Result<CreateRun, Refusal>,
     ) -> Result<RunCreated, Refusal> {
         // Authenticate before reading anything that names roles.
-        let admin = crate::authz::verify_admin(&self.current().policy, token)?
+        let admin = self
+            .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         let mut request = request?;
@@ -85,7 +86,8 @@ impl Gateway {
         run_id: &str,
         token_id: &str,
     ) -> Result<Value, Refusal> {
-        let admin = crate::authz::verify_admin(&self.current().policy, token)?
+        let admin = self
+            .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
         self.run_tokens

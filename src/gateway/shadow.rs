@@ -22,6 +22,9 @@ pub struct Job {
     pub call_id: String,
     /// The caller's bearer token, held only until the candidate has verified it.
     pub token: Option<String>,
+    /// The caller's JWT as the active gateway verified it (who it proves, or why not):
+    /// the candidate decides on the same identity.
+    pub jwt: Option<Result<Arc<crate::identity::JwtIdentity>, crate::diagnostic::Refusal>>,
     pub request: CallRequest,
     /// The live run record at the time of the call, if the run exists.
     pub run: Option<RunRecord>,
@@ -129,6 +132,7 @@ impl Gateway {
         &self,
         call_id: &str,
         token: Option<&str>,
+        jwt: Option<&Result<Arc<crate::identity::JwtIdentity>, crate::diagnostic::Refusal>>,
         request: CallRequest,
         active: Verdict,
         active_versions: &PolicyVersions,
@@ -139,6 +143,7 @@ impl Gateway {
         shadow.submit(Job {
             call_id: call_id.to_string(),
             token: token.map(str::to_string),
+            jwt: jwt.cloned(),
             run: self.runs.get(&request.run_id),
             request,
             active,

@@ -1,14 +1,17 @@
-//! Identities beyond static role tokens: run tokens bound to one run, role and lanes.
+//! Identities beyond static role tokens: run tokens bound to one run, role and lanes,
+//! and OIDC/JWT workload identities (`jwt`).
 //!
 //! A run token is minted when an admin creates a run (`issue_tokens`), returned once,
 //! and kept only as its sha256 (in memory and in the `run_token_issued` audit event the
 //! table is rebuilt from at start). A call with a run token is bound to the token's run,
 //! role and lanes (pipeline steps 2-4).
 
+pub mod jwt;
 pub mod run_tokens;
 
 use serde_json::{Value, json};
 
+pub use jwt::{JwtIdentity, JwtVerifier};
 pub use run_tokens::{RunBinding, RunTokenStore};
 
 use crate::call::CallBody;

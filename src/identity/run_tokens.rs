@@ -22,10 +22,11 @@ use crate::policy::Policy;
 /// Every run token starts with this, so a call's credential is told apart without a
 /// table lookup per role.
 pub const PREFIX: &str = "tgr_";
-/// The lifetime of a token issued without `ttl_s`.
+/// The lifetime of a token issued without `ttl_s` (or the policy's cap, when lower).
 pub const DEFAULT_TTL_S: u64 = 3_600;
-/// The longest lifetime a token may be issued with.
-pub const MAX_TTL_S: u64 = 86_400;
+/// The longest lifetime a token may be issued with when roles.yaml does not set
+/// `run_tokens.max_ttl_s`.
+pub const MAX_TTL_S: u64 = crate::policy::DEFAULT_RUN_TOKEN_MAX_TTL_S;
 /// The most tokens one `POST /v1/runs` may issue.
 pub const MAX_TOKENS_PER_REQUEST: usize = 32;
 /// The most live tokens kept; issuing more is refused (bounded memory).
@@ -106,7 +107,7 @@ fn malformed(problem: String) -> Refusal {
 
 /// Reads `issue_tokens` of a `POST /v1/runs` body: a list of `{role_id, lanes?,
 /// ttl_s?}`, each naming an enabled role, lanes it may act in, and a lifetime of 1 to
-/// [`MAX_TTL_S`] seconds.
+/// the policy's `run_tokens.max_ttl_s` seconds.
 pub fn parse_requests(policy: &Policy, value: &Value) -> Result<Vec<TokenRequest>, Refusal> {
     let items = match value {
         Value::Null => return Ok(Vec::new()),
@@ -170,13 +171,14 @@ pub fn parse_requests(policy: &Policy, value: &Value) -> Result<Vec<TokenRequest
         };
         lanes.sort();
         lanes.dedup();
+        let max_ttl_s = policy.identity.run_token_max_ttl_s;
         let ttl_s = match obj.get("ttl_s") {
-            None | Some(Value::Null) => DEFAULT_TTL_S,
+            None | Some(Value::Null) => DEFAULT_TTL_S.min(max_ttl_s),
             Some(v) => match v.as_u64() {
-                Some(n) if (1..=MAX_TTL_S).contains(&n) => n,
+                Some(n) if (1..=max_ttl_s).contains(&n) => n,
                 _ => {
                     return Err(malformed(format!(
-                        "`issue_tokens[{i}].ttl_s` must be an integer from 1 to {MAX_TTL_S}"
+                        "`issue_tokens[{i}].ttl_s` must be an integer from 1 to {max_ttl_s} (roles.yaml `run_tokens.max_ttl_s`)"
                     )));
                 }
             },

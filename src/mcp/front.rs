@@ -124,10 +124,19 @@ impl Front {
 
     /// Checks the headers and the caller's right to the role and lane; returns the
     /// catalog of tools the role may use in the lane.
-    fn admit(&self, context: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
+    async fn admit(&self, context: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
         let headers = headers(context)?;
         let caller = Caller::read_for(&self.gateway, headers);
         if let Some(refusal) = caller.malformed() {
+            return Err(refused(&refusal));
+        }
+        // A bearer JWT is verified first (the catalog's identity check is synchronous).
+        let loaded = self.gateway.current();
+        if let Some(Err(refusal)) = self
+            .gateway
+            .authenticate(&loaded.policy, caller.token.as_deref())
+            .await
+        {
             return Err(refused(&refusal));
         }
         let role_id = caller.role_id.as_deref().unwrap_or_default();
@@ -161,7 +170,7 @@ impl ServerHandler for Front {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
-        self.admit(&context)?;
+        self.admit(&context).await?;
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
     }
@@ -170,7 +179,7 @@ impl ServerHandler for Front {
         &self,
         context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, ErrorData> {
-        self.admit(&context)?;
+        self.admit(&context).await?;
         Ok(DiscoverResult::from_server_info(
             SUPPORTED_VERSIONS.to_vec(),
             self.get_info(),
@@ -178,7 +187,7 @@ impl ServerHandler for Front {
     }
 
     async fn ping(&self, context: RequestContext<RoleServer>) -> Result<(), ErrorData> {
-        self.admit(&context).map(|_| ())
+        self.admit(&context).await.map(|_| ())
     }
 
     async fn list_tools(
@@ -186,7 +195,7 @@ impl ServerHandler for Front {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let catalog = self.admit(&context)?;
+        let catalog = self.admit(&context).await?;
         let tools = catalog["tools"]
             .as_array()
             .map(|tools| tools.iter().map(mcp_tool).collect())

@@ -131,6 +131,7 @@ pub fn load_with_env(
         lanes: parse(&lanes_path, policy_dir, &mut problems),
         registry: parse(tools_file, &tools_dir, &mut problems),
         tools_dir: &tools_dir,
+        policy_dir,
         env,
     };
     let policy = validate::build(input, &mut problems);

@@ -27,6 +27,80 @@ pub struct Policy {
     pub versions: PolicyVersions,
     /// Where the policy came from (directory and, when inside a git work tree, the commit).
     pub source: PolicySource,
+    /// Identity providers and run-token settings (roles.yaml).
+    pub identity: IdentitySettings,
+}
+
+/// The identity settings of roles.yaml: `identity_providers` and `run_tokens`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentitySettings {
+    /// By provider id.
+    pub providers: BTreeMap<String, IdentityProvider>,
+    /// The longest `ttl_s` a run token may be issued with (`run_tokens.max_ttl_s`).
+    pub run_token_max_ttl_s: u64,
+}
+
+impl Default for IdentitySettings {
+    fn default() -> Self {
+        IdentitySettings {
+            providers: BTreeMap::new(),
+            run_token_max_ttl_s: DEFAULT_RUN_TOKEN_MAX_TTL_S,
+        }
+    }
+}
+
+/// `run_tokens.max_ttl_s` when roles.yaml does not set it.
+pub const DEFAULT_RUN_TOKEN_MAX_TTL_S: u64 = 86_400;
+
+/// An OIDC issuer whose JWTs may prove a role or an admin (`identity_providers`).
+///
+/// INVARIANT: `issuer` is unique among the policy's providers; `algorithms` is a
+/// non-empty subset of [`JWT_ALGORITHMS`]; `leeway_s`, `jwks_refresh_s` and
+/// `jwks_cooldown_s` are within the bounds the loader documents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentityProvider {
+    pub id: String,
+    /// The exact `iss` of its tokens.
+    pub issuer: String,
+    /// A value the token's `aud` must contain (or the server's MCP resource URI).
+    pub audience: String,
+    pub jwks: JwksSource,
+    /// The `alg` values accepted, sorted.
+    pub algorithms: Vec<String>,
+    /// Clock skew allowed on `exp`, `nbf` and `iat`.
+    pub leeway_s: u64,
+    /// How old the cached key set may get before it is fetched again.
+    pub jwks_refresh_s: u64,
+    /// The least time between two fetches (the rate limit on refetching for an unknown
+    /// `kid`, and the back-off after a failed fetch).
+    pub jwks_cooldown_s: u64,
+}
+
+/// The asymmetric JWS algorithms toolgate verifies. `none` and the HMAC algorithms are
+/// never accepted: a shared secret cannot prove which workload signed.
+pub const JWT_ALGORITHMS: [&str; 9] = [
+    "EdDSA", "ES256", "ES384", "PS256", "PS384", "PS512", "RS256", "RS384", "RS512",
+];
+
+/// Where a provider's signing keys (a JWK Set) are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwksSource {
+    /// Fetched over HTTPS (plain HTTP only to a loopback address).
+    Uri(String),
+    /// Read from a file (resolved against the policy directory), e.g. a Kubernetes
+    /// cluster's `/openid/v1/jwks` saved by the platform team.
+    File(std::path::PathBuf),
+}
+
+/// `credential: {jwt: ...}`: a JWT from `provider` proves the role or admin when its
+/// `claim` is `value` (or an array containing it) and, with `subject`, its `sub` is
+/// that subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtCredential {
+    pub provider: String,
+    pub claim: String,
+    pub value: String,
+    pub subject: Option<String>,
 }
 
 /// The `version:` an author wrote and the sha256 of the file bytes, for each registry.
@@ -67,6 +141,9 @@ pub enum Credential {
     /// run (see `identity::run_tokens`). A static token the entry also binds (its sha256
     /// here) is recognized only to answer `run_token_required`.
     RunTokensOnly { sha256: Option<String> },
+    /// `{jwt: {provider, claim, value, subject?}}`: a verified JWT proves it (see
+    /// `identity::jwt`); no static token does.
+    Jwt(JwtCredential),
 }
 
 #[derive(Debug, Clone)]

@@ -23,8 +23,45 @@ use super::model::RunStatus;
 #[serde(deny_unknown_fields)]
 pub(crate) struct RolesFile {
     pub version: Spanned<String>,
+    /// OIDC issuers whose JWTs may prove a role or admin (see policy/identity.rs).
+    #[serde(default)]
+    pub identity_providers: Vec<Spanned<RawIdentityProvider>>,
+    /// Settings of the run tokens issued with `POST /v1/runs`.
+    pub run_tokens: Option<Spanned<RawRunTokens>>,
     pub roles: Vec<Spanned<RawRole>>,
     pub admins: Vec<Spanned<RawAdmin>>,
+}
+
+/// One OIDC issuer: exactly one of `jwks_uri` and `jwks_file` (checked in validation).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawIdentityProvider {
+    pub id: Spanned<String>,
+    pub issuer: Spanned<String>,
+    pub audience: Spanned<String>,
+    pub jwks_uri: Option<Spanned<String>>,
+    pub jwks_file: Option<Spanned<String>>,
+    pub algorithms: Option<Spanned<Vec<Spanned<String>>>>,
+    pub leeway_s: Option<Spanned<u64>>,
+    pub jwks_refresh_s: Option<Spanned<u64>>,
+    pub jwks_cooldown_s: Option<Spanned<u64>>,
+}
+
+/// `run_tokens: {max_ttl_s}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRunTokens {
+    pub max_ttl_s: Spanned<u64>,
+}
+
+/// `credential: {jwt: {provider, claim, value, subject?}}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawJwtCredential {
+    pub provider: Spanned<String>,
+    pub claim: Spanned<String>,
+    pub value: Spanned<String>,
+    pub subject: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -45,12 +82,15 @@ pub(crate) struct RawAdmin {
     pub credential: Spanned<RawCredential>,
 }
 
-/// Exactly one of the two fields must be set (checked in validation).
+/// Exactly one of `token_sha256`, `token_env` and `jwt` must be set (checked in
+/// validation).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCredential {
     pub token_sha256: Option<Spanned<String>>,
     pub token_env: Option<Spanned<String>>,
+    /// A JWT from one of the `identity_providers` (see policy/identity.rs).
+    pub jwt: Option<Spanned<RawJwtCredential>>,
     /// Roles only: the role calls tools only with run tokens (see policy/identity.rs).
     pub run_tokens_only: Option<Spanned<bool>>,
 }

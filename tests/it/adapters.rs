@@ -78,6 +78,7 @@ fn policy(tools: Vec<Tool>) -> Policy {
             lanes: version.clone(),
             registry: version,
         },
+        identity: Default::default(),
         source: PolicySource {
             policy_dir: "policy".into(),
             tools_file: "tools/tool_registry.yaml".into(),

@@ -467,3 +467,64 @@ fn an_mcp_host_lists_and_calls_tools_with_only_the_run_token() {
     assert!(seen["tools"].is_null(), "{seen}");
     assert!(seen.to_string().contains("credential_expired"), "{seen}");
 }
+
+#[test]
+fn the_run_token_lifetime_cap_is_the_policys() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy");
+    std::fs::create_dir_all(&policy).unwrap();
+    let repo = common::repo().join("policy");
+    std::fs::copy(repo.join("lanes.yaml"), policy.join("lanes.yaml")).unwrap();
+    let roles = std::fs::read_to_string(repo.join("roles.yaml")).unwrap();
+    let roles = roles.replacen(
+        "\nroles:\n",
+        "\nrun_tokens: {max_ttl_s: 600}\n\nroles:\n",
+        1,
+    );
+    std::fs::write(policy.join("roles.yaml"), roles).unwrap();
+    let server = Server::start_with(Start {
+        policy_dir: policy,
+        ..Start::default()
+    });
+    let ask = |ttl: Value| {
+        server.post(
+            "/v1/runs",
+            Some(ADMIN),
+            &json!({"scope": {"case_id": "C-1001"},
+                    "issue_tokens": [{"role_id": "paralegal_agent", "ttl_s": ttl}]}),
+        )
+    };
+    let (status, body) = ask(json!(601));
+    assert_eq!(
+        (status, reason(&body)),
+        (400, "request_malformed"),
+        "{body}"
+    );
+    assert!(
+        body["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("from 1 to 600"),
+        "{body}"
+    );
+    let (status, body) = ask(json!(600));
+    assert_eq!(status, 201, "{body}");
+    // Without ttl_s the default (3600) is cut to the cap.
+    let (status, body) = ask(Value::Null);
+    assert_eq!(status, 201, "{body}");
+    let (_, events) = server.get(
+        &format!(
+            "/v1/audit/events?run_id={}",
+            body["run_id"].as_str().unwrap()
+        ),
+        Some(ADMIN),
+    );
+    let issued = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "run_token_issued")
+        .cloned()
+        .unwrap();
+    assert_eq!(issued["details"]["ttl_s"], 600, "{issued}");
+}

@@ -25,6 +25,7 @@ mod durability;
 mod gateway;
 mod hostile;
 mod identity;
+mod jwt;
 mod lab;
 mod mcp_adapter;
 mod mcp_front;

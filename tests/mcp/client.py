@@ -33,9 +33,20 @@ def error_json(e: BaseException) -> dict:
 
 
 async def run(plan: dict) -> dict:
-    http = httpx2.AsyncClient(headers=plan["headers"], timeout=httpx2.Timeout(60.0))
-    transport = streamable_http_client(plan["url"], http_client=http)
     out: dict = {}
+    # Every HTTP answer's status and WWW-Authenticate challenge, for the tests of MCP
+    # authorization (401 with resource metadata).
+    out["responses"] = []
+
+    async def seen(response) -> None:
+        out["responses"].append(
+            {"status": response.status_code, "www_authenticate": response.headers.get("www-authenticate")}
+        )
+
+    http = httpx2.AsyncClient(
+        headers=plan["headers"], timeout=httpx2.Timeout(60.0), event_hooks={"response": [seen]}
+    )
+    transport = streamable_http_client(plan["url"], http_client=http)
     try:
         async with Client(transport, mode=plan.get("mode", "auto")) as client:
             out["protocol_version"] = client.protocol_version

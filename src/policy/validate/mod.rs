@@ -24,15 +24,17 @@ mod tools;
 
 use super::Problem;
 use super::condition::Condition;
+use super::identity;
 use super::model::{
-    AdapterConfig, Admin, Credential, DEFAULT_SERVER_CONCURRENCY, Determinism, FileVersion,
-    FlagMatcher, FlagRule, Lane, Limits, McpServer, Policy, PolicySource, PolicyVersions,
-    Redaction, Role, RunStatus, Tool,
+    AdapterConfig, Admin, Credential, DEFAULT_RUN_TOKEN_MAX_TTL_S, DEFAULT_SERVER_CONCURRENCY,
+    Determinism, FileVersion, FlagMatcher, FlagRule, IdentityProvider, IdentitySettings,
+    JWT_ALGORITHMS, JwksSource, JwtCredential, Lane, Limits, McpServer, Policy, PolicySource,
+    PolicyVersions, Redaction, Role, RunStatus, Tool,
 };
 use super::raw::{
     LanesFile, RawAdapter, RawAdapterKind, RawCondition, RawCredential, RawDeterminism,
-    RawFlagRule, RawLane, RawRedaction, RawRedactionMode, RawRole, RawServer, RawTool,
-    RegistryFile, RolesFile,
+    RawFlagRule, RawIdentityProvider, RawJwtCredential, RawLane, RawRedaction, RawRedactionMode,
+    RawRole, RawRunTokens, RawServer, RawTool, RegistryFile, RolesFile,
 };
 use super::read::SourceFile;
 use super::schema::{self, SchemaContext};
@@ -48,6 +50,8 @@ use tools::*;
 pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
 pub const MAX_OUTPUT_BYTES: u64 = 64 * 1024 * 1024;
 pub const MAX_CONCURRENCY: u32 = 1024;
+/// The longest `run_tokens.max_ttl_s` a policy may set (30 days).
+pub const MAX_RUN_TOKEN_TTL_S: u64 = 30 * 86_400;
 
 /// A file that parsed: its bytes (for the hash) and its raw content.
 pub(crate) struct Parsed<T> {
@@ -63,6 +67,8 @@ pub(crate) struct Input<'a> {
     pub registry: Option<Parsed<RegistryFile>>,
     /// The registry's directory: schema paths resolve against it.
     pub tools_dir: &'a Path,
+    /// The policy directory: `jwks_file` paths resolve against it.
+    pub policy_dir: &'a Path,
     /// Reads an environment variable (for `token_env` credentials).
     pub env: &'a dyn Fn(&str) -> Option<String>,
 }
@@ -73,10 +79,15 @@ pub(crate) fn build(input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Pol
     let before = problems.len();
     let mut report = Report { problems };
 
-    let roles = input
-        .roles
-        .as_ref()
-        .map(|p| check_roles(&mut report, &p.file.display, &p.raw, input.env));
+    let roles = input.roles.as_ref().map(|p| {
+        check_roles(
+            &mut report,
+            &p.file.display,
+            &p.raw,
+            input.env,
+            input.policy_dir,
+        )
+    });
     let lanes = input
         .lanes
         .as_ref()
@@ -117,7 +128,7 @@ pub(crate) fn build(input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Pol
         return None;
     }
     let (roles_file, lanes_file, registry_file) = (input.roles?, input.lanes?, input.registry?);
-    let (roles, admins) = roles?;
+    let (roles, admins, identity) = roles?;
     let version = |parsed_version: &Spanned<String>, file: &SourceFile| FileVersion {
         version: parsed_version.value.clone(),
         sha256: crate::canonical::sha256_hex(&file.bytes),
@@ -133,6 +144,7 @@ pub(crate) fn build(input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Pol
             registry: version(&registry_file.raw.version, &registry_file.file),
         },
         source: PolicySource::default(),
+        identity,
     })
 }
 
@@ -393,7 +405,10 @@ fn check_unique(
 // ---------------------------------------------------------------------------------------
 // roles.yaml
 
-type RolesAndAdmins = (BTreeMap<String, Role>, Vec<Admin>);
+type RolesAndAdmins = (BTreeMap<String, Role>, Vec<Admin>, IdentitySettings);
+
+#[cfg(test)]
+mod identity_tests;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
@@ -485,7 +500,7 @@ mod tests {
     use crate::policy::raw::{LanesFile, RegistryFile, RolesFile};
     use crate::policy::read::parse_yaml;
 
-    const ROLES: &str = "version: \"1\"
+    pub(super) const ROLES: &str = "version: \"1\"
 roles:
   - role_id: reader
     description: Reads.
@@ -503,7 +518,7 @@ admins:
     credential: {token_sha256: 2222222222222222222222222222222222222222222222222222222222222222}
 ";
 
-    const LANES: &str = "version: \"1\"
+    pub(super) const LANES: &str = "version: \"1\"
 lanes:
   - lane_id: research
     description: Research.
@@ -521,7 +536,7 @@ lanes:
     write: true
 ";
 
-    const REGISTRY: &str = "version: \"1\"
+    pub(super) const REGISTRY: &str = "version: \"1\"
 tools:
   - tool_name: lookup
     description: Looks up.
@@ -572,10 +587,11 @@ tools:
     }
 
     /// Validates the three texts; the problems as `file:line:col: message`.
-    fn check(roles: &str, lanes: &str, registry: &str) -> Result<Policy, Vec<String>> {
+    pub(super) fn check(roles: &str, lanes: &str, registry: &str) -> Result<Policy, Vec<String>> {
         let dir = tempfile::tempdir().unwrap();
         let env = |var: &str| (var == "WRITER_TOKEN").then(|| "writer-token".to_string());
         let input = Input {
+            policy_dir: Path::new("."),
             roles: Some(parsed::<RolesFile>("roles.yaml", roles)),
             lanes: Some(parsed::<LanesFile>("lanes.yaml", lanes)),
             registry: Some(parsed::<RegistryFile>("tool_registry.yaml", registry)),
@@ -602,7 +618,7 @@ tools:
         }
     }
 
-    fn problems(roles: &str, lanes: &str, registry: &str) -> Vec<String> {
+    pub(super) fn problems(roles: &str, lanes: &str, registry: &str) -> Vec<String> {
         check(roles, lanes, registry).err().unwrap_or_default()
     }
 
@@ -756,6 +772,7 @@ tools:
         let env = |_: &str| Some("t".to_string());
         let roles = ROLES.replace("lanes: [research]", "lanes: [nowhere]");
         let input = Input {
+            policy_dir: Path::new("."),
             roles: Some(parsed::<RolesFile>("roles.yaml", &roles)),
             lanes: None,
             registry: Some(parsed::<RegistryFile>("tool_registry.yaml", REGISTRY)),

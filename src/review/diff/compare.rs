@@ -360,6 +360,7 @@ fn same_credential(a: &Credential, b: &Credential) -> bool {
         (Credential::RunTokensOnly { sha256: x }, Credential::RunTokensOnly { sha256: y }) => {
             x == y
         }
+        (Credential::Jwt(x), Credential::Jwt(y)) => x == y,
         _ => false,
     }
 }
@@ -369,6 +370,7 @@ fn credential_kind(c: &Credential) -> Value {
         Credential::TokenSha256(_) => json!("token_sha256"),
         Credential::TokenEnv { var, .. } => json!(format!("token_env:{var}")),
         Credential::RunTokensOnly { .. } => json!("run_tokens_only"),
+        Credential::Jwt(jwt) => json!(format!("jwt:{}", jwt.provider)),
     }
 }
 
