@@ -1112,7 +1112,7 @@ mod tests {
                 "a condition that is false",
                 Some(R::ConditionFailed),
                 |p| {
-                    let run = active(p, json!({}));
+                    let run = active(p, case());
                     from_lane(
                         p,
                         "research_agent",
