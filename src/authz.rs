@@ -729,12 +729,15 @@ mod tests {
         check_conditions(lane, tool, &evaluate_conditions(lane, tool, &vars))
     }
 
+    /// A row's check: one or more of the pure functions above, on the policy.
+    type Check = dyn Fn(&Policy) -> Result<(), Refusal>;
+
     /// One row: the step, what it shows, the decision (None allows), and the check.
     struct Decision {
         step: u8,
         case: &'static str,
         expect: Option<Reason>,
-        check: Box<dyn Fn(&Policy) -> Result<(), Refusal>>,
+        check: Box<Check>,
     }
 
     fn row(
