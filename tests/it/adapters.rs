@@ -2,6 +2,8 @@
 //! command tools as real processes, http tools against real upstreams on 127.0.0.1.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::common;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -406,6 +408,7 @@ async fn handle(req: Request<Incoming>, seen: Seen) -> Result<Response<Full<Byte
         "/missing" => reply(StatusCode::NOT_FOUND, "no such endpoint: /missing".into()),
         "/text" => reply(StatusCode::OK, "this is not json".into()),
         "/slow" => {
+            // The slow upstream under test (the deadline must cut it), not a wait.
             tokio::time::sleep(Duration::from_secs(10)).await;
             reply(StatusCode::OK, "{}".into())
         }
@@ -448,14 +451,11 @@ fn live_group_members(pgid: i32) -> Vec<i32> {
 
 /// Waits (at most 3 s) until no live process is left in `pgid`; returns the survivors.
 async fn survivors_of(pgid: i32) -> Vec<i32> {
-    let until = Instant::now() + Duration::from_secs(3);
-    loop {
-        let live = live_group_members(pgid);
-        if live.is_empty() || Instant::now() > until {
-            return live;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::poll_until_async(Duration::from_secs(3), || {
+        live_group_members(pgid).is_empty()
+    })
+    .await;
+    live_group_members(pgid)
 }
 
 fn read_pid(path: &Path) -> i32 {

@@ -130,21 +130,19 @@ impl Deployment {
             .spawn()
             .unwrap();
         // A refusal exits at once; a server that starts is stopped after 10 s.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
+        match common::poll_for(Duration::from_secs(10), || child.try_wait().unwrap()) {
+            Some(status) => {
                 let out = child.wait_with_output().unwrap();
-                return (
+                (
                     status.code().unwrap_or(-1),
                     String::from_utf8_lossy(&out.stderr).into_owned(),
-                );
+                )
             }
-            if Instant::now() > deadline {
+            None => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return (-1, "the server started".into());
+                (-1, "the server started".into())
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -678,14 +676,13 @@ fn a_separate_signer_process_signs_and_the_gateway_fails_closed_without_it() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "the signer did not start");
+        let listening = common::poll_until(Duration::from_secs(20), || {
             if let Some(status) = child.try_wait().unwrap() {
                 panic!("the signer exited: {status}");
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        });
+        assert!(listening, "the signer did not start");
         child
     };
     let mut signer = start_signer();

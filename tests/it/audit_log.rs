@@ -2,6 +2,8 @@
 //! append-only triggers, and the typed errors on bad databases.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::common;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -199,12 +201,12 @@ async fn idle_interval_signs_a_checkpoint_over_new_events() {
     log.append(event("i", 1)).await.unwrap();
     // Generous upper bound: the interval is 50 ms.
     let db = dir.path().join("audit.db");
-    let mut waited = 0;
-    while count_rows(&db, "checkpoints") == 0 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        waited += 1;
-        assert!(waited < 500, "no interval checkpoint after 10 s");
-    }
+    assert!(
+        common::poll_until_async(Duration::from_secs(10), || count_rows(&db, "checkpoints")
+            > 0)
+        .await,
+        "no interval checkpoint after 10 s"
+    );
     log.close().await.unwrap();
 }
 
@@ -504,12 +506,12 @@ async fn the_idle_heartbeat_signs_even_when_nothing_arrived() {
     opts.idle_heartbeat = true;
     let log = AuditLog::open(opts).unwrap();
     let db = dir.path().join("audit.db");
-    let mut waited = 0;
-    while count_rows(&db, "checkpoints") < 2 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        waited += 1;
-        assert!(waited < 500, "no heartbeat after 10 s");
-    }
+    assert!(
+        common::poll_until_async(Duration::from_secs(10), || count_rows(&db, "checkpoints")
+            >= 2)
+        .await,
+        "no heartbeat after 10 s"
+    );
     log.close().await.unwrap();
     let conn = rusqlite::Connection::open(&db).unwrap();
     let reasons: Vec<(i64, String)> = conn

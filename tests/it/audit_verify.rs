@@ -293,8 +293,9 @@ async fn verify_and_export_read_a_consistent_snapshot_while_the_log_is_written()
     options.checkpoint_every_events = 25;
     let log = toolgate::audit::AuditLog::open(options).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appended = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let writer = {
-        let (log, stop) = (log.clone(), stop.clone());
+        let (log, stop, appended) = (log.clone(), stop.clone(), appended.clone());
         tokio::spawn(async move {
             let mut n = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -303,13 +304,22 @@ async fn verify_and_export_read_a_consistent_snapshot_while_the_log_is_written()
                 e.run_id = Some(format!("run-{}", n % 5));
                 log.append(e).await.unwrap();
                 n += 1;
-                // A steady trickle, so that checkpoints land while verify runs.
+                appended.store(n, std::sync::atomic::Ordering::Relaxed);
+                // A steady trickle (the load under test, not a wait), so that
+                // checkpoints land while verify runs.
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
             }
             n
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Verify starts once the log has events and a checkpoint over them.
+    assert!(
+        crate::common::poll_until_async(std::time::Duration::from_secs(30), || {
+            appended.load(std::sync::atomic::Ordering::Relaxed) > 50
+        })
+        .await,
+        "the writer did not get going"
+    );
     let db = dir.path().join("audit.db");
     for round in 0..3 {
         let db = db.clone();

@@ -5,6 +5,8 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use crate::common::golden::Example;
+use rstest::rstest;
 use serde_json::Value;
 use toolgate::diagnostic::Reason;
 use toolgate::server::published_catalog as catalog_json;
@@ -42,24 +44,24 @@ fn every_reason_has_a_unique_code_and_a_valid_step() {
     }
 }
 
-#[test]
-fn every_golden_example_names_a_cataloged_reason_and_step() {
+/// One test per golden example: its diagnostic names a cataloged reason with that
+/// reason's step and error code.
+#[rstest]
+fn golden_example_names_a_cataloged_reason_and_step(
+    #[files("contract/examples/*.json")] path: PathBuf,
+) {
     let catalog = catalog_json();
     let reasons: Vec<&Value> = catalog["reasons"].as_array().unwrap().iter().collect();
-    for entry in std::fs::read_dir(repo().join("contract/examples")).unwrap() {
-        let path = entry.unwrap().path();
-        let example: Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let diagnostic = &example["response"]["body"]["diagnostic"];
-        if diagnostic.is_null() {
-            continue;
-        }
-        let reason = diagnostic["reason"].as_str().unwrap();
-        let entry = reasons
-            .iter()
-            .find(|r| r["reason"] == reason)
-            .unwrap_or_else(|| panic!("{path:?}: reason `{reason}` is not in the catalog"));
-        assert_eq!(entry["failed_step"], diagnostic["failed_step"], "{path:?}");
-        assert_eq!(entry["error_code"], diagnostic["error_code"], "{path:?}");
-    }
+    let example = Example::read(&path);
+    let Some(diagnostic) = example.diagnostic() else {
+        assert_eq!(example.status(), "success", "{path:?}: no diagnostic");
+        return;
+    };
+    let reason = diagnostic["reason"].as_str().unwrap();
+    let entry = reasons
+        .iter()
+        .find(|r| r["reason"] == reason)
+        .unwrap_or_else(|| panic!("{path:?}: reason `{reason}` is not in the catalog"));
+    assert_eq!(entry["failed_step"], diagnostic["failed_step"], "{path:?}");
+    assert_eq!(entry["error_code"], diagnostic["error_code"], "{path:?}");
 }

@@ -82,10 +82,9 @@ fn sigkill_while_32_clients_call_leaves_a_log_that_verifies_with_every_answered_
         }));
     }
     // Let the load build up, then kill the server mid-flight.
-    let wait_until = Instant::now() + Duration::from_secs(10);
-    while answered.lock().unwrap().len() < 300 && Instant::now() < wait_until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::poll_until(Duration::from_secs(10), || {
+        answered.lock().unwrap().len() >= 300
+    });
     common::unsafe_free_kill(server.pid(), "KILL");
     stop.store(true, Ordering::Relaxed);
     for c in clients {

@@ -5,9 +5,11 @@
 use crate::common;
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use common::golden::{self, Example};
 use common::{ADMIN, Server, Start, assert_subset, repo, token};
+use rstest::rstest;
 use serde_json::{Value, json};
 
 /// Replaces `$RUN` and `$DRAFT` placeholders in a golden request.
@@ -23,12 +25,6 @@ fn substitute(value: &Value, run: &str, draft: &str) -> Value {
         Value::Array(a) => Value::Array(a.iter().map(|v| substitute(v, run, draft)).collect()),
         other => other.clone(),
     }
-}
-
-fn send(server: &Server, request: &Value, run: &str, draft: &str) -> (u16, Value) {
-    let body = substitute(&request["body"], run, draft);
-    let token = request["token"].as_str().filter(|t| !t.is_empty());
-    server.post("/v1/tool-calls", token, &body)
 }
 
 /// Copies the demo policy to `dir` with the lanes file's version changed.
@@ -68,112 +64,219 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-#[test]
-fn golden_examples_hold_over_http() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data_dir = tmp.path().join("var");
-    // A run created under another policy version, for the version-mismatch example.
-    let (other_dir, other_tools) = other_policy(tmp.path());
+/// Sends a golden request (an empty token sends no Authorization header).
+fn send(server: &Server, request: &golden::Request, run: &str, draft: &str) -> (u16, Value) {
+    let body = substitute(&request.body, run, draft);
+    let token = Some(request.token.as_str()).filter(|t| !t.is_empty());
+    server.post("/v1/tool-calls", token, &body)
+}
+
+/// The run `$RUN` of an example: created under another policy version by a first server
+/// on `data_dir` when the example asks for it.
+fn example_run(example: &Example, tmp: &Path, data_dir: &Path) -> Option<String> {
+    if !example.setup.run_under_other_policy {
+        return None;
+    }
+    let (other_dir, other_tools) = other_policy(tmp);
     let old = Server::start_with(Start {
         policy_dir: other_dir,
         tools: other_tools,
-        data_dir: Some(data_dir.clone()),
+        data_dir: Some(data_dir.to_path_buf()),
         ..Start::default()
     });
-    let old_run = old.create_run(json!({"case_id": "C-1001"}));
+    let run = old.create_run(Value::Object(example.setup.run_scope.clone()));
     assert!(old.stop().success());
+    Some(run)
+}
 
+/// The closing audit event type an outcome must leave.
+fn closing_type(example: &Example) -> &'static str {
+    match (example.status(), example.dry_run()) {
+        ("success", true) => "tool_allowed",
+        ("success", false) => "tool_executed",
+        ("denied", _) => "tool_denied",
+        ("failed", _)
+            if example
+                .diagnostic()
+                .is_some_and(|d| d["reason"] == "tool_timeout") =>
+        {
+            "tool_timeout"
+        }
+        ("failed", _) => "tool_failed",
+        (other, _) => panic!("{}: unknown status {other}", example.description),
+    }
+}
+
+const CLOSING_TYPES: [&str; 5] = [
+    "tool_allowed",
+    "tool_executed",
+    "tool_denied",
+    "tool_failed",
+    "tool_timeout",
+];
+
+/// One test per golden example (rstest's `#[files]`; the name contains the file's):
+/// the example holds over HTTP against a server of its own, and the call leaves exactly
+/// one closing audit event, read back from the server's log, that agrees with the
+/// answer (type, reason, failed step, error code).
+#[rstest]
+fn golden_example_holds_over_http(#[files("contract/examples/*.json")] file: PathBuf) {
+    let name = file.file_stem().unwrap().to_string_lossy().to_string();
+    let example = Example::read(&file);
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("var");
+    let old_run = example_run(&example, tmp.path(), &data_dir);
     let server = Server::start_with(Start {
         data_dir: Some(data_dir),
         ..Start::default()
     });
-    let mut files: Vec<_> = fs::read_dir(repo().join("contract/examples"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
-    assert!(
-        files.len() >= 20,
-        "expected the golden examples, found {}",
-        files.len()
-    );
-    for file in files {
-        let name = file.file_stem().unwrap().to_string_lossy().to_string();
-        let example: Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
-        let setup = &example["setup"];
-        let run = if setup["run_under_other_policy"] == true {
-            old_run.clone()
-        } else {
-            server.create_run(setup["run_scope"].clone())
-        };
-        if let Some(status) = setup["run_status"].as_str() {
-            let (code, body) = server.post(
-                &format!("/v1/runs/{run}/status"),
-                Some(ADMIN),
-                &json!({"status": status}),
-            );
-            assert_eq!(code, 200, "{name}: {body}");
-        }
-        let mut draft = String::new();
-        for before in setup["before"].as_array().cloned().unwrap_or_default() {
-            let (code, body) = send(&server, &before, &run, "");
-            assert_eq!(code, 200, "{name}: setup call failed: {body}");
-            if let Some(id) = body["output"]["draft_id"].as_str() {
-                draft = id.to_string();
-            }
-        }
-        if setup["safety_lock"] == true {
-            let (code, _) = server.post(
-                "/v1/safety-lock",
-                Some(ADMIN),
-                &json!({"engaged": true, "reason": "drill"}),
-            );
-            assert_eq!(code, 200);
-        }
-        let (code, body) = send(&server, &example["request"], &run, &draft);
-        if setup["safety_lock"] == true {
-            let (code, _) = server.post("/v1/safety-lock", Some(ADMIN), &json!({"engaged": false}));
-            assert_eq!(code, 200);
-        }
-        let expected = &example["response"];
-        assert_eq!(
-            code as u64,
-            expected["http_status"].as_u64().unwrap(),
-            "{name}: {body}"
+    let setup = &example.setup;
+    let run = old_run.unwrap_or_else(|| server.create_run(Value::Object(setup.run_scope.clone())));
+    if let Some(status) = &setup.run_status {
+        let (code, body) = server.post(
+            &format!("/v1/runs/{run}/status"),
+            Some(ADMIN),
+            &json!({"status": status}),
         );
-        assert_subset(&expected["body"], &body, &name);
-        // Every response names its closing audit event and carries the trace.
-        assert!(body["audit_event_id"].is_string(), "{name}: {body}");
-        assert!(
-            body["call_id"].as_str().unwrap().starts_with("call-"),
+        assert_eq!(code, 200, "{name}: {body}");
+    }
+    let mut draft = String::new();
+    for before in &setup.before {
+        let (code, body) = send(&server, before, &run, "");
+        assert_eq!(code, 200, "{name}: setup call failed: {body}");
+        if let Some(id) = body["output"]["draft_id"].as_str() {
+            draft = id.to_string();
+        }
+    }
+    if setup.safety_lock {
+        let (code, _) = server.post(
+            "/v1/safety-lock",
+            Some(ADMIN),
+            &json!({"engaged": true, "reason": "drill"}),
+        );
+        assert_eq!(code, 200);
+    }
+    let (code, body) = send(&server, &example.request, &run, &draft);
+    if setup.safety_lock {
+        let (code, _) = server.post("/v1/safety-lock", Some(ADMIN), &json!({"engaged": false}));
+        assert_eq!(code, 200);
+    }
+    assert_eq!(code, example.response.http_status, "{name}: {body}");
+    assert_subset(&example.response.body, &body, &name);
+    // Every response names its closing audit event and carries the trace.
+    let event_id = body["audit_event_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name}: {body}"));
+    let call_id = body["call_id"].as_str().unwrap();
+    assert!(call_id.starts_with("call-"), "{name}");
+    if body["status"] != "success" {
+        let d = &body["diagnostic"];
+        for field in [
+            "error_code",
+            "category",
+            "message",
+            "likely_cause",
+            "suggested_fix",
+            "retryable",
+            "severity",
+            "reason",
+            "failed_step",
+        ] {
+            assert!(
+                !d[field].is_null(),
+                "{name}: diagnostic.{field} missing: {body}"
+            );
+        }
+        let trace_failed = body["trace"]["failed"].as_str().unwrap();
+        assert_eq!(
+            trace_failed,
+            format!("{}:{}", d["failed_step"], d["reason"].as_str().unwrap()),
             "{name}"
         );
-        if body["status"] != "success" {
+    }
+
+    // The closing audit event, read from the real server's log.
+    let (code, events) = server.get("/v1/audit/events?limit=1000", Some(ADMIN));
+    assert_eq!(code, 200, "{events}");
+    let of_call: Vec<&Value> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["call_id"] == call_id)
+        .collect();
+    let closing: Vec<&&Value> = of_call
+        .iter()
+        .filter(|e| CLOSING_TYPES.contains(&e["type"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(closing.len(), 1, "{name}: closing events {of_call:#?}");
+    let event = closing[0];
+    assert_eq!(event["event_id"], event_id, "{name}: {event}");
+    assert_eq!(
+        of_call.last().map(|e| &e["event_id"]),
+        Some(&event["event_id"]),
+        "{name}: the closing event is not the call's last"
+    );
+    assert_eq!(event["type"], closing_type(&example), "{name}: {event}");
+    match example.diagnostic() {
+        Some(expected) => {
             let d = &body["diagnostic"];
-            for field in [
-                "error_code",
-                "category",
-                "message",
-                "likely_cause",
-                "suggested_fix",
-                "retryable",
-                "severity",
-                "reason",
-                "failed_step",
-            ] {
-                assert!(
-                    !d[field].is_null(),
-                    "{name}: diagnostic.{field} missing: {body}"
-                );
-            }
-            let trace_failed = body["trace"]["failed"].as_str().unwrap();
-            assert_eq!(
-                trace_failed,
-                format!("{}:{}", d["failed_step"], d["reason"].as_str().unwrap()),
-                "{name}"
-            );
+            assert_eq!(event["reason"], expected["reason"], "{name}: {event}");
+            assert_eq!(event["reason"], d["reason"], "{name}: {event}");
+            assert_eq!(event["failed_step"], d["failed_step"], "{name}: {event}");
+            assert_eq!(event["error_code"], d["error_code"], "{name}: {event}");
         }
+        None => {
+            for field in ["reason", "failed_step", "error_code"] {
+                assert!(event.get(field).is_none(), "{name}: {field} on {event}");
+            }
+        }
+    }
+}
+
+#[test]
+fn golden_examples_are_all_there_and_typed() {
+    let mut count = 0;
+    for entry in fs::read_dir(repo().join("contract/examples")).unwrap() {
+        let path = entry.unwrap().path();
+        assert_eq!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("json"),
+            "{}: every file in contract/examples/ is a golden example (.json)",
+            path.display()
+        );
+        Example::read(&path);
+        count += 1;
+    }
+    assert!(count >= 20, "expected the golden examples, found {count}");
+}
+
+/// A typo in a key of an example fails instead of being ignored.
+#[test]
+fn a_typo_in_a_golden_setup_key_is_refused() {
+    let good = json!({
+        "description": "d",
+        "setup": {"run_scope": {"case_id": "C-1"}, "safety_lock": true},
+        "request": {"token": "", "body": {}},
+        "response": {"http_status": 200, "body": {}},
+    });
+    assert!(serde_json::from_value::<Example>(good.clone()).is_ok());
+    for (pointer, key) in [
+        ("/setup", "safety_lok"),
+        ("/setup", "run_stauts"),
+        ("/request", "tokn"),
+        ("/response", "http_staus"),
+        ("", "descripton"),
+    ] {
+        let mut bad = good.clone();
+        bad.pointer_mut(pointer)
+            .unwrap()
+            .as_object_mut()
+            .unwrap()
+            .insert(key.to_string(), json!(true));
+        assert!(
+            serde_json::from_value::<Example>(bad.clone()).is_err(),
+            "accepted {bad}"
+        );
     }
 }
 

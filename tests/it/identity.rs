@@ -3,7 +3,7 @@
 //! never written to a log, a metric or the audit log.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -193,14 +193,12 @@ fn closing_the_run_revoking_or_expiry_kills_the_token() {
     // Expiry: a one-second token is refused once its second has passed.
     let (_, tokens) = run_with_tokens(&server, json!([{"role_id": "paralegal_agent", "ttl_s": 1}]));
     let short = tokens[0]["token"].as_str().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let answer = loop {
-        let (code, answer) = server.post("/v1/tool-calls", Some(&short), &draft());
-        if code != 200 || Instant::now() > deadline {
-            break answer;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let mut answer = Value::Null;
+    common::poll_until(Duration::from_secs(10), || {
+        let (code, body) = server.post("/v1/tool-calls", Some(&short), &draft());
+        answer = body;
+        code != 200
+    });
     assert_eq!(reason(&answer), "credential_expired", "{answer}");
     assert!(
         answer["error_message"]

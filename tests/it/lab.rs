@@ -122,8 +122,14 @@ fn over_max_concurrency_is_refused_with_retry_after() {
         let run = run.clone();
         std::thread::spawn(move || call(&server, &run, "slow_one", json!({}), json!({})))
     };
-    // Let the first call take the only slot.
-    std::thread::sleep(Duration::from_millis(500));
+    // The first call holds the only slot while its tool process runs.
+    assert!(
+        common::poll_until(Duration::from_secs(30), || !common::children_of(
+            server.pid()
+        )
+        .is_empty()),
+        "the first call's tool never started"
+    );
     let (code, body) = call(&server, &run, "slow_one", json!({}), json!({}));
     assert_eq!(code, 429, "{body}");
     assert_eq!(body["diagnostic"]["reason"], "concurrency_limit_reached");

@@ -154,14 +154,9 @@ pub(crate) fn processes_mentioning(needle: &Path) -> Vec<String> {
 
 /// Waits (at most 20 s) until no process mentions `needle`.
 pub(crate) fn none_left(needle: &Path) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if processes_mentioning(needle).is_empty() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
+    common::poll_until(Duration::from_secs(20), || {
+        processes_mentioning(needle).is_empty()
+    })
 }
 
 pub(crate) const ANY_OBJECT: &str = "{type: object}";
@@ -428,14 +423,10 @@ fn an_upstream_over_streamable_http_answers_and_its_outage_is_dependency_down() 
     // The server is ready once it printed its port, but give uvicorn a moment to
     // accept: retry a refused first call a bounded number of times.
     let mut answer = Value::Null;
-    for _ in 0..50 {
-        let (_, body) = call(&server, &run, "add", json!({"a": 2, "b": 3}));
-        answer = body;
-        if answer["status"] == "success" {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    common::poll_until(Duration::from_secs(10), || {
+        answer = call(&server, &run, "add", json!({"a": 2, "b": 3})).1;
+        answer["status"] == "success"
+    });
     assert_eq!(answer["output"], json!({"sum": 5}), "{answer}");
 
     let (status, body) = call(&server, &run, "nobody_home", json!({"a": 1, "b": 1}));

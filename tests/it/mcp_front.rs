@@ -438,8 +438,24 @@ fn a_tools_call_with_missing_headers_is_a_denied_and_audited_call() {
     assert_eq!(types, ["tool_denied"], "{events:#?}");
     // Logged once, like an HTTP call: one JSON line naming the call.
     let call_id = d["call_id"].as_str().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let lines = server.log_lines_with(&format!("\"call_id\":\"{call_id}\""));
+    let needle = format!("\"call_id\":\"{call_id}\"");
+    assert!(!server.log_lines_with(&needle).is_empty(), "no log line");
+    // A later call's log line is the barrier: once it is there, a second line for the
+    // first call would be too.
+    let (_, marker) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "no_such_tool",
+        json!({}),
+        scope.clone(),
+    );
+    let marker = format!("\"call_id\":\"{}\"", marker["call_id"].as_str().unwrap());
+    assert!(
+        !server.log_lines_with(&marker).is_empty(),
+        "no marker log line"
+    );
+    let lines = server.log_lines_with(&needle);
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert!(
         lines[0].contains("\"message\":\"tool call\""),

@@ -5,6 +5,8 @@
 //! target directory and reused by later runs.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use crate::common;
+
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -111,21 +113,14 @@ fn run_bounded(command: &mut Command, limit: Duration) -> Output {
         .stderr(log.reopen().unwrap())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "`{command:?}` did not finish within {} s:\n{}",
-                limit.as_secs(),
-                fs::read_to_string(log.path()).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    let Some(status) = common::poll_for(limit, || child.try_wait().unwrap()) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "`{command:?}` did not finish within {} s:\n{}",
+            limit.as_secs(),
+            fs::read_to_string(log.path()).unwrap_or_default()
+        );
     };
     Output {
         status,
@@ -216,17 +211,10 @@ pub fn node_client(plan: &serde_json::Value, limit: Duration) -> serde_json::Val
         .stderr(Stdio::inherit())
         .spawn()
         .expect("node is installed");
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the TypeScript client did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    if !common::poll_until(limit, || child.try_wait().unwrap().is_some()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the TypeScript client did not finish within {limit:?}");
     }
     let text = fs::read_to_string(out_file.path()).unwrap();
     serde_json::from_str(text.trim())

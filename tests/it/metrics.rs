@@ -152,18 +152,11 @@ fn calls_move_their_series_by_label() {
     let server = Server::start();
     // The writer reports a batch after its appender is answered: wait (bounded) until
     // the startup `policy_loaded` batch is counted, so it is not counted as ours.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let before = loop {
+    let before = common::poll_for(std::time::Duration::from_secs(30), || {
         let scraped = scrape(&server);
-        if scraped.value("toolgate_audit_batch_events_sum", &[]) >= 1.0 {
-            break scraped;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the startup batch was never observed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
+        (scraped.value("toolgate_audit_batch_events_sum", &[]) >= 1.0).then_some(scraped)
+    })
+    .expect("the startup batch was never observed");
     let run = server.create_run(json!({"case_id": "C-1001"}));
     let scope = json!({"case_id": "C-1001"});
 

@@ -2,16 +2,18 @@
 //! broken fixture under tests/fixtures/policy/ is refused with its problem, the JSON
 //! format parses, and the contract schemas accept the shipped YAML.
 //!
-//! Fixtures are discovered by listing the directory, so a new case is a new directory
-//! (see tests/fixtures/policy/README.md for the format).
+//! Each fixture is its own test case (rstest's `#[files]`), so a new case is a new
+//! directory (see tests/fixtures/policy/README.md for the format).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use rstest::rstest;
+use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -43,16 +45,12 @@ fn toolgate(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
         command.env(key, value);
     }
     let mut child = command.spawn().unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > NO_HANG {
-            child.kill().unwrap();
-            panic!(
-                "toolgate {args:?} in {} did not finish within {NO_HANG:?}",
-                dir.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    if !crate::common::poll_until(NO_HANG, || child.try_wait().unwrap().is_some()) {
+        child.kill().unwrap();
+        panic!(
+            "toolgate {args:?} in {} did not finish within {NO_HANG:?}",
+            dir.display()
+        );
     }
     child.wait_with_output().unwrap()
 }
@@ -89,53 +87,41 @@ fn sha256_file(path: &Path) -> String {
 // ---------------------------------------------------------------------------------------
 // Fixtures
 
-/// One fixture's expect.txt.
-#[derive(Debug)]
+/// One fixture's `expect.yaml` (format: tests/fixtures/policy/README.md). A key the
+/// format does not know, a typo included, fails the fixture.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Expect {
-    setup: Vec<Vec<String>>,
+    #[serde(default)]
+    setup: Vec<SetupStep>,
+    /// The file the problem must name, as printed (relative to the temp dir).
     file: String,
+    /// The line the problem must name; `~` for a problem with the whole file.
     line: Option<usize>,
+    /// A substring of the problem's message.
     message: String,
-    count: Option<usize>,
+    /// How many problems the check must report in all.
+    count: usize,
 }
 
-fn parse_expect(text: &str) -> Expect {
-    let mut expect = Expect {
-        setup: Vec::new(),
-        file: String::new(),
-        line: None,
-        message: String::new(),
-        count: None,
-    };
-    for line in text
-        .lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-    {
-        let (key, value) = line
-            .split_once(": ")
-            .unwrap_or_else(|| panic!("bad expect.txt line {line:?}"));
-        match key {
-            "setup" => expect
-                .setup
-                .push(value.split_whitespace().map(str::to_string).collect()),
-            "file" => expect.file = value.to_string(),
-            "line" => {
-                expect.line = if value == "-" {
-                    None
-                } else {
-                    Some(value.parse().unwrap())
-                }
-            }
-            "message" => expect.message = value.to_string(),
-            "count" => expect.count = Some(value.parse().unwrap()),
-            other => panic!("unknown expect.txt key {other:?}"),
-        }
-    }
-    assert!(
-        !expect.file.is_empty() && !expect.message.is_empty(),
-        "expect.txt needs file and message"
-    );
-    expect
+/// A change applied after the overlay, to make what cannot be committed.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum SetupStep {
+    /// Pads the file past 10 MiB (too big to commit).
+    Oversize(String),
+    /// Replaces the file with a symlink to `target`.
+    Symlink { path: String, target: String },
+    /// Replaces the file with a directory.
+    Directory(String),
+    /// Deletes the file.
+    Remove(String),
+}
+
+fn read_expect(case: &Path) -> Expect {
+    let path = case.join("expect.yaml");
+    let text = fs::read_to_string(&path).unwrap();
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// The demo policy with the fixture's files laid over it, then its setup steps applied.
@@ -148,26 +134,26 @@ fn materialize(case: &Path, expect: &Expect) -> tempfile::TempDir {
         }
     }
     for step in &expect.setup {
-        let path = dir.path().join(&step[1]);
-        match step[0].as_str() {
-            // Over 10 MiB, generated here rather than committed.
-            "oversize" => {
+        match step {
+            SetupStep::Oversize(file) => {
+                let path = dir.path().join(file);
                 let mut text = fs::read_to_string(&path).unwrap();
                 text.push('#');
                 text.push_str(&"x".repeat(10 * 1024 * 1024));
                 text.push('\n');
                 fs::write(&path, text).unwrap();
             }
-            "symlink" => {
+            SetupStep::Symlink { path, target } => {
+                let path = dir.path().join(path);
                 fs::remove_file(&path).unwrap();
-                std::os::unix::fs::symlink(&step[2], &path).unwrap();
+                std::os::unix::fs::symlink(target, &path).unwrap();
             }
-            "directory" => {
+            SetupStep::Directory(file) => {
+                let path = dir.path().join(file);
                 fs::remove_file(&path).unwrap();
                 fs::create_dir(&path).unwrap();
             }
-            "remove" => fs::remove_file(&path).unwrap(),
-            other => panic!("unknown setup step {other:?}"),
+            SetupStep::Remove(file) => fs::remove_file(dir.path().join(file)).unwrap(),
         }
     }
     dir
@@ -175,7 +161,7 @@ fn materialize(case: &Path, expect: &Expect) -> tempfile::TempDir {
 
 /// Checks one fixture; returns what is wrong, if anything.
 fn check_fixture(case: &Path) -> Result<(), String> {
-    let expect = parse_expect(&fs::read_to_string(case.join("expect.txt")).unwrap());
+    let expect = read_expect(case);
     let dir = materialize(case, &expect);
     let output = toolgate(dir.path(), &["policy", "check"], &[]);
     let out = stdout(&output);
@@ -199,10 +185,12 @@ fn check_fixture(case: &Path) -> Result<(), String> {
             expect.message
         ));
     }
-    if let Some(count) = expect.count
-        && errors.len() != count
-    {
-        return Err(format!("{} problems, want {count}\n{out}", errors.len()));
+    if errors.len() != expect.count {
+        return Err(format!(
+            "{} problems, want {}\n{out}",
+            errors.len(),
+            expect.count
+        ));
     }
     // Every problem comes with advice, and the summary counts them.
     let lines: Vec<&str> = out.lines().collect();
@@ -226,30 +214,54 @@ fn check_fixture(case: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// One test per fixture: `cargo test --test it broken_fixture` lists each by its
+/// directory name. The list is taken when the test binary is compiled (CI builds afresh;
+/// locally, touch this file after adding a fixture); the test below catches a fixture
+/// directory the compiled list could not have picked up.
+#[rstest]
+fn broken_fixture_is_refused_with_its_problem(
+    #[files("tests/fixtures/policy/*/expect.yaml")] expect: PathBuf,
+) {
+    let case = expect.parent().unwrap();
+    if let Err(why) = check_fixture(case) {
+        panic!("{}: {why}", case.file_name().unwrap().to_string_lossy());
+    }
+}
+
 #[test]
-fn every_broken_fixture_is_refused_with_its_problem() {
-    let mut cases: Vec<PathBuf> = fs::read_dir(fixtures())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    cases.sort();
-    assert!(cases.len() >= 18, "only {} fixtures", cases.len());
-    let failures: Vec<String> = cases
-        .iter()
-        .filter_map(|case| {
-            check_fixture(case)
-                .err()
-                .map(|why| format!("--- {}: {why}", case.file_name().unwrap().to_string_lossy()))
-        })
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} fixtures failed:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+fn every_fixture_directory_has_an_expect_yaml() {
+    let mut cases = 0;
+    for entry in fs::read_dir(fixtures()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            cases += 1;
+            assert!(
+                path.join("expect.yaml").is_file(),
+                "{} has no expect.yaml, so no test case",
+                path.display()
+            );
+            read_expect(&path);
+        }
+    }
+    assert!(cases >= 18, "only {cases} fixtures");
+}
+
+/// A typo in a key of expect.yaml fails instead of being ignored.
+#[test]
+fn a_typo_in_an_expect_key_is_refused() {
+    let good = "file: \"policy/roles.yaml\"\nline: 3\nmessage: \"m\"\ncount: 1\n";
+    assert!(serde_saphyr::from_str::<Expect>(good).is_ok());
+    for bad in [
+        good.replace("count", "cuont"),
+        good.to_string() + "setup:\n  - oversise: \"policy/roles.yaml\"\n",
+        good.to_string() + "setup:\n  - symlink: {path: a, target: b, mode: c}\n",
+        good.replace("count: 1\n", ""),
+    ] {
+        assert!(
+            serde_saphyr::from_str::<Expect>(&bad).is_err(),
+            "accepted:\n{bad}"
+        );
+    }
 }
 
 #[test]
@@ -345,10 +357,7 @@ fn the_json_format_parses_for_success_and_failure() {
     assert_eq!(report["source"]["policy_dir"], "policy");
 
     let case = fixtures().join("dangling_role_lane");
-    let dir = materialize(
-        &case,
-        &parse_expect(&fs::read_to_string(case.join("expect.txt")).unwrap()),
-    );
+    let dir = materialize(&case, &read_expect(&case));
     let output = toolgate(dir.path(), &["policy", "check", "--format", "json"], &[]);
     assert_eq!(output.status.code(), Some(4));
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();

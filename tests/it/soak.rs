@@ -93,6 +93,7 @@ fn soak_64_clients_keeps_the_wal_bounded_and_rss_flat() {
     let mut samples = Vec::new();
     let mut max_wal = 0;
     while started.elapsed() < Duration::from_secs(seconds) {
+        // The sampling period of the measurement, not a wait for anything.
         std::thread::sleep(Duration::from_secs(1));
         let wal_bytes = std::fs::metadata(&wal).map_or(0, |m| m.len());
         max_wal = max_wal.max(wal_bytes);

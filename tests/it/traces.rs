@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{BIN, Server, Start, repo, token};
 use serde_json::{Value, json};
@@ -132,8 +132,8 @@ fn a_call_is_exported_over_otlp_within_the_callers_trace() {
         "audit_append",
         "legal_search",
     ];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let mut requests = 0;
+    let complete = common::poll_until(Duration::from_secs(30), || {
         let exported: Vec<(String, Vec<u8>)> = received
             .lock()
             .unwrap()
@@ -149,15 +149,14 @@ fn a_call_is_exported_over_otlp_within_the_callers_trace() {
             }
             // The call span's parent is the caller's span.
             assert!(seen(&parent_id), "parent span id not in the export");
-            break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the export of {call_id} is incomplete: {} requests with its trace",
-            exported.len()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        requests = exported.len();
+        complete
+    });
+    assert!(
+        complete,
+        "the export of {call_id} is incomplete: {requests} requests with its trace"
+    );
 }
 
 /// A server started by hand, its stderr (the logs) in a file.
@@ -232,14 +231,13 @@ fn every_call_logs_one_json_line_without_arguments_or_credentials() {
     assert_eq!(denied["status"], "denied", "{denied}");
 
     // The log line is written after the response; wait for both (bounded).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let logs = loop {
-        let logs = std::fs::read_to_string(&server.stderr).unwrap();
-        if logs.contains(denied["call_id"].as_str().unwrap()) || Instant::now() > deadline {
-            break logs;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let denied_id = denied["call_id"].as_str().unwrap();
+    common::poll_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&server.stderr)
+            .unwrap()
+            .contains(denied_id)
+    });
+    let logs = std::fs::read_to_string(&server.stderr).unwrap();
     for (response, error_code) in [(&allowed, "-"), (&denied, "TOOL_INVALID_ARGUMENTS")] {
         let call_id = response["call_id"].as_str().unwrap();
         let lines: Vec<Value> = logs

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+pub mod golden;
 pub mod lab;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_toolgate");
@@ -19,6 +20,69 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_toolgate");
 /// runs a release binary from a debug test build).
 pub fn server_bin() -> String {
     std::env::var("TOOLGATE_TEST_BIN").unwrap_or_else(|_| BIN.to_string())
+}
+
+/// How often [`poll_until`] and [`poll_for`] look again.
+const POLL_EVERY: Duration = Duration::from_millis(20);
+
+/// Waits until `condition` holds, looking every 20 ms, for at most `within`; returns
+/// whether it held. Tests synchronize on something they can observe (an event in the
+/// log, a file, a process) through this, never on a fixed sleep.
+pub fn poll_until(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    poll_for(within, || condition().then_some(())).is_some()
+}
+
+/// Waits until `probe` returns a value, looking every 20 ms, for at most `within`.
+pub fn poll_for<T>(within: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(POLL_EVERY);
+    }
+}
+
+/// [`poll_until`] for async tests: yields to the runtime between looks, so the task
+/// being waited for can run on a current-thread runtime.
+pub async fn poll_until_async(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL_EVERY).await;
+    }
+}
+
+/// The pids of the live children of `pid` (from /proc), e.g. the tool processes a
+/// server is running right now.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            // /proc/<pid>/stat: `pid (comm) state ppid ...`; comm may hold spaces.
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = stat.rsplit_once(") ")?.1;
+                    let mut fields = rest.split_whitespace();
+                    let state = fields.next()?;
+                    let ppid = fields.next()?.parse::<u32>().ok()?;
+                    Some(ppid == pid && state != "Z")
+                })
+                .unwrap_or(false)
+        })
+        .collect()
 }
 
 /// The repository root (where the demo policy lives).
@@ -157,21 +221,19 @@ impl Server {
     /// The server's log lines that contain `needle`, waiting up to 5 s for the first
     /// (a call's log line is written just after its response).
     pub fn log_lines_with(&self, needle: &str) -> Vec<String> {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let found: Vec<String> = self
-                .logs
+        let lines = || -> Vec<String> {
+            self.logs
                 .lock()
                 .unwrap()
                 .iter()
                 .filter(|l| l.contains(needle))
                 .cloned()
-                .collect();
-            if !found.is_empty() || Instant::now() >= deadline {
-                return found;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+                .collect()
+        };
+        poll_for(Duration::from_secs(5), || {
+            Some(lines()).filter(|found| !found.is_empty())
+        })
+        .unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {
