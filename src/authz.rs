@@ -1233,7 +1233,43 @@ mod tests {
 
     /// Reasons of steps 2-8 that are decided outside this file (not pure: they need the
     /// clock or the file system), with where.
-    const DECIDED_ELSEWHERE: [(Reason, &str); 2] = [
+    const DECIDED_ELSEWHERE: [(Reason, &str); 11] = [
+        (
+            Reason::JwtMalformed,
+            "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
+        ),
+        (
+            Reason::JwtExpired,
+            "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
+        ),
+        (
+            Reason::JwtNotYetValid,
+            "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
+        ),
+        (
+            Reason::JwtIssuerMismatch,
+            "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
+        ),
+        (
+            Reason::JwtAudienceMismatch,
+            "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
+        ),
+        (
+            Reason::JwtUnknownKid,
+            "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
+        ),
+        (
+            Reason::JwtAlgorithmRefused,
+            "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
+        ),
+        (
+            Reason::JwtSignatureInvalid,
+            "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
+        ),
+        (
+            Reason::JwksUnavailable,
+            "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
+        ),
         (
             Reason::CredentialExpired,
             "identity::run_tokens resolves a run token before the decision (the clock)",
