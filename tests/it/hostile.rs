@@ -276,7 +276,9 @@ fn safety_lock_race_audited_order_is_enforced_order_also_after_restart() {
                         .header("Authorization", &format!("Bearer {ADMIN}"))
                         .send(body.to_string().as_bytes())
                         .unwrap();
-                    assert_eq!(resp.status().as_u16(), 200);
+                    let status = resp.status().as_u16();
+                    let answer = resp.into_body().read_to_string().unwrap_or_default();
+                    assert_eq!(status, 200, "{answer}");
                 })
             })
             .collect();
