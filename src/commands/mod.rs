@@ -55,7 +55,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the sidecar: the HTTP API on the loaded policy.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Check, review and test the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
