@@ -38,6 +38,9 @@ pub struct ImportArgs {
     /// Lane to put in each entry's `allowed_lanes` (repeatable); entries stay disabled.
     #[arg(long, value_name = "LANE")]
     pub lane: Vec<String>,
+    /// The `server_id` of the printed `servers:` entry (default: from the server's name).
+    #[arg(long, value_name = "ID")]
+    pub server_id: Option<String>,
     /// How long to wait for the server to start and list its tools.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub timeout_secs: u64,
@@ -48,6 +51,13 @@ pub struct ImportArgs {
 }
 
 pub fn import_command(args: &ImportArgs) -> Exit {
+    if let Some(id) = &args.server_id {
+        if !crate::policy::is_id(id) {
+            eprintln!("error: --server-id {id:?} is not an id");
+            eprintln!("  help: an id is 1-64 characters of a-z, 0-9 and _, starting with a letter");
+            return Exit::InvalidConfig;
+        }
+    }
     let env = match std::env::current_dir() {
         Ok(dir) => AdapterEnv {
             tools_dir: dir.clone(),
@@ -83,7 +93,10 @@ pub fn import_command(args: &ImportArgs) -> Exit {
             for warning in crate::mcp::import::warnings(&listing) {
                 eprintln!("warning: {warning}");
             }
-            print!("{}", render(&listing, &upstream, &args.lane));
+            print!(
+                "{}",
+                render(&listing, &upstream, &args.lane, args.server_id.as_deref())
+            );
             Exit::Ok
         }
         Err(e) => {

@@ -1,8 +1,9 @@
 //! `toolgate mcp import`: asks an MCP server for its tools and prints registry entries
 //! for them, for a person to review and enable.
 //!
-//! Every entry is printed with `enabled: false`, the server's schemas inline, and an
-//! `mcp` adapter pointing back at the server. Nothing the server says is trusted: its
+//! The server is printed once, as a `servers:` entry, and every tool as a `tools:` entry
+//! with `enabled: false`, the server's schemas inline, and an `mcp` adapter that refers
+//! to the server by its id (so all its tools share one upstream session). Nothing the server says is trusted: its
 //! annotations only pick the more cautious of two defaults (a tool is
 //! `side_effectful` and not idempotent unless it says `readOnlyHint` or
 //! `idempotentHint`), and the reviewer decides the rest.
@@ -46,7 +47,12 @@ pub fn warnings(listing: &Listing) -> Vec<String> {
 
 /// The registry entries for every listed tool, sorted by upstream name, with a header
 /// comment saying how to review them.
-pub fn render(listing: &Listing, upstream: &Upstream, lanes: &[String]) -> String {
+pub fn render(
+    listing: &Listing,
+    upstream: &Upstream,
+    lanes: &[String],
+    server_id: Option<&str>,
+) -> String {
     let (server_name, server_version) = match &listing.server {
         Some(info) => (info.name.clone(), info.version.clone()),
         None => (String::from("unnamed"), String::new()),
@@ -54,13 +60,17 @@ pub fn render(listing: &Listing, upstream: &Upstream, lanes: &[String]) -> Strin
     let version = semver::Version::parse(&server_version)
         .map(|v| v.to_string())
         .unwrap_or_else(|_| "1.0.0".to_string());
-    let adapter = match upstream {
+    let server_id = match server_id {
+        Some(id) => id.to_string(),
+        None => registry_name(&server_name, &mut BTreeSet::new()),
+    };
+    let endpoint = match upstream {
         Upstream::Stdio { argv0, args, .. } => {
             let mut argv = vec![argv0.clone()];
             argv.extend(args.iter().cloned());
-            format!("kind: mcp, command: {}", json!(argv))
+            format!("command: {}", json!(argv))
         }
-        Upstream::Http { url } => format!("kind: mcp, url: {}", json!(url)),
+        Upstream::Http { url } => format!("url: {}", json!(url)),
     };
     let mut tools: Vec<&rmcp::model::Tool> = listing.tools.iter().collect();
     tools.sort_by(|a, b| a.name.cmp(&b.name));
@@ -78,7 +88,9 @@ pub fn render(listing: &Listing, upstream: &Upstream, lanes: &[String]) -> Strin
          # `allowed_lanes`, add it to those lanes' `tools` in policy/lanes.yaml, set\n\
          # `enabled: true`, tighten schemas and limits, then run `toolgate policy check`.\n\
          # A stdio server runs in the directory of tool_registry.yaml: use absolute paths\n\
-         # or programs on PATH in `command`.\n",
+         # or programs on PATH in `command`.\n\
+         # The server goes in the registry's `servers:` list and the tools in its `tools:`\n\
+         # list: if the registry has no `servers:` yet, paste the `servers:` part as is.\n",
     );
     if !lanes.is_empty() {
         out.push_str(&format!(
@@ -87,6 +99,15 @@ pub fn render(listing: &Listing, upstream: &Upstream, lanes: &[String]) -> Strin
             lanes.join(", ")
         ));
     }
+    out.push_str("\nservers:\n");
+    out.push_str(&format!("  - server_id: {server_id}\n"));
+    out.push_str(&format!(
+        "    description: {}\n",
+        json!(format!("MCP server `{server_name}` {server_version}").trim_end())
+    ));
+    out.push_str(&format!("    {endpoint}\n"));
+    out.push_str(&format!("    max_concurrency: {MAX_CONCURRENCY}\n"));
+    out.push_str("\ntools:\n");
     for tool in tools {
         let name = registry_name(&tool.name, &mut taken);
         let annotations = tool.annotations.as_ref();
@@ -148,7 +169,7 @@ pub fn render(listing: &Listing, upstream: &Upstream, lanes: &[String]) -> Strin
         out.push_str("    prohibited_flags: []\n");
         out.push_str(&format!("    write_targets: {write_targets}\n"));
         out.push_str(&format!(
-            "    adapter: {{{adapter}, tool: {}}}\n",
+            "    adapter: {{kind: mcp, server: {server_id}, tool: {}}}\n",
             json!(tool.name)
         ));
         out.push_str(&format!(
@@ -241,7 +262,7 @@ mod tests {
         let upstream = Upstream::Http {
             url: "http://127.0.0.1:9/mcp".into(),
         };
-        let text = render(&listing, &upstream, &[]);
+        let text = render(&listing, &upstream, &[], None);
         let read = text.find("- tool_name: read_thing").unwrap();
         let write = text.find("- tool_name: write_thing").unwrap();
         assert!(read < write, "sorted by name");
@@ -253,9 +274,17 @@ mod tests {
         let read_entry = &text[read..write];
         assert!(read_entry.contains("determinism: idempotent"));
         assert!(read_entry.contains("write_targets: []"));
-        assert!(read_entry.contains(
-            r#"adapter: {kind: mcp, url: "http://127.0.0.1:9/mcp", tool: "read_thing"}"#
-        ));
+        assert!(
+            read_entry.contains(r#"adapter: {kind: mcp, server: unnamed, tool: "read_thing"}"#)
+        );
+        // The server is named once, before the tools, and both tools refer to it.
+        let servers = text.find("\nservers:\n  - server_id: unnamed\n").unwrap();
+        assert!(servers < text.find("\ntools:\n").unwrap());
+        assert!(text.contains(r#"    url: "http://127.0.0.1:9/mcp""#));
+        assert_eq!(text.matches("server: unnamed,").count(), 2);
+        let named = render(&listing, &upstream, &[], Some("search"));
+        assert!(named.contains("  - server_id: search\n"));
+        assert_eq!(named.matches("server: search,").count(), 2);
         assert!(text.matches("enabled: false").count() == 2);
         assert!(text.matches("allowed_lanes: []").count() == 2);
     }

@@ -29,6 +29,7 @@ mod validate;
 pub use flags::{ProhibitedBy, Prohibition, prohibitions, raised_flags};
 pub use model::*;
 pub use read::{MAX_FILE_BYTES, MAX_YAML_DEPTH};
+pub use validate::is_id;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -532,8 +532,23 @@ fn imported_entries_load_once_reviewed_and_then_run() {
 
     let dir = tempfile::tempdir().unwrap();
     let (policy, registry) = demo_copy(dir.path());
-    let mut text = fs::read_to_string(&registry).unwrap();
-    text.push_str(&printed);
+    // The server is printed once and both tools refer to it.
+    assert_eq!(printed.matches("  - server_id: ").count(), 1, "{printed}");
+    assert_eq!(
+        printed.matches("{kind: mcp, server: ").count(),
+        2,
+        "{printed}"
+    );
+    // Pasted as a reviewer would: the `servers:` part before the registry's `tools:`
+    // (the demo registry has none yet), the tool entries at the end of its list.
+    let (servers_part, tools_part) = printed.split_once("\ntools:\n").unwrap();
+    let servers_part = &servers_part[servers_part.find("\nservers:\n").unwrap()..];
+    let mut text = fs::read_to_string(&registry).unwrap().replacen(
+        "\ntools:\n",
+        &format!("{servers_part}\n\ntools:\n"),
+        1,
+    );
+    text.push_str(tools_part);
     fs::write(&registry, &text).unwrap();
     // As printed (disabled, in no lane's allowlist yet), the policy loads.
     let (ok, out) = policy_check(&policy, &registry);

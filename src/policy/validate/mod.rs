@@ -201,7 +201,7 @@ impl Report<'_> {
 // Shared value checks
 
 /// `^[a-z][a-z0-9_]{0,63}$`: role, admin, lane and tool ids, scope keys and flags.
-pub(crate) fn is_id(s: &str) -> bool {
+pub fn is_id(s: &str) -> bool {
     let bytes = s.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 64
