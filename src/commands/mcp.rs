@@ -51,12 +51,12 @@ pub struct ImportArgs {
 }
 
 pub fn import_command(args: &ImportArgs) -> Exit {
-    if let Some(id) = &args.server_id {
-        if !crate::policy::is_id(id) {
-            eprintln!("error: --server-id {id:?} is not an id");
-            eprintln!("  help: an id is 1-64 characters of a-z, 0-9 and _, starting with a letter");
-            return Exit::InvalidConfig;
-        }
+    if let Some(id) = &args.server_id
+        && !crate::policy::is_id(id)
+    {
+        eprintln!("error: --server-id {id:?} is not an id");
+        eprintln!("  help: an id is 1-64 characters of a-z, 0-9 and _, starting with a letter");
+        return Exit::InvalidConfig;
     }
     let env = match std::env::current_dir() {
         Ok(dir) => AdapterEnv {
