@@ -33,9 +33,9 @@ use super::model::{
     PolicyVersions, Redaction, Role, RunStatus, Tool,
 };
 use super::raw::{
-    LanesFile, RawAdapter, RawAdapterKind, RawApproval, RawCondition, RawCredential, RawDeterminism,
-    RawFlagRule, RawIdentityProvider, RawJwtCredential, RawLane, RawRedaction, RawRedactionMode,
-    RawRole, RawRunTokens, RawServer, RawTool, RegistryFile, RolesFile,
+    LanesFile, RawAdapter, RawAdapterKind, RawApproval, RawCondition, RawCredential,
+    RawDeterminism, RawFlagRule, RawIdentityProvider, RawJwtCredential, RawLane, RawRedaction,
+    RawRedactionMode, RawRole, RawRunTokens, RawServer, RawTool, RegistryFile, RolesFile,
 };
 use super::read::SourceFile;
 use super::schema::{self, SchemaContext};
