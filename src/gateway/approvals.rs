@@ -211,6 +211,17 @@ impl Gateway {
         let now = approvals::now_ms();
         let claimed = match record.status_at(now) {
             ApprovalStatus::Approved => {
+                // The store is an index; the signed audit log is the evidence. A grant
+                // the log does not hold (an edited approvals.db) is not honoured.
+                if !self.grants_in_log(&record).await? {
+                    return Err(Refusal::new(
+                        Reason::ApprovalStoreUnavailable,
+                        format!(
+                            "approval `{approval_id}` is approved in the approval store but the audit log does not hold approvals meeting its quorum; it is not used"
+                        ),
+                    )
+                    .with_details(json!({ "approval_id": approval_id })));
+                }
                 let (id, call) = (approval_id.to_string(), call_id.to_string());
                 let used_at = approvals::rfc3339_ms(now);
                 self.approval_store(move |s| s.claim(&id, &call, now, &used_at))
@@ -516,6 +527,33 @@ impl Gateway {
             expired += 1;
         }
         Ok(expired)
+    }
+
+    /// Whether the audit log's `approval_granted` events of `record` meet its quorum.
+    async fn grants_in_log(&self, record: &ApprovalRecord) -> Result<bool, Refusal> {
+        let events = self
+            .audit
+            .events(EventFilter {
+                run_id: Some(record.binding.run_id.clone()),
+                event_types: vec![EventType::ApprovalGranted],
+                ..EventFilter::default()
+            })
+            .await
+            .map_err(audit_refusal)?;
+        let mut from_log = record.clone();
+        from_log.decisions = events
+            .iter()
+            .map(|e| &e.value["details"])
+            .filter(|d| d["approval_id"] == json!(record.approval_id))
+            .map(|d| Decision {
+                approver: d["by"].as_str().unwrap_or_default().to_string(),
+                subject: d["subject"].as_str().map(str::to_string),
+                decision: Verdict::Approve,
+                reason: String::new(),
+                at: String::new(),
+            })
+            .collect();
+        Ok(from_log.quorum_met())
     }
 
     /// Whether the audit log already holds the `approval_expired` of `record`.

@@ -830,3 +830,41 @@ fn pending_approvals_per_run_are_bounded() {
     assert!(rest["next_cursor"].is_null());
     stop_and_verify(server);
 }
+
+#[test]
+fn an_insider_editing_the_approval_store_cannot_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    // Someone with the data directory marks the approval granted in approvals.db.
+    let conn = rusqlite::Connection::open(server.data_dir.join("approvals.db")).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    let forged = json!([{"approver": "role:supervisor", "decision": "approve", "reason": "forged", "at": "2026-01-01T00:00:00Z"}]);
+    let changed = conn
+        .execute(
+            "UPDATE approvals SET status = 'approved',
+                 record = json_set(record, '$.status', 'approved', '$.decisions', json(?2))
+             WHERE approval_id = ?1",
+            rusqlite::params![id, forged.to_string()],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(conn);
+    let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
+    assert_eq!(shown["status"], "approved", "the edit took: {shown}");
+    let (code, refused) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 503, "{refused}");
+    assert_eq!(
+        refused["diagnostic"]["reason"],
+        "approval_store_unavailable"
+    );
+    let all = events(&server);
+    assert!(
+        of_type(&all, "tool_requested", &id).is_empty(),
+        "nothing ran"
+    );
+    assert!(of_type(&all, "tool_executed", &id).is_empty());
+    stop_and_verify(server);
+}
