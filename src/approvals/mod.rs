@@ -311,7 +311,8 @@ mod tests {
     fn each_differing_field_has_its_reason() {
         let b = binding();
         assert_eq!(b.mismatch(&b), None);
-        let cases: [(fn(&mut Binding), Reason); 5] = [
+        type Change = fn(&mut Binding);
+        let cases: [(Change, Reason); 5] = [
             (|c| c.run_id = "other".into(), Reason::ApprovalRunMismatch),
             (|c| c.role_id = "x".into(), Reason::ApprovalRoleMismatch),
             (

@@ -586,7 +586,7 @@ impl Gateway {
                     tracing::warn!(reason = refusal.reason.as_str(), message = %refusal.message, "approval sweep failed");
                 }
                 rounds += 1;
-                if rounds % 120 == 0 {
+                if rounds.is_multiple_of(120) {
                     let _ = gateway
                         .approval_store(|s| s.prune(approvals::MAX_FINISHED_KEPT))
                         .await;

@@ -43,7 +43,7 @@ pub fn run_case(loaded: &Loaded, case: &PolicyCase) -> Option<String> {
     let explanation = explain(loaded, req, run);
     match (&explanation.refusal, case.expect.decision) {
         (None, ExpectedDecision::Allow) => match case.expect.approval {
-            Some(expected) if expected != !explanation.trace.approval.is_empty() => {
+            Some(expected) if expected == explanation.trace.approval.is_empty() => {
                 Some(if expected {
                     "expected allow once approved, got allow without approval".to_string()
                 } else {
