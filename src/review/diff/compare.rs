@@ -1152,6 +1152,60 @@ mod tests {
     }
 
     #[test]
+    fn removing_or_weakening_an_approval_widens() {
+        let old = demo();
+        fn court(p: &mut Policy) -> &mut Approval {
+            let tool = p.tools.get_mut("file_with_court").unwrap();
+            tool.approval.as_mut().unwrap()
+        }
+        let mut removed = old.clone();
+        removed.tools.get_mut("file_with_court").unwrap().approval = None;
+        assert_eq!(
+            kinds(&changes(&old, &removed)),
+            vec![(Kind::ToolApprovalRemoved, Effect::Widening)]
+        );
+        assert_eq!(
+            kinds(&changes(&removed, &old)),
+            vec![(Kind::ToolApprovalAdded, Effect::Narrowing)]
+        );
+        let mut more_approvers = old.clone();
+        court(&mut more_approvers)
+            .approvers
+            .push("filing_agent".into());
+        assert_eq!(
+            kinds(&changes(&old, &more_approvers)),
+            vec![(Kind::ToolApprovalChanged, Effect::Widening)]
+        );
+        let mut longer = old.clone();
+        court(&mut longer).ttl_s += 60;
+        assert_eq!(
+            kinds(&changes(&old, &longer)),
+            vec![(Kind::ToolApprovalChanged, Effect::Widening)]
+        );
+        let mut shorter = old.clone();
+        court(&mut shorter).ttl_s = 60;
+        assert_eq!(
+            kinds(&changes(&old, &shorter)),
+            vec![(Kind::ToolApprovalChanged, Effect::Narrowing)]
+        );
+        // Mixed: a raised quorum and an added approver is still widening.
+        let mut mixed = old.clone();
+        court(&mut mixed).quorum = 2;
+        court(&mut mixed).approvers.push("filing_agent".into());
+        assert_eq!(
+            kinds(&changes(&old, &mixed)),
+            vec![(Kind::ToolApprovalChanged, Effect::Widening)]
+        );
+        let mut on_the_lane = old.clone();
+        on_the_lane.lanes.get_mut("filing").unwrap().approval =
+            old.tools["file_with_court"].approval.clone();
+        assert_eq!(
+            kinds(&changes(&old, &on_the_lane)),
+            vec![(Kind::LaneApprovalAdded, Effect::Narrowing)]
+        );
+    }
+
+    #[test]
     fn a_credential_change_never_shows_the_hash() {
         let old = demo();
         let mut new = old.clone();
