@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 
 use super::fields::TOOL_FIELDS;
 use super::schema::{self, Class, SchemaChange};
-use crate::policy::{Condition, Credential, FlagMatcher, FlagRule, Lane, Policy, Role, Tool};
+use crate::policy::{
+    Approval, Condition, Credential, FlagMatcher, FlagRule, Lane, Policy, Role, Tool,
+};
 
 /// Whether a change gives more access, less, or neither.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -61,6 +63,9 @@ pub enum Kind {
     LaneConditionAdded,
     LaneConditionRemoved,
     LaneConditionChanged,
+    LaneApprovalAdded,
+    LaneApprovalRemoved,
+    LaneApprovalChanged,
     // tools
     ToolAdded,
     ToolRemoved,
@@ -87,6 +92,9 @@ pub enum Kind {
     ToolConditionChanged,
     InputSchemaChanged,
     OutputSchemaChanged,
+    ToolApprovalAdded,
+    ToolApprovalRemoved,
+    ToolApprovalChanged,
 }
 
 /// Which part of the policy a change is about; sections order the report.
@@ -144,7 +152,10 @@ impl Kind {
             | LaneWriteChanged
             | LaneConditionAdded
             | LaneConditionRemoved
-            | LaneConditionChanged => Section::Lanes,
+            | LaneConditionChanged
+            | LaneApprovalAdded
+            | LaneApprovalRemoved
+            | LaneApprovalChanged => Section::Lanes,
             InputSchemaChanged | OutputSchemaChanged => Section::Schemas,
             ToolAdded
             | ToolRemoved
@@ -168,7 +179,10 @@ impl Kind {
             | ToolRedactionChanged
             | ToolConditionAdded
             | ToolConditionRemoved
-            | ToolConditionChanged => Section::Tools,
+            | ToolConditionChanged
+            | ToolApprovalAdded
+            | ToolApprovalRemoved
+            | ToolApprovalChanged => Section::Tools,
         }
     }
 }
@@ -585,6 +599,12 @@ fn lane_fields(id: &str, o: &Lane, n: &Lane, out: &mut Vec<Change>) {
         );
     }
     conditions(Owner::Lane(id), &o.conditions, &n.conditions, out);
+    approval(
+        Owner::Lane(id),
+        o.approval.as_ref(),
+        n.approval.as_ref(),
+        out,
+    );
 }
 
 fn tools(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
@@ -629,6 +649,12 @@ fn tool_fields(id: &str, o: &Tool, n: &Tool, out: &mut Vec<Change>) {
     }
     flag_rules(id, &o.flag_rules, &n.flag_rules, out);
     conditions(Owner::Tool(id), &o.conditions, &n.conditions, out);
+    approval(
+        Owner::Tool(id),
+        o.approval.as_ref(),
+        n.approval.as_ref(),
+        out,
+    );
 }
 
 fn rule_text(rule: &FlagRule) -> String {
@@ -717,6 +743,116 @@ fn flag_rules(id: &str, old: &[FlagRule], new: &[FlagRule], out: &mut Vec<Change
             .values(Value::Null, json!(a)),
         );
     }
+}
+
+fn approval_json(a: &Approval) -> Value {
+    json!({
+        "required": a.when.is_none(),
+        "when": a.when.as_ref().map(|c| c.expr.clone()),
+        "approvers": a.approvers,
+        "quorum": a.quorum,
+        "ttl_s": a.ttl_s,
+    })
+}
+
+/// A lane's or tool's `approval`: added narrows, removed widens; a change is widening
+/// when any part of it lets more calls through or makes approving easier (`when`
+/// instead of `required`, a changed `when`, an approver added, a lower quorum, a longer
+/// ttl), else narrowing (the opposite changes), else neutral.
+fn approval(
+    owner: Owner<'_>,
+    old: Option<&Approval>,
+    new: Option<&Approval>,
+    out: &mut Vec<Change>,
+) {
+    let (label, kinds) = match owner {
+        Owner::Lane(id) => (
+            format!("lane `{id}`"),
+            [
+                Kind::LaneApprovalAdded,
+                Kind::LaneApprovalRemoved,
+                Kind::LaneApprovalChanged,
+            ],
+        ),
+        Owner::Tool(id) => (
+            format!("tool `{id}`"),
+            [
+                Kind::ToolApprovalAdded,
+                Kind::ToolApprovalRemoved,
+                Kind::ToolApprovalChanged,
+            ],
+        ),
+    };
+    let attach = |change: Change| match owner {
+        Owner::Lane(id) => change.lane(id),
+        Owner::Tool(id) => change.tool(id),
+    };
+    let (o, n) = match (old, new) {
+        (None, None) => return,
+        (None, Some(n)) => {
+            out.push(attach(
+                Change::new(
+                    kinds[0],
+                    Effect::Narrowing,
+                    format!("{label} now requires approval"),
+                )
+                .values(Value::Null, approval_json(n)),
+            ));
+            return;
+        }
+        (Some(o), None) => {
+            out.push(attach(
+                Change::new(
+                    kinds[1],
+                    Effect::Widening,
+                    format!("{label} no longer requires approval"),
+                )
+                .values(approval_json(o), Value::Null),
+            ));
+            return;
+        }
+        (Some(o), Some(n)) => (o, n),
+    };
+    let mut wider = Vec::new();
+    let mut narrower = Vec::new();
+    match (&o.when, &n.when) {
+        (None, Some(_)) => wider.push("only calls matching `when` need approval now"),
+        (Some(_), None) => narrower.push("every call needs approval now"),
+        (Some(a), Some(b)) if a.expr != b.expr => wider.push("`when` changed"),
+        _ => {}
+    }
+    if n.approvers.iter().any(|a| !o.approvers.contains(a)) {
+        wider.push("approvers added");
+    }
+    if o.approvers.iter().any(|a| !n.approvers.contains(a)) {
+        narrower.push("approvers removed");
+    }
+    if n.quorum < o.quorum {
+        wider.push("quorum lowered");
+    } else if n.quorum > o.quorum {
+        narrower.push("quorum raised");
+    }
+    if n.ttl_s > o.ttl_s {
+        wider.push("ttl_s raised");
+    } else if n.ttl_s < o.ttl_s {
+        narrower.push("ttl_s lowered");
+    }
+    let effect = if !wider.is_empty() {
+        Effect::Widening
+    } else if !narrower.is_empty() {
+        Effect::Narrowing
+    } else {
+        return;
+    };
+    let parts: Vec<&str> = wider.into_iter().chain(narrower).collect();
+    out.push(attach(
+        Change::new(
+            kinds[2],
+            effect,
+            format!("{label}: approval changed ({})", parts.join(", ")),
+        )
+        .values(approval_json(o), approval_json(n)),
+    ));
 }
 
 /// Whose conditions are compared.
@@ -1012,6 +1148,60 @@ mod tests {
                     "tool `legal_search`: `limits.max_output_bytes` raised from 65536 to 131072"
                 ),
             ]
+        );
+    }
+
+    #[test]
+    fn removing_or_weakening_an_approval_widens() {
+        let old = demo();
+        fn court(p: &mut Policy) -> &mut Approval {
+            let tool = p.tools.get_mut("file_with_court").unwrap();
+            tool.approval.as_mut().unwrap()
+        }
+        let mut removed = old.clone();
+        removed.tools.get_mut("file_with_court").unwrap().approval = None;
+        assert_eq!(
+            kinds(&changes(&old, &removed)),
+            vec![(Kind::ToolApprovalRemoved, Effect::Widening)]
+        );
+        assert_eq!(
+            kinds(&changes(&removed, &old)),
+            vec![(Kind::ToolApprovalAdded, Effect::Narrowing)]
+        );
+        let mut more_approvers = old.clone();
+        court(&mut more_approvers)
+            .approvers
+            .push("filing_agent".into());
+        assert_eq!(
+            kinds(&changes(&old, &more_approvers)),
+            vec![(Kind::ToolApprovalChanged, Effect::Widening)]
+        );
+        let mut longer = old.clone();
+        court(&mut longer).ttl_s += 60;
+        assert_eq!(
+            kinds(&changes(&old, &longer)),
+            vec![(Kind::ToolApprovalChanged, Effect::Widening)]
+        );
+        let mut shorter = old.clone();
+        court(&mut shorter).ttl_s = 60;
+        assert_eq!(
+            kinds(&changes(&old, &shorter)),
+            vec![(Kind::ToolApprovalChanged, Effect::Narrowing)]
+        );
+        // Mixed: a raised quorum and an added approver is still widening.
+        let mut mixed = old.clone();
+        court(&mut mixed).quorum = 2;
+        court(&mut mixed).approvers.push("filing_agent".into());
+        assert_eq!(
+            kinds(&changes(&old, &mixed)),
+            vec![(Kind::ToolApprovalChanged, Effect::Widening)]
+        );
+        let mut on_the_lane = old.clone();
+        on_the_lane.lanes.get_mut("filing").unwrap().approval =
+            old.tools["file_with_court"].approval.clone();
+        assert_eq!(
+            kinds(&changes(&old, &on_the_lane)),
+            vec![(Kind::LaneApprovalAdded, Effect::Narrowing)]
         );
     }
 
