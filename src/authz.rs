@@ -539,6 +539,44 @@ pub fn condition_variables(
     })
 }
 
+/// Step 8 (after the conditions): the human approvals this call needs, the lane's
+/// then the tool's. An `approval.when` that cannot be evaluated applies (fail closed).
+/// Only says what is needed; whether an approval was granted is the pipeline's gate.
+pub fn approval_requirements(
+    lane: &Lane,
+    tool: &Tool,
+    vars: Option<&Variables>,
+) -> Vec<crate::call::ApprovalRequirement> {
+    let owners = [
+        (format!("lane:{}", lane.lane_id), lane.approval.as_ref()),
+        (format!("tool:{}", tool.tool_name), tool.approval.as_ref()),
+    ];
+    let mut needed = Vec::new();
+    for (owner, approval) in owners {
+        let Some(approval) = approval else { continue };
+        let (applies, when_error) = match (&approval.when, vars) {
+            (None, _) => (true, None),
+            (Some(_), None) => (true, Some("no values to evaluate the condition".to_string())),
+            (Some(condition), Some(vars)) => match condition.evaluate(vars) {
+                Outcome::True => (true, None),
+                Outcome::False => (false, None),
+                Outcome::Error(e) => (true, Some(e)),
+            },
+        };
+        if applies {
+            needed.push(crate::call::ApprovalRequirement {
+                owner,
+                approvers: approval.approvers.clone(),
+                quorum: approval.quorum,
+                ttl_s: approval.ttl_s,
+                when: approval.when.as_ref().map(|c| c.expr.clone()),
+                when_error,
+            });
+        }
+    }
+    needed
+}
+
 /// Evaluates every condition of the lane, then of the tool (all of them, so a trace or
 /// `policy explain` shows each value).
 pub fn evaluate_conditions(lane: &Lane, tool: &Tool, vars: &Variables) -> Vec<ConditionResult> {

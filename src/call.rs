@@ -35,6 +35,8 @@ pub struct CallRequest {
     pub idempotency_key: Option<String>,
     /// Decide and trace, never execute.
     pub dry_run: bool,
+    /// The approval this call presents (a retry after `approval_required`).
+    pub approval_id: Option<String>,
 }
 
 /// What a malformed request still tells us, for the audit record of its refusal.
@@ -109,6 +111,8 @@ pub struct CallBody {
     pub idempotency_key: Option<Value>,
     #[serde(default)]
     pub dry_run: Option<Value>,
+    #[serde(default)]
+    pub approval_id: Option<Value>,
     /// Every other field, by name: each is refused.
     #[serde(flatten)]
     pub unknown: std::collections::BTreeMap<String, serde::de::IgnoredAny>,
@@ -338,6 +342,16 @@ fn check_call(body: CallBody) -> Received {
             false
         }
     };
+    let approval_id = match &body.approval_id {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if is_approval_id(s) => Some(s.clone()),
+        Some(_) => {
+            problems.push(format!(
+                "`approval_id` must be a string of 1 to {MAX_ID_LEN} letters, digits, `-` or `_`"
+            ));
+            None
+        }
+    };
     // Bounds: depth and size, so that everything accepted can also be audited.
     if let Some(scope) = &scope {
         let scope = Value::Object(scope.clone());
@@ -383,9 +397,18 @@ fn check_call(body: CallBody) -> Received {
             timeout_ms,
             idempotency_key,
             dry_run,
+            approval_id,
         }),
         _ => Err(Box::new((malformed(problems), partial))),
     }
+}
+
+/// An approval id as a caller may send it: 1 to 128 ASCII letters, digits, `-`, `_`.
+pub fn is_approval_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_ID_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 fn malformed(problems: Vec<String>) -> Refusal {
@@ -531,6 +554,26 @@ pub struct Trace {
     /// Each condition of the lane and the tool with its value (step 8).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<ConditionResult>,
+    /// The human approvals this call needs (step 8; the gate runs before step 9).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approval: Vec<ApprovalRequirement>,
+}
+
+/// One `approval:` (of the lane or the tool) that applies to a call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ApprovalRequirement {
+    /// `lane:<id>` or `tool:<name>`.
+    pub owner: String,
+    /// Role or admin ids, sorted.
+    pub approvers: Vec<String>,
+    pub quorum: u32,
+    pub ttl_s: u64,
+    /// The `when` condition that selected the call (None for `required: true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// Why `when` applies although it did not evaluate to true (fail closed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_error: Option<String>,
 }
 
 /// A condition's value on one call.
@@ -570,6 +613,9 @@ impl Trace {
         }
         if !self.conditions.is_empty() {
             out["conditions"] = json!(self.conditions);
+        }
+        if !self.approval.is_empty() {
+            out["approval"] = json!(self.approval);
         }
         out
     }

@@ -30,6 +30,7 @@
 //!   and exit code; `main.rs` only calls [`commands::main`].
 
 pub mod adapter;
+pub mod approvals;
 pub mod artifacts;
 pub mod audit;
 pub mod authz;

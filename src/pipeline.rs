@@ -92,6 +92,9 @@ struct Call {
     /// Who called, beyond the role, when the credential says more (a run token's id),
     /// recorded as `details.caller`.
     caller: Option<Value>,
+    /// The approval this call runs under (claimed at the approval gate), recorded as
+    /// `details.approval`.
+    approval: Option<Value>,
 }
 
 /// What the audit events of a call record about its arguments.
@@ -197,11 +200,21 @@ fn decide<'p>(
     call.trace.flags = authz::raised_flags(tool, &scope.scope, &arguments);
     authz::check_prohibitions(lane, tool, &call.trace.flags, &scope)?;
     //    and every condition of the lane and the tool holds
-    if !lane.conditions.is_empty() || !tool.conditions.is_empty() {
-        let vars = authz::condition_variables(role, lane, tool, &run, &scope, &arguments);
-        call.trace.conditions = authz::evaluate_conditions(lane, tool, &vars);
+    let needs_vars = |a: &Option<crate::policy::Approval>| a.as_ref().is_some_and(|a| a.when.is_some());
+    let vars = (!lane.conditions.is_empty()
+        || !tool.conditions.is_empty()
+        || needs_vars(&lane.approval)
+        || needs_vars(&tool.approval))
+    .then(|| authz::condition_variables(role, lane, tool, &run, &scope, &arguments));
+    if let Some(vars) = &vars
+        && (!lane.conditions.is_empty() || !tool.conditions.is_empty())
+    {
+        call.trace.conditions = authz::evaluate_conditions(lane, tool, vars);
         authz::check_conditions(lane, tool, &call.trace.conditions)?;
     }
+    //    and which human approvals the call needs (granted or not: the gate after
+    //    step 8 decides, with the approval store)
+    call.trace.approval = authz::approval_requirements(lane, tool, vars.as_ref());
     call.trace.passed_step = 8;
 
     Ok(Allowed {
@@ -414,6 +427,15 @@ impl Gateway {
             return self.close_dry_run(call).await;
         }
 
+        // 8a. human approval: a call the policy requires approval for runs only under
+        //     an approval granted for this exact call, claimed once (the store is
+        //     read here, outside the pure decision)
+        if !call.trace.approval.is_empty()
+            && let Err(refusal) = self.approval_gate(&allowed, &mut call).await
+        {
+            return self.close(call, Err(refusal)).await;
+        }
+
         // 9. emit audit event: tool_requested (durable before anything runs; once per
         //    idempotency key, arguments and scope: a repeat returns the first outcome
         //    and writes its own closing event referring to the first call)
@@ -522,6 +544,65 @@ impl Gateway {
             guard.complete(self.stored_outcome(&response).await, keep);
         }
         response
+    }
+
+    /// The approval gate (after step 8): without `approval_id`, requests an approval
+    /// bound to this exact call (`approval_requested`) and refuses it with
+    /// `approval_required`; with one, claims that approval if it was granted for
+    /// exactly this call, or refuses with the reason it cannot be used.
+    async fn approval_gate(&self, allowed: &Allowed<'_>, call: &mut Call) -> Result<(), Refusal> {
+        let binding = crate::approvals::Binding {
+            run_id: allowed.run.run_id.clone(),
+            role_id: allowed.role.role_id.clone(),
+            lane_id: allowed.request.lane_id.clone(),
+            tool_name: allowed.tool.tool_name.clone(),
+            tool_version: allowed.tool.version.to_string(),
+            arguments_sha256: sha256_hex(&to_canonical_bytes(&allowed.arguments)),
+            scope_sha256: sha256_hex(&to_canonical_bytes(&Value::Object(
+                allowed.scope.scope.clone(),
+            ))),
+            policy_versions: call.policy_versions.clone(),
+        };
+        if let Some(approval_id) = &allowed.request.approval_id {
+            let record = self
+                .use_approval(approval_id, &binding, &call.call_id)
+                .await?;
+            call.approval = Some(json!({
+                "approval_id": record.approval_id,
+                "call_digest": record.call_digest,
+                "requested_by_call_id": record.call_id,
+                "approved_by": record
+                    .decisions
+                    .iter()
+                    .map(crate::approvals::Decision::who)
+                    .collect::<Vec<_>>(),
+            }));
+            return Ok(());
+        }
+        let event = call.event(self, EventType::ApprovalRequested);
+        let redaction = match &call.redaction {
+            Redaction::Full => "full",
+            Redaction::Fields { .. } => "fields",
+            Redaction::HashOnly => "hash_only",
+        };
+        let request = crate::gateway::ApprovalRequest {
+            call_id: call.call_id.clone(),
+            binding,
+            arguments: event.arguments.clone(),
+            redaction: redaction.to_string(),
+            scope: allowed.scope.scope.clone(),
+            requester: crate::approvals::Requester {
+                role_id: allowed.role.role_id.clone(),
+                caller: call.caller.clone(),
+            },
+            requirements: call.trace.approval.clone(),
+            event,
+        };
+        let refusal = self.request_approval(request).await;
+        if let Some(id) = refusal.details.get("approval_id") {
+            call.approval = Some(json!({ "approval_id": id }));
+        }
+        Err(refusal)
     }
 
     /// What the idempotency table keeps of a first call's response: an output larger
@@ -988,6 +1069,7 @@ impl Call {
             tool_time: None,
             span: Span::current(),
             caller: None,
+            approval: None,
         }
         .traced()
     }
@@ -1063,6 +1145,9 @@ impl Call {
         event.details.insert("trace".into(), self.trace.to_json());
         if let Some(caller) = &self.caller {
             event.details.insert("caller".into(), caller.clone());
+        }
+        if let Some(approval) = &self.approval {
+            event.details.insert("approval".into(), approval.clone());
         }
         if self.dry_run {
             event.details.insert("dry_run".into(), json!(true));

@@ -160,6 +160,105 @@ impl ListRuns {
     }
 }
 
+/// `POST /v1/approvals/{id}/decision`: `{"decision": "approve" | "deny", "reason": "..."}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecideApproval {
+    #[serde(deserialize_with = "decision")]
+    pub decision: crate::approvals::Verdict,
+    /// Why, for the audit log and the requester: 1 to 1000 bytes.
+    #[serde(deserialize_with = "decision_reason")]
+    pub reason: String,
+}
+
+const DECISION_PROBLEM: &str = "`decision` must be one of approve, deny";
+const DECISION_REASON_PROBLEM: &str =
+    "`reason` must be a non-empty string of at most 1000 bytes without control characters";
+
+impl Body for DecideApproval {
+    const FIELDS: &'static [&'static str] = &["decision", "reason"];
+    const REQUIRED: &'static [(&'static str, &'static str)] = &[
+        ("decision", DECISION_PROBLEM),
+        ("reason", DECISION_REASON_PROBLEM),
+    ];
+}
+
+fn decision<'de, D: Deserializer<'de>>(d: D) -> Result<crate::approvals::Verdict, D::Error> {
+    serde_json::from_value(Value::deserialize(d)?).map_err(|_| D::Error::custom(DECISION_PROBLEM))
+}
+
+fn decision_reason<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    match Value::deserialize(d)? {
+        Value::String(s)
+            if !s.trim().is_empty()
+                && s.len() <= crate::approvals::MAX_REASON_BYTES
+                && !s.chars().any(|c| c.is_control() && c != '\n') =>
+        {
+            Ok(s)
+        }
+        _ => Err(D::Error::custom(DECISION_REASON_PROBLEM)),
+    }
+}
+
+/// `GET /v1/approvals?status=&run_id=&limit=&cursor=`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListApprovals {
+    pub status: Option<crate::approvals::ApprovalStatus>,
+    pub run_id: Option<String>,
+    /// 1 to `approvals::MAX_PAGE`; `approvals::DEFAULT_PAGE` when not given.
+    pub limit: usize,
+    /// Where the previous page ended (its `next_cursor`); 0 for the first page.
+    pub cursor: i64,
+}
+
+impl ListApprovals {
+    /// Reads the query parameters.
+    pub fn from_query(
+        status: Option<&str>,
+        run_id: Option<&str>,
+        limit: Option<&str>,
+        cursor: Option<&str>,
+    ) -> Result<ListApprovals, Refusal> {
+        use crate::approvals::{ApprovalStatus, DEFAULT_PAGE, MAX_PAGE};
+        let status = match status {
+            None => None,
+            Some(s) => Some(ApprovalStatus::parse(s).ok_or_else(|| {
+                malformed("`status` must be one of pending, approved, denied, expired, used")
+            })?),
+        };
+        if let Some(run) = run_id
+            && !valid_run_id(run)
+        {
+            return Err(malformed("`run_id` must match ^[A-Za-z0-9._-]{1,128}$"));
+        }
+        let limit = match limit {
+            None => DEFAULT_PAGE,
+            Some(l) => match l.parse::<usize>() {
+                Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+                _ => {
+                    return Err(malformed(&format!(
+                        "`limit` must be an integer from 1 to {MAX_PAGE}"
+                    )));
+                }
+            },
+        };
+        let cursor = match cursor {
+            None => 0,
+            Some(c) => c
+                .parse::<i64>()
+                .ok()
+                .filter(|c| *c >= 0)
+                .ok_or_else(|| malformed("`cursor` must be the next_cursor of a previous page"))?,
+        };
+        Ok(ListApprovals {
+            status,
+            run_id: run_id.map(str::to_string),
+            limit,
+            cursor,
+        })
+    }
+}
+
 /// A `request_malformed` refusal naming one problem.
 pub fn malformed(problem: &str) -> Refusal {
     Refusal::new(

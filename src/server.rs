@@ -419,6 +419,30 @@ async fn route(
                 Err(r) => refusal_response(&r),
             }
         }
+        (&Method::GET, ["v1", "approvals"]) => respond(
+            gateway
+                .list_approvals(
+                    token.as_deref(),
+                    requests::ListApprovals::from_query(
+                        query.get("status").map(String::as_str),
+                        query.get("run_id").map(String::as_str),
+                        query.get("limit").map(String::as_str),
+                        query.get("cursor").map(String::as_str),
+                    ),
+                )
+                .await,
+            StatusCode::OK,
+        ),
+        (&Method::GET, ["v1", "approvals", approval_id]) => respond(
+            gateway.get_approval(token.as_deref(), approval_id).await,
+            StatusCode::OK,
+        ),
+        (&Method::POST, ["v1", "approvals", approval_id, "decision"]) => respond(
+            gateway
+                .decide_approval(token.as_deref(), approval_id, requests::parse(&body))
+                .await,
+            StatusCode::OK,
+        ),
         (&Method::POST, ["v1", "policy", "reload"]) => respond(
             gateway.reload_as_admin(token.as_deref()).await,
             StatusCode::OK,
@@ -481,6 +505,8 @@ fn allowed_methods(segments: &[&str]) -> Option<&'static str> {
         ["v1", "tool-calls"] | ["v1", "runs"] | ["v1", "runs", _, "status"] => Some("POST"),
         ["v1", "runs", _, "tokens", _, "revoke"] => Some("POST"),
         ["v1", "policy", "reload"] => Some("POST"),
+        ["v1", "approvals", _, "decision"] => Some("POST"),
+        ["v1", "approvals"] | ["v1", "approvals", _] => Some("GET"),
         ["v1", "safety-lock"] => Some("GET, POST"),
         ["v1", "runs", _]
         | ["v1", "runs", _, "events"]
@@ -835,6 +861,24 @@ pub fn http_status(reason: Reason) -> StatusCode {
         | Reason::ScopeConflictsWithRun
         | Reason::ProhibitedFlag
         | Reason::ConditionFailed => StatusCode::FORBIDDEN,
+        // Not executed, waiting on a human: 409 so that a client reading only the HTTP
+        // status never takes it for a success (docs/api.md, "Approvals").
+        Reason::ApprovalRequired | Reason::ApprovalPending | Reason::ApprovalAlreadyDecided => {
+            StatusCode::CONFLICT
+        }
+        Reason::ApprovalUnknown => StatusCode::NOT_FOUND,
+        Reason::ApprovalLimitReached => StatusCode::TOO_MANY_REQUESTS,
+        Reason::ApprovalStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::ApprovalDenied
+        | Reason::ApprovalExpired
+        | Reason::ApprovalUsed
+        | Reason::ApprovalArgumentsMismatch
+        | Reason::ApprovalRunMismatch
+        | Reason::ApprovalRoleMismatch
+        | Reason::ApprovalCallMismatch
+        | Reason::ApprovalPolicyChanged
+        | Reason::ApproverNotAllowed
+        | Reason::SelfApprovalRefused => StatusCode::FORBIDDEN,
     }
 }
 

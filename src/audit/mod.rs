@@ -83,11 +83,19 @@ pub enum EventType {
     RunTokenRevoked,
     /// `toolgate audit archive` moved sealed segments out of the data directory.
     AuditSegmentsArchived,
+    /// A call needing human approval was refused and an approval bound to it requested.
+    ApprovalRequested,
+    /// An approver approved (details.quorum_met: whether the approval is now granted).
+    ApprovalGranted,
+    /// An approver denied the approval.
+    ApprovalDenied,
+    /// An approval expired undecided or unused (recorded once, by the sweeper).
+    ApprovalExpired,
 }
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 18] = [
+    pub const ALL: [EventType; 22] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -106,6 +114,10 @@ impl EventType {
         EventType::RunTokenIssued,
         EventType::RunTokenRevoked,
         EventType::AuditSegmentsArchived,
+        EventType::ApprovalRequested,
+        EventType::ApprovalGranted,
+        EventType::ApprovalDenied,
+        EventType::ApprovalExpired,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -128,6 +140,10 @@ impl EventType {
             EventType::RunTokenIssued => "run_token_issued",
             EventType::RunTokenRevoked => "run_token_revoked",
             EventType::AuditSegmentsArchived => "audit_segments_archived",
+            EventType::ApprovalRequested => "approval_requested",
+            EventType::ApprovalGranted => "approval_granted",
+            EventType::ApprovalDenied => "approval_denied",
+            EventType::ApprovalExpired => "approval_expired",
         }
     }
 

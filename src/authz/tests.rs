@@ -614,7 +614,7 @@ fn the_denial_matrix_holds_row_by_row() {
 
 /// Reasons of steps 2-8 that are decided outside this file (not pure: they need the
 /// clock or the file system), with where.
-const DECIDED_ELSEWHERE: [(Reason, &str); 11] = [
+const DECIDED_ELSEWHERE: [(Reason, &str); 24] = [
     (
         Reason::JwtMalformed,
         "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
@@ -658,6 +658,58 @@ const DECIDED_ELSEWHERE: [(Reason, &str); 11] = [
     (
         Reason::ArgumentUnsafe,
         "the adapter's validate (a path that escapes the case folder, a symlink)",
+    ),
+    (
+        Reason::ApprovalRequired,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalPending,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalDenied,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalExpired,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalUsed,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalUnknown,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalArgumentsMismatch,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalRunMismatch,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalRoleMismatch,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalCallMismatch,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalPolicyChanged,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalLimitReached,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalStoreUnavailable,
+        "the approval gate in pipeline.rs, after the pure decision (store in gateway::approvals)",
     ),
 ];
 

@@ -286,6 +286,7 @@ async fn run(args: &ServeArgs) -> Exit {
         None => gateway,
     };
     let gateway = Arc::new(gateway);
+    gateway.spawn_approval_sweeper();
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => {

@@ -28,10 +28,12 @@ use crate::policy::{Policy, Problem, RunStatus, Tool};
 use crate::requests::{CreateRun, ListRuns, Repin, SetRunStatus, SetSafetyLock, malformed};
 use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
 
+mod approvals;
 mod evidence;
 pub use evidence::{EvidencePage, MAX_BUNDLE_BYTES};
 mod jwt;
 mod run_tokens;
+pub use approvals::ApprovalRequest;
 pub mod shadow;
 
 /// How long a caller over a tool's concurrency limit is told to wait.
@@ -162,6 +164,12 @@ pub struct Gateway {
     /// The server's public base URL (`serve --public-url`): the MCP resource URI is
     /// this plus `/mcp`, accepted as a JWT audience (RFC 8707).
     public_url: Option<String>,
+    /// Approvals of calls that need one (`approvals.db` in the data directory).
+    approvals: Arc<crate::approvals::ApprovalStore>,
+    /// Serializes approval requests and decisions (quorum counts, status checks).
+    approval_changes: tokio::sync::Mutex<()>,
+    /// Serializes expiry sweeps, so each expiry is audited once.
+    approval_sweep: tokio::sync::Mutex<()>,
 }
 
 impl Gateway {
@@ -178,6 +186,13 @@ impl Gateway {
         let runs = RunStore::rebuild(&audit).await?;
         let run_tokens = crate::identity::RunTokenStore::rebuild(&audit).await?;
         let lock = rebuild_lock(&audit).await?;
+        let approvals_path = env.data_dir.join("approvals.db");
+        let approvals = crate::approvals::ApprovalStore::open(&approvals_path).map_err(|e| {
+            AuditError::Io {
+                path: approvals_path.clone(),
+                what: format!("the approval store could not be opened: {e}"),
+            }
+        })?;
         record_policy_loaded(&audit, &loaded.policy, "start").await?;
         Ok(Gateway {
             loaded: ArcSwap::from_pointee(loaded),
@@ -196,6 +211,9 @@ impl Gateway {
             capacity: None,
             jwt: crate::identity::JwtVerifier::new(),
             public_url: None,
+            approvals: Arc::new(approvals),
+            approval_changes: tokio::sync::Mutex::new(()),
+            approval_sweep: tokio::sync::Mutex::new(()),
         })
     }
 

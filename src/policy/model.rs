@@ -222,7 +222,32 @@ pub struct Lane {
     pub write: bool,
     /// CEL conditions every call in this lane must satisfy (step 8), in file order.
     pub conditions: Vec<Condition>,
+    /// Human approval every call in this lane needs (or, with `when`, some calls).
+    pub approval: Option<Approval>,
 }
+
+/// `approval:` on a lane or a tool: a call it applies to is not executed until
+/// `quorum` distinct approvers among `approvers` approved that exact call.
+///
+/// INVARIANT: `approvers` is sorted, non-empty, and each names a role or an admin of
+/// the same policy (never both); `1 <= quorum <= approvers.len()`;
+/// `MIN_APPROVAL_TTL_S <= ttl_s <= MAX_APPROVAL_TTL_S`.
+#[derive(Debug, Clone)]
+pub struct Approval {
+    /// None for `required: true`; else approval is needed when this condition holds
+    /// (or cannot be evaluated: fail closed).
+    pub when: Option<Condition>,
+    pub approvers: Vec<String>,
+    pub quorum: u32,
+    /// How long an approval request stays valid (deciding and the retry), seconds.
+    pub ttl_s: u64,
+}
+
+/// `ttl_s` of an approval when the policy does not say (one hour).
+pub const DEFAULT_APPROVAL_TTL_S: u64 = 3600;
+/// The shortest and the longest `ttl_s` an approval may have (1 s, 7 days).
+pub const MIN_APPROVAL_TTL_S: u64 = 1;
+pub const MAX_APPROVAL_TTL_S: u64 = 7 * 86_400;
 
 /// How a tool behaves when called twice (contract 000, section 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -353,6 +378,8 @@ pub struct Tool {
     pub flag_rules: Vec<FlagRule>,
     /// CEL conditions every call of this tool must satisfy (step 8), in file order.
     pub conditions: Vec<Condition>,
+    /// Human approval every call of this tool needs (or, with `when`, some calls).
+    pub approval: Option<Approval>,
     /// Where the tool writes (empty for read-only tools), e.g. `data:drafts/{case_id}`.
     pub write_targets: Vec<String>,
     pub adapter: AdapterConfig,

@@ -117,6 +117,21 @@ pub(crate) struct RawLane {
     pub write: bool,
     #[serde(default)]
     pub conditions: Vec<Spanned<RawCondition>>,
+    /// Human approval for every call in this lane (see `RawApproval`).
+    #[serde(default)]
+    pub approval: Option<Spanned<RawApproval>>,
+}
+
+/// `approval: {required: true | when: <CEL>, approvers: [...], quorum: N, ttl_s: N}`:
+/// exactly one of `required: true` and `when` (checked in validation).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawApproval {
+    pub required: Option<Spanned<bool>>,
+    pub when: Option<Spanned<String>>,
+    pub approvers: Spanned<Vec<Spanned<String>>>,
+    pub quorum: Option<Spanned<u32>>,
+    pub ttl_s: Option<Spanned<u64>>,
 }
 
 /// A CEL condition: `{name, expr, message}`.
@@ -169,6 +184,9 @@ pub(crate) struct RawTool {
     pub flag_rules: Vec<Spanned<RawFlagRule>>,
     #[serde(default)]
     pub conditions: Vec<Spanned<RawCondition>>,
+    /// Human approval for every call of this tool (see `RawApproval`).
+    #[serde(default)]
+    pub approval: Option<Spanned<RawApproval>>,
     pub write_targets: Spanned<Vec<Spanned<String>>>,
     pub adapter: Spanned<RawAdapter>,
     pub redaction: Option<Spanned<RawRedaction>>,

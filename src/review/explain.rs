@@ -46,5 +46,6 @@ pub fn offline_request(
         timeout_ms: None,
         idempotency_key: None,
         dry_run: true,
+        approval_id: None,
     }
 }

@@ -20,6 +20,7 @@ pub(super) fn check_lanes(
             run_statuses,
             write,
             conditions,
+            approval,
         } = &entry.value;
         let id_ok = check_id(report, file, "lane id", lane_id);
         let unique = id_ok && check_unique(report, file, "lane id", &mut seen, lane_id);
@@ -30,6 +31,7 @@ pub(super) fn check_lanes(
             check_id_list(report, file, "scope key", &owner, required_scope_keys);
         let prohibited_flags = check_id_list(report, file, "flag", &owner, prohibited_flags);
         let conditions = check_conditions(report, file, &owner, conditions, None);
+        let approval = check_approval(report, file, &owner, approval.as_ref(), None);
         let mut statuses = BTreeSet::new();
         for status in &run_statuses.value {
             if !statuses.insert(status.value) {
@@ -62,6 +64,7 @@ pub(super) fn check_lanes(
                     run_statuses: statuses.into_iter().collect::<Vec<RunStatus>>(),
                     write: *write,
                     conditions,
+                    approval,
                 },
             );
         }

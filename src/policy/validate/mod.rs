@@ -16,6 +16,7 @@ use serde_json::Value;
 use serde_saphyr::{Location, Spanned};
 
 mod adapters;
+mod approvals;
 mod conditions;
 mod cross;
 mod lanes;
@@ -32,13 +33,14 @@ use super::model::{
     PolicyVersions, Redaction, Role, RunStatus, Tool,
 };
 use super::raw::{
-    LanesFile, RawAdapter, RawAdapterKind, RawCondition, RawCredential, RawDeterminism,
+    LanesFile, RawAdapter, RawAdapterKind, RawApproval, RawCondition, RawCredential, RawDeterminism,
     RawFlagRule, RawIdentityProvider, RawJwtCredential, RawLane, RawRedaction, RawRedactionMode,
     RawRole, RawRunTokens, RawServer, RawTool, RegistryFile, RolesFile,
 };
 use super::read::SourceFile;
 use super::schema::{self, SchemaContext};
 use adapters::*;
+use approvals::*;
 use conditions::*;
 use cross::*;
 use lanes::*;
@@ -121,6 +123,24 @@ pub(crate) fn build(input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Pol
             (&lanes_file.file.display, &lanes_file.raw),
             lanes,
             tools,
+        );
+    }
+
+    if let Some(roles_file) = &input.roles {
+        check_approvers(
+            &mut report,
+            &roles_file.raw,
+            (
+                input.lanes.as_ref().map_or("", |p| p.file.display.as_str()),
+                input.lanes.as_ref().map(|p| &p.raw),
+            ),
+            (
+                input
+                    .registry
+                    .as_ref()
+                    .map_or("", |p| p.file.display.as_str()),
+                input.registry.as_ref().map(|p| &p.raw),
+            ),
         );
     }
 

@@ -94,6 +94,7 @@ pub(super) fn check_tool(
     let redaction = check_redaction(report, file, &owner, raw.redaction.as_ref());
 
     let mut conditions = Vec::new();
+    let mut approval = None;
     let schemas = if name_ok {
         let context = |field| SchemaContext {
             tools_dir,
@@ -110,6 +111,13 @@ pub(super) fn check_tool(
         if let Some(input) = &input {
             conditions =
                 check_conditions(report, file, &owner, &raw.conditions, Some(&input.value));
+            approval = check_approval(
+                report,
+                file,
+                &owner,
+                raw.approval.as_ref(),
+                Some(&input.value),
+            );
             for (rule, raw_rule) in flag_rules.iter().zip(&raw.flag_rules) {
                 if let Err(message) = pointer_fits_schema(&rule.pointer, &input.value) {
                     report.spanned(
@@ -144,6 +152,7 @@ pub(super) fn check_tool(
         prohibited_flags,
         flag_rules,
         conditions,
+        approval,
         write_targets,
         adapter: adapter?,
         redaction: redaction?,

@@ -168,6 +168,7 @@ fn decide(candidate: &Loaded, call: &RecordedCall) -> (Verdict, bool) {
         timeout_ms: None,
         idempotency_key: None,
         dry_run: call.dry_run,
+        approval_id: None,
     };
     let run = call.run.clone().map(|mut run| {
         run.policy_versions = candidate.policy.versions.clone();

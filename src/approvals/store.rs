@@ -1,0 +1,340 @@
+//! The durable approval store: one SQLite file (`approvals.db` in the data directory,
+//! next to the audit log), so a restart keeps pending approvals.
+//!
+//! Each approval is one row: the columns the store queries (status, run, digest,
+//! times) and the whole record as JSON. Every operation is one statement or one
+//! transaction; the claim of an approved approval by a retry is one conditional
+//! `UPDATE`, so of concurrent retries exactly one wins.
+//!
+//! INVARIANT: with `audit`, the only code that knows rusqlite; nothing here decides
+//! who may do what (the gateway does, before it calls the store).
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{ApprovalRecord, ApprovalStatus};
+
+/// A failed store operation (the database is unreadable, unwritable or corrupt).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreError(pub String);
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+fn map(e: rusqlite::Error) -> StoreError {
+    StoreError(e.to_string())
+}
+
+fn decode(json: &str) -> Result<ApprovalRecord, StoreError> {
+    serde_json::from_str(json).map_err(|e| StoreError(format!("an approval record is unreadable: {e}")))
+}
+
+fn encode(record: &ApprovalRecord) -> Result<String, StoreError> {
+    serde_json::to_string(record).map_err(|e| StoreError(e.to_string()))
+}
+
+/// The approvals database. Operations block (they write with `synchronous=FULL`):
+/// async callers run them on the blocking pool.
+pub struct ApprovalStore {
+    conn: Mutex<Connection>,
+}
+
+impl ApprovalStore {
+    /// Opens (or creates) the store at `path`.
+    pub fn open(path: &Path) -> Result<ApprovalStore, StoreError> {
+        let conn = Connection::open(path).map_err(map)?;
+        conn.busy_timeout(Duration::from_secs(5)).map_err(map)?;
+        let _: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(map)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(map)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS approvals (
+                 approval_id   TEXT PRIMARY KEY,
+                 status        TEXT NOT NULL,
+                 run_id        TEXT NOT NULL,
+                 call_digest   TEXT NOT NULL,
+                 created_at_ms INTEGER NOT NULL,
+                 expires_at_ms INTEGER NOT NULL,
+                 expiry_audited INTEGER NOT NULL DEFAULT 0,
+                 record        TEXT NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS approvals_status ON approvals (status, expires_at_ms);
+             CREATE INDEX IF NOT EXISTS approvals_run ON approvals (run_id, status);
+             CREATE INDEX IF NOT EXISTS approvals_digest ON approvals (call_digest, status);",
+        )
+        .map_err(map)?;
+        Ok(ApprovalStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self
+            .conn
+            .lock()
+            .map_err(|_| StoreError("the approval store is poisoned".into()))?;
+        f(&mut conn)
+    }
+
+    /// Adds a new (pending) approval.
+    pub fn insert(&self, record: &ApprovalRecord) -> Result<(), StoreError> {
+        let json = encode(record)?;
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO approvals (approval_id, status, run_id, call_digest, created_at_ms, expires_at_ms, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    record.approval_id,
+                    record.status.as_str(),
+                    record.binding.run_id,
+                    record.call_digest,
+                    record.created_at_ms,
+                    record.expires_at_ms,
+                    json
+                ],
+            )
+            .map_err(map)?;
+            Ok(())
+        })
+    }
+
+    /// Removes an approval that was never announced (its request could not be
+    /// audited).
+    pub fn remove(&self, approval_id: &str) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute("DELETE FROM approvals WHERE approval_id = ?1", [approval_id])
+                .map_err(map)?;
+            Ok(())
+        })
+    }
+
+    pub fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
+        self.with(|c| {
+            let json: Option<String> = c
+                .query_row(
+                    "SELECT record FROM approvals WHERE approval_id = ?1",
+                    [approval_id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(map)?;
+            json.as_deref().map(decode).transpose()
+        })
+    }
+
+    /// A pending, unexpired approval of the same exact call, if there is one (a
+    /// repeated call reuses it instead of requesting another).
+    pub fn pending_for(
+        &self,
+        call_digest: &str,
+        now_ms: i64,
+    ) -> Result<Option<ApprovalRecord>, StoreError> {
+        self.with(|c| {
+            let json: Option<String> = c
+                .query_row(
+                    "SELECT record FROM approvals WHERE call_digest = ?1 AND status = 'pending'
+                     AND expires_at_ms > ?2 ORDER BY created_at_ms LIMIT 1",
+                    params![call_digest, now_ms],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(map)?;
+            json.as_deref().map(decode).transpose()
+        })
+    }
+
+    /// Unexpired pending approvals: of `run_id`, and in total.
+    pub fn pending_counts(&self, run_id: &str, now_ms: i64) -> Result<(u64, u64), StoreError> {
+        self.with(|c| {
+            let count = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> Result<u64, StoreError> {
+                c.query_row(sql, p, |r| r.get::<_, i64>(0))
+                    .map(|n| n.max(0) as u64)
+                    .map_err(map)
+            };
+            let run = count(
+                "SELECT COUNT(*) FROM approvals WHERE run_id = ?1 AND status = 'pending' AND expires_at_ms > ?2",
+                &[&run_id, &now_ms],
+            )?;
+            let total = count(
+                "SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at_ms > ?1",
+                &[&now_ms],
+            )?;
+            Ok((run, total))
+        })
+    }
+
+    /// A page of approvals in the order they were requested, after `cursor` (the
+    /// row number the previous page ended at), optionally of one status as of
+    /// `now_ms` and of one run; with the cursor of the next page.
+    pub fn list(
+        &self,
+        status: Option<ApprovalStatus>,
+        run_id: Option<&str>,
+        cursor: i64,
+        limit: usize,
+        now_ms: i64,
+    ) -> Result<(Vec<ApprovalRecord>, Option<i64>), StoreError> {
+        let status_sql = match status {
+            None => "1",
+            Some(ApprovalStatus::Pending) => "(status = 'pending' AND expires_at_ms > ?2)",
+            Some(ApprovalStatus::Approved) => "(status = 'approved' AND expires_at_ms > ?2)",
+            Some(ApprovalStatus::Expired) => {
+                "(status = 'expired' OR (status IN ('pending', 'approved') AND expires_at_ms <= ?2))"
+            }
+            Some(ApprovalStatus::Denied) => "(status = 'denied' AND ?2 = ?2)",
+            Some(ApprovalStatus::Used) => "(status = 'used' AND ?2 = ?2)",
+        };
+        let status_sql = if status.is_none() { "?2 = ?2" } else { status_sql };
+        let sql = format!(
+            "SELECT rowid, record FROM approvals WHERE rowid > ?1 AND {status_sql}
+             AND (?3 IS NULL OR run_id = ?3) ORDER BY rowid LIMIT ?4"
+        );
+        self.with(|c| {
+            let mut stmt = c.prepare(&sql).map_err(map)?;
+            let rows = stmt
+                .query_map(
+                    params![cursor, now_ms, run_id, (limit + 1) as i64],
+                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+                )
+                .map_err(map)?;
+            let mut out = Vec::new();
+            let mut last = None;
+            let mut more = false;
+            for row in rows {
+                let (rowid, json) = row.map_err(map)?;
+                if out.len() == limit {
+                    more = true;
+                    break;
+                }
+                out.push(decode(&json)?);
+                last = Some(rowid);
+            }
+            Ok((out, if more { last } else { None }))
+        })
+    }
+
+    /// Writes a decided record (status and decisions) if its status is still
+    /// `expected` and it has not expired by `now_ms`; false when it changed meanwhile.
+    pub fn update_decided(
+        &self,
+        record: &ApprovalRecord,
+        expected: ApprovalStatus,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let json = encode(record)?;
+        self.with(|c| {
+            let changed = c
+                .execute(
+                    "UPDATE approvals SET status = ?1, record = ?2
+                     WHERE approval_id = ?3 AND status = ?4 AND expires_at_ms > ?5",
+                    params![
+                        record.status.as_str(),
+                        json,
+                        record.approval_id,
+                        expected.as_str(),
+                        now_ms
+                    ],
+                )
+                .map_err(map)?;
+            Ok(changed == 1)
+        })
+    }
+
+    /// Claims an approved, unexpired approval for `call_id`: one conditional UPDATE,
+    /// so of concurrent claims exactly one returns true.
+    pub fn claim(
+        &self,
+        approval_id: &str,
+        call_id: &str,
+        now_ms: i64,
+        used_at: &str,
+    ) -> Result<bool, StoreError> {
+        self.with(|c| {
+            let changed = c
+                .execute(
+                    "UPDATE approvals SET status = 'used',
+                         record = json_set(record, '$.status', 'used', '$.used_by_call_id', ?2, '$.used_at', ?4)
+                     WHERE approval_id = ?1 AND status = 'approved' AND expires_at_ms > ?3",
+                    params![approval_id, call_id, now_ms, used_at],
+                )
+                .map_err(map)?;
+            Ok(changed == 1)
+        })
+    }
+
+    /// Approvals past their expiry whose expiry is not audited yet (pending or
+    /// approved, or already marked expired by an earlier sweep that could not audit).
+    pub fn due_expiries(&self, now_ms: i64, limit: usize) -> Result<Vec<ApprovalRecord>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare(
+                    "SELECT record FROM approvals
+                     WHERE ((status IN ('pending', 'approved') AND expires_at_ms <= ?1)
+                            OR status = 'expired') AND expiry_audited = 0
+                     ORDER BY expires_at_ms LIMIT ?2",
+                )
+                .map_err(map)?;
+            let rows = stmt
+                .query_map(params![now_ms, limit as i64], |r| r.get::<_, String>(0))
+                .map_err(map)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(decode(&row.map_err(map)?)?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Marks an approval expired (before its expiry is audited): from now on nothing
+    /// else can change it.
+    pub fn mark_expired(&self, approval_id: &str) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE approvals SET status = 'expired', record = json_set(record, '$.status', 'expired')
+                 WHERE approval_id = ?1 AND status IN ('pending', 'approved', 'expired')",
+                [approval_id],
+            )
+            .map_err(map)?;
+            Ok(())
+        })
+    }
+
+    /// Records that an approval's expiry is in the audit log.
+    pub fn expiry_audited(&self, approval_id: &str) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE approvals SET expiry_audited = 1 WHERE approval_id = ?1",
+                [approval_id],
+            )
+            .map_err(map)?;
+            Ok(())
+        })
+    }
+
+    /// Deletes the oldest finished approvals beyond `keep` (denied, used, and expired
+    /// ones whose expiry is audited).
+    pub fn prune(&self, keep: u64) -> Result<usize, StoreError> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM approvals WHERE rowid IN (
+                     SELECT rowid FROM approvals
+                     WHERE status IN ('denied', 'used') OR (status = 'expired' AND expiry_audited = 1)
+                     ORDER BY rowid DESC LIMIT -1 OFFSET ?1)",
+                [keep as i64],
+            )
+            .map_err(map)
+        })
+    }
+}

@@ -1,0 +1,603 @@
+//! The gateway's approval operations: requesting an approval for a refused call and
+//! claiming one on its retry (both called by the pipeline's approval gate, between
+//! step 8 and step 9), the approvers' endpoints (list, show, decide), and the sweeper
+//! that expires approvals and audits each expiry once.
+//!
+//! INVARIANT: every change of an approval is in the audit log before it takes effect
+//! (requested, granted, denied); an expiry is audited exactly once, by the sweeper.
+//! Decisions are serialized (one at a time), so quorum counts and status checks never
+//! race; the claim of a retry is atomic in the store itself.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::approvals::{
+    self, ApprovalRecord, ApprovalStatus, ApprovalStore, Binding, Decision, Requester,
+    StoreError, Verdict,
+};
+use crate::audit::{EventFilter, EventType, NewEvent};
+use crate::call::ApprovalRequirement;
+use crate::diagnostic::{Reason, Refusal};
+use crate::gateway::{Gateway, audit_refusal};
+use crate::policy::Policy;
+use crate::requests::{DecideApproval, ListApprovals};
+
+/// What the pipeline knows of a call that needs an approval it did not present.
+pub struct ApprovalRequest {
+    pub call_id: String,
+    pub binding: Binding,
+    pub arguments: Option<Value>,
+    pub redaction: String,
+    pub scope: serde_json::Map<String, Value>,
+    pub requester: Requester,
+    pub requirements: Vec<ApprovalRequirement>,
+    /// The `approval_requested` event, filled with the call's fields by the pipeline.
+    pub event: NewEvent,
+}
+
+/// Who is reading or deciding: the principals a credential proves.
+struct Principal {
+    /// `admin:<id>` when the credential is an admin's.
+    admin: Option<String>,
+    /// The roles the credential proves.
+    roles: Vec<String>,
+    /// `issuer#subject` of a JWT credential.
+    subject: Option<String>,
+}
+
+impl Principal {
+    fn is_admin(&self) -> bool {
+        self.admin.is_some()
+    }
+
+    /// May read this approval: an admin, an eligible approver, or the requester's role.
+    fn may_read(&self, record: &ApprovalRecord) -> bool {
+        self.is_admin()
+            || self
+                .roles
+                .iter()
+                .any(|r| record.eligible(r) || *r == record.requester.role_id)
+    }
+}
+
+fn store_refusal(e: StoreError) -> Refusal {
+    Refusal::new(
+        Reason::ApprovalStoreUnavailable,
+        format!("the approval store could not be used: {e}"),
+    )
+}
+
+fn unknown(approval_id: &str) -> Refusal {
+    Refusal::new(
+        Reason::ApprovalUnknown,
+        format!(
+            "no approval `{}` exists",
+            approval_id.chars().take(128).collect::<String>()
+        ),
+    )
+    .with_details(json!({ "approval_id": approval_id.chars().take(128).collect::<String>() }))
+}
+
+impl Gateway {
+    /// Runs a store operation on the blocking pool.
+    async fn approval_store<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&ApprovalStore) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, Refusal> {
+        let store = self.approvals.clone();
+        match tokio::task::spawn_blocking(move || op(&store)).await {
+            Ok(result) => result.map_err(store_refusal),
+            Err(_) => Err(Refusal::new(
+                Reason::ApprovalStoreUnavailable,
+                "the approval store task failed",
+            )),
+        }
+    }
+
+    /// The approval gate, no `approval_id`: records a pending approval bound to the
+    /// call (or finds the pending one of the same exact call), audits
+    /// `approval_requested`, and returns the `approval_required` refusal.
+    pub async fn request_approval(&self, request: ApprovalRequest) -> Refusal {
+        let _one_at_a_time = self.approval_changes.lock().await;
+        match self.request_approval_locked(request).await {
+            Ok(refusal) | Err(refusal) => refusal,
+        }
+    }
+
+    async fn request_approval_locked(&self, request: ApprovalRequest) -> Result<Refusal, Refusal> {
+        let now = approvals::now_ms();
+        let digest = request.binding.digest();
+        let d = digest.clone();
+        if let Some(existing) = self
+            .approval_store(move |s| s.pending_for(&d, now))
+            .await?
+        {
+            return Ok(required(&existing, true));
+        }
+        let run_id = request.binding.run_id.clone();
+        let (of_run, total) = self
+            .approval_store(move |s| s.pending_counts(&run_id, now))
+            .await?;
+        if of_run >= approvals::MAX_PENDING_PER_RUN || total >= approvals::MAX_PENDING_TOTAL {
+            return Err(Refusal::new(
+                Reason::ApprovalLimitReached,
+                format!(
+                    "{of_run} approvals are pending for this run and {total} in total (limits {} and {})",
+                    approvals::MAX_PENDING_PER_RUN,
+                    approvals::MAX_PENDING_TOTAL
+                ),
+            )
+            .with_details(json!({
+                "pending_for_run": of_run,
+                "pending_total": total,
+                "max_pending_per_run": approvals::MAX_PENDING_PER_RUN,
+                "max_pending_total": approvals::MAX_PENDING_TOTAL,
+                "retry_after_ms": 1000,
+            })));
+        }
+        let ttl_s = request
+            .requirements
+            .iter()
+            .map(|r| r.ttl_s)
+            .min()
+            .unwrap_or(crate::policy::DEFAULT_APPROVAL_TTL_S);
+        let expires = now.saturating_add((ttl_s as i64).saturating_mul(1000));
+        let record = ApprovalRecord {
+            approval_id: approvals::new_approval_id(),
+            status: ApprovalStatus::Pending,
+            created_at: approvals::rfc3339_ms(now),
+            expires_at: approvals::rfc3339_ms(expires),
+            created_at_ms: now,
+            expires_at_ms: expires,
+            call_id: request.call_id,
+            binding: request.binding,
+            call_digest: digest,
+            arguments: request.arguments,
+            redaction: request.redaction,
+            scope: request.scope,
+            requester: request.requester,
+            requirements: request.requirements,
+            decisions: Vec::new(),
+            used_by_call_id: None,
+            used_at: None,
+        };
+        let stored = record.clone();
+        self.approval_store(move |s| s.insert(&stored)).await?;
+        let mut event = request.event;
+        event.details.insert(
+            "approval".into(),
+            json!({
+                "approval_id": record.approval_id,
+                "call_digest": record.call_digest,
+                "binding": record.binding,
+                "expires_at": record.expires_at,
+                "requirements": record.requirements,
+            }),
+        );
+        if let Err(e) = self.audit.append(event).await {
+            // Never announced: the approval must not exist either.
+            let id = record.approval_id.clone();
+            let _ = self.approval_store(move |s| s.remove(&id)).await;
+            return Err(Refusal::new(
+                Reason::AuditUnavailable,
+                format!("the audit log could not record the approval request: {e}"),
+            ));
+        }
+        Ok(required(&record, false))
+    }
+
+    /// The approval gate, with `approval_id`: the approval must be bound to this exact
+    /// call and approved; it is claimed for `call_id` (once: a concurrent retry finds
+    /// it used).
+    pub async fn use_approval(
+        &self,
+        approval_id: &str,
+        binding: &Binding,
+        call_id: &str,
+    ) -> Result<ApprovalRecord, Refusal> {
+        let id = approval_id.to_string();
+        let record = self
+            .approval_store(move |s| s.get(&id))
+            .await?
+            .ok_or_else(|| unknown(approval_id))?;
+        if let Some((reason, field)) = record.binding.mismatch(binding) {
+            return Err(Refusal::new(
+                reason,
+                format!("approval `{approval_id}` was requested for another call: its {field} differs"),
+            )
+            .with_details(json!({ "approval_id": approval_id, "mismatch": field })));
+        }
+        let now = approvals::now_ms();
+        let claimed = match record.status_at(now) {
+            ApprovalStatus::Approved => {
+                let (id, call) = (approval_id.to_string(), call_id.to_string());
+                let used_at = approvals::rfc3339_ms(now);
+                self.approval_store(move |s| s.claim(&id, &call, now, &used_at))
+                    .await?
+            }
+            _ => false,
+        };
+        if claimed {
+            return Ok(record);
+        }
+        // Not claimable: say why, as of now (a lost race reads `used`).
+        let id = approval_id.to_string();
+        let record = self
+            .approval_store(move |s| s.get(&id))
+            .await?
+            .ok_or_else(|| unknown(approval_id))?;
+        Err(not_usable(&record, approvals::now_ms()))
+    }
+
+    /// The principals a credential proves (admin, roles, JWT subject), or why none.
+    fn principal(&self, policy: &Policy, token: Option<&str>) -> Result<Principal, Refusal> {
+        let subject = token
+            .and_then(|t| self.jwt.cached(policy, t))
+            .and_then(Result::ok)
+            .and_then(|identity| approvals::subject_of(&identity.caller_json()));
+        let admin = self
+            .admin_of(policy, token)
+            .ok()
+            .map(|a| format!("admin:{}", a.admin_id));
+        let roles: Vec<String> = policy
+            .roles
+            .keys()
+            .filter(|role_id| self.role_of(policy, role_id, token).is_ok())
+            .cloned()
+            .collect();
+        if admin.is_none() && roles.is_empty() {
+            self.verify_any(token)?;
+            return Err(Refusal::new(
+                Reason::CredentialInvalid,
+                "the bearer token is not a known credential",
+            ));
+        }
+        Ok(Principal {
+            admin,
+            roles,
+            subject,
+        })
+    }
+
+    /// `GET /v1/approvals`: a page of the approvals the caller may see (an admin: all;
+    /// a role: those it may decide and those it requested).
+    pub async fn list_approvals(
+        &self,
+        token: Option<&str>,
+        query: Result<ListApprovals, Refusal>,
+    ) -> Result<Value, Refusal> {
+        let loaded = self.current();
+        let principal = self.principal(&loaded.policy, token)?;
+        let ListApprovals {
+            status,
+            run_id,
+            limit,
+            cursor,
+        } = query?;
+        let now = approvals::now_ms();
+        let mut visible = Vec::new();
+        let mut cursor = cursor;
+        // Pages of the store are filtered by visibility; a bounded number of rounds.
+        let mut next = None;
+        for _ in 0..8 {
+            let run = run_id.clone();
+            let (page, after) = self
+                .approval_store(move |s| s.list(status, run.as_deref(), cursor, limit, now))
+                .await?;
+            for record in page {
+                if principal.may_read(&record) && visible.len() < limit {
+                    visible.push(record.view(now));
+                }
+            }
+            next = after;
+            match after {
+                Some(after) if visible.len() < limit => cursor = after,
+                _ => break,
+            }
+        }
+        Ok(json!({
+            "approvals": visible,
+            "next_cursor": next.map(|n| n.to_string()),
+        }))
+    }
+
+    /// `GET /v1/approvals/{id}`: the exact call (arguments as the tool's redaction
+    /// keeps them), requester, run, policy versions, requirements, decisions, expiry.
+    pub async fn get_approval(&self, token: Option<&str>, approval_id: &str) -> Result<Value, Refusal> {
+        let loaded = self.current();
+        let principal = self.principal(&loaded.policy, token)?;
+        if !crate::call::is_approval_id(approval_id) {
+            return Err(unknown(approval_id));
+        }
+        let id = approval_id.to_string();
+        let record = self
+            .approval_store(move |s| s.get(&id))
+            .await?
+            .ok_or_else(|| unknown(approval_id))?;
+        if !principal.may_read(&record) {
+            return Err(Refusal::new(
+                Reason::ApproverNotAllowed,
+                format!("this credential may not read approval `{approval_id}`: it is neither one of its approvers nor its requester"),
+            )
+            .with_details(json!({ "approval_id": approval_id })));
+        }
+        Ok(record.view(approvals::now_ms()))
+    }
+
+    /// `POST /v1/approvals/{id}/decision`: an approver named by the approval approves
+    /// or denies it, with a reason. Never the requester itself; each approver once.
+    /// The decision is audited (`approval_granted` / `approval_denied`) before it
+    /// takes effect.
+    pub async fn decide_approval(
+        &self,
+        token: Option<&str>,
+        approval_id: &str,
+        request: Result<DecideApproval, Refusal>,
+    ) -> Result<Value, Refusal> {
+        let loaded = self.current();
+        let principal = self.principal(&loaded.policy, token)?;
+        let DecideApproval { decision, reason } = request?;
+        if !crate::call::is_approval_id(approval_id) {
+            return Err(unknown(approval_id));
+        }
+        let _one_at_a_time = self.approval_changes.lock().await;
+        let id = approval_id.to_string();
+        let record = self
+            .approval_store(move |s| s.get(&id))
+            .await?
+            .ok_or_else(|| unknown(approval_id))?;
+        // Who decides: an eligible admin, else an eligible role the credential proves.
+        let admin = principal
+            .admin
+            .as_ref()
+            .filter(|a| record.eligible(a.trim_start_matches("admin:")));
+        let role = principal.roles.iter().find(|r| record.eligible(r));
+        let approver = match (admin, role) {
+            (Some(admin), _) => admin.clone(),
+            (None, Some(role)) => format!("role:{role}"),
+            (None, None) => {
+                let approvers: Vec<&String> =
+                    record.requirements.iter().flat_map(|r| &r.approvers).collect();
+                return Err(Refusal::new(
+                    Reason::ApproverNotAllowed,
+                    format!("this credential is not an approver of approval `{approval_id}`"),
+                )
+                .with_details(json!({ "approval_id": approval_id, "approvers": approvers })));
+            }
+        };
+        // Never the requester: not its role, not its JWT subject.
+        let own_role = format!("role:{}", record.requester.role_id);
+        let same_subject = principal.subject.is_some() && principal.subject == record.requester.subject();
+        if approver == own_role
+            || principal.roles.contains(&record.requester.role_id)
+            || same_subject
+        {
+            return Err(Refusal::new(
+                Reason::SelfApprovalRefused,
+                format!("the requester of approval `{approval_id}` may not decide it"),
+            )
+            .with_details(json!({ "approval_id": approval_id, "requester": record.requester })));
+        }
+        let now = approvals::now_ms();
+        match record.status_at(now) {
+            ApprovalStatus::Pending => {}
+            ApprovalStatus::Expired => return Err(not_usable(&record, now)),
+            status => {
+                return Err(Refusal::new(
+                    Reason::ApprovalAlreadyDecided,
+                    format!("approval `{approval_id}` is {}, no longer pending", status.as_str()),
+                )
+                .with_details(json!({ "approval_id": approval_id, "status": status })));
+            }
+        }
+        let vote = Decision {
+            approver,
+            subject: principal.subject.clone(),
+            decision,
+            reason,
+            at: approvals::rfc3339_ms(now),
+        };
+        if record.decisions.iter().any(|d| d.who() == vote.who()) {
+            return Err(Refusal::new(
+                Reason::ApprovalAlreadyDecided,
+                format!("{} already decided approval `{approval_id}`; each approver counts once", vote.approver),
+            )
+            .with_details(json!({ "approval_id": approval_id, "status": "pending" })));
+        }
+        let mut decided = record.clone();
+        decided.decisions.push(vote.clone());
+        decided.status = match decision {
+            Verdict::Deny => ApprovalStatus::Denied,
+            Verdict::Approve if decided.quorum_met() => ApprovalStatus::Approved,
+            Verdict::Approve => ApprovalStatus::Pending,
+        };
+        let event_type = match decision {
+            Verdict::Approve => EventType::ApprovalGranted,
+            Verdict::Deny => EventType::ApprovalDenied,
+        };
+        let mut event = approval_event(event_type, &decided);
+        event.details.insert("by".into(), json!(vote.approver));
+        if let Some(subject) = &vote.subject {
+            event.details.insert("subject".into(), json!(subject));
+        }
+        event.details.insert("reason".into(), json!(vote.reason));
+        event
+            .details
+            .insert("quorum_met".into(), json!(decided.status == ApprovalStatus::Approved));
+        event.details.insert("status".into(), json!(decided.status));
+        self.audit.append(event).await.map_err(audit_refusal)?;
+        let stored = decided.clone();
+        let written = self
+            .approval_store(move |s| s.update_decided(&stored, ApprovalStatus::Pending, now))
+            .await?;
+        if !written {
+            let id = approval_id.to_string();
+            let current = self
+                .approval_store(move |s| s.get(&id))
+                .await?
+                .ok_or_else(|| unknown(approval_id))?;
+            return Err(not_usable(&current, approvals::now_ms()));
+        }
+        Ok(decided.view(approvals::now_ms()))
+    }
+
+    /// Expires every approval past its expiry and audits each expiry once. The store
+    /// marks the approval expired first (nothing else can change it after its expiry
+    /// anyway), then the event is appended, then the store notes it is audited; an
+    /// approval found marked but not noted (a crash in between) is audited only if the
+    /// log does not already hold its `approval_expired`.
+    pub async fn sweep_approvals(&self) -> Result<usize, Refusal> {
+        let _one_at_a_time = self.approval_sweep.lock().await;
+        let now = approvals::now_ms();
+        let due = self
+            .approval_store(move |s| s.due_expiries(now, 100))
+            .await?;
+        let mut expired = 0;
+        for record in due {
+            let already_marked = record.status == ApprovalStatus::Expired;
+            if already_marked && self.expiry_in_log(&record).await? {
+                let id = record.approval_id.clone();
+                self.approval_store(move |s| s.expiry_audited(&id)).await?;
+                continue;
+            }
+            let id = record.approval_id.clone();
+            self.approval_store(move |s| s.mark_expired(&id)).await?;
+            let mut event = approval_event(EventType::ApprovalExpired, &record);
+            event
+                .details
+                .insert("status_before".into(), json!(record.status));
+            event.details.insert("by".into(), json!("sweeper"));
+            event.details.insert(
+                "reason".into(),
+                json!(match record.status {
+                    ApprovalStatus::Approved => "approved but not used before it expired",
+                    _ => "not decided before it expired",
+                }),
+            );
+            self.audit.append(event).await.map_err(audit_refusal)?;
+            let id = record.approval_id.clone();
+            self.approval_store(move |s| s.expiry_audited(&id)).await?;
+            expired += 1;
+        }
+        Ok(expired)
+    }
+
+    /// Whether the audit log already holds the `approval_expired` of `record`.
+    async fn expiry_in_log(&self, record: &ApprovalRecord) -> Result<bool, Refusal> {
+        let events = self
+            .audit
+            .events(EventFilter {
+                run_id: Some(record.binding.run_id.clone()),
+                event_types: vec![EventType::ApprovalExpired],
+                ..EventFilter::default()
+            })
+            .await
+            .map_err(audit_refusal)?;
+        Ok(events
+            .iter()
+            .any(|e| e.value["details"]["approval_id"] == json!(record.approval_id)))
+    }
+
+    /// Starts the sweeper: every `SWEEP_INTERVAL_MS`, expired approvals are recorded
+    /// (and, now and then, the oldest finished ones pruned). It stops when the
+    /// gateway is dropped.
+    pub fn spawn_approval_sweeper(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut rounds: u64 = 0;
+            loop {
+                tokio::time::sleep(Duration::from_millis(approvals::SWEEP_INTERVAL_MS)).await;
+                let Some(gateway) = weak.upgrade() else { break };
+                if let Err(refusal) = gateway.sweep_approvals().await {
+                    tracing::warn!(reason = refusal.reason.as_str(), message = %refusal.message, "approval sweep failed");
+                }
+                rounds += 1;
+                if rounds % 120 == 0 {
+                    let _ = gateway
+                        .approval_store(|s| s.prune(approvals::MAX_FINISHED_KEPT))
+                        .await;
+                }
+            }
+        });
+    }
+}
+
+/// An event about an approval, carrying the bound call's identifiers.
+fn approval_event(event_type: EventType, record: &ApprovalRecord) -> NewEvent {
+    let mut event = NewEvent::new(event_type);
+    event.call_id = Some(record.call_id.clone());
+    event.run_id = Some(record.binding.run_id.clone());
+    event.role_id = Some(record.binding.role_id.clone());
+    event.lane_id = Some(record.binding.lane_id.clone());
+    event.tool_name = Some(record.binding.tool_name.clone());
+    event.tool_version = Some(record.binding.tool_version.clone());
+    event.policy_versions = Some(record.binding.policy_versions.clone());
+    event.arguments_hash_sha256 = Some(record.binding.arguments_sha256.clone());
+    event
+        .details
+        .insert("approval_id".into(), json!(record.approval_id));
+    event
+        .details
+        .insert("call_digest".into(), json!(record.call_digest));
+    event
+}
+
+/// The `approval_required` refusal for `record` (`reused`: the pending approval of
+/// an earlier identical call).
+fn required(record: &ApprovalRecord, reused: bool) -> Refusal {
+    let id = &record.approval_id;
+    Refusal::new(
+        Reason::ApprovalRequired,
+        format!(
+            "`{}` needs human approval for this call; approval `{id}` is pending until {}: retry the same call with \"approval_id\": \"{id}\" once it is approved",
+            record.binding.tool_name, record.expires_at
+        ),
+    )
+    .with_details(json!({
+        "approval_id": id,
+        "status": "pending",
+        "expires_at": record.expires_at,
+        "call_digest": record.call_digest,
+        "requirements": record.requirements,
+        "approval_url": format!("/v1/approvals/{id}"),
+        "retry_with": { "approval_id": id },
+        "reused": reused,
+        "next": "an approver decides with POST /v1/approvals/{approval_id}/decision; poll GET /v1/approvals/{approval_id} (your role may read it) and, once its status is approved, send exactly the same call again with approval_id set",
+    }))
+}
+
+/// Why `record` cannot be used (or decided) now.
+fn not_usable(record: &ApprovalRecord, now_ms: i64) -> Refusal {
+    let id = &record.approval_id;
+    let (reason, message) = match record.status_at(now_ms) {
+        ApprovalStatus::Pending => (
+            Reason::ApprovalPending,
+            format!("approval `{id}` is not decided yet; retry after it is approved"),
+        ),
+        ApprovalStatus::Denied => (
+            Reason::ApprovalDenied,
+            format!("approval `{id}` was denied"),
+        ),
+        ApprovalStatus::Expired => (
+            Reason::ApprovalExpired,
+            format!("approval `{id}` expired at {}", record.expires_at),
+        ),
+        ApprovalStatus::Used => (
+            Reason::ApprovalUsed,
+            format!("approval `{id}` was already used by call `{}`", record.used_by_call_id.as_deref().unwrap_or("?")),
+        ),
+        ApprovalStatus::Approved => (
+            Reason::ApprovalPending,
+            format!("approval `{id}` is approved but could not be claimed; retry"),
+        ),
+    };
+    Refusal::new(reason, message).with_details(json!({
+        "approval_id": id,
+        "status": record.status_at(now_ms),
+        "expires_at": record.expires_at,
+        "decisions": record.decisions,
+        "used_by_call_id": record.used_by_call_id,
+    }))
+}
