@@ -176,9 +176,10 @@
     $("main").focus();
   }
 
-  // ---- approvals
+  // ---- approvals (docs/api.md, "The approval object")
 
   let lastPending = null;
+  const RECENT = 20;
 
   async function pollApprovals() {
     stopPolling();
@@ -187,13 +188,11 @@
   }
 
   function approvalsOf(body) {
-    if (Array.isArray(body)) return body;
-    if (body && Array.isArray(body.approvals)) return body.approvals;
-    return [];
+    return body && Array.isArray(body.approvals) ? body.approvals : [];
   }
 
   async function loadApprovals() {
-    const pending = await api("GET", "/v1/approvals?status=pending");
+    const pending = await api("GET", "/v1/approvals?status=pending&limit=200");
     if (pending.status === 401) return signOut(pending.body);
     if (!pending.ok) {
       showRefusal($("approvals-error"), pending.body, pending.status);
@@ -201,57 +200,88 @@
     }
     hideRefusal($("approvals-error"));
     renderPending(approvalsOf(pending.body));
-    const recent = await api("GET", "/v1/approvals?status=decided&limit=20");
-    if (recent.ok) renderRecent(approvalsOf(recent.body));
+    // Recent decisions: approved (and since used) and denied approvals, newest decision first.
+    const decided = [];
+    for (const status of ["approved", "used", "denied"]) {
+      const answer = await api("GET", "/v1/approvals?status=" + status + "&limit=200");
+      if (answer.ok) decided.push(...approvalsOf(answer.body));
+    }
+    renderRecent(decided);
     $("approvals-updated").textContent = "Updated " + new Date().toLocaleTimeString();
   }
 
-  function idOf(a) {
-    return a.approval_id || a.id;
+  function bindingOf(a) {
+    return a.binding || {};
+  }
+
+  function decisionsOf(a) {
+    return Array.isArray(a.decisions) ? a.decisions : [];
+  }
+
+  function requesterText(r) {
+    if (!r) return "-";
+    return "role " + text(r.role_id) + (r.caller ? " " + JSON.stringify(r.caller) : "");
+  }
+
+  function requirementsText(list) {
+    if (!Array.isArray(list) || !list.length) return "-";
+    return list.map((q) => text(q.owner) + ": " + text(q.quorum) + " of " +
+      (Array.isArray(q.approvers) ? q.approvers.join(", ") : text(q.approvers))).join("; ");
   }
 
   function renderPending(list) {
-    const ids = list.map(idOf).join(",");
-    if (lastPending !== null && ids !== lastPending) {
+    const key = list.map((a) => a.approval_id + ":" + decisionsOf(a).length).join(",");
+    if (key === lastPending) return; // nothing new: keep what the approver is doing
+    if (lastPending !== null) {
       announce(list.length + (list.length === 1 ? " approval pending" : " approvals pending"));
     }
-    const changed = ids !== lastPending;
-    lastPending = ids;
+    lastPending = key;
     $("approvals-empty").hidden = list.length > 0;
-    if (!changed) return; // keep what the approver is typing
+    // Keep typed reasons and focus across the re-render.
     const ul = $("pending");
+    const typed = {};
+    for (const t of ul.querySelectorAll("textarea")) typed[t.id] = t.value;
+    const focused = document.activeElement && ul.contains(document.activeElement) ? document.activeElement.id : null;
     clear(ul);
     for (const a of list) ul.append(pendingCard(a));
+    for (const [id, value] of Object.entries(typed)) {
+      const t = document.getElementById(id);
+      if (t) t.value = value;
+    }
+    if (focused && document.getElementById(focused)) document.getElementById(focused).focus();
   }
 
   function field(dl, name, value) {
     dl.append(el("dt", {}, name), el("dd", { "data-field": name }, text(value)));
   }
 
-  function callOf(a) {
-    return a.call || a;
-  }
-
   function pendingCard(a) {
-    const id = idOf(a);
-    const call = callOf(a);
+    const id = a.approval_id;
+    const b = bindingOf(a);
     const li = el("li", { class: "card", "data-approval-id": id });
-    const title = el("h3", { id: "ap-" + id }, text(call.tool_name) + " v" + text(call.tool_version));
+    const title = el("h3", { id: "ap-" + id }, text(b.tool_name) + " v" + text(b.tool_version));
     const facts = el("dl", { class: "facts" });
     field(facts, "approval", id);
-    field(facts, "run", call.run_id);
-    field(facts, "role", call.role_id);
-    field(facts, "lane", call.lane_id);
-    field(facts, "requested by", a.requester || a.requested_by);
-    field(facts, "requested", a.requested_utc || a.created_utc);
-    field(facts, "expires", a.expires_utc);
-    if (a.quorum !== undefined) field(facts, "quorum", a.quorum);
+    field(facts, "run", b.run_id);
+    field(facts, "role", b.role_id);
+    field(facts, "lane", b.lane_id);
+    field(facts, "requester", requesterText(a.requester));
+    field(facts, "scope", a.scope);
+    field(facts, "requested", a.created_at);
+    field(facts, "expires", a.expires_at);
+    field(facts, "needs", requirementsText(a.requirements));
+    const given = decisionsOf(a).map((d) => d.approver + " " + d.decision + "d: " + d.reason);
+    if (given.length) field(facts, "decisions so far", given.join("; "));
+    field(facts, "call digest", a.call_digest);
+    const redaction = a.redaction || "full";
     const args = el("pre", { class: "args", "data-field": "arguments", "aria-label": "arguments" },
-      JSON.stringify(call.arguments === undefined ? null : call.arguments, null, 2));
+      a.arguments === null || a.arguments === undefined
+        ? "(not shown: the tool keeps only a hash of its arguments)"
+        : JSON.stringify(a.arguments, null, 2));
     const reasonId = "reason-" + id;
     const reason = el("textarea", { id: reasonId, maxlength: "1000" });
-    const approve = el("button", { type: "button", class: "approve" }, "Approve");
-    const deny = el("button", { type: "button", class: "deny" }, "Deny");
+    const approve = el("button", { type: "button", class: "approve", id: "approve-" + id }, "Approve");
+    const deny = el("button", { type: "button", class: "deny", id: "deny-" + id }, "Deny");
     const error = el("div", { class: "refusal", role: "alert", hidden: true });
     const decide = async (decision) => {
       approve.disabled = deny.disabled = true;
@@ -264,7 +294,7 @@
         announce("Decision refused: " + text(answer.body.error_message));
         return;
       }
-      announce((decision === "approve" ? "Approved " : "Denied ") + text(call.tool_name) + " in run " + text(call.run_id));
+      announce((decision === "approve" ? "Approved " : "Denied ") + text(b.tool_name) + " in run " + text(b.run_id));
       lastPending = null;
       await loadApprovals();
       $("approvals-title").focus();
@@ -272,36 +302,37 @@
     approve.addEventListener("click", () => decide("approve"));
     deny.addEventListener("click", () => decide("deny"));
     const box = el("div", { class: "decide" },
-      el("label", { for: reasonId }, "Reason for the decision"),
+      el("label", { for: reasonId }, "Reason for the decision (required)"),
       reason,
       el("div", { class: "buttons" }, approve, deny));
     li.setAttribute("aria-labelledby", "ap-" + id);
-    li.append(title, facts, el("p", {}, "Arguments (as the API shows them, redacted per the tool's settings):"), args, box, error);
+    li.append(title, facts,
+      el("p", {}, "Arguments (as the API shows them; redaction: " + redaction + "):"), args, box, error);
     return li;
   }
 
-  function decisionsOf(a) {
-    return Array.isArray(a.decisions) ? a.decisions : [];
-  }
-
   function renderRecent(list) {
+    const rows = [];
+    for (const a of list) {
+      const decisions = decisionsOf(a);
+      if (!decisions.length) continue;
+      rows.push({ a, last: decisions[decisions.length - 1] });
+    }
+    rows.sort((x, y) => (x.last.at < y.last.at ? 1 : x.last.at > y.last.at ? -1 : 0));
     const body = $("recent-rows");
     clear(body);
-    for (const a of list) {
-      const call = callOf(a);
-      const decisions = decisionsOf(a);
-      const last = decisions.length ? decisions[decisions.length - 1] : {};
-      const status = a.status || last.decision;
-      body.append(el("tr", { "data-approval-id": idOf(a) },
-        el("td", {}, text(last.decided_utc || a.decided_utc || a.expires_utc)),
-        el("td", {}, el("span", { class: "badge " + text(status) }, text(status))),
-        el("td", {}, text(call.tool_name)),
-        el("td", { class: "mono" }, text(call.run_id)),
-        el("td", {}, text(last.approver || last.by || a.decided_by)),
-        el("td", {}, text(last.reason || a.reason))));
+    for (const { a, last } of rows.slice(0, RECENT)) {
+      const b = bindingOf(a);
+      body.append(el("tr", { "data-approval-id": a.approval_id },
+        el("td", { class: "mono" }, text(last.at)),
+        el("td", {}, el("span", { class: "badge " + text(a.status) }, text(a.status))),
+        el("td", {}, text(b.tool_name)),
+        el("td", { class: "mono" }, text(b.run_id)),
+        el("td", {}, text(last.approver)),
+        el("td", {}, text(last.reason))));
     }
-    $("recent").hidden = list.length === 0;
-    $("recent-empty").hidden = list.length > 0;
+    $("recent").hidden = rows.length === 0;
+    $("recent-empty").hidden = rows.length > 0;
   }
 
   // ---- runs
@@ -393,8 +424,11 @@
     if (ev.failed_step) parts.push("step " + ev.failed_step);
     const d = ev.details || {};
     if (d.message) parts.push(d.message);
-    if (d.decision) parts.push("decision: " + d.decision);
-    if (d.approval_id) parts.push("approval " + d.approval_id);
+    if (d.by) parts.push("by " + text(d.by));
+    if (d.reason) parts.push("reason: " + text(d.reason));
+    if (d.status && typeof d.status === "string") parts.push("status " + d.status);
+    const approval = d.approval_id || (d.approval && d.approval.approval_id);
+    if (approval) parts.push("approval " + text(approval));
     if (ev.execution_time_ms !== undefined && ev.execution_time_ms !== null) parts.push(ev.execution_time_ms + " ms");
     return parts.length ? parts.join(" / ") : "-";
   }

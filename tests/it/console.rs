@@ -355,3 +355,146 @@ fn the_run_evidence_page_shows_verified_events_and_downloads_a_bundle_that_verif
     let out = verify(&forged);
     assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// The lab policy with `echo_cmd` needing one approval by the admin `ops`
+/// (`demo-admin`); the role `tester` calls it.
+fn start_lab_with_approval(dir: &Path) -> Server {
+    let mut start = common::lab::lab(dir);
+    let tools = fs::read_to_string(&start.tools).unwrap();
+    let tools = tools.replacen(
+        "    description: Echoes its arguments back (cat reads the JSON on stdin).\n",
+        "    description: Echoes its arguments back (cat reads the JSON on stdin).\n    \
+         approval: {required: true, approvers: [ops], quorum: 1, ttl_s: 600}\n",
+        1,
+    );
+    assert!(tools.contains("approvers: [ops]"));
+    fs::write(&start.tools, tools).unwrap();
+    start.args = Vec::new();
+    Server::start_with(start)
+}
+
+/// Calls `echo_cmd` with `text`; returns the pending approval's id.
+fn request_approval(server: &Server, run: &str, text: &str) -> String {
+    let (status, answer) =
+        common::lab::call(server, run, "echo_cmd", json!({ "text": text }), json!({}));
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["diagnostic"]["reason"], "approval_required", "{answer}");
+    answer["diagnostic"]["details"]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn an_approver_signs_in_approves_the_exact_call_and_the_retry_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_lab_with_approval(dir.path());
+    let run = server.create_run(json!({}));
+    let approval = request_approval(&server, &run, "file the brief in C-1001");
+
+    let result = drive(
+        &server,
+        json!({
+            "scenario": "approve",
+            "token": ADMIN,
+            "approval_id": approval,
+            "reason": "checked the filing against the court rules",
+        }),
+    );
+    // The card showed the exact call.
+    let card = &result["card"];
+    assert_eq!(card["title"], "echo_cmd v1.0.0", "{result}");
+    assert_eq!(card["fields"]["run"], json!(run));
+    assert_eq!(card["fields"]["role"], "tester");
+    assert_eq!(card["fields"]["lane"], "lab");
+    let shown: Value = serde_json::from_str(card["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(shown, json!({ "text": "file the brief in C-1001" }));
+    // The decision went through the API, and shows among the recent decisions.
+    let recent = result["recent"].as_array().unwrap();
+    assert_eq!(recent[1], "approved", "{result}");
+    assert_eq!(recent[4], "admin:ops");
+    assert_eq!(recent[5], "checked the filing against the court rules");
+    assert!(result["live_region"].as_str().unwrap().contains("Approved"), "{result}");
+    assert_eq!(result["storage"]["session_token"], ADMIN);
+    assert_eq!(result["storage"]["cookie"], "");
+    assert!(!result["storage"]["url"].as_str().unwrap().contains(ADMIN));
+    for shot in result["screenshots"].as_array().unwrap() {
+        assert!(Path::new(shot.as_str().unwrap()).exists());
+    }
+    let (_, stored) = server.get(&format!("/v1/approvals/{approval}"), Some(ADMIN));
+    assert_eq!(stored["status"], "approved", "{stored}");
+    assert_eq!(stored["decisions"][0]["reason"], "checked the filing against the court rules");
+
+    // The agent's retry of the same call, with the approval id, runs.
+    let (status, done) = common::lab::call(
+        &server,
+        &run,
+        "echo_cmd",
+        json!({ "text": "file the brief in C-1001" }),
+        json!({ "approval_id": approval }),
+    );
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["status"], "success");
+    assert_eq!(done["output"]["text"], "file the brief in C-1001");
+
+    // The evidence of it: requested, granted, executed, all verified.
+    let (status, page) = server.get(&format!("/v1/runs/{run}/events"), Some(ADMIN));
+    assert_eq!(status, 200, "{page}");
+    let types: Vec<&str> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["event"]["type"].as_str())
+        .collect();
+    for kind in ["approval_requested", "approval_granted", "tool_executed"] {
+        assert!(types.contains(&kind), "{kind} missing: {types:?}");
+    }
+    assert!(
+        page["events"].as_array().unwrap().iter().all(|e| e["status"] == "verified"),
+        "{page}"
+    );
+}
+
+#[test]
+fn html_and_script_in_arguments_and_scope_render_as_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_lab_with_approval(dir.path());
+    let payload = "<img src=x onerror=\"window.__pwned=1;alert(1)\"><script>window.__pwned=2;alert(2)</script><b>bold</b>";
+    let (status, created) = server.post(
+        "/v1/runs",
+        Some(ADMIN),
+        &json!({ "scope": { "note": payload } }),
+    );
+    assert_eq!(status, 201, "{created}");
+    let run = created["run_id"].as_str().unwrap().to_string();
+    let approval = request_approval(&server, &run, payload);
+
+    let result = drive(
+        &server,
+        json!({ "scenario": "escape", "token": ADMIN, "approval_id": approval, "run_id": run }),
+    );
+    let card = &result["card"];
+    let shown: Value = serde_json::from_str(card["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(shown["text"], payload, "the arguments show as the literal text: {result}");
+    assert_eq!(card["imgs"], 0, "{result}");
+    assert_eq!(card["scripts"], 0, "{result}");
+    assert!(
+        result["run"].as_str().unwrap().contains("<img src=x onerror="),
+        "the run's scope shows as text: {result}"
+    );
+    // No script ran: nothing set the marker, no dialog opened, no element was made
+    // from the payload (the page's own script tag is the only one).
+    assert!(result["injected"]["pwned"].is_null(), "{result}");
+    assert_eq!(result["injected"]["imgs"], 0, "{result}");
+    assert_eq!(result["injected"]["scripts"], 1, "{result}");
+    assert_eq!(result["seen"]["dialogs"], json!([]), "{result}");
+    assert_eq!(result["seen"]["page_errors"], json!([]), "{result}");
+    // The page asked for nothing but its own origin.
+    for request in result["seen"]["requests"].as_array().unwrap() {
+        let request = request.as_str().unwrap();
+        assert!(
+            request.split_whitespace().nth(1).unwrap().starts_with(&server.base),
+            "{request}"
+        );
+    }
+}
