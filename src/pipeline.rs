@@ -539,6 +539,15 @@ impl Gateway {
             Err(r) if !call.executed
                 || r.reason == Reason::Cancelled
                 || (call.retry_safe && r.diagnostic().retryable));
+        // Likewise an approval: used up only once something may have reached the tool.
+        if captured.is_err()
+            && !call.executed
+            && let Some(approval_id) = &allowed.request.approval_id
+            && self.release_approval(approval_id, &call.call_id).await
+            && let Some(Value::Object(approval)) = &mut call.approval
+        {
+            approval.insert("released".into(), json!(true));
+        }
         let response = self.close_executed(call, &allowed, captured).await;
         if let Some(guard) = guard {
             guard.complete(self.stored_outcome(&response).await, keep);
@@ -564,6 +573,8 @@ impl Gateway {
             policy_versions: call.policy_versions.clone(),
         };
         if let Some(approval_id) = &allowed.request.approval_id {
+            // A refused retry is attributed to the approval it presented too.
+            call.approval = Some(json!({ "approval_id": approval_id }));
             let record = self
                 .use_approval(approval_id, &binding, &call.call_id)
                 .await?;

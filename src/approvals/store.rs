@@ -274,6 +274,23 @@ impl ApprovalStore {
         })
     }
 
+    /// Gives back an approval `call_id` claimed but never ran (nothing reached the
+    /// tool): approved again, if it has not expired.
+    pub fn release(&self, approval_id: &str, call_id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        self.with(|c| {
+            let changed = c
+                .execute(
+                    "UPDATE approvals SET status = 'approved',
+                         record = json_remove(json_set(record, '$.status', 'approved'), '$.used_by_call_id', '$.used_at')
+                     WHERE approval_id = ?1 AND status = 'used' AND expires_at_ms > ?3
+                       AND json_extract(record, '$.used_by_call_id') = ?2",
+                    params![approval_id, call_id, now_ms],
+                )
+                .map_err(map)?;
+            Ok(changed == 1)
+        })
+    }
+
     /// Approvals past their expiry whose expiry is not audited yet (pending or
     /// approved, or already marked expired by an earlier sweep that could not audit).
     pub fn due_expiries(&self, now_ms: i64, limit: usize) -> Result<Vec<ApprovalRecord>, StoreError> {

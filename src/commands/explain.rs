@@ -143,7 +143,23 @@ fn render_text(e: &Explanation) -> String {
                 .unwrap_or_default()
         ));
     }
+    for a in &e.trace.approval {
+        out.push_str(&format!(
+            "approval ({}): {} of [{}] within {} s{}\n",
+            a.owner,
+            a.quorum,
+            a.approvers.join(", "),
+            a.ttl_s,
+            a.when
+                .as_ref()
+                .map(|w| format!(", because `{w}` holds"))
+                .unwrap_or_default()
+        ));
+    }
     match &e.refusal {
+        None if !e.trace.approval.is_empty() => out.push_str(
+            "decision: allow once approved (the gate after step 8 answers approval_required until an approval of this exact call is presented)\n",
+        ),
         None => out.push_str("decision: allow (steps 9-13 would record, execute and return)\n"),
         Some(r) => {
             let d = r.diagnostic();

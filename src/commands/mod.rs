@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub mod approvals;
 pub mod audit;
 pub mod diff;
 pub mod explain;
@@ -68,6 +69,9 @@ pub enum Command {
     /// Hold the audit signing key in this process and sign checkpoints for a gateway
     /// over a Unix socket (run it as another user).
     Signer(audit::SignerArgs),
+    /// Decide approvals of calls that need one, against a running server.
+    #[command(subcommand)]
+    Approvals(approvals::ApprovalsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -137,6 +141,7 @@ pub fn main() -> ExitCode {
         Command::Audit(command) => audit::run(command),
         Command::Mcp(command) => mcp::mcp_command(&command),
         Command::Signer(args) => audit::signer_command(&args),
+        Command::Approvals(command) => approvals::approvals_command(&command),
     };
     exit.into()
 }

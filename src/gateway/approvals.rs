@@ -231,6 +231,17 @@ impl Gateway {
         Err(not_usable(&record, approvals::now_ms()))
     }
 
+    /// Gives back the approval a call claimed when nothing reached the tool (refused
+    /// at step 9 or 10 before the adapter sent anything), so that the agent's retry can
+    /// run under it; true when it was given back.
+    pub async fn release_approval(&self, approval_id: &str, call_id: &str) -> bool {
+        let (id, call) = (approval_id.to_string(), call_id.to_string());
+        let now = approvals::now_ms();
+        self.approval_store(move |s| s.release(&id, &call, now))
+            .await
+            .unwrap_or(false)
+    }
+
     /// The principals a credential proves (admin, roles, JWT subject), or why none.
     fn principal(&self, policy: &Policy, token: Option<&str>) -> Result<Principal, Refusal> {
         let subject = token

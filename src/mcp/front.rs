@@ -19,8 +19,10 @@
 //!
 //! INVARIANT: role, run, lane and scope come only from the headers. Nothing in the
 //! JSON-RPC body (`_meta`, `arguments`) can name or widen them; the only `_meta` keys
-//! read are `io.toolgate/idempotency_key` and `io.toolgate/timeout_ms`, which the
-//! pipeline bounds like the same fields of the HTTP API.
+//! read are `io.toolgate/idempotency_key`, `io.toolgate/timeout_ms` and
+//! `io.toolgate/approval_id`, which the pipeline bounds and checks like the same
+//! fields of the HTTP API (an approval id only names an approval bound to the exact
+//! call).
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -76,6 +78,8 @@ pub const HEADER_SCOPE: &str = "x-toolgate-scope";
 /// The `_meta` keys of a `tools/call` that toolgate reads.
 pub const META_IDEMPOTENCY_KEY: &str = "io.toolgate/idempotency_key";
 pub const META_TIMEOUT_MS: &str = "io.toolgate/timeout_ms";
+/// The approval a retried `tools/call` runs under (docs/mcp.md, "Approvals").
+pub const META_APPROVAL_ID: &str = "io.toolgate/approval_id";
 
 /// Longest id header accepted (as for ids in the HTTP API).
 const MAX_ID_LEN: usize = 128;
@@ -477,6 +481,11 @@ impl Caller {
         }
         if let Some(ms) = meta.get(META_TIMEOUT_MS) {
             body["timeout_ms"] = ms.clone();
+        }
+        // Not identity or context: an approval is bound to the exact call (run, role,
+        // lane, tool, arguments, scope, policy), so naming one cannot widen anything.
+        if let Some(id) = meta.get(META_APPROVAL_ID) {
+            body["approval_id"] = id.clone();
         }
         parse_request_value(body)
     }

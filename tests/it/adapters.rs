@@ -52,6 +52,7 @@ fn tool(name: &str, adapter: AdapterConfig, input: Value, output: Value) -> Tool
         prohibited_flags: vec![],
         flag_rules: vec![],
         conditions: vec![],
+        approval: None,
         write_targets: vec![],
         adapter,
         redaction: Redaction::Full,

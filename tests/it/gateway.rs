@@ -156,7 +156,23 @@ fn golden_example_holds_over_http(#[files("contract/examples/*.json")] file: Pat
         );
         assert_eq!(code, 200);
     }
-    let (code, body) = send(&server, &example.request, &run, &draft);
+    let mut request = golden::Request {
+        token: example.request.token.clone(),
+        body: example.request.body.clone(),
+    };
+    if let Some(approver) = &setup.approved_by {
+        let (code, body) = send(&server, &request, &run, &draft);
+        assert_eq!(code, 409, "{name}: {body}");
+        let id = body["diagnostic"]["details"]["approval_id"].as_str().unwrap();
+        let (code, decided) = server.post(
+            &format!("/v1/approvals/{id}/decision"),
+            Some(approver),
+            &json!({"decision": "approve", "reason": "golden example"}),
+        );
+        assert_eq!(code, 200, "{name}: {decided}");
+        request.body["approval_id"] = json!(id);
+    }
+    let (code, body) = send(&server, &request, &run, &draft);
     if setup.safety_lock {
         let (code, _) = server.post("/v1/safety-lock", Some(ADMIN), &json!({"engaged": false}));
         assert_eq!(code, 200);

@@ -11,6 +11,7 @@ mod common;
 mod mcp_support;
 
 mod adapters;
+mod approvals;
 mod architecture;
 mod audit_crash;
 mod audit_export;

@@ -38,6 +38,10 @@ pub struct Setup {
     /// The safety lock is engaged for the request (and released after it).
     #[serde(default)]
     pub safety_lock: bool,
+    /// The request needs approval: it is sent once (answered `approval_required`), this
+    /// token approves it, and the request is sent again with its `approval_id`.
+    #[serde(default)]
+    pub approved_by: Option<String>,
 }
 
 /// A tool call sent to `POST /v1/tool-calls`.

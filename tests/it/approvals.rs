@@ -1,0 +1,567 @@
+//! Human approval bound to the exact call, over real HTTP against the real server:
+//! required -> pending -> approved -> retried -> executed, denied, expired, changed
+//! arguments, self-approval, quorum, concurrent retries, a restart, and hostile input.
+//! Every lifecycle test checks its audit events and that `toolgate audit verify`
+//! passes on the log it left.
+
+use crate::common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{ADMIN, BIN, Server, Start, poll_for, repo, token};
+use serde_json::{Value, json};
+
+const SUPERVISOR: &str = "demo-supervisor";
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// The demo policy in `dir`, with `draft_document` requiring approval by
+/// `drafting_agent` (to try self-approval), the admin `ops` and `supervisor`, with
+/// `quorum` and `ttl_s`, and its `/body` argument redacted.
+fn approval_policy(dir: &Path, quorum: u32, ttl_s: u64) -> Start {
+    let policy = dir.join("policy");
+    let tools = dir.join("tools");
+    copy_dir(&repo().join("policy"), &policy);
+    copy_dir(&repo().join("tools"), &tools);
+    let registry = tools.join("tool_registry.yaml");
+    let text = fs::read_to_string(&registry).unwrap();
+    let anchor = "    write_targets: [\"data_dir:drafts/{case_id}/\"]\n";
+    assert!(text.contains(anchor), "draft_document's write_targets line moved");
+    let block = format!(
+        "    approval: {{required: true, approvers: [drafting_agent, ops, supervisor], quorum: {quorum}, ttl_s: {ttl_s}}}\n    redaction: {{mode: fields, pointers: [/body]}}\n"
+    );
+    fs::write(&registry, text.replacen(anchor, &format!("{block}{anchor}"), 1)).unwrap();
+    Start {
+        policy_dir: policy,
+        tools: registry,
+        ..Start::default()
+    }
+}
+
+fn started(dir: &Path, quorum: u32, ttl_s: u64) -> Server {
+    let mut start = approval_policy(dir, quorum, ttl_s);
+    start.data_dir = Some(dir.join("var"));
+    Server::start_with(start)
+}
+
+fn draft_call(run: &str, title: &str) -> Value {
+    json!({
+        "role_id": "drafting_agent", "run_id": run, "lane_id": "drafting",
+        "tool_name": "draft_document",
+        "arguments": {"title": title, "body": "The defendant moves <script>alert(1)</script>."},
+        "scope": {"case_id": "C-1001"},
+    })
+}
+
+fn with_approval(call: &Value, approval_id: &str) -> Value {
+    let mut call = call.clone();
+    call["approval_id"] = json!(approval_id);
+    call
+}
+
+fn send(server: &Server, call: &Value) -> (u16, Value) {
+    let role = call["role_id"].as_str().unwrap();
+    server.post("/v1/tool-calls", Some(&token(role)), call)
+}
+
+/// Sends a call that needs approval: 409 approval_required; returns the approval id.
+fn request(server: &Server, call: &Value) -> String {
+    let (code, body) = send(server, call);
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(body["status"], "denied", "{body}");
+    let d = &body["diagnostic"];
+    assert_eq!(d["reason"], "approval_required", "{body}");
+    assert_eq!(d["retryable"], true, "{body}");
+    assert_eq!(d["failed_step"], 8, "{body}");
+    assert!(d["details"]["expires_at"].is_string(), "{body}");
+    assert!(body["output"].is_null(), "{body}");
+    let id = d["details"]["approval_id"].as_str().unwrap().to_string();
+    assert_eq!(d["details"]["retry_with"]["approval_id"], id.as_str());
+    id
+}
+
+fn decide(server: &Server, token: Option<&str>, id: &str, decision: &str, reason: &str) -> (u16, Value) {
+    server.post(
+        &format!("/v1/approvals/{id}/decision"),
+        token,
+        &json!({"decision": decision, "reason": reason}),
+    )
+}
+
+fn events(server: &Server) -> Vec<Value> {
+    let (code, body) = server.get("/v1/audit/events?limit=1000", Some(ADMIN));
+    assert_eq!(code, 200, "{body}");
+    body["events"].as_array().unwrap().clone()
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str, approval_id: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e["type"] == kind)
+        .filter(|e| {
+            e["details"]["approval_id"] == approval_id
+                || e["details"]["approval"]["approval_id"] == approval_id
+        })
+        .collect()
+}
+
+/// Stops the server and checks the log it left with `toolgate audit verify`.
+fn stop_and_verify(server: Server) -> PathBuf {
+    let db = server.db();
+    assert!(server.stop().success());
+    let out = std::process::Command::new(BIN)
+        .args(["audit", "verify", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "audit verify failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    db
+}
+
+#[test]
+fn required_pending_approved_retried_executed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    // The same call again while pending: the same approval, no second request.
+    let (code, again) = send(&server, &call);
+    assert_eq!(code, 409);
+    assert_eq!(again["diagnostic"]["details"]["approval_id"], id.as_str());
+    assert_eq!(again["diagnostic"]["details"]["reused"], true);
+    // Retried before a decision: pending.
+    let (code, early) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 409, "{early}");
+    assert_eq!(early["diagnostic"]["reason"], "approval_pending");
+
+    // The approver sees it pending, with the exact call and the body redacted.
+    let (code, list) = server.get("/v1/approvals?status=pending", Some(SUPERVISOR));
+    assert_eq!(code, 200, "{list}");
+    let listed = list["approvals"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{list}");
+    assert_eq!(listed[0]["approval_id"], id.as_str());
+    let (code, shown) = server.get(&format!("/v1/approvals/{id}"), Some(SUPERVISOR));
+    assert_eq!(code, 200, "{shown}");
+    assert_eq!(shown["status"], "pending");
+    assert_eq!(shown["binding"]["run_id"], run.as_str());
+    assert_eq!(shown["binding"]["tool_name"], "draft_document");
+    assert_eq!(shown["binding"]["tool_version"], "1.0.0");
+    assert_eq!(shown["requester"]["role_id"], "drafting_agent");
+    assert_eq!(shown["arguments"]["title"], "Motion");
+    assert_eq!(shown["arguments"]["body"], "[redacted]", "{shown}");
+    assert!(!shown.to_string().contains("defendant moves"), "{shown}");
+    assert_eq!(shown["redaction"], "fields");
+    assert!(shown["binding"]["policy_versions"]["registry"]["sha256"].is_string());
+    // The requester may read its own approval (to poll it).
+    let (code, own) = server.get(&format!("/v1/approvals/{id}"), Some(&token("drafting_agent")));
+    assert_eq!((code, &own["status"]), (200, &json!("pending")), "{own}");
+
+    let (code, decided) = decide(&server, Some(SUPERVISOR), &id, "approve", "checked the motion");
+    assert_eq!(code, 200, "{decided}");
+    assert_eq!(decided["status"], "approved");
+    assert_eq!(decided["decisions"][0]["approver"], "role:supervisor");
+
+    let (code, done) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 200, "{done}");
+    assert_eq!(done["status"], "success");
+    assert!(done["output"]["draft_id"].is_string(), "{done}");
+    // Used once: a second retry is refused.
+    let (code, twice) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 403, "{twice}");
+    assert_eq!(twice["diagnostic"]["reason"], "approval_used");
+    assert_eq!(twice["diagnostic"]["details"]["used_by_call_id"], done["call_id"]);
+    let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
+    assert_eq!(shown["status"], "used");
+    assert_eq!(shown["used_by_call_id"], done["call_id"]);
+
+    let all = events(&server);
+    let requested = of_type(&all, "approval_requested", &id);
+    assert_eq!(requested.len(), 1, "{all:#?}");
+    let requested = requested[0];
+    assert_eq!(requested["run_id"], run.as_str());
+    assert_eq!(requested["details"]["approval"]["call_digest"], shown["call_digest"]);
+    assert_eq!(
+        requested["arguments_hash_sha256"],
+        shown["binding"]["arguments_sha256"]
+    );
+    let granted = of_type(&all, "approval_granted", &id);
+    assert_eq!(granted.len(), 1);
+    assert_eq!(granted[0]["details"]["by"], "role:supervisor");
+    assert_eq!(granted[0]["details"]["reason"], "checked the motion");
+    assert_eq!(granted[0]["details"]["quorum_met"], true);
+    // The first call closed as denied (approval_required), the retry executed under it.
+    let denied: Vec<&Value> = all
+        .iter()
+        .filter(|e| e["type"] == "tool_denied" && e["reason"] == "approval_required")
+        .collect();
+    assert_eq!(denied.len(), 2, "the first call and its repeat");
+    let executed = of_type(&all, "tool_executed", &id);
+    assert_eq!(executed.len(), 1);
+    assert_eq!(executed[0]["call_id"], done["call_id"]);
+    assert_eq!(of_type(&all, "tool_requested", &id).len(), 1);
+    stop_and_verify(server);
+}
+
+#[test]
+fn a_denied_approval_refuses_the_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    let (code, decided) = decide(&server, Some(ADMIN), &id, "deny", "wrong court");
+    assert_eq!(code, 200, "{decided}");
+    assert_eq!(decided["status"], "denied");
+    assert_eq!(decided["decisions"][0]["approver"], "admin:ops");
+    let (code, refused) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 403, "{refused}");
+    assert_eq!(refused["diagnostic"]["reason"], "approval_denied");
+    assert_eq!(refused["diagnostic"]["details"]["decisions"][0]["reason"], "wrong court");
+    // A decided approval takes no further decision.
+    let (code, again) = decide(&server, Some(SUPERVISOR), &id, "approve", "overrule");
+    assert_eq!(code, 409, "{again}");
+    assert_eq!(again["diagnostic"]["reason"], "approval_already_decided");
+    let all = events(&server);
+    let denied = of_type(&all, "approval_denied", &id);
+    assert_eq!(denied.len(), 1);
+    assert_eq!(denied[0]["details"]["by"], "admin:ops");
+    assert_eq!(denied[0]["details"]["reason"], "wrong court");
+    assert!(of_type(&all, "tool_requested", &id).is_empty());
+    assert!(of_type(&all, "approval_granted", &id).is_empty());
+    stop_and_verify(server);
+}
+
+#[test]
+fn an_undecided_approval_expires_once_and_is_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 1);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    // Nobody asks: the sweeper records the expiry.
+    let expired = poll_for(Duration::from_secs(20), || {
+        let all = events(&server);
+        let found: Vec<Value> = of_type(&all, "approval_expired", &id).into_iter().cloned().collect();
+        (!found.is_empty()).then_some(found)
+    })
+    .expect("approval_expired was not recorded");
+    assert_eq!(expired[0]["details"]["status_before"], "pending");
+    let (code, decided) = decide(&server, Some(SUPERVISOR), &id, "approve", "too late");
+    assert_eq!(code, 403, "{decided}");
+    assert_eq!(decided["diagnostic"]["reason"], "approval_expired");
+    let (code, refused) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 403, "{refused}");
+    assert_eq!(refused["diagnostic"]["reason"], "approval_expired");
+    let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
+    assert_eq!(shown["status"], "expired");
+    let (_, pending) = server.get("/v1/approvals?status=pending", Some(ADMIN));
+    assert_eq!(pending["approvals"], json!([]));
+    // A fresh request gets a new approval.
+    let fresh = request(&server, &call);
+    assert_ne!(fresh, id);
+    let all = events(&server);
+    assert_eq!(of_type(&all, "approval_expired", &id).len(), 1, "audited once");
+    assert!(of_type(&all, "approval_granted", &id).is_empty());
+    stop_and_verify(server);
+}
+
+#[test]
+fn changed_arguments_run_or_role_do_not_use_the_approval() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let other_run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    let (code, _) = decide(&server, Some(SUPERVISOR), &id, "approve", "ok");
+    assert_eq!(code, 200);
+
+    let changed = with_approval(&draft_call(&run, "Motion to dismiss"), &id);
+    let (code, refused) = send(&server, &changed);
+    assert_eq!(code, 403, "{refused}");
+    assert_eq!(refused["diagnostic"]["reason"], "approval_arguments_mismatch");
+    assert_eq!(refused["diagnostic"]["details"]["mismatch"], "arguments");
+
+    let elsewhere = with_approval(&draft_call(&other_run, "Motion"), &id);
+    let (code, refused) = send(&server, &elsewhere);
+    assert_eq!(code, 403, "{refused}");
+    assert_eq!(refused["diagnostic"]["reason"], "approval_run_mismatch");
+
+    let mut as_supervisor = with_approval(&call, &id);
+    as_supervisor["role_id"] = json!("supervisor");
+    let (code, refused) = send(&server, &as_supervisor);
+    assert_eq!(code, 403, "{refused}");
+    assert_eq!(refused["diagnostic"]["reason"], "approval_role_mismatch");
+
+    let mut other_scope = with_approval(&call, &id);
+    other_scope["scope"]["matter_id"] = json!("M-9");
+    let (code, refused) = send(&server, &other_scope);
+    assert_eq!(code, 403, "{refused}");
+    assert_eq!(refused["diagnostic"]["reason"], "approval_call_mismatch");
+
+    // None of them used it up: the exact call still runs, once.
+    let (code, done) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 200, "{done}");
+    let all = events(&server);
+    let closing_denials = all
+        .iter()
+        .filter(|e| e["type"] == "tool_denied" && e["details"]["approval"]["approval_id"] == id.as_str())
+        .count();
+    assert_eq!(closing_denials, 5, "the request and the four refused retries each closed once");
+    assert_eq!(of_type(&all, "tool_executed", &id).len(), 1);
+    stop_and_verify(server);
+}
+
+#[test]
+fn a_reloaded_policy_voids_the_approval() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    let (code, _) = decide(&server, Some(SUPERVISOR), &id, "approve", "ok");
+    assert_eq!(code, 200);
+    // Same rules, another version: still a changed policy.
+    let registry = dir.path().join("tools/tool_registry.yaml");
+    let text = fs::read_to_string(&registry).unwrap();
+    fs::write(&registry, format!("{text}\n# reviewed again\n")).unwrap();
+    let (code, body) = server.post("/v1/policy/reload", Some(ADMIN), &json!({}));
+    assert_eq!(code, 200, "{body}");
+    // The run is pinned to the old versions: re-pin it (an admin's reviewed step).
+    let (code, body) = server.post(&format!("/v1/runs/{run}/repin"), Some(ADMIN), &json!({}));
+    assert_eq!(code, 200, "{body}");
+    let (code, refused) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 403, "{refused}");
+    assert_eq!(refused["diagnostic"]["reason"], "approval_policy_changed");
+    stop_and_verify(server);
+}
+
+#[test]
+fn the_requester_never_approves_its_own_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    // drafting_agent is a listed approver, but it made the call.
+    let (code, refused) = decide(&server, Some(&token("drafting_agent")), &id, "approve", "mine");
+    assert_eq!(code, 403, "{refused}");
+    assert_eq!(refused["diagnostic"]["reason"], "self_approval_refused");
+    let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
+    assert_eq!(shown["status"], "pending");
+    assert_eq!(shown["decisions"], json!([]));
+    let (code, early) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 409, "{early}");
+    assert_eq!(early["diagnostic"]["reason"], "approval_pending");
+    let all = events(&server);
+    assert!(of_type(&all, "approval_granted", &id).is_empty());
+    stop_and_verify(server);
+}
+
+#[test]
+fn quorum_two_needs_two_distinct_approvers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 2, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    let (code, first) = decide(&server, Some(SUPERVISOR), &id, "approve", "one");
+    assert_eq!(code, 200, "{first}");
+    assert_eq!(first["status"], "pending", "one approval of two");
+    // The same approver again counts once: refused.
+    let (code, again) = decide(&server, Some(SUPERVISOR), &id, "approve", "one again");
+    assert_eq!(code, 409, "{again}");
+    assert_eq!(again["diagnostic"]["reason"], "approval_already_decided");
+    let (code, early) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 409, "{early}");
+    assert_eq!(early["diagnostic"]["reason"], "approval_pending");
+    let (code, second) = decide(&server, Some(ADMIN), &id, "approve", "two");
+    assert_eq!(code, 200, "{second}");
+    assert_eq!(second["status"], "approved");
+    let (code, done) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 200, "{done}");
+    let all = events(&server);
+    let granted = of_type(&all, "approval_granted", &id);
+    assert_eq!(granted.len(), 2);
+    assert_eq!(granted[0]["details"]["quorum_met"], false);
+    assert_eq!(granted[1]["details"]["quorum_met"], true);
+    stop_and_verify(server);
+}
+
+#[test]
+fn concurrent_retries_consume_the_approval_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    let (code, _) = decide(&server, Some(ADMIN), &id, "approve", "ok");
+    assert_eq!(code, 200);
+    let retry = with_approval(&call, &id);
+    let barrier = std::sync::Barrier::new(8);
+    let answers: Vec<(u16, Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    send(&server, &retry)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let succeeded = answers.iter().filter(|(c, _)| *c == 200).count();
+    assert_eq!(succeeded, 1, "{answers:#?}");
+    for (code, body) in answers.iter().filter(|(c, _)| *c != 200) {
+        assert_eq!(*code, 403, "{body}");
+        assert_eq!(body["diagnostic"]["reason"], "approval_used", "{body}");
+    }
+    let all = events(&server);
+    assert_eq!(of_type(&all, "tool_executed", &id).len(), 1);
+    assert_eq!(of_type(&all, "tool_requested", &id).len(), 1);
+    stop_and_verify(server);
+}
+
+#[test]
+fn a_restart_keeps_pending_approvals() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    stop_and_verify(server);
+
+    let server = started(dir.path(), 1, 600);
+    let (code, list) = server.get("/v1/approvals?status=pending", Some(ADMIN));
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(list["approvals"][0]["approval_id"], id.as_str(), "{list}");
+    let (code, _) = decide(&server, Some(SUPERVISOR), &id, "approve", "after the restart");
+    assert_eq!(code, 200);
+    let (code, done) = send(&server, &with_approval(&call, &id));
+    assert_eq!(code, 200, "{done}");
+    let all = events(&server);
+    assert_eq!(of_type(&all, "approval_requested", &id).len(), 1);
+    assert_eq!(of_type(&all, "tool_executed", &id).len(), 1);
+    stop_and_verify(server);
+}
+
+#[test]
+fn hostile_decisions_and_ids_get_structured_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&server, &call);
+    let forged = "apr-00000000-0000-4000-8000-000000000000";
+
+    // No credential, a wrong one.
+    for (code, body) in [
+        server.get("/v1/approvals", None),
+        server.get(&format!("/v1/approvals/{id}"), None),
+        decide(&server, None, &id, "approve", "x"),
+    ] {
+        assert_eq!(code, 401, "{body}");
+        assert_eq!(body["diagnostic"]["reason"], "credential_missing", "{body}");
+    }
+    let (code, body) = decide(&server, Some("not-a-token"), &id, "approve", "x");
+    assert_eq!((code, &body["diagnostic"]["reason"]), (401, &json!("credential_invalid")), "{body}");
+    // Unknown and forged ids.
+    let (code, body) = decide(&server, Some(SUPERVISOR), forged, "approve", "x");
+    assert_eq!((code, &body["diagnostic"]["reason"]), (404, &json!("approval_unknown")), "{body}");
+    let (code, body) = server.get("/v1/approvals/%3Cscript%3E", Some(ADMIN));
+    assert_eq!((code, &body["diagnostic"]["reason"]), (404, &json!("approval_unknown")), "{body}");
+    let (code, body) = send(&server, &with_approval(&call, forged));
+    assert_eq!((code, &body["diagnostic"]["reason"]), (404, &json!("approval_unknown")), "{body}");
+    let (code, body) = send(&server, &with_approval(&call, "apr-<x>"));
+    assert_eq!((code, &body["diagnostic"]["reason"]), (400, &json!("request_malformed")), "{body}");
+    // A non-approver may neither decide nor read it.
+    let research = token("research_agent");
+    let (code, body) = decide(&server, Some(&research), &id, "approve", "x");
+    assert_eq!((code, &body["diagnostic"]["reason"]), (403, &json!("approver_not_allowed")), "{body}");
+    let (code, body) = server.get(&format!("/v1/approvals/{id}"), Some(&research));
+    assert_eq!((code, &body["diagnostic"]["reason"]), (403, &json!("approver_not_allowed")), "{body}");
+    let (code, body) = server.get("/v1/approvals", Some(&research));
+    assert_eq!((code, &body["approvals"]), (200, &json!([])), "{body}");
+    // Bad bodies: huge reason, empty reason, unknown decision, unknown field.
+    let huge = "x".repeat(100_000);
+    for body in [
+        json!({"decision": "approve", "reason": huge}),
+        json!({"decision": "approve", "reason": " "}),
+        json!({"decision": "approve"}),
+        json!({"decision": "maybe", "reason": "x"}),
+        json!({"decision": "approve", "reason": "x", "approver": "ops"}),
+    ] {
+        let (code, answer) = server.post(&format!("/v1/approvals/{id}/decision"), Some(SUPERVISOR), &body);
+        assert_eq!(code, 400, "{answer}");
+        assert_eq!(answer["diagnostic"]["reason"], "request_malformed", "{answer}");
+    }
+    let (code, body) = server.get("/v1/approvals?limit=100000", Some(ADMIN));
+    assert_eq!((code, &body["diagnostic"]["reason"]), (400, &json!("request_malformed")), "{body}");
+    let (code, body) = server.get("/v1/approvals?status=maybe", Some(ADMIN));
+    assert_eq!((code, &body["diagnostic"]["reason"]), (400, &json!("request_malformed")), "{body}");
+    // Nothing of that decided anything.
+    let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
+    assert_eq!(shown["status"], "pending");
+    assert_eq!(shown["decisions"], json!([]));
+    // A double decision.
+    let (code, _) = decide(&server, Some(SUPERVISOR), &id, "approve", "ok");
+    assert_eq!(code, 200);
+    let (code, body) = decide(&server, Some(ADMIN), &id, "deny", "late");
+    assert_eq!((code, &body["diagnostic"]["reason"]), (409, &json!("approval_already_decided")), "{body}");
+    let (code, body) = server.post(&format!("/v1/approvals/{id}"), Some(ADMIN), &json!({}));
+    assert_eq!((code, &body["diagnostic"]["reason"]), (405, &json!("method_not_allowed")), "{body}");
+    stop_and_verify(server);
+}
+
+#[test]
+fn the_demo_court_filing_needs_a_supervisor() {
+    let server = Server::start();
+    let run = server.create_run(json!({"case_id": "C-1001", "matter_id": "M-1"}));
+    let (code, draft) = server.call(
+        "drafting_agent",
+        &run,
+        "drafting",
+        "draft_document",
+        json!({"title": "Motion", "body": "The defendant moves."}),
+        json!({"case_id": "C-1001"}),
+    );
+    assert_eq!(code, 200, "{draft}");
+    let call = json!({
+        "role_id": "filing_agent", "run_id": run, "lane_id": "filing",
+        "tool_name": "file_with_court",
+        "arguments": {"draft_id": draft["output"]["draft_id"]},
+        "scope": {"case_id": "C-1001", "matter_id": "M-1"},
+    });
+    let id = request(&server, &call);
+    // The filing agent itself is no approver.
+    let (code, body) = decide(&server, Some(&token("filing_agent")), &id, "approve", "me");
+    assert_eq!(code, 403, "{body}");
+    let (code, body) = decide(&server, Some(SUPERVISOR), &id, "approve", "reviewed the filing");
+    assert_eq!(code, 200, "{body}");
+    // Approved, it reaches the court (no stand-in court listens here: dependency down).
+    let (code, body) = send(&server, &with_approval(&call, &id));
+    assert_eq!(body["trace"]["passed_step"], 9, "{body}");
+    assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{code} {body}");
+    let all = events(&server);
+    assert_eq!(of_type(&all, "tool_requested", &id).len(), 1);
+    stop_and_verify(server);
+}
