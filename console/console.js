@@ -83,6 +83,14 @@
     return { ok: response.ok, status: response.status, body: parsed, response };
   }
 
+  // A credential that no longer works at all (expired, revoked): sign out. Other
+  // refusals (this credential may not use this view) are shown in the view.
+  function expired(answer) {
+    const reason = answer.body && answer.body.diagnostic && answer.body.diagnostic.reason;
+    return answer.status === 401 &&
+      ["credential_missing", "credential_expired", "jwt_expired"].includes(reason);
+  }
+
   function localRefusal(message) {
     return { status: "failed", error_code: "CONSOLE_ERROR", error_message: message, diagnostic: null };
   }
@@ -193,7 +201,7 @@
 
   async function loadApprovals() {
     const pending = await api("GET", "/v1/approvals?status=pending&limit=200");
-    if (pending.status === 401) return signOut(pending.body);
+    if (expired(pending)) return signOut(pending.body);
     if (!pending.ok) {
       showRefusal($("approvals-error"), pending.body, pending.status);
       return;
@@ -339,7 +347,7 @@
 
   async function loadRuns() {
     const answer = await api("GET", "/v1/runs?limit=100");
-    if (answer.status === 401) return signOut(answer.body);
+    if (expired(answer)) return signOut(answer.body);
     const list = $("run-list");
     clear(list);
     if (!answer.ok) {
@@ -375,7 +383,7 @@
     const state = runState;
     const answer = await api("GET", "/v1/runs/" + encodeURIComponent(state.id) +
       "/events?limit=" + PAGE + "&after_seq=" + state.after);
-    if (answer.status === 401) return signOut(answer.body);
+    if (expired(answer)) return signOut(answer.body);
     if (state !== runState) return;
     if (!answer.ok) {
       showRefusal($("run-error"), answer.body, answer.status);
