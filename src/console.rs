@@ -53,7 +53,10 @@ mod tests {
         // Every <script> has a src: no inline code (the CSP would block it anyway).
         assert_eq!(page.matches("<script").count(), 1);
         assert!(!page.contains("style=\""), "no inline style attributes");
-        assert!(!page.contains("http://") && !page.contains("https://"), "no other origin");
+        assert!(
+            !page.contains("http://") && !page.contains("https://"),
+            "no other origin"
+        );
         for name in ["console.js", "console.css"] {
             assert!(asset(&format!("{ASSETS}{name}")).is_some());
         }
@@ -63,9 +66,19 @@ mod tests {
     #[test]
     fn the_script_never_writes_html() {
         let script = std::str::from_utf8(SCRIPT.as_bytes()).unwrap_or_default();
-        for sink in ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"] {
+        for sink in [
+            "innerHTML",
+            "outerHTML",
+            "insertAdjacentHTML",
+            "document.write",
+            "eval(",
+            "new Function",
+        ] {
             assert!(!script.contains(sink), "console.js uses `{sink}`");
         }
-        assert!(!script.contains("localStorage"), "the credential stays in sessionStorage");
+        assert!(
+            !script.contains("localStorage"),
+            "the credential stays in sessionStorage"
+        );
     }
 }

@@ -353,7 +353,8 @@ async fn route(
                 Ok(bundle) => {
                     let mut response = json_response(StatusCode::OK, &json!(bundle));
                     let name = format!("toolgate-run-{run_id}-export.json");
-                    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\""))
+                    if let Ok(v) =
+                        HeaderValue::from_str(&format!("attachment; filename=\"{name}\""))
                     {
                         response
                             .headers_mut()

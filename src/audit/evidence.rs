@@ -14,13 +14,13 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::AuditError;
 use super::export::{ExportError, ExportFormat, ExportOptions, ExportSummary, export};
 use super::keys::VerifierKey;
 use super::merkle::{Tree, leaf_hash, verify_inclusion};
 use super::signer::Signer;
 use super::store::map_sqlite;
 use super::verify::{Problem, VerifyError, VerifyOptions, open_segments, verify_segments};
-use super::AuditError;
 
 /// The most events one page of a run's evidence holds.
 pub const MAX_EVIDENCE_PAGE: usize = 500;
@@ -125,7 +125,9 @@ pub fn run_evidence(
         let map = |e: rusqlite::Error| map_sqlite(&e, &segment.path);
         let mut stmt = segment
             .conn
-            .prepare("SELECT seq, line FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?")
+            .prepare(
+                "SELECT seq, line FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            )
             .map_err(map)?;
         let found = stmt
             .query_map(
@@ -243,7 +245,9 @@ fn failed_log(run_id: &str, key: &VerifierKey, problem: Problem) -> RunEvidence 
 pub enum BundleError {
     Export(ExportError),
     /// The bundle would be larger than the cap (bytes of its files).
-    TooLarge { max_bytes: u64 },
+    TooLarge {
+        max_bytes: u64,
+    },
 }
 
 /// A run's export bundle: the files of `toolgate audit export --run RUN_ID`, in one

@@ -104,11 +104,7 @@ fn screenshots() -> PathBuf {
 fn drive(server: &Server, mut plan: Value) -> Value {
     let dir = browser_dir();
     let script = dir.join("drive.mjs");
-    fs::copy(
-        common::repo().join("tests/console/drive.mjs"),
-        &script,
-    )
-    .unwrap();
+    fs::copy(common::repo().join("tests/console/drive.mjs"), &script).unwrap();
     plan["base"] = json!(server.base);
     plan["screenshots"] = json!(screenshots());
     if Path::new("/usr/bin/chromium").exists() {
@@ -203,7 +199,11 @@ fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
 #[test]
 fn the_console_is_served_from_the_binary_with_a_strict_policy() {
     let server = Server::start();
-    for path in ["/console", "/console/assets/console.js", "/console/assets/console.css"] {
+    for path in [
+        "/console",
+        "/console/assets/console.js",
+        "/console/assets/console.css",
+    ] {
         let (status, headers, body) = get_raw(&format!("{}{path}", server.base), None);
         assert_eq!(status, 200, "{path}");
         assert!(!body.is_empty(), "{path}");
@@ -216,12 +216,18 @@ fn the_console_is_served_from_the_binary_with_a_strict_policy() {
         ] {
             assert!(csp.contains(directive), "{path}: {csp}");
         }
-        assert!(!csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"), "{csp}");
+        assert!(
+            !csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"),
+            "{csp}"
+        );
         assert_eq!(header(&headers, "x-content-type-options"), Some("nosniff"));
         assert_eq!(header(&headers, "x-frame-options"), Some("DENY"));
     }
     // Unknown console paths, other methods: structured refusals.
-    let (status, _, body) = get_raw(&format!("{}/console/assets/../../v1/policy", server.base), None);
+    let (status, _, body) = get_raw(
+        &format!("{}/console/assets/../../v1/policy", server.base),
+        None,
+    );
     assert_ne!(status, 200);
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert!(body["diagnostic"]["reason"].is_string(), "{body}");
@@ -240,7 +246,10 @@ fn a_missing_or_wrong_credential_is_refused_in_the_page() {
         &server,
         json!({ "scenario": "refusal", "wrong_token": "not-a-credential" }),
     );
-    assert_eq!(result["missing"]["reason"], "credential_missing", "{result}");
+    assert_eq!(
+        result["missing"]["reason"], "credential_missing",
+        "{result}"
+    );
     assert_eq!(result["missing"]["error_code"], "TOOL_DENIED", "{result}");
     assert_eq!(result["wrong"]["reason"], "credential_invalid", "{result}");
     assert!(
@@ -252,7 +261,12 @@ fn a_missing_or_wrong_credential_is_refused_in_the_page() {
     // Nothing was stored or shown: no token in storage, cookies or the URL.
     assert!(result["storage"]["session_token"].is_null(), "{result}");
     assert_eq!(result["storage"]["cookie"], "");
-    assert!(!result["storage"]["url"].as_str().unwrap().contains("not-a-credential"));
+    assert!(
+        !result["storage"]["url"]
+            .as_str()
+            .unwrap()
+            .contains("not-a-credential")
+    );
     assert_eq!(result["approvals_visible"], false);
     assert!(Path::new(result["screenshot"].as_str().unwrap()).exists());
 }
@@ -263,10 +277,24 @@ fn the_run_evidence_page_shows_verified_events_and_downloads_a_bundle_that_verif
     let server = start_with_auditor(dir.path());
     let run = server.create_run(json!({ "case_id": "C-1001" }));
     let scope = json!({ "case_id": "C-1001" });
-    let (status, ok) = server.call("research_agent", &run, "research", "case_lookup", json!({}), scope.clone());
+    let (status, ok) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "case_lookup",
+        json!({}),
+        scope.clone(),
+    );
     assert_eq!(status, 200, "{ok}");
     // A denial: a role outside its lane.
-    let (status, denied) = server.call("research_agent", &run, "drafting", "case_lookup", json!({}), scope);
+    let (status, denied) = server.call(
+        "research_agent",
+        &run,
+        "drafting",
+        "case_lookup",
+        json!({}),
+        scope,
+    );
     assert_eq!(status, 403, "{denied}");
 
     // The API: every event verified against the newest signed checkpoint.
@@ -279,14 +307,32 @@ fn the_run_evidence_page_shows_verified_events_and_downloads_a_bundle_that_verif
     // An audit_read admin reads, but changes nothing.
     let (status, refused) = server.post("/v1/runs", Some(AUDITOR), &json!({ "scope": {} }));
     assert_eq!(status, 401, "{refused}");
-    assert!(refused["error_message"].as_str().unwrap().contains("audit_read"), "{refused}");
+    assert!(
+        refused["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("audit_read"),
+        "{refused}"
+    );
     // Roles are not auditors; bad queries are structured refusals.
-    let (status, refused) = server.get(&format!("/v1/runs/{run}/events"), Some(&common::token("research_agent")));
+    let (status, refused) = server.get(
+        &format!("/v1/runs/{run}/events"),
+        Some(&common::token("research_agent")),
+    );
     assert_eq!(status, 401, "{refused}");
-    let (status, refused) = server.get(&format!("/v1/runs/{run}/events?limit=100000"), Some(AUDITOR));
-    assert_eq!((status, refused["diagnostic"]["reason"].as_str()), (400, Some("request_malformed")));
+    let (status, refused) = server.get(
+        &format!("/v1/runs/{run}/events?limit=100000"),
+        Some(AUDITOR),
+    );
+    assert_eq!(
+        (status, refused["diagnostic"]["reason"].as_str()),
+        (400, Some("request_malformed"))
+    );
     let (status, refused) = server.get("/v1/runs/no-such-run/events", Some(AUDITOR));
-    assert_eq!(refused["diagnostic"]["reason"], "run_not_found", "{status} {refused}");
+    assert_eq!(
+        refused["diagnostic"]["reason"], "run_not_found",
+        "{status} {refused}"
+    );
 
     let downloads = tempfile::tempdir().unwrap();
     let result = drive(
@@ -303,18 +349,32 @@ fn the_run_evidence_page_shows_verified_events_and_downloads_a_bundle_that_verif
     assert_eq!(rows.len(), events.len(), "{result}");
     assert!(rows.iter().all(|r| r["status"] == "verified"), "{result}");
     let types: Vec<&str> = rows.iter().filter_map(|r| r["cells"][2].as_str()).collect();
-    assert!(types.contains(&"run_created") && types.contains(&"tool_executed"), "{types:?}");
-    assert!(types.contains(&"tool_denied"), "{types:?}");
-    let denial = rows.iter().find(|r| r["cells"][2] == "tool_denied").unwrap();
     assert!(
-        denial["cells"][4].as_str().unwrap().contains("lane_not_allowed_for_role"),
+        types.contains(&"run_created") && types.contains(&"tool_executed"),
+        "{types:?}"
+    );
+    assert!(types.contains(&"tool_denied"), "{types:?}");
+    let denial = rows
+        .iter()
+        .find(|r| r["cells"][2] == "tool_denied")
+        .unwrap();
+    assert!(
+        denial["cells"][4]
+            .as_str()
+            .unwrap()
+            .contains("lane_not_allowed_for_role"),
         "the diagnostic is shown: {denial}"
     );
-    assert!(result["log"].as_str().unwrap().contains("log verified"), "{result}");
+    assert!(
+        result["log"].as_str().unwrap().contains("log verified"),
+        "{result}"
+    );
     assert!(Path::new(result["screenshot"].as_str().unwrap()).exists());
 
     // The downloaded bundle verifies offline with the standard-library verifier.
-    let bundle = downloads.path().join(format!("toolgate-run-{run}-export.json"));
+    let bundle = downloads
+        .path()
+        .join(format!("toolgate-run-{run}-export.json"));
     assert!(
         common::poll_until(Duration::from_secs(30), || bundle.exists()),
         "the bundle was not downloaded: {:?}",
@@ -322,7 +382,12 @@ fn the_run_evidence_page_shows_verified_events_and_downloads_a_bundle_that_verif
     );
     let (_, key, _) = common::run(
         dir.path(),
-        &["audit", "key", "--data-dir", server.data_dir.to_str().unwrap()],
+        &[
+            "audit",
+            "key",
+            "--data-dir",
+            server.data_dir.to_str().unwrap(),
+        ],
     );
     let fingerprint = key
         .split(|c: char| !c.is_ascii_hexdigit())
@@ -348,12 +413,20 @@ fn the_run_evidence_page_shows_verified_events_and_downloads_a_bundle_that_verif
 
     // The verifier is not fooled by an edited bundle.
     let mut edited: Value = serde_json::from_slice(&fs::read(&bundle).unwrap()).unwrap();
-    let events = edited["files"]["events.jsonl"].as_str().unwrap().replacen("case_lookup", "case_lookuq", 1);
+    let events =
+        edited["files"]["events.jsonl"]
+            .as_str()
+            .unwrap()
+            .replacen("case_lookup", "case_lookuq", 1);
     edited["files"]["events.jsonl"] = json!(events);
     let forged = downloads.path().join("forged.json");
     fs::write(&forged, edited.to_string()).unwrap();
     let out = verify(&forged);
-    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 /// The lab policy with `echo_cmd` needing one approval by the admin `ops`
@@ -378,7 +451,10 @@ fn request_approval(server: &Server, run: &str, text: &str) -> String {
     let (status, answer) =
         common::lab::call(server, run, "echo_cmd", json!({ "text": text }), json!({}));
     assert_eq!(status, 409, "{answer}");
-    assert_eq!(answer["diagnostic"]["reason"], "approval_required", "{answer}");
+    assert_eq!(
+        answer["diagnostic"]["reason"], "approval_required",
+        "{answer}"
+    );
     answer["diagnostic"]["details"]["approval_id"]
         .as_str()
         .unwrap()
@@ -414,7 +490,10 @@ fn an_approver_signs_in_approves_the_exact_call_and_the_retry_runs() {
     assert_eq!(recent[1], "approved", "{result}");
     assert_eq!(recent[4], "admin:ops");
     assert_eq!(recent[5], "checked the filing against the court rules");
-    assert!(result["live_region"].as_str().unwrap().contains("Approved"), "{result}");
+    assert!(
+        result["live_region"].as_str().unwrap().contains("Approved"),
+        "{result}"
+    );
     assert_eq!(result["storage"]["session_token"], ADMIN);
     assert_eq!(result["storage"]["cookie"], "");
     assert!(!result["storage"]["url"].as_str().unwrap().contains(ADMIN));
@@ -423,7 +502,10 @@ fn an_approver_signs_in_approves_the_exact_call_and_the_retry_runs() {
     }
     let (_, stored) = server.get(&format!("/v1/approvals/{approval}"), Some(ADMIN));
     assert_eq!(stored["status"], "approved", "{stored}");
-    assert_eq!(stored["decisions"][0]["reason"], "checked the filing against the court rules");
+    assert_eq!(
+        stored["decisions"][0]["reason"],
+        "checked the filing against the court rules"
+    );
 
     // The agent's retry of the same call, with the approval id, runs.
     let (status, done) = common::lab::call(
@@ -450,7 +532,11 @@ fn an_approver_signs_in_approves_the_exact_call_and_the_retry_runs() {
         assert!(types.contains(&kind), "{kind} missing: {types:?}");
     }
     assert!(
-        page["events"].as_array().unwrap().iter().all(|e| e["status"] == "verified"),
+        page["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["status"] == "verified"),
         "{page}"
     );
 }
@@ -475,11 +561,17 @@ fn html_and_script_in_arguments_and_scope_render_as_text() {
     );
     let card = &result["card"];
     let shown: Value = serde_json::from_str(card["arguments"].as_str().unwrap()).unwrap();
-    assert_eq!(shown["text"], payload, "the arguments show as the literal text: {result}");
+    assert_eq!(
+        shown["text"], payload,
+        "the arguments show as the literal text: {result}"
+    );
     assert_eq!(card["imgs"], 0, "{result}");
     assert_eq!(card["scripts"], 0, "{result}");
     assert!(
-        result["run"].as_str().unwrap().contains("<img src=x onerror="),
+        result["run"]
+            .as_str()
+            .unwrap()
+            .contains("<img src=x onerror="),
         "the run's scope shows as text: {result}"
     );
     // No script ran: nothing set the marker, no dialog opened, no element was made
@@ -493,7 +585,11 @@ fn html_and_script_in_arguments_and_scope_render_as_text() {
     for request in result["seen"]["requests"].as_array().unwrap() {
         let request = request.as_str().unwrap();
         assert!(
-            request.split_whitespace().nth(1).unwrap().starts_with(&server.base),
+            request
+                .split_whitespace()
+                .nth(1)
+                .unwrap()
+                .starts_with(&server.base),
             "{request}"
         );
     }

@@ -90,10 +90,7 @@ pub(super) fn check_roles(
                     report.spanned(
                         file,
                         spanned,
-                        format!(
-                            "{owner}: unknown `access` `{}`",
-                            other.escape_debug()
-                        ),
+                        format!("{owner}: unknown `access` `{}`", other.escape_debug()),
                         "use `full` (the default) or `audit_read`",
                     );
                 }

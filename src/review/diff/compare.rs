@@ -629,7 +629,12 @@ fn lane_fields(id: &str, o: &Lane, n: &Lane, out: &mut Vec<Change>) {
         );
     }
     conditions(Owner::Lane(id), &o.conditions, &n.conditions, out);
-    approval(Owner::Lane(id), o.approval.as_ref(), n.approval.as_ref(), out);
+    approval(
+        Owner::Lane(id),
+        o.approval.as_ref(),
+        n.approval.as_ref(),
+        out,
+    );
 }
 
 fn tools(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
@@ -674,7 +679,12 @@ fn tool_fields(id: &str, o: &Tool, n: &Tool, out: &mut Vec<Change>) {
     }
     flag_rules(id, &o.flag_rules, &n.flag_rules, out);
     conditions(Owner::Tool(id), &o.conditions, &n.conditions, out);
-    approval(Owner::Tool(id), o.approval.as_ref(), n.approval.as_ref(), out);
+    approval(
+        Owner::Tool(id),
+        o.approval.as_ref(),
+        n.approval.as_ref(),
+        out,
+    );
 }
 
 fn rule_text(rule: &FlagRule) -> String {
@@ -779,15 +789,28 @@ fn approval_json(a: &Approval) -> Value {
 /// when any part of it lets more calls through or makes approving easier (`when`
 /// instead of `required`, a changed `when`, an approver added, a lower quorum, a longer
 /// ttl), else narrowing (the opposite changes), else neutral.
-fn approval(owner: Owner<'_>, old: Option<&Approval>, new: Option<&Approval>, out: &mut Vec<Change>) {
+fn approval(
+    owner: Owner<'_>,
+    old: Option<&Approval>,
+    new: Option<&Approval>,
+    out: &mut Vec<Change>,
+) {
     let (label, kinds) = match owner {
         Owner::Lane(id) => (
             format!("lane `{id}`"),
-            [Kind::LaneApprovalAdded, Kind::LaneApprovalRemoved, Kind::LaneApprovalChanged],
+            [
+                Kind::LaneApprovalAdded,
+                Kind::LaneApprovalRemoved,
+                Kind::LaneApprovalChanged,
+            ],
         ),
         Owner::Tool(id) => (
             format!("tool `{id}`"),
-            [Kind::ToolApprovalAdded, Kind::ToolApprovalRemoved, Kind::ToolApprovalChanged],
+            [
+                Kind::ToolApprovalAdded,
+                Kind::ToolApprovalRemoved,
+                Kind::ToolApprovalChanged,
+            ],
         ),
     };
     let attach = |change: Change| match owner {
@@ -798,15 +821,23 @@ fn approval(owner: Owner<'_>, old: Option<&Approval>, new: Option<&Approval>, ou
         (None, None) => return,
         (None, Some(n)) => {
             out.push(attach(
-                Change::new(kinds[0], Effect::Narrowing, format!("{label} now requires approval"))
-                    .values(Value::Null, approval_json(n)),
+                Change::new(
+                    kinds[0],
+                    Effect::Narrowing,
+                    format!("{label} now requires approval"),
+                )
+                .values(Value::Null, approval_json(n)),
             ));
             return;
         }
         (Some(o), None) => {
             out.push(attach(
-                Change::new(kinds[1], Effect::Widening, format!("{label} no longer requires approval"))
-                    .values(approval_json(o), Value::Null),
+                Change::new(
+                    kinds[1],
+                    Effect::Widening,
+                    format!("{label} no longer requires approval"),
+                )
+                .values(approval_json(o), Value::Null),
             ));
             return;
         }
