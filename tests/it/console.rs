@@ -594,3 +594,58 @@ fn html_and_script_in_arguments_and_scope_render_as_text() {
         );
     }
 }
+
+#[test]
+fn an_insider_edit_of_an_event_fails_the_evidence_and_no_bundle_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_with_auditor(dir.path());
+    let run = server.create_run(json!({ "case_id": "C-1001" }));
+    let (status, ok) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "case_lookup",
+        json!({}),
+        json!({ "case_id": "C-1001" }),
+    );
+    assert_eq!(status, 200, "{ok}");
+    let (_, page) = server.get(&format!("/v1/runs/{run}/events"), Some(AUDITOR));
+    let executed = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["event"]["type"] == "tool_executed")
+        .unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+
+    // Someone with the data directory rewrites the outcome of the call (with a
+    // consistent hash column), while the gateway runs.
+    let conn = crate::audit_support::tamper(&server.db());
+    let mut line = crate::audit_support::line_of(&conn, executed);
+    line["execution_time_ms"] = json!(1);
+    line["details"]["forged"] = json!(true);
+    crate::audit_support::store_line(&conn, executed, &line);
+    drop(conn);
+
+    let (status, page) = server.get(&format!("/v1/runs/{run}/events"), Some(AUDITOR));
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["log"]["verified"], false, "{page}");
+    assert!(page["log"]["problem"]["kind"].is_string(), "{page}");
+    let events = page["events"].as_array().unwrap();
+    assert!(!events.is_empty());
+    assert!(
+        events.iter().all(|e| e["status"] == "failed"),
+        "no event is reported verified in a log that does not verify: {page}"
+    );
+    let (status, refused) = server.get(&format!("/v1/runs/{run}/export"), Some(AUDITOR));
+    assert_eq!(status, 503, "{refused}");
+    assert_eq!(refused["diagnostic"]["reason"], "audit_unavailable");
+    assert!(
+        refused["diagnostic"]["details"]["problem"]["kind"].is_string(),
+        "{refused}"
+    );
+    // The work directory of the refused export is gone.
+    let exports = server.data_dir.join("exports");
+    assert_eq!(fs::read_dir(&exports).map(|d| d.count()).unwrap_or(0), 0);
+}
