@@ -34,8 +34,7 @@ fn map(e: rusqlite::Error) -> StoreError {
 }
 
 fn decode(json: &str) -> Result<ApprovalRecord, StoreError> {
-    serde_json::from_str(json)
-        .map_err(|e| StoreError(format!("an approval record is unreadable: {e}")))
+    serde_json::from_str(json).map_err(|e| StoreError(format!("an approval record is unreadable: {e}")))
 }
 
 fn encode(record: &ApprovalRecord) -> Result<String, StoreError> {
@@ -56,8 +55,7 @@ impl ApprovalStore {
         let _: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
             .map_err(map)?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(map)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(map)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS approvals (
                  approval_id   TEXT PRIMARY KEY,
@@ -116,11 +114,8 @@ impl ApprovalStore {
     /// audited).
     pub fn remove(&self, approval_id: &str) -> Result<(), StoreError> {
         self.with(|c| {
-            c.execute(
-                "DELETE FROM approvals WHERE approval_id = ?1",
-                [approval_id],
-            )
-            .map_err(map)?;
+            c.execute("DELETE FROM approvals WHERE approval_id = ?1", [approval_id])
+                .map_err(map)?;
             Ok(())
         })
     }
@@ -201,11 +196,7 @@ impl ApprovalStore {
             Some(ApprovalStatus::Denied) => "(status = 'denied' AND ?2 = ?2)",
             Some(ApprovalStatus::Used) => "(status = 'used' AND ?2 = ?2)",
         };
-        let status_sql = if status.is_none() {
-            "?2 = ?2"
-        } else {
-            status_sql
-        };
+        let status_sql = if status.is_none() { "?2 = ?2" } else { status_sql };
         let sql = format!(
             "SELECT rowid, record FROM approvals WHERE rowid > ?1 AND {status_sql}
              AND (?3 IS NULL OR run_id = ?3) ORDER BY rowid LIMIT ?4"
@@ -213,9 +204,10 @@ impl ApprovalStore {
         self.with(|c| {
             let mut stmt = c.prepare(&sql).map_err(map)?;
             let rows = stmt
-                .query_map(params![cursor, now_ms, run_id, (limit + 1) as i64], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-                })
+                .query_map(
+                    params![cursor, now_ms, run_id, (limit + 1) as i64],
+                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+                )
                 .map_err(map)?;
             let mut out = Vec::new();
             let mut last = None;
@@ -284,12 +276,7 @@ impl ApprovalStore {
 
     /// Gives back an approval `call_id` claimed but never ran (nothing reached the
     /// tool): approved again, if it has not expired.
-    pub fn release(
-        &self,
-        approval_id: &str,
-        call_id: &str,
-        now_ms: i64,
-    ) -> Result<bool, StoreError> {
+    pub fn release(&self, approval_id: &str, call_id: &str, now_ms: i64) -> Result<bool, StoreError> {
         self.with(|c| {
             let changed = c
                 .execute(
@@ -306,11 +293,7 @@ impl ApprovalStore {
 
     /// Approvals past their expiry whose expiry is not audited yet (pending or
     /// approved, or already marked expired by an earlier sweep that could not audit).
-    pub fn due_expiries(
-        &self,
-        now_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<ApprovalRecord>, StoreError> {
+    pub fn due_expiries(&self, now_ms: i64, limit: usize) -> Result<Vec<ApprovalRecord>, StoreError> {
         self.with(|c| {
             let mut stmt = c
                 .prepare(

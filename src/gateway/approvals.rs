@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::approvals::{
-    self, ApprovalRecord, ApprovalStatus, ApprovalStore, Binding, Decision, Requester, StoreError,
-    Verdict,
+    self, ApprovalRecord, ApprovalStatus, ApprovalStore, Binding, Decision, Requester,
+    StoreError, Verdict,
 };
 use crate::audit::{EventFilter, EventType, NewEvent};
 use crate::call::ApprovalRequirement;
@@ -110,7 +110,10 @@ impl Gateway {
         let now = approvals::now_ms();
         let digest = request.binding.digest();
         let d = digest.clone();
-        if let Some(existing) = self.approval_store(move |s| s.pending_for(&d, now)).await? {
+        if let Some(existing) = self
+            .approval_store(move |s| s.pending_for(&d, now))
+            .await?
+        {
             return Ok(required(&existing, true));
         }
         let run_id = request.binding.run_id.clone();
@@ -202,9 +205,7 @@ impl Gateway {
         if let Some((reason, field)) = record.binding.mismatch(binding) {
             return Err(Refusal::new(
                 reason,
-                format!(
-                    "approval `{approval_id}` was requested for another call: its {field} differs"
-                ),
+                format!("approval `{approval_id}` was requested for another call: its {field} differs"),
             )
             .with_details(json!({ "approval_id": approval_id, "mismatch": field })));
         }
@@ -315,11 +316,7 @@ impl Gateway {
 
     /// `GET /v1/approvals/{id}`: the exact call (arguments as the tool's redaction
     /// keeps them), requester, run, policy versions, requirements, decisions, expiry.
-    pub async fn get_approval(
-        &self,
-        token: Option<&str>,
-        approval_id: &str,
-    ) -> Result<Value, Refusal> {
+    pub async fn get_approval(&self, token: Option<&str>, approval_id: &str) -> Result<Value, Refusal> {
         let loaded = self.current();
         let principal = self.principal(&loaded.policy, token)?;
         if !crate::call::is_approval_id(approval_id) {
@@ -372,11 +369,8 @@ impl Gateway {
             (Some(admin), _) => admin.clone(),
             (None, Some(role)) => format!("role:{role}"),
             (None, None) => {
-                let approvers: Vec<&String> = record
-                    .requirements
-                    .iter()
-                    .flat_map(|r| &r.approvers)
-                    .collect();
+                let approvers: Vec<&String> =
+                    record.requirements.iter().flat_map(|r| &r.approvers).collect();
                 return Err(Refusal::new(
                     Reason::ApproverNotAllowed,
                     format!("this credential is not an approver of approval `{approval_id}`"),
@@ -386,8 +380,7 @@ impl Gateway {
         };
         // Never the requester: not its role, not its JWT subject.
         let own_role = format!("role:{}", record.requester.role_id);
-        let same_subject =
-            principal.subject.is_some() && principal.subject == record.requester.subject();
+        let same_subject = principal.subject.is_some() && principal.subject == record.requester.subject();
         if approver == own_role
             || principal.roles.contains(&record.requester.role_id)
             || same_subject
@@ -405,10 +398,7 @@ impl Gateway {
             status => {
                 return Err(Refusal::new(
                     Reason::ApprovalAlreadyDecided,
-                    format!(
-                        "approval `{approval_id}` is {}, no longer pending",
-                        status.as_str()
-                    ),
+                    format!("approval `{approval_id}` is {}, no longer pending", status.as_str()),
                 )
                 .with_details(json!({ "approval_id": approval_id, "status": status })));
             }
@@ -423,10 +413,7 @@ impl Gateway {
         if record.decisions.iter().any(|d| d.who() == vote.who()) {
             return Err(Refusal::new(
                 Reason::ApprovalAlreadyDecided,
-                format!(
-                    "{} already decided approval `{approval_id}`; each approver counts once",
-                    vote.approver
-                ),
+                format!("{} already decided approval `{approval_id}`; each approver counts once", vote.approver),
             )
             .with_details(json!({ "approval_id": approval_id, "status": "pending" })));
         }
@@ -447,10 +434,9 @@ impl Gateway {
             event.details.insert("subject".into(), json!(subject));
         }
         event.details.insert("reason".into(), json!(vote.reason));
-        event.details.insert(
-            "quorum_met".into(),
-            json!(decided.status == ApprovalStatus::Approved),
-        );
+        event
+            .details
+            .insert("quorum_met".into(), json!(decided.status == ApprovalStatus::Approved));
         event.details.insert("status".into(), json!(decided.status));
         self.audit.append(event).await.map_err(audit_refusal)?;
         let stored = decided.clone();
@@ -611,10 +597,7 @@ fn not_usable(record: &ApprovalRecord, now_ms: i64) -> Refusal {
         ),
         ApprovalStatus::Used => (
             Reason::ApprovalUsed,
-            format!(
-                "approval `{id}` was already used by call `{}`",
-                record.used_by_call_id.as_deref().unwrap_or("?")
-            ),
+            format!("approval `{id}` was already used by call `{}`", record.used_by_call_id.as_deref().unwrap_or("?")),
         ),
         ApprovalStatus::Approved => (
             Reason::ApprovalPending,

@@ -39,18 +39,11 @@ fn approval_policy(dir: &Path, quorum: u32, ttl_s: u64) -> Start {
     let registry = tools.join("tool_registry.yaml");
     let text = fs::read_to_string(&registry).unwrap();
     let anchor = "    write_targets: [\"data_dir:drafts/{case_id}/\"]\n";
-    assert!(
-        text.contains(anchor),
-        "draft_document's write_targets line moved"
-    );
+    assert!(text.contains(anchor), "draft_document's write_targets line moved");
     let block = format!(
         "    approval: {{required: true, approvers: [drafting_agent, ops, supervisor], quorum: {quorum}, ttl_s: {ttl_s}}}\n    redaction: {{mode: fields, pointers: [/body]}}\n"
     );
-    fs::write(
-        &registry,
-        text.replacen(anchor, &format!("{block}{anchor}"), 1),
-    )
-    .unwrap();
+    fs::write(&registry, text.replacen(anchor, &format!("{block}{anchor}"), 1)).unwrap();
     Start {
         policy_dir: policy,
         tools: registry,
@@ -100,13 +93,7 @@ fn request(server: &Server, call: &Value) -> String {
     id
 }
 
-fn decide(
-    server: &Server,
-    token: Option<&str>,
-    id: &str,
-    decision: &str,
-    reason: &str,
-) -> (u16, Value) {
+fn decide(server: &Server, token: Option<&str>, id: &str, decision: &str, reason: &str) -> (u16, Value) {
     server.post(
         &format!("/v1/approvals/{id}/decision"),
         token,
@@ -185,19 +172,10 @@ fn required_pending_approved_retried_executed() {
     assert_eq!(shown["redaction"], "fields");
     assert!(shown["binding"]["policy_versions"]["registry"]["sha256"].is_string());
     // The requester may read its own approval (to poll it).
-    let (code, own) = server.get(
-        &format!("/v1/approvals/{id}"),
-        Some(&token("drafting_agent")),
-    );
+    let (code, own) = server.get(&format!("/v1/approvals/{id}"), Some(&token("drafting_agent")));
     assert_eq!((code, &own["status"]), (200, &json!("pending")), "{own}");
 
-    let (code, decided) = decide(
-        &server,
-        Some(SUPERVISOR),
-        &id,
-        "approve",
-        "checked the motion",
-    );
+    let (code, decided) = decide(&server, Some(SUPERVISOR), &id, "approve", "checked the motion");
     assert_eq!(code, 200, "{decided}");
     assert_eq!(decided["status"], "approved");
     assert_eq!(decided["decisions"][0]["approver"], "role:supervisor");
@@ -210,10 +188,7 @@ fn required_pending_approved_retried_executed() {
     let (code, twice) = send(&server, &with_approval(&call, &id));
     assert_eq!(code, 403, "{twice}");
     assert_eq!(twice["diagnostic"]["reason"], "approval_used");
-    assert_eq!(
-        twice["diagnostic"]["details"]["used_by_call_id"],
-        done["call_id"]
-    );
+    assert_eq!(twice["diagnostic"]["details"]["used_by_call_id"], done["call_id"]);
     let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
     assert_eq!(shown["status"], "used");
     assert_eq!(shown["used_by_call_id"], done["call_id"]);
@@ -223,10 +198,7 @@ fn required_pending_approved_retried_executed() {
     assert_eq!(requested.len(), 1, "{all:#?}");
     let requested = requested[0];
     assert_eq!(requested["run_id"], run.as_str());
-    assert_eq!(
-        requested["details"]["approval"]["call_digest"],
-        shown["call_digest"]
-    );
+    assert_eq!(requested["details"]["approval"]["call_digest"], shown["call_digest"]);
     assert_eq!(
         requested["arguments_hash_sha256"],
         shown["binding"]["arguments_sha256"]
@@ -263,10 +235,7 @@ fn a_denied_approval_refuses_the_retry() {
     let (code, refused) = send(&server, &with_approval(&call, &id));
     assert_eq!(code, 403, "{refused}");
     assert_eq!(refused["diagnostic"]["reason"], "approval_denied");
-    assert_eq!(
-        refused["diagnostic"]["details"]["decisions"][0]["reason"],
-        "wrong court"
-    );
+    assert_eq!(refused["diagnostic"]["details"]["decisions"][0]["reason"], "wrong court");
     // A decided approval takes no further decision.
     let (code, again) = decide(&server, Some(SUPERVISOR), &id, "approve", "overrule");
     assert_eq!(code, 409, "{again}");
@@ -291,10 +260,7 @@ fn an_undecided_approval_expires_once_and_is_audited() {
     // Nobody asks: the sweeper records the expiry.
     let expired = poll_for(Duration::from_secs(20), || {
         let all = events(&server);
-        let found: Vec<Value> = of_type(&all, "approval_expired", &id)
-            .into_iter()
-            .cloned()
-            .collect();
+        let found: Vec<Value> = of_type(&all, "approval_expired", &id).into_iter().cloned().collect();
         (!found.is_empty()).then_some(found)
     })
     .expect("approval_expired was not recorded");
@@ -313,11 +279,7 @@ fn an_undecided_approval_expires_once_and_is_audited() {
     let fresh = request(&server, &call);
     assert_ne!(fresh, id);
     let all = events(&server);
-    assert_eq!(
-        of_type(&all, "approval_expired", &id).len(),
-        1,
-        "audited once"
-    );
+    assert_eq!(of_type(&all, "approval_expired", &id).len(), 1, "audited once");
     assert!(of_type(&all, "approval_granted", &id).is_empty());
     stop_and_verify(server);
 }
@@ -336,10 +298,7 @@ fn changed_arguments_run_or_role_do_not_use_the_approval() {
     let changed = with_approval(&draft_call(&run, "Motion to dismiss"), &id);
     let (code, refused) = send(&server, &changed);
     assert_eq!(code, 403, "{refused}");
-    assert_eq!(
-        refused["diagnostic"]["reason"],
-        "approval_arguments_mismatch"
-    );
+    assert_eq!(refused["diagnostic"]["reason"], "approval_arguments_mismatch");
     assert_eq!(refused["diagnostic"]["details"]["mismatch"], "arguments");
 
     let elsewhere = with_approval(&draft_call(&other_run, "Motion"), &id);
@@ -365,14 +324,9 @@ fn changed_arguments_run_or_role_do_not_use_the_approval() {
     let all = events(&server);
     let closing_denials = all
         .iter()
-        .filter(|e| {
-            e["type"] == "tool_denied" && e["details"]["approval"]["approval_id"] == id.as_str()
-        })
+        .filter(|e| e["type"] == "tool_denied" && e["details"]["approval"]["approval_id"] == id.as_str())
         .count();
-    assert_eq!(
-        closing_denials, 5,
-        "the request and the four refused retries each closed once"
-    );
+    assert_eq!(closing_denials, 5, "the request and the four refused retries each closed once");
     assert_eq!(of_type(&all, "tool_executed", &id).len(), 1);
     stop_and_verify(server);
 }
@@ -409,13 +363,7 @@ fn the_requester_never_approves_its_own_call() {
     let call = draft_call(&run, "Motion");
     let id = request(&server, &call);
     // drafting_agent is a listed approver, but it made the call.
-    let (code, refused) = decide(
-        &server,
-        Some(&token("drafting_agent")),
-        &id,
-        "approve",
-        "mine",
-    );
+    let (code, refused) = decide(&server, Some(&token("drafting_agent")), &id, "approve", "mine");
     assert_eq!(code, 403, "{refused}");
     assert_eq!(refused["diagnostic"]["reason"], "self_approval_refused");
     let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
@@ -506,13 +454,7 @@ fn a_restart_keeps_pending_approvals() {
     let (code, list) = server.get("/v1/approvals?status=pending", Some(ADMIN));
     assert_eq!(code, 200, "{list}");
     assert_eq!(list["approvals"][0]["approval_id"], id.as_str(), "{list}");
-    let (code, _) = decide(
-        &server,
-        Some(SUPERVISOR),
-        &id,
-        "approve",
-        "after the restart",
-    );
+    let (code, _) = decide(&server, Some(SUPERVISOR), &id, "approve", "after the restart");
     assert_eq!(code, 200);
     let (code, done) = send(&server, &with_approval(&call, &id));
     assert_eq!(code, 200, "{done}");
@@ -541,50 +483,22 @@ fn hostile_decisions_and_ids_get_structured_refusals() {
         assert_eq!(body["diagnostic"]["reason"], "credential_missing", "{body}");
     }
     let (code, body) = decide(&server, Some("not-a-token"), &id, "approve", "x");
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (401, &json!("credential_invalid")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (401, &json!("credential_invalid")), "{body}");
     // Unknown and forged ids.
     let (code, body) = decide(&server, Some(SUPERVISOR), forged, "approve", "x");
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (404, &json!("approval_unknown")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (404, &json!("approval_unknown")), "{body}");
     let (code, body) = server.get("/v1/approvals/%3Cscript%3E", Some(ADMIN));
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (404, &json!("approval_unknown")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (404, &json!("approval_unknown")), "{body}");
     let (code, body) = send(&server, &with_approval(&call, forged));
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (404, &json!("approval_unknown")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (404, &json!("approval_unknown")), "{body}");
     let (code, body) = send(&server, &with_approval(&call, "apr-<x>"));
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (400, &json!("request_malformed")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (400, &json!("request_malformed")), "{body}");
     // A non-approver may neither decide nor read it.
     let research = token("research_agent");
     let (code, body) = decide(&server, Some(&research), &id, "approve", "x");
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (403, &json!("approver_not_allowed")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (403, &json!("approver_not_allowed")), "{body}");
     let (code, body) = server.get(&format!("/v1/approvals/{id}"), Some(&research));
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (403, &json!("approver_not_allowed")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (403, &json!("approver_not_allowed")), "{body}");
     let (code, body) = server.get("/v1/approvals", Some(&research));
     assert_eq!((code, &body["approvals"]), (200, &json!([])), "{body}");
     // Bad bodies: huge reason, empty reason, unknown decision, unknown field.
@@ -596,29 +510,14 @@ fn hostile_decisions_and_ids_get_structured_refusals() {
         json!({"decision": "maybe", "reason": "x"}),
         json!({"decision": "approve", "reason": "x", "approver": "ops"}),
     ] {
-        let (code, answer) = server.post(
-            &format!("/v1/approvals/{id}/decision"),
-            Some(SUPERVISOR),
-            &body,
-        );
+        let (code, answer) = server.post(&format!("/v1/approvals/{id}/decision"), Some(SUPERVISOR), &body);
         assert_eq!(code, 400, "{answer}");
-        assert_eq!(
-            answer["diagnostic"]["reason"], "request_malformed",
-            "{answer}"
-        );
+        assert_eq!(answer["diagnostic"]["reason"], "request_malformed", "{answer}");
     }
     let (code, body) = server.get("/v1/approvals?limit=100000", Some(ADMIN));
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (400, &json!("request_malformed")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (400, &json!("request_malformed")), "{body}");
     let (code, body) = server.get("/v1/approvals?status=maybe", Some(ADMIN));
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (400, &json!("request_malformed")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (400, &json!("request_malformed")), "{body}");
     // Nothing of that decided anything.
     let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
     assert_eq!(shown["status"], "pending");
@@ -627,17 +526,9 @@ fn hostile_decisions_and_ids_get_structured_refusals() {
     let (code, _) = decide(&server, Some(SUPERVISOR), &id, "approve", "ok");
     assert_eq!(code, 200);
     let (code, body) = decide(&server, Some(ADMIN), &id, "deny", "late");
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (409, &json!("approval_already_decided")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (409, &json!("approval_already_decided")), "{body}");
     let (code, body) = server.post(&format!("/v1/approvals/{id}"), Some(ADMIN), &json!({}));
-    assert_eq!(
-        (code, &body["diagnostic"]["reason"]),
-        (405, &json!("method_not_allowed")),
-        "{body}"
-    );
+    assert_eq!((code, &body["diagnostic"]["reason"]), (405, &json!("method_not_allowed")), "{body}");
     stop_and_verify(server);
 }
 
@@ -664,21 +555,12 @@ fn the_demo_court_filing_needs_a_supervisor() {
     // The filing agent itself is no approver.
     let (code, body) = decide(&server, Some(&token("filing_agent")), &id, "approve", "me");
     assert_eq!(code, 403, "{body}");
-    let (code, body) = decide(
-        &server,
-        Some(SUPERVISOR),
-        &id,
-        "approve",
-        "reviewed the filing",
-    );
+    let (code, body) = decide(&server, Some(SUPERVISOR), &id, "approve", "reviewed the filing");
     assert_eq!(code, 200, "{body}");
     // Approved, it reaches the court (no stand-in court listens here: dependency down).
     let (code, body) = send(&server, &with_approval(&call, &id));
     assert_eq!(body["trace"]["passed_step"], 9, "{body}");
-    assert_eq!(
-        body["diagnostic"]["reason"], "dependency_down",
-        "{code} {body}"
-    );
+    assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{code} {body}");
     let all = events(&server);
     assert_eq!(of_type(&all, "tool_requested", &id).len(), 1);
     stop_and_verify(server);
