@@ -556,7 +556,10 @@ pub fn approval_requirements(
         let Some(approval) = approval else { continue };
         let (applies, when_error) = match (&approval.when, vars) {
             (None, _) => (true, None),
-            (Some(_), None) => (true, Some("no values to evaluate the condition".to_string())),
+            (Some(_), None) => (
+                true,
+                Some("no values to evaluate the condition".to_string()),
+            ),
             (Some(condition), Some(vars)) => match condition.evaluate(vars) {
                 Outcome::True => (true, None),
                 Outcome::False => (false, None),

@@ -200,7 +200,8 @@ fn decide<'p>(
     call.trace.flags = authz::raised_flags(tool, &scope.scope, &arguments);
     authz::check_prohibitions(lane, tool, &call.trace.flags, &scope)?;
     //    and every condition of the lane and the tool holds
-    let needs_vars = |a: &Option<crate::policy::Approval>| a.as_ref().is_some_and(|a| a.when.is_some());
+    let needs_vars =
+        |a: &Option<crate::policy::Approval>| a.as_ref().is_some_and(|a| a.when.is_some());
     let vars = (!lane.conditions.is_empty()
         || !tool.conditions.is_empty()
         || needs_vars(&lane.approval)

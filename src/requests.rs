@@ -242,14 +242,13 @@ impl ListApprovals {
                 }
             },
         };
-        let cursor = match cursor {
-            None => 0,
-            Some(c) => c
-                .parse::<i64>()
-                .ok()
-                .filter(|c| *c >= 0)
-                .ok_or_else(|| malformed("`cursor` must be the next_cursor of a previous page"))?,
-        };
+        let cursor =
+            match cursor {
+                None => 0,
+                Some(c) => c.parse::<i64>().ok().filter(|c| *c >= 0).ok_or_else(|| {
+                    malformed("`cursor` must be the next_cursor of a previous page")
+                })?,
+            };
         Ok(ListApprovals {
             status,
             run_id: run_id.map(str::to_string),

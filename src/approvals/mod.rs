@@ -314,9 +314,18 @@ mod tests {
         let cases: [(fn(&mut Binding), Reason); 5] = [
             (|c| c.run_id = "other".into(), Reason::ApprovalRunMismatch),
             (|c| c.role_id = "x".into(), Reason::ApprovalRoleMismatch),
-            (|c| c.tool_version = "2.0.0".into(), Reason::ApprovalCallMismatch),
-            (|c| c.arguments_sha256 = "a2".into(), Reason::ApprovalArgumentsMismatch),
-            (|c| c.policy_versions.roles.sha256 = "bb".into(), Reason::ApprovalPolicyChanged),
+            (
+                |c| c.tool_version = "2.0.0".into(),
+                Reason::ApprovalCallMismatch,
+            ),
+            (
+                |c| c.arguments_sha256 = "a2".into(),
+                Reason::ApprovalArgumentsMismatch,
+            ),
+            (
+                |c| c.policy_versions.roles.sha256 = "bb".into(),
+                Reason::ApprovalPolicyChanged,
+            ),
         ];
         for (change, reason) in cases {
             let mut call = b.clone();

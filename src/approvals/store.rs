@@ -34,7 +34,8 @@ fn map(e: rusqlite::Error) -> StoreError {
 }
 
 fn decode(json: &str) -> Result<ApprovalRecord, StoreError> {
-    serde_json::from_str(json).map_err(|e| StoreError(format!("an approval record is unreadable: {e}")))
+    serde_json::from_str(json)
+        .map_err(|e| StoreError(format!("an approval record is unreadable: {e}")))
 }
 
 fn encode(record: &ApprovalRecord) -> Result<String, StoreError> {
@@ -55,7 +56,8 @@ impl ApprovalStore {
         let _: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
             .map_err(map)?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(map)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(map)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS approvals (
                  approval_id   TEXT PRIMARY KEY,
@@ -114,8 +116,11 @@ impl ApprovalStore {
     /// audited).
     pub fn remove(&self, approval_id: &str) -> Result<(), StoreError> {
         self.with(|c| {
-            c.execute("DELETE FROM approvals WHERE approval_id = ?1", [approval_id])
-                .map_err(map)?;
+            c.execute(
+                "DELETE FROM approvals WHERE approval_id = ?1",
+                [approval_id],
+            )
+            .map_err(map)?;
             Ok(())
         })
     }
@@ -175,9 +180,10 @@ impl ApprovalStore {
         })
     }
 
-    /// A page of approvals in the order they were requested, after `cursor` (the
-    /// row number the previous page ended at), optionally of one status as of
-    /// `now_ms` and of one run; with the cursor of the next page.
+    /// A page of at most `limit` approvals in the order they were requested, after
+    /// `cursor` (a row number), optionally of one status as of `now_ms` and of one
+    /// run, each with its row number; and whether more follow.
+    #[allow(clippy::type_complexity)]
     pub fn list(
         &self,
         status: Option<ApprovalStatus>,
@@ -185,7 +191,7 @@ impl ApprovalStore {
         cursor: i64,
         limit: usize,
         now_ms: i64,
-    ) -> Result<(Vec<ApprovalRecord>, Option<i64>), StoreError> {
+    ) -> Result<(Vec<(i64, ApprovalRecord)>, bool), StoreError> {
         let status_sql = match status {
             None => "1",
             Some(ApprovalStatus::Pending) => "(status = 'pending' AND expires_at_ms > ?2)",
@@ -196,7 +202,11 @@ impl ApprovalStore {
             Some(ApprovalStatus::Denied) => "(status = 'denied' AND ?2 = ?2)",
             Some(ApprovalStatus::Used) => "(status = 'used' AND ?2 = ?2)",
         };
-        let status_sql = if status.is_none() { "?2 = ?2" } else { status_sql };
+        let status_sql = if status.is_none() {
+            "?2 = ?2"
+        } else {
+            status_sql
+        };
         let sql = format!(
             "SELECT rowid, record FROM approvals WHERE rowid > ?1 AND {status_sql}
              AND (?3 IS NULL OR run_id = ?3) ORDER BY rowid LIMIT ?4"
@@ -204,13 +214,11 @@ impl ApprovalStore {
         self.with(|c| {
             let mut stmt = c.prepare(&sql).map_err(map)?;
             let rows = stmt
-                .query_map(
-                    params![cursor, now_ms, run_id, (limit + 1) as i64],
-                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
-                )
+                .query_map(params![cursor, now_ms, run_id, (limit + 1) as i64], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+                })
                 .map_err(map)?;
             let mut out = Vec::new();
-            let mut last = None;
             let mut more = false;
             for row in rows {
                 let (rowid, json) = row.map_err(map)?;
@@ -218,10 +226,9 @@ impl ApprovalStore {
                     more = true;
                     break;
                 }
-                out.push(decode(&json)?);
-                last = Some(rowid);
+                out.push((rowid, decode(&json)?));
             }
-            Ok((out, if more { last } else { None }))
+            Ok((out, more))
         })
     }
 
@@ -276,7 +283,12 @@ impl ApprovalStore {
 
     /// Gives back an approval `call_id` claimed but never ran (nothing reached the
     /// tool): approved again, if it has not expired.
-    pub fn release(&self, approval_id: &str, call_id: &str, now_ms: i64) -> Result<bool, StoreError> {
+    pub fn release(
+        &self,
+        approval_id: &str,
+        call_id: &str,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
         self.with(|c| {
             let changed = c
                 .execute(
@@ -293,7 +305,11 @@ impl ApprovalStore {
 
     /// Approvals past their expiry whose expiry is not audited yet (pending or
     /// approved, or already marked expired by an earlier sweep that could not audit).
-    pub fn due_expiries(&self, now_ms: i64, limit: usize) -> Result<Vec<ApprovalRecord>, StoreError> {
+    pub fn due_expiries(
+        &self,
+        now_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRecord>, StoreError> {
         self.with(|c| {
             let mut stmt = c
                 .prepare(

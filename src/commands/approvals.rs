@@ -76,7 +76,10 @@ pub fn approvals_command(command: &ApprovalsCommand) -> Exit {
             if let Some(run) = &a.run_id {
                 query.push(format!("run_id={}", encode(run)));
             }
-            (&a.server, Request::Get(format!("/v1/approvals?{}", query.join("&"))))
+            (
+                &a.server,
+                Request::Get(format!("/v1/approvals?{}", query.join("&"))),
+            )
         }
         ApprovalsCommand::Show(a) => (
             &a.server,
@@ -217,14 +220,23 @@ fn details(a: &Value) -> String {
         b["lane_id"].as_str().unwrap_or("?"),
         b["role_id"].as_str().unwrap_or("?")
     ));
-    out.push_str(&format!("  arguments {} ({})\n", a["arguments"], a["redaction"].as_str().unwrap_or("?")));
+    out.push_str(&format!(
+        "  arguments {} ({})\n",
+        a["arguments"],
+        a["redaction"].as_str().unwrap_or("?")
+    ));
     out.push_str(&format!("  scope     {}\n", a["scope"]));
-    out.push_str(&format!("  digest    {}\n", a["call_digest"].as_str().unwrap_or("?")));
+    out.push_str(&format!(
+        "  digest    {}\n",
+        a["call_digest"].as_str().unwrap_or("?")
+    ));
     out.push_str(&format!("  policy    {}\n", b["policy_versions"]));
     for r in a["requirements"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "  needs     {} of {} ({})\n",
-            r["quorum"], r["approvers"], r["owner"].as_str().unwrap_or("?")
+            r["quorum"],
+            r["approvers"],
+            r["owner"].as_str().unwrap_or("?")
         ));
     }
     for d in a["decisions"].as_array().into_iter().flatten() {

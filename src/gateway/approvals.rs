@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::approvals::{
-    self, ApprovalRecord, ApprovalStatus, ApprovalStore, Binding, Decision, Requester,
-    StoreError, Verdict,
+    self, ApprovalRecord, ApprovalStatus, ApprovalStore, Binding, Decision, Requester, StoreError,
+    Verdict,
 };
 use crate::audit::{EventFilter, EventType, NewEvent};
 use crate::call::ApprovalRequirement;
@@ -110,10 +110,7 @@ impl Gateway {
         let now = approvals::now_ms();
         let digest = request.binding.digest();
         let d = digest.clone();
-        if let Some(existing) = self
-            .approval_store(move |s| s.pending_for(&d, now))
-            .await?
-        {
+        if let Some(existing) = self.approval_store(move |s| s.pending_for(&d, now)).await? {
             return Ok(required(&existing, true));
         }
         let run_id = request.binding.run_id.clone();
@@ -205,7 +202,9 @@ impl Gateway {
         if let Some((reason, field)) = record.binding.mismatch(binding) {
             return Err(Refusal::new(
                 reason,
-                format!("approval `{approval_id}` was requested for another call: its {field} differs"),
+                format!(
+                    "approval `{approval_id}` was requested for another call: its {field} differs"
+                ),
             )
             .with_details(json!({ "approval_id": approval_id, "mismatch": field })));
         }
@@ -290,22 +289,31 @@ impl Gateway {
         let now = approvals::now_ms();
         let mut visible = Vec::new();
         let mut cursor = cursor;
-        // Pages of the store are filtered by visibility; a bounded number of rounds.
+        // Store pages filtered by what the caller may read, in a bounded number of
+        // rounds; the next cursor is the last row looked at.
         let mut next = None;
-        for _ in 0..8 {
+        'pages: for _ in 0..8 {
             let run = run_id.clone();
-            let (page, after) = self
+            let (page, more) = self
                 .approval_store(move |s| s.list(status, run.as_deref(), cursor, limit, now))
                 .await?;
-            for record in page {
-                if principal.may_read(&record) && visible.len() < limit {
+            for (rowid, record) in page {
+                if visible.len() == limit {
+                    next = Some(cursor);
+                    break 'pages;
+                }
+                cursor = rowid;
+                if principal.may_read(&record) {
                     visible.push(record.view(now));
                 }
             }
-            next = after;
-            match after {
-                Some(after) if visible.len() < limit => cursor = after,
-                _ => break,
+            if !more {
+                next = None;
+                break;
+            }
+            next = Some(cursor);
+            if visible.len() == limit {
+                break;
             }
         }
         Ok(json!({
@@ -316,7 +324,11 @@ impl Gateway {
 
     /// `GET /v1/approvals/{id}`: the exact call (arguments as the tool's redaction
     /// keeps them), requester, run, policy versions, requirements, decisions, expiry.
-    pub async fn get_approval(&self, token: Option<&str>, approval_id: &str) -> Result<Value, Refusal> {
+    pub async fn get_approval(
+        &self,
+        token: Option<&str>,
+        approval_id: &str,
+    ) -> Result<Value, Refusal> {
         let loaded = self.current();
         let principal = self.principal(&loaded.policy, token)?;
         if !crate::call::is_approval_id(approval_id) {
@@ -369,8 +381,11 @@ impl Gateway {
             (Some(admin), _) => admin.clone(),
             (None, Some(role)) => format!("role:{role}"),
             (None, None) => {
-                let approvers: Vec<&String> =
-                    record.requirements.iter().flat_map(|r| &r.approvers).collect();
+                let approvers: Vec<&String> = record
+                    .requirements
+                    .iter()
+                    .flat_map(|r| &r.approvers)
+                    .collect();
                 return Err(Refusal::new(
                     Reason::ApproverNotAllowed,
                     format!("this credential is not an approver of approval `{approval_id}`"),
@@ -380,7 +395,8 @@ impl Gateway {
         };
         // Never the requester: not its role, not its JWT subject.
         let own_role = format!("role:{}", record.requester.role_id);
-        let same_subject = principal.subject.is_some() && principal.subject == record.requester.subject();
+        let same_subject =
+            principal.subject.is_some() && principal.subject == record.requester.subject();
         if approver == own_role
             || principal.roles.contains(&record.requester.role_id)
             || same_subject
@@ -398,7 +414,10 @@ impl Gateway {
             status => {
                 return Err(Refusal::new(
                     Reason::ApprovalAlreadyDecided,
-                    format!("approval `{approval_id}` is {}, no longer pending", status.as_str()),
+                    format!(
+                        "approval `{approval_id}` is {}, no longer pending",
+                        status.as_str()
+                    ),
                 )
                 .with_details(json!({ "approval_id": approval_id, "status": status })));
             }
@@ -413,7 +432,10 @@ impl Gateway {
         if record.decisions.iter().any(|d| d.who() == vote.who()) {
             return Err(Refusal::new(
                 Reason::ApprovalAlreadyDecided,
-                format!("{} already decided approval `{approval_id}`; each approver counts once", vote.approver),
+                format!(
+                    "{} already decided approval `{approval_id}`; each approver counts once",
+                    vote.approver
+                ),
             )
             .with_details(json!({ "approval_id": approval_id, "status": "pending" })));
         }
@@ -434,9 +456,10 @@ impl Gateway {
             event.details.insert("subject".into(), json!(subject));
         }
         event.details.insert("reason".into(), json!(vote.reason));
-        event
-            .details
-            .insert("quorum_met".into(), json!(decided.status == ApprovalStatus::Approved));
+        event.details.insert(
+            "quorum_met".into(),
+            json!(decided.status == ApprovalStatus::Approved),
+        );
         event.details.insert("status".into(), json!(decided.status));
         self.audit.append(event).await.map_err(audit_refusal)?;
         let stored = decided.clone();
@@ -597,7 +620,10 @@ fn not_usable(record: &ApprovalRecord, now_ms: i64) -> Refusal {
         ),
         ApprovalStatus::Used => (
             Reason::ApprovalUsed,
-            format!("approval `{id}` was already used by call `{}`", record.used_by_call_id.as_deref().unwrap_or("?")),
+            format!(
+                "approval `{id}` was already used by call `{}`",
+                record.used_by_call_id.as_deref().unwrap_or("?")
+            ),
         ),
         ApprovalStatus::Approved => (
             Reason::ApprovalPending,

@@ -187,12 +187,11 @@ impl Gateway {
         let run_tokens = crate::identity::RunTokenStore::rebuild(&audit).await?;
         let lock = rebuild_lock(&audit).await?;
         let approvals_path = env.data_dir.join("approvals.db");
-        let approvals = crate::approvals::ApprovalStore::open(&approvals_path).map_err(|e| {
-            AuditError::Io {
+        let approvals =
+            crate::approvals::ApprovalStore::open(&approvals_path).map_err(|e| AuditError::Io {
                 path: approvals_path.clone(),
                 what: format!("the approval store could not be opened: {e}"),
-            }
-        })?;
+            })?;
         record_policy_loaded(&audit, &loaded.policy, "start").await?;
         Ok(Gateway {
             loaded: ArcSwap::from_pointee(loaded),

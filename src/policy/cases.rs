@@ -88,6 +88,9 @@ pub struct CaseExpect {
     /// For `reason: condition_failed`: the name of the condition that denied.
     #[serde(default)]
     pub condition: Option<String>,
+    /// For an allow: whether the call needs human approval first (`approval:`).
+    #[serde(default)]
+    pub approval: Option<bool>,
 }
 
 /// Reads every `*.yaml` file in `dir`, in name order. Returns (file name, case) pairs, or

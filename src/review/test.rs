@@ -42,7 +42,25 @@ pub fn run_case(loaded: &Loaded, case: &PolicyCase) -> Option<String> {
     );
     let explanation = explain(loaded, req, run);
     match (&explanation.refusal, case.expect.decision) {
-        (None, ExpectedDecision::Allow) => None,
+        (None, ExpectedDecision::Allow) => match case.expect.approval {
+            Some(expected) if expected != !explanation.trace.approval.is_empty() => {
+                Some(if expected {
+                    "expected allow once approved, got allow without approval".to_string()
+                } else {
+                    let owners: Vec<&str> = explanation
+                        .trace
+                        .approval
+                        .iter()
+                        .map(|a| a.owner.as_str())
+                        .collect();
+                    format!(
+                        "expected allow without approval, got allow once approved ({})",
+                        owners.join(", ")
+                    )
+                })
+            }
+            _ => None,
+        },
         (None, ExpectedDecision::Deny) => Some("expected deny, got allow".to_string()),
         (Some(r), ExpectedDecision::Allow) => Some(format!(
             "expected allow, got deny at step {} ({}): {}",

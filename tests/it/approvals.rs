@@ -39,11 +39,18 @@ fn approval_policy(dir: &Path, quorum: u32, ttl_s: u64) -> Start {
     let registry = tools.join("tool_registry.yaml");
     let text = fs::read_to_string(&registry).unwrap();
     let anchor = "    write_targets: [\"data_dir:drafts/{case_id}/\"]\n";
-    assert!(text.contains(anchor), "draft_document's write_targets line moved");
+    assert!(
+        text.contains(anchor),
+        "draft_document's write_targets line moved"
+    );
     let block = format!(
         "    approval: {{required: true, approvers: [drafting_agent, ops, supervisor], quorum: {quorum}, ttl_s: {ttl_s}}}\n    redaction: {{mode: fields, pointers: [/body]}}\n"
     );
-    fs::write(&registry, text.replacen(anchor, &format!("{block}{anchor}"), 1)).unwrap();
+    fs::write(
+        &registry,
+        text.replacen(anchor, &format!("{block}{anchor}"), 1),
+    )
+    .unwrap();
     Start {
         policy_dir: policy,
         tools: registry,
@@ -93,7 +100,13 @@ fn request(server: &Server, call: &Value) -> String {
     id
 }
 
-fn decide(server: &Server, token: Option<&str>, id: &str, decision: &str, reason: &str) -> (u16, Value) {
+fn decide(
+    server: &Server,
+    token: Option<&str>,
+    id: &str,
+    decision: &str,
+    reason: &str,
+) -> (u16, Value) {
     server.post(
         &format!("/v1/approvals/{id}/decision"),
         token,
@@ -172,10 +185,19 @@ fn required_pending_approved_retried_executed() {
     assert_eq!(shown["redaction"], "fields");
     assert!(shown["binding"]["policy_versions"]["registry"]["sha256"].is_string());
     // The requester may read its own approval (to poll it).
-    let (code, own) = server.get(&format!("/v1/approvals/{id}"), Some(&token("drafting_agent")));
+    let (code, own) = server.get(
+        &format!("/v1/approvals/{id}"),
+        Some(&token("drafting_agent")),
+    );
     assert_eq!((code, &own["status"]), (200, &json!("pending")), "{own}");
 
-    let (code, decided) = decide(&server, Some(SUPERVISOR), &id, "approve", "checked the motion");
+    let (code, decided) = decide(
+        &server,
+        Some(SUPERVISOR),
+        &id,
+        "approve",
+        "checked the motion",
+    );
     assert_eq!(code, 200, "{decided}");
     assert_eq!(decided["status"], "approved");
     assert_eq!(decided["decisions"][0]["approver"], "role:supervisor");
@@ -188,7 +210,10 @@ fn required_pending_approved_retried_executed() {
     let (code, twice) = send(&server, &with_approval(&call, &id));
     assert_eq!(code, 403, "{twice}");
     assert_eq!(twice["diagnostic"]["reason"], "approval_used");
-    assert_eq!(twice["diagnostic"]["details"]["used_by_call_id"], done["call_id"]);
+    assert_eq!(
+        twice["diagnostic"]["details"]["used_by_call_id"],
+        done["call_id"]
+    );
     let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
     assert_eq!(shown["status"], "used");
     assert_eq!(shown["used_by_call_id"], done["call_id"]);
@@ -198,7 +223,10 @@ fn required_pending_approved_retried_executed() {
     assert_eq!(requested.len(), 1, "{all:#?}");
     let requested = requested[0];
     assert_eq!(requested["run_id"], run.as_str());
-    assert_eq!(requested["details"]["approval"]["call_digest"], shown["call_digest"]);
+    assert_eq!(
+        requested["details"]["approval"]["call_digest"],
+        shown["call_digest"]
+    );
     assert_eq!(
         requested["arguments_hash_sha256"],
         shown["binding"]["arguments_sha256"]
@@ -235,7 +263,10 @@ fn a_denied_approval_refuses_the_retry() {
     let (code, refused) = send(&server, &with_approval(&call, &id));
     assert_eq!(code, 403, "{refused}");
     assert_eq!(refused["diagnostic"]["reason"], "approval_denied");
-    assert_eq!(refused["diagnostic"]["details"]["decisions"][0]["reason"], "wrong court");
+    assert_eq!(
+        refused["diagnostic"]["details"]["decisions"][0]["reason"],
+        "wrong court"
+    );
     // A decided approval takes no further decision.
     let (code, again) = decide(&server, Some(SUPERVISOR), &id, "approve", "overrule");
     assert_eq!(code, 409, "{again}");
@@ -260,7 +291,10 @@ fn an_undecided_approval_expires_once_and_is_audited() {
     // Nobody asks: the sweeper records the expiry.
     let expired = poll_for(Duration::from_secs(20), || {
         let all = events(&server);
-        let found: Vec<Value> = of_type(&all, "approval_expired", &id).into_iter().cloned().collect();
+        let found: Vec<Value> = of_type(&all, "approval_expired", &id)
+            .into_iter()
+            .cloned()
+            .collect();
         (!found.is_empty()).then_some(found)
     })
     .expect("approval_expired was not recorded");
@@ -279,7 +313,11 @@ fn an_undecided_approval_expires_once_and_is_audited() {
     let fresh = request(&server, &call);
     assert_ne!(fresh, id);
     let all = events(&server);
-    assert_eq!(of_type(&all, "approval_expired", &id).len(), 1, "audited once");
+    assert_eq!(
+        of_type(&all, "approval_expired", &id).len(),
+        1,
+        "audited once"
+    );
     assert!(of_type(&all, "approval_granted", &id).is_empty());
     stop_and_verify(server);
 }
@@ -298,7 +336,10 @@ fn changed_arguments_run_or_role_do_not_use_the_approval() {
     let changed = with_approval(&draft_call(&run, "Motion to dismiss"), &id);
     let (code, refused) = send(&server, &changed);
     assert_eq!(code, 403, "{refused}");
-    assert_eq!(refused["diagnostic"]["reason"], "approval_arguments_mismatch");
+    assert_eq!(
+        refused["diagnostic"]["reason"],
+        "approval_arguments_mismatch"
+    );
     assert_eq!(refused["diagnostic"]["details"]["mismatch"], "arguments");
 
     let elsewhere = with_approval(&draft_call(&other_run, "Motion"), &id);
@@ -324,9 +365,14 @@ fn changed_arguments_run_or_role_do_not_use_the_approval() {
     let all = events(&server);
     let closing_denials = all
         .iter()
-        .filter(|e| e["type"] == "tool_denied" && e["details"]["approval"]["approval_id"] == id.as_str())
+        .filter(|e| {
+            e["type"] == "tool_denied" && e["details"]["approval"]["approval_id"] == id.as_str()
+        })
         .count();
-    assert_eq!(closing_denials, 5, "the request and the four refused retries each closed once");
+    assert_eq!(
+        closing_denials, 5,
+        "the request and the four refused retries each closed once"
+    );
     assert_eq!(of_type(&all, "tool_executed", &id).len(), 1);
     stop_and_verify(server);
 }
@@ -363,7 +409,13 @@ fn the_requester_never_approves_its_own_call() {
     let call = draft_call(&run, "Motion");
     let id = request(&server, &call);
     // drafting_agent is a listed approver, but it made the call.
-    let (code, refused) = decide(&server, Some(&token("drafting_agent")), &id, "approve", "mine");
+    let (code, refused) = decide(
+        &server,
+        Some(&token("drafting_agent")),
+        &id,
+        "approve",
+        "mine",
+    );
     assert_eq!(code, 403, "{refused}");
     assert_eq!(refused["diagnostic"]["reason"], "self_approval_refused");
     let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
@@ -454,7 +506,13 @@ fn a_restart_keeps_pending_approvals() {
     let (code, list) = server.get("/v1/approvals?status=pending", Some(ADMIN));
     assert_eq!(code, 200, "{list}");
     assert_eq!(list["approvals"][0]["approval_id"], id.as_str(), "{list}");
-    let (code, _) = decide(&server, Some(SUPERVISOR), &id, "approve", "after the restart");
+    let (code, _) = decide(
+        &server,
+        Some(SUPERVISOR),
+        &id,
+        "approve",
+        "after the restart",
+    );
     assert_eq!(code, 200);
     let (code, done) = send(&server, &with_approval(&call, &id));
     assert_eq!(code, 200, "{done}");
@@ -483,22 +541,50 @@ fn hostile_decisions_and_ids_get_structured_refusals() {
         assert_eq!(body["diagnostic"]["reason"], "credential_missing", "{body}");
     }
     let (code, body) = decide(&server, Some("not-a-token"), &id, "approve", "x");
-    assert_eq!((code, &body["diagnostic"]["reason"]), (401, &json!("credential_invalid")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (401, &json!("credential_invalid")),
+        "{body}"
+    );
     // Unknown and forged ids.
     let (code, body) = decide(&server, Some(SUPERVISOR), forged, "approve", "x");
-    assert_eq!((code, &body["diagnostic"]["reason"]), (404, &json!("approval_unknown")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (404, &json!("approval_unknown")),
+        "{body}"
+    );
     let (code, body) = server.get("/v1/approvals/%3Cscript%3E", Some(ADMIN));
-    assert_eq!((code, &body["diagnostic"]["reason"]), (404, &json!("approval_unknown")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (404, &json!("approval_unknown")),
+        "{body}"
+    );
     let (code, body) = send(&server, &with_approval(&call, forged));
-    assert_eq!((code, &body["diagnostic"]["reason"]), (404, &json!("approval_unknown")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (404, &json!("approval_unknown")),
+        "{body}"
+    );
     let (code, body) = send(&server, &with_approval(&call, "apr-<x>"));
-    assert_eq!((code, &body["diagnostic"]["reason"]), (400, &json!("request_malformed")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (400, &json!("request_malformed")),
+        "{body}"
+    );
     // A non-approver may neither decide nor read it.
     let research = token("research_agent");
     let (code, body) = decide(&server, Some(&research), &id, "approve", "x");
-    assert_eq!((code, &body["diagnostic"]["reason"]), (403, &json!("approver_not_allowed")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (403, &json!("approver_not_allowed")),
+        "{body}"
+    );
     let (code, body) = server.get(&format!("/v1/approvals/{id}"), Some(&research));
-    assert_eq!((code, &body["diagnostic"]["reason"]), (403, &json!("approver_not_allowed")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (403, &json!("approver_not_allowed")),
+        "{body}"
+    );
     let (code, body) = server.get("/v1/approvals", Some(&research));
     assert_eq!((code, &body["approvals"]), (200, &json!([])), "{body}");
     // Bad bodies: huge reason, empty reason, unknown decision, unknown field.
@@ -510,14 +596,29 @@ fn hostile_decisions_and_ids_get_structured_refusals() {
         json!({"decision": "maybe", "reason": "x"}),
         json!({"decision": "approve", "reason": "x", "approver": "ops"}),
     ] {
-        let (code, answer) = server.post(&format!("/v1/approvals/{id}/decision"), Some(SUPERVISOR), &body);
+        let (code, answer) = server.post(
+            &format!("/v1/approvals/{id}/decision"),
+            Some(SUPERVISOR),
+            &body,
+        );
         assert_eq!(code, 400, "{answer}");
-        assert_eq!(answer["diagnostic"]["reason"], "request_malformed", "{answer}");
+        assert_eq!(
+            answer["diagnostic"]["reason"], "request_malformed",
+            "{answer}"
+        );
     }
     let (code, body) = server.get("/v1/approvals?limit=100000", Some(ADMIN));
-    assert_eq!((code, &body["diagnostic"]["reason"]), (400, &json!("request_malformed")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (400, &json!("request_malformed")),
+        "{body}"
+    );
     let (code, body) = server.get("/v1/approvals?status=maybe", Some(ADMIN));
-    assert_eq!((code, &body["diagnostic"]["reason"]), (400, &json!("request_malformed")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (400, &json!("request_malformed")),
+        "{body}"
+    );
     // Nothing of that decided anything.
     let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
     assert_eq!(shown["status"], "pending");
@@ -526,15 +627,27 @@ fn hostile_decisions_and_ids_get_structured_refusals() {
     let (code, _) = decide(&server, Some(SUPERVISOR), &id, "approve", "ok");
     assert_eq!(code, 200);
     let (code, body) = decide(&server, Some(ADMIN), &id, "deny", "late");
-    assert_eq!((code, &body["diagnostic"]["reason"]), (409, &json!("approval_already_decided")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (409, &json!("approval_already_decided")),
+        "{body}"
+    );
     let (code, body) = server.post(&format!("/v1/approvals/{id}"), Some(ADMIN), &json!({}));
-    assert_eq!((code, &body["diagnostic"]["reason"]), (405, &json!("method_not_allowed")), "{body}");
+    assert_eq!(
+        (code, &body["diagnostic"]["reason"]),
+        (405, &json!("method_not_allowed")),
+        "{body}"
+    );
     stop_and_verify(server);
 }
 
 #[test]
 fn the_demo_court_filing_needs_a_supervisor() {
-    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(Start {
+        data_dir: Some(dir.path().join("var")),
+        ..Start::default()
+    });
     let run = server.create_run(json!({"case_id": "C-1001", "matter_id": "M-1"}));
     let (code, draft) = server.call(
         "drafting_agent",
@@ -555,13 +668,165 @@ fn the_demo_court_filing_needs_a_supervisor() {
     // The filing agent itself is no approver.
     let (code, body) = decide(&server, Some(&token("filing_agent")), &id, "approve", "me");
     assert_eq!(code, 403, "{body}");
-    let (code, body) = decide(&server, Some(SUPERVISOR), &id, "approve", "reviewed the filing");
+    let (code, body) = decide(
+        &server,
+        Some(SUPERVISOR),
+        &id,
+        "approve",
+        "reviewed the filing",
+    );
     assert_eq!(code, 200, "{body}");
     // Approved, it reaches the court (no stand-in court listens here: dependency down).
     let (code, body) = send(&server, &with_approval(&call, &id));
     assert_eq!(body["trace"]["passed_step"], 9, "{body}");
-    assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{code} {body}");
+    assert_eq!(
+        body["diagnostic"]["reason"], "dependency_down",
+        "{code} {body}"
+    );
     let all = events(&server);
     assert_eq!(of_type(&all, "tool_requested", &id).len(), 1);
+    stop_and_verify(server);
+}
+
+/// One JSON-RPC `tools/call` to `/mcp` as drafting_agent.
+fn mcp_call(server: &Server, run: &str, params: Value) -> Value {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params});
+    let mut resp = agent
+        .post(format!("{}/mcp", server.base))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header(
+            "Authorization",
+            &format!("Bearer {}", token("drafting_agent")),
+        )
+        .header("X-Toolgate-Role", "drafting_agent")
+        .header("X-Toolgate-Run", run)
+        .header("X-Toolgate-Lane", "drafting")
+        .header(
+            "X-Toolgate-Scope",
+            &json!({"case_id": "C-1001"}).to_string(),
+        )
+        .send(body.to_string().as_bytes())
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let text = resp.body_mut().read_to_string().unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+#[test]
+fn over_mcp_the_refusal_names_the_approval_and_meta_carries_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let params =
+        json!({"name": "draft_document", "arguments": {"title": "Motion", "body": "Text."}});
+    let answer = mcp_call(&server, &run, params.clone());
+    let result = &answer["result"];
+    assert_eq!(result["isError"], true, "{answer}");
+    let d = &result["_meta"]["io.toolgate/diagnostic"];
+    assert_eq!(d["reason"], "approval_required", "{answer}");
+    let id = d["details"]["approval_id"].as_str().unwrap().to_string();
+    assert!(result["content"][0]["text"].as_str().unwrap().contains(&id));
+    let (code, _) = decide(&server, Some(SUPERVISOR), &id, "approve", "ok");
+    assert_eq!(code, 200);
+    let mut retry = params.clone();
+    retry["_meta"] = json!({"io.toolgate/approval_id": id});
+    let answer = mcp_call(&server, &run, retry.clone());
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    // Used: the same retry again is an isError refusal.
+    let answer = mcp_call(&server, &run, retry);
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    assert_eq!(
+        answer["result"]["_meta"]["io.toolgate/diagnostic"]["reason"],
+        "approval_used"
+    );
+    let all = events(&server);
+    assert_eq!(of_type(&all, "tool_executed", &id).len(), 1);
+    stop_and_verify(server);
+}
+
+/// `toolgate approvals ...` against the server, with `token` in TOOLGATE_TOKEN.
+fn cli(server: &Server, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.arg("approvals")
+        .args(args)
+        .args(["--server", &server.base])
+        .env_remove("TOOLGATE_TOKEN");
+    if let Some(t) = token {
+        cmd.env("TOOLGATE_TOKEN", t);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_cli_lists_shows_and_decides() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let id = request(&server, &draft_call(&run, "Motion"));
+    let (code, out, err) = cli(&server, Some(SUPERVISOR), &["list", "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let listed: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(listed["approvals"][0]["approval_id"], id.as_str());
+    let (code, out, err) = cli(&server, Some(SUPERVISOR), &["show", &id]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&id) && out.contains("pending"), "{out}");
+    assert!(out.contains("[redacted]"), "{out}");
+    let (code, _, err) = cli(
+        &server,
+        Some(SUPERVISOR),
+        &["approve", &id, "--reason", "from the cli"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = cli(&server, Some(ADMIN), &["deny", &id, "--reason", "late"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("approval_already_decided"), "{err}");
+    let (code, _, err) = cli(&server, None, &["list"]);
+    assert_eq!(code, 4, "{err}");
+    let (code, _, err) = cli(&server, Some("wrong"), &["list"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("credential_invalid"), "{err}");
+    let all = events(&server);
+    let granted = of_type(&all, "approval_granted", &id);
+    assert_eq!(granted[0]["details"]["reason"], "from the cli");
+    stop_and_verify(server);
+}
+
+#[test]
+fn pending_approvals_per_run_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    for i in 0..32 {
+        request(&server, &draft_call(&run, &format!("Motion {i}")));
+    }
+    let (code, body) = send(&server, &draft_call(&run, "one too many"));
+    assert_eq!(code, 429, "{body}");
+    assert_eq!(body["diagnostic"]["reason"], "approval_limit_reached");
+    assert_eq!(body["diagnostic"]["details"]["max_pending_per_run"], 32);
+    // Another run still gets its approvals.
+    let other = server.create_run(json!({"case_id": "C-1001"}));
+    request(&server, &draft_call(&other, "Motion"));
+    // Pages are bounded and walk the whole list.
+    let (code, page) = server.get("/v1/approvals?status=pending&limit=20", Some(ADMIN));
+    assert_eq!(code, 200, "{page}");
+    assert_eq!(page["approvals"].as_array().unwrap().len(), 20);
+    let cursor = page["next_cursor"].as_str().unwrap();
+    let (_, rest) = server.get(
+        &format!("/v1/approvals?status=pending&limit=20&cursor={cursor}"),
+        Some(ADMIN),
+    );
+    assert_eq!(rest["approvals"].as_array().unwrap().len(), 13, "{rest}");
+    assert!(rest["next_cursor"].is_null());
     stop_and_verify(server);
 }

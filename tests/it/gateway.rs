@@ -163,7 +163,9 @@ fn golden_example_holds_over_http(#[files("contract/examples/*.json")] file: Pat
     if let Some(approver) = &setup.approved_by {
         let (code, body) = send(&server, &request, &run, &draft);
         assert_eq!(code, 409, "{name}: {body}");
-        let id = body["diagnostic"]["details"]["approval_id"].as_str().unwrap();
+        let id = body["diagnostic"]["details"]["approval_id"]
+            .as_str()
+            .unwrap();
         let (code, decided) = server.post(
             &format!("/v1/approvals/{id}/decision"),
             Some(approver),
