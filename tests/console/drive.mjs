@@ -4,6 +4,8 @@
 // plan: {base, scenario, chromium?, screenshots, downloads?, token?, wrong_token?,
 //        approval_id?, run_id?, reason?, min_events?}
 // Every wait is bounded; a failed wait ends the script with {"error": ...}.
+import { existsSync } from "node:fs";
+import { join } from "node:path";
 import puppeteer from "puppeteer-core";
 
 const plan = JSON.parse(process.argv[2]);
@@ -181,6 +183,14 @@ const scenarios = {
     await page.waitForFunction(() =>
       document.querySelector("#download-status").textContent.startsWith("Downloaded"), WAIT);
     const download_status = await page.$eval("#download-status", (p) => p.textContent);
+    // The browser writes the file after the click: wait for it (bounded) before the
+    // browser is closed.
+    const file = join(plan.downloads, "toolgate-run-" + plan.run_id + "-export.json");
+    const deadline = Date.now() + WAIT.timeout;
+    while (!existsSync(file) && Date.now() < deadline) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    if (!existsSync(file)) throw new Error("the bundle was not saved to " + file);
     return { rows, log, facts, screenshot, download_status, storage: await storage(page), injected: await injected(page) };
   },
 };
