@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """Verify a toolgate audit export with nothing but the Python 3 standard library.
 
-    python3 verify_export.py EXPORT_DIR --key-fingerprint HEX
+    python3 verify_export.py EXPORT_DIR_OR_BUNDLE --key-fingerprint HEX
         [--trusted-checkpoint FILE] [--expect-full | --expect-run RUN_ID]
+
+EXPORT_DIR_OR_BUNDLE is an export directory, or a single-file bundle of one (the JSON
+object the console downloads from GET /v1/runs/{id}/export: {"format":
+"toolgate-audit-export-bundle/1", "files": {name: text}}); a bundle is unpacked into a
+temporary directory (only the known file names, nothing else) and checked the same way.
 
 Get HEX through a channel you trust (the operator runs `toolgate audit key`), never
 from the export itself: a forger could ship their own key. Without it the export's own
@@ -33,6 +38,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 
 INTACT, INTEGRITY, TRUNCATION, SIGNATURE = 0, 1, 2, 3
 GENESIS_PREV = "0" * 64
@@ -486,8 +492,39 @@ def check_filtered(manifest, lines):
             raise Failure(INTEGRITY, seq, f"call {call} was requested but its closing event is not in the export")
 
 
+BUNDLE_FORMAT = "toolgate-audit-export-bundle/1"
+BUNDLE_FILES = ("events.jsonl", "checkpoints.txt", "public-key.vkey", "proofs/inclusion.jsonl",
+                "proofs/consistency.jsonl", "manifest.json", "manifest.sig", "README.txt",
+                "verify_export.py", "events.csv")
+MAX_BUNDLE_BYTES = 1 << 30
+
+
+def unpack_bundle(path, directory):
+    """Writes the files of the bundle at `path` into `directory`. Only the known names
+    are accepted; their content is checked afterwards like any export's (the signed
+    manifest's sha256 of every file)."""
+    if os.path.getsize(path) > MAX_BUNDLE_BYTES:
+        raise Failure(INTEGRITY, None, f"the bundle is larger than {MAX_BUNDLE_BYTES} bytes")
+    with open(path, encoding="utf-8") as f:
+        try:
+            bundle = json.load(f)
+        except ValueError as e:
+            raise Failure(INTEGRITY, None, f"the bundle is not JSON: {e}")
+    if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
+        raise Failure(INTEGRITY, None, f"the file is not a {BUNDLE_FORMAT} bundle")
+    files = bundle.get("files")
+    if not isinstance(files, dict):
+        raise Failure(INTEGRITY, None, "the bundle has no `files` object")
+    os.makedirs(os.path.join(directory, "proofs"))
+    for name, text in files.items():
+        if name not in BUNDLE_FILES or not isinstance(text, str):
+            raise Failure(INTEGRITY, None, f"the bundle holds an unexpected file `{name}`")
+        with open(os.path.join(directory, name), "w", encoding="utf-8", newline="") as out:
+            out.write(text)
+
+
 def main():
-    parser = argparse.ArgumentParser(description="Verify a toolgate audit export.")
+    parser = argparse.ArgumentParser(description="Verify a toolgate audit export (a directory or a bundle file).")
     parser.add_argument("export_dir")
     parser.add_argument("--key-fingerprint", help="hex sha256 of the raw Ed25519 public key (get it from the operator, not from the export)")
     parser.add_argument("--trusted-checkpoint", help="a checkpoint note you kept; the export must extend it")
@@ -496,7 +533,12 @@ def main():
     group.add_argument("--expect-run", metavar="RUN_ID", help="fail unless the signed manifest says this is the complete export of this run")
     args = parser.parse_args()
     try:
-        print(verify(args.export_dir, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run))
+        if os.path.isfile(args.export_dir):
+            with tempfile.TemporaryDirectory(prefix="toolgate-bundle-") as directory:
+                unpack_bundle(args.export_dir, directory)
+                print(verify(directory, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run))
+        else:
+            print(verify(args.export_dir, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run))
         return INTACT
     except Failure as f:
         where = f" at seq {f.seq}" if f.seq is not None else ""

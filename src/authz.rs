@@ -107,6 +107,16 @@ pub fn verify_admin_jwt<'p>(
     policy: &'p Policy,
     identity: &crate::identity::JwtIdentity,
 ) -> Result<&'p Admin, Refusal> {
+    let admin = verify_auditor_jwt(policy, identity)?;
+    full_access(admin)
+}
+
+/// Read-only audit endpoints for a caller authenticated by a verified JWT: any admin,
+/// `full` or `audit_read`.
+pub fn verify_auditor_jwt<'p>(
+    policy: &'p Policy,
+    identity: &crate::identity::JwtIdentity,
+) -> Result<&'p Admin, Refusal> {
     policy
         .admins
         .iter()
@@ -117,6 +127,22 @@ pub fn verify_admin_jwt<'p>(
                 "the JWT is not an admin credential",
             )
         })
+}
+
+/// An admin endpoint that changes or operates something needs `access: full`; an
+/// `audit_read` admin is refused (authenticated, but not allowed).
+fn full_access(admin: &Admin) -> Result<&Admin, Refusal> {
+    match admin.access {
+        crate::policy::AdminAccess::Full => Ok(admin),
+        crate::policy::AdminAccess::AuditRead => Err(Refusal::new(
+            Reason::CredentialInvalid,
+            format!(
+                "admin `{}` has `access: audit_read`; this endpoint needs an admin with full access",
+                admin.admin_id
+            ),
+        )
+        .with_details(serde_json::json!({ "access": "audit_read", "needs": "full" }))),
+    }
 }
 
 /// Step 2 for a call authenticated by a run token: the token's role is the role, and a
@@ -183,6 +209,13 @@ pub fn find_role<'p>(policy: &'p Policy, role_id: &str) -> Result<&'p Role, Refu
 /// Admin endpoints: the caller proves it is one of the policy's admins. Every admin is
 /// compared so timing does not tell which one matched.
 pub fn verify_admin<'p>(policy: &'p Policy, token: Option<&str>) -> Result<&'p Admin, Refusal> {
+    full_access(verify_auditor(policy, token)?)
+}
+
+/// Read-only audit endpoints: the caller proves it is one of the policy's admins,
+/// `full` or `audit_read`. Every admin is compared so timing does not tell which one
+/// matched.
+pub fn verify_auditor<'p>(policy: &'p Policy, token: Option<&str>) -> Result<&'p Admin, Refusal> {
     let Some(token) = token else {
         return Err(Refusal::new(
             Reason::CredentialMissing,

@@ -18,6 +18,8 @@
 //! - [`observe`]: metrics (`GET /metrics`), traces (OTLP) and logs.
 //! - [`outbound`]: the one outgoing HTTP client stack (reqwest over rustls with ring).
 //! - [`server`]: the HTTP API (hyper); the only module that serves HTTP.
+//! - [`console`]: the approver's console and run evidence page (HTML, CSS, JS shipped
+//!   in the binary), served by [`server`] at `/console`.
 //! - [`limits`]: per-client connection and request-rate limits of the HTTP front.
 //! - [`transport`]: the socket wrapper that gives hyper's own refusals a JSON body.
 //! - [`capacity`]: the audit log's disk headroom (`--max-audit-bytes`,
@@ -36,6 +38,7 @@ pub mod call;
 pub mod canonical;
 pub mod capacity;
 pub mod commands;
+pub mod console;
 pub mod diagnostic;
 pub mod gateway;
 pub mod idempotency;

@@ -15,7 +15,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{
-    ALLOW, AUTHORIZATION, CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER, TRANSFER_ENCODING,
+    ALLOW, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_SECURITY_POLICY, CONTENT_TYPE,
+    HeaderValue, REFERRER_POLICY, RETRY_AFTER, TRANSFER_ENCODING, X_CONTENT_TYPE_OPTIONS,
+    X_FRAME_OPTIONS,
 };
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -249,6 +251,11 @@ async fn route(
     if path == crate::mcp::front::ENDPOINT {
         return Ok(mcp(gateway, &options, req).await);
     }
+    // The console's page and assets need no credential: the page asks for one and
+    // sends it to the API like any client.
+    if path == crate::console::PATH || path.starts_with("/console/") {
+        return Ok(console(&method, &path));
+    }
     // A bearer JWT is verified once, before any endpoint reads it (the pipeline
     // verifies and audits its own).
     if path != "/v1/tool-calls"
@@ -328,6 +335,36 @@ async fn route(
                 .await,
             StatusCode::OK,
         ),
+        (&Method::GET, ["v1", "runs", run_id, "events"]) => respond(
+            gateway
+                .run_events(
+                    token.as_deref(),
+                    run_id,
+                    crate::gateway::EvidencePage::from_query(
+                        query.get("after_seq").map(String::as_str),
+                        query.get("limit").map(String::as_str),
+                    ),
+                )
+                .await,
+            StatusCode::OK,
+        ),
+        (&Method::GET, ["v1", "runs", run_id, "export"]) => {
+            match gateway.run_export(token.as_deref(), run_id).await {
+                Ok(bundle) => {
+                    let mut response = json_response(StatusCode::OK, &json!(bundle));
+                    let name = format!("toolgate-run-{run_id}-export.json");
+                    if let Ok(v) =
+                        HeaderValue::from_str(&format!("attachment; filename=\"{name}\""))
+                    {
+                        response
+                            .headers_mut()
+                            .insert(hyper::header::CONTENT_DISPOSITION, v);
+                    }
+                    response
+                }
+                Err(r) => refusal_response(&r),
+            }
+        }
         (&Method::GET, ["v1", "runs", run_id]) => {
             respond(gateway.get_run(token.as_deref(), run_id), StatusCode::OK)
         }
@@ -473,6 +510,8 @@ fn allowed_methods(segments: &[&str]) -> Option<&'static str> {
         ["v1", "approvals"] | ["v1", "approvals", _] => Some("GET"),
         ["v1", "safety-lock"] => Some("GET, POST"),
         ["v1", "runs", _]
+        | ["v1", "runs", _, "events"]
+        | ["v1", "runs", _, "export"]
         | ["v1", "tools"]
         | ["v1", "audit", "events"]
         | ["v1", "artifacts", _]
@@ -895,9 +934,63 @@ fn json_response(status: StatusCode, body: &Value) -> HttpResponse {
 }
 
 fn with_json_type(mut response: HttpResponse) -> HttpResponse {
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    // API data is never cached (it carries approvals, audit events, runs).
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+}
+
+/// `/console` and its assets (`console.rs`): GET or HEAD, with a strict
+/// Content-Security-Policy; anything else is a structured refusal.
+fn console(method: &Method, path: &str) -> HttpResponse {
+    let Some(asset) = crate::console::asset(path) else {
+        return refusal_response(&Refusal::new(
+            Reason::EndpointNotFound,
+            format!(
+                "no endpoint `{method} {}`",
+                path.chars().take(200).collect::<String>()
+            ),
+        ));
+    };
+    if method != Method::GET && method != Method::HEAD {
+        let refusal = Refusal::new(
+            Reason::MethodNotAllowed,
+            format!("`{method} {path}` is not served; this endpoint serves GET, HEAD"),
+        )
+        .with_details(json!({ "allow": ["GET", "HEAD"] }));
+        let mut response = refusal_response(&refusal);
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    let body = if method == Method::HEAD {
+        Bytes::new()
+    } else {
+        Bytes::from_static(asset.body)
+    };
+    let mut response = Response::new(Full::new(body));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+    headers.insert(
+        CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(crate::console::CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(
+        "cross-origin-opener-policy",
+        HeaderValue::from_static("same-origin"),
+    );
+    headers.insert(
+        "cross-origin-resource-policy",
+        HeaderValue::from_static("same-origin"),
+    );
+    // Shipped in the binary: revalidate on every load, so an upgrade shows at once.
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }
 

@@ -13,7 +13,7 @@
 //! returned, and that commit also holds a checkpoint over every event signed by the
 //! log's [`Signer`] (the signed head); the writer is the only code that writes events.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -82,6 +82,10 @@ struct Inner {
     /// The first segment's path (the configured database).
     db_path: PathBuf,
     append_timeout: Duration,
+    /// The key directory and the checkpoint signer, for exports made by the server
+    /// (a run's evidence bundle).
+    key_dir: PathBuf,
+    signer: Arc<dyn Signer>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -238,6 +242,8 @@ impl AuditLog {
                 reader: Arc::new(Mutex::new(())),
                 db_path: base,
                 append_timeout: options.append_timeout,
+                key_dir: options.key_dir.clone(),
+                signer: keys.signer.clone(),
             }),
         })
     }
@@ -353,6 +359,61 @@ impl AuditLog {
     /// The public key that verifies this log's checkpoints.
     pub fn verifier_key(&self) -> &VerifierKey {
         &self.inner.verifier
+    }
+
+    /// One page of a run's events with their verification status against the newest
+    /// signed checkpoint (see `evidence::run_evidence`), read off the async runtime.
+    pub async fn run_evidence(
+        &self,
+        run_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<super::evidence::RunEvidence, AuditError> {
+        let reader = self.inner.reader.clone();
+        let path = self.inner.db_path.clone();
+        let key = self.inner.verifier.clone();
+        let run_id = run_id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let _one = reader.lock().unwrap_or_else(|p| p.into_inner());
+            super::evidence::run_evidence(&path, &key, &run_id, after_seq, limit)
+        })
+        .await
+        .map_err(|_| AuditError::Closed)?
+    }
+
+    /// A run's export bundle (see `evidence::run_bundle`), made in a fresh directory
+    /// under `work_root` that is removed afterwards, off the async runtime.
+    pub async fn run_bundle(
+        &self,
+        run_id: &str,
+        work_root: PathBuf,
+        max_bytes: u64,
+    ) -> Result<super::evidence::Bundle, super::evidence::BundleError> {
+        let reader = self.inner.reader.clone();
+        let path = self.inner.db_path.clone();
+        let key_dir = self.inner.key_dir.clone();
+        let signer = self.inner.signer.clone();
+        let run_id = run_id.to_string();
+        let work_dir = work_root.join(format!("bundle-{}", uuid::Uuid::new_v4()));
+        tokio::task::spawn_blocking(move || {
+            let _one = reader.lock().unwrap_or_else(|p| p.into_inner());
+            super::evidence::run_bundle(&path, &key_dir, signer, &run_id, &work_dir, max_bytes)
+        })
+        .await
+        .map_err(|_| {
+            super::evidence::BundleError::Export(super::export::ExportError::Audit(
+                AuditError::Closed,
+            ))
+        })?
+    }
+
+    /// The directory of the log's first segment (the data directory).
+    pub fn data_dir(&self) -> PathBuf {
+        self.inner
+            .db_path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
     }
 }
 

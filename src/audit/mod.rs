@@ -26,6 +26,7 @@
 
 pub mod archive;
 pub mod checkpoint;
+pub mod evidence;
 pub mod export;
 pub mod keys;
 pub mod line;

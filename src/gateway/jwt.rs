@@ -59,6 +59,19 @@ impl Gateway {
         }
     }
 
+    /// Read-only audit endpoints: the caller proves it is one of the policy's admins,
+    /// `full` or `audit_read`, by a static token or a JWT verified for this request.
+    pub fn auditor_of<'p>(
+        &self,
+        policy: &'p Policy,
+        token: Option<&str>,
+    ) -> Result<&'p Admin, Refusal> {
+        match token.and_then(|t| self.jwt.cached(policy, t)) {
+            Some(identity) => authz::verify_auditor_jwt(policy, &*identity?),
+            None => authz::verify_auditor(policy, token),
+        }
+    }
+
     /// The caller proves it holds `role_id`, by a static token or by a JWT verified for
     /// this request (`authenticate`).
     pub fn role_of<'p>(

@@ -29,6 +29,8 @@ use crate::requests::{CreateRun, ListRuns, Repin, SetRunStatus, SetSafetyLock, m
 use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
 
 mod approvals;
+mod evidence;
+pub use evidence::{EvidencePage, MAX_BUNDLE_BYTES};
 mod jwt;
 mod run_tokens;
 pub use approvals::ApprovalRequest;
@@ -457,7 +459,7 @@ impl Gateway {
     pub fn verify_any(&self, token: Option<&str>) -> Result<(), Refusal> {
         let loaded = self.current();
         let policy = &loaded.policy;
-        if self.admin_of(policy, token).is_ok() {
+        if self.auditor_of(policy, token).is_ok() {
             return Ok(());
         }
         let any_role = policy
@@ -595,7 +597,7 @@ impl Gateway {
         token: Option<&str>,
         query: Result<ListRuns, Refusal>,
     ) -> Result<Value, Refusal> {
-        self.admin_of(&self.current().policy, token)?;
+        self.auditor_of(&self.current().policy, token)?;
         let ListRuns {
             status,
             limit,
@@ -682,7 +684,7 @@ impl Gateway {
         token: Option<&str>,
         filter: EventFilter,
     ) -> Result<Vec<Value>, Refusal> {
-        self.admin_of(&self.current().policy, token)?;
+        self.auditor_of(&self.current().policy, token)?;
         let events = self.audit.events(filter).await.map_err(audit_refusal)?;
         Ok(events.into_iter().map(|e| e.value).collect())
     }

@@ -161,6 +161,28 @@ pub struct Admin {
     pub admin_id: String,
     pub description: String,
     pub credential: Credential,
+    /// What the admin may do (`access`, default `full`).
+    pub access: AdminAccess,
+}
+
+/// An admin's `access`: `full` operates the gateway; `audit_read` only reads the audit
+/// trail (a run's evidence and export bundle, `GET /v1/audit/events`, runs and the
+/// policy versions), for compliance users. An `audit_read` credential is refused by
+/// every endpoint that changes anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminAccess {
+    Full,
+    AuditRead,
+}
+
+impl AdminAccess {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdminAccess::Full => "full",
+            AdminAccess::AuditRead => "audit_read",
+        }
+    }
 }
 
 /// Run statuses; a lane lists the ones in which it may act.

@@ -80,6 +80,8 @@ pub(crate) struct RawAdmin {
     pub admin_id: Spanned<String>,
     pub description: Spanned<String>,
     pub credential: Spanned<RawCredential>,
+    /// `full` (the default) or `audit_read`.
+    pub access: Option<Spanned<String>>,
 }
 
 /// Exactly one of `token_sha256`, `token_env` and `jwt` must be set (checked in

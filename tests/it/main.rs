@@ -21,6 +21,7 @@ mod audit_segments;
 mod audit_verify;
 mod authz;
 mod bench;
+mod console;
 mod contract;
 mod durability;
 mod gateway;

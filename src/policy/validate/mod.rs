@@ -27,10 +27,10 @@ use super::Problem;
 use super::condition::Condition;
 use super::identity;
 use super::model::{
-    AdapterConfig, Admin, Credential, DEFAULT_RUN_TOKEN_MAX_TTL_S, DEFAULT_SERVER_CONCURRENCY,
-    Determinism, FileVersion, FlagMatcher, FlagRule, IdentityProvider, IdentitySettings,
-    JWT_ALGORITHMS, JwksSource, JwtCredential, Lane, Limits, McpServer, Policy, PolicySource,
-    PolicyVersions, Redaction, Role, RunStatus, Tool,
+    AdapterConfig, Admin, AdminAccess, Credential, DEFAULT_RUN_TOKEN_MAX_TTL_S,
+    DEFAULT_SERVER_CONCURRENCY, Determinism, FileVersion, FlagMatcher, FlagRule, IdentityProvider,
+    IdentitySettings, JWT_ALGORITHMS, JwksSource, JwtCredential, Lane, Limits, McpServer, Policy,
+    PolicySource, PolicyVersions, Redaction, Role, RunStatus, Tool,
 };
 use super::raw::{
     LanesFile, RawAdapter, RawAdapterKind, RawApproval, RawCondition, RawCredential,

@@ -82,11 +82,27 @@ pub(super) fn check_roles(
             (env, providers),
             &mut holders,
         );
-        if let (true, Some(credential)) = (unique, credential) {
+        let access = match admin.access.as_ref().map(|a| a.value.as_str()) {
+            None | Some("full") => Some(AdminAccess::Full),
+            Some("audit_read") => Some(AdminAccess::AuditRead),
+            Some(other) => {
+                if let Some(spanned) = &admin.access {
+                    report.spanned(
+                        file,
+                        spanned,
+                        format!("{owner}: unknown `access` `{}`", other.escape_debug()),
+                        "use `full` (the default) or `audit_read`",
+                    );
+                }
+                None
+            }
+        };
+        if let (true, Some(credential), Some(access)) = (unique, credential, access) {
             admins.push(Admin {
                 admin_id: admin.admin_id.value.clone(),
                 description: admin.description.value.clone(),
                 credential,
+                access,
             });
         }
     }

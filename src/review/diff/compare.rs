@@ -50,6 +50,7 @@ pub enum Kind {
     AdminAdded,
     AdminRemoved,
     AdminCredentialChanged,
+    AdminAccessChanged,
     // lanes
     LaneAdded,
     LaneRemoved,
@@ -140,7 +141,8 @@ impl Kind {
             | RoleCredentialChanged
             | AdminAdded
             | AdminRemoved
-            | AdminCredentialChanged => Section::Roles,
+            | AdminCredentialChanged
+            | AdminAccessChanged => Section::Roles,
             LaneAdded
             | LaneRemoved
             | LaneScopeKeyAdded
@@ -482,6 +484,34 @@ fn admins(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
                 .values(credential_kind(a), credential_kind(b)),
             ),
             _ => {}
+        }
+    }
+    // `access`: `audit_read` -> `full` widens what the admin may do.
+    let access = |p: &Policy| -> BTreeMap<String, crate::policy::AdminAccess> {
+        p.admins
+            .iter()
+            .map(|a| (a.admin_id.clone(), a.access))
+            .collect()
+    };
+    let (o, n) = (access(old), access(new));
+    for (id, a, b) in pair(&o, &n) {
+        if let (Some(a), Some(b)) = (a, b)
+            && a != b
+        {
+            let effect = if *b == crate::policy::AdminAccess::Full {
+                Effect::Widening
+            } else {
+                Effect::Narrowing
+            };
+            out.push(
+                Change::new(
+                    Kind::AdminAccessChanged,
+                    effect,
+                    format!("admin `{id}`: access {} -> {}", a.as_str(), b.as_str()),
+                )
+                .admin(id)
+                .values(serde_json::json!(a.as_str()), serde_json::json!(b.as_str())),
+            );
         }
     }
 }
