@@ -600,6 +600,10 @@ pub struct CallResponse {
     /// On a replay: the call_id of the first call, whose outcome this is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<String>,
+    /// A two-phase tool's prepared call: `{"phase": "prepared", "commit": {commit_id,
+    /// deadline, deadline_unix_ms, commit_url}}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<Map<String, Value>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

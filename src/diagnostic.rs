@@ -130,6 +130,13 @@ pub enum Reason {
     PolicyUnavailable,
     PolicyInvalid,
     InternalError,
+    CommitUnknown,
+    CommitNotAllowed,
+    CommitAlreadyUsed,
+    CommitExpired,
+    CommitFailed,
+    RollbackFailed,
+    CommitStateUnavailable,
 }
 
 /// The catalog entry of one reason.
@@ -151,7 +158,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in catalog order.
-    pub const ALL: [Reason; 55] = [
+    pub const ALL: [Reason; 62] = [
         Reason::RequestMalformed,
         Reason::ProtocolVersionUnsupported,
         Reason::OriginNotAllowed,
@@ -207,6 +214,13 @@ impl Reason {
         Reason::PolicyUnavailable,
         Reason::PolicyInvalid,
         Reason::InternalError,
+        Reason::CommitUnknown,
+        Reason::CommitNotAllowed,
+        Reason::CommitAlreadyUsed,
+        Reason::CommitExpired,
+        Reason::CommitFailed,
+        Reason::RollbackFailed,
+        Reason::CommitStateUnavailable,
     ];
 
     /// The stable snake_case code, as it appears in responses and the audit log.
@@ -267,6 +281,13 @@ impl Reason {
             Reason::PolicyUnavailable => "policy_unavailable",
             Reason::PolicyInvalid => "policy_invalid",
             Reason::InternalError => "internal_error",
+            Reason::CommitUnknown => "commit_unknown",
+            Reason::CommitNotAllowed => "commit_not_allowed",
+            Reason::CommitAlreadyUsed => "commit_already_used",
+            Reason::CommitExpired => "commit_expired",
+            Reason::CommitFailed => "commit_failed",
+            Reason::RollbackFailed => "rollback_failed",
+            Reason::CommitStateUnavailable => "commit_state_unavailable",
         }
     }
 
@@ -816,6 +837,76 @@ impl Reason {
                     "a candidate policy failed to load, so the current policy stays in force",
                     "the edited policy files have errors (see details.problems)",
                     "run `toolgate policy check`, fix every problem, and reload again",
+                ),
+                Reason::CommitUnknown => (
+                    E::InvalidArguments,
+                    C::Request,
+                    10,
+                    false,
+                    S::Error,
+                    "no prepared two-phase call has this call_id and commit_id",
+                    "a mistyped or forged commit_id, or a call that was not prepared by a two-phase tool",
+                    "commit with the call_id and details.commit.commit_id of the prepared call's response",
+                ),
+                Reason::CommitNotAllowed => (
+                    E::Denied,
+                    C::Authorization,
+                    10,
+                    false,
+                    S::Error,
+                    "the commit request does not come from the run and role that made the prepared call",
+                    "another run, another role, or a credential that does not prove the call's role",
+                    "commit from the same run with the same role's credential as the prepared call",
+                ),
+                Reason::CommitAlreadyUsed => (
+                    E::Denied,
+                    C::Idempotency,
+                    10,
+                    false,
+                    S::Warning,
+                    "the prepared call was already committed (or its commit is under way); a commit is never replayed",
+                    "a repeated or concurrent commit request",
+                    "see details.state; the first commit's answer is the outcome",
+                ),
+                Reason::CommitExpired => (
+                    E::Denied,
+                    C::Execution,
+                    10,
+                    false,
+                    S::Warning,
+                    "the prepared call was rolled back (its commit deadline passed, or its commit failed); it can no longer be committed",
+                    "the commit came after details.commit_deadline, or after a failed commit",
+                    "call the tool again to prepare a new call, and commit before its deadline",
+                ),
+                Reason::CommitFailed => (
+                    E::DependencyDown,
+                    C::Dependency,
+                    10,
+                    false,
+                    S::Error,
+                    "the upstream did not confirm the commit of a prepared call after the bounded retries",
+                    "the upstream is down, refused the commit token, or answered an error",
+                    "see details.attempts and details.rollback: the gateway rolls the call back; prepare a new call when the upstream is up",
+                ),
+                Reason::RollbackFailed => (
+                    E::DependencyDown,
+                    C::Dependency,
+                    10,
+                    false,
+                    S::Critical,
+                    "the upstream did not confirm the rollback of a prepared call after the bounded retries",
+                    "the upstream is down or refused the commit token",
+                    "operators: the effect may still be prepared upstream; check the upstream with the call_id and the audited details",
+                ),
+                Reason::CommitStateUnavailable => (
+                    E::InternalError,
+                    C::Audit,
+                    10,
+                    true,
+                    S::Critical,
+                    "the gateway could not read or write its durable two-phase state, so the request was refused",
+                    "the data directory's phases database is unwritable, locked or corrupt, or its table is full",
+                    "retry later; operators: check the data directory (phases.db) and the log",
                 ),
                 Reason::InternalError => (
                     E::InternalError,

@@ -82,11 +82,21 @@ pub enum EventType {
     RunTokenRevoked,
     /// `toolgate audit archive` moved sealed segments out of the data directory.
     AuditSegmentsArchived,
+    /// A two-phase tool's prepared call was committed upstream.
+    ToolCommitted,
+    /// A commit request was refused by the gateway (nothing was sent upstream).
+    ToolCommitRefused,
+    /// A two-phase tool's commit failed upstream (after its bounded retries).
+    ToolCommitFailed,
+    /// A two-phase tool's prepared call was rolled back upstream.
+    ToolRolledBack,
+    /// A two-phase tool's rollback failed upstream (after its bounded retries).
+    ToolRollbackFailed,
 }
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 18] = [
+    pub const ALL: [EventType; 23] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -105,6 +115,11 @@ impl EventType {
         EventType::RunTokenIssued,
         EventType::RunTokenRevoked,
         EventType::AuditSegmentsArchived,
+        EventType::ToolCommitted,
+        EventType::ToolCommitRefused,
+        EventType::ToolCommitFailed,
+        EventType::ToolRolledBack,
+        EventType::ToolRollbackFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -127,6 +142,11 @@ impl EventType {
             EventType::RunTokenIssued => "run_token_issued",
             EventType::RunTokenRevoked => "run_token_revoked",
             EventType::AuditSegmentsArchived => "audit_segments_archived",
+            EventType::ToolCommitted => "tool_committed",
+            EventType::ToolCommitRefused => "tool_commit_refused",
+            EventType::ToolCommitFailed => "tool_commit_failed",
+            EventType::ToolRolledBack => "tool_rolled_back",
+            EventType::ToolRollbackFailed => "tool_rollback_failed",
         }
     }
 

@@ -286,6 +286,9 @@ async fn run(args: &ServeArgs) -> Exit {
         None => gateway,
     };
     let gateway = Arc::new(gateway);
+    // Two-phase tools: roll back what expired while the gateway was down, then at
+    // each deadline.
+    gateway.spawn_phase_reaper();
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => {

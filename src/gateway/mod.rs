@@ -29,6 +29,7 @@ use crate::requests::{CreateRun, ListRuns, Repin, SetRunStatus, SetSafetyLock, m
 use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
 
 mod jwt;
+pub mod phases;
 mod run_tokens;
 pub mod shadow;
 
@@ -160,6 +161,8 @@ pub struct Gateway {
     /// The server's public base URL (`serve --public-url`): the MCP resource URI is
     /// this plus `/mcp`, accepted as a JWT audience (RFC 8707).
     public_url: Option<String>,
+    /// The pending commits of two-phase tools (see `phases`).
+    pub(crate) two_phase: phases::TwoPhase,
 }
 
 impl Gateway {
@@ -177,6 +180,7 @@ impl Gateway {
         let run_tokens = crate::identity::RunTokenStore::rebuild(&audit).await?;
         let lock = rebuild_lock(&audit).await?;
         record_policy_loaded(&audit, &loaded.policy, "start").await?;
+        let two_phase = phases::TwoPhase::open(&env.data_dir);
         Ok(Gateway {
             loaded: ArcSwap::from_pointee(loaded),
             audit,
@@ -194,6 +198,7 @@ impl Gateway {
             capacity: None,
             jwt: crate::identity::JwtVerifier::new(),
             public_url: None,
+            two_phase,
         })
     }
 

@@ -286,6 +286,41 @@ pub enum AdapterConfig {
     },
 }
 
+/// A two-phase tool's settings (`adapter.phases`): the tool's own call prepares and
+/// answers a commit token, which the gateway keeps; `commit` or `rollback` is called
+/// later with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Phases {
+    pub commit: PhaseCall,
+    pub rollback: PhaseCall,
+    /// How long after a successful prepare the caller may commit; then the gateway
+    /// rolls back.
+    pub commit_within_s: u64,
+    /// The top-level field of the prepare answer holding the commit token; it is
+    /// removed from the output before anything else sees it.
+    pub token_field: String,
+    /// How many times a commit or rollback is tried when the upstream is down.
+    pub max_attempts: u32,
+    /// The deadline of one commit or rollback attempt.
+    pub timeout_ms: u64,
+}
+
+/// Where a phase call goes: a URL (JSON POST; hosts of the adapter's allowlist) or a
+/// program (argv; the token as JSON on stdin).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PhaseCall {
+    Url(String),
+    Argv(Vec<String>),
+}
+
+/// Default `phases.token_field`.
+pub const DEFAULT_TOKEN_FIELD: &str = "commit_token";
+/// Default `phases.max_attempts`.
+pub const DEFAULT_PHASE_ATTEMPTS: u32 = 3;
+/// Default `phases.timeout_ms`.
+pub const DEFAULT_PHASE_TIMEOUT_MS: u64 = 10_000;
+
 /// An entry of the registry's `servers:` section, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpServer {
@@ -334,6 +369,8 @@ pub struct Tool {
     /// Where the tool writes (empty for read-only tools), e.g. `data:drafts/{case_id}`.
     pub write_targets: Vec<String>,
     pub adapter: AdapterConfig,
+    /// Two-phase execution (prepare, then commit or rollback), from `adapter.phases`.
+    pub phases: Option<Phases>,
     pub redaction: Redaction,
     pub input_schema: Arc<Value>,
     pub output_schema: Arc<Value>,

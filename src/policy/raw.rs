@@ -242,6 +242,28 @@ pub(crate) struct RawAdapter {
     // mcp
     pub server: Option<Spanned<String>>,
     pub tool: Option<Spanned<String>>,
+    // two-phase tools (http, command, builtin `file_with_court`)
+    pub phases: Option<Spanned<RawPhases>>,
+}
+
+/// A two-phase tool's commit and rollback calls (see `model::Phases`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPhases {
+    pub commit: Spanned<RawPhaseCall>,
+    pub rollback: Spanned<RawPhaseCall>,
+    pub commit_within_s: Spanned<u64>,
+    pub token_field: Option<Spanned<String>>,
+    pub max_attempts: Option<Spanned<u32>>,
+    pub timeout_ms: Option<Spanned<u64>>,
+}
+
+/// One phase call: `url` (http and builtin adapters) or `argv` (command adapters).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPhaseCall {
+    pub url: Option<Spanned<String>>,
+    pub argv: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

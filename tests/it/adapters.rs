@@ -54,6 +54,7 @@ fn tool(name: &str, adapter: AdapterConfig, input: Value, output: Value) -> Tool
         conditions: vec![],
         write_targets: vec![],
         adapter,
+        phases: None,
         redaction: Redaction::Full,
         input_schema: Arc::new(input),
         output_schema: Arc::new(output),

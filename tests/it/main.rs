@@ -38,4 +38,5 @@ mod redaction;
 mod requests;
 mod review_live;
 mod soak;
+mod two_phase;
 mod traces;

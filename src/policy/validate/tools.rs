@@ -91,6 +91,7 @@ pub(super) fn check_tool(
         .filter_map(|rule| check_flag_rule(report, file, &owner, rule))
         .collect();
     let adapter = check_adapter(report, file, &owner, &raw.adapter, servers);
+    let phases = adapters::check_phases(report, file, &owner, &raw.adapter, determinism);
     let redaction = check_redaction(report, file, &owner, raw.redaction.as_ref());
 
     let mut conditions = Vec::new();
@@ -146,6 +147,7 @@ pub(super) fn check_tool(
         conditions,
         write_targets,
         adapter: adapter?,
+        phases,
         redaction: redaction?,
         input_schema: input.value,
         output_schema: output.value,
