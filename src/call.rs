@@ -531,6 +531,34 @@ pub struct Trace {
     /// Each condition of the lane and the tool with its value (step 8).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<ConditionResult>,
+    /// The budgets and rates the call is counted against (step 8), with their keys'
+    /// values.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<LimitClaim>,
+}
+
+/// One counter a call is counted against: a lane's or tool's `budget` (per run) or
+/// `rate` (per value of its key). Which counters apply, and their keys' values, is a
+/// pure function of the decided call; the counts themselves are state the pipeline
+/// claims after step 8 (the gateway's `admit`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LimitClaim {
+    /// `lane:<id>` or `tool:<name>`.
+    pub owner: String,
+    /// `budget` or `rate`.
+    pub kind: &'static str,
+    pub max: u64,
+    /// The rate's window; None for a budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_s: Option<u64>,
+    /// The rate's key as written (`scope.service`); None for a budget or an unkeyed rate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The key's value on this call (the run id for a budget); null when absent.
+    pub key_value: Value,
+    /// The counter's identity: kind, owner and the canonical key value.
+    #[serde(skip)]
+    pub counter: String,
 }
 
 /// A condition's value on one call.
@@ -570,6 +598,9 @@ impl Trace {
         }
         if !self.conditions.is_empty() {
             out["conditions"] = json!(self.conditions);
+        }
+        if !self.limits.is_empty() {
+            out["limits"] = json!(self.limits);
         }
         out
     }

@@ -137,6 +137,8 @@ pub enum Reason {
     CommitFailed,
     RollbackFailed,
     CommitStateUnavailable,
+    BudgetExhausted,
+    CounterStateUnavailable,
 }
 
 /// The catalog entry of one reason.
@@ -158,7 +160,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in catalog order.
-    pub const ALL: [Reason; 62] = [
+    pub const ALL: [Reason; 64] = [
         Reason::RequestMalformed,
         Reason::ProtocolVersionUnsupported,
         Reason::OriginNotAllowed,
@@ -221,6 +223,8 @@ impl Reason {
         Reason::CommitFailed,
         Reason::RollbackFailed,
         Reason::CommitStateUnavailable,
+        Reason::BudgetExhausted,
+        Reason::CounterStateUnavailable,
     ];
 
     /// The stable snake_case code, as it appears in responses and the audit log.
@@ -288,6 +292,8 @@ impl Reason {
             Reason::CommitFailed => "commit_failed",
             Reason::RollbackFailed => "rollback_failed",
             Reason::CommitStateUnavailable => "commit_state_unavailable",
+            Reason::BudgetExhausted => "budget_exhausted",
+            Reason::CounterStateUnavailable => "counter_state_unavailable",
         }
     }
 
@@ -394,8 +400,8 @@ impl Reason {
                     1,
                     true,
                     S::Warning,
-                    "the client is over its connection or request-rate limit",
-                    "too many connections or requests from this client address at once",
+                    "the client is over its connection or request-rate limit (step 1), or the call is over a lane's or tool's `rate` (step 8)",
+                    "too many connections or requests from this client address at once, or too many calls for one rate key within its window",
                     "retry after the Retry-After header (details.retry_after_ms); reuse one connection instead of opening many",
                 ),
                 Reason::AuditCapacityExhausted => (
@@ -907,6 +913,26 @@ impl Reason {
                     "the gateway could not read or write its durable two-phase state, so the request was refused",
                     "the data directory's phases database is unwritable, locked or corrupt, or its table is full",
                     "retry later; operators: check the data directory (phases.db) and the log",
+                ),
+                Reason::BudgetExhausted => (
+                    E::Denied,
+                    C::Capacity,
+                    8,
+                    false,
+                    S::Warning,
+                    "the run used up a lane's or tool's call budget (`budget.max_calls_per_run`)",
+                    "the agent called the tool (or tools of the lane) as often as the policy allows in one run",
+                    "see details.owner, details.max and details.used; finish the work in a new run, or ask for a larger budget",
+                ),
+                Reason::CounterStateUnavailable => (
+                    E::InternalError,
+                    C::Capacity,
+                    8,
+                    true,
+                    S::Critical,
+                    "the gateway could not read or write its budget and rate counters, so a limited call was refused",
+                    "the data directory's counters database is unwritable, locked or corrupt",
+                    "retry later; operators: check the data directory (counters.db) and the log",
                 ),
                 Reason::InternalError => (
                     E::InternalError,

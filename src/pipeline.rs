@@ -202,6 +202,10 @@ fn decide<'p>(
         call.trace.conditions = authz::evaluate_conditions(lane, tool, &vars);
         authz::check_conditions(lane, tool, &call.trace.conditions)?;
     }
+    //    and the budgets and rates it will be counted against (claimed by the
+    //    pipeline right after this pure decision)
+    call.trace.limits =
+        authz::limit_claims(lane, tool, &run, role, &scope.scope, &arguments);
     call.trace.passed_step = 8;
 
     Ok(Allowed {
@@ -410,6 +414,16 @@ impl Gateway {
             Ok(allowed) => allowed,
             Err(refusal) => return self.close(call, Err(refusal)).await,
         };
+        // 8. (counted) the budgets and rates: claimed at admission, all or none, so a
+        //    denied call never counts and concurrent calls never count past a limit;
+        //    a dry run is checked, not counted
+        let ticket = match self.admit(&call.trace.limits, !call.dry_run).await {
+            Ok(ticket) => ticket,
+            Err(refusal) => {
+                call.trace.passed_step = 7;
+                return self.close(call, Err(refusal)).await;
+            }
+        };
         if call.dry_run {
             return self.close_dry_run(call).await;
         }
@@ -417,6 +431,7 @@ impl Gateway {
         if allowed.tool.phases.is_some()
             && let Err(refusal) = self.two_phase_room()
         {
+            self.refund(ticket).await;
             return self.close(call, Err(refusal)).await;
         }
 
@@ -438,7 +453,12 @@ impl Gateway {
                     "arguments": allowed.arguments,
                     "scope": allowed.request.scope,
                 })));
-                match self.idempotency.claim(key, &fingerprint) {
+                let claimed = self.idempotency.claim(key, &fingerprint);
+                if !matches!(claimed, Claim::First(_)) {
+                    // A repeat executes nothing: it is not counted.
+                    self.refund(ticket.clone()).await;
+                }
+                match claimed {
                     Claim::First(guard) => Some(guard),
                     Claim::Replay(first) => return self.close_replay(call, first).await,
                     Claim::Wait(mut outcome) => {
@@ -473,6 +493,7 @@ impl Gateway {
                 Reason::AuditUnavailable,
                 format!("the audit log could not record the request: {e}"),
             );
+            self.refund(ticket).await;
             return self.close(call, Err(refusal)).await;
         }
         call.trace.passed_step = 9;
@@ -557,6 +578,10 @@ impl Gateway {
             (captured, _, _) => (captured, None),
         };
         let call_id = call.call_id.clone();
+        if !call.executed {
+            // Nothing reached the tool (e.g. over its max_concurrency): not counted.
+            self.refund(ticket).await;
+        }
         let held = prepared.is_some();
         let response = self.close_executed(call, &allowed, captured, prepared).await;
         if held && response.status != Status::Success {

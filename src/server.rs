@@ -799,6 +799,8 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::CommitAlreadyUsed | Reason::CommitExpired => StatusCode::CONFLICT,
         Reason::CommitFailed | Reason::RollbackFailed => StatusCode::BAD_GATEWAY,
         Reason::CommitStateUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::BudgetExhausted => StatusCode::FORBIDDEN,
+        Reason::CounterStateUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         Reason::ToolError
         | Reason::Cancelled
         | Reason::OutputSchemaViolation

@@ -143,6 +143,18 @@ fn render_text(e: &Explanation) -> String {
                 .unwrap_or_default()
         ));
     }
+    for l in &e.trace.limits {
+        let window = l.per_s.map(|s| format!(" in {s} s")).unwrap_or_else(|| " per run".into());
+        let key = l
+            .key
+            .as_ref()
+            .map(|k| format!(", {k} = {}", l.key_value))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "limit {} ({}): at most {}{window}{key} (counted at admission; explain does not count)\n",
+            l.kind, l.owner, l.max
+        ));
+    }
     match &e.refusal {
         None => out.push_str("decision: allow (steps 9-13 would record, execute and return)\n"),
         Some(r) => {

@@ -28,6 +28,7 @@ use crate::policy::{Policy, Problem, RunStatus, Tool};
 use crate::requests::{CreateRun, ListRuns, Repin, SetRunStatus, SetSafetyLock, malformed};
 use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
 
+mod budgets;
 mod jwt;
 pub mod phases;
 mod run_tokens;
@@ -163,6 +164,8 @@ pub struct Gateway {
     public_url: Option<String>,
     /// The pending commits of two-phase tools (see `phases`).
     pub(crate) two_phase: phases::TwoPhase,
+    /// The counters of call budgets and rates, or why they could not be opened.
+    pub(crate) counters: Result<Arc<dyn crate::state::counters::Counters>, String>,
 }
 
 impl Gateway {
@@ -181,6 +184,7 @@ impl Gateway {
         let lock = rebuild_lock(&audit).await?;
         record_policy_loaded(&audit, &loaded.policy, "start").await?;
         let two_phase = phases::TwoPhase::open(&env.data_dir);
+        let counters = budgets::open(&env.data_dir);
         Ok(Gateway {
             loaded: ArcSwap::from_pointee(loaded),
             audit,
@@ -199,6 +203,7 @@ impl Gateway {
             jwt: crate::identity::JwtVerifier::new(),
             public_url: None,
             two_phase,
+            counters,
         })
     }
 

@@ -200,6 +200,75 @@ pub struct Lane {
     pub write: bool,
     /// CEL conditions every call in this lane must satisfy (step 8), in file order.
     pub conditions: Vec<Condition>,
+    /// `budget` and `rate`: counted at admission (step 8).
+    pub call_limits: CallLimits,
+}
+
+/// The call budget and rate of a lane or tool (step 8): counters kept by the gateway,
+/// claimed at admission (see `authz::limit_claims`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CallLimits {
+    pub budget: Option<Budget>,
+    pub rate: Option<RateLimit>,
+}
+
+/// At most `max_calls_per_run` admitted calls per run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Budget {
+    pub max_calls_per_run: u64,
+}
+
+/// At most `max` admitted calls in any `per_s` seconds, per value of `key` (one
+/// counter for all calls when there is no key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RateLimit {
+    pub max: u64,
+    pub per_s: u64,
+    pub key: Option<LimitKey>,
+}
+
+/// What a rate is counted per: `run`, `role`, `scope.<key>` or `args.<name>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitKey {
+    Run,
+    Role,
+    Scope(String),
+    Args(String),
+}
+
+impl LimitKey {
+    /// Parses `run`, `role`, `scope.<id>` or `args.<id>`.
+    pub fn parse(text: &str) -> Option<LimitKey> {
+        let id = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        };
+        match text.split_once('.') {
+            None if text == "run" => Some(LimitKey::Run),
+            None if text == "role" => Some(LimitKey::Role),
+            Some(("scope", k)) if id(k) => Some(LimitKey::Scope(k.to_string())),
+            Some(("args", k)) if id(k) => Some(LimitKey::Args(k.to_string())),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for LimitKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LimitKey::Run => f.write_str("run"),
+            LimitKey::Role => f.write_str("role"),
+            LimitKey::Scope(k) => write!(f, "scope.{k}"),
+            LimitKey::Args(k) => write!(f, "args.{k}"),
+        }
+    }
+}
+
+impl Serialize for LimitKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
 }
 
 /// How a tool behaves when called twice (contract 000, section 6).
@@ -371,6 +440,8 @@ pub struct Tool {
     pub adapter: AdapterConfig,
     /// Two-phase execution (prepare, then commit or rollback), from `adapter.phases`.
     pub phases: Option<Phases>,
+    /// `budget` and `rate`: counted at admission (step 8).
+    pub call_limits: CallLimits,
     pub redaction: Redaction,
     pub input_schema: Arc<Value>,
     pub output_schema: Arc<Value>,

@@ -115,6 +115,24 @@ pub(crate) struct RawLane {
     pub write: bool,
     #[serde(default)]
     pub conditions: Vec<Spanned<RawCondition>>,
+    pub budget: Option<Spanned<RawBudget>>,
+    pub rate: Option<Spanned<RawRate>>,
+}
+
+/// `budget: {max_calls_per_run}` of a lane or tool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBudget {
+    pub max_calls_per_run: Spanned<u64>,
+}
+
+/// `rate: {max, per_s, key}` of a lane or tool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRate {
+    pub max: Spanned<u64>,
+    pub per_s: Spanned<u64>,
+    pub key: Option<Spanned<String>>,
 }
 
 /// A CEL condition: `{name, expr, message}`.
@@ -170,6 +188,8 @@ pub(crate) struct RawTool {
     pub write_targets: Spanned<Vec<Spanned<String>>>,
     pub adapter: Spanned<RawAdapter>,
     pub redaction: Option<Spanned<RawRedaction>>,
+    pub budget: Option<Spanned<RawBudget>>,
+    pub rate: Option<Spanned<RawRate>>,
     pub input_schema: Spanned<Value>,
     pub output_schema: Spanned<Value>,
 }

@@ -1,10 +1,12 @@
 //! Durable gateway state beside the audit log, in its own SQLite file in the data
-//! directory: the pending commits of two-phase tools (`phases`).
+//! directory: the pending commits of two-phase tools (`phases`) and the counters of
+//! call budgets and rates (`counters`).
 //!
 //! INVARIANT: a state change is durable (committed with `synchronous = FULL`) before the
 //! gateway acts on it; a store that cannot be opened, read or written is an error the
 //! caller turns into a refusal (fail closed), never a guess.
 
+pub mod counters;
 pub mod phases;
 
 /// A state store could not be opened, read or written.

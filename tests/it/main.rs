@@ -19,6 +19,7 @@ mod audit_log;
 mod audit_segments;
 mod audit_verify;
 mod authz;
+mod budgets;
 mod bench;
 mod contract;
 mod durability;

@@ -245,15 +245,21 @@ fn reason(body: &Value) -> &str {
 
 /// The audit events of `call_id` (admin read), oldest first.
 fn events_of(server: &Server, call_id: &str) -> Vec<Value> {
-    let (status, body) = server.get(&format!("/v1/audit/events?call_id={call_id}&limit=1000"), Some(common::ADMIN));
+    let (status, body) = server.get("/v1/audit/events?limit=1000", Some(common::ADMIN));
     assert_eq!(status, 200, "{body}");
-    body["events"].as_array().unwrap().clone()
+    body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["call_id"] == call_id)
+        .cloned()
+        .collect()
 }
 
 fn types(events: &[Value]) -> Vec<String> {
     events
         .iter()
-        .map(|e| e["event_type"].as_str().unwrap().to_string())
+        .map(|e| e["type"].as_str().unwrap().to_string())
         .collect()
 }
 
@@ -328,7 +334,7 @@ fn without_a_commit_the_deadline_rolls_back_and_a_late_commit_is_refused() {
     let rolled = poll_for(Duration::from_secs(5), || {
         events_of(&lab.server, call_id)
             .into_iter()
-            .find(|e| e["event_type"] == "tool_rolled_back")
+            .find(|e| e["type"] == "tool_rolled_back")
     })
     .expect("a tool_rolled_back event");
     assert_eq!(rolled["details"]["trigger"], "deadline");
@@ -437,7 +443,7 @@ fn commits_by_another_run_or_role_or_with_unknown_ids_are_refused_and_consume_no
     assert_eq!(lab.court.filing(&filing_id(&prepared))["status"], "committed");
     let refused: Vec<Value> = events_of(&lab.server, call_id)
         .into_iter()
-        .filter(|e| e["event_type"] == "tool_commit_refused")
+        .filter(|e| e["type"] == "tool_commit_refused")
         .collect();
     assert!(refused.len() >= 4, "each refusal naming the call is audited: {refused:?}");
     verify(&lab.server.db());
@@ -501,7 +507,7 @@ fn a_deadline_that_passes_while_the_gateway_is_down_is_rolled_back_at_start() {
     let rolled = poll_for(Duration::from_secs(5), || {
         events_of(&server, call_id)
             .into_iter()
-            .find(|e| e["event_type"] == "tool_rolled_back")
+            .find(|e| e["type"] == "tool_rolled_back")
     })
     .expect("a tool_rolled_back event after the restart");
     assert_eq!(rolled["details"]["trigger"], "deadline_passed_while_down");

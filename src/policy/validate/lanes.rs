@@ -20,6 +20,8 @@ pub(super) fn check_lanes(
             run_statuses,
             write,
             conditions,
+            budget,
+            rate,
         } = &entry.value;
         let id_ok = check_id(report, file, "lane id", lane_id);
         let unique = id_ok && check_unique(report, file, "lane id", &mut seen, lane_id);
@@ -30,6 +32,14 @@ pub(super) fn check_lanes(
             check_id_list(report, file, "scope key", &owner, required_scope_keys);
         let prohibited_flags = check_id_list(report, file, "flag", &owner, prohibited_flags);
         let conditions = check_conditions(report, file, &owner, conditions, None);
+        let call_limits = super::tools::check_call_limits(
+            report,
+            file,
+            &owner,
+            (budget.as_ref(), rate.as_ref()),
+            &required_scope_keys,
+            None,
+        );
         let mut statuses = BTreeSet::new();
         for status in &run_statuses.value {
             if !statuses.insert(status.value) {
@@ -62,6 +72,7 @@ pub(super) fn check_lanes(
                     run_statuses: statuses.into_iter().collect::<Vec<RunStatus>>(),
                     write: *write,
                     conditions,
+                    call_limits,
                 },
             );
         }
