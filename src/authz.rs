@@ -646,8 +646,12 @@ pub fn limit_claims(
                 None => Value::Null,
                 Some(crate::policy::LimitKey::Run) => json!(run.run_id),
                 Some(crate::policy::LimitKey::Role) => json!(role.role_id),
-                Some(crate::policy::LimitKey::Scope(k)) => scope.get(k).cloned().unwrap_or(Value::Null),
-                Some(crate::policy::LimitKey::Args(a)) => arguments.get(a).cloned().unwrap_or(Value::Null),
+                Some(crate::policy::LimitKey::Scope(k)) => {
+                    scope.get(k).cloned().unwrap_or(Value::Null)
+                }
+                Some(crate::policy::LimitKey::Args(a)) => {
+                    arguments.get(a).cloned().unwrap_or(Value::Null)
+                }
             };
             let counter = counter_id("rate", &owner, &value);
             // An argument may be redacted: the trace shows its digest, never its value.

@@ -204,8 +204,7 @@ fn decide<'p>(
     }
     //    and the budgets and rates it will be counted against (claimed by the
     //    pipeline right after this pure decision)
-    call.trace.limits =
-        authz::limit_claims(lane, tool, &run, role, &scope.scope, &arguments);
+    call.trace.limits = authz::limit_claims(lane, tool, &run, role, &scope.scope, &arguments);
     call.trace.passed_step = 8;
 
     Ok(Allowed {
@@ -570,7 +569,10 @@ impl Gateway {
                     tool_name: &allowed.tool.tool_name,
                     tool_version: call.tool_version.as_deref().unwrap_or_default(),
                 };
-                match self.record_prepared(ids, token, phases.commit_within_s).await {
+                match self
+                    .record_prepared(ids, token, phases.commit_within_s)
+                    .await
+                {
                     Ok(details) => (Ok(captured), Some(details)),
                     Err(refusal) => (Err(refusal), None),
                 }
@@ -583,7 +585,9 @@ impl Gateway {
             self.refund(ticket).await;
         }
         let held = prepared.is_some();
-        let response = self.close_executed(call, &allowed, captured, prepared).await;
+        let response = self
+            .close_executed(call, &allowed, captured, prepared)
+            .await;
         if held && response.status != Status::Success {
             // The caller was not told of the prepared call: nobody can commit it.
             self.abandon_prepared(&call_id).await;

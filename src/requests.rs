@@ -104,8 +104,14 @@ pub struct Commit {
 impl Body for Commit {
     const FIELDS: &'static [&'static str] = &["commit_id", "role_id", "run_id"];
     const REQUIRED: &'static [(&'static str, &'static str)] = &[
-        ("commit_id", "`commit_id` is required (details.commit.commit_id of the prepared call)"),
-        ("role_id", "`role_id` is required (the role that made the call)"),
+        (
+            "commit_id",
+            "`commit_id` is required (details.commit.commit_id of the prepared call)",
+        ),
+        (
+            "role_id",
+            "`role_id` is required (the role that made the call)",
+        ),
         ("run_id", "`run_id` is required (the run of the call)"),
     ];
 }

@@ -75,8 +75,8 @@ pub mod mcp;
 mod phases;
 
 pub use builtin::BUILTIN_NAMES;
-pub use phases::{MAX_TOKEN_BYTES, Phase, PhaseOutcome, PhaseRunner, take_token};
 pub(crate) use command::{ProcessGroup, resolve_program};
+pub use phases::{MAX_TOKEN_BYTES, Phase, PhaseOutcome, PhaseRunner, take_token};
 
 /// One tool's executor.
 #[derive(Debug)]

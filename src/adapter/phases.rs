@@ -220,9 +220,7 @@ pub(super) fn build_all(
 /// `token_field`, removed so that nothing downstream (output schema, response, audit
 /// log) ever sees it. `Err` when the answer carries no usable token.
 pub fn take_token(output: &mut Value, token_field: &str) -> Result<String, ExecError> {
-    let token = output
-        .as_object_mut()
-        .and_then(|o| o.remove(token_field));
+    let token = output.as_object_mut().and_then(|o| o.remove(token_field));
     match token {
         Some(Value::String(t)) if !t.is_empty() && t.len() <= MAX_TOKEN_BYTES => Ok(t),
         Some(Value::String(t)) if t.len() > MAX_TOKEN_BYTES => Err(ExecError::Failed(format!(

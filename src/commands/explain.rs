@@ -144,7 +144,10 @@ fn render_text(e: &Explanation) -> String {
         ));
     }
     for l in &e.trace.limits {
-        let window = l.per_s.map(|s| format!(" in {s} s")).unwrap_or_else(|| " per run".into());
+        let window = l
+            .per_s
+            .map(|s| format!(" in {s} s"))
+            .unwrap_or_else(|| " per run".into());
         let key = l
             .key
             .as_ref()

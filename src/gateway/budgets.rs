@@ -40,7 +40,9 @@ impl Gateway {
             .map(|c| Claim {
                 counter: c.counter.clone(),
                 max: c.max,
-                window_ms: c.per_s.map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)),
+                window_ms: c
+                    .per_s
+                    .map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)),
             })
             .collect();
         let now = now_ms();

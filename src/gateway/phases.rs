@@ -84,7 +84,9 @@ impl TwoPhase {
     }
 
     fn store(&self) -> Result<Arc<PhaseStore>, Refusal> {
-        self.store.clone().map_err(|e| unavailable(&format!("it could not be opened: {e}")))
+        self.store
+            .clone()
+            .map_err(|e| unavailable(&format!("it could not be opened: {e}")))
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<String, PendingCommit>>, Refusal> {
@@ -228,7 +230,10 @@ impl Gateway {
             Err(refusal) => {
                 let mut event = refusal_event(call_id, known.as_ref(), &request);
                 add_refusal(&mut event, &refusal);
-                self.audit.append(event).await.map_err(super::audit_refusal)?;
+                self.audit
+                    .append(event)
+                    .await
+                    .map_err(super::audit_refusal)?;
                 return Err(refusal);
             }
         };
@@ -243,7 +248,10 @@ impl Gateway {
             let refusal = unavailable(&e.to_string());
             let mut event = refusal_event(call_id, Some(&entry), &request);
             add_refusal(&mut event, &refusal);
-            self.audit.append(event).await.map_err(super::audit_refusal)?;
+            self.audit
+                .append(event)
+                .await
+                .map_err(super::audit_refusal)?;
             return Err(refusal);
         }
         self.finish_commit(entry, "request").await
@@ -274,7 +282,10 @@ impl Gateway {
         let Some(entry) = known else {
             return Err(Refusal::new(
                 Reason::CommitUnknown,
-                format!("no prepared call `{}` with this commit_id", bounded(call_id)),
+                format!(
+                    "no prepared call `{}` with this commit_id",
+                    bounded(call_id)
+                ),
             ));
         };
         if entry.role_id != request.role_id || entry.run_id != request.run_id {
@@ -286,7 +297,10 @@ impl Gateway {
         let now = now_ms();
         let mut table = self.two_phase.lock()?;
         let Some(current) = table.get_mut(call_id) else {
-            return Err(Refusal::new(Reason::CommitUnknown, "the prepared call is no longer known"));
+            return Err(Refusal::new(
+                Reason::CommitUnknown,
+                "the prepared call is no longer known",
+            ));
         };
         match current.state {
             CommitState::Pending if now < current.deadline_ms => {
@@ -349,13 +363,24 @@ impl Gateway {
                 }))
             }
             Err(error) => {
-                self.persist(&entry.call_id, CommitState::CommitFailed).await;
-                let mut refusal = phase_refusal(Reason::CommitFailed, &entry, Phase::Commit, &error, attempts);
+                self.persist(&entry.call_id, CommitState::CommitFailed)
+                    .await;
+                let mut refusal = phase_refusal(
+                    Reason::CommitFailed,
+                    &entry,
+                    Phase::Commit,
+                    &error,
+                    attempts,
+                );
                 let mut event = phase_event(EventType::ToolCommitFailed, &entry, trigger, attempts);
                 add_refusal(&mut event, &refusal);
                 let recorded = self.audit.append(event).await;
                 let rolled = self
-                    .roll_back(&entry.call_id, &[CommitState::CommitFailed], "commit_failed")
+                    .roll_back(
+                        &entry.call_id,
+                        &[CommitState::CommitFailed],
+                        "commit_failed",
+                    )
                     .await;
                 if let Value::Object(d) = &mut refusal.details {
                     d.insert("rollback".into(), json!(rolled.as_str()));
@@ -368,7 +393,10 @@ impl Gateway {
 
     /// Rolls a call back if its state is one of `from`; returns the state it ends in.
     async fn roll_back(&self, call_id: &str, from: &[CommitState], trigger: &str) -> CommitState {
-        let Some(entry) = self.two_phase.claim(call_id, from, CommitState::RollingBack) else {
+        let Some(entry) = self
+            .two_phase
+            .claim(call_id, from, CommitState::RollingBack)
+        else {
             return self
                 .two_phase
                 .table
@@ -386,8 +414,15 @@ impl Gateway {
                 phase_event(EventType::ToolRolledBack, &entry, trigger, attempts),
             ),
             Err(error) => {
-                let refusal = phase_refusal(Reason::RollbackFailed, &entry, Phase::Rollback, &error, attempts);
-                let mut event = phase_event(EventType::ToolRollbackFailed, &entry, trigger, attempts);
+                let refusal = phase_refusal(
+                    Reason::RollbackFailed,
+                    &entry,
+                    Phase::Rollback,
+                    &error,
+                    attempts,
+                );
+                let mut event =
+                    phase_event(EventType::ToolRollbackFailed, &entry, trigger, attempts);
                 add_refusal(&mut event, &refusal);
                 (CommitState::RollbackFailed, event)
             }
@@ -407,7 +442,14 @@ impl Gateway {
         match (runner, tool) {
             (Some(runner), Some(tool)) => {
                 runner
-                    .run(tool, phase, &entry.token, &entry.call_id, &entry.commit_id, &entry.run_id)
+                    .run(
+                        tool,
+                        phase,
+                        &entry.token,
+                        &entry.call_id,
+                        &entry.commit_id,
+                        &entry.run_id,
+                    )
                     .await
             }
             _ => PhaseOutcome {
@@ -426,7 +468,9 @@ impl Gateway {
             .tools
             .get(tool_name)
             .and_then(|t| t.phases.as_ref())
-            .map_or(crate::policy::DEFAULT_TOKEN_FIELD.to_string(), |p| p.token_field.clone())
+            .map_or(crate::policy::DEFAULT_TOKEN_FIELD.to_string(), |p| {
+                p.token_field.clone()
+            })
     }
 
     /// Makes a state change durable and visible. A store that cannot be written is
@@ -507,7 +551,10 @@ impl Gateway {
                     .filter(|e| e.deadline_ms <= now)
                     .map(|e| (e.call_id.clone(), e.deadline_ms))
                     .collect();
-                let next = pending.filter(|e| e.deadline_ms > now).map(|e| e.deadline_ms).min();
+                let next = pending
+                    .filter(|e| e.deadline_ms > now)
+                    .map(|e| e.deadline_ms)
+                    .min();
                 (expired, next)
             }
             Err(_) => (Vec::new(), None),
@@ -518,7 +565,8 @@ impl Gateway {
             } else {
                 "deadline"
             };
-            self.roll_back(&call_id, &[CommitState::Pending], trigger).await;
+            self.roll_back(&call_id, &[CommitState::Pending], trigger)
+                .await;
         }
         next
     }
@@ -541,7 +589,12 @@ fn prepared_details(row: &PendingCommit) -> Map<String, Value> {
 }
 
 /// An audit event of a phase of a prepared call.
-fn phase_event(event_type: EventType, entry: &PendingCommit, trigger: &str, attempts: u32) -> NewEvent {
+fn phase_event(
+    event_type: EventType,
+    entry: &PendingCommit,
+    trigger: &str,
+    attempts: u32,
+) -> NewEvent {
     let mut event = NewEvent::new(event_type);
     event.call_id = Some(entry.call_id.clone());
     event.run_id = Some(entry.run_id.clone());
@@ -549,7 +602,9 @@ fn phase_event(event_type: EventType, entry: &PendingCommit, trigger: &str, atte
     event.lane_id = Some(entry.lane_id.clone());
     event.tool_name = Some(entry.tool_name.clone());
     event.tool_version = Some(entry.tool_version.clone());
-    event.details.insert("commit_id".into(), json!(entry.commit_id));
+    event
+        .details
+        .insert("commit_id".into(), json!(entry.commit_id));
     event.details.insert("trigger".into(), json!(trigger));
     event.details.insert("attempts".into(), json!(attempts));
     event
@@ -574,9 +629,10 @@ fn refusal_event(call_id: &str, known: Option<&PendingCommit>, request: &Commit)
             event
         }
     };
-    event
-        .details
-        .insert("requested_by".into(), json!({ "role_id": bounded(&request.role_id), "run_id": bounded(&request.run_id) }));
+    event.details.insert(
+        "requested_by".into(),
+        json!({ "role_id": bounded(&request.role_id), "run_id": bounded(&request.run_id) }),
+    );
     event
 }
 
@@ -585,14 +641,22 @@ fn add_refusal(event: &mut NewEvent, refusal: &Refusal) {
     event.error_code = Some(diagnostic.error_code.as_str().to_string());
     event.reason = Some(refusal.reason.as_str().to_string());
     event.failed_step = Some(diagnostic.failed_step);
-    event.details.insert("message".into(), json!(refusal.message));
+    event
+        .details
+        .insert("message".into(), json!(refusal.message));
     event
         .details
         .insert("diagnostic_details".into(), refusal.details.clone());
 }
 
 /// The refusal of a failed commit or rollback: the upstream's error, bounded.
-fn phase_refusal(reason: Reason, entry: &PendingCommit, phase: Phase, error: &ExecError, attempts: u32) -> Refusal {
+fn phase_refusal(
+    reason: Reason,
+    entry: &PendingCommit,
+    phase: Phase,
+    error: &ExecError,
+    attempts: u32,
+) -> Refusal {
     let upstream = match error {
         ExecError::Timeout => "did not answer within the phase's timeout_ms".to_string(),
         ExecError::Cancelled => "cancelled".to_string(),
@@ -644,7 +708,10 @@ fn now_ms() -> i64 {
 fn rfc3339(ms: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_default()
 }
 

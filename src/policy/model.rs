@@ -242,7 +242,8 @@ impl LimitKey {
         let id = |s: &str| {
             !s.is_empty()
                 && s.len() <= 64
-                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         };
         match text.split_once('.') {
             None if text == "run" => Some(LimitKey::Run),

@@ -74,7 +74,9 @@ pub struct SqliteCounters {
 
 impl std::fmt::Debug for SqliteCounters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteCounters").field("path", &self.path).finish()
+        f.debug_struct("SqliteCounters")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -221,20 +223,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let c = SqliteCounters::open(&dir.path().join("c.db")).unwrap();
         let claims = [claim("b", 2, None), claim("r", 10, Some(1000))];
-        assert!(matches!(c.admit(&claims, 0, true).unwrap(), Admission::Admitted(_)));
+        assert!(matches!(
+            c.admit(&claims, 0, true).unwrap(),
+            Admission::Admitted(_)
+        ));
         let second = c.admit(&claims, 1, true).unwrap();
         assert!(matches!(second, Admission::Admitted(_)));
         assert_eq!(
             c.admit(&claims, 2, true).unwrap(),
-            Admission::Refused { index: 0, used: 2, retry_after_ms: None }
+            Admission::Refused {
+                index: 0,
+                used: 2,
+                retry_after_ms: None
+            }
         );
         // The refused call did not count against the rate.
         let rate_only = [claim("r", 3, Some(1000))];
-        assert!(matches!(c.admit(&rate_only, 3, false).unwrap(), Admission::Admitted(_)));
+        assert!(matches!(
+            c.admit(&rate_only, 3, false).unwrap(),
+            Admission::Admitted(_)
+        ));
         if let Admission::Admitted(ticket) = second {
             c.refund(&ticket).unwrap();
         }
-        assert!(matches!(c.admit(&claims, 4, true).unwrap(), Admission::Admitted(_)));
+        assert!(matches!(
+            c.admit(&claims, 4, true).unwrap(),
+            Admission::Admitted(_)
+        ));
     }
 
     #[test]
@@ -243,16 +258,32 @@ mod tests {
         let path = dir.path().join("c.db");
         let c = SqliteCounters::open(&path).unwrap();
         let claims = [claim("r", 2, Some(1000))];
-        assert!(matches!(c.admit(&claims, 100, true).unwrap(), Admission::Admitted(_)));
-        assert!(matches!(c.admit(&claims, 400, true).unwrap(), Admission::Admitted(_)));
+        assert!(matches!(
+            c.admit(&claims, 100, true).unwrap(),
+            Admission::Admitted(_)
+        ));
+        assert!(matches!(
+            c.admit(&claims, 400, true).unwrap(),
+            Admission::Admitted(_)
+        ));
         assert_eq!(
             c.admit(&claims, 500, true).unwrap(),
-            Admission::Refused { index: 0, used: 2, retry_after_ms: Some(600) }
+            Admission::Refused {
+                index: 0,
+                used: 2,
+                retry_after_ms: Some(600)
+            }
         );
         drop(c);
         // The counts survive reopening.
         let c = SqliteCounters::open(&path).unwrap();
-        assert!(matches!(c.admit(&claims, 1099, true).unwrap(), Admission::Refused { .. }));
-        assert!(matches!(c.admit(&claims, 1100, true).unwrap(), Admission::Admitted(_)));
+        assert!(matches!(
+            c.admit(&claims, 1099, true).unwrap(),
+            Admission::Refused { .. }
+        ));
+        assert!(matches!(
+            c.admit(&claims, 1100, true).unwrap(),
+            Admission::Admitted(_)
+        ));
     }
 }

@@ -105,7 +105,9 @@ pub struct PhaseStore {
 
 impl std::fmt::Debug for PhaseStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PhaseStore").field("path", &self.path).finish()
+        f.debug_struct("PhaseStore")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -254,7 +256,9 @@ mod tests {
         drop(store);
         let store = PhaseStore::open(&path).unwrap();
         assert_eq!(store.load().unwrap(), vec![row.clone()]);
-        store.set_state("call-1", CommitState::Committed, 2).unwrap();
+        store
+            .set_state("call-1", CommitState::Committed, 2)
+            .unwrap();
         let loaded = store.load().unwrap();
         assert_eq!(loaded[0].state, CommitState::Committed);
         assert_eq!(loaded[0].token, "");

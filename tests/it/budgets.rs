@@ -142,7 +142,14 @@ fn write_policy(dir: &Path, tools: &str) -> Start {
     }
 }
 
-fn call(server: &Server, run: &str, lane: &str, tool: &str, arguments: Value, scope: Value) -> (u16, Value) {
+fn call(
+    server: &Server,
+    run: &str,
+    lane: &str,
+    tool: &str,
+    arguments: Value,
+    scope: Value,
+) -> (u16, Value) {
     server.call("tester", run, lane, tool, arguments, scope)
 }
 
@@ -151,8 +158,16 @@ fn reason(body: &Value) -> &str {
 }
 
 fn verify(db: &Path) {
-    let out = Command::new(BIN).args(["audit", "verify", "--db"]).arg(db).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = Command::new(BIN)
+        .args(["audit", "verify", "--db"])
+        .arg(db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
@@ -162,7 +177,14 @@ fn a_budget_is_per_run_and_denied_calls_and_dry_runs_do_not_count() {
     let run = server.create_run(json!({}));
     // Denied at step 8 by a condition: not counted.
     for _ in 0..3 {
-        let (status, body) = call(&server, &run, "ops", "gated", json!({"deny": true}), json!({}));
+        let (status, body) = call(
+            &server,
+            &run,
+            "ops",
+            "gated",
+            json!({"deny": true}),
+            json!({}),
+        );
         assert_eq!((status, reason(&body)), (403, "condition_failed"), "{body}");
     }
     // A dry run is checked, not counted.
@@ -212,7 +234,10 @@ fn a_lane_budget_counts_every_tool_of_the_lane() {
     assert_eq!(status, 200, "{body}");
     let (status, body) = call(&server, &run, "tight", "gated", json!({}), json!({}));
     assert_eq!((status, reason(&body)), (403, "budget_exhausted"), "{body}");
-    assert_eq!(body["diagnostic"]["details"]["owner"], "lane:tight", "{body}");
+    assert_eq!(
+        body["diagnostic"]["details"]["owner"], "lane:tight",
+        "{body}"
+    );
     // The refused call counted nothing: the tool's own budget still has a call left in
     // another lane.
     let (status, body) = call(&server, &run, "ops", "gated", json!({}), json!({}));
@@ -225,10 +250,24 @@ fn a_rate_is_per_key_value_and_says_when_to_retry() {
     let server = Server::start_with(write_policy(tmp.path(), TOOLS));
     let run = server.create_run(json!({}));
     for i in 0..3 {
-        let (status, body) = call(&server, &run, "ops", "restart", json!({}), json!({"service": "api"}));
+        let (status, body) = call(
+            &server,
+            &run,
+            "ops",
+            "restart",
+            json!({}),
+            json!({"service": "api"}),
+        );
         assert_eq!(status, 200, "restart {i}: {body}");
     }
-    let (status, body) = call(&server, &run, "ops", "restart", json!({}), json!({"service": "api"}));
+    let (status, body) = call(
+        &server,
+        &run,
+        "ops",
+        "restart",
+        json!({}),
+        json!({"service": "api"}),
+    );
     assert_eq!((status, reason(&body)), (429, "rate_limited"), "{body}");
     let d = &body["diagnostic"];
     assert_eq!(d["failed_step"], 8);
@@ -238,7 +277,14 @@ fn a_rate_is_per_key_value_and_says_when_to_retry() {
     let wait = d["details"]["retry_after_ms"].as_u64().unwrap();
     assert!(wait > 3_500_000 && wait <= 3_600_000, "{wait}");
     // Another service has its own count.
-    let (status, body) = call(&server, &run, "ops", "restart", json!({}), json!({"service": "db"}));
+    let (status, body) = call(
+        &server,
+        &run,
+        "ops",
+        "restart",
+        json!({}),
+        json!({"service": "db"}),
+    );
     assert_eq!(status, 200, "{body}");
 
     // A one-second window: the third call is refused, and a retry after the given
@@ -247,14 +293,21 @@ fn a_rate_is_per_key_value_and_says_when_to_retry() {
     assert_eq!(status, 200);
     let (status, _) = call(&server, &run, "ops", "ping", json!({}), json!({}));
     assert_eq!(status, 200);
-    let refused_at = Instant::now();
     let (status, body) = call(&server, &run, "ops", "ping", json!({}), json!({}));
+    // Taken once the answer is in: the server's wait counts from its own, earlier, now.
+    let refused_at = Instant::now();
     if status == 429 {
-        let wait = body["diagnostic"]["details"]["retry_after_ms"].as_u64().unwrap();
+        let wait = body["diagnostic"]["details"]["retry_after_ms"]
+            .as_u64()
+            .unwrap();
         assert!((1..=1000).contains(&wait), "{body}");
-        assert!(poll_until(Duration::from_secs(10), || refused_at.elapsed() >= Duration::from_millis(wait)));
+        assert!(poll_until(Duration::from_secs(10), || refused_at.elapsed()
+            >= Duration::from_millis(wait)));
         let (status, body) = call(&server, &run, "ops", "ping", json!({}), json!({}));
-        assert_eq!(status, 200, "the retry after retry_after_ms is admitted: {body}");
+        assert_eq!(
+            status, 200,
+            "the retry after retry_after_ms is admitted: {body}"
+        );
     } else {
         // The machine was slow enough that the window had already moved on.
         assert_eq!(status, 200, "{body}");
@@ -272,7 +325,16 @@ fn concurrent_callers_never_pass_a_budget() {
             .map(|i| {
                 let server = &server;
                 let run = &run;
-                s.spawn(move || call(server, run, "ops", "slow_limited", json!({"i": i}), json!({})))
+                s.spawn(move || {
+                    call(
+                        server,
+                        run,
+                        "ops",
+                        "slow_limited",
+                        json!({"i": i}),
+                        json!({}),
+                    )
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -297,7 +359,14 @@ fn a_restart_keeps_the_counts() {
     let (status, _) = call(&server, &run, "ops", "gated", json!({}), json!({}));
     assert_eq!(status, 200);
     for _ in 0..3 {
-        let (status, _) = call(&server, &run, "ops", "restart", json!({}), json!({"service": "api"}));
+        let (status, _) = call(
+            &server,
+            &run,
+            "ops",
+            "restart",
+            json!({}),
+            json!({"service": "api"}),
+        );
         assert_eq!(status, 200);
     }
     server.kill9();
@@ -306,7 +375,14 @@ fn a_restart_keeps_the_counts() {
     assert_eq!(status, 200, "{body}");
     let (status, body) = call(&server, &run, "ops", "gated", json!({}), json!({}));
     assert_eq!((status, reason(&body)), (403, "budget_exhausted"), "{body}");
-    let (status, body) = call(&server, &run, "ops", "restart", json!({}), json!({"service": "api"}));
+    let (status, body) = call(
+        &server,
+        &run,
+        "ops",
+        "restart",
+        json!({}),
+        json!({"service": "api"}),
+    );
     assert_eq!((status, reason(&body)), (429, "rate_limited"), "{body}");
     verify(&server.db());
 }
@@ -314,12 +390,36 @@ fn a_restart_keeps_the_counts() {
 #[test]
 fn policy_check_refuses_bad_limits_each_located() {
     let cases = [
-        ("budget: {max_calls_per_run: 2}", "budget: {max_calls_per_run: 0}", "budget.max_calls_per_run"),
-        ("rate: {max: 2, per_s: 1}", "rate: {max: 2, per_s: 0}", "rate.per_s"),
-        ("rate: {max: 2, per_s: 1}", "rate: {max: 0, per_s: 1}", "rate.max"),
-        ("rate: {max: 2, per_s: 1}", "rate: {max: 2, per_s: 1, key: scope.service}", "not one of its required scope keys"),
-        ("rate: {max: 2, per_s: 1}", "rate: {max: 2, per_s: 1, key: caller}", "is not `run`, `role`"),
-        ("rate: {max: 2, per_s: 1}", "rate: {max: 2, per_s: 1, burst: 3}", "burst"),
+        (
+            "budget: {max_calls_per_run: 2}",
+            "budget: {max_calls_per_run: 0}",
+            "budget.max_calls_per_run",
+        ),
+        (
+            "rate: {max: 2, per_s: 1}",
+            "rate: {max: 2, per_s: 0}",
+            "rate.per_s",
+        ),
+        (
+            "rate: {max: 2, per_s: 1}",
+            "rate: {max: 0, per_s: 1}",
+            "rate.max",
+        ),
+        (
+            "rate: {max: 2, per_s: 1}",
+            "rate: {max: 2, per_s: 1, key: scope.service}",
+            "not one of its required scope keys",
+        ),
+        (
+            "rate: {max: 2, per_s: 1}",
+            "rate: {max: 2, per_s: 1, key: caller}",
+            "is not `run`, `role`",
+        ),
+        (
+            "rate: {max: 2, per_s: 1}",
+            "rate: {max: 2, per_s: 1, burst: 3}",
+            "burst",
+        ),
     ];
     for (from, to, expect) in cases {
         let tmp = tempfile::tempdir().unwrap();
@@ -331,10 +431,17 @@ fn policy_check_refuses_bad_limits_each_located() {
             .arg(&start.tools)
             .output()
             .unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(!out.status.success(), "{to}: {text}");
         assert!(text.contains(expect), "{to}: expected `{expect}` in {text}");
-        assert!(text.contains("tool_registry.yaml:"), "{to}: located: {text}");
+        assert!(
+            text.contains("tool_registry.yaml:"),
+            "{to}: located: {text}"
+        );
     }
 }
 
@@ -343,14 +450,33 @@ fn policy_diff_calls_raising_or_removing_a_limit_widening() {
     let tmp = tempfile::tempdir().unwrap();
     write_policy(&tmp.path().join("old"), TOOLS);
     let cases = [
-        ("budget: {max_calls_per_run: 2}", "budget: {max_calls_per_run: 5}", "widening"),
-        ("budget: {max_calls_per_run: 2}", "budget: {max_calls_per_run: 1}", "narrowing"),
+        (
+            "budget: {max_calls_per_run: 2}",
+            "budget: {max_calls_per_run: 5}",
+            "widening",
+        ),
+        (
+            "budget: {max_calls_per_run: 2}",
+            "budget: {max_calls_per_run: 1}",
+            "narrowing",
+        ),
         ("    budget: {max_calls_per_run: 2}\n", "", "widening"),
-        ("rate: {max: 2, per_s: 1}", "rate: {max: 2, per_s: 10}", "narrowing"),
-        ("rate: {max: 2, per_s: 1}", "rate: {max: 20, per_s: 1}", "widening"),
+        (
+            "rate: {max: 2, per_s: 1}",
+            "rate: {max: 2, per_s: 10}",
+            "narrowing",
+        ),
+        (
+            "rate: {max: 2, per_s: 1}",
+            "rate: {max: 20, per_s: 1}",
+            "widening",
+        ),
     ];
     for (i, (from, to, effect)) in cases.into_iter().enumerate() {
-        write_policy(&tmp.path().join(format!("new{i}")), &TOOLS.replacen(from, to, 1));
+        write_policy(
+            &tmp.path().join(format!("new{i}")),
+            &TOOLS.replacen(from, to, 1),
+        );
         let out = Command::new(BIN)
             .args(["policy", "diff"])
             .arg(tmp.path().join("old"))
@@ -359,11 +485,17 @@ fn policy_diff_calls_raising_or_removing_a_limit_widening() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let report: Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{to}: not json ({e}): {text}{}", String::from_utf8_lossy(&out.stderr)));
+        let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+            panic!(
+                "{to}: not json ({e}): {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
         let changes = report["changes"].as_array().cloned().unwrap_or_default();
         let found = changes.iter().any(|c| {
-            c["kind"].as_str().is_some_and(|k| k.ends_with("budget_changed") || k.ends_with("rate_changed"))
+            c["kind"]
+                .as_str()
+                .is_some_and(|k| k.ends_with("budget_changed") || k.ends_with("rate_changed"))
                 && c["effect"] == effect
         });
         assert!(found, "{to}: expected a {effect} limit change in {report}");

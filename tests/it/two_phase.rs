@@ -146,7 +146,11 @@ impl Court {
         let resp = self
             .agent
             .post(format!("http://{}/control", self.host))
-            .send(json!({ "fail_next": phase, "count": count }).to_string().as_bytes())
+            .send(
+                json!({ "fail_next": phase, "count": count })
+                    .to_string()
+                    .as_bytes(),
+            )
             .unwrap();
         assert_eq!(resp.status().as_u16(), 200);
     }
@@ -204,7 +208,14 @@ fn lab() -> Lab {
 }
 
 fn prepare(server: &Server, run: &str, tool: &str) -> Value {
-    let (status, body) = server.call("clerk", run, "filing", tool, json!({"title": "motion"}), json!({}));
+    let (status, body) = server.call(
+        "clerk",
+        run,
+        "filing",
+        tool,
+        json!({"title": "motion"}),
+        json!({}),
+    );
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "success", "{body}");
     assert_eq!(body["details"]["phase"], "prepared", "{body}");
@@ -216,7 +227,10 @@ fn prepare(server: &Server, run: &str, tool: &str) -> Value {
     );
     assert!(body["details"]["commit"]["deadline"].is_string(), "{body}");
     // INVARIANT under test: the upstream's commit token never reaches the agent.
-    assert!(!body.to_string().contains("ct-"), "the commit token leaked: {body}");
+    assert!(
+        !body.to_string().contains("ct-"),
+        "the commit token leaked: {body}"
+    );
     assert!(body["output"].get("commit_token").is_none(), "{body}");
     body
 }
@@ -231,7 +245,13 @@ fn commit(server: &Server, prepared: &Value, role: &str, run: &str) -> (u16, Val
     )
 }
 
-fn commit_with(server: &Server, call_id: &str, commit_id: &str, role: &str, run: &str) -> (u16, Value) {
+fn commit_with(
+    server: &Server,
+    call_id: &str,
+    commit_id: &str,
+    role: &str,
+    run: &str,
+) -> (u16, Value) {
     server.post(
         &format!("/v1/tool-calls/{call_id}/commit"),
         Some(&common::token(role)),
@@ -282,11 +302,17 @@ fn verify(db: &Path) {
 fn no_token_in_log(server: &Server, call_id: &str) {
     let events = events_of(server, call_id);
     let text = serde_json::to_string(&events).unwrap();
-    assert!(!text.contains("ct-"), "a commit token is in the audit log: {text}");
+    assert!(
+        !text.contains("ct-"),
+        "a commit token is in the audit log: {text}"
+    );
 }
 
 fn filing_id(prepared: &Value) -> String {
-    prepared["output"]["filing_id"].as_str().unwrap().to_string()
+    prepared["output"]["filing_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -326,7 +352,10 @@ fn without_a_commit_the_deadline_rolls_back_and_a_late_commit_is_refused() {
     let prepared = prepare(&lab.server, &run, "court_quick");
     let filing = filing_id(&prepared);
     assert!(
-        poll_until(Duration::from_secs(20), || lab.court.filing(&filing)["status"] == "rolled_back"),
+        poll_until(
+            Duration::from_secs(20),
+            || lab.court.filing(&filing)["status"] == "rolled_back"
+        ),
         "the stand-in court never saw the rollback: {}",
         lab.court.filing(&filing)
     );
@@ -343,7 +372,10 @@ fn without_a_commit_the_deadline_rolls_back_and_a_late_commit_is_refused() {
     let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
     assert_eq!(status, 409, "{body}");
     assert_eq!(reason(&body), "commit_expired", "{body}");
-    assert_eq!(body["diagnostic"]["details"]["state"], "rolled_back", "{body}");
+    assert_eq!(
+        body["diagnostic"]["details"]["state"], "rolled_back",
+        "{body}"
+    );
     assert_eq!(lab.court.filing(&filing)["commits"], 0);
     let events = events_of(&lab.server, call_id);
     assert_eq!(types(&events).last().unwrap(), "tool_commit_refused");
@@ -374,13 +406,28 @@ fn a_commit_is_never_replayed_even_by_concurrent_commits() {
     let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
     assert_eq!(status, 409, "{body}");
     assert_eq!(reason(&body), "commit_already_used", "{body}");
-    assert_eq!(body["diagnostic"]["details"]["state"], "committed", "{body}");
-    assert_eq!(lab.court.filing(&filing)["commits"], 1, "the court saw one commit");
+    assert_eq!(
+        body["diagnostic"]["details"]["state"], "committed",
+        "{body}"
+    );
+    assert_eq!(
+        lab.court.filing(&filing)["commits"],
+        1,
+        "the court saw one commit"
+    );
 
     let events = events_of(&lab.server, prepared["call_id"].as_str().unwrap());
     let t = types(&events);
-    assert_eq!(t.iter().filter(|e| *e == "tool_committed").count(), 1, "{t:?}");
-    assert_eq!(t.iter().filter(|e| *e == "tool_commit_refused").count(), 8, "{t:?}");
+    assert_eq!(
+        t.iter().filter(|e| *e == "tool_committed").count(),
+        1,
+        "{t:?}"
+    );
+    assert_eq!(
+        t.iter().filter(|e| *e == "tool_commit_refused").count(),
+        8,
+        "{t:?}"
+    );
     verify(&lab.server.db());
 }
 
@@ -395,10 +442,18 @@ fn commits_by_another_run_or_role_or_with_unknown_ids_are_refused_and_consume_no
 
     // Another run of the same role.
     let (status, body) = commit(&lab.server, &prepared, "clerk", &other_run);
-    assert_eq!((status, reason(&body)), (403, "commit_not_allowed"), "{body}");
+    assert_eq!(
+        (status, reason(&body)),
+        (403, "commit_not_allowed"),
+        "{body}"
+    );
     // Another role, with its own valid credential.
     let (status, body) = commit(&lab.server, &prepared, "intern", &run);
-    assert_eq!((status, reason(&body)), (403, "commit_not_allowed"), "{body}");
+    assert_eq!(
+        (status, reason(&body)),
+        (403, "commit_not_allowed"),
+        "{body}"
+    );
     // The right role and run named, with another role's credential.
     let (status, body) = lab.server.post(
         &format!("/v1/tool-calls/{call_id}/commit"),
@@ -429,23 +484,37 @@ fn commits_by_another_run_or_role_or_with_unknown_ids_are_refused_and_consume_no
         Some(&common::token("clerk")),
         &json!({ "commit_id": "x".repeat(10_000), "role_id": "clerk", "run_id": run }),
     );
-    assert_eq!((status, reason(&body)), (400, "request_malformed"), "{body}");
+    assert_eq!(
+        (status, reason(&body)),
+        (400, "request_malformed"),
+        "{body}"
+    );
     let (status, body) = lab.server.post(
         &format!("/v1/tool-calls/{call_id}/commit"),
         Some(&common::token("clerk")),
         &json!({ "commit_id": commit_id, "role_id": "clerk", "run_id": run, "token": "x" }),
     );
-    assert_eq!((status, reason(&body)), (400, "request_malformed"), "{body}");
+    assert_eq!(
+        (status, reason(&body)),
+        (400, "request_malformed"),
+        "{body}"
+    );
 
     // None of that consumed the commit.
     let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
     assert_eq!(status, 200, "{body}");
-    assert_eq!(lab.court.filing(&filing_id(&prepared))["status"], "committed");
+    assert_eq!(
+        lab.court.filing(&filing_id(&prepared))["status"],
+        "committed"
+    );
     let refused: Vec<Value> = events_of(&lab.server, call_id)
         .into_iter()
         .filter(|e| e["type"] == "tool_commit_refused")
         .collect();
-    assert!(refused.len() >= 4, "each refusal naming the call is audited: {refused:?}");
+    assert!(
+        refused.len() >= 4,
+        "each refusal naming the call is audited: {refused:?}"
+    );
     verify(&lab.server.db());
 }
 
@@ -459,13 +528,25 @@ fn a_commit_failing_upstream_is_retried_within_bounds_then_rolled_back() {
     let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
     assert_eq!((status, reason(&body)), (502, "commit_failed"), "{body}");
     let details = &body["diagnostic"]["details"];
-    assert_eq!(details["attempts"], 3, "max_attempts bounds the retries: {body}");
+    assert_eq!(
+        details["attempts"], 3,
+        "max_attempts bounds the retries: {body}"
+    );
     assert_eq!(details["rollback"], "rolled_back", "{body}");
     assert_eq!(lab.court.filing(&filing)["status"], "rolled_back");
     let events = events_of(&lab.server, prepared["call_id"].as_str().unwrap());
     let t = types(&events);
-    assert!(t.ends_with(&["tool_commit_failed".to_string(), "tool_rolled_back".to_string()]), "{t:?}");
-    assert_eq!(events.last().unwrap()["details"]["trigger"], "commit_failed");
+    assert!(
+        t.ends_with(&[
+            "tool_commit_failed".to_string(),
+            "tool_rolled_back".to_string()
+        ]),
+        "{t:?}"
+    );
+    assert_eq!(
+        events.last().unwrap()["details"]["trigger"],
+        "commit_failed"
+    );
     // A second commit is refused: the call was rolled back.
     let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
     assert_eq!((status, reason(&body)), (409, "commit_expired"), "{body}");
@@ -487,7 +568,9 @@ fn a_deadline_that_passes_while_the_gateway_is_down_is_rolled_back_at_start() {
     let filing = filing_id(&prepared);
     // Killed at once: the one-second deadline passes while it is down.
     server.kill9();
-    let deadline_ms = prepared["details"]["commit"]["deadline_unix_ms"].as_i64().unwrap();
+    let deadline_ms = prepared["details"]["commit"]["deadline_unix_ms"]
+        .as_i64()
+        .unwrap();
     let now_ms = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -495,11 +578,16 @@ fn a_deadline_that_passes_while_the_gateway_is_down_is_rolled_back_at_start() {
             .as_millis() as i64
     };
     assert!(poll_until(Duration::from_secs(10), || now_ms() > deadline_ms));
-    assert_eq!(court.filing(&filing)["status"], "prepared", "nothing rolled back while down");
+    assert_eq!(
+        court.filing(&filing)["status"],
+        "prepared",
+        "nothing rolled back while down"
+    );
 
     let server = Server::start_with(start());
     assert!(
-        poll_until(Duration::from_secs(20), || court.filing(&filing)["status"] == "rolled_back"),
+        poll_until(Duration::from_secs(20), || court.filing(&filing)["status"]
+            == "rolled_back"),
         "the restarted gateway did not roll back: {}",
         court.filing(&filing)
     );
@@ -525,7 +613,10 @@ fn a_registry_with_bad_phases_is_refused_with_every_problem_located() {
     let bad = text
         .replacen("commit_within_s: 60", "commit_within_s: 0", 1)
         .replacen(
-            &format!("rollback: {{url: \"http://{}/filings/rollback\"}}", court.host),
+            &format!(
+                "rollback: {{url: \"http://{}/filings/rollback\"}}",
+                court.host
+            ),
             "rollback: {argv: [\"true\"]}",
             1,
         );

@@ -414,7 +414,9 @@ pub(super) fn check_phases(
         );
     }
     let wants_url = kind != RawAdapterKind::Command;
-    let call = |report: &mut Report<'_>, name: &str, call: &Spanned<crate::policy::raw::RawPhaseCall>| {
+    let call = |report: &mut Report<'_>,
+                name: &str,
+                call: &Spanned<crate::policy::raw::RawPhaseCall>| {
         match (&call.value.url, &call.value.argv, wants_url) {
             (Some(url), None, true) if !url.value.trim().is_empty() => {
                 Some(PhaseCall::Url(url.value.clone()))
@@ -465,7 +467,10 @@ pub(super) fn check_phases(
         report.spanned(
             file,
             field,
-            format!("{owner}: `phases.token_field` `{}` is not a field name", field.value.escape_debug()),
+            format!(
+                "{owner}: `phases.token_field` `{}` is not a field name",
+                field.value.escape_debug()
+            ),
             "a top-level field of the prepare answer, e.g. `commit_token`",
         );
     }
@@ -480,7 +485,10 @@ pub(super) fn check_phases(
         report.spanned(
             file,
             a,
-            format!("{owner}: `phases.max_attempts` is {}, not within 1..=10", a.value),
+            format!(
+                "{owner}: `phases.max_attempts` is {}, not within 1..=10",
+                a.value
+            ),
             "commit and rollback are retried at most this many times in all",
         );
     }
@@ -495,7 +503,10 @@ pub(super) fn check_phases(
         report.spanned(
             file,
             t,
-            format!("{owner}: `phases.timeout_ms` is {}, not within 1..=60000", t.value),
+            format!(
+                "{owner}: `phases.timeout_ms` is {}, not within 1..=60000",
+                t.value
+            ),
             "one commit or rollback attempt may take at most a minute",
         );
     }

@@ -420,14 +420,22 @@ pub(super) fn check_call_limits(
             report.spanned(
                 file,
                 value,
-                format!("{owner}: `{field}` is {}, not within 1..={max}", value.value),
+                format!(
+                    "{owner}: `{field}` is {}, not within 1..={max}",
+                    value.value
+                ),
                 "give a positive bound; remove the setting for no limit",
             );
         }
         ok
     };
     if let Some(b) = budget
-        && count(report, "budget.max_calls_per_run", &b.value.max_calls_per_run, MAX_COUNT)
+        && count(
+            report,
+            "budget.max_calls_per_run",
+            &b.value.max_calls_per_run,
+            MAX_COUNT,
+        )
     {
         limits.budget = Some(Budget {
             max_calls_per_run: b.value.max_calls_per_run.value,
@@ -438,40 +446,44 @@ pub(super) fn check_call_limits(
         let per_ok = count(report, "rate.per_s", &r.value.per_s, MAX_WINDOW_S);
         let key = match &r.value.key {
             None => Some(None),
-            Some(text) => match LimitKey::parse(&text.value) {
-                None => {
-                    report.spanned(
+            Some(text) => {
+                match LimitKey::parse(&text.value) {
+                    None => {
+                        report.spanned(
                         file,
                         text,
                         format!("{owner}: rate key `{}` is not `run`, `role`, `scope.<key>` or `args.<name>`", text.value.escape_debug()),
                         "e.g. `key: scope.service` counts the calls per service",
                     );
-                    None
-                }
-                Some(LimitKey::Scope(k)) if !scope_keys.contains(&k) => {
-                    report.spanned(
+                        None
+                    }
+                    Some(LimitKey::Scope(k)) if !scope_keys.contains(&k) => {
+                        report.spanned(
                         file,
                         text,
                         format!("{owner}: rate key `scope.{k}` is not one of its required scope keys"),
                         "add the key to `required_scope_keys`, so every call carries it",
                     );
-                    None
-                }
-                Some(LimitKey::Args(a))
-                    if input_schema.is_some_and(|s| {
-                        s.get("properties").and_then(Value::as_object).is_none_or(|p| !p.contains_key(&a))
-                    }) =>
-                {
-                    report.spanned(
+                        None
+                    }
+                    Some(LimitKey::Args(a))
+                        if input_schema.is_some_and(|s| {
+                            s.get("properties")
+                                .and_then(Value::as_object)
+                                .is_none_or(|p| !p.contains_key(&a))
+                        }) =>
+                    {
+                        report.spanned(
                         file,
                         text,
                         format!("{owner}: rate key `args.{a}` is not an argument its input schema declares"),
                         "declare the argument under the input schema's `properties`",
                     );
-                    None
+                        None
+                    }
+                    Some(k) => Some(Some(k)),
                 }
-                Some(k) => Some(Some(k)),
-            },
+            }
         };
         if let (true, true, Some(key)) = (max_ok, per_ok, key) {
             limits.rate = Some(RateLimit {

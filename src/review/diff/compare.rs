@@ -654,20 +654,37 @@ fn call_limits(
     out: &mut Vec<Change>,
 ) {
     let (label, budget_kind, rate_kind) = match owner {
-        Owner::Lane(id) => (format!("lane `{id}`"), Kind::LaneBudgetChanged, Kind::LaneRateChanged),
-        Owner::Tool(id) => (format!("tool `{id}`"), Kind::ToolBudgetChanged, Kind::ToolRateChanged),
+        Owner::Lane(id) => (
+            format!("lane `{id}`"),
+            Kind::LaneBudgetChanged,
+            Kind::LaneRateChanged,
+        ),
+        Owner::Tool(id) => (
+            format!("tool `{id}`"),
+            Kind::ToolBudgetChanged,
+            Kind::ToolRateChanged,
+        ),
     };
     let attach = |change: Change| match owner {
         Owner::Lane(id) => change.lane(id),
         Owner::Tool(id) => change.tool(id),
     };
     let budget = |b: &crate::policy::Budget| b.max_calls_per_run;
-    let effect = match (old.budget.as_ref().map(budget), new.budget.as_ref().map(budget)) {
+    let effect = match (
+        old.budget.as_ref().map(budget),
+        new.budget.as_ref().map(budget),
+    ) {
         (None, None) => None,
         (Some(_), None) => Some((Effect::Widening, "removed".to_string())),
         (None, Some(n)) => Some((Effect::Narrowing, format!("added: {n} calls per run"))),
-        (Some(o), Some(n)) if n > o => Some((Effect::Widening, format!("raised from {o} to {n} calls per run"))),
-        (Some(o), Some(n)) if n < o => Some((Effect::Narrowing, format!("lowered from {o} to {n} calls per run"))),
+        (Some(o), Some(n)) if n > o => Some((
+            Effect::Widening,
+            format!("raised from {o} to {n} calls per run"),
+        )),
+        (Some(o), Some(n)) if n < o => Some((
+            Effect::Narrowing,
+            format!("lowered from {o} to {n} calls per run"),
+        )),
         (Some(_), Some(_)) => None,
     };
     if let Some((effect, text)) = effect {
@@ -677,7 +694,11 @@ fn call_limits(
         ));
     }
     let describe = |r: &crate::policy::RateLimit| {
-        let key = r.key.as_ref().map(|k| format!(" per `{k}`")).unwrap_or_default();
+        let key = r
+            .key
+            .as_ref()
+            .map(|k| format!(" per `{k}`"))
+            .unwrap_or_default();
         format!("{} calls in {} s{key}", r.max, r.per_s)
     };
     let effect = match (&old.rate, &new.rate) {
@@ -691,7 +712,10 @@ fn call_limits(
             } else {
                 Effect::Narrowing
             };
-            Some((effect, format!("changed from {} to {}", describe(o), describe(n))))
+            Some((
+                effect,
+                format!("changed from {} to {}", describe(o), describe(n)),
+            ))
         }
     };
     if let Some((effect, text)) = effect {
@@ -713,14 +737,24 @@ fn phases(
     let (effect, text) = match (old, new) {
         (None, None) => return,
         (Some(o), Some(n)) if o == n => return,
-        (None, Some(_)) => (Effect::Narrowing, "now two-phase: its effect waits for a commit"),
-        (Some(_), None) => (Effect::Widening, "is no longer two-phase: its effect is final at once"),
+        (None, Some(_)) => (
+            Effect::Narrowing,
+            "now two-phase: its effect waits for a commit",
+        ),
+        (Some(_), None) => (
+            Effect::Widening,
+            "is no longer two-phase: its effect is final at once",
+        ),
         (Some(_), Some(_)) => (Effect::Widening, "two-phase settings changed"),
     };
     out.push(
-        Change::new(Kind::ToolPhasesChanged, effect, format!("tool `{id}` {text}"))
-            .tool(id)
-            .values(json!(old), json!(new)),
+        Change::new(
+            Kind::ToolPhasesChanged,
+            effect,
+            format!("tool `{id}` {text}"),
+        )
+        .tool(id)
+        .values(json!(old), json!(new)),
     );
 }
 
