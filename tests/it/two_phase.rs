@@ -40,7 +40,7 @@ version: "tp-1"
 lanes:
   - lane_id: filing
     description: Court filings.
-    tools: [court_file, court_quick]
+    tools: [court_file, court_quick, cmd_file]
     required_scope_keys: []
     prohibited_flags: []
     run_statuses: [active]
@@ -94,6 +94,28 @@ tools:
         commit: {url: "http://COURT/filings/commit"}
         rollback: {url: "http://COURT/filings/rollback"}
         commit_within_s: 1
+    input_schema: {type: object}
+    output_schema: {type: object}
+  - tool_name: cmd_file
+    description: A two-phase command tool; its commit program records what it was given.
+    enabled: true
+    version: 1.0.0
+    determinism: side_effectful
+    idempotent: false
+    timeout_default_ms: 10000
+    limits: {timeout_ms_max: 20000, max_output_bytes: 65536, max_concurrency: 16}
+    allowed_lanes: [filing]
+    required_scope_keys: []
+    prohibited_flags: []
+    write_targets: ["data_dir:phases/"]
+    adapter:
+      kind: command
+      argv: ["sh", "-c", "cat >/dev/null; printf '{\"status\":\"prepared\",\"commit_token\":\"ct-cmd-1\"}'"]
+      env_allowlist: [PATH]
+      phases:
+        commit: {argv: ["sh", "-c", "cat > committed.json; printf '{\"status\":\"committed\"}'"]}
+        rollback: {argv: ["sh", "-c", "cat > rolled_back.json; printf '{}'"]}
+        commit_within_s: 60
     input_schema: {type: object}
     output_schema: {type: object}
 "#;
@@ -636,4 +658,29 @@ fn a_registry_with_bad_phases_is_refused_with_every_problem_located() {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("commit_within_s"), "{text}");
     assert!(text.contains("phases.rollback"), "{text}");
+}
+
+#[test]
+fn a_command_tool_commits_through_its_commit_program_with_the_kept_token() {
+    let lab = lab();
+    let run = lab.server.create_run(json!({}));
+    let prepared = prepare(&lab.server, &run, "cmd_file");
+    assert_eq!(
+        prepared["output"],
+        json!({"status": "prepared"}),
+        "{prepared}"
+    );
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"], json!({"status": "committed"}), "{body}");
+    // The commit program got the token the prepare answered, on its stdin.
+    let tools_dir = lab._tmp.path().join("tools");
+    let given: Value =
+        serde_json::from_slice(&fs::read(tools_dir.join("committed.json")).unwrap()).unwrap();
+    assert_eq!(given["phase"], "commit");
+    assert_eq!(given["commit_token"], "ct-cmd-1");
+    assert_eq!(given["call_id"], prepared["call_id"]);
+    assert!(!tools_dir.join("rolled_back.json").exists());
+    no_token_in_log(&lab.server, prepared["call_id"].as_str().unwrap());
+    verify(&lab.server.db());
 }
