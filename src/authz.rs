@@ -12,7 +12,7 @@ use subtle::ConstantTimeEq;
 use serde::Serialize;
 use std::collections::BTreeSet;
 
-use crate::call::ConditionResult;
+use crate::call::{ConditionResult, LimitClaim};
 use crate::diagnostic::{Reason, Refusal};
 use crate::policy::condition::{Inputs, Outcome, Variables};
 use crate::policy::{Admin, Credential, Lane, Policy, PolicyVersions, ProhibitedBy, Role, Tool};
@@ -686,6 +686,73 @@ pub fn check_run_scope(policy: &Policy, run_scope: &Map<String, Value>) -> RunSc
         }
     }
     check
+}
+
+/// The budgets and rates of the lane, then the tool, that a call is counted against.
+pub fn limit_claims(
+    lane: &Lane,
+    tool: &Tool,
+    run: &RunRecord,
+    role: &Role,
+    scope: &Map<String, Value>,
+    arguments: &Value,
+) -> Vec<LimitClaim> {
+    let mut claims = Vec::new();
+    let owners = [
+        (format!("lane:{}", lane.lane_id), &lane.call_limits),
+        (format!("tool:{}", tool.tool_name), &tool.call_limits),
+    ];
+    for (owner, limits) in owners {
+        if let Some(budget) = limits.budget {
+            let value = json!(run.run_id);
+            claims.push(LimitClaim {
+                counter: counter_id("budget", &owner, &value),
+                owner: owner.clone(),
+                kind: "budget",
+                max: budget.max_calls_per_run,
+                per_s: None,
+                key: None,
+                key_value: value,
+            });
+        }
+        if let Some(rate) = &limits.rate {
+            let value = match &rate.key {
+                None => Value::Null,
+                Some(crate::policy::LimitKey::Run) => json!(run.run_id),
+                Some(crate::policy::LimitKey::Role) => json!(role.role_id),
+                Some(crate::policy::LimitKey::Scope(k)) => {
+                    scope.get(k).cloned().unwrap_or(Value::Null)
+                }
+                Some(crate::policy::LimitKey::Args(a)) => {
+                    arguments.get(a).cloned().unwrap_or(Value::Null)
+                }
+            };
+            let counter = counter_id("rate", &owner, &value);
+            // An argument may be redacted: the trace shows its digest, never its value.
+            let value = match &rate.key {
+                Some(crate::policy::LimitKey::Args(_)) => json!({
+                    "sha256": crate::canonical::sha256_hex(&crate::canonical::to_canonical_bytes(&value))
+                }),
+                _ => value,
+            };
+            claims.push(LimitClaim {
+                counter,
+                owner,
+                kind: "rate",
+                max: rate.max,
+                per_s: Some(rate.per_s),
+                key: rate.key.as_ref().map(ToString::to_string),
+                key_value: value,
+            });
+        }
+    }
+    claims
+}
+
+/// `kind|owner|sha256(canonical value)`: bounded whatever the value.
+fn counter_id(kind: &str, owner: &str, value: &Value) -> String {
+    let digest = crate::canonical::sha256_hex(&crate::canonical::to_canonical_bytes(value));
+    format!("{kind}|{owner}|{digest}")
 }
 
 #[cfg(test)]

@@ -557,6 +557,10 @@ pub struct Trace {
     /// The human approvals this call needs (step 8; the gate runs before step 9).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub approval: Vec<ApprovalRequirement>,
+    /// The budgets and rates the call is counted against (step 8), with their keys'
+    /// values.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<LimitClaim>,
 }
 
 /// One `approval:` (of the lane or the tool) that applies to a call.
@@ -574,6 +578,30 @@ pub struct ApprovalRequirement {
     /// Why `when` applies although it did not evaluate to true (fail closed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when_error: Option<String>,
+}
+
+/// One counter a call is counted against: a lane's or tool's `budget` (per run) or
+/// `rate` (per value of its key). Which counters apply, and their keys' values, is a
+/// pure function of the decided call; the counts themselves are state the pipeline
+/// claims after step 8 (the gateway's `admit`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LimitClaim {
+    /// `lane:<id>` or `tool:<name>`.
+    pub owner: String,
+    /// `budget` or `rate`.
+    pub kind: &'static str,
+    pub max: u64,
+    /// The rate's window; None for a budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_s: Option<u64>,
+    /// The rate's key as written (`scope.service`); None for a budget or an unkeyed rate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The key's value on this call (the run id for a budget); null when absent.
+    pub key_value: Value,
+    /// The counter's identity: kind, owner and the canonical key value.
+    #[serde(skip)]
+    pub counter: String,
 }
 
 /// A condition's value on one call.
@@ -617,6 +645,9 @@ impl Trace {
         if !self.approval.is_empty() {
             out["approval"] = json!(self.approval);
         }
+        if !self.limits.is_empty() {
+            out["limits"] = json!(self.limits);
+        }
         out
     }
 }
@@ -646,6 +677,10 @@ pub struct CallResponse {
     /// On a replay: the call_id of the first call, whose outcome this is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<String>,
+    /// A two-phase tool's prepared call: `{"phase": "prepared", "commit": {commit_id,
+    /// deadline, deadline_unix_ms, commit_url}}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<Map<String, Value>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

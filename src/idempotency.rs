@@ -235,6 +235,7 @@ mod tests {
                 dry_run: None,
                 replayed: false,
                 replay_of: None,
+                details: None,
             }),
             spilled_output: None,
             bytes,

@@ -54,6 +54,7 @@ pub mod review;
 pub mod runs;
 pub mod server;
 pub mod shadow;
+pub mod state;
 pub mod transport;
 
 /// The version of the tool gateway contract this build implements, recorded in every

@@ -216,6 +216,9 @@ fn decide<'p>(
     //    and which human approvals the call needs (granted or not: the gate after
     //    step 8 decides, with the approval store)
     call.trace.approval = authz::approval_requirements(lane, tool, vars.as_ref());
+    //    and the budgets and rates it will be counted against (claimed by the
+    //    pipeline right after this pure decision)
+    call.trace.limits = authz::limit_claims(lane, tool, &run, role, &scope.scope, &arguments);
     call.trace.passed_step = 8;
 
     Ok(Allowed {
@@ -424,8 +427,25 @@ impl Gateway {
             Ok(allowed) => allowed,
             Err(refusal) => return self.close(call, Err(refusal)).await,
         };
+        // 8. (counted) the budgets and rates: claimed at admission, all or none, so a
+        //    denied call never counts and concurrent calls never count past a limit;
+        //    a dry run is checked, not counted
+        let ticket = match self.admit(&call.trace.limits, !call.dry_run).await {
+            Ok(ticket) => ticket,
+            Err(refusal) => {
+                call.trace.passed_step = 7;
+                return self.close(call, Err(refusal)).await;
+            }
+        };
         if call.dry_run {
             return self.close_dry_run(call).await;
+        }
+        // A two-phase tool's commit must be holdable before anything runs.
+        if allowed.tool.phases.is_some()
+            && let Err(refusal) = self.two_phase_room()
+        {
+            self.refund(ticket).await;
+            return self.close(call, Err(refusal)).await;
         }
 
         // 8a. human approval: a call the policy requires approval for runs only under
@@ -455,7 +475,12 @@ impl Gateway {
                     "arguments": allowed.arguments,
                     "scope": allowed.request.scope,
                 })));
-                match self.idempotency.claim(key, &fingerprint) {
+                let claimed = self.idempotency.claim(key, &fingerprint);
+                if !matches!(claimed, Claim::First(_)) {
+                    // A repeat executes nothing: it is not counted.
+                    self.refund(ticket.clone()).await;
+                }
+                match claimed {
                     Claim::First(guard) => Some(guard),
                     Claim::Replay(first) => return self.close_replay(call, first).await,
                     Claim::Wait(mut outcome) => {
@@ -490,6 +515,7 @@ impl Gateway {
                 Reason::AuditUnavailable,
                 format!("the audit log could not record the request: {e}"),
             );
+            self.refund(ticket).await;
             return self.close(call, Err(refusal)).await;
         }
         call.trace.passed_step = 9;
@@ -513,6 +539,21 @@ impl Gateway {
                 }
                 executed
             }
+        };
+        // A two-phase tool's prepare answers a commit token: taken out of the output
+        // here, before anything else (output schema, response, audit) sees it.
+        let mut commit_token = None;
+        let executed = match (executed, &allowed.tool.phases) {
+            (Ok((mut output, tool_ms)), Some(phases)) => {
+                match crate::adapter::take_token(&mut output, &phases.token_field) {
+                    Ok(token) => {
+                        commit_token = Some(token);
+                        Ok((output, tool_ms))
+                    }
+                    Err(e) => Err(Adapter::classify_error(allowed.tool, &e).at_step(10)),
+                }
+            }
+            (executed, _) => executed,
         };
         if executed.is_ok() {
             call.trace.passed_step = 10;
@@ -549,7 +590,40 @@ impl Gateway {
         {
             approval.insert("released".into(), json!(true));
         }
-        let response = self.close_executed(call, &allowed, captured).await;
+        // A prepared call is held (durably) before its response says so.
+        let (captured, prepared) = match (captured, commit_token, &allowed.tool.phases) {
+            (Ok(captured), Some(token), Some(phases)) => {
+                let ids = crate::gateway::phases::Prepared {
+                    call_id: &call.call_id,
+                    run_id: &allowed.run.run_id,
+                    role_id: &allowed.role.role_id,
+                    lane_id: &allowed.request.lane_id,
+                    tool_name: &allowed.tool.tool_name,
+                    tool_version: call.tool_version.as_deref().unwrap_or_default(),
+                };
+                match self
+                    .record_prepared(ids, token, phases.commit_within_s)
+                    .await
+                {
+                    Ok(details) => (Ok(captured), Some(details)),
+                    Err(refusal) => (Err(refusal), None),
+                }
+            }
+            (captured, _, _) => (captured, None),
+        };
+        let call_id = call.call_id.clone();
+        if !call.executed {
+            // Nothing reached the tool (e.g. over its max_concurrency): not counted.
+            self.refund(ticket).await;
+        }
+        let held = prepared.is_some();
+        let response = self
+            .close_executed(call, &allowed, captured, prepared)
+            .await;
+        if held && response.status != Status::Success {
+            // The caller was not told of the prepared call: nobody can commit it.
+            self.abandon_prepared(&call_id).await;
+        }
         if let Some(guard) = guard {
             guard.complete(self.stored_outcome(&response).await, keep);
         }
@@ -856,11 +930,12 @@ impl Gateway {
         call: Call,
         allowed: &Allowed<'_>,
         captured: Result<Captured, Refusal>,
+        prepared: Option<Map<String, Value>>,
     ) -> CallResponse {
         match captured {
             Err(refusal) => self.close(call, Err(refusal)).await,
             Ok(captured) => {
-                let mut details = Map::new();
+                let mut details = prepared.unwrap_or_default();
                 details.insert("tool_ms".into(), json!(captured.tool_ms));
                 if !allowed.tool.write_targets.is_empty() {
                     details.insert("write_targets".into(), json!(allowed.tool.write_targets));
@@ -992,8 +1067,15 @@ impl Gateway {
 
         // 13. return the response
         let response = match (outcome, refusal, appended) {
-            (Ok((captured, _)), _, Ok(appended)) => {
+            (Ok((captured, details)), _, Ok(appended)) => {
                 let mut response = call.response(Status::Success, None);
+                if details.contains_key("phase") {
+                    let phase = ["phase", "commit"]
+                        .into_iter()
+                        .filter_map(|k| details.get(k).map(|v| (k.to_string(), v.clone())))
+                        .collect();
+                    response.details = Some(phase);
+                }
                 response.output = captured.output;
                 response.artifact = captured.artifact;
                 response.audit_event_id = Some(appended.event_id);
@@ -1191,6 +1273,7 @@ impl Call {
             }),
             replayed: false,
             replay_of: None,
+            details: None,
         }
     }
 }

@@ -87,6 +87,45 @@ impl Body for SetSafetyLock {
     const REQUIRED: &'static [(&'static str, &'static str)] = &[("engaged", ENGAGED_PROBLEM)];
 }
 
+/// `POST /v1/tool-calls/{call_id}/commit`: the commit of a prepared two-phase call, by
+/// the role and run that made it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Commit {
+    /// `details.commit.commit_id` of the prepared call's response.
+    #[serde(deserialize_with = "commit_field")]
+    pub commit_id: String,
+    #[serde(deserialize_with = "commit_field")]
+    pub role_id: String,
+    #[serde(deserialize_with = "commit_field")]
+    pub run_id: String,
+}
+
+impl Body for Commit {
+    const FIELDS: &'static [&'static str] = &["commit_id", "role_id", "run_id"];
+    const REQUIRED: &'static [(&'static str, &'static str)] = &[
+        (
+            "commit_id",
+            "`commit_id` is required (details.commit.commit_id of the prepared call)",
+        ),
+        (
+            "role_id",
+            "`role_id` is required (the role that made the call)",
+        ),
+        ("run_id", "`run_id` is required (the run of the call)"),
+    ];
+}
+
+/// A commit request's id field: a string of 1 to 256 bytes.
+fn commit_field<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    match Value::deserialize(d)? {
+        Value::String(s) if !s.is_empty() && s.len() <= 256 => Ok(s),
+        _ => Err(D::Error::custom(
+            "`commit_id`, `role_id` and `run_id` must be strings of 1 to 256 bytes",
+        )),
+    }
+}
+
 /// Parses a request body into `T`: a JSON object (an empty body reads as `{}`) with
 /// only `T`'s fields (every unknown one is named), its required fields present, and
 /// each field of its type.

@@ -306,6 +306,23 @@ async fn route(
                 }
             }
         }
+        (&Method::POST, ["v1", "tool-calls", call_id, "commit"]) => {
+            // Spawned like a call: a disconnect cannot cut a commit between its claim
+            // and its audit event.
+            let gw = gateway.clone();
+            let call_id = call_id.to_string();
+            let handle = tokio::spawn(async move {
+                gw.commit(token.as_deref(), &call_id, requests::parse(&body))
+                    .await
+            });
+            match handle.await {
+                Ok(result) => respond(result, StatusCode::OK),
+                Err(_) => refusal_response(&Refusal::new(
+                    Reason::InternalError,
+                    "the commit task failed",
+                )),
+            }
+        }
         (&Method::POST, ["v1", "runs"]) => respond(
             gateway
                 .create_run_issuing(token.as_deref(), requests::parse(&body))
@@ -505,6 +522,7 @@ fn allowed_methods(segments: &[&str]) -> Option<&'static str> {
     match segments {
         ["v1", "tool-calls"] | ["v1", "runs"] | ["v1", "runs", _, "status"] => Some("POST"),
         ["v1", "runs", _, "tokens", _, "revoke"] => Some("POST"),
+        ["v1", "tool-calls", _, "commit"] => Some("POST"),
         ["v1", "policy", "reload"] => Some("POST"),
         ["v1", "approvals", _, "decision"] => Some("POST"),
         ["v1", "approvals"] | ["v1", "approvals", _] => Some("GET"),
@@ -841,6 +859,13 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::AuditUnavailable | Reason::PolicyUnavailable | Reason::AuditCapacityExhausted => {
             StatusCode::SERVICE_UNAVAILABLE
         }
+        Reason::CommitUnknown => StatusCode::NOT_FOUND,
+        Reason::CommitNotAllowed => StatusCode::FORBIDDEN,
+        Reason::CommitAlreadyUsed | Reason::CommitExpired => StatusCode::CONFLICT,
+        Reason::CommitFailed | Reason::RollbackFailed => StatusCode::BAD_GATEWAY,
+        Reason::CommitStateUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::BudgetExhausted => StatusCode::FORBIDDEN,
+        Reason::CounterStateUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         Reason::ToolError
         | Reason::Cancelled
         | Reason::OutputSchemaViolation

@@ -415,11 +415,31 @@ impl BuiltinAdapter {
                     ExecError::Failed(format!("the court's answer has no string `{name}`"))
                 })
         };
-        Ok(json!({
+        let mut filed = json!({
             "draft_id": draft_id,
             "filing_id": field("filing_id")?,
             "status": field("status")?,
-        }))
+        });
+        // A two-phase court answers a commit token; it is passed on for the gateway
+        // to take (and never shown to the caller).
+        if let (Some(token), Value::Object(filed)) = (answer.get("commit_token"), &mut filed) {
+            filed.insert("commit_token".into(), token.clone());
+        }
+        Ok(filed)
+    }
+}
+
+/// The hosts `file_with_court` may reach (its `allowed_hosts` setting, or the default
+/// court), for its two-phase calls; a malformed setting is reported by the builtin.
+pub(super) fn court_hosts(settings: &BTreeMap<String, Value>) -> Vec<String> {
+    match settings.get("allowed_hosts") {
+        None => vec![DEFAULT_COURT_HOST.to_string()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect(),
+        Some(_) => Vec::new(),
     }
 }
 

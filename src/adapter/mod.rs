@@ -72,9 +72,11 @@ mod builtin;
 mod command;
 mod http;
 pub mod mcp;
+mod phases;
 
 pub use builtin::BUILTIN_NAMES;
 pub(crate) use command::{ProcessGroup, resolve_program};
+pub use phases::{MAX_TOKEN_BYTES, Phase, PhaseOutcome, PhaseRunner, take_token};
 
 /// One tool's executor.
 #[derive(Debug)]
@@ -94,6 +96,8 @@ pub enum Adapter {
 #[derive(Debug, Default)]
 pub struct Adapters {
     pub by_tool: BTreeMap<String, Adapter>,
+    /// The commit and rollback calls of two-phase tools (`adapter.phases`).
+    pub phases: BTreeMap<String, PhaseRunner>,
 }
 
 /// How long a caller refused because an upstream server is busy is told to wait.
@@ -180,6 +184,15 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
             })),
         }
     }
+    let (runners, found) = phases::build_all(&policy.tools, env);
+    adapters.phases = runners;
+    problems.extend(found.into_iter().map(|(name, p)| Problem {
+        file: policy.source.tools_file.clone(),
+        line: None,
+        column: None,
+        message: format!("tool `{name}`: {}", p.message),
+        help: p.help,
+    }));
     if problems.is_empty() {
         Ok(adapters)
     } else {

@@ -91,11 +91,21 @@ pub enum EventType {
     ApprovalDenied,
     /// An approval expired undecided or unused (recorded once, by the sweeper).
     ApprovalExpired,
+    /// A two-phase tool's prepared call was committed upstream.
+    ToolCommitted,
+    /// A commit request was refused by the gateway (nothing was sent upstream).
+    ToolCommitRefused,
+    /// A two-phase tool's commit failed upstream (after its bounded retries).
+    ToolCommitFailed,
+    /// A two-phase tool's prepared call was rolled back upstream.
+    ToolRolledBack,
+    /// A two-phase tool's rollback failed upstream (after its bounded retries).
+    ToolRollbackFailed,
 }
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 22] = [
+    pub const ALL: [EventType; 27] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -118,6 +128,11 @@ impl EventType {
         EventType::ApprovalGranted,
         EventType::ApprovalDenied,
         EventType::ApprovalExpired,
+        EventType::ToolCommitted,
+        EventType::ToolCommitRefused,
+        EventType::ToolCommitFailed,
+        EventType::ToolRolledBack,
+        EventType::ToolRollbackFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -144,6 +159,11 @@ impl EventType {
             EventType::ApprovalGranted => "approval_granted",
             EventType::ApprovalDenied => "approval_denied",
             EventType::ApprovalExpired => "approval_expired",
+            EventType::ToolCommitted => "tool_committed",
+            EventType::ToolCommitRefused => "tool_commit_refused",
+            EventType::ToolCommitFailed => "tool_commit_failed",
+            EventType::ToolRolledBack => "tool_rolled_back",
+            EventType::ToolRollbackFailed => "tool_rollback_failed",
         }
     }
 

@@ -156,6 +156,21 @@ fn render_text(e: &Explanation) -> String {
                 .unwrap_or_default()
         ));
     }
+    for l in &e.trace.limits {
+        let window = l
+            .per_s
+            .map(|s| format!(" in {s} s"))
+            .unwrap_or_else(|| " per run".into());
+        let key = l
+            .key
+            .as_ref()
+            .map(|k| format!(", {k} = {}", l.key_value))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "limit {} ({}): at most {}{window}{key} (counted at admission; explain does not count)\n",
+            l.kind, l.owner, l.max
+        ));
+    }
     match &e.refusal {
         None if !e.trace.approval.is_empty() => out.push_str(
             "decision: allow once approved (the gate after step 8 answers approval_required until an approval of this exact call is presented)\n",

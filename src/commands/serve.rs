@@ -287,6 +287,9 @@ async fn run(args: &ServeArgs) -> Exit {
     };
     let gateway = Arc::new(gateway);
     gateway.spawn_approval_sweeper();
+    // Two-phase tools: roll back what expired while the gateway was down, then at
+    // each deadline.
+    gateway.spawn_phase_reaper();
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => {

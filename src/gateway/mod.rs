@@ -31,7 +31,9 @@ use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
 mod approvals;
 mod evidence;
 pub use evidence::{EvidencePage, MAX_BUNDLE_BYTES};
+mod budgets;
 mod jwt;
+pub mod phases;
 mod run_tokens;
 pub use approvals::ApprovalRequest;
 pub mod shadow;
@@ -170,6 +172,10 @@ pub struct Gateway {
     approval_changes: tokio::sync::Mutex<()>,
     /// Serializes expiry sweeps, so each expiry is audited once.
     approval_sweep: tokio::sync::Mutex<()>,
+    /// The pending commits of two-phase tools (see `phases`).
+    pub(crate) two_phase: phases::TwoPhase,
+    /// The counters of call budgets and rates, or why they could not be opened.
+    pub(crate) counters: Result<Arc<dyn crate::state::counters::Counters>, String>,
 }
 
 impl Gateway {
@@ -193,6 +199,8 @@ impl Gateway {
                 what: format!("the approval store could not be opened: {e}"),
             })?;
         record_policy_loaded(&audit, &loaded.policy, "start").await?;
+        let two_phase = phases::TwoPhase::open(&env.data_dir);
+        let counters = budgets::open(&env.data_dir);
         Ok(Gateway {
             loaded: ArcSwap::from_pointee(loaded),
             audit,
@@ -213,6 +221,8 @@ impl Gateway {
             approvals: Arc::new(approvals),
             approval_changes: tokio::sync::Mutex::new(()),
             approval_sweep: tokio::sync::Mutex::new(()),
+            two_phase,
+            counters,
         })
     }
 

@@ -604,6 +604,10 @@ async fn tool_result(gateway: &Gateway, response: &CallResponse) -> CallToolResu
     if response.replayed {
         meta.insert("io.toolgate/replayed".into(), json!(true));
     }
+    if let Some(details) = &response.details {
+        // A two-phase tool's prepared call: its commit id, deadline and commit URL.
+        meta.insert("io.toolgate/two_phase".into(), json!(details));
+    }
     let mut result = if response.status == Status::Success {
         match (&response.output, &response.artifact) {
             (Some(output), _) => match upstream_content(gateway, response, output) {

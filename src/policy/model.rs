@@ -224,6 +224,76 @@ pub struct Lane {
     pub conditions: Vec<Condition>,
     /// Human approval every call in this lane needs (or, with `when`, some calls).
     pub approval: Option<Approval>,
+    /// `budget` and `rate`: counted at admission (step 8).
+    pub call_limits: CallLimits,
+}
+
+/// The call budget and rate of a lane or tool (step 8): counters kept by the gateway,
+/// claimed at admission (see `authz::limit_claims`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CallLimits {
+    pub budget: Option<Budget>,
+    pub rate: Option<RateLimit>,
+}
+
+/// At most `max_calls_per_run` admitted calls per run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Budget {
+    pub max_calls_per_run: u64,
+}
+
+/// At most `max` admitted calls in any `per_s` seconds, per value of `key` (one
+/// counter for all calls when there is no key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RateLimit {
+    pub max: u64,
+    pub per_s: u64,
+    pub key: Option<LimitKey>,
+}
+
+/// What a rate is counted per: `run`, `role`, `scope.<key>` or `args.<name>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitKey {
+    Run,
+    Role,
+    Scope(String),
+    Args(String),
+}
+
+impl LimitKey {
+    /// Parses `run`, `role`, `scope.<id>` or `args.<id>`.
+    pub fn parse(text: &str) -> Option<LimitKey> {
+        let id = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        };
+        match text.split_once('.') {
+            None if text == "run" => Some(LimitKey::Run),
+            None if text == "role" => Some(LimitKey::Role),
+            Some(("scope", k)) if id(k) => Some(LimitKey::Scope(k.to_string())),
+            Some(("args", k)) if id(k) => Some(LimitKey::Args(k.to_string())),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for LimitKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LimitKey::Run => f.write_str("run"),
+            LimitKey::Role => f.write_str("role"),
+            LimitKey::Scope(k) => write!(f, "scope.{k}"),
+            LimitKey::Args(k) => write!(f, "args.{k}"),
+        }
+    }
+}
+
+impl Serialize for LimitKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
 }
 
 /// `approval:` on a lane or a tool: a call it applies to is not executed until
@@ -333,6 +403,41 @@ pub enum AdapterConfig {
     },
 }
 
+/// A two-phase tool's settings (`adapter.phases`): the tool's own call prepares and
+/// answers a commit token, which the gateway keeps; `commit` or `rollback` is called
+/// later with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Phases {
+    pub commit: PhaseCall,
+    pub rollback: PhaseCall,
+    /// How long after a successful prepare the caller may commit; then the gateway
+    /// rolls back.
+    pub commit_within_s: u64,
+    /// The top-level field of the prepare answer holding the commit token; it is
+    /// removed from the output before anything else sees it.
+    pub token_field: String,
+    /// How many times a commit or rollback is tried when the upstream is down.
+    pub max_attempts: u32,
+    /// The deadline of one commit or rollback attempt.
+    pub timeout_ms: u64,
+}
+
+/// Where a phase call goes: a URL (JSON POST; hosts of the adapter's allowlist) or a
+/// program (argv; the token as JSON on stdin).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PhaseCall {
+    Url(String),
+    Argv(Vec<String>),
+}
+
+/// Default `phases.token_field`.
+pub const DEFAULT_TOKEN_FIELD: &str = "commit_token";
+/// Default `phases.max_attempts`.
+pub const DEFAULT_PHASE_ATTEMPTS: u32 = 3;
+/// Default `phases.timeout_ms`.
+pub const DEFAULT_PHASE_TIMEOUT_MS: u64 = 10_000;
+
 /// An entry of the registry's `servers:` section, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpServer {
@@ -383,6 +488,10 @@ pub struct Tool {
     /// Where the tool writes (empty for read-only tools), e.g. `data:drafts/{case_id}`.
     pub write_targets: Vec<String>,
     pub adapter: AdapterConfig,
+    /// Two-phase execution (prepare, then commit or rollback), from `adapter.phases`.
+    pub phases: Option<Phases>,
+    /// `budget` and `rate`: counted at admission (step 8).
+    pub call_limits: CallLimits,
     pub redaction: Redaction,
     pub input_schema: Arc<Value>,
     pub output_schema: Arc<Value>,

@@ -120,6 +120,8 @@ pub(crate) struct RawLane {
     /// Human approval for every call in this lane (see `RawApproval`).
     #[serde(default)]
     pub approval: Option<Spanned<RawApproval>>,
+    pub budget: Option<Spanned<RawBudget>>,
+    pub rate: Option<Spanned<RawRate>>,
 }
 
 /// `approval: {required: true | when: <CEL>, approvers: [...], quorum: N, ttl_s: N}`:
@@ -132,6 +134,22 @@ pub(crate) struct RawApproval {
     pub approvers: Spanned<Vec<Spanned<String>>>,
     pub quorum: Option<Spanned<u32>>,
     pub ttl_s: Option<Spanned<u64>>,
+}
+
+/// `budget: {max_calls_per_run}` of a lane or tool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBudget {
+    pub max_calls_per_run: Spanned<u64>,
+}
+
+/// `rate: {max, per_s, key}` of a lane or tool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRate {
+    pub max: Spanned<u64>,
+    pub per_s: Spanned<u64>,
+    pub key: Option<Spanned<String>>,
 }
 
 /// A CEL condition: `{name, expr, message}`.
@@ -190,6 +208,8 @@ pub(crate) struct RawTool {
     pub write_targets: Spanned<Vec<Spanned<String>>>,
     pub adapter: Spanned<RawAdapter>,
     pub redaction: Option<Spanned<RawRedaction>>,
+    pub budget: Option<Spanned<RawBudget>>,
+    pub rate: Option<Spanned<RawRate>>,
     pub input_schema: Spanned<Value>,
     pub output_schema: Spanned<Value>,
 }
@@ -262,6 +282,28 @@ pub(crate) struct RawAdapter {
     // mcp
     pub server: Option<Spanned<String>>,
     pub tool: Option<Spanned<String>>,
+    // two-phase tools (http, command, builtin `file_with_court`)
+    pub phases: Option<Spanned<RawPhases>>,
+}
+
+/// A two-phase tool's commit and rollback calls (see `model::Phases`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPhases {
+    pub commit: Spanned<RawPhaseCall>,
+    pub rollback: Spanned<RawPhaseCall>,
+    pub commit_within_s: Spanned<u64>,
+    pub token_field: Option<Spanned<String>>,
+    pub max_attempts: Option<Spanned<u32>>,
+    pub timeout_ms: Option<Spanned<u64>>,
+}
+
+/// One phase call: `url` (http and builtin adapters) or `argv` (command adapters).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPhaseCall {
+    pub url: Option<Spanned<String>>,
+    pub argv: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

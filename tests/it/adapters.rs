@@ -55,6 +55,8 @@ fn tool(name: &str, adapter: AdapterConfig, input: Value, output: Value) -> Tool
         approval: None,
         write_targets: vec![],
         adapter,
+        phases: None,
+        call_limits: Default::default(),
         redaction: Redaction::Full,
         input_schema: Arc::new(input),
         output_schema: Arc::new(output),

@@ -379,3 +379,146 @@ pub(super) fn check_redaction(
 
 // ---------------------------------------------------------------------------------------
 // Cross-references
+
+/// `adapter.phases` of a two-phase tool: only for side-effectful tools on an http,
+/// command or builtin adapter; `url` phase calls for http and builtin adapters,
+/// `argv` for command adapters; bounded deadlines and attempts.
+pub(super) fn check_phases(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    adapter: &Spanned<RawAdapter>,
+    determinism: Determinism,
+) -> Option<crate::policy::Phases> {
+    use crate::policy::{
+        DEFAULT_PHASE_ATTEMPTS, DEFAULT_PHASE_TIMEOUT_MS, DEFAULT_TOKEN_FIELD, PhaseCall, Phases,
+    };
+    let raw = adapter.value.phases.as_ref()?;
+    let before = report.problems.len();
+    let kind = adapter.value.kind.value;
+    if kind == RawAdapterKind::Mcp {
+        report.spanned(
+            file,
+            raw,
+            format!("{owner}: adapter kind `mcp` cannot declare `phases`"),
+            "two-phase tools use an http, command or builtin adapter",
+        );
+        return None;
+    }
+    if determinism != Determinism::SideEffectful {
+        report.spanned(
+            file,
+            raw,
+            format!("{owner}: `phases` is only for `determinism: side_effectful` tools"),
+            "a tool without side effects has nothing to commit or roll back",
+        );
+    }
+    let wants_url = kind != RawAdapterKind::Command;
+    let call = |report: &mut Report<'_>,
+                name: &str,
+                call: &Spanned<crate::policy::raw::RawPhaseCall>| {
+        match (&call.value.url, &call.value.argv, wants_url) {
+            (Some(url), None, true) if !url.value.trim().is_empty() => {
+                Some(PhaseCall::Url(url.value.clone()))
+            }
+            (None, Some(argv), false)
+                if argv.value.first().is_some_and(|p| !p.trim().is_empty()) =>
+            {
+                Some(PhaseCall::Argv(argv.value.clone()))
+            }
+            _ => {
+                let want = if wants_url { "`url`" } else { "`argv`" };
+                report.spanned(
+                    file,
+                    call,
+                    format!(
+                        "{owner}: `phases.{name}` of a `{}` adapter needs exactly {want}, not empty",
+                        kind.as_str()
+                    ),
+                    if wants_url {
+                        "e.g. `{url: \"http://127.0.0.1:8799/filings/commit\"}` (a host of the adapter's allowed_hosts)"
+                    } else {
+                        "e.g. `{argv: [python3, tools/x/commit.py]}`"
+                    },
+                );
+                None
+            }
+        }
+    };
+    let commit = call(report, "commit", &raw.value.commit);
+    let rollback = call(report, "rollback", &raw.value.rollback);
+    let within = raw.value.commit_within_s.value;
+    if !(1..=86_400).contains(&within) {
+        report.spanned(
+            file,
+            &raw.value.commit_within_s,
+            format!("{owner}: `phases.commit_within_s` is {within}, not within 1..=86400"),
+            "give the seconds a caller has to commit, at most a day",
+        );
+    }
+    let token_field = raw
+        .value
+        .token_field
+        .as_ref()
+        .map_or(DEFAULT_TOKEN_FIELD.to_string(), |f| f.value.clone());
+    if let Some(field) = &raw.value.token_field
+        && !is_id(&field.value)
+    {
+        report.spanned(
+            file,
+            field,
+            format!(
+                "{owner}: `phases.token_field` `{}` is not a field name",
+                field.value.escape_debug()
+            ),
+            "a top-level field of the prepare answer, e.g. `commit_token`",
+        );
+    }
+    let max_attempts = raw
+        .value
+        .max_attempts
+        .as_ref()
+        .map_or(DEFAULT_PHASE_ATTEMPTS, |a| a.value);
+    if let Some(a) = &raw.value.max_attempts
+        && !(1..=10).contains(&a.value)
+    {
+        report.spanned(
+            file,
+            a,
+            format!(
+                "{owner}: `phases.max_attempts` is {}, not within 1..=10",
+                a.value
+            ),
+            "commit and rollback are retried at most this many times in all",
+        );
+    }
+    let timeout_ms = raw
+        .value
+        .timeout_ms
+        .as_ref()
+        .map_or(DEFAULT_PHASE_TIMEOUT_MS, |t| t.value);
+    if let Some(t) = &raw.value.timeout_ms
+        && !(1..=60_000).contains(&t.value)
+    {
+        report.spanned(
+            file,
+            t,
+            format!(
+                "{owner}: `phases.timeout_ms` is {}, not within 1..=60000",
+                t.value
+            ),
+            "one commit or rollback attempt may take at most a minute",
+        );
+    }
+    if report.problems.len() != before {
+        return None;
+    }
+    Some(Phases {
+        commit: commit?,
+        rollback: rollback?,
+        commit_within_s: within,
+        token_field,
+        max_attempts,
+        timeout_ms,
+    })
+}

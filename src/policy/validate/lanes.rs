@@ -21,6 +21,8 @@ pub(super) fn check_lanes(
             write,
             conditions,
             approval,
+            budget,
+            rate,
         } = &entry.value;
         let id_ok = check_id(report, file, "lane id", lane_id);
         let unique = id_ok && check_unique(report, file, "lane id", &mut seen, lane_id);
@@ -32,6 +34,14 @@ pub(super) fn check_lanes(
         let prohibited_flags = check_id_list(report, file, "flag", &owner, prohibited_flags);
         let conditions = check_conditions(report, file, &owner, conditions, None);
         let approval = check_approval(report, file, &owner, approval.as_ref(), None);
+        let call_limits = super::tools::check_call_limits(
+            report,
+            file,
+            &owner,
+            (budget.as_ref(), rate.as_ref()),
+            &required_scope_keys,
+            None,
+        );
         let mut statuses = BTreeSet::new();
         for status in &run_statuses.value {
             if !statuses.insert(status.value) {
@@ -65,6 +75,7 @@ pub(super) fn check_lanes(
                     write: *write,
                     conditions,
                     approval,
+                    call_limits,
                 },
             );
         }

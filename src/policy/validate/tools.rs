@@ -91,6 +91,7 @@ pub(super) fn check_tool(
         .filter_map(|rule| check_flag_rule(report, file, &owner, rule))
         .collect();
     let adapter = check_adapter(report, file, &owner, &raw.adapter, servers);
+    let phases = adapters::check_phases(report, file, &owner, &raw.adapter, determinism);
     let redaction = check_redaction(report, file, &owner, raw.redaction.as_ref());
 
     let mut conditions = Vec::new();
@@ -133,6 +134,14 @@ pub(super) fn check_tool(
     } else {
         None
     };
+    let call_limits = check_call_limits(
+        report,
+        file,
+        &owner,
+        (raw.budget.as_ref(), raw.rate.as_ref()),
+        &required_scope_keys,
+        schemas.as_ref().map(|(input, _)| &*input.value),
+    );
 
     if report.problems.len() != before {
         return None;
@@ -155,6 +164,8 @@ pub(super) fn check_tool(
         approval,
         write_targets,
         adapter: adapter?,
+        phases,
+        call_limits,
         redaction: redaction?,
         input_schema: input.value,
         output_schema: output.value,
@@ -392,4 +403,104 @@ pub(crate) fn pointer_fits_schema(pointer: &str, schema: &Value) -> Result<(), S
         };
     }
     Ok(())
+}
+
+/// `budget` and `rate` of a lane or tool: bounded numbers, and a rate `key` that names
+/// `run`, `role`, one of the owner's required scope keys (so it is always there) or an
+/// argument its input schema declares (on a lane: any argument name).
+pub(super) fn check_call_limits(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    (budget, rate): (
+        Option<&Spanned<crate::policy::raw::RawBudget>>,
+        Option<&Spanned<crate::policy::raw::RawRate>>,
+    ),
+    scope_keys: &[String],
+    input_schema: Option<&Value>,
+) -> crate::policy::CallLimits {
+    use crate::policy::{Budget, CallLimits, LimitKey, RateLimit};
+    const MAX_COUNT: u64 = 1_000_000;
+    const MAX_WINDOW_S: u64 = 7 * 24 * 3600;
+    let mut limits = CallLimits::default();
+    let count = |report: &mut Report<'_>, field: &str, value: &Spanned<u64>, max: u64| {
+        let ok = (1..=max).contains(&value.value);
+        if !ok {
+            report.spanned(
+                file,
+                value,
+                format!(
+                    "{owner}: `{field}` is {}, not within 1..={max}",
+                    value.value
+                ),
+                "give a positive bound; remove the setting for no limit",
+            );
+        }
+        ok
+    };
+    if let Some(b) = budget
+        && count(
+            report,
+            "budget.max_calls_per_run",
+            &b.value.max_calls_per_run,
+            MAX_COUNT,
+        )
+    {
+        limits.budget = Some(Budget {
+            max_calls_per_run: b.value.max_calls_per_run.value,
+        });
+    }
+    if let Some(r) = rate {
+        let max_ok = count(report, "rate.max", &r.value.max, MAX_COUNT);
+        let per_ok = count(report, "rate.per_s", &r.value.per_s, MAX_WINDOW_S);
+        let key = match &r.value.key {
+            None => Some(None),
+            Some(text) => {
+                match LimitKey::parse(&text.value) {
+                    None => {
+                        report.spanned(
+                        file,
+                        text,
+                        format!("{owner}: rate key `{}` is not `run`, `role`, `scope.<key>` or `args.<name>`", text.value.escape_debug()),
+                        "e.g. `key: scope.service` counts the calls per service",
+                    );
+                        None
+                    }
+                    Some(LimitKey::Scope(k)) if !scope_keys.contains(&k) => {
+                        report.spanned(
+                        file,
+                        text,
+                        format!("{owner}: rate key `scope.{k}` is not one of its required scope keys"),
+                        "add the key to `required_scope_keys`, so every call carries it",
+                    );
+                        None
+                    }
+                    Some(LimitKey::Args(a))
+                        if input_schema.is_some_and(|s| {
+                            s.get("properties")
+                                .and_then(Value::as_object)
+                                .is_none_or(|p| !p.contains_key(&a))
+                        }) =>
+                    {
+                        report.spanned(
+                        file,
+                        text,
+                        format!("{owner}: rate key `args.{a}` is not an argument its input schema declares"),
+                        "declare the argument under the input schema's `properties`",
+                    );
+                        None
+                    }
+                    Some(k) => Some(Some(k)),
+                }
+            }
+        };
+        if let (true, true, Some(key)) = (max_ok, per_ok, key) {
+            limits.rate = Some(RateLimit {
+                max: r.value.max.value,
+                per_s: r.value.per_s.value,
+                key,
+            });
+        }
+    }
+    limits
 }

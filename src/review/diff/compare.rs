@@ -67,6 +67,8 @@ pub enum Kind {
     LaneApprovalAdded,
     LaneApprovalRemoved,
     LaneApprovalChanged,
+    LaneBudgetChanged,
+    LaneRateChanged,
     // tools
     ToolAdded,
     ToolRemoved,
@@ -96,6 +98,9 @@ pub enum Kind {
     ToolApprovalAdded,
     ToolApprovalRemoved,
     ToolApprovalChanged,
+    ToolBudgetChanged,
+    ToolRateChanged,
+    ToolPhasesChanged,
 }
 
 /// Which part of the policy a change is about; sections order the report.
@@ -158,6 +163,8 @@ impl Kind {
             | LaneApprovalAdded
             | LaneApprovalRemoved
             | LaneApprovalChanged => Section::Lanes,
+            | LaneBudgetChanged
+            | LaneRateChanged => Section::Lanes,
             InputSchemaChanged | OutputSchemaChanged => Section::Schemas,
             ToolAdded
             | ToolRemoved
@@ -185,6 +192,9 @@ impl Kind {
             | ToolApprovalAdded
             | ToolApprovalRemoved
             | ToolApprovalChanged => Section::Tools,
+            | ToolBudgetChanged
+            | ToolRateChanged
+            | ToolPhasesChanged => Section::Tools,
         }
     }
 }
@@ -635,6 +645,7 @@ fn lane_fields(id: &str, o: &Lane, n: &Lane, out: &mut Vec<Change>) {
         n.approval.as_ref(),
         out,
     );
+    call_limits(Owner::Lane(id), &o.call_limits, &n.call_limits, out);
 }
 
 fn tools(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
@@ -684,6 +695,122 @@ fn tool_fields(id: &str, o: &Tool, n: &Tool, out: &mut Vec<Change>) {
         o.approval.as_ref(),
         n.approval.as_ref(),
         out,
+    );
+    call_limits(Owner::Tool(id), &o.call_limits, &n.call_limits, out);
+    phases(id, o.phases.as_ref(), n.phases.as_ref(), out);
+}
+
+/// A budget or rate added narrows; removed or raised (more calls, or a shorter
+/// window) widens; lowered narrows; a rate whose key changed widens (whether the new
+/// key counts more strictly cannot be proven).
+fn call_limits(
+    owner: Owner<'_>,
+    old: &crate::policy::CallLimits,
+    new: &crate::policy::CallLimits,
+    out: &mut Vec<Change>,
+) {
+    let (label, budget_kind, rate_kind) = match owner {
+        Owner::Lane(id) => (
+            format!("lane `{id}`"),
+            Kind::LaneBudgetChanged,
+            Kind::LaneRateChanged,
+        ),
+        Owner::Tool(id) => (
+            format!("tool `{id}`"),
+            Kind::ToolBudgetChanged,
+            Kind::ToolRateChanged,
+        ),
+    };
+    let attach = |change: Change| match owner {
+        Owner::Lane(id) => change.lane(id),
+        Owner::Tool(id) => change.tool(id),
+    };
+    let budget = |b: &crate::policy::Budget| b.max_calls_per_run;
+    let effect = match (
+        old.budget.as_ref().map(budget),
+        new.budget.as_ref().map(budget),
+    ) {
+        (None, None) => None,
+        (Some(_), None) => Some((Effect::Widening, "removed".to_string())),
+        (None, Some(n)) => Some((Effect::Narrowing, format!("added: {n} calls per run"))),
+        (Some(o), Some(n)) if n > o => Some((
+            Effect::Widening,
+            format!("raised from {o} to {n} calls per run"),
+        )),
+        (Some(o), Some(n)) if n < o => Some((
+            Effect::Narrowing,
+            format!("lowered from {o} to {n} calls per run"),
+        )),
+        (Some(_), Some(_)) => None,
+    };
+    if let Some((effect, text)) = effect {
+        out.push(attach(
+            Change::new(budget_kind, effect, format!("{label}: budget {text}"))
+                .values(json!(old.budget), json!(new.budget)),
+        ));
+    }
+    let describe = |r: &crate::policy::RateLimit| {
+        let key = r
+            .key
+            .as_ref()
+            .map(|k| format!(" per `{k}`"))
+            .unwrap_or_default();
+        format!("{} calls in {} s{key}", r.max, r.per_s)
+    };
+    let effect = match (&old.rate, &new.rate) {
+        (None, None) => None,
+        (Some(o), None) => Some((Effect::Widening, format!("removed ({})", describe(o)))),
+        (None, Some(n)) => Some((Effect::Narrowing, format!("added: {}", describe(n)))),
+        (Some(o), Some(n)) if o == n => None,
+        (Some(o), Some(n)) => {
+            let effect = if o.key != n.key || n.max > o.max || n.per_s < o.per_s {
+                Effect::Widening
+            } else {
+                Effect::Narrowing
+            };
+            Some((
+                effect,
+                format!("changed from {} to {}", describe(o), describe(n)),
+            ))
+        }
+    };
+    if let Some((effect, text)) = effect {
+        out.push(attach(
+            Change::new(rate_kind, effect, format!("{label}: rate {text}"))
+                .values(json!(old.rate), json!(new.rate)),
+        ));
+    }
+}
+
+/// Two-phase settings: added narrows (effects wait for a commit); removed or changed
+/// widens (effects become final at once, or may wait longer for a commit).
+fn phases(
+    id: &str,
+    old: Option<&crate::policy::Phases>,
+    new: Option<&crate::policy::Phases>,
+    out: &mut Vec<Change>,
+) {
+    let (effect, text) = match (old, new) {
+        (None, None) => return,
+        (Some(o), Some(n)) if o == n => return,
+        (None, Some(_)) => (
+            Effect::Narrowing,
+            "now two-phase: its effect waits for a commit",
+        ),
+        (Some(_), None) => (
+            Effect::Widening,
+            "is no longer two-phase: its effect is final at once",
+        ),
+        (Some(_), Some(_)) => (Effect::Widening, "two-phase settings changed"),
+    };
+    out.push(
+        Change::new(
+            Kind::ToolPhasesChanged,
+            effect,
+            format!("tool `{id}` {text}"),
+        )
+        .tool(id)
+        .values(json!(old), json!(new)),
     );
 }
 

@@ -1,0 +1,136 @@
+//! Call budgets and rates, the gateway's side: the counters (`state::counters`) claimed
+//! for a call once steps 1-8 allowed it, and given back when it executed nothing.
+//!
+//! INVARIANT: a call is counted at admission (after the pure decision, before its
+//! `tool_requested`), all of its claims at once or none; a denied or refused call is
+//! never counted, and an admitted call that reached no tool is refunded.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::Gateway;
+use crate::call::LimitClaim;
+use crate::diagnostic::{Reason, Refusal};
+use crate::state::counters::{Admission, Claim, Counters, SqliteCounters, Ticket};
+
+/// Opens `<data_dir>/counters.db`, or says why it could not (calls with limits are then
+/// refused: fail closed).
+pub fn open(data_dir: &Path) -> Result<Arc<dyn Counters>, String> {
+    SqliteCounters::open(&data_dir.join("counters.db"))
+        .map(|c| Arc::new(c) as Arc<dyn Counters>)
+        .map_err(|e| e.to_string())
+}
+
+impl Gateway {
+    /// Claims a call's budgets and rates (`count: false` for a dry run: checked, not
+    /// counted). `Ok(None)` when the call has no limits.
+    pub(crate) async fn admit(
+        &self,
+        claims: &[LimitClaim],
+        count: bool,
+    ) -> Result<Option<Ticket>, Refusal> {
+        if claims.is_empty() {
+            return Ok(None);
+        }
+        let counters = self.counters.clone().map_err(|e| unavailable(&e))?;
+        let wanted: Vec<Claim> = claims
+            .iter()
+            .map(|c| Claim {
+                counter: c.counter.clone(),
+                max: c.max,
+                window_ms: c
+                    .per_s
+                    .map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)),
+            })
+            .collect();
+        let now = now_ms();
+        let admission = tokio::task::spawn_blocking(move || counters.admit(&wanted, now, count))
+            .await
+            .map_err(|_| unavailable("the counter task failed"))?
+            .map_err(|e| unavailable(&e.to_string()))?;
+        match admission {
+            Admission::Admitted(ticket) => Ok(Some(ticket)),
+            Admission::Refused {
+                index,
+                used,
+                retry_after_ms,
+            } => {
+                let claim = claims.get(index).cloned();
+                let Some(claim) = claim else {
+                    return Err(unavailable("the counters refused an unknown claim"));
+                };
+                Err(refusal(&claim, used, retry_after_ms))
+            }
+        }
+    }
+
+    /// Gives back an admitted call's counts (it reached no tool). A failure is logged:
+    /// the call then stays counted, which errs on the side of the limit.
+    pub(crate) async fn refund(&self, ticket: Option<Ticket>) {
+        let (Some(ticket), Ok(counters)) = (ticket, self.counters.clone()) else {
+            return;
+        };
+        let refunded = tokio::task::spawn_blocking(move || counters.refund(&ticket)).await;
+        if !matches!(refunded, Ok(Ok(()))) {
+            tracing::warn!("a call's budget and rate counts could not be given back");
+        }
+    }
+}
+
+fn refusal(claim: &LimitClaim, used: u64, retry_after_ms: Option<u64>) -> Refusal {
+    let mut details = json!({
+        "owner": claim.owner,
+        "limit": claim.kind,
+        "max": claim.max,
+        "used": used,
+    });
+    if let Some(per_s) = claim.per_s {
+        details["per_s"] = json!(per_s);
+    }
+    if let Some(key) = &claim.key {
+        details["key"] = json!(key);
+        details["key_value"] = claim.key_value.clone();
+    }
+    match retry_after_ms {
+        None => Refusal::new(
+            Reason::BudgetExhausted,
+            format!(
+                "the run has made {used} of the {} calls `{}` allows per run",
+                claim.max, claim.owner
+            ),
+        )
+        .with_details(details),
+        Some(wait) => {
+            details["retry_after_ms"] = json!(wait);
+            let per = claim
+                .key
+                .as_ref()
+                .map(|k| format!(" per `{k}`"))
+                .unwrap_or_default();
+            Refusal::new(
+                Reason::RateLimited,
+                format!(
+                    "`{}` allows {} calls{per} in {} s; retry in {wait} ms",
+                    claim.owner,
+                    claim.max,
+                    claim.per_s.unwrap_or(0)
+                ),
+            )
+            .at_step(8)
+            .with_details(details)
+        }
+    }
+}
+
+fn unavailable(why: &str) -> Refusal {
+    Refusal::new(
+        Reason::CounterStateUnavailable,
+        format!("the budget and rate counters are unavailable: {why}"),
+    )
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}

@@ -1,0 +1,733 @@
+//! Two-phase tools, the gateway's side: the pending commits (durable in
+//! `<data_dir>/phases.db`, see `state::phases`), `POST /v1/tool-calls/{call_id}/commit`,
+//! and the task that rolls prepared calls back at their deadline.
+//!
+//! INVARIANT: a prepared call is decided once: the commit and the rollback claim it
+//! under one lock (`pending -> committing` or `pending -> rolling_back`), and the claim
+//! is durable before the upstream is called. A commit is never replayed. The commit
+//! token stays in the state store: no response, audit event or log line carries it
+//! (only its sha256).
+//! INVARIANT: every phase leaves an audit event (`tool_committed`,
+//! `tool_commit_refused`, `tool_commit_failed`, `tool_rolled_back`,
+//! `tool_rollback_failed`).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use super::Gateway;
+use crate::adapter::{ExecError, Phase, PhaseOutcome};
+use crate::audit::{EventType, NewEvent};
+use crate::authz;
+use crate::canonical::sha256_hex;
+use crate::diagnostic::{Reason, Refusal};
+use crate::requests::Commit;
+use crate::state::StateError;
+use crate::state::phases::{CommitState, PendingCommit, PhaseStore};
+
+/// Undecided prepared calls the gateway holds at most; a prepare beyond is refused.
+pub const MAX_PENDING: usize = 10_000;
+/// Decided calls are remembered this long (a late commit is refused with the right
+/// reason), then pruned at start.
+const KEEP_DECIDED_MS: i64 = 7 * 24 * 3600 * 1000;
+/// The most decided calls kept in memory; older ones are forgotten first.
+const MAX_DECIDED: usize = 50_000;
+/// The reaper looks at the table at least this often.
+const REAPER_IDLE: Duration = Duration::from_secs(30);
+
+/// The pending commits of the running gateway.
+pub struct TwoPhase {
+    /// The durable store, or why it could not be opened (every two-phase call is
+    /// then refused: fail closed).
+    store: Result<Arc<PhaseStore>, String>,
+    /// Every known prepared call by call_id, mirroring the store; the one lock under
+    /// which commits and rollbacks claim a call.
+    table: Mutex<HashMap<String, PendingCommit>>,
+    /// Wakes the reaper when a call is prepared.
+    wake: tokio::sync::Notify,
+    /// When this process started (unix ms): a deadline before it passed while the
+    /// gateway was down.
+    started_ms: i64,
+}
+
+/// The identifiers of a call being prepared.
+pub struct Prepared<'a> {
+    pub call_id: &'a str,
+    pub run_id: &'a str,
+    pub role_id: &'a str,
+    pub lane_id: &'a str,
+    pub tool_name: &'a str,
+    pub tool_version: &'a str,
+}
+
+impl TwoPhase {
+    /// Opens `<data_dir>/phases.db`, prunes long-decided rows and loads the rest.
+    pub fn open(data_dir: &Path) -> TwoPhase {
+        let now = now_ms();
+        let mut table = HashMap::new();
+        let store = PhaseStore::open(&data_dir.join("phases.db")).and_then(|store| {
+            store.prune(now - KEEP_DECIDED_MS)?;
+            for row in store.load()? {
+                table.insert(row.call_id.clone(), row);
+            }
+            Ok(Arc::new(store))
+        });
+        TwoPhase {
+            store: store.map_err(|e| e.to_string()),
+            table: Mutex::new(table),
+            wake: tokio::sync::Notify::new(),
+            started_ms: now,
+        }
+    }
+
+    fn store(&self) -> Result<Arc<PhaseStore>, Refusal> {
+        self.store
+            .clone()
+            .map_err(|e| unavailable(&format!("it could not be opened: {e}")))
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<String, PendingCommit>>, Refusal> {
+        self.table
+            .lock()
+            .map_err(|_| unavailable("its table lock is poisoned"))
+    }
+
+    /// Whether a two-phase call may be prepared now: the store is open and holds
+    /// fewer than [`MAX_PENDING`] undecided calls.
+    pub fn room(&self) -> Result<(), Refusal> {
+        self.store()?;
+        let table = self.lock()?;
+        let undecided = table.values().filter(|e| !e.state.is_final()).count();
+        if undecided >= MAX_PENDING {
+            return Err(unavailable(&format!(
+                "it holds {MAX_PENDING} undecided prepared calls, its limit"
+            ))
+            .with_details(json!({ "retry_after_ms": 1000 })));
+        }
+        Ok(())
+    }
+
+    /// Claims the call for `to` if its state is one of `from`; returns it as it was.
+    fn claim(&self, call_id: &str, from: &[CommitState], to: CommitState) -> Option<PendingCommit> {
+        let mut table = self.table.lock().ok()?;
+        let entry = table.get_mut(call_id)?;
+        if !from.contains(&entry.state) {
+            return None;
+        }
+        let before = entry.clone();
+        entry.state = to;
+        Some(before)
+    }
+
+    fn set(&self, call_id: &str, state: CommitState) {
+        if let Ok(mut table) = self.table.lock() {
+            if let Some(entry) = table.get_mut(call_id) {
+                entry.state = state;
+                if state.is_final() {
+                    entry.token.clear();
+                }
+            }
+            if table.len() > MAX_PENDING + MAX_DECIDED {
+                // Forget the decided calls whose deadline is oldest.
+                let mut decided: Vec<(i64, String)> = table
+                    .values()
+                    .filter(|e| e.state.is_final())
+                    .map(|e| (e.deadline_ms, e.call_id.clone()))
+                    .collect();
+                decided.sort();
+                let excess = table.len() - (MAX_PENDING + MAX_DECIDED);
+                for (_, id) in decided.into_iter().take(excess) {
+                    table.remove(&id);
+                }
+            }
+        }
+    }
+}
+
+impl Gateway {
+    /// Refuses a call to a two-phase tool before anything runs when its commit could
+    /// not be held (store unavailable or full).
+    pub(crate) fn two_phase_room(&self) -> Result<(), Refusal> {
+        self.two_phase.room()
+    }
+
+    /// Records a prepared call (durable before the caller hears of it) and returns its
+    /// details for the response and the closing event: `phase`, `commit.commit_id`,
+    /// `commit.deadline`.
+    pub(crate) async fn record_prepared(
+        &self,
+        call: Prepared<'_>,
+        token: String,
+        commit_within_s: u64,
+    ) -> Result<Map<String, Value>, Refusal> {
+        let store = self.two_phase.store()?;
+        let now = now_ms();
+        let deadline_ms = now.saturating_add(i64::try_from(commit_within_s).unwrap_or(0) * 1000);
+        let row = PendingCommit {
+            call_id: call.call_id.to_string(),
+            commit_id: format!("commit-{}", uuid::Uuid::new_v4()),
+            run_id: call.run_id.to_string(),
+            role_id: call.role_id.to_string(),
+            lane_id: call.lane_id.to_string(),
+            tool_name: call.tool_name.to_string(),
+            tool_version: call.tool_version.to_string(),
+            token_sha256: sha256_hex(token.as_bytes()),
+            token,
+            deadline_ms,
+            state: CommitState::Pending,
+        };
+        let stored = row.clone();
+        let inserted = blocking(store, move |s| s.insert(&stored, now)).await;
+        let details = prepared_details(&row);
+        let call_id = row.call_id.clone();
+        self.two_phase.lock()?.insert(call_id.clone(), row);
+        if let Err(e) = inserted {
+            // Not held durably: the caller is refused and the prepare rolled back now.
+            self.roll_back(&call_id, &[CommitState::Pending], "not_held")
+                .await;
+            return Err(unavailable(&e.to_string()));
+        }
+        self.two_phase.wake.notify_one();
+        Ok(details)
+    }
+
+    /// A prepared call whose response could not be given (its closing event was not
+    /// written): rolled back at once.
+    pub(crate) async fn abandon_prepared(&self, call_id: &str) {
+        self.roll_back(call_id, &[CommitState::Pending], "not_delivered")
+            .await;
+    }
+
+    /// `POST /v1/tool-calls/{call_id}/commit`: commits a prepared call for the role and
+    /// run that made it, within its deadline, once. Every request that names a call
+    /// is audited (`tool_committed`, `tool_commit_refused` or `tool_commit_failed`).
+    pub async fn commit(
+        &self,
+        token: Option<&str>,
+        call_id: &str,
+        request: Result<Commit, Refusal>,
+    ) -> Result<Value, Refusal> {
+        let request = match request {
+            Ok(r) => r,
+            Err(malformed) => {
+                // Answered only once the caller is authenticated.
+                self.verify_any(token)?;
+                return Err(malformed);
+            }
+        };
+        let known = self
+            .two_phase
+            .lock()?
+            .get(call_id)
+            .filter(|e| e.commit_id == request.commit_id)
+            .cloned();
+        let decided = self.decide_commit(token, call_id, &request, known.as_ref());
+        let entry = match decided {
+            Ok(entry) => entry,
+            Err(refusal) => {
+                let mut event = refusal_event(call_id, known.as_ref(), &request);
+                add_refusal(&mut event, &refusal);
+                self.audit
+                    .append(event)
+                    .await
+                    .map_err(super::audit_refusal)?;
+                return Err(refusal);
+            }
+        };
+        let store = self.two_phase.store()?;
+        let id = entry.call_id.clone();
+        if let Err(e) = blocking(store.clone(), move |s| {
+            s.set_state(&id, CommitState::Committing, now_ms())
+        })
+        .await
+        {
+            self.two_phase.set(&entry.call_id, CommitState::Pending);
+            let refusal = unavailable(&e.to_string());
+            let mut event = refusal_event(call_id, Some(&entry), &request);
+            add_refusal(&mut event, &refusal);
+            self.audit
+                .append(event)
+                .await
+                .map_err(super::audit_refusal)?;
+            return Err(refusal);
+        }
+        self.finish_commit(entry, "request").await
+    }
+
+    /// The checks of a commit request, in order: the caller proves the role it names
+    /// (and a run token its run), the call and commit id are known, the role and run
+    /// are the call's, and the call is still pending within its deadline. Claims it.
+    fn decide_commit(
+        &self,
+        token: Option<&str>,
+        call_id: &str,
+        request: &Commit,
+        known: Option<&PendingCommit>,
+    ) -> Result<PendingCommit, Refusal> {
+        let loaded = self.current();
+        let policy = &loaded.policy;
+        match token.and_then(|t| self.run_binding(t)) {
+            Some(bound) => {
+                let binding = bound?;
+                authz::verify_run_token(policy, &binding, &request.role_id)?;
+                authz::check_token_run(&binding, &request.run_id)?;
+            }
+            None => {
+                self.role_of(policy, &request.role_id, token)?;
+            }
+        }
+        let Some(entry) = known else {
+            return Err(Refusal::new(
+                Reason::CommitUnknown,
+                format!(
+                    "no prepared call `{}` with this commit_id",
+                    bounded(call_id)
+                ),
+            ));
+        };
+        if entry.role_id != request.role_id || entry.run_id != request.run_id {
+            return Err(Refusal::new(
+                Reason::CommitNotAllowed,
+                "the call was prepared by another run or role; only they may commit it",
+            ));
+        }
+        let now = now_ms();
+        let mut table = self.two_phase.lock()?;
+        let Some(current) = table.get_mut(call_id) else {
+            return Err(Refusal::new(
+                Reason::CommitUnknown,
+                "the prepared call is no longer known",
+            ));
+        };
+        match current.state {
+            CommitState::Pending if now < current.deadline_ms => {
+                let before = current.clone();
+                current.state = CommitState::Committing;
+                Ok(before)
+            }
+            CommitState::Pending => {
+                self.two_phase.wake.notify_one();
+                Err(Refusal::new(
+                    Reason::CommitExpired,
+                    "the commit deadline has passed; the call is being rolled back",
+                )
+                .with_details(json!({ "state": "rolling_back", "commit_deadline": rfc3339(current.deadline_ms) })))
+            }
+            CommitState::Committing | CommitState::Committed => Err(Refusal::new(
+                Reason::CommitAlreadyUsed,
+                "the call was already committed; a commit is never replayed",
+            )
+            .with_details(json!({ "state": current.state.as_str() }))),
+            state => Err(Refusal::new(
+                Reason::CommitExpired,
+                "the call was rolled back (or its commit failed); it can no longer be committed",
+            )
+            .with_details(json!({ "state": state.as_str() }))),
+        }
+    }
+
+    /// Runs the claimed commit upstream and records its outcome; a failed commit is
+    /// rolled back.
+    async fn finish_commit(&self, entry: PendingCommit, trigger: &str) -> Result<Value, Refusal> {
+        let outcome = self.run_phase(&entry, Phase::Commit).await;
+        let attempts = outcome.attempts;
+        match outcome.result {
+            Ok(mut answer) => {
+                self.persist(&entry.call_id, CommitState::Committed).await;
+                let token_field = self.token_field(&entry.tool_name);
+                if let Some(o) = answer.as_object_mut() {
+                    o.remove(&token_field);
+                }
+                let mut event = phase_event(EventType::ToolCommitted, &entry, trigger, attempts);
+                event.output_hash_sha256 =
+                    Some(sha256_hex(&crate::canonical::to_canonical_bytes(&answer)));
+                let appended = self.audit.append(event).await.map_err(|e| {
+                    Refusal::new(
+                        Reason::AuditUnavailable,
+                        format!("the call was committed, but the audit log could not record it; no output is returned: {e}"),
+                    )
+                    .at_step(12)
+                    .with_retryable(false)
+                })?;
+                Ok(json!({
+                    "call_id": entry.call_id,
+                    "commit_id": entry.commit_id,
+                    "status": "success",
+                    "phase": "committed",
+                    "attempts": attempts,
+                    "output": answer,
+                    "audit_event_id": appended.event_id,
+                }))
+            }
+            Err(error) => {
+                self.persist(&entry.call_id, CommitState::CommitFailed)
+                    .await;
+                let mut refusal = phase_refusal(
+                    Reason::CommitFailed,
+                    &entry,
+                    Phase::Commit,
+                    &error,
+                    attempts,
+                );
+                let mut event = phase_event(EventType::ToolCommitFailed, &entry, trigger, attempts);
+                add_refusal(&mut event, &refusal);
+                let recorded = self.audit.append(event).await;
+                let rolled = self
+                    .roll_back(
+                        &entry.call_id,
+                        &[CommitState::CommitFailed],
+                        "commit_failed",
+                    )
+                    .await;
+                if let Value::Object(d) = &mut refusal.details {
+                    d.insert("rollback".into(), json!(rolled.as_str()));
+                }
+                recorded.map_err(super::audit_refusal)?;
+                Err(refusal)
+            }
+        }
+    }
+
+    /// Rolls a call back if its state is one of `from`; returns the state it ends in.
+    async fn roll_back(&self, call_id: &str, from: &[CommitState], trigger: &str) -> CommitState {
+        let Some(entry) = self
+            .two_phase
+            .claim(call_id, from, CommitState::RollingBack)
+        else {
+            return self
+                .two_phase
+                .table
+                .lock()
+                .ok()
+                .and_then(|t| t.get(call_id).map(|e| e.state))
+                .unwrap_or(CommitState::RolledBack);
+        };
+        self.persist(call_id, CommitState::RollingBack).await;
+        let outcome = self.run_phase(&entry, Phase::Rollback).await;
+        let attempts = outcome.attempts;
+        let (state, event) = match outcome.result {
+            Ok(_) => (
+                CommitState::RolledBack,
+                phase_event(EventType::ToolRolledBack, &entry, trigger, attempts),
+            ),
+            Err(error) => {
+                let refusal = phase_refusal(
+                    Reason::RollbackFailed,
+                    &entry,
+                    Phase::Rollback,
+                    &error,
+                    attempts,
+                );
+                let mut event =
+                    phase_event(EventType::ToolRollbackFailed, &entry, trigger, attempts);
+                add_refusal(&mut event, &refusal);
+                (CommitState::RollbackFailed, event)
+            }
+        };
+        self.persist(call_id, state).await;
+        if let Err(e) = self.audit.append(event).await {
+            tracing::error!(call_id, error = %e, "the audit log could not record a rollback");
+        }
+        state
+    }
+
+    /// Runs a phase with the current policy's runner of the call's tool.
+    async fn run_phase(&self, entry: &PendingCommit, phase: Phase) -> PhaseOutcome {
+        let loaded = self.current();
+        let runner = loaded.adapters.phases.get(&entry.tool_name);
+        let tool = loaded.policy.tools.get(&entry.tool_name);
+        match (runner, tool) {
+            (Some(runner), Some(tool)) => {
+                runner
+                    .run(
+                        tool,
+                        phase,
+                        &entry.token,
+                        &entry.call_id,
+                        &entry.commit_id,
+                        &entry.run_id,
+                    )
+                    .await
+            }
+            _ => PhaseOutcome {
+                attempts: 0,
+                result: Err(ExecError::NotImplemented(format!(
+                    "tool `{}` no longer declares phases in the loaded policy",
+                    entry.tool_name
+                ))),
+            },
+        }
+    }
+
+    fn token_field(&self, tool_name: &str) -> String {
+        self.current()
+            .policy
+            .tools
+            .get(tool_name)
+            .and_then(|t| t.phases.as_ref())
+            .map_or(crate::policy::DEFAULT_TOKEN_FIELD.to_string(), |p| {
+                p.token_field.clone()
+            })
+    }
+
+    /// Makes a state change durable and visible. A store that cannot be written is
+    /// logged; the in-memory state still changes (the phase already happened
+    /// upstream), and a restart resumes from the last durable state.
+    async fn persist(&self, call_id: &str, state: CommitState) {
+        self.two_phase.set(call_id, state);
+        let Ok(store) = self.two_phase.store() else {
+            return;
+        };
+        let id = call_id.to_string();
+        if let Err(e) = blocking(store, move |s| s.set_state(&id, state, now_ms())).await {
+            tracing::error!(call_id, error = %e, "the two-phase state could not be written");
+        }
+    }
+
+    /// Starts the task that rolls prepared calls back at their deadline. First it
+    /// finishes what a stopped gateway left: calls whose deadline passed while it was
+    /// down are rolled back, commits and rollbacks under way are run again (the
+    /// upstream treats a repeated phase of one token as the same request).
+    pub fn spawn_phase_reaper(self: &Arc<Self>) {
+        let gateway = self.clone();
+        tokio::spawn(async move {
+            gateway.resume_phases().await;
+            loop {
+                let next = gateway.roll_back_expired().await;
+                let wait = next.map_or(REAPER_IDLE, |deadline| {
+                    Duration::from_millis(u64::try_from(deadline - now_ms()).unwrap_or(0))
+                        .min(REAPER_IDLE)
+                });
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = gateway.two_phase.wake.notified() => {}
+                }
+            }
+        });
+    }
+
+    async fn resume_phases(&self) {
+        let unfinished: Vec<PendingCommit> = match self.two_phase.table.lock() {
+            Ok(t) => t
+                .values()
+                .filter(|e| {
+                    matches!(
+                        e.state,
+                        CommitState::Committing
+                            | CommitState::RollingBack
+                            | CommitState::CommitFailed
+                            | CommitState::RollbackFailed
+                    )
+                })
+                .cloned()
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for entry in unfinished {
+            if entry.state == CommitState::Committing {
+                let _ = self.finish_commit(entry, "resumed").await;
+            } else {
+                let from = [
+                    CommitState::RollingBack,
+                    CommitState::CommitFailed,
+                    CommitState::RollbackFailed,
+                ];
+                self.roll_back(&entry.call_id, &from, "resumed").await;
+            }
+        }
+    }
+
+    /// Rolls back every pending call past its deadline; returns the next deadline.
+    async fn roll_back_expired(&self) -> Option<i64> {
+        let now = now_ms();
+        let (expired, next) = match self.two_phase.table.lock() {
+            Ok(t) => {
+                let pending = t.values().filter(|e| e.state == CommitState::Pending);
+                let expired: Vec<(String, i64)> = pending
+                    .clone()
+                    .filter(|e| e.deadline_ms <= now)
+                    .map(|e| (e.call_id.clone(), e.deadline_ms))
+                    .collect();
+                let next = pending
+                    .filter(|e| e.deadline_ms > now)
+                    .map(|e| e.deadline_ms)
+                    .min();
+                (expired, next)
+            }
+            Err(_) => (Vec::new(), None),
+        };
+        for (call_id, deadline) in expired {
+            let trigger = if deadline < self.two_phase.started_ms {
+                "deadline_passed_while_down"
+            } else {
+                "deadline"
+            };
+            self.roll_back(&call_id, &[CommitState::Pending], trigger)
+                .await;
+        }
+        next
+    }
+}
+
+/// What the response and closing event of a prepared call say about it.
+fn prepared_details(row: &PendingCommit) -> Map<String, Value> {
+    let mut details = Map::new();
+    details.insert("phase".into(), json!("prepared"));
+    details.insert(
+        "commit".into(),
+        json!({
+            "commit_id": row.commit_id,
+            "deadline": rfc3339(row.deadline_ms),
+            "deadline_unix_ms": row.deadline_ms,
+            "commit_url": format!("/v1/tool-calls/{}/commit", row.call_id),
+        }),
+    );
+    details
+}
+
+/// An audit event of a phase of a prepared call.
+fn phase_event(
+    event_type: EventType,
+    entry: &PendingCommit,
+    trigger: &str,
+    attempts: u32,
+) -> NewEvent {
+    let mut event = NewEvent::new(event_type);
+    event.call_id = Some(entry.call_id.clone());
+    event.run_id = Some(entry.run_id.clone());
+    event.role_id = Some(entry.role_id.clone());
+    event.lane_id = Some(entry.lane_id.clone());
+    event.tool_name = Some(entry.tool_name.clone());
+    event.tool_version = Some(entry.tool_version.clone());
+    event
+        .details
+        .insert("commit_id".into(), json!(entry.commit_id));
+    event.details.insert("trigger".into(), json!(trigger));
+    event.details.insert("attempts".into(), json!(attempts));
+    event
+        .details
+        .insert("commit_deadline".into(), json!(rfc3339(entry.deadline_ms)));
+    event
+        .details
+        .insert("commit_token_sha256".into(), json!(entry.token_sha256));
+    event
+}
+
+/// The `tool_commit_refused` event of a refused commit request.
+fn refusal_event(call_id: &str, known: Option<&PendingCommit>, request: &Commit) -> NewEvent {
+    let mut event = match known {
+        Some(entry) => phase_event(EventType::ToolCommitRefused, entry, "request", 0),
+        None => {
+            let mut event = NewEvent::new(EventType::ToolCommitRefused);
+            event.call_id = Some(bounded(call_id));
+            event
+                .details
+                .insert("commit_id".into(), json!(bounded(&request.commit_id)));
+            event
+        }
+    };
+    event.details.insert(
+        "requested_by".into(),
+        json!({ "role_id": bounded(&request.role_id), "run_id": bounded(&request.run_id) }),
+    );
+    event
+}
+
+fn add_refusal(event: &mut NewEvent, refusal: &Refusal) {
+    let diagnostic = refusal.diagnostic();
+    event.error_code = Some(diagnostic.error_code.as_str().to_string());
+    event.reason = Some(refusal.reason.as_str().to_string());
+    event.failed_step = Some(diagnostic.failed_step);
+    event
+        .details
+        .insert("message".into(), json!(refusal.message));
+    event
+        .details
+        .insert("diagnostic_details".into(), refusal.details.clone());
+}
+
+/// The refusal of a failed commit or rollback: the upstream's error, bounded.
+fn phase_refusal(
+    reason: Reason,
+    entry: &PendingCommit,
+    phase: Phase,
+    error: &ExecError,
+    attempts: u32,
+) -> Refusal {
+    let upstream = match error {
+        ExecError::Timeout => "did not answer within the phase's timeout_ms".to_string(),
+        ExecError::Cancelled => "cancelled".to_string(),
+        ExecError::Busy(m)
+        | ExecError::DependencyDown(m)
+        | ExecError::Unreachable(m)
+        | ExecError::Failed(m)
+        | ExecError::OutputNotJson(m)
+        | ExecError::NotImplemented(m) => m.clone(),
+        ExecError::ArgumentUnsafe { problem, .. } => problem.clone(),
+    };
+    Refusal::new(
+        reason,
+        format!(
+            "the {} of call `{}` (tool `{}`) failed after {attempts} attempt(s)",
+            phase.as_str(),
+            entry.call_id,
+            entry.tool_name
+        ),
+    )
+    .with_details(json!({
+        "phase": phase.as_str(),
+        "attempts": attempts,
+        "upstream_error": bounded_error(&upstream),
+    }))
+}
+
+/// A refusal of the two-phase state store.
+fn unavailable(why: &str) -> Refusal {
+    Refusal::new(
+        Reason::CommitStateUnavailable,
+        format!("the two-phase state store is unavailable: {why}"),
+    )
+}
+
+async fn blocking<T: Send + 'static>(
+    store: Arc<PhaseStore>,
+    f: impl FnOnce(&PhaseStore) -> Result<T, StateError> + Send + 'static,
+) -> Result<T, StateError> {
+    tokio::task::spawn_blocking(move || f(&store))
+        .await
+        .unwrap_or_else(|_| Err(StateError("the state task failed".into())))
+}
+
+fn now_ms() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp_nanos() as i64 / 1_000_000
+}
+
+fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+/// A caller-given id, cut to 256 bytes for the audit log.
+fn bounded(s: &str) -> String {
+    let mut end = s.len().min(256);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+fn bounded_error(s: &str) -> String {
+    let mut end = s.len().min(crate::adapter::MAX_TOOL_ERROR_BYTES);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}

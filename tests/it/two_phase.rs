@@ -1,0 +1,686 @@
+//! Two-phase tools (issue 17 item 5): the real server and the real stand-in court
+//! (`demo/court.py`): prepare -> commit, prepare -> deadline -> rollback, a commit is
+//! never replayed (twice, concurrently), refused commits (another run, another role,
+//! unknown or forged ids, after a rollback), a failing commit upstream, and the
+//! rollback of a deadline that passed while the gateway was down. Every test ends with
+//! `toolgate audit verify` on the log.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::common::lab::sha;
+use crate::common::{self, BIN, Server, Start, poll_for, poll_until};
+
+const ROLES: &str = r#"
+version: "tp-1"
+roles:
+  - role_id: clerk
+    description: Files with the court.
+    enabled: true
+    lanes: [filing]
+    credential: {token_sha256: CLERK_SHA}
+  - role_id: intern
+    description: Also files, but did not prepare the calls under test.
+    enabled: true
+    lanes: [filing]
+    credential: {token_sha256: INTERN_SHA}
+admins:
+  - admin_id: ops
+    description: Operator.
+    credential: {token_sha256: ADMIN_SHA}
+"#;
+
+const LANES: &str = r#"
+version: "tp-1"
+lanes:
+  - lane_id: filing
+    description: Court filings.
+    tools: [court_file, court_quick, cmd_file]
+    required_scope_keys: []
+    prohibited_flags: []
+    run_statuses: [active]
+    write: true
+"#;
+
+const TOOLS: &str = r#"
+version: "tp-1"
+tools:
+  - tool_name: court_file
+    description: Prepares a filing; committed within a minute.
+    enabled: true
+    version: 1.0.0
+    determinism: side_effectful
+    idempotent: false
+    timeout_default_ms: 10000
+    limits: {timeout_ms_max: 20000, max_output_bytes: 65536, max_concurrency: 16}
+    allowed_lanes: [filing]
+    required_scope_keys: []
+    prohibited_flags: []
+    write_targets: ["http:COURT/filings"]
+    adapter:
+      kind: http
+      url: "http://COURT/filings/prepare"
+      allowed_hosts: ["COURT"]
+      phases:
+        commit: {url: "http://COURT/filings/commit"}
+        rollback: {url: "http://COURT/filings/rollback"}
+        commit_within_s: 60
+        max_attempts: 3
+        timeout_ms: 5000
+    input_schema: {type: object}
+    output_schema: {type: object, properties: {filing_id: {type: string}, status: {type: string}}, required: [filing_id, status], additionalProperties: false}
+  - tool_name: court_quick
+    description: Prepares a filing that must be committed within a second.
+    enabled: true
+    version: 1.0.0
+    determinism: side_effectful
+    idempotent: false
+    timeout_default_ms: 10000
+    limits: {timeout_ms_max: 20000, max_output_bytes: 65536, max_concurrency: 16}
+    allowed_lanes: [filing]
+    required_scope_keys: []
+    prohibited_flags: []
+    write_targets: ["http:COURT/filings"]
+    adapter:
+      kind: http
+      url: "http://COURT/filings/prepare"
+      allowed_hosts: ["COURT"]
+      phases:
+        commit: {url: "http://COURT/filings/commit"}
+        rollback: {url: "http://COURT/filings/rollback"}
+        commit_within_s: 1
+    input_schema: {type: object}
+    output_schema: {type: object}
+  - tool_name: cmd_file
+    description: A two-phase command tool; its commit program records what it was given.
+    enabled: true
+    version: 1.0.0
+    determinism: side_effectful
+    idempotent: false
+    timeout_default_ms: 10000
+    limits: {timeout_ms_max: 20000, max_output_bytes: 65536, max_concurrency: 16}
+    allowed_lanes: [filing]
+    required_scope_keys: []
+    prohibited_flags: []
+    write_targets: ["data_dir:phases/"]
+    adapter:
+      kind: command
+      argv: ["sh", "-c", "cat >/dev/null; printf '{\"status\":\"prepared\",\"commit_token\":\"ct-cmd-1\"}'"]
+      env_allowlist: [PATH]
+      phases:
+        commit: {argv: ["sh", "-c", "cat > committed.json; printf '{\"status\":\"committed\"}'"]}
+        rollback: {argv: ["sh", "-c", "cat > rolled_back.json; printf '{}'"]}
+        commit_within_s: 60
+    input_schema: {type: object}
+    output_schema: {type: object}
+"#;
+
+/// The stand-in court, `demo/court.py`, on a free port; killed on drop.
+struct Court {
+    child: Child,
+    /// `127.0.0.1:PORT`.
+    host: String,
+    agent: ureq::Agent,
+}
+
+impl Court {
+    fn start() -> Court {
+        let mut child = Command::new("python3")
+            .arg(common::repo().join("demo/court.py"))
+            .args(["--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs demo/court.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let host = line
+            .trim()
+            .strip_prefix("court listening on http://")
+            .unwrap_or_else(|| panic!("court did not start: {line:?}"))
+            .to_string();
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Court { child, host, agent }
+    }
+
+    fn filing(&self, filing_id: &str) -> Value {
+        let mut resp = self
+            .agent
+            .get(format!("http://{}/filings/{filing_id}", self.host))
+            .call()
+            .unwrap();
+        serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap()
+    }
+
+    /// Makes the next `count` requests of `phase` fail with a 503.
+    fn fail_next(&self, phase: &str, count: u32) {
+        let resp = self
+            .agent
+            .post(format!("http://{}/control", self.host))
+            .send(
+                json!({ "fail_next": phase, "count": count })
+                    .to_string()
+                    .as_bytes(),
+            )
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+    }
+}
+
+impl Drop for Court {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes the policy for `court` under `dir`.
+fn policy(dir: &Path, court: &Court) -> Start {
+    let policy = dir.join("policy");
+    let tools = dir.join("tools");
+    fs::create_dir_all(&policy).unwrap();
+    fs::create_dir_all(&tools).unwrap();
+    fs::write(
+        policy.join("roles.yaml"),
+        ROLES
+            .replace("CLERK_SHA", &sha("demo-clerk"))
+            .replace("INTERN_SHA", &sha("demo-intern"))
+            .replace("ADMIN_SHA", &sha(common::ADMIN)),
+    )
+    .unwrap();
+    fs::write(policy.join("lanes.yaml"), LANES).unwrap();
+    fs::write(
+        tools.join("tool_registry.yaml"),
+        TOOLS.replace("COURT", &court.host),
+    )
+    .unwrap();
+    Start {
+        policy_dir: policy,
+        tools: tools.join("tool_registry.yaml"),
+        ..Start::default()
+    }
+}
+
+struct Lab {
+    server: Server,
+    court: Court,
+    _tmp: tempfile::TempDir,
+}
+
+fn lab() -> Lab {
+    let tmp = tempfile::tempdir().unwrap();
+    let court = Court::start();
+    let server = Server::start_with(policy(tmp.path(), &court));
+    Lab {
+        server,
+        court,
+        _tmp: tmp,
+    }
+}
+
+fn prepare(server: &Server, run: &str, tool: &str) -> Value {
+    let (status, body) = server.call(
+        "clerk",
+        run,
+        "filing",
+        tool,
+        json!({"title": "motion"}),
+        json!({}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "success", "{body}");
+    assert_eq!(body["details"]["phase"], "prepared", "{body}");
+    assert!(
+        body["details"]["commit"]["commit_id"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("commit-")),
+        "{body}"
+    );
+    assert!(body["details"]["commit"]["deadline"].is_string(), "{body}");
+    // INVARIANT under test: the upstream's commit token never reaches the agent.
+    assert!(
+        !body.to_string().contains("ct-"),
+        "the commit token leaked: {body}"
+    );
+    assert!(body["output"].get("commit_token").is_none(), "{body}");
+    body
+}
+
+fn commit(server: &Server, prepared: &Value, role: &str, run: &str) -> (u16, Value) {
+    commit_with(
+        server,
+        prepared["call_id"].as_str().unwrap(),
+        prepared["details"]["commit"]["commit_id"].as_str().unwrap(),
+        role,
+        run,
+    )
+}
+
+fn commit_with(
+    server: &Server,
+    call_id: &str,
+    commit_id: &str,
+    role: &str,
+    run: &str,
+) -> (u16, Value) {
+    server.post(
+        &format!("/v1/tool-calls/{call_id}/commit"),
+        Some(&common::token(role)),
+        &json!({ "commit_id": commit_id, "role_id": role, "run_id": run }),
+    )
+}
+
+fn reason(body: &Value) -> &str {
+    body["diagnostic"]["reason"].as_str().unwrap_or("")
+}
+
+/// The audit events of `call_id` (admin read), oldest first.
+fn events_of(server: &Server, call_id: &str) -> Vec<Value> {
+    let (status, body) = server.get("/v1/audit/events?limit=1000", Some(common::ADMIN));
+    assert_eq!(status, 200, "{body}");
+    body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["call_id"] == call_id)
+        .cloned()
+        .collect()
+}
+
+fn types(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `toolgate audit verify` passes on the server's log, and the log never holds a
+/// commit token.
+fn verify(db: &Path) {
+    let out = Command::new(BIN)
+        .args(["audit", "verify", "--db"])
+        .arg(db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "audit verify failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn no_token_in_log(server: &Server, call_id: &str) {
+    let events = events_of(server, call_id);
+    let text = serde_json::to_string(&events).unwrap();
+    assert!(
+        !text.contains("ct-"),
+        "a commit token is in the audit log: {text}"
+    );
+}
+
+fn filing_id(prepared: &Value) -> String {
+    prepared["output"]["filing_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn prepare_then_commit_commits_upstream_once_and_audits_each_phase() {
+    let lab = lab();
+    let run = lab.server.create_run(json!({}));
+    let prepared = prepare(&lab.server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    assert_eq!(lab.court.filing(&filing)["status"], "prepared");
+
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["phase"], "committed", "{body}");
+    assert_eq!(body["output"]["status"], "committed", "{body}");
+    assert!(!body.to_string().contains("ct-"), "{body}");
+    assert_eq!(lab.court.filing(&filing)["status"], "committed");
+    assert_eq!(lab.court.filing(&filing)["commits"], 1);
+
+    let call_id = prepared["call_id"].as_str().unwrap();
+    let events = events_of(&lab.server, call_id);
+    assert_eq!(
+        types(&events),
+        ["tool_requested", "tool_executed", "tool_committed"],
+        "{events:?}"
+    );
+    assert_eq!(events[1]["details"]["phase"], "prepared");
+    assert_eq!(events[2]["details"]["trigger"], "request");
+    assert_eq!(events[2]["details"]["attempts"], 1);
+    no_token_in_log(&lab.server, call_id);
+    verify(&lab.server.db());
+}
+
+#[test]
+fn without_a_commit_the_deadline_rolls_back_and_a_late_commit_is_refused() {
+    let lab = lab();
+    let run = lab.server.create_run(json!({}));
+    let prepared = prepare(&lab.server, &run, "court_quick");
+    let filing = filing_id(&prepared);
+    assert!(
+        poll_until(
+            Duration::from_secs(20),
+            || lab.court.filing(&filing)["status"] == "rolled_back"
+        ),
+        "the stand-in court never saw the rollback: {}",
+        lab.court.filing(&filing)
+    );
+    let call_id = prepared["call_id"].as_str().unwrap();
+    let rolled = poll_for(Duration::from_secs(5), || {
+        events_of(&lab.server, call_id)
+            .into_iter()
+            .find(|e| e["type"] == "tool_rolled_back")
+    })
+    .expect("a tool_rolled_back event");
+    assert_eq!(rolled["details"]["trigger"], "deadline");
+
+    // Commit after rollback: refused, and nothing reaches the court.
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(reason(&body), "commit_expired", "{body}");
+    assert_eq!(
+        body["diagnostic"]["details"]["state"], "rolled_back",
+        "{body}"
+    );
+    assert_eq!(lab.court.filing(&filing)["commits"], 0);
+    let events = events_of(&lab.server, call_id);
+    assert_eq!(types(&events).last().unwrap(), "tool_commit_refused");
+    assert_eq!(events.last().unwrap()["reason"], "commit_expired");
+    no_token_in_log(&lab.server, call_id);
+    verify(&lab.server.db());
+}
+
+#[test]
+fn a_commit_is_never_replayed_even_by_concurrent_commits() {
+    let lab = lab();
+    let run = lab.server.create_run(json!({}));
+    let prepared = prepare(&lab.server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let answers: Vec<(u16, Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| commit(&lab.server, &prepared, "clerk", &run)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let won: Vec<_> = answers.iter().filter(|(s, _)| *s == 200).collect();
+    assert_eq!(won.len(), 1, "exactly one commit wins: {answers:?}");
+    for (status, body) in answers.iter().filter(|(s, _)| *s != 200) {
+        assert_eq!(*status, 409, "{body}");
+        assert_eq!(reason(body), "commit_already_used", "{body}");
+    }
+    // And once more, after it is settled.
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(reason(&body), "commit_already_used", "{body}");
+    assert_eq!(
+        body["diagnostic"]["details"]["state"], "committed",
+        "{body}"
+    );
+    assert_eq!(
+        lab.court.filing(&filing)["commits"],
+        1,
+        "the court saw one commit"
+    );
+
+    let events = events_of(&lab.server, prepared["call_id"].as_str().unwrap());
+    let t = types(&events);
+    assert_eq!(
+        t.iter().filter(|e| *e == "tool_committed").count(),
+        1,
+        "{t:?}"
+    );
+    assert_eq!(
+        t.iter().filter(|e| *e == "tool_commit_refused").count(),
+        8,
+        "{t:?}"
+    );
+    verify(&lab.server.db());
+}
+
+#[test]
+fn commits_by_another_run_or_role_or_with_unknown_ids_are_refused_and_consume_nothing() {
+    let lab = lab();
+    let run = lab.server.create_run(json!({}));
+    let other_run = lab.server.create_run(json!({}));
+    let prepared = prepare(&lab.server, &run, "court_file");
+    let call_id = prepared["call_id"].as_str().unwrap();
+    let commit_id = prepared["details"]["commit"]["commit_id"].as_str().unwrap();
+
+    // Another run of the same role.
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &other_run);
+    assert_eq!(
+        (status, reason(&body)),
+        (403, "commit_not_allowed"),
+        "{body}"
+    );
+    // Another role, with its own valid credential.
+    let (status, body) = commit(&lab.server, &prepared, "intern", &run);
+    assert_eq!(
+        (status, reason(&body)),
+        (403, "commit_not_allowed"),
+        "{body}"
+    );
+    // The right role and run named, with another role's credential.
+    let (status, body) = lab.server.post(
+        &format!("/v1/tool-calls/{call_id}/commit"),
+        Some(&common::token("intern")),
+        &json!({ "commit_id": commit_id, "role_id": "clerk", "run_id": run }),
+    );
+    assert_eq!(status, 401, "{body}");
+    // No credential at all.
+    let (status, body) = lab.server.post(
+        &format!("/v1/tool-calls/{call_id}/commit"),
+        None,
+        &json!({ "commit_id": commit_id, "role_id": "clerk", "run_id": run }),
+    );
+    assert_eq!(status, 401, "{body}");
+    // A forged commit id for the real call, a real commit id for another call id, an
+    // unknown call: all unknown.
+    for (call, commit) in [
+        (call_id, "commit-00000000-0000-4000-8000-000000000000"),
+        ("call-00000000-0000-4000-8000-000000000000", commit_id),
+        ("nope", "nope"),
+    ] {
+        let (status, body) = commit_with(&lab.server, call, commit, "clerk", &run);
+        assert_eq!((status, reason(&body)), (404, "commit_unknown"), "{body}");
+    }
+    // Malformed and oversized bodies: structured refusals.
+    let (status, body) = lab.server.post(
+        &format!("/v1/tool-calls/{call_id}/commit"),
+        Some(&common::token("clerk")),
+        &json!({ "commit_id": "x".repeat(10_000), "role_id": "clerk", "run_id": run }),
+    );
+    assert_eq!(
+        (status, reason(&body)),
+        (400, "request_malformed"),
+        "{body}"
+    );
+    let (status, body) = lab.server.post(
+        &format!("/v1/tool-calls/{call_id}/commit"),
+        Some(&common::token("clerk")),
+        &json!({ "commit_id": commit_id, "role_id": "clerk", "run_id": run, "token": "x" }),
+    );
+    assert_eq!(
+        (status, reason(&body)),
+        (400, "request_malformed"),
+        "{body}"
+    );
+
+    // None of that consumed the commit.
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        lab.court.filing(&filing_id(&prepared))["status"],
+        "committed"
+    );
+    let refused: Vec<Value> = events_of(&lab.server, call_id)
+        .into_iter()
+        .filter(|e| e["type"] == "tool_commit_refused")
+        .collect();
+    assert!(
+        refused.len() >= 4,
+        "each refusal naming the call is audited: {refused:?}"
+    );
+    verify(&lab.server.db());
+}
+
+#[test]
+fn a_commit_failing_upstream_is_retried_within_bounds_then_rolled_back() {
+    let lab = lab();
+    let run = lab.server.create_run(json!({}));
+    let prepared = prepare(&lab.server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    lab.court.fail_next("commit", 100);
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!((status, reason(&body)), (502, "commit_failed"), "{body}");
+    let details = &body["diagnostic"]["details"];
+    assert_eq!(
+        details["attempts"], 3,
+        "max_attempts bounds the retries: {body}"
+    );
+    assert_eq!(details["rollback"], "rolled_back", "{body}");
+    assert_eq!(lab.court.filing(&filing)["status"], "rolled_back");
+    let events = events_of(&lab.server, prepared["call_id"].as_str().unwrap());
+    let t = types(&events);
+    assert!(
+        t.ends_with(&[
+            "tool_commit_failed".to_string(),
+            "tool_rolled_back".to_string()
+        ]),
+        "{t:?}"
+    );
+    assert_eq!(
+        events.last().unwrap()["details"]["trigger"],
+        "commit_failed"
+    );
+    // A second commit is refused: the call was rolled back.
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!((status, reason(&body)), (409, "commit_expired"), "{body}");
+    verify(&lab.server.db());
+}
+
+#[test]
+fn a_deadline_that_passes_while_the_gateway_is_down_is_rolled_back_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let court = Court::start();
+    let data_dir = tmp.path().join("var");
+    let start = || Start {
+        data_dir: Some(data_dir.clone()),
+        ..policy(tmp.path(), &court)
+    };
+    let server = Server::start_with(start());
+    let run = server.create_run(json!({}));
+    let prepared = prepare(&server, &run, "court_quick");
+    let filing = filing_id(&prepared);
+    // Killed at once: the one-second deadline passes while it is down.
+    server.kill9();
+    let deadline_ms = prepared["details"]["commit"]["deadline_unix_ms"]
+        .as_i64()
+        .unwrap();
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    assert!(poll_until(Duration::from_secs(10), || now_ms() > deadline_ms));
+    assert_eq!(
+        court.filing(&filing)["status"],
+        "prepared",
+        "nothing rolled back while down"
+    );
+
+    let server = Server::start_with(start());
+    assert!(
+        poll_until(Duration::from_secs(20), || court.filing(&filing)["status"]
+            == "rolled_back"),
+        "the restarted gateway did not roll back: {}",
+        court.filing(&filing)
+    );
+    let call_id = prepared["call_id"].as_str().unwrap();
+    let rolled = poll_for(Duration::from_secs(5), || {
+        events_of(&server, call_id)
+            .into_iter()
+            .find(|e| e["type"] == "tool_rolled_back")
+    })
+    .expect("a tool_rolled_back event after the restart");
+    assert_eq!(rolled["details"]["trigger"], "deadline_passed_while_down");
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!((status, reason(&body)), (409, "commit_expired"), "{body}");
+    verify(&server.db());
+}
+
+#[test]
+fn a_registry_with_bad_phases_is_refused_with_every_problem_located() {
+    let tmp = tempfile::tempdir().unwrap();
+    let court = Court::start();
+    let start = policy(tmp.path(), &court);
+    let text = fs::read_to_string(&start.tools).unwrap();
+    let bad = text
+        .replacen("commit_within_s: 60", "commit_within_s: 0", 1)
+        .replacen(
+            &format!(
+                "rollback: {{url: \"http://{}/filings/rollback\"}}",
+                court.host
+            ),
+            "rollback: {argv: [\"true\"]}",
+            1,
+        );
+    fs::write(&start.tools, bad).unwrap();
+    let out = Command::new(BIN)
+        .args(["policy", "check", "--policy-dir"])
+        .arg(&start.policy_dir)
+        .arg("--tools")
+        .arg(&start.tools)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("commit_within_s"), "{text}");
+    assert!(text.contains("phases.rollback"), "{text}");
+}
+
+#[test]
+fn a_command_tool_commits_through_its_commit_program_with_the_kept_token() {
+    let lab = lab();
+    let run = lab.server.create_run(json!({}));
+    let prepared = prepare(&lab.server, &run, "cmd_file");
+    assert_eq!(
+        prepared["output"],
+        json!({"status": "prepared"}),
+        "{prepared}"
+    );
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"], json!({"status": "committed"}), "{body}");
+    // The commit program got the token the prepare answered, on its stdin.
+    let tools_dir = lab._tmp.path().join("tools");
+    let given: Value =
+        serde_json::from_slice(&fs::read(tools_dir.join("committed.json")).unwrap()).unwrap();
+    assert_eq!(given["phase"], "commit");
+    assert_eq!(given["commit_token"], "ct-cmd-1");
+    assert_eq!(given["call_id"], prepared["call_id"]);
+    assert!(!tools_dir.join("rolled_back.json").exists());
+    no_token_in_log(&lab.server, prepared["call_id"].as_str().unwrap());
+    verify(&lab.server.db());
+}
