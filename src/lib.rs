@@ -34,6 +34,7 @@ pub mod authz;
 pub mod call;
 pub mod canonical;
 pub mod capacity;
+pub mod cluster;
 pub mod commands;
 pub mod diagnostic;
 pub mod gateway;

@@ -22,6 +22,7 @@ mod authz;
 mod bench;
 mod contract;
 mod durability;
+mod fleet;
 mod gateway;
 mod hostile;
 mod identity;
