@@ -71,8 +71,16 @@ pub(super) async fn migrate(db: &ClusterDb) -> Result<(), ClusterError> {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
             .await
             .map_err(|e| failed(e.to_string()))?;
+        // Created only when missing: a sidecar role without CREATE (docs/deployment.md)
+        // starts on a schema the owner migrated.
+        let exists: bool = tx
+            .query_one("SELECT to_regclass('toolgate_schema') IS NOT NULL", &[])
+            .await
+            .map_err(|e| failed(e.to_string()))?
+            .get(0);
+        if !exists {
         tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS toolgate_schema (
+            "CREATE TABLE toolgate_schema (
                 version integer PRIMARY KEY,
                 applied_at timestamptz NOT NULL DEFAULT now(),
                 applied_by text NOT NULL
@@ -80,6 +88,7 @@ pub(super) async fn migrate(db: &ClusterDb) -> Result<(), ClusterError> {
         )
         .await
         .map_err(|e| failed(e.to_string()))?;
+        }
         let row = tx
             .query_one("SELECT coalesce(max(version), 0) FROM toolgate_schema", &[])
             .await

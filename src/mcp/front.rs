@@ -126,7 +126,7 @@ impl Front {
     /// catalog of tools the role may use in the lane.
     async fn admit(&self, context: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
         let headers = headers(context)?;
-        let caller = Caller::read_for(&self.gateway, headers);
+        let caller = Caller::read_for_fleet(&self.gateway, headers).await;
         if let Some(refusal) = caller.malformed() {
             return Err(refused(&refusal));
         }
@@ -219,7 +219,7 @@ impl ServerHandler for Front {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let caller = Caller::read_for(&self.gateway, headers(&context)?);
+        let caller = Caller::read_for_fleet(&self.gateway, headers(&context)?).await;
         let mut meta = context.meta.0.0.clone();
         if let Some(own) = &request.meta {
             meta.extend(own.0.0.clone());
@@ -359,6 +359,17 @@ impl Caller {
     /// [`Caller::read`], where a run token answers the headers left out: role, run,
     /// scope (the run's, so `{}` here) and the lane when the token names exactly one.
     /// Whether the token is live is checked with the credential (step 2).
+    /// [`Caller::read_for`] after, in a fleet, reading the run token's binding from the
+    /// cluster database (a failure is refused by the pipeline itself).
+    async fn read_for_fleet(gateway: &Gateway, headers: &HeaderMap) -> Caller {
+        if gateway.cluster().is_some() {
+            let _ = gateway
+                .fleet_refresh(bearer_token(headers).as_deref(), None)
+                .await;
+        }
+        Caller::read_for(gateway, headers)
+    }
+
     fn read_for(gateway: &Gateway, headers: &HeaderMap) -> Caller {
         let binding = bearer_token(headers).and_then(|t| gateway.run_tokens.lookup(&t));
         let Some(binding) = binding else {

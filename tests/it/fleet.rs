@@ -288,7 +288,12 @@ fn a_run_token_issued_through_one_sidecar_works_on_another_until_revoked_on_a_th
     }
     // A token no sidecar issued is refused everywhere.
     let forged = format!("tgr_{}", "A".repeat(43));
-    let (code, body) = b.post("/v1/tool-calls", Some(&forged), &draft);
+    let mut named = draft.clone();
+    named["role_id"] = json!("paralegal_agent");
+    named["run_id"] = json!(run);
+    named["lane_id"] = json!("drafting");
+    named["scope"] = json!({});
+    let (code, body) = b.post("/v1/tool-calls", Some(&forged), &named);
     assert_eq!((code, reason(&body)), (401, "credential_invalid"), "{body}");
 }
 
@@ -435,4 +440,62 @@ fn a_wrong_or_unreachable_cluster_database_stops_the_start_with_a_structured_err
     pg.psql("INSERT INTO toolgate_schema (version, applied_by) VALUES (99, 'toolgate 9')");
     let (code, err) = serve_refuses(&pg.url());
     assert_eq!((code, err["error"].as_str()), (6, Some("cluster_db_schema_newer")), "{err}");
+}
+
+/// Fleet throughput: 3 sidecars on one PostgreSQL, 64 client threads spread over them,
+/// each making research calls on one shared run for `TOOLGATE_FLEET_BENCH_S` seconds
+/// (default 10). Prints calls/s and latency percentiles; figures are recorded in
+/// docs/performance.md, not checked here. Run with
+/// `cargo test --test it fleet_throughput -- --ignored --nocapture` (set
+/// `TOOLGATE_TEST_BIN` to a release `toolgate` for release figures).
+#[test]
+#[ignore = "a benchmark: run explicitly"]
+fn fleet_throughput_3_sidecars_64_clients() {
+    let seconds: u64 = std::env::var("TOOLGATE_FLEET_BENCH_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let pg = Postgres::start();
+    let fleet = Arc::new(fleet(&pg));
+    let run = fleet[0].create_run(json!({"case_id": "C-1001"}));
+    let clients = 64;
+    let barrier = Arc::new(Barrier::new(clients));
+    let workers: Vec<_> = (0..clients)
+        .map(|i| {
+            let (fleet, barrier, run) = (fleet.clone(), barrier.clone(), run.clone());
+            std::thread::spawn(move || {
+                let server = &fleet[i % 3];
+                barrier.wait();
+                let until = Instant::now() + Duration::from_secs(seconds);
+                let mut latencies = Vec::new();
+                let mut errors = 0u64;
+                while Instant::now() < until {
+                    let started = Instant::now();
+                    let (code, _) = research(server, &run);
+                    latencies.push(started.elapsed());
+                    if code != 200 {
+                        errors += 1;
+                    }
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for w in workers {
+        let (l, e) = w.join().unwrap();
+        latencies.extend(l);
+        errors += e;
+    }
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    println!(
+        "fleet: 3 sidecars, {clients} clients, {seconds} s: {} calls ({:.0}/s), {errors} errors, p50 {:?}, p99 {:?}",
+        latencies.len(),
+        latencies.len() as f64 / seconds as f64,
+        pct(0.50),
+        pct(0.99)
+    );
+    assert_eq!(errors, 0);
 }
