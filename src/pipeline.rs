@@ -343,32 +343,17 @@ impl Gateway {
             return self.close(call, Err(refusal)).await;
         }
 
-        // In a fleet (`serve --cluster-db`) the run and the run token are read from
-        // the cluster database, the authority; it being down refuses the call.
+        // In a fleet (`serve --cluster-db`) the run, the run token and the safety lock
+        // are confirmed from the cluster database, the authority; it being down (or
+        // the lock unconfirmed) refuses the call.
         let fleet = self.cluster().is_some();
-        let fleet_run = match (&request, fleet) {
-            (_, false) => None,
-            (Ok(r), true) => Some(self.fleet_refresh(token, Some(&r.run_id)).await),
-            // A request that did not parse is refused at step 1 whatever the state.
-            (Err(_), true) => None,
+        let fleet_run = match &request {
+            Ok(r) if fleet => match self.fleet_preflight(token, &r.run_id).await {
+                Ok(run) => run,
+                Err(refusal) => return self.close(call, Err(refusal)).await,
+            },
+            _ => None,
         };
-        if let Some(Err(refusal)) = fleet_run {
-            return self.close(call, Err(refusal)).await;
-        }
-        let fleet_run = fleet_run.and_then(Result::ok).flatten();
-        if let Some(cluster) = self.cluster()
-            && !cluster.safety_lock().1
-        {
-            let refusal = Refusal::new(
-                Reason::SafetyLockUnconfirmed,
-                format!(
-                    "the safety lock's state was not confirmed from the cluster database within {} ms; treated as engaged",
-                    crate::cluster::LOCK_BOUND.as_millis()
-                ),
-            )
-            .with_details(json!({ "bound_ms": crate::cluster::LOCK_BOUND.as_millis() as u64 }));
-            return self.close(call, Err(refusal)).await;
-        }
 
         // A run no longer in memory (closed long ago) is read back from the log, so
         // step 3 still knows it.
@@ -449,10 +434,39 @@ impl Gateway {
         // 9. emit audit event: tool_requested (durable before anything runs; once per
         //    idempotency key, arguments and scope: a repeat returns the first outcome
         //    and writes its own closing event referring to the first call)
-        // In a fleet the key is claimed in the cluster database instead.
+        // In a fleet the key is claimed in the cluster database instead of the
+        // in-memory table: one sidecar of the fleet executes, every repeat replays.
         let mut fleet_key: Option<Key> = None;
+        if let (Some(cluster), Some(key)) = (self.cluster(), &allowed.request.idempotency_key) {
+            let key = Key {
+                run_id: allowed.run.run_id.clone(),
+                role_id: allowed.role.role_id.clone(),
+                tool_name: allowed.tool.tool_name.clone(),
+                idempotency_key: key.clone(),
+            };
+            let fingerprint = sha256_hex(&to_canonical_bytes(&json!({
+                "arguments": allowed.arguments,
+                "scope": allowed.request.scope,
+            })));
+            let wait = Duration::from_millis(allowed.tool.limits.timeout_ms_max)
+                .saturating_add(FLEET_CLAIM_SLACK)
+                .min(FLEET_CLAIM_WAIT_MAX);
+            match self.fleet_claim(cluster, &key, &fingerprint, wait).await {
+                Ok(None) => fleet_key = Some(key),
+                Ok(Some(first)) => {
+                    let first = Outcome {
+                        response: Arc::new(first),
+                        spilled_output: None,
+                        bytes: 0,
+                    };
+                    return self.close_replay(call, first).await;
+                }
+                Err(refusal) => return self.close(call, Err(refusal)).await,
+            }
+        }
         let guard = match &allowed.request.idempotency_key {
             None => None,
+            Some(_) if fleet_key.is_some() => None,
             Some(key) => {
                 let key = Key {
                     run_id: allowed.run.run_id.clone(),
@@ -466,26 +480,6 @@ impl Gateway {
                     "arguments": allowed.arguments,
                     "scope": allowed.request.scope,
                 })));
-                if let Some(cluster) = self.cluster() {
-                    let wait = Duration::from_millis(allowed.tool.limits.timeout_ms_max)
-                        .saturating_add(FLEET_CLAIM_SLACK)
-                        .min(FLEET_CLAIM_WAIT_MAX);
-                    match self.fleet_claim(cluster, &key, &fingerprint, wait).await {
-                        Ok(None) => {
-                            fleet_key = Some(key);
-                            None
-                        }
-                        Ok(Some(first)) => {
-                            let first = Outcome {
-                                response: Arc::new(first),
-                                spilled_output: None,
-                                bytes: 0,
-                            };
-                            return self.close_replay(call, first).await;
-                        }
-                        Err(refusal) => return self.close(call, Err(refusal)).await,
-                    }
-                } else {
                 match self.idempotency.claim(key, &fingerprint) {
                     Claim::First(guard) => Some(guard),
                     Claim::Replay(first) => return self.close_replay(call, first).await,
@@ -507,7 +501,6 @@ impl Gateway {
                         );
                         return self.close(call, Err(refusal)).await;
                     }
-                }
                 }
             }
         };

@@ -333,9 +333,10 @@ async fn route(
                 .await,
             StatusCode::OK,
         ),
-        (&Method::GET, ["v1", "runs", run_id]) => {
-            respond(gateway.get_run(token.as_deref(), run_id).await, StatusCode::OK)
-        }
+        (&Method::GET, ["v1", "runs", run_id]) => respond(
+            gateway.get_run(token.as_deref(), run_id).await,
+            StatusCode::OK,
+        ),
         (&Method::POST, ["v1", "runs", run_id, "status"]) => respond(
             gateway
                 .set_run_status(token.as_deref(), run_id, requests::parse(&body))

@@ -407,7 +407,9 @@ pub(crate) async fn bounded<T>(
 ) -> Result<T, Refusal> {
     match tokio::time::timeout(QUERY_TIMEOUT, query).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(unavailable(format!("the cluster database refused a query: {e}"))),
+        Ok(Err(e)) => Err(unavailable(format!(
+            "the cluster database refused a query: {e}"
+        ))),
         Err(_) => Err(unavailable(format!(
             "the cluster database did not answer within {} ms",
             QUERY_TIMEOUT.as_millis()

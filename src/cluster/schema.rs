@@ -63,7 +63,10 @@ pub(super) async fn migrate(db: &ClusterDb) -> Result<(), ClusterError> {
         ClusterError::Unreachable(format!("no connection to the cluster database: {e}"))
     })?;
     let work = async {
-        let tx = client.transaction().await.map_err(|e| failed(e.to_string()))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
         // Another sidecar may be migrating: wait for it longer than a query may take.
         tx.batch_execute("SET LOCAL lock_timeout = '30s'; SET LOCAL statement_timeout = '30s'")
             .await
@@ -79,15 +82,15 @@ pub(super) async fn migrate(db: &ClusterDb) -> Result<(), ClusterError> {
             .map_err(|e| failed(e.to_string()))?
             .get(0);
         if !exists {
-        tx.batch_execute(
-            "CREATE TABLE toolgate_schema (
+            tx.batch_execute(
+                "CREATE TABLE toolgate_schema (
                 version integer PRIMARY KEY,
                 applied_at timestamptz NOT NULL DEFAULT now(),
                 applied_by text NOT NULL
             )",
-        )
-        .await
-        .map_err(|e| failed(e.to_string()))?;
+            )
+            .await
+            .map_err(|e| failed(e.to_string()))?;
         }
         let row = tx
             .query_one("SELECT coalesce(max(version), 0) FROM toolgate_schema", &[])

@@ -7,8 +7,8 @@ use serde_json::{Map, Value, json};
 use super::{ClusterDb, bounded};
 use crate::call::{ArtifactRef, CallResponse, Status, Trace};
 use crate::diagnostic::{Reason, Refusal};
-use crate::identity::RunBinding;
 use crate::idempotency::Key;
+use crate::identity::RunBinding;
 use crate::policy::{PolicyVersions, RunStatus};
 use crate::runs::{RunError, RunRecord};
 

@@ -14,8 +14,8 @@ use crate::cluster::ClusterDb;
 use crate::cluster::state::FleetClaim;
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, SafetyLock, audit_refusal, run_refusal};
-use crate::identity::RunTokenStore;
 use crate::idempotency::Key;
+use crate::identity::RunTokenStore;
 use crate::identity::run_tokens::IssuedToken;
 use crate::policy::{PolicyVersions, RunStatus};
 use crate::runs::{self, RunError, RunRecord};
@@ -122,6 +122,30 @@ impl Gateway {
         let run = cluster.get_run(run_id).await?;
         if let Some(run) = &run {
             self.runs.remember(run.clone());
+        }
+        Ok(run)
+    }
+
+    /// Before steps 1-8 of a call in a fleet: re-reads the call's run and run token
+    /// ([`Gateway::fleet_refresh`]) and checks that the safety lock's state is
+    /// confirmed within its bound (else `safety_lock_unconfirmed`). Returns the run.
+    pub(crate) async fn fleet_preflight(
+        &self,
+        token: Option<&str>,
+        run_id: &str,
+    ) -> Result<Option<RunRecord>, Refusal> {
+        let run = self.fleet_refresh(token, Some(run_id)).await?;
+        if let Some(cluster) = &self.cluster
+            && !cluster.safety_lock().1
+        {
+            let bound = crate::cluster::LOCK_BOUND.as_millis() as u64;
+            return Err(Refusal::new(
+                Reason::SafetyLockUnconfirmed,
+                format!(
+                    "the safety lock's state was not confirmed from the cluster database within {bound} ms; treated as engaged"
+                ),
+            )
+            .with_details(json!({ "bound_ms": bound })));
         }
         Ok(run)
     }

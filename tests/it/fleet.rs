@@ -81,6 +81,27 @@ fn a_run_created_through_one_sidecar_is_used_and_closed_through_the_others() {
     // The same run id cannot be created again through another sidecar.
     let (code, again) = b.post("/v1/runs", Some(ADMIN), &json!({"run_id": run}));
     assert_eq!(code, 400, "{again}");
+    // Nor by two sidecars racing for a new id: exactly one wins.
+    let fleet = Arc::new(fleet);
+    for round in 0..5 {
+        let id = format!("race-{round}");
+        let barrier = Arc::new(Barrier::new(3));
+        let racers: Vec<_> = (0..3)
+            .map(|i| {
+                let (fleet, barrier, id) = (fleet.clone(), barrier.clone(), id.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    fleet[i]
+                        .post("/v1/runs", Some(ADMIN), &json!({"run_id": id, "scope": {}}))
+                        .0
+                })
+            })
+            .collect();
+        let mut codes: Vec<u16> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+        codes.sort();
+        assert_eq!(codes, [201, 400, 400], "round {round}");
+    }
+    let (a, b, c) = (&fleet[0], &fleet[1], &fleet[2]);
     // Listed by every sidecar.
     let (_, listed) = c.get("/v1/runs?status=active", Some(ADMIN));
     assert!(
@@ -144,11 +165,7 @@ fn a_safety_lock_engaged_on_one_sidecar_denies_on_the_others_within_the_bound() 
             let (_, body) = research(sidecar, &run);
             reason(&body) == "safety_lock_engaged"
         });
-        assert!(
-            denied,
-            "not denied within {:?}",
-            engaged_at.elapsed()
-        );
+        assert!(denied, "not denied within {:?}", engaged_at.elapsed());
     }
     let took = engaged_at.elapsed();
     eprintln!("the lock reached both other sidecars within {took:?}");
@@ -163,8 +180,7 @@ fn a_safety_lock_engaged_on_one_sidecar_denies_on_the_others_within_the_bound() 
         assert!(common::poll_until(LOCK_BOUND + HTTP_SLACK, || research(
             sidecar, &run
         )
-        .0
-            == 200));
+        .0 == 200));
     }
 }
 
@@ -240,7 +256,11 @@ fn the_same_idempotency_key_sent_to_two_sidecars_at_once_executes_once() {
         "scope": {"case_id": "C-1001"}, "idempotency_key": "draft-0",
     });
     let (code, conflict) = fleet[2].post("/v1/tool-calls", Some(&token("drafting_agent")), &other);
-    assert_eq!((code, reason(&conflict)), (409, "idempotency_conflict"), "{conflict}");
+    assert_eq!(
+        (code, reason(&conflict)),
+        (409, "idempotency_conflict"),
+        "{conflict}"
+    );
 }
 
 #[test]
@@ -321,14 +341,24 @@ fn postgres_down_refuses_calls_with_a_structured_reason_and_they_resume_when_it_
         }
         // Admin operations that need the database are refused too, never guessed.
         let (code, body) = sidecar.post("/v1/runs", Some(ADMIN), &json!({"scope": {}}));
-        assert_eq!((code, reason(&body)), (503, "cluster_unavailable"), "{body}");
-        let (code, body) = sidecar.post(
-            "/v1/safety-lock",
-            Some(ADMIN),
-            &json!({"engaged": false}),
+        assert_eq!(
+            (code, reason(&body)),
+            (503, "cluster_unavailable"),
+            "{body}"
         );
-        assert_eq!((code, reason(&body)), (503, "cluster_unavailable"), "{body}");
+        let (code, body) = sidecar.post("/v1/safety-lock", Some(ADMIN), &json!({"engaged": false}));
+        assert_eq!(
+            (code, reason(&body)),
+            (503, "cluster_unavailable"),
+            "{body}"
+        );
     }
+
+    // The lock cannot be confirmed either: it reads as engaged (fail closed).
+    let engaged = common::poll_until(LOCK_BOUND + HTTP_SLACK, || {
+        a.get("/v1/safety-lock", Some(ADMIN)).1["engaged"] == true
+    });
+    assert!(engaged, "an unconfirmed lock must read as engaged");
 
     pg.restart();
     for (i, sidecar) in [a, b].into_iter().enumerate() {
@@ -363,10 +393,43 @@ fn postgres_down_refuses_calls_with_a_structured_reason_and_they_resume_when_it_
             .collect();
         for answer in &mine {
             let id = answer["call_id"].as_str().unwrap();
-            assert_eq!(closing.get(id), Some(&1), "call {id} on sidecar {i}: {answer}");
+            assert_eq!(
+                closing.get(id),
+                Some(&1),
+                "call {id} on sidecar {i}: {answer}"
+            );
         }
         assert_eq!(closing.len(), mine.len(), "no event without a call");
     }
+}
+
+#[test]
+fn a_safety_lock_that_cannot_be_confirmed_within_the_bound_refuses_calls() {
+    let pg = Postgres::start();
+    let a = sidecar(&pg.url());
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    assert_eq!(research(&a, &run).0, 200);
+    // The lock row is held by another session: the run still reads, the lock does
+    // not (each read gives up after the query timeout).
+    let mut holder = pg.psql_spawn(
+        "BEGIN; LOCK TABLE toolgate_safety_lock IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(8); COMMIT;",
+    );
+    let refused = common::poll_for(LOCK_BOUND * 3 + HTTP_SLACK, || {
+        let (code, body) = research(&a, &run);
+        (reason(&body) == "safety_lock_unconfirmed").then_some((code, body))
+    });
+    let (code, body) = refused.expect("calls must be refused while the lock is unconfirmed");
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
+    assert_eq!(body["diagnostic"]["details"]["bound_ms"], 2000, "{body}");
+    let (_, state) = a.get("/v1/safety-lock", Some(ADMIN));
+    assert_eq!(state["engaged"], true, "{state}");
+    // Once the lock row reads again, calls pass.
+    assert!(common::poll_until(Duration::from_secs(30), || holder
+        .try_wait()
+        .unwrap()
+        .is_some()));
+    assert!(common::poll_until(LOCK_BOUND + HTTP_SLACK, || research(&a, &run).0 == 200));
 }
 
 /// Runs `serve` with `url` as the cluster database; it must exit (bounded): its code
@@ -396,7 +459,11 @@ fn serve_refuses(url: &str) -> (i32, Value) {
     let text = std::fs::read_to_string(&out).unwrap();
     let json = text
         .lines()
-        .find_map(|l| serde_json::from_str::<Value>(l).ok().filter(|v| v["error"].is_string()))
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(|v| v["error"].is_string())
+        })
         .unwrap_or_else(|| panic!("no JSON error on stderr: {text}"));
     assert!(
         !text.contains(common::postgres::PASSWORD) && !text.contains("wrong-pw"),
@@ -415,31 +482,58 @@ fn a_wrong_or_unreachable_cluster_database_stops_the_start_with_a_structured_err
         .unwrap()
         .port();
     let (code, err) = serve_refuses(&format!("postgres://u:p@127.0.0.1:{free}/db"));
-    assert_eq!((code, err["error"].as_str()), (6, Some("cluster_db_unreachable")), "{err}");
+    assert_eq!(
+        (code, err["error"].as_str()),
+        (6, Some("cluster_db_unreachable")),
+        "{err}"
+    );
 
     let (code, err) = serve_refuses(&pg.url_as("postgres", "wrong-pw", "postgres"));
-    assert_eq!((code, err["error"].as_str()), (6, Some("cluster_db_auth_failed")), "{err}");
+    assert_eq!(
+        (code, err["error"].as_str()),
+        (6, Some("cluster_db_auth_failed")),
+        "{err}"
+    );
     assert!(err["cluster_db"].as_str().unwrap().contains("***"), "{err}");
 
     let (code, err) = serve_refuses(&pg.url_as("postgres", common::postgres::PASSWORD, "nodb"));
-    assert_eq!((code, err["error"].as_str()), (6, Some("cluster_db_auth_failed")), "{err}");
+    assert_eq!(
+        (code, err["error"].as_str()),
+        (6, Some("cluster_db_auth_failed")),
+        "{err}"
+    );
 
     // An HTTP server (a plain toolgate) is not PostgreSQL.
     let http = Server::start();
     let port = http.base.rsplit(':').next().unwrap();
     let (code, err) = serve_refuses(&format!("postgres://u:p@127.0.0.1:{port}/db"));
-    assert_eq!((code, err["error"].as_str()), (6, Some("cluster_db_not_postgres")), "{err}");
+    assert_eq!(
+        (code, err["error"].as_str()),
+        (6, Some("cluster_db_not_postgres")),
+        "{err}"
+    );
 
-    for bad in ["mysql://u:p@127.0.0.1/db", "postgres://u:p@127.0.0.1:notaport/db"] {
+    for bad in [
+        "mysql://u:p@127.0.0.1/db",
+        "postgres://u:p@127.0.0.1:notaport/db",
+    ] {
         let (code, err) = serve_refuses(bad);
-        assert_eq!((code, err["error"].as_str()), (4, Some("cluster_db_invalid_url")), "{bad}: {err}");
+        assert_eq!(
+            (code, err["error"].as_str()),
+            (4, Some("cluster_db_invalid_url")),
+            "{bad}: {err}"
+        );
     }
 
     // A database migrated by a newer toolgate is refused, not written to.
     drop(sidecar(&pg.url()));
     pg.psql("INSERT INTO toolgate_schema (version, applied_by) VALUES (99, 'toolgate 9')");
     let (code, err) = serve_refuses(&pg.url());
-    assert_eq!((code, err["error"].as_str()), (6, Some("cluster_db_schema_newer")), "{err}");
+    assert_eq!(
+        (code, err["error"].as_str()),
+        (6, Some("cluster_db_schema_newer")),
+        "{err}"
+    );
 }
 
 /// Fleet throughput: 3 sidecars on one PostgreSQL, 64 client threads spread over them,

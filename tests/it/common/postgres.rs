@@ -64,12 +64,7 @@ impl Postgres {
             .arg(format!("--pwfile={}", pwfile.display()));
         as_user(&mut initdb, run_as);
         let out = run_bounded(&mut initdb, START_LIMIT);
-        assert!(
-            out.0,
-            "initdb failed ({}):\n{}",
-            bin.display(),
-            out.1
-        );
+        assert!(out.0, "initdb failed ({}):\n{}", bin.display(), out.1);
         let mut pg = Postgres {
             child: None,
             port: 0,
@@ -149,6 +144,19 @@ impl Postgres {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Starts `psql` running `sql` as the superuser in the background (to hold a lock
+    /// while the test watches what the sidecars do).
+    pub fn psql_spawn(&self, sql: &str) -> Child {
+        Command::new(self.bin.join("psql"))
+            .arg(self.url())
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
     }
 
     /// Starts the server on `self.port`; true once it accepts connections, false when
