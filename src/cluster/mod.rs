@@ -331,74 +331,78 @@ fn unconfirmed_lock() -> LockState {
     }
 }
 
-/// Keeps the safety lock confirmed: a LISTEN connection wakes it on every change, and
-/// it re-reads the lock every [`LOCK_POLL_EVERY`] regardless. Ends when the database
-/// handle is dropped.
+/// Keeps the safety lock confirmed over a connection of its own (not the pool, so
+/// calls cannot starve it): LISTEN wakes it on every change, and it re-reads the lock
+/// every [`LOCK_POLL_EVERY`] regardless. A failed connection is replaced after
+/// [`LOCK_POLL_EVERY`]. Ends when the database handle is dropped.
 async fn watch_lock(db: std::sync::Weak<ClusterDb>) {
-    let (wake, mut woken) = tokio::sync::mpsc::channel::<()>(16);
-    let mut listener: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let Some(strong) = db.upgrade() else {
-            break;
+            return;
         };
-        if listener.as_ref().is_none_or(|l| l.is_finished()) {
-            listener = Some(tokio::spawn(listen(
-                strong.pg_config.clone(),
-                strong.tls.clone(),
-                wake.clone(),
-            )));
-        }
-        if let Err(refusal) = strong.refresh_lock().await {
-            tracing::warn!(message = %refusal.message, "the safety lock could not be re-read");
-        }
+        let (config, tls) = (strong.pg_config.clone(), strong.tls.clone());
         drop(strong);
-        tokio::select! {
-            _ = woken.recv() => {},
-            _ = tokio::time::sleep(LOCK_POLL_EVERY) => {},
-        }
-    }
-    if let Some(l) = listener {
-        l.abort();
+        watch_on_one_connection(&db, config, tls).await;
+        tokio::time::sleep(LOCK_POLL_EVERY).await;
     }
 }
 
-/// One LISTEN connection: sends on `wake` for every notification; returns when the
-/// connection ends (the watcher starts another).
-async fn listen(
+/// One watching connection: returns when it fails (or the handle is dropped).
+async fn watch_on_one_connection(
+    db: &std::sync::Weak<ClusterDb>,
     config: tokio_postgres::Config,
     tls: MakeRustlsConnect,
-    wake: tokio::sync::mpsc::Sender<()>,
 ) {
     let Ok(Ok((client, mut connection))) =
         tokio::time::timeout(QUERY_TIMEOUT, config.connect(tls)).await
     else {
-        tokio::time::sleep(LOCK_POLL_EVERY).await;
+        tracing::warn!("the safety lock watcher cannot connect to the cluster database");
         return;
     };
-    let notify = wake.clone();
+    let (wake, mut woken) = tokio::sync::mpsc::channel::<()>(16);
     let driver = tokio::spawn(async move {
         while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
             match message {
                 Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
-                    let _ = notify.try_send(());
+                    let _ = wake.try_send(());
                 }
                 Ok(_) => {}
                 Err(_) => break,
             }
         }
     });
-    let listening = tokio::time::timeout(
-        QUERY_TIMEOUT,
-        client.batch_execute(&format!("LISTEN {LOCK_CHANNEL}")),
-    )
-    .await;
-    if matches!(listening, Ok(Ok(()))) {
-        // A change between the last read and LISTEN is caught by this re-read.
-        let _ = wake.try_send(());
-        let _ = driver.await;
-    } else {
-        driver.abort();
+    let listening = bounded(client.batch_execute(&format!("LISTEN {LOCK_CHANNEL}"))).await;
+    if listening.is_ok() {
+        loop {
+            let Some(strong) = db.upgrade() else {
+                break;
+            };
+            let read = bounded(client.query_one(
+                "SELECT engaged, reason, changed_by FROM toolgate_safety_lock WHERE id = 1",
+                &[],
+            ))
+            .await;
+            match read {
+                Ok(row) => strong.confirm_lock(LockState {
+                    engaged: row.get(0),
+                    reason: row.get(1),
+                    changed_by: row.get(2),
+                }),
+                Err(refusal) => {
+                    tracing::warn!(message = %refusal.message, "the safety lock could not be re-read");
+                    if client.is_closed() {
+                        break;
+                    }
+                }
+            }
+            drop(strong);
+            tokio::select! {
+                _ = woken.recv() => {},
+                _ = tokio::time::sleep(LOCK_POLL_EVERY) => {},
+            }
+        }
     }
+    driver.abort();
 }
 
 /// Runs a query within [`QUERY_TIMEOUT`], mapping failures to `cluster_unavailable`.
