@@ -593,11 +593,15 @@ fn fleet_throughput_3_sidecars_64_clients() {
         pct(0.50),
         pct(0.99)
     );
-    // Refusals under overload are retryable and structured; none may be anything else.
+    // Refusals under overload are the retryable, structured ones of an overloaded
+    // machine (fail closed); none may be anything else.
+    let overload = [
+        "concurrency_limit_reached",
+        "cluster_unavailable",
+        "safety_lock_unconfirmed",
+        "tool_timeout",
+    ];
     for reason in errors.keys() {
-        assert!(
-            ["concurrency_limit_reached", "cluster_unavailable"].contains(&reason.as_str()),
-            "{errors:?}"
-        );
+        assert!(overload.contains(&reason.as_str()), "{errors:?}");
     }
 }
