@@ -126,6 +126,12 @@ impl Gateway {
         Ok(run)
     }
 
+    /// In a fleet, re-reads a bearer run token's binding (and its run) from the
+    /// cluster database before a front reads the ids it names; nothing outside one.
+    pub async fn fleet_token(&self, token: Option<String>) -> Result<(), Refusal> {
+        self.fleet_refresh(token.as_deref(), None).await.map(|_| ())
+    }
+
     /// Before steps 1-8 of a call in a fleet: re-reads the call's run and run token
     /// ([`Gateway::fleet_refresh`]) and checks that the safety lock's state is
     /// confirmed within its bound (else `safety_lock_unconfirmed`). Returns the run.

@@ -126,7 +126,9 @@ impl Front {
     /// catalog of tools the role may use in the lane.
     async fn admit(&self, context: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
         let headers = headers(context)?;
-        let caller = Caller::read_for_fleet(&self.gateway, headers).await;
+        let fleet = self.gateway.fleet_token(bearer_token(headers)).await;
+        fleet.map_err(|r| refused(&r))?;
+        let caller = Caller::read_for(&self.gateway, headers);
         if let Some(refusal) = caller.malformed() {
             return Err(refused(&refusal));
         }
@@ -141,13 +143,6 @@ impl Front {
         }
         let role_id = caller.role_id.as_deref().unwrap_or_default();
         let lane_id = caller.lane_id.as_deref().unwrap_or_default();
-        if let Err(refusal) = self
-            .gateway
-            .fleet_refresh(caller.token.as_deref(), None)
-            .await
-        {
-            return Err(refused(&refusal));
-        }
         self.gateway
             .tool_catalog(caller.token.as_deref(), role_id, lane_id)
             .map_err(|r| refused(&r))
@@ -219,7 +214,9 @@ impl ServerHandler for Front {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let caller = Caller::read_for_fleet(&self.gateway, headers(&context)?).await;
+        let token = bearer_token(headers(&context)?);
+        let _ = self.gateway.fleet_token(token).await;
+        let caller = Caller::read_for(&self.gateway, headers(&context)?);
         let mut meta = context.meta.0.0.clone();
         if let Some(own) = &request.meta {
             meta.extend(own.0.0.clone());
@@ -359,17 +356,6 @@ impl Caller {
     /// [`Caller::read`], where a run token answers the headers left out: role, run,
     /// scope (the run's, so `{}` here) and the lane when the token names exactly one.
     /// Whether the token is live is checked with the credential (step 2).
-    /// [`Caller::read_for`] after, in a fleet, reading the run token's binding from the
-    /// cluster database (a failure is refused by the pipeline itself).
-    async fn read_for_fleet(gateway: &Gateway, headers: &HeaderMap) -> Caller {
-        if gateway.cluster().is_some() {
-            let _ = gateway
-                .fleet_refresh(bearer_token(headers).as_deref(), None)
-                .await;
-        }
-        Caller::read_for(gateway, headers)
-    }
-
     fn read_for(gateway: &Gateway, headers: &HeaderMap) -> Caller {
         let binding = bearer_token(headers).and_then(|t| gateway.run_tokens.lookup(&t));
         let Some(binding) = binding else {

@@ -429,7 +429,10 @@ fn a_safety_lock_that_cannot_be_confirmed_within_the_bound_refuses_calls() {
         .try_wait()
         .unwrap()
         .is_some()));
-    assert!(common::poll_until(LOCK_BOUND + HTTP_SLACK, || research(&a, &run).0 == 200));
+    assert!(common::poll_until(LOCK_BOUND + HTTP_SLACK, || research(
+        &a, &run
+    )
+    .0 == 200));
 }
 
 /// Runs `serve` with `url` as the cluster database; it must exit (bounded): its code
