@@ -124,7 +124,8 @@ pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "(not a URL)".into();
     };
-    match rest.split_once('@') {
+    // The last `@` ends the user information (a raw `@` in a password stays hidden).
+    match rest.rsplit_once('@') {
         Some((user, host)) => {
             let user = user.split(':').next().unwrap_or("");
             format!("{scheme}://{user}:***@{host}")
@@ -450,4 +451,50 @@ fn classify(e: &tokio_postgres::Error) -> ClusterError {
     ClusterError::NotPostgres(format!(
         "the server at the cluster database URL does not speak the PostgreSQL protocol: {e}"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_password_never_survives_redaction() {
+        let cases = [
+            (
+                "postgres://u:secret@db:5432/x",
+                "postgres://u:***@db:5432/x",
+            ),
+            ("postgresql://u:se@cr@et@db/x", "postgresql://u:***@db/x"),
+            ("postgres://db/x", "postgres://db/x"),
+            ("not a url secret", "(not a URL)"),
+        ];
+        for (url, want) in cases {
+            assert_eq!(redact(url), want);
+            assert!(!redact(url).contains("secret") && !redact(url).contains("cr@et"));
+        }
+    }
+
+    #[test]
+    fn every_start_up_error_has_its_own_code_and_no_password() {
+        let url = "postgres://u:hunter2@db/x";
+        let errors = [
+            ClusterError::InvalidUrl("m".into()),
+            ClusterError::Unreachable("m".into()),
+            ClusterError::AuthFailed("m".into()),
+            ClusterError::NotPostgres("m".into()),
+            ClusterError::SchemaNewer {
+                found: 3,
+                supported: 1,
+            },
+            ClusterError::Migration("m".into()),
+        ];
+        let codes: std::collections::BTreeSet<&str> = errors.iter().map(|e| e.code()).collect();
+        assert_eq!(codes.len(), errors.len());
+        for e in &errors {
+            let json = e.to_json(url);
+            assert_eq!(json["error"], e.code());
+            assert!(!json.to_string().contains("hunter2"), "{json}");
+            assert!(!json["message"].as_str().unwrap_or("").is_empty());
+        }
+    }
 }

@@ -421,3 +421,62 @@ pub fn response_from_json(v: &Value) -> Option<CallResponse> {
         replay_of: None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn response(refusal: Option<Refusal>) -> CallResponse {
+        let diagnostic = refusal.map(|r| r.diagnostic());
+        CallResponse {
+            call_id: "call-1".into(),
+            status: if diagnostic.is_some() {
+                Status::Denied
+            } else {
+                Status::Success
+            },
+            tool_name: Some("draft_document".into()),
+            tool_version: Some("1.0.0".into()),
+            execution_time_ms: 12,
+            output: diagnostic.is_none().then(|| json!({"draft_id": "d-1"})),
+            artifact: None,
+            error_code: diagnostic.as_ref().map(|d| d.error_code),
+            error_message: diagnostic.as_ref().map(|d| d.message.clone()),
+            audit_event_id: Some("ev-000000000007".into()),
+            diagnostic,
+            trace: Trace {
+                role: Some("drafting_agent".into()),
+                passed_step: 11,
+                ..Trace::default()
+            },
+            dry_run: None,
+            replayed: false,
+            replay_of: None,
+        }
+    }
+
+    #[test]
+    fn a_stored_response_reads_back_as_it_was_answered() {
+        let refused = Refusal::new(Reason::ToolError, "boom")
+            .with_details(json!({"reached_tool": true}))
+            .with_retryable(true)
+            .at_step(10);
+        for original in [response(None), response(Some(refused))] {
+            let stored = serde_json::to_value(&original).unwrap();
+            let back = response_from_json(&stored).expect("reads back");
+            assert_eq!(serde_json::to_value(&back).unwrap(), stored);
+        }
+    }
+
+    #[test]
+    fn a_stored_response_with_an_unknown_reason_or_status_is_not_replayed() {
+        let mut stored =
+            serde_json::to_value(response(Some(Refusal::new(Reason::ToolError, "boom")))).unwrap();
+        stored["diagnostic"]["reason"] = json!("made_up");
+        assert!(response_from_json(&stored).is_none());
+        let mut stored = serde_json::to_value(response(None)).unwrap();
+        stored["status"] = json!("maybe");
+        assert!(response_from_json(&stored).is_none());
+    }
+}
