@@ -185,6 +185,14 @@ impl RunStore {
                 closed.insert(record);
             }
         } else if let Ok(mut runs) = self.runs.write() {
+            // A cache in a fleet: kept within MAX_RUNS by dropping one run, which the
+            // next call naming it reads again.
+            if runs.len() >= MAX_RUNS
+                && !runs.contains_key(&record.run_id)
+                && let Some(first) = runs.keys().next().cloned()
+            {
+                runs.remove(&first);
+            }
             runs.insert(record.run_id.clone(), record);
         }
     }

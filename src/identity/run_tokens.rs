@@ -470,6 +470,15 @@ impl RunTokenStore {
         if let (Ok(mut by_hash), Ok(mut by_id)) = (self.by_hash.write(), self.by_id.write()) {
             match found {
                 Some((binding, revoked)) => {
+                    // A cache in a fleet: kept within MAX_TOKENS by dropping one token,
+                    // which the next call carrying it reads again.
+                    if by_hash.len() >= MAX_TOKENS
+                        && !by_hash.contains_key(sha256)
+                        && let Some(old) = by_hash.keys().next().cloned()
+                        && let Some(entry) = by_hash.remove(&old)
+                    {
+                        by_id.remove(&entry.binding.token_id);
+                    }
                     by_id.insert(binding.token_id.clone(), sha256.to_string());
                     by_hash.insert(sha256.to_string(), Entry { binding, revoked });
                 }
