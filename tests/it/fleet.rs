@@ -435,6 +435,58 @@ fn a_safety_lock_that_cannot_be_confirmed_within_the_bound_refuses_calls() {
     .0 == 200));
 }
 
+#[test]
+fn the_documented_least_privilege_roles_run_a_fleet() {
+    // docs/deployment.md, "Least-privilege roles", statement by statement.
+    let pg = Postgres::start();
+    pg.psql("CREATE DATABASE toolgate");
+    pg.psql("CREATE ROLE toolgate_owner LOGIN PASSWORD 'owner-pw'");
+    pg.psql("CREATE ROLE toolgate_sidecar LOGIN PASSWORD 'sidecar-pw' CONNECTION LIMIT 2000");
+    let admin = pg.url_as("postgres", common::postgres::PASSWORD, "toolgate");
+    for sql in [
+        "CREATE SCHEMA toolgate AUTHORIZATION toolgate_owner",
+        "REVOKE ALL ON SCHEMA public FROM PUBLIC",
+        "ALTER ROLE toolgate_owner IN DATABASE toolgate SET search_path = toolgate",
+        "ALTER ROLE toolgate_sidecar IN DATABASE toolgate SET search_path = toolgate",
+        "GRANT USAGE ON SCHEMA toolgate TO toolgate_sidecar",
+        "ALTER DEFAULT PRIVILEGES FOR ROLE toolgate_owner IN SCHEMA toolgate \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO toolgate_sidecar",
+    ] {
+        pg.psql_at(&admin, sql).unwrap();
+    }
+    let owner = pg.url_as("toolgate_owner", "owner-pw", "toolgate");
+    let sidecar_url = pg.url_as("toolgate_sidecar", "sidecar-pw", "toolgate");
+
+    // The sidecar role cannot create the schema: a clear start-up error.
+    let (code, err) = serve_refuses(&sidecar_url);
+    assert_eq!(
+        (code, err["error"].as_str()),
+        (6, Some("cluster_db_migration_failed")),
+        "{err}"
+    );
+    // The owner migrates once; then the fleet runs as the sidecar role.
+    drop(sidecar(&owner));
+    let (a, b) = (sidecar(&sidecar_url), sidecar(&sidecar_url));
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    assert_eq!(research(&b, &run).0, 200);
+    let (code, _) = b.post("/v1/safety-lock", Some(ADMIN), &json!({"engaged": true}));
+    assert_eq!(code, 200);
+    assert!(common::poll_until(LOCK_BOUND + HTTP_SLACK, || reason(
+        &research(&a, &run).1
+    ) == "safety_lock_engaged"));
+    // ... and cannot change the schema or drop the tables.
+    for sql in [
+        "DROP TABLE toolgate_runs",
+        "ALTER TABLE toolgate_runs ADD COLUMN x int",
+        "CREATE TABLE toolgate_evil (x int)",
+    ] {
+        assert!(
+            pg.psql_at(&sidecar_url, sql).is_err(),
+            "{sql} must be refused"
+        );
+    }
+}
+
 /// Runs `serve` with `url` as the cluster database; it must exit (bounded): its code
 /// and the JSON object it printed on stderr.
 fn serve_refuses(url: &str) -> (i32, Value) {

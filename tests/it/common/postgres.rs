@@ -132,18 +132,23 @@ impl Postgres {
     /// Runs SQL through `psql` as the superuser; returns its unaligned, tuples-only
     /// output. Panics when psql fails.
     pub fn psql(&self, sql: &str) -> String {
+        self.psql_at(&self.url(), sql)
+            .unwrap_or_else(|e| panic!("psql `{sql}` failed: {e}"))
+    }
+
+    /// Runs SQL through `psql` at `url` (another user or database): its output, or
+    /// its error.
+    pub fn psql_at(&self, url: &str, sql: &str) -> Result<String, String> {
         let out = Command::new(self.bin.join("psql"))
-            .arg(self.url())
+            .arg(url)
             .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
             .stdin(Stdio::null())
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "psql `{sql}` failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
     /// Starts `psql` running `sql` as the superuser in the background (to hold a lock
