@@ -37,6 +37,7 @@ pub mod authz;
 pub mod call;
 pub mod canonical;
 pub mod capacity;
+pub mod cluster;
 pub mod commands;
 pub mod console;
 pub mod diagnostic;

@@ -24,7 +24,7 @@ use crate::call::{
 };
 use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
-use crate::gateway::{Gateway, Loaded, SafetyLock};
+use crate::gateway::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX, Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key, MAX_INLINE_OUTPUT_BYTES, Outcome};
 use crate::observe::metrics::{AppendKind, CallRecord};
 use crate::observe::trace::{self, TraceParent};
@@ -360,9 +360,22 @@ impl Gateway {
             return self.close(call, Err(refusal)).await;
         }
 
+        // In a fleet (`serve --cluster-db`) the run, the run token and the safety lock
+        // are confirmed from the cluster database, the authority; it being down (or
+        // the lock unconfirmed) refuses the call.
+        let fleet = self.cluster().is_some();
+        let fleet_run = match &request {
+            Ok(r) if fleet => match self.fleet_preflight(token, &r.run_id).await {
+                Ok(run) => run,
+                Err(refusal) => return self.close(call, Err(refusal)).await,
+            },
+            _ => None,
+        };
+
         // A run no longer in memory (closed long ago) is read back from the log, so
         // step 3 still knows it.
         let evicted = match &request {
+            _ if fleet => fleet_run,
             Ok(r) if self.runs.get(&r.run_id).is_none() => {
                 match self.runs.load(&self.audit, &r.run_id).await {
                     Ok(found) => found,
@@ -383,6 +396,10 @@ impl Gateway {
         // 1-8. decide: receive the request and run the authorization checks
         let lock = self.safety_lock();
         let runs = |run_id: &str| {
+            if fleet {
+                // Only what the cluster database said just now.
+                return evicted.clone().filter(|r| r.run_id == run_id);
+            }
             self.runs
                 .get(run_id)
                 .or_else(|| evicted.clone().filter(|r| r.run_id == run_id))
@@ -460,8 +477,39 @@ impl Gateway {
         // 9. emit audit event: tool_requested (durable before anything runs; once per
         //    idempotency key, arguments and scope: a repeat returns the first outcome
         //    and writes its own closing event referring to the first call)
+        // In a fleet the key is claimed in the cluster database instead of the
+        // in-memory table: one sidecar of the fleet executes, every repeat replays.
+        let mut fleet_key: Option<Key> = None;
+        if let (Some(cluster), Some(key)) = (self.cluster(), &allowed.request.idempotency_key) {
+            let key = Key {
+                run_id: allowed.run.run_id.clone(),
+                role_id: allowed.role.role_id.clone(),
+                tool_name: allowed.tool.tool_name.clone(),
+                idempotency_key: key.clone(),
+            };
+            let fingerprint = sha256_hex(&to_canonical_bytes(&json!({
+                "arguments": allowed.arguments,
+                "scope": allowed.request.scope,
+            })));
+            let wait = Duration::from_millis(allowed.tool.limits.timeout_ms_max)
+                .saturating_add(FLEET_CLAIM_SLACK)
+                .min(FLEET_CLAIM_WAIT_MAX);
+            match self.fleet_claim(cluster, &key, &fingerprint, wait).await {
+                Ok(None) => fleet_key = Some(key),
+                Ok(Some(first)) => {
+                    let first = Outcome {
+                        response: Arc::new(first),
+                        spilled_output: None,
+                        bytes: 0,
+                    };
+                    return self.close_replay(call, first).await;
+                }
+                Err(refusal) => return self.close(call, Err(refusal)).await,
+            }
+        }
         let guard = match &allowed.request.idempotency_key {
             None => None,
+            Some(_) if fleet_key.is_some() => None,
             Some(key) => {
                 let key = Key {
                     run_id: allowed.run.run_id.clone(),
@@ -626,6 +674,9 @@ impl Gateway {
         }
         if let Some(guard) = guard {
             guard.complete(self.stored_outcome(&response).await, keep);
+        }
+        if let (Some(key), Some(cluster)) = (fleet_key, self.cluster()) {
+            self.fleet_complete(cluster, &key, &response, keep).await;
         }
         response
     }

@@ -111,6 +111,37 @@ pub struct ServeArgs {
     /// metadata and accepted as a JWT audience (RFC 8707).
     #[arg(long, value_parser = parse_public_url)]
     pub public_url: Option<String>,
+    /// Join a fleet: keep runs, run tokens, the safety lock and idempotency claims in
+    /// this PostgreSQL database (`postgres://USER:PASSWORD@HOST:PORT/DB`), shared by
+    /// every sidecar given the same URL (docs/deployment.md). Default: the
+    /// TOOLGATE_CLUSTER_DB environment variable; unset, state stays in this process.
+    #[arg(long, value_name = "URL")]
+    pub cluster_db: Option<String>,
+}
+
+/// The cluster database URL: `--cluster-db`, else `TOOLGATE_CLUSTER_DB` (unset or
+/// empty: none).
+fn cluster_db_url(args: &ServeArgs) -> Option<String> {
+    args.cluster_db
+        .clone()
+        .or_else(|| std::env::var("TOOLGATE_CLUSTER_DB").ok())
+        .filter(|u| !u.trim().is_empty())
+}
+
+/// Connects to the cluster database; a failure is printed as one JSON object on
+/// stderr and gives the exit code.
+async fn join_cluster(url: &str) -> Result<Arc<crate::cluster::ClusterDb>, Exit> {
+    match crate::cluster::ClusterDb::connect(url).await {
+        Ok(db) => Ok(db),
+        Err(e) => {
+            eprintln!("error: cannot join the cluster database: {e}");
+            eprintln!("{}", e.to_json(url));
+            Err(match e {
+                crate::cluster::ClusterError::InvalidUrl(_) => Exit::InvalidConfig,
+                _ => Exit::Cluster,
+            })
+        }
+    }
 }
 
 fn parse_public_url(text: &str) -> Result<String, String> {
@@ -257,6 +288,18 @@ async fn run(args: &ServeArgs) -> Exit {
             };
         }
     };
+    // The cluster database is joined before the gateway starts: a sidecar that cannot
+    // reach the fleet's state serves nothing.
+    let cluster = match cluster_db_url(args) {
+        None => None,
+        Some(url) => match join_cluster(&url).await {
+            Ok(db) => Some((db, crate::cluster::redact(&url))),
+            Err(exit) => {
+                let _ = audit.close().await;
+                return exit;
+            }
+        },
+    };
     let fingerprint = audit.verifier_key().fingerprint();
     let env = adapter_env(&args.location.tools, &args.data_dir);
     let drain = drain_time(&loaded);
@@ -280,6 +323,10 @@ async fn run(args: &ServeArgs) -> Exit {
             eprintln!("error: cannot start the gateway: {e}");
             return Exit::Failure;
         }
+    };
+    let gateway = match &cluster {
+        Some((db, _)) => gateway.with_cluster(db.clone()),
+        None => gateway,
     };
     let gateway = match shadow {
         Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
@@ -314,6 +361,9 @@ async fn run(args: &ServeArgs) -> Exit {
     );
     println!("data dir: {}", args.data_dir.display());
     println!("audit key fingerprint: {fingerprint}");
+    if let Some((db, url)) = &cluster {
+        println!("cluster db: {url} (node {})", db.node_id);
+    }
     tokio::spawn(reload_on_sighup(gateway.clone()));
     let server_options = ServerOptions {
         max_body_bytes: args.max_body_bytes,

@@ -130,6 +130,8 @@ impl Front {
     /// catalog of tools the role may use in the lane.
     async fn admit(&self, context: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
         let headers = headers(context)?;
+        let fleet = self.gateway.fleet_token(bearer_token(headers)).await;
+        fleet.map_err(|r| refused(&r))?;
         let caller = Caller::read_for(&self.gateway, headers);
         if let Some(refusal) = caller.malformed() {
             return Err(refused(&refusal));
@@ -216,6 +218,8 @@ impl ServerHandler for Front {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let token = bearer_token(headers(&context)?);
+        let _ = self.gateway.fleet_token(token).await;
         let caller = Caller::read_for(&self.gateway, headers(&context)?);
         let mut meta = context.meta.0.0.clone();
         if let Some(own) = &request.meta {

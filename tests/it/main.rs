@@ -25,6 +25,7 @@ mod console;
 mod budgets;
 mod contract;
 mod durability;
+mod fleet;
 mod gateway;
 mod hostile;
 mod identity;
