@@ -111,6 +111,26 @@ pub struct ServeArgs {
     /// metadata and accepted as a JWT audience (RFC 8707).
     #[arg(long, value_parser = parse_public_url)]
     pub public_url: Option<String>,
+    /// Submit the audit checkpoints to this C2SP tlog-witness (repeatable): `URL+VKEY`,
+    /// the witness's submission prefix (`/add-checkpoint` is appended; no `+` in it)
+    /// and its cosignature verifier key (`name+keyid+base64`, type 0x04). Cosigned
+    /// checkpoints are appended to `cosigned-checkpoints.log` in the data directory;
+    /// `audit verify --witness-key ... --quorum N` checks them. A witness that is down
+    /// never delays a call (see docs/audit.md).
+    #[arg(long = "witness", value_parser = parse_witness)]
+    pub witnesses: Vec<crate::audit::witness::WitnessConfig>,
+    /// The audit log's origin (its checkpoints' first line and a new signing key's
+    /// name). In a fleet (`--cluster-db`) every sidecar needs its own, e.g.
+    /// `toolgate.example/pod-7/audit`: the hub binds each origin to one key.
+    #[arg(long, default_value = crate::audit::DEFAULT_ORIGIN)]
+    pub audit_origin: String,
+    /// How often each witness is offered the newest checkpoint, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..))]
+    pub witness_interval_ms: u64,
+}
+
+fn parse_witness(text: &str) -> Result<crate::audit::witness::WitnessConfig, String> {
+    crate::audit::witness::WitnessConfig::parse(text)
 }
 
 fn parse_public_url(text: &str) -> Result<String, String> {
@@ -216,6 +236,7 @@ async fn run(args: &ServeArgs) -> Exit {
         options.key_dir = dir.clone();
     }
     options.checkpoint_every_events = args.checkpoint_every_events;
+    options.origin = args.audit_origin.clone();
     options.checkpoint_interval = Duration::from_millis(args.checkpoint_interval_ms);
     options
         .checkpoint_sinks
@@ -285,6 +306,22 @@ async fn run(args: &ServeArgs) -> Exit {
         Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
         None => gateway,
     };
+    if !args.witnesses.is_empty() {
+        let options = crate::audit::witness::WitnessOptions {
+            cosignature_file: crate::audit::witness::default_cosignature_file(&options_db_path),
+            db_path: options_db_path.clone(),
+            log_key: audit.verifier_key().clone(),
+            witnesses: args.witnesses.clone(),
+            interval: Duration::from_millis(args.witness_interval_ms),
+        };
+        match crate::audit::witness::start(options) {
+            Ok(statuses) => gateway.metrics.watch_witnesses(statuses),
+            Err(e) => {
+                eprintln!("error: cannot start the witness client: {e}");
+                return Exit::InvalidConfig;
+            }
+        }
+    }
     let gateway = Arc::new(gateway);
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,

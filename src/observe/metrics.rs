@@ -154,6 +154,20 @@ pub struct Metrics {
     audit_batch_commit: Histogram,
     /// Serializes scrapes (each builds its scrape-time families afresh).
     scrape: Mutex<()>,
+    /// The witnesses' and the hub shipper's progress, read at scrape time.
+    audit_remote: std::sync::RwLock<AuditRemote>,
+}
+
+/// What is read at scrape time of the audit log's copies elsewhere: the witnesses'
+/// cosignatures (`serve --witness`) and the shipping to the hub (`--cluster-db`).
+#[derive(Debug, Default, Clone)]
+pub struct AuditRemote {
+    pub witnesses: Vec<std::sync::Arc<crate::audit::witness::WitnessStatus>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WitnessLabels {
+    witness: String,
 }
 
 /// Latency buckets from 25 us to about 13 s, doubling.
@@ -235,7 +249,19 @@ impl Metrics {
             audit_batch_events,
             audit_batch_commit,
             scrape: Mutex::new(()),
+            audit_remote: std::sync::RwLock::new(AuditRemote::default()),
         }
+    }
+
+    /// Shows the witnesses' progress from now on (`serve --witness`).
+    pub fn watch_witnesses(
+        &self,
+        witnesses: Vec<std::sync::Arc<crate::audit::witness::WitnessStatus>>,
+    ) {
+        self.audit_remote
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .witnesses = witnesses;
     }
 
     /// Counts a call in flight until the returned guard is dropped.
@@ -381,6 +407,12 @@ impl Metrics {
                 family,
             );
         }
+        let remote = self
+            .audit_remote
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        register_witnesses(&mut scraped, &remote.witnesses);
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode_registry(&mut out, &self.registry);
@@ -388,6 +420,68 @@ impl Metrics {
         let _ = encode_eof(&mut out);
         out
     }
+}
+
+/// The witness families: per witness (names come from the validated `--witness`
+/// flags, so the label values are bounded), the newest checkpoint size offered, the
+/// newest it cosigned, their difference in events, and the failed and conflicting
+/// submissions.
+fn register_witnesses(
+    registry: &mut Registry,
+    witnesses: &[std::sync::Arc<crate::audit::witness::WitnessStatus>],
+) {
+    use std::sync::atomic::Ordering;
+    if witnesses.is_empty() {
+        return;
+    }
+    let cosigned = Family::<WitnessLabels, Gauge<i64>>::default();
+    let offered = Family::<WitnessLabels, Gauge<i64>>::default();
+    let lag = Family::<WitnessLabels, Gauge<i64>>::default();
+    let failures = Family::<WitnessLabels, Counter<u64>>::default();
+    let conflicts = Family::<WitnessLabels, Counter<u64>>::default();
+    for w in witnesses {
+        let labels = WitnessLabels {
+            witness: w.name.clone(),
+        };
+        let done = w.cosigned_size.load(Ordering::Relaxed);
+        let newest = w.checkpoint_size.load(Ordering::Relaxed);
+        let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        cosigned.get_or_create(&labels).set(as_i64(done));
+        offered.get_or_create(&labels).set(as_i64(newest));
+        lag.get_or_create(&labels)
+            .set(as_i64(newest.saturating_sub(done)));
+        failures
+            .get_or_create(&labels)
+            .inc_by(w.failures.load(Ordering::Relaxed));
+        conflicts
+            .get_or_create(&labels)
+            .inc_by(w.conflicts.load(Ordering::Relaxed));
+    }
+    registry.register(
+        "witness_cosigned_size",
+        "The largest audit checkpoint size this witness cosigned",
+        cosigned,
+    );
+    registry.register(
+        "witness_checkpoint_size",
+        "The newest audit checkpoint size offered to this witness",
+        offered,
+    );
+    registry.register(
+        "witness_lag_events",
+        "Events under the newest checkpoint that this witness has not cosigned yet (the cosignature gap)",
+        lag,
+    );
+    registry.register(
+        "witness_failures",
+        "Submissions to this witness that failed (unreachable, refused, a bad answer)",
+        failures,
+    );
+    registry.register(
+        "witness_conflicts",
+        "Submissions this witness refused as conflicting with what it cosigned (409)",
+        conflicts,
+    );
 }
 
 /// A call in flight; decrements the gauge when dropped (also on early returns).

@@ -39,3 +39,4 @@ mod requests;
 mod review_live;
 mod soak;
 mod traces;
+mod witness;
