@@ -130,6 +130,9 @@ pub enum Reason {
     PolicyUnavailable,
     PolicyInvalid,
     InternalError,
+    ClusterUnavailable,
+    SafetyLockUnconfirmed,
+    IdempotencyInFlight,
 }
 
 /// The catalog entry of one reason.
@@ -151,7 +154,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in catalog order.
-    pub const ALL: [Reason; 55] = [
+    pub const ALL: [Reason; 58] = [
         Reason::RequestMalformed,
         Reason::ProtocolVersionUnsupported,
         Reason::OriginNotAllowed,
@@ -207,6 +210,9 @@ impl Reason {
         Reason::PolicyUnavailable,
         Reason::PolicyInvalid,
         Reason::InternalError,
+        Reason::ClusterUnavailable,
+        Reason::SafetyLockUnconfirmed,
+        Reason::IdempotencyInFlight,
     ];
 
     /// The stable snake_case code, as it appears in responses and the audit log.
@@ -224,6 +230,9 @@ impl Reason {
             Reason::RateLimited => "rate_limited",
             Reason::AuditCapacityExhausted => "audit_capacity_exhausted",
             Reason::SafetyLockEngaged => "safety_lock_engaged",
+            Reason::ClusterUnavailable => "cluster_unavailable",
+            Reason::SafetyLockUnconfirmed => "safety_lock_unconfirmed",
+            Reason::IdempotencyInFlight => "idempotency_in_flight",
             Reason::CredentialMissing => "credential_missing",
             Reason::CredentialInvalid => "credential_invalid",
             Reason::CredentialExpired => "credential_expired",
@@ -396,6 +405,36 @@ impl Reason {
                     "the safety lock is engaged: no tool call is executed",
                     "an operator engaged the lock (see details.lock_reason)",
                     "wait for an operator to release the lock (POST /v1/safety-lock with engaged=false)",
+                ),
+                Reason::ClusterUnavailable => (
+                    E::InternalError,
+                    C::Dependency,
+                    1,
+                    true,
+                    S::Critical,
+                    "the fleet's cluster database (serve --cluster-db) could not be used, so the call was refused",
+                    "PostgreSQL is down, unreachable, slower than the query timeout, or refused the query",
+                    "retry with backoff; operators: check the cluster database and the sidecar's connection to it",
+                ),
+                Reason::SafetyLockUnconfirmed => (
+                    E::Denied,
+                    C::Safety,
+                    1,
+                    true,
+                    S::Critical,
+                    "the safety lock's state could not be confirmed from the cluster database within its bound, so it is treated as engaged",
+                    "the cluster database is down or unreachable from this sidecar",
+                    "retry later; operators: check the cluster database (docs/deployment.md)",
+                ),
+                Reason::IdempotencyInFlight => (
+                    E::Denied,
+                    C::Idempotency,
+                    9,
+                    true,
+                    S::Warning,
+                    "the first call with this idempotency key is still running on a sidecar of the fleet, past the wait bound",
+                    "a slow first call, or a sidecar that stopped while running it (its claim stays until an operator clears it)",
+                    "retry later with the same key; operators: see docs/operations.md (stale idempotency claims)",
                 ),
                 Reason::CredentialMissing => (
                     E::Denied,

@@ -68,6 +68,12 @@ fn system_tls() -> Result<ClientConfig, String> {
         .clone()
 }
 
+/// The TLS client configuration trusting the system's roots, for other clients of
+/// the one rustls stack (the cluster database connection).
+pub fn system_tls_config() -> Result<ClientConfig, String> {
+    system_tls()
+}
+
 fn tls_with(verifier: Arc<dyn ServerCertVerifier>) -> Result<ClientConfig, rustls::Error> {
     Ok(ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?

@@ -24,7 +24,7 @@ use crate::call::{
 };
 use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
-use crate::gateway::{Gateway, Loaded, SafetyLock};
+use crate::gateway::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX, Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key, MAX_INLINE_OUTPUT_BYTES, Outcome};
 use crate::observe::metrics::{AppendKind, CallRecord};
 use crate::observe::trace::{self, TraceParent};
@@ -343,9 +343,37 @@ impl Gateway {
             return self.close(call, Err(refusal)).await;
         }
 
+        // In a fleet (`serve --cluster-db`) the run and the run token are read from
+        // the cluster database, the authority; it being down refuses the call.
+        let fleet = self.cluster().is_some();
+        let fleet_run = match (&request, fleet) {
+            (_, false) => None,
+            (Ok(r), true) => Some(self.fleet_refresh(token, Some(&r.run_id)).await),
+            // A request that did not parse is refused at step 1 whatever the state.
+            (Err(_), true) => None,
+        };
+        if let Some(Err(refusal)) = fleet_run {
+            return self.close(call, Err(refusal)).await;
+        }
+        let fleet_run = fleet_run.and_then(Result::ok).flatten();
+        if let Some(cluster) = self.cluster()
+            && !cluster.safety_lock().1
+        {
+            let refusal = Refusal::new(
+                Reason::SafetyLockUnconfirmed,
+                format!(
+                    "the safety lock's state was not confirmed from the cluster database within {} ms; treated as engaged",
+                    crate::cluster::LOCK_BOUND.as_millis()
+                ),
+            )
+            .with_details(json!({ "bound_ms": crate::cluster::LOCK_BOUND.as_millis() as u64 }));
+            return self.close(call, Err(refusal)).await;
+        }
+
         // A run no longer in memory (closed long ago) is read back from the log, so
         // step 3 still knows it.
         let evicted = match &request {
+            _ if fleet => fleet_run,
             Ok(r) if self.runs.get(&r.run_id).is_none() => {
                 match self.runs.load(&self.audit, &r.run_id).await {
                     Ok(found) => found,
@@ -366,6 +394,10 @@ impl Gateway {
         // 1-8. decide: receive the request and run the authorization checks
         let lock = self.safety_lock();
         let runs = |run_id: &str| {
+            if fleet {
+                // Only what the cluster database said just now.
+                return evicted.clone().filter(|r| r.run_id == run_id);
+            }
             self.runs
                 .get(run_id)
                 .or_else(|| evicted.clone().filter(|r| r.run_id == run_id))
@@ -417,6 +449,8 @@ impl Gateway {
         // 9. emit audit event: tool_requested (durable before anything runs; once per
         //    idempotency key, arguments and scope: a repeat returns the first outcome
         //    and writes its own closing event referring to the first call)
+        // In a fleet the key is claimed in the cluster database instead.
+        let mut fleet_key: Option<Key> = None;
         let guard = match &allowed.request.idempotency_key {
             None => None,
             Some(key) => {
@@ -432,6 +466,26 @@ impl Gateway {
                     "arguments": allowed.arguments,
                     "scope": allowed.request.scope,
                 })));
+                if let Some(cluster) = self.cluster() {
+                    let wait = Duration::from_millis(allowed.tool.limits.timeout_ms_max)
+                        .saturating_add(FLEET_CLAIM_SLACK)
+                        .min(FLEET_CLAIM_WAIT_MAX);
+                    match self.fleet_claim(cluster, &key, &fingerprint, wait).await {
+                        Ok(None) => {
+                            fleet_key = Some(key);
+                            None
+                        }
+                        Ok(Some(first)) => {
+                            let first = Outcome {
+                                response: Arc::new(first),
+                                spilled_output: None,
+                                bytes: 0,
+                            };
+                            return self.close_replay(call, first).await;
+                        }
+                        Err(refusal) => return self.close(call, Err(refusal)).await,
+                    }
+                } else {
                 match self.idempotency.claim(key, &fingerprint) {
                     Claim::First(guard) => Some(guard),
                     Claim::Replay(first) => return self.close_replay(call, first).await,
@@ -453,6 +507,7 @@ impl Gateway {
                         );
                         return self.close(call, Err(refusal)).await;
                     }
+                }
                 }
             }
         };
@@ -520,6 +575,9 @@ impl Gateway {
         let response = self.close_executed(call, &allowed, captured).await;
         if let Some(guard) = guard {
             guard.complete(self.stored_outcome(&response).await, keep);
+        }
+        if let (Some(key), Some(cluster)) = (fleet_key, self.cluster()) {
+            self.fleet_complete(cluster, &key, &response, keep).await;
         }
         response
     }

@@ -47,6 +47,8 @@ pub enum RunError {
     /// The run is closed; closed is final.
     Closed(String),
     Audit(AuditError),
+    /// The cluster database (`serve --cluster-db`) could not be used.
+    Cluster(crate::diagnostic::Refusal),
 }
 
 /// Runs by id, rebuilt from the audit log.
@@ -169,6 +171,22 @@ impl RunStore {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Keeps `record` as read from the cluster database (`serve --cluster-db`), the
+    /// authority in a fleet: live or closed, it replaces what this table had.
+    pub fn remember(&self, record: RunRecord) {
+        if record.status == RunStatus::Closed {
+            if let Ok(mut runs) = self.runs.write() {
+                runs.remove(&record.run_id);
+            }
+            if let Ok(mut closed) = self.closed.write() {
+                closed.records.remove(&record.run_id);
+                closed.insert(record);
+            }
+        } else if let Ok(mut runs) = self.runs.write() {
+            runs.insert(record.run_id.clone(), record);
+        }
     }
 
     /// Records `run_created` and then adds the run.
@@ -302,6 +320,43 @@ impl RunStore {
         }
         Ok((record, from))
     }
+}
+
+/// The `run_created` event of a new run.
+pub fn created_event(record: &RunRecord) -> NewEvent {
+    let mut event = NewEvent::new(EventType::RunCreated);
+    event.run_id = Some(record.run_id.clone());
+    event.policy_versions = Some(record.policy_versions.clone());
+    event.details.insert("run".into(), run_json(record));
+    event
+}
+
+/// The `run_status_changed` event of a status change.
+pub fn status_event(run_id: &str, from: RunStatus, to: RunStatus, by: &str) -> NewEvent {
+    let mut event = NewEvent::new(EventType::RunStatusChanged);
+    event.run_id = Some(run_id.to_string());
+    event.details.insert("from".into(), json!(from));
+    event.details.insert("to".into(), json!(to));
+    event.details.insert("by".into(), json!(by));
+    event
+}
+
+/// The `run_repinned` event of a re-pin.
+pub fn repinned_event(
+    run_id: &str,
+    from: &PolicyVersions,
+    to: &PolicyVersions,
+    by: &str,
+    scope_check: Value,
+) -> NewEvent {
+    let mut event = NewEvent::new(EventType::RunRepinned);
+    event.run_id = Some(run_id.to_string());
+    event.policy_versions = Some(to.clone());
+    event.details.insert("from".into(), json!(from));
+    event.details.insert("to".into(), json!(to));
+    event.details.insert("by".into(), json!(by));
+    event.details.insert("scope_check".into(), scope_check);
+    event
 }
 
 /// The runs that `run_created`, `run_repinned` and `run_status_changed` events (oldest

@@ -285,6 +285,9 @@ async fn route(
             let handle = tokio::spawn(async move {
                 // A body that does not parse is still a tool call: refused at step 1
                 // and audited like every call.
+                // In a fleet, the run token's binding is read from the cluster
+                // database first (a failure is refused by the pipeline itself).
+                let _ = gw.fleet_refresh(token.as_deref(), None).await;
                 let request = CallBody::from_bytes(&body)
                     .and_then(|body| gw.parse_call(token.as_deref(), body));
                 gw.handle_signalled(token.as_deref(), request, parent.as_ref(), signals)
@@ -312,14 +315,16 @@ async fn route(
             StatusCode::OK,
         ),
         (&Method::GET, ["v1", "runs"]) => respond(
-            gateway.list_runs(
-                token.as_deref(),
-                ListRuns::from_query(
-                    query.get("status").map(String::as_str),
-                    query.get("limit").map(String::as_str),
-                    query.get("cursor").map(String::as_str),
-                ),
-            ),
+            gateway
+                .list_runs(
+                    token.as_deref(),
+                    ListRuns::from_query(
+                        query.get("status").map(String::as_str),
+                        query.get("limit").map(String::as_str),
+                        query.get("cursor").map(String::as_str),
+                    ),
+                )
+                .await,
             StatusCode::OK,
         ),
         (&Method::POST, ["v1", "runs", run_id, "repin"]) => respond(
@@ -329,7 +334,7 @@ async fn route(
             StatusCode::OK,
         ),
         (&Method::GET, ["v1", "runs", run_id]) => {
-            respond(gateway.get_run(token.as_deref(), run_id), StatusCode::OK)
+            respond(gateway.get_run(token.as_deref(), run_id).await, StatusCode::OK)
         }
         (&Method::POST, ["v1", "runs", run_id, "status"]) => respond(
             gateway
@@ -340,7 +345,11 @@ async fn route(
         (&Method::GET, ["v1", "tools"]) => {
             let role = query.get("role_id").map(String::as_str).unwrap_or_default();
             let lane = query.get("lane_id").map(String::as_str).unwrap_or_default();
-            match gateway.tool_catalog(token.as_deref(), role, lane) {
+            let catalog = match gateway.fleet_refresh(token.as_deref(), None).await {
+                Ok(_) => gateway.tool_catalog(token.as_deref(), role, lane),
+                Err(refusal) => Err(refusal),
+            };
+            match catalog {
                 Ok(catalog) => json_response(StatusCode::OK, &catalog),
                 Err(r) => refusal_response(&r),
             }
@@ -776,6 +785,10 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::AuditUnavailable | Reason::PolicyUnavailable | Reason::AuditCapacityExhausted => {
             StatusCode::SERVICE_UNAVAILABLE
         }
+        Reason::ClusterUnavailable | Reason::SafetyLockUnconfirmed => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        Reason::IdempotencyInFlight => StatusCode::CONFLICT,
         Reason::ToolError
         | Reason::Cancelled
         | Reason::OutputSchemaViolation

@@ -101,6 +101,10 @@ pub struct VerifyArgs {
     /// the database).
     #[arg(long, requires = "witness_keys")]
     pub cosignatures: Option<PathBuf>,
+    /// Verify the audit hub in this PostgreSQL database instead of a local log: every
+    /// sidecar's shipped log and the fleet log (docs/audit.md, "The audit hub").
+    #[arg(long, value_name = "URL")]
+    pub cluster_db: Option<String>,
 }
 
 fn parse_witness_key(text: &str) -> Result<crate::audit::witness::WitnessKey, String> {
@@ -121,8 +125,12 @@ pub struct ExportArgs {
     #[arg(long)]
     pub key_dir: Option<PathBuf>,
     /// `jsonl`: events.jsonl only; `csv`: also events.csv (a derived view).
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, default_value = "jsonl")]
     pub format: ExportFormatArg,
+    /// Export one run (`--run`) from the audit hub in this PostgreSQL database: its
+    /// events from every sidecar with the proofs to the signed fleet checkpoint.
+    #[arg(long, value_name = "URL", requires = "run_id")]
+    pub cluster_db: Option<String>,
     /// Only the events of this run.
     #[arg(long = "run")]
     pub run_id: Option<String>,
@@ -271,6 +279,9 @@ fn checkpoint_files(db: &Path, named: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 fn verify_command(args: &VerifyArgs) -> Exit {
+    if let Some(url) = &args.cluster_db {
+        return fleet_verify_command(url, args.format);
+    }
     if log_missing(&args.db) {
         print_error(
             &format!("no audit database at `{}`", args.db.display()),
@@ -454,6 +465,101 @@ fn check_witnesses(
     }
 }
 
+/// The exit code of a fleet verify or export failure.
+fn exit_for_fleet(error: &crate::hub::fleet::FleetError) -> Exit {
+    use crate::hub::fleet::FleetError;
+    match error {
+        FleetError::Hub(_) | FleetError::Output(_) => Exit::InvalidConfig,
+        FleetError::Problem(p) => match p.kind.exit_code() {
+            2 => Exit::Truncated,
+            3 => Exit::Signature,
+            _ => Exit::Failure,
+        },
+    }
+}
+
+/// Prints a fleet failure: JSON on stdout with `--format json`, else one line.
+fn print_fleet_error(error: &crate::hub::fleet::FleetError, format: Format) {
+    use crate::hub::fleet::{FleetError, error_json};
+    match (format, error) {
+        (Format::Json, _) => say!(
+            "{}",
+            serde_json::to_string_pretty(&error_json(error)).unwrap_or_default()
+        ),
+        (Format::Text, FleetError::Problem(p)) => say!("FAILED: {p}"),
+        (Format::Text, FleetError::Hub(e)) => print_error(e, Some("check --cluster-db URL")),
+        (Format::Text, FleetError::Output(m)) => print_error(m, None),
+    }
+}
+
+/// `audit verify --cluster-db URL`.
+fn fleet_verify_command(url: &str, format: Format) -> Exit {
+    let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
+    {
+        Ok(runtime) => runtime,
+        Err(exit) => return exit,
+    };
+    let result = runtime.block_on(async {
+        let pool = crate::hub::connect(url).await?;
+        crate::hub::fleet::verify(&pool).await
+    });
+    match result {
+        Ok(report) => {
+            match format {
+                Format::Json => {
+                    let mut value = serde_json::to_value(&report).unwrap_or_default();
+                    value["status"] = "ok".into();
+                    say!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+                }
+                Format::Text => {
+                    for s in &report.sidecars {
+                        say!(
+                            "ok: sidecar {}: {} events, {} checkpoints, key fingerprint {}",
+                            s.origin,
+                            s.events,
+                            s.checkpoints,
+                            s.key_fingerprint
+                        );
+                    }
+                    say!(
+                        "ok: fleet log: {} checkpoints, root {}",
+                        report.fleet_size,
+                        report.fleet_root
+                    );
+                }
+            }
+            Exit::Ok
+        }
+        Err(error) => {
+            print_fleet_error(&error, format);
+            exit_for_fleet(&error)
+        }
+    }
+}
+
+/// `audit export --cluster-db URL --run RUN_ID --out DIR`.
+fn fleet_export_command(url: &str, run: &str, out: &Path) -> Exit {
+    let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
+    {
+        Ok(runtime) => runtime,
+        Err(exit) => return exit,
+    };
+    let result = runtime.block_on(async {
+        let pool = crate::hub::connect(url).await?;
+        crate::hub::fleet::export(&pool, run, out).await
+    });
+    match result {
+        Ok(summary) => {
+            say!("{}", serde_json::to_string_pretty(&summary).unwrap_or_default());
+            Exit::Ok
+        }
+        Err(error) => {
+            print_fleet_error(&error, Format::Json);
+            exit_for_fleet(&error)
+        }
+    }
+}
+
 /// True when no segment of the log whose first segment is `db` exists.
 fn log_missing(db: &Path) -> bool {
     crate::audit::segments::list(db).map_or(!db.exists(), |s| s.is_empty())
@@ -564,6 +670,9 @@ fn parse_time(flag: &str, text: &Option<String>) -> Result<Option<OffsetDateTime
 }
 
 fn export_command(args: &ExportArgs) -> Exit {
+    if let (Some(url), Some(run)) = (&args.cluster_db, &args.run_id) {
+        return fleet_export_command(url, run, &args.out);
+    }
     if log_missing(&args.db) {
         print_error(
             &format!("no audit database at `{}`", args.db.display()),

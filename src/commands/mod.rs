@@ -33,6 +33,9 @@ pub enum Exit {
     InvalidConfig = 4,
     /// A schema error: a document that does not match its JSON Schema.
     SchemaError = 5,
+    /// The cluster database (`serve --cluster-db`) is unreachable, refuses the
+    /// credentials, is not PostgreSQL, or has a schema newer than this binary.
+    Cluster = 6,
 }
 
 impl From<Exit> for ExitCode {

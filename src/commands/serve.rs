@@ -124,13 +124,99 @@ pub struct ServeArgs {
     /// `toolgate.example/pod-7/audit`: the hub binds each origin to one key.
     #[arg(long, default_value = crate::audit::DEFAULT_ORIGIN)]
     pub audit_origin: String,
+    /// With `--cluster-db`: how often the audit shipper looks for new committed lines
+    /// to ship to the hub, in milliseconds.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..))]
+    pub hub_ship_interval_ms: u64,
     /// How often each witness is offered the newest checkpoint, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..))]
     pub witness_interval_ms: u64,
+    /// Join a fleet: keep runs, run tokens, the safety lock and idempotency claims in
+    /// this PostgreSQL database (`postgres://USER:PASSWORD@HOST:PORT/DB`), shared by
+    /// every sidecar given the same URL (docs/deployment.md). Default: the
+    /// TOOLGATE_CLUSTER_DB environment variable; unset, state stays in this process.
+    #[arg(long, value_name = "URL")]
+    pub cluster_db: Option<String>,
+}
+
+/// Starts shipping the audit log to the hub in the cluster database (items of
+/// docs/audit.md, "The audit hub"). The default origin is shared by every sidecar
+/// that keeps it, so a fleet member without its own `--audit-origin` does not ship
+/// (with a warning) rather than collide.
+async fn start_shipper(
+    url: &str,
+    args: &ServeArgs,
+    audit: &AuditLog,
+    db_path: &std::path::Path,
+    key_dir: &std::path::Path,
+    origin: &str,
+) -> Result<Option<Arc<crate::hub::ship::ShipStatus>>, Exit> {
+    if origin == crate::audit::DEFAULT_ORIGIN {
+        tracing::warn!("the audit log keeps the default origin `toolgate/audit`: it is not shipped to the audit hub; give each sidecar its own --audit-origin");
+        eprintln!("warning: not shipping the audit log to the hub: give this sidecar its own --audit-origin (every sidecar's origin must be unique in the fleet)");
+        return Ok(None);
+    }
+    let signer: Arc<dyn crate::audit::signer::Signer> = match &args.signer_socket {
+        Some(socket) => match crate::audit::signer::SocketSigner::connect(socket) {
+            Ok(signer) => Arc::new(signer),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Err(Exit::Signature);
+            }
+        },
+        None => match crate::audit::keys::load_signer(key_dir) {
+            Ok(signer) => Arc::new(signer),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Err(Exit::Signature);
+            }
+        },
+    };
+    let pool = match crate::hub::connect(url).await {
+        Ok(pool) => pool,
+        Err(e) => {
+            eprintln!("{}", e.to_json());
+            return Err(Exit::Cluster);
+        }
+    };
+    let options = crate::hub::ship::ShipOptions {
+        origin: origin.to_string(),
+        db_path: db_path.to_path_buf(),
+        key: audit.verifier_key().clone(),
+        signer,
+        interval: Duration::from_millis(args.hub_ship_interval_ms),
+    };
+    println!("audit hub: shipping origin {origin}");
+    Ok(Some(crate::hub::ship::start(pool, audit.clone(), options)))
 }
 
 fn parse_witness(text: &str) -> Result<crate::audit::witness::WitnessConfig, String> {
     crate::audit::witness::WitnessConfig::parse(text)
+}
+
+/// The cluster database URL: `--cluster-db`, else `TOOLGATE_CLUSTER_DB` (unset or
+/// empty: none).
+fn cluster_db_url(args: &ServeArgs) -> Option<String> {
+    args.cluster_db
+        .clone()
+        .or_else(|| std::env::var("TOOLGATE_CLUSTER_DB").ok())
+        .filter(|u| !u.trim().is_empty())
+}
+
+/// Connects to the cluster database; a failure is printed as one JSON object on
+/// stderr and gives the exit code.
+async fn join_cluster(url: &str) -> Result<Arc<crate::cluster::ClusterDb>, Exit> {
+    match crate::cluster::ClusterDb::connect(url).await {
+        Ok(db) => Ok(db),
+        Err(e) => {
+            eprintln!("error: cannot join the cluster database: {e}");
+            eprintln!("{}", e.to_json(url));
+            Err(match e {
+                crate::cluster::ClusterError::InvalidUrl(_) => Exit::InvalidConfig,
+                _ => Exit::Cluster,
+            })
+        }
+    }
 }
 
 fn parse_public_url(text: &str) -> Result<String, String> {
@@ -264,6 +350,8 @@ async fn run(args: &ServeArgs) -> Exit {
     options.segment_max_bytes = args.audit_segment_bytes;
     options.segment_max_age = args.audit_segment_max_age_s.map(Duration::from_secs);
     let options_db_path = options.db_path.clone();
+    let options_key_dir = options.key_dir.clone();
+    let audit_origin = options.origin.clone();
     let audit = match AuditLog::open(options) {
         Ok(audit) => audit,
         Err(e) => {
@@ -277,6 +365,18 @@ async fn run(args: &ServeArgs) -> Exit {
                 _ => Exit::Failure,
             };
         }
+    };
+    // The cluster database is joined before the gateway starts: a sidecar that cannot
+    // reach the fleet's state serves nothing.
+    let cluster = match cluster_db_url(args) {
+        None => None,
+        Some(url) => match join_cluster(&url).await {
+            Ok(db) => Some((db, crate::cluster::redact(&url))),
+            Err(exit) => {
+                let _ = audit.close().await;
+                return exit;
+            }
+        },
     };
     let fingerprint = audit.verifier_key().fingerprint();
     let env = adapter_env(&args.location.tools, &args.data_dir);
@@ -302,10 +402,21 @@ async fn run(args: &ServeArgs) -> Exit {
             return Exit::Failure;
         }
     };
+    let gateway = match &cluster {
+        Some((db, _)) => gateway.with_cluster(db.clone()),
+        None => gateway,
+    };
     let gateway = match shadow {
         Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
         None => gateway,
     };
+    if let Some(url) = cluster_db_url(args) {
+        match start_shipper(&url, args, &audit, &options_db_path, &options_key_dir, &audit_origin).await {
+            Ok(Some(status)) => gateway.metrics.watch_shipper(status),
+            Ok(None) => {}
+            Err(exit) => return exit,
+        }
+    }
     if !args.witnesses.is_empty() {
         let options = crate::audit::witness::WitnessOptions {
             cosignature_file: crate::audit::witness::default_cosignature_file(&options_db_path),
@@ -347,6 +458,9 @@ async fn run(args: &ServeArgs) -> Exit {
     );
     println!("data dir: {}", args.data_dir.display());
     println!("audit key fingerprint: {fingerprint}");
+    if let Some((db, url)) = &cluster {
+        println!("cluster db: {url} (node {})", db.node_id);
+    }
     tokio::spawn(reload_on_sighup(gateway.clone()));
     let server_options = ServerOptions {
         max_body_bytes: args.max_body_bytes,

@@ -28,6 +28,8 @@ use crate::policy::{Policy, Problem, RunStatus, Tool};
 use crate::requests::{CreateRun, ListRuns, Repin, SetRunStatus, SetSafetyLock, malformed};
 use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
 
+mod fleet;
+pub(crate) use fleet::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX};
 mod jwt;
 mod run_tokens;
 pub mod shadow;
@@ -160,6 +162,8 @@ pub struct Gateway {
     /// The server's public base URL (`serve --public-url`): the MCP resource URI is
     /// this plus `/mcp`, accepted as a JWT audience (RFC 8707).
     public_url: Option<String>,
+    /// The fleet's shared state (`serve --cluster-db`); None: embedded state only.
+    cluster: Option<Arc<crate::cluster::ClusterDb>>,
 }
 
 impl Gateway {
@@ -194,6 +198,7 @@ impl Gateway {
             capacity: None,
             jwt: crate::identity::JwtVerifier::new(),
             public_url: None,
+            cluster: None,
         })
     }
 
@@ -274,6 +279,14 @@ impl Gateway {
     }
 
     pub fn safety_lock(&self) -> SafetyLock {
+        if let Some(cluster) = &self.cluster {
+            let (state, _) = cluster.safety_lock();
+            return SafetyLock {
+                engaged: state.engaged,
+                reason: state.reason,
+                changed_by: state.changed_by,
+            };
+        }
         self.lock.read().map(|l| l.clone()).unwrap_or(SafetyLock {
             // A poisoned lock cannot be read: fail closed.
             engaged: true,
@@ -310,6 +323,10 @@ impl Gateway {
         // INVARIANT: one change at a time, from its audit append to its state change,
         // so the last lock event in the log is the state enforced.
         let _one_at_a_time = self.lock_change.lock().await;
+        if let Some(cluster) = &self.cluster {
+            self.fleet_set_safety_lock(cluster, event, &new).await?;
+            return Ok(new);
+        }
         if let Err(e) = self.audit.append(event).await {
             // The event may or may not be in the log (a timed-out append can still
             // commit): the state is uncertain, so the lock engages (fail closed).
@@ -344,7 +361,7 @@ impl Gateway {
             .run_id
             .unwrap_or_else(|| format!("run-{}", uuid::Uuid::new_v4()));
         let scope = request.scope;
-        if self.runs.len() >= crate::runs::MAX_RUNS {
+        if self.cluster.is_none() && self.runs.len() >= crate::runs::MAX_RUNS {
             return Err(Refusal::new(Reason::InternalError, "the run table is full"));
         }
         let record = RunRecord {
@@ -355,6 +372,9 @@ impl Gateway {
             created_at: now_rfc3339(),
             created_by: admin,
         };
+        if let Some(cluster) = &self.cluster {
+            return self.fleet_create_run(cluster, record).await;
+        }
         self.runs
             .create(&self.audit, record)
             .await
@@ -362,8 +382,11 @@ impl Gateway {
     }
 
     /// Reads a run (admin or any role credential).
-    pub fn get_run(&self, token: Option<&str>, run_id: &str) -> Result<RunRecord, Refusal> {
+    pub async fn get_run(&self, token: Option<&str>, run_id: &str) -> Result<RunRecord, Refusal> {
         self.verify_any(token)?;
+        if self.cluster.is_some() {
+            self.fleet_refresh(None, Some(run_id)).await?;
+        }
         self.runs.get(run_id).ok_or_else(|| {
             Refusal::new(
                 Reason::RunNotFound,
@@ -384,6 +407,11 @@ impl Gateway {
             .admin_id
             .clone();
         let status = request?.status;
+        if let Some(cluster) = &self.cluster {
+            return self
+                .fleet_set_run_status(cluster, run_id, status, &admin)
+                .await;
+        }
         self.runs
             .set_status(&self.audit, run_id, status, &admin)
             .await
@@ -573,7 +601,7 @@ impl Gateway {
 
     /// `GET /v1/runs` (admin): runs in run-id order, optionally of one status, a page of
     /// at most `limit` after the run id `cursor`.
-    pub fn list_runs(
+    pub async fn list_runs(
         &self,
         token: Option<&str>,
         query: Result<ListRuns, Refusal>,
@@ -584,7 +612,10 @@ impl Gateway {
             limit,
             cursor,
         } = query?;
-        let (runs, next) = self.runs.list(status, cursor.as_deref(), limit);
+        let (runs, next) = match &self.cluster {
+            Some(cluster) => cluster.list_runs(status, cursor.as_deref(), limit).await?,
+            None => self.runs.list(status, cursor.as_deref(), limit),
+        };
         Ok(json!({ "runs": runs, "next_cursor": next }))
     }
 
@@ -600,6 +631,9 @@ impl Gateway {
         let loaded = self.current();
         let admin = self.admin_of(&loaded.policy, token)?.admin_id.clone();
         let Repin {} = request?;
+        if self.cluster.is_some() {
+            self.fleet_refresh(None, Some(run_id)).await?;
+        }
         let Some(run) = self.runs.get(run_id) else {
             return Err(Refusal::new(
                 Reason::RunNotFound,
@@ -616,6 +650,23 @@ impl Gateway {
         let report = json!({ "usable_lanes": check.usable_lanes, "blocked": check.blocked });
         if run.policy_versions == loaded.policy.versions {
             return Ok(json!({ "run": run, "repinned": false, "scope_check": report }));
+        }
+        if let Some(cluster) = &self.cluster {
+            let (record, from) = self
+                .fleet_repin(
+                    cluster,
+                    run_id,
+                    loaded.policy.versions.clone(),
+                    &admin,
+                    report.clone(),
+                )
+                .await?;
+            return Ok(json!({
+                "run": record,
+                "repinned": true,
+                "from_policy_versions": from,
+                "scope_check": report,
+            }));
         }
         let (record, from) = self
             .runs
@@ -778,6 +829,7 @@ fn run_refusal(e: RunError) -> Refusal {
             format!("run `{id}` is closed; closed is final"),
         ),
         RunError::Audit(e) => audit_refusal(e),
+        RunError::Cluster(refusal) => refusal,
     }
 }
 

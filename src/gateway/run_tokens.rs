@@ -75,6 +75,9 @@ impl Gateway {
             .run_tokens
             .issue(&self.audit, &run.run_id, &requests, &admin)
             .await?;
+        if let Some(cluster) = &self.cluster {
+            self.fleet_publish_tokens(cluster, &tokens).await?;
+        }
         Ok(RunCreated { run, tokens })
     }
 
@@ -90,6 +93,11 @@ impl Gateway {
             .admin_of(&self.current().policy, token)?
             .admin_id
             .clone();
+        if let Some(cluster) = &self.cluster {
+            return self
+                .fleet_revoke_token(cluster, run_id, token_id, &admin)
+                .await;
+        }
         self.run_tokens
             .revoke(&self.audit, run_id, token_id, &admin)
             .await

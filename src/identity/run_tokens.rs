@@ -464,6 +464,30 @@ impl RunTokenStore {
         by_hash.get(&hash).map(|e| e.binding.clone())
     }
 
+    /// Keeps a token as read from the cluster database (`serve --cluster-db`), the
+    /// authority in a fleet; `None` forgets it (the database has no such token).
+    pub fn remember(&self, sha256: &str, found: Option<(RunBinding, bool)>) {
+        if let (Ok(mut by_hash), Ok(mut by_id)) = (self.by_hash.write(), self.by_id.write()) {
+            match found {
+                Some((binding, revoked)) => {
+                    by_id.insert(binding.token_id.clone(), sha256.to_string());
+                    by_hash.insert(sha256.to_string(), Entry { binding, revoked });
+                }
+                None => {
+                    if let Some(entry) = by_hash.remove(sha256) {
+                        by_id.remove(&entry.binding.token_id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The sha256 of `token` when it has the form of a run token.
+    pub fn hash_of(token: &str) -> Option<String> {
+        (token.starts_with(PREFIX) && token.len() <= MAX_TOKEN_LEN)
+            .then(|| crate::canonical::sha256_hex(token.as_bytes()))
+    }
+
     /// Drops expired tokens.
     fn sweep(&self) {
         let now = now_unix();

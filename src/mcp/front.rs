@@ -141,6 +141,13 @@ impl Front {
         }
         let role_id = caller.role_id.as_deref().unwrap_or_default();
         let lane_id = caller.lane_id.as_deref().unwrap_or_default();
+        if let Err(refusal) = self
+            .gateway
+            .fleet_refresh(caller.token.as_deref(), None)
+            .await
+        {
+            return Err(refused(&refusal));
+        }
         self.gateway
             .tool_catalog(caller.token.as_deref(), role_id, lane_id)
             .map_err(|r| refused(&r))

@@ -163,6 +163,7 @@ pub struct Metrics {
 #[derive(Debug, Default, Clone)]
 pub struct AuditRemote {
     pub witnesses: Vec<std::sync::Arc<crate::audit::witness::WitnessStatus>>,
+    pub ship: Option<std::sync::Arc<crate::hub::ship::ShipStatus>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -251,6 +252,14 @@ impl Metrics {
             scrape: Mutex::new(()),
             audit_remote: std::sync::RwLock::new(AuditRemote::default()),
         }
+    }
+
+    /// Shows the shipping to the audit hub from now on (`serve --cluster-db`).
+    pub fn watch_shipper(&self, ship: std::sync::Arc<crate::hub::ship::ShipStatus>) {
+        self.audit_remote
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .ship = Some(ship);
     }
 
     /// Shows the witnesses' progress from now on (`serve --witness`).
@@ -413,6 +422,9 @@ impl Metrics {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         register_witnesses(&mut scraped, &remote.witnesses);
+        if let Some(ship) = &remote.ship {
+            register_ship(&mut scraped, ship);
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode_registry(&mut out, &self.registry);
@@ -481,6 +493,41 @@ fn register_witnesses(
         "witness_conflicts",
         "Submissions this witness refused as conflicting with what it cosigned (409)",
         conflicts,
+    );
+}
+
+/// The hub shipping families.
+fn register_ship(registry: &mut Registry, ship: &crate::hub::ship::ShipStatus) {
+    use std::sync::atomic::Ordering;
+    let gauge = |value: u64| {
+        let g = Gauge::<i64>::default();
+        g.set(i64::try_from(value).unwrap_or(i64::MAX));
+        g
+    };
+    let counter = |value: u64| {
+        let c = Counter::<u64>::default();
+        c.inc_by(value);
+        c
+    };
+    registry.register(
+        "hub_shipped_seq",
+        "The newest seq of this sidecar's audit log the hub holds",
+        gauge(ship.shipped_seq.load(Ordering::Relaxed)),
+    );
+    registry.register(
+        "hub_ship_lag_events",
+        "Events committed locally and not yet in the hub (the ship lag)",
+        gauge(ship.lag()),
+    );
+    registry.register(
+        "hub_ship_failures",
+        "Shipping rounds that could not reach the hub (retried)",
+        counter(ship.failures.load(Ordering::Relaxed)),
+    );
+    registry.register(
+        "hub_ship_refusals",
+        "Batches the hub refused (a fork, a forged line, another sidecar's origin)",
+        counter(ship.refusals.load(Ordering::Relaxed)),
     );
 }
 

@@ -22,6 +22,8 @@ mod authz;
 mod bench;
 mod contract;
 mod durability;
+mod fleet;
+mod fleet_audit;
 mod gateway;
 mod hostile;
 mod identity;

