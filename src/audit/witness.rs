@@ -149,10 +149,7 @@ impl WitnessKey {
                 continue;
             }
             let timestamp = self.verify_signature(body, &sig[4..]).ok_or_else(|| {
-                format!(
-                    "the cosignature of witness `{}` does not verify",
-                    self.name
-                )
+                format!("the cosignature of witness `{}` does not verify", self.name)
             })?;
             newest = newest.max(Some(timestamp));
         }
@@ -807,7 +804,10 @@ pub fn leaves_between(base: &Path, from: u64, to: u64) -> Result<Vec<Hash>, Stri
             let seq: i64 = row.get(0).map_err(|e| e.to_string())?;
             let hash: String = row.get(1).map_err(|e| e.to_string())?;
             if seq as u64 != from + out.len() as u64 + 1 {
-                return Err(format!("seq {} is missing from the log", from + out.len() as u64 + 1));
+                return Err(format!(
+                    "seq {} is missing from the log",
+                    from + out.len() as u64 + 1
+                ));
             }
             out.push(decode_hash(&hash).ok_or_else(|| format!("seq {seq}: a malformed hash"))?);
         }
@@ -909,8 +909,12 @@ mod tests {
 
     #[test]
     fn witness_flags_parse() {
-        let k = WitnessKey::new("w.example/a", SigningKey::from_bytes(&[9; 32]).verifying_key());
-        let config = WitnessConfig::parse(&format!("http://127.0.0.1:9/w/+{}", k.to_vkey())).unwrap();
+        let k = WitnessKey::new(
+            "w.example/a",
+            SigningKey::from_bytes(&[9; 32]).verifying_key(),
+        );
+        let config =
+            WitnessConfig::parse(&format!("http://127.0.0.1:9/w/+{}", k.to_vkey())).unwrap();
         assert_eq!(config.url, "http://127.0.0.1:9/w");
         assert_eq!(config.key, k);
         assert!(WitnessConfig::parse("http://127.0.0.1:9/w").is_err());

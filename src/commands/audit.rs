@@ -289,9 +289,10 @@ fn verify_command(args: &VerifyArgs) -> Exit {
         );
         return Exit::InvalidConfig;
     }
-    let cosignatures = args.cosignatures.clone().unwrap_or_else(|| {
-        crate::audit::witness::default_cosignature_file(&args.db)
-    });
+    let cosignatures = args
+        .cosignatures
+        .clone()
+        .unwrap_or_else(|| crate::audit::witness::default_cosignature_file(&args.db));
     let mut files = checkpoint_files(&args.db, &args.checkpoint_files);
     if !args.witness_keys.is_empty() && cosignatures.exists() {
         // The cosigned checkpoints are checkpoints too: the log must extend them.
@@ -340,8 +341,10 @@ fn verify_command(args: &VerifyArgs) -> Exit {
                     value["status"] = "ok".into();
                     if let Some(w) = &witnessed {
                         value["witnesses"] = serde_json::to_value(w).unwrap_or_default();
-                        value["unwitnessed_events"] =
-                            r.events.saturating_sub(w.witnessed_size.unwrap_or(0)).into();
+                        value["unwitnessed_events"] = r
+                            .events
+                            .saturating_sub(w.witnessed_size.unwrap_or(0))
+                            .into();
                     }
                     say!(
                         "{}",
@@ -509,7 +512,10 @@ fn fleet_verify_command(url: &str, format: Format) -> Exit {
                 Format::Json => {
                     let mut value = serde_json::to_value(&report).unwrap_or_default();
                     value["status"] = "ok".into();
-                    say!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+                    say!(
+                        "{}",
+                        serde_json::to_string_pretty(&value).unwrap_or_default()
+                    );
                 }
                 Format::Text => {
                     for s in &report.sidecars {
@@ -550,7 +556,10 @@ fn fleet_export_command(url: &str, run: &str, out: &Path) -> Exit {
     });
     match result {
         Ok(summary) => {
-            say!("{}", serde_json::to_string_pretty(&summary).unwrap_or_default());
+            say!(
+                "{}",
+                serde_json::to_string_pretty(&summary).unwrap_or_default()
+            );
             Exit::Ok
         }
         Err(error) => {

@@ -152,8 +152,12 @@ async fn start_shipper(
     origin: &str,
 ) -> Result<Option<Arc<crate::hub::ship::ShipStatus>>, Exit> {
     if origin == crate::audit::DEFAULT_ORIGIN {
-        tracing::warn!("the audit log keeps the default origin `toolgate/audit`: it is not shipped to the audit hub; give each sidecar its own --audit-origin");
-        eprintln!("warning: not shipping the audit log to the hub: give this sidecar its own --audit-origin (every sidecar's origin must be unique in the fleet)");
+        tracing::warn!(
+            "the audit log keeps the default origin `toolgate/audit`: it is not shipped to the audit hub; give each sidecar its own --audit-origin"
+        );
+        eprintln!(
+            "warning: not shipping the audit log to the hub: give this sidecar its own --audit-origin (every sidecar's origin must be unique in the fleet)"
+        );
         return Ok(None);
     }
     let signer: Arc<dyn crate::audit::signer::Signer> = match &args.signer_socket {
@@ -411,7 +415,16 @@ async fn run(args: &ServeArgs) -> Exit {
         None => gateway,
     };
     if let Some(url) = cluster_db_url(args) {
-        match start_shipper(&url, args, &audit, &options_db_path, &options_key_dir, &audit_origin).await {
+        match start_shipper(
+            &url,
+            args,
+            &audit,
+            &options_db_path,
+            &options_key_dir,
+            &audit_origin,
+        )
+        .await
+        {
             Ok(Some(status)) => gateway.metrics.watch_shipper(status),
             Ok(None) => {}
             Err(exit) => return exit,

@@ -63,7 +63,12 @@ impl From<HubError> for FleetError {
     }
 }
 
-fn problem(kind: ProblemKind, sidecar: &str, seq: Option<u64>, message: impl Into<String>) -> FleetError {
+fn problem(
+    kind: ProblemKind,
+    sidecar: &str,
+    seq: Option<u64>,
+    message: impl Into<String>,
+) -> FleetError {
     FleetError::Problem(FleetProblem {
         kind,
         sidecar: Some(sidecar.to_string()),
@@ -136,7 +141,12 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
         let vkey: String = row.get(1);
         let size = row.get::<_, i64>(2).max(0) as u64;
         let key = VerifierKey::parse_vkey(&vkey).map_err(|e| {
-            problem(ProblemKind::Key, &origin, None, format!("the registered key is unusable: {e}"))
+            problem(
+                ProblemKind::Key,
+                &origin,
+                None,
+                format!("the registered key is unusable: {e}"),
+            )
         })?;
         // Checkpoints first, so the roots are recorded on the way.
         let rows = client
@@ -155,7 +165,9 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
                     ProblemKind::Signature,
                     &origin,
                     Some(at),
-                    format!("the checkpoint at size {at} does not verify with the sidecar's key: {e}"),
+                    format!(
+                        "the checkpoint at size {at} does not verify with the sidecar's key: {e}"
+                    ),
                 )
             })?;
             if checkpoint.origin != origin || checkpoint.size != at {
@@ -163,7 +175,10 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
                     ProblemKind::Edited,
                     &origin,
                     Some(at),
-                    format!("the checkpoint stored at size {at} is of `{}` size {}", checkpoint.origin, checkpoint.size),
+                    format!(
+                        "the checkpoint stored at size {at} is of `{}` size {}",
+                        checkpoint.origin, checkpoint.size
+                    ),
                 ));
             }
             wanted.insert(at, checkpoint.root);
@@ -194,7 +209,9 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
                         ProblemKind::Missing,
                         &origin,
                         Some(expected),
-                        format!("seq {expected} is missing from the hub (the next row is seq {seq})"),
+                        format!(
+                            "seq {expected} is missing from the hub (the next row is seq {seq})"
+                        ),
                     ));
                 }
                 if seq > size {
@@ -213,11 +230,18 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
                             ProblemKind::Edited,
                             &origin,
                             Some(seq - 1),
-                            format!("the line changed after seq {seq} was chained to it: seq {seq}'s prev does not match its hash"),
+                            format!(
+                                "the line changed after seq {seq} was chained to it: seq {seq}'s prev does not match its hash"
+                            ),
                         ));
                     }
                     Err(e) => {
-                        return Err(problem(ProblemKind::Edited, &origin, Some(seq), e.to_string()));
+                        return Err(problem(
+                            ProblemKind::Edited,
+                            &origin,
+                            Some(seq),
+                            e.to_string(),
+                        ));
                     }
                 };
                 frontier.push(hash);
@@ -227,11 +251,15 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
                 prev = hex::encode(hash);
                 if let Some(root) = wanted.get(&seq) {
                     if *root != frontier.root() {
+                        // Every line before chains to the next, so only this last
+                        // line under the checkpoint can differ from what was signed.
                         return Err(problem(
-                            ProblemKind::RootMismatch,
+                            ProblemKind::Edited,
                             &origin,
-                            Some(last_good + 1),
-                            format!("the lines seq {}..{seq} do not hash to the signed checkpoint at size {seq}: one of them was changed", last_good + 1),
+                            Some(seq),
+                            format!(
+                                "the lines up to seq {seq} do not hash to the signed checkpoint at size {seq}, and every earlier line chains to the next: seq {seq} was edited"
+                            ),
                         ));
                     }
                     last_good = seq;
@@ -243,7 +271,10 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
                 ProblemKind::Truncated,
                 &origin,
                 Some(frontier.size() + 1),
-                format!("the hub accepted {size} lines but holds {}: rows were removed", frontier.size()),
+                format!(
+                    "the hub accepted {size} lines but holds {}: rows were removed",
+                    frontier.size()
+                ),
             ));
         }
         if let Some((&cut, _)) = wanted.range(frontier.size() + 1..).next() {
@@ -251,7 +282,10 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
                 ProblemKind::Truncated,
                 &origin,
                 Some(frontier.size() + 1),
-                format!("a signed checkpoint covers {cut} lines but the hub holds {}", frontier.size()),
+                format!(
+                    "a signed checkpoint covers {cut} lines but the hub holds {}",
+                    frontier.size()
+                ),
             ));
         }
         if last_good < frontier.size() {
@@ -259,7 +293,11 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
                 ProblemKind::Unsigned,
                 &origin,
                 Some(last_good + 1),
-                format!("seq {}..{} are covered by no signed checkpoint: every batch is shipped with one", last_good + 1, frontier.size()),
+                format!(
+                    "seq {}..{} are covered by no signed checkpoint: every batch is shipped with one",
+                    last_good + 1,
+                    frontier.size()
+                ),
             ));
         }
         sidecars.push(SidecarReport {
@@ -275,7 +313,10 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
     }
     // The fleet log.
     let fleet_rows = client
-        .query("SELECT seq, origin, size, leaf, note FROM hub_fleet ORDER BY seq", &[])
+        .query(
+            "SELECT seq, origin, size, leaf, note FROM hub_fleet ORDER BY seq",
+            &[],
+        )
         .await
         .map_err(map)?;
     let stored: std::collections::HashMap<(String, i64), String> = client
@@ -295,22 +336,33 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
         let note: String = r.get(4);
         let fleet_problem = |kind, message: String| problem(kind, FLEET_ORIGIN, Some(seq), message);
         if seq != frontier.size() + 1 {
-            return Err(fleet_problem(ProblemKind::Missing, format!("fleet leaf {} is missing", frontier.size() + 1)));
+            return Err(fleet_problem(
+                ProblemKind::Missing,
+                format!("fleet leaf {} is missing", frontier.size() + 1),
+            ));
         }
         if stored.get(&(origin.clone(), size)) != Some(&leaf) {
             return Err(fleet_problem(
                 ProblemKind::Edited,
-                format!("the fleet leaf is not the checkpoint of sidecar `{origin}` at size {size} the hub holds"),
+                format!(
+                    "the fleet leaf is not the checkpoint of sidecar `{origin}` at size {size} the hub holds"
+                ),
             ));
         }
         let Some(key) = keys.get(&origin) else {
-            return Err(fleet_problem(ProblemKind::Key, format!("no sidecar `{origin}` is registered")));
+            return Err(fleet_problem(
+                ProblemKind::Key,
+                format!("no sidecar `{origin}` is registered"),
+            ));
         };
         frontier.push(leaf_hash(leaf.as_bytes()));
         let checkpoint = verify_note(&note, key).map_err(|e| {
             fleet_problem(ProblemKind::Signature, format!("the fleet checkpoint does not verify with the key of `{origin}`, which appended it: {e}"))
         })?;
-        if checkpoint.origin != FLEET_ORIGIN || checkpoint.size != seq || checkpoint.root != frontier.root() {
+        if checkpoint.origin != FLEET_ORIGIN
+            || checkpoint.size != seq
+            || checkpoint.root != frontier.root()
+        {
             return Err(fleet_problem(
                 ProblemKind::RootMismatch,
                 "the fleet checkpoint does not match the fleet leaves up to it".into(),
@@ -362,14 +414,25 @@ pub async fn export(
 ) -> Result<FleetExportSummary, FleetError> {
     let output = |e: std::io::Error| FleetError::Output(format!("`{}`: {e}", out.display()));
     if out.exists() && std::fs::read_dir(out).map_err(output)?.next().is_some() {
-        return Err(FleetError::Output(format!("the output directory `{}` is not empty", out.display())));
+        return Err(FleetError::Output(format!(
+            "the output directory `{}` is not empty",
+            out.display()
+        )));
     }
     let verified = verify_all(pool, true).await?;
     let fleet_size = verified.report.fleet_size;
     let Some((_, _, _, fleet_note)) = verified.fleet.last() else {
-        return Err(FleetError::Output("the fleet log is empty: nothing was shipped".into()));
+        return Err(FleetError::Output(
+            "the fleet log is empty: nothing was shipped".into(),
+        ));
     };
-    let fleet_tree = Tree::new(verified.fleet.iter().map(|f| leaf_hash(f.2.as_bytes())).collect());
+    let fleet_tree = Tree::new(
+        verified
+            .fleet
+            .iter()
+            .map(|f| leaf_hash(f.2.as_bytes()))
+            .collect(),
+    );
     // Each sidecar's newest checkpoint in the fleet log.
     let mut newest: BTreeMap<String, (u64, u64, String)> = BTreeMap::new();
     for (i, (origin, size, leaf, _)) in verified.fleet.iter().enumerate() {
@@ -403,7 +466,9 @@ pub async fn export(
             let seq = r.get::<_, i64>(0).max(0) as u64;
             let line: String = r.get(1);
             if seq > *size {
-                warnings.push(format!("sidecar `{origin}` seq {seq} is not under a fleet checkpoint yet; not exported"));
+                warnings.push(format!(
+                    "sidecar `{origin}` seq {seq} is not under a fleet checkpoint yet; not exported"
+                ));
                 continue;
             }
             let path = tree.inclusion_proof(seq - 1, *size).unwrap_or_default();
@@ -416,8 +481,14 @@ pub async fn export(
         write(out, &format!("{dir}/events.jsonl"), &events)?;
         write(out, &format!("{dir}/proofs.jsonl"), &proofs)?;
         write(out, &format!("{dir}/checkpoint.txt"), note)?;
-        let key = verified.keys.get(origin).map(VerifierKey::to_vkey).unwrap_or_default();
-        let fleet_path = fleet_tree.inclusion_proof(*leaf_index, fleet_size).unwrap_or_default();
+        let key = verified
+            .keys
+            .get(origin)
+            .map(VerifierKey::to_vkey)
+            .unwrap_or_default();
+        let fleet_path = fleet_tree
+            .inclusion_proof(*leaf_index, fleet_size)
+            .unwrap_or_default();
         manifest_sidecars.push(json!({
             "origin": origin,
             "dir": dir,
@@ -429,7 +500,11 @@ pub async fn export(
         }));
         summary.push((origin.clone(), count));
     }
-    let fleet_signer = verified.fleet.last().map(|f| f.0.clone()).unwrap_or_default();
+    let fleet_signer = verified
+        .fleet
+        .last()
+        .map(|f| f.0.clone())
+        .unwrap_or_default();
     write(out, "fleet-checkpoint.txt", fleet_note)?;
     let manifest = json!({
         "format": "toolgate-fleet-export/1",
@@ -442,7 +517,11 @@ pub async fn export(
         },
         "sidecars": manifest_sidecars,
     });
-    write(out, "manifest.json", &(serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n"))?;
+    write(
+        out,
+        "manifest.json",
+        &(serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n"),
+    )?;
     write(out, "verify_export.py", crate::audit::export::VERIFY_SCRIPT)?;
     Ok(FleetExportSummary {
         out_dir: out.display().to_string(),
@@ -455,7 +534,8 @@ pub async fn export(
 
 fn write(out: &Path, name: &str, text: &str) -> Result<(), FleetError> {
     let path: PathBuf = out.join(name);
-    std::fs::write(&path, text).map_err(|e| FleetError::Output(format!("`{}`: {e}", path.display())))
+    std::fs::write(&path, text)
+        .map_err(|e| FleetError::Output(format!("`{}`: {e}", path.display())))
 }
 
 /// The structured form of a fleet error.
@@ -474,6 +554,8 @@ pub fn error_json(error: &FleetError) -> Value {
             "message": p.message,
             "exit_code": p.kind.exit_code(),
         }),
-        FleetError::Output(m) => json!({"status": "failed", "error": "export_output", "message": m}),
+        FleetError::Output(m) => {
+            json!({"status": "failed", "error": "export_output", "message": m})
+        }
     }
 }

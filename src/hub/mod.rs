@@ -251,7 +251,8 @@ pub async fn connect(url: &str) -> Result<deadpool_postgres::Pool, HubError> {
         .await
         .map_err(|e| match e.as_db_error() {
             Some(db) if db.code().code() == "42P01" => HubError::Unavailable(
-                "this database holds no audit hub (no sidecar with --cluster-db has started on it)".into(),
+                "this database holds no audit hub (no sidecar with --cluster-db has started on it)"
+                    .into(),
             ),
             _ => db_error(&e),
         })?;
@@ -376,8 +377,12 @@ async fn ingest_inner(
             batch.lines.len()
         )));
     }
-    if batch.lines.windows(2).any(|w| w[1].0 != w[0].0 + 1) || batch.lines.first().is_some_and(|l| l.0 == 0) {
-        return Err(HubError::Malformed("the lines are not consecutive from seq 1 on".into()));
+    if batch.lines.windows(2).any(|w| w[1].0 != w[0].0 + 1)
+        || batch.lines.first().is_some_and(|l| l.0 == 0)
+    {
+        return Err(HubError::Malformed(
+            "the lines are not consecutive from seq 1 on".into(),
+        ));
     }
     let vkey = batch.key.to_vkey();
     // The checkpoint: signed by the batch's key, for this origin, at the last line.
@@ -470,7 +475,8 @@ async fn ingest_inner(
                     return Err(HubError::Forged {
                         origin: origin.to_string(),
                         seq: *seq,
-                        what: "the hub has no line at a seq below its size (a hub row was removed)".into(),
+                        what: "the hub has no line at a seq below its size (a hub row was removed)"
+                            .into(),
                     });
                 }
             }

@@ -83,13 +83,15 @@ async fn run(
         loop {
             let local = audit.head().map_or(0, |h| h.0);
             status.local_seq.store(local, Ordering::Relaxed);
+            let before = status.shipped_seq.load(Ordering::Relaxed);
             match round(&pool, &options, local).await {
                 Ok(shipped) => {
                     status.shipped_seq.store(shipped, Ordering::Relaxed);
                     if last_reason.take().is_some() {
                         tracing::info!(origin = %options.origin, shipped, "audit shipping to the hub resumed");
                     }
-                    if shipped >= local {
+                    // Caught up, or no signed checkpoint to ship up to yet.
+                    if shipped >= local || shipped <= before {
                         break;
                     }
                 }

@@ -148,16 +148,21 @@ fn sidecars_ship_the_hub_verifies_and_a_run_exports_across_them() {
         ],
     );
     assert_eq!(code, 0, "{text}");
-    assert_eq!(summary["sidecars"].as_array().unwrap().len(), 3, "{summary}");
+    assert_eq!(
+        summary["sidecars"].as_array().unwrap().len(),
+        3,
+        "{summary}"
+    );
     let (code, text) = python(&out);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("from 3 sidecars"), "{text}");
     // One line edited: the offline verifier names the sidecar and the seq.
     let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     let entry = &manifest["sidecars"][1];
-    let events = out.join(entry["dir"].as_str().unwrap()).join("events.jsonl");
+    let events = out
+        .join(entry["dir"].as_str().unwrap())
+        .join("events.jsonl");
     let lines = std::fs::read_to_string(&events).unwrap();
     let first: Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
     let edited = lines.replacen("\"timestamp_utc\":\"2", "\"timestamp_utc\":\"1", 1);
@@ -166,7 +171,8 @@ fn sidecars_ship_the_hub_verifies_and_a_run_exports_across_them() {
     let (code, text) = python(&out);
     assert_eq!(code, 1, "{text}");
     assert!(
-        text.contains(&format!("at seq {}", first["seq"])) && text.contains(entry["origin"].as_str().unwrap()),
+        text.contains(&format!("at seq {}", first["seq"]))
+            && text.contains(entry["origin"].as_str().unwrap()),
         "{text}"
     );
 
@@ -194,8 +200,12 @@ fn a_sidecar_killed_under_load_ships_every_acknowledged_event_after_its_restart(
     let acknowledged = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let workers: Vec<_> = (0..4)
         .map(|w| {
-            let (server, run, stop, acknowledged) =
-                (server.clone(), run.clone(), stop.clone(), acknowledged.clone());
+            let (server, run, stop, acknowledged) = (
+                server.clone(),
+                run.clone(),
+                stop.clone(),
+                acknowledged.clone(),
+            );
             std::thread::spawn(move || {
                 let agent: ureq::Agent = ureq::Agent::config_builder()
                     .http_status_as_error(false)
@@ -256,10 +266,15 @@ fn a_sidecar_killed_under_load_ships_every_acknowledged_event_after_its_restart(
         .filter(|l| !l.is_empty())
         .collect();
     let missing: Vec<&String> = acknowledged.difference(&in_hub).collect();
-    assert!(missing.is_empty(), "acknowledged but not in the hub: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "acknowledged but not in the hub: {missing:?}"
+    );
     // No duplicates: one row per seq, as many as the local log holds.
     let rows: u64 = pg
-        .psql(&format!("SELECT count(*) FROM hub_events WHERE origin = '{b}'"))
+        .psql(&format!(
+            "SELECT count(*) FROM hub_events WHERE origin = '{b}'"
+        ))
         .trim()
         .parse()
         .unwrap();
@@ -280,7 +295,9 @@ fn hostile_shipments_are_refused_and_nothing_is_accepted() {
     shipped(&a);
     let a_origin = origin("a");
     let count = |origin: &str| -> String {
-        pg.psql(&format!("SELECT count(*) FROM hub_events WHERE origin = '{origin}'"))
+        pg.psql(&format!(
+            "SELECT count(*) FROM hub_events WHERE origin = '{origin}'"
+        ))
     };
     let before = count(&a_origin);
 
@@ -352,24 +369,37 @@ fn hostile_shipments_are_refused_and_nothing_is_accepted() {
         };
         let (first, middle, last) = (&notes[0], &notes[1], &notes[notes.len() - 1]);
         // The second checkpoint goes in.
-        let ok = ingest(&pool, &batch(middle.0, &middle.1), &signer).await.unwrap();
+        let ok = ingest(&pool, &batch(middle.0, &middle.1), &signer)
+            .await
+            .unwrap();
         assert_eq!(ok.size, middle.0);
         // The same batch again: idempotent.
-        let again = ingest(&pool, &batch(middle.0, &middle.1), &signer).await.unwrap();
+        let again = ingest(&pool, &batch(middle.0, &middle.1), &signer)
+            .await
+            .unwrap();
         assert_eq!(again.new_lines, 0);
         // A replayed older checkpoint the hub never stored.
-        let replayed = ingest(&pool, &batch(first.0, &first.1), &signer).await.unwrap_err();
-        assert!(matches!(replayed, HubError::Replayed { .. }), "{replayed:?}");
+        let replayed = ingest(&pool, &batch(first.0, &first.1), &signer)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(replayed, HubError::Replayed { .. }),
+            "{replayed:?}"
+        );
         assert_eq!(replayed.to_json()["error"], "hub_checkpoint_replayed");
         // A forged line (still canonical JSON) under the newest checkpoint.
         let mut forged = batch(last.0, &last.1);
         let at = forged.lines.len() - 1;
-        forged.lines[at].1 = forged.lines[at]
-            .1
-            .replacen("\"timestamp_utc\":\"2", "\"timestamp_utc\":\"1", 1);
+        forged.lines[at].1 =
+            forged.lines[at]
+                .1
+                .replacen("\"timestamp_utc\":\"2", "\"timestamp_utc\":\"1", 1);
         let refused = ingest(&pool, &forged, &signer).await.unwrap_err();
         assert!(
-            matches!(refused, HubError::BadCheckpoint { .. } | HubError::Forged { .. }),
+            matches!(
+                refused,
+                HubError::BadCheckpoint { .. } | HubError::Forged { .. }
+            ),
             "{refused:?}"
         );
         assert_eq!(hub_size(&pool, &origin("d")).await.unwrap(), middle.0);
@@ -379,7 +409,9 @@ fn hostile_shipments_are_refused_and_nothing_is_accepted() {
             "INSERT INTO hub_events (origin, seq, line) VALUES ('{}', {next}, 'forged')",
             origin("d")
         ));
-        let refused = ingest(&pool, &batch(last.0, &last.1), &signer).await.unwrap_err();
+        let refused = ingest(&pool, &batch(last.0, &last.1), &signer)
+            .await
+            .unwrap_err();
         assert_eq!(refused.reason(), "hub_fork", "{refused:?}");
         assert_eq!(hub_size(&pool, &origin("d")).await.unwrap(), middle.0);
     });

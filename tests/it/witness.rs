@@ -57,8 +57,12 @@ impl TestWitness {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
-                let (state, origin, name, vkey) =
-                    (shared.clone(), origin.clone(), name.clone(), log_vkey.clone());
+                let (state, origin, name, vkey) = (
+                    shared.clone(),
+                    origin.clone(),
+                    name.clone(),
+                    log_vkey.clone(),
+                );
                 let signing = signing.clone();
                 std::thread::spawn(move || {
                     serve_one(stream, |body| {
@@ -113,12 +117,11 @@ fn serve_one(mut stream: TcpStream, handle: impl FnOnce(&str) -> (u16, &'static 
     if reader.read_exact(&mut body).is_err() {
         return;
     }
-    let (status, content_type, text) =
-        if request_line.starts_with("POST /w/add-checkpoint ") {
-            handle(&String::from_utf8_lossy(&body))
-        } else {
-            (404, "text/plain", "not found\n".to_string())
-        };
+    let (status, content_type, text) = if request_line.starts_with("POST /w/add-checkpoint ") {
+        handle(&String::from_utf8_lossy(&body))
+    } else {
+        (404, "text/plain", "not found\n".to_string())
+    };
     let _ = write!(
         stream,
         "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
@@ -196,7 +199,11 @@ fn add_checkpoint(
     let mut bytes = key_id.to_vec();
     bytes.extend_from_slice(&time.to_be_bytes());
     bytes.extend_from_slice(&signature.to_bytes());
-    (200, plain, format!("\u{2014} {name} {}\n", B64.encode(bytes)))
+    (
+        200,
+        plain,
+        format!("\u{2014} {name} {}\n", B64.encode(bytes)),
+    )
 }
 
 /// Fast checkpoints and witness rounds, so tests wait tens of milliseconds.
@@ -246,8 +253,9 @@ fn calls(server: &Server, n: usize) {
 
 /// The newest stored checkpoint size of the log.
 fn newest_checkpoint(db: &Path) -> u64 {
-    let conn = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .unwrap();
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
     conn.query_row("SELECT coalesce(max(size), 0) FROM checkpoints", [], |r| {
         r.get::<_, i64>(0)
     })
@@ -335,7 +343,11 @@ fn checkpoints_are_cosigned_verified_with_a_quorum_and_resumed_after_a_restart()
     }
     let metrics = scrape(&server);
     assert!(
-        series(&metrics, "toolgate_witness_cosigned_size", "w1.example/witness") >= target,
+        series(
+            &metrics,
+            "toolgate_witness_cosigned_size",
+            "w1.example/witness"
+        ) >= target,
         "{metrics}"
     );
     server.stop();
@@ -347,12 +359,7 @@ fn checkpoints_are_cosigned_verified_with_a_quorum_and_resumed_after_a_restart()
     let out = tmp.path().join("export");
     let (code, stdout, stderr) = common::run(
         tmp.path(),
-        &[
-            "audit",
-            "verify",
-            "--db",
-            db.to_str().unwrap(),
-        ],
+        &["audit", "verify", "--db", db.to_str().unwrap()],
     );
     assert_eq!(code, 0, "{stdout}{stderr}");
     let (code, stdout, stderr) = common::run(
@@ -402,7 +409,10 @@ fn checkpoints_are_cosigned_verified_with_a_quorum_and_resumed_after_a_restart()
     let sig = line.rsplit(' ').next().unwrap();
     let mut bytes = B64.decode(sig).unwrap();
     bytes[20] ^= 1;
-    let edited = text.replace(&line, &format!("\u{2014} w2.example/witness {}", B64.encode(bytes)));
+    let edited = text.replace(
+        &line,
+        &format!("\u{2014} w2.example/witness {}", B64.encode(bytes)),
+    );
     std::fs::write(&file, edited).unwrap();
     let (code, report) = verify(tmp.path(), &db, &[&w1.key, &w2.key], 2);
     assert_eq!(code, 3, "{report}");
@@ -515,7 +525,13 @@ fn a_forked_log_under_the_same_key_is_refused_by_the_witness() {
     // The witness still holds the first history; it cosigned nothing of the fork.
     assert_eq!(witness.latest(), Some(cosigned));
     let metrics = scrape(&server);
-    assert!(series(&metrics, "toolgate_witness_conflicts_total", "w.example/fork") > 0);
+    assert!(
+        series(
+            &metrics,
+            "toolgate_witness_conflicts_total",
+            "w.example/fork"
+        ) > 0
+    );
     assert_eq!(
         series(&metrics, "toolgate_witness_cosigned_size", "w.example/fork"),
         cosigned.0,
@@ -555,6 +571,9 @@ fn a_forked_log_under_the_same_key_is_refused_by_the_witness() {
     stream.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
     assert!(answer.contains("text/x.tlog.size"), "{answer}");
-    assert!(answer.ends_with(&format!("\r\n\r\n{}\n", cosigned.0)), "{answer}");
+    assert!(
+        answer.ends_with(&format!("\r\n\r\n{}\n", cosigned.0)),
+        "{answer}"
+    );
     assert_eq!(witness.latest(), Some(cosigned));
 }
