@@ -427,3 +427,56 @@ fn hostile_shipments_are_refused_and_nothing_is_accepted() {
     assert_eq!(report["error"], "hub_unavailable", "{report}");
     drop(tmp);
 }
+
+#[test]
+fn shipping_waits_out_a_database_outage_with_nothing_lost_or_duplicated() {
+    let mut pg = Postgres::start();
+    let url = pg.url();
+    let a = sidecar(&url, "a", None);
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    assert_eq!(research(&a, &run, "before").0, 200);
+    shipped(&a);
+    pg.stop();
+    // Calls are refused while the fleet's state is unreachable; each refusal is still
+    // recorded in the local log first, and waits there for the hub.
+    for q in 0..3 {
+        let (code, body) = research(&a, &run, &format!("during {q}"));
+        assert_ne!(code, 200, "{body}");
+    }
+    assert!(common::poll_until(Duration::from_secs(30), || {
+        let m = scrape(&a);
+        gauge(&m, "toolgate_hub_ship_failures_total").unwrap_or(0) > 0
+            && gauge(&m, "toolgate_hub_ship_lag_events").unwrap_or(0) > 0
+    }));
+    pg.restart();
+    assert!(common::poll_until(Duration::from_secs(60), || research(
+        &a, &run, "after"
+    )
+    .0 == 200));
+    shipped(&a);
+    let (code, _, text) = verify_hub(&url);
+    assert_eq!(code, 0, "{text}");
+    let rows: u64 = pg
+        .psql(&format!(
+            "SELECT count(DISTINCT seq) FROM hub_events WHERE origin = '{}'",
+            origin("a")
+        ))
+        .trim()
+        .parse()
+        .unwrap();
+    let shipped_seq = gauge(&scrape(&a), "toolgate_hub_shipped_seq").unwrap();
+    assert_eq!(rows, shipped_seq);
+    let local = common::run(
+        Path::new("."),
+        &[
+            "audit",
+            "tail",
+            "--db",
+            a.db().to_str().unwrap(),
+            "--limit",
+            "1",
+        ],
+    );
+    let newest: Value = serde_json::from_str(local.1.lines().last().unwrap()).unwrap();
+    assert_eq!(newest["seq"].as_u64().unwrap(), shipped_seq, "{}", local.1);
+}
