@@ -120,8 +120,30 @@ async fn round(
     options: &ShipOptions,
     local: u64,
 ) -> Result<u64, HubError> {
-    let hub = hub_size(pool, &options.origin).await?;
-    if hub >= local {
+    let (hub, registered) = hub_log(pool, &options.origin).await?;
+    // The origin must be this log's: another sidecar's key under it is refused even
+    // when there is nothing to ship.
+    if let Some(vkey) = registered
+        && vkey != options.key.to_vkey()
+    {
+        return Err(HubError::OriginKey {
+            origin: options.origin.clone(),
+            registered: match VerifierKey::parse_vkey(&vkey) {
+                Ok(key) => format!("fingerprint {}", key.fingerprint()),
+                Err(_) => "an unreadable key".into(),
+            },
+        });
+    }
+    if hub > local {
+        return Err(HubError::Fork {
+            origin: options.origin.clone(),
+            seq: local + 1,
+            what: format!(
+                "the hub holds this log up to seq {hub} but the local log ends at seq {local}: the local log was cut or replaced"
+            ),
+        });
+    }
+    if hub == local {
         return Ok(hub);
     }
     let db = options.db_path.clone();
@@ -163,13 +185,28 @@ async fn round(
 
 /// The hub's size of the log of `origin` (0: not registered yet).
 pub async fn hub_size(pool: &deadpool_postgres::Pool, origin: &str) -> Result<u64, HubError> {
+    Ok(hub_log(pool, origin).await?.0)
+}
+
+/// The hub's size of the log of `origin` and the key registered for it (None: not
+/// registered yet).
+async fn hub_log(
+    pool: &deadpool_postgres::Pool,
+    origin: &str,
+) -> Result<(u64, Option<String>), HubError> {
     let client = tokio::time::timeout(super::INGEST_TIMEOUT, pool.get())
         .await
         .map_err(|_| HubError::Unavailable("no database connection in time".into()))?
         .map_err(|e| pool_error(&e))?;
     let row = client
-        .query_opt("SELECT size FROM hub_logs WHERE origin = $1", &[&origin])
+        .query_opt(
+            "SELECT size, vkey FROM hub_logs WHERE origin = $1",
+            &[&origin],
+        )
         .await
         .map_err(|e| db_error(&e))?;
-    Ok(row.map_or(0, |r| r.get::<_, i64>(0).max(0) as u64))
+    Ok(match row {
+        Some(r) => (r.get::<_, i64>(0).max(0) as u64, Some(r.get(1))),
+        None => (0, None),
+    })
 }
