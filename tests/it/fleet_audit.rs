@@ -326,6 +326,7 @@ fn hostile_shipments_are_refused_and_nothing_is_accepted() {
     // Batches built by hand from a sidecar log that does not ship: a forged line and
     // a replayed checkpoint are refused; the hub keeps what it had.
     let d = Server::start_with(Start {
+        data_dir: Some(tmp.path().join("d")),
         args: vec![
             "--audit-origin".into(),
             origin("d"),
