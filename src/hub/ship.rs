@@ -19,10 +19,11 @@ use crate::audit::signer::Signer;
 use crate::audit::{AuditLog, AuditReader, EventFilter};
 
 /// What `/metrics` shows of the shipping.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ShipStatus {
-    /// The newest committed seq of the local log.
-    pub local_seq: AtomicU64,
+    /// The local log, whose newest seq is read at each scrape (a lag computed from a
+    /// stale copy could read 0 while events wait).
+    audit: AuditLog,
     /// The newest seq the hub holds of this log.
     pub shipped_seq: AtomicU64,
     /// Rounds that could not reach the hub.
@@ -34,10 +35,24 @@ pub struct ShipStatus {
 }
 
 impl ShipStatus {
+    fn new(audit: AuditLog) -> Self {
+        ShipStatus {
+            audit,
+            shipped_seq: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    /// The newest committed seq of the local log, now.
+    pub fn local_seq(&self) -> u64 {
+        self.audit.head().map_or(0, |h| h.0)
+    }
+
     /// Events committed locally and not yet in the hub.
     pub fn lag(&self) -> u64 {
-        self.local_seq
-            .load(Ordering::Relaxed)
+        self.local_seq()
             .saturating_sub(self.shipped_seq.load(Ordering::Relaxed))
     }
 }
@@ -63,7 +78,7 @@ pub fn start(
     audit: AuditLog,
     options: ShipOptions,
 ) -> Arc<ShipStatus> {
-    let status = Arc::new(ShipStatus::default());
+    let status = Arc::new(ShipStatus::new(audit.clone()));
     tokio::spawn(run(pool, audit, options, status.clone()));
     status
 }
@@ -82,7 +97,6 @@ async fn run(
         // Ship as long as there is a full batch waiting, then wait for the next tick.
         loop {
             let local = audit.head().map_or(0, |h| h.0);
-            status.local_seq.store(local, Ordering::Relaxed);
             let before = status.shipped_seq.load(Ordering::Relaxed);
             match round(&pool, &options, local).await {
                 Ok(shipped) => {
