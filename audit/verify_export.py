@@ -3,6 +3,7 @@
 
     python3 verify_export.py EXPORT_DIR_OR_BUNDLE --key-fingerprint HEX
         [--trusted-checkpoint FILE] [--expect-full | --expect-run RUN_ID]
+        [--witness-key VKEY ... [--quorum N]]
 
 EXPORT_DIR_OR_BUNDLE is an export directory, or a single-file bundle of one (the JSON
 object the console downloads from GET /v1/runs/{id}/export: {"format":
@@ -27,6 +28,18 @@ the export (or is listed as still open in the signed manifest). Since the manife
 signs the sha256 of events.jsonl, a dropped, added or changed line is detected. With
 --trusted-checkpoint, the export must extend the checkpoint you kept (a fork or a cut
 exits 2).
+
+A fleet export (`toolgate audit export --cluster-db URL --run RUN_ID`, manifest format
+toolgate-fleet-export/1) is checked the same way per sidecar: each sidecar's checkpoint
+signature (its key, pinned with --key-fingerprint, repeatable), each event line's
+canonical bytes, run and inclusion proof against that checkpoint, and each checkpoint's
+inclusion proof in the fleet tree whose signed fleet checkpoint (toolgate/fleet) is
+fleet-checkpoint.txt. The first bad sidecar and seq are named.
+
+With --witness-key (a witness's cosignature key, `name+keyid+base64`, type 0x04;
+repeatable), cosignatures.txt must hold checkpoints of checkpoints.txt cosigned
+(c2sp.org/tlog-cosignature, cosignature/v1) by --quorum of those keys (default: all);
+a cosignature that does not verify, or no checkpoint with a quorum, exits 3.
 
 Exit codes: 0 intact, 1 integrity failure, 2 truncation or fork, 3 key or signature
 problem. The first bad seq is named.
@@ -316,6 +329,144 @@ def verify_note(note, key):
     return int(lines[1]), root
 
 
+# ---- Witness cosignatures (c2sp.org/tlog-cosignature, Ed25519 cosignature/v1).
+
+
+def load_witness_key(text):
+    try:
+        name, key_id, key = text.strip().split("+", 2)
+        raw = base64.b64decode(key, validate=True)
+    except ValueError:
+        raise Failure(SIGNATURE, None, f"--witness-key {text!r} is not `name+keyid+base64`")
+    if len(raw) != 33 or raw[0] != 0x04:
+        raise Failure(SIGNATURE, None, f"--witness-key {name} is not an Ed25519 cosignature key (type 0x04)")
+    public = raw[1:]
+    expected = sha256(name.encode() + b"\n\x04" + public)[:4]
+    if expected.hex() != key_id:
+        raise Failure(SIGNATURE, None, f"--witness-key {name}: the key id does not match the key")
+    return name, expected, public
+
+
+def cosigners(note, witness_keys):
+    """The indexes of the witness keys with a valid cosignature on the note."""
+    text, _, signatures = note.rpartition("\n\n")
+    text += "\n"
+    found = set()
+    for line in signatures.split("\n"):
+        if not line.startswith("\u2014 "):
+            continue
+        signer, _, sig = line[2:].partition(" ")
+        try:
+            sig = base64.b64decode(sig, validate=True)
+        except ValueError:
+            raise Failure(SIGNATURE, None, "a cosignature is not base64")
+        for index, (name, key_id, public) in enumerate(witness_keys):
+            if signer != name or sig[:4] != key_id:
+                continue
+            if len(sig) != 4 + 8 + 64:
+                raise Failure(SIGNATURE, None, f"the cosignature of {name} has the wrong length")
+            timestamp = int.from_bytes(sig[4:12], "big")
+            message = f"cosignature/v1\ntime {timestamp}\n".encode() + text.encode()
+            if not ed25519_verify(public, message, sig[12:]):
+                raise Failure(SIGNATURE, None, f"the cosignature of witness {name} does not verify")
+            found.add(index)
+    return found
+
+
+def check_witnesses(directory, manifest, key, roots, witness_keys, quorum):
+    if "cosignatures.txt" not in manifest.get("files", {}):
+        raise Failure(SIGNATURE, None, "the export holds no cosignatures.txt: no checkpoint was witnessed")
+    with open(os.path.join(directory, "cosignatures.txt"), encoding="utf-8") as f:
+        notes = split_notes(f.read())
+    witnessed = {}
+    for note in notes:
+        size, root = verify_note(note, key)
+        if roots.get(size) != root:
+            raise Failure(TRUNCATION, None, f"a cosigned checkpoint at size {size} is not one of checkpoints.txt: fork")
+        witnessed.setdefault(size, set()).update(cosigners(note, witness_keys))
+    sizes = [size for size, signers in witnessed.items() if len(signers) >= quorum]
+    if not sizes:
+        raise Failure(SIGNATURE, None, f"no checkpoint is cosigned by {quorum} of the {len(witness_keys)} witness keys")
+    return max(sizes)
+
+
+# ---- A fleet export.
+
+
+def parse_vkey(text, fingerprints, what):
+    try:
+        name, key_id, key = text.strip().split("+", 2)
+        raw = base64.b64decode(key, validate=True)
+    except (ValueError, AttributeError):
+        raise Failure(SIGNATURE, None, f"{what}: the key is unreadable")
+    if len(raw) != 33 or raw[0] != 0x01:
+        raise Failure(SIGNATURE, None, f"{what}: not an Ed25519 key")
+    public = raw[1:]
+    expected_id = sha256(name.encode() + b"\n\x01" + public)[:4]
+    if expected_id.hex() != key_id:
+        raise Failure(SIGNATURE, None, f"{what}: the key id does not match the key")
+    fingerprint = hashlib.sha256(public).hexdigest()
+    if fingerprints and fingerprint not in fingerprints:
+        raise Failure(SIGNATURE, None, f"{what}: its key (fingerprint {fingerprint}) is not one of the fingerprints you gave")
+    return name, expected_id, public
+
+
+def verify_fleet(directory, manifest, fingerprints):
+    pinned = {f.strip().lower() for f in fingerprints}
+    if not pinned:
+        print("WARNING: no --key-fingerprint given: the sidecars' keys in the export are trusted as found")
+    run_id = manifest.get("run_id")
+    fleet = manifest.get("fleet") or {}
+    signer_key = parse_vkey(fleet.get("signer_vkey") or "", pinned, f"the fleet signer {fleet.get('signer')}")
+    with open(os.path.join(directory, "fleet-checkpoint.txt"), encoding="utf-8") as f:
+        fleet_note = f.read()
+    if not fleet_note.startswith("toolgate/fleet\n"):
+        raise Failure(INTEGRITY, None, "fleet-checkpoint.txt is not a toolgate/fleet checkpoint")
+    fleet_size, fleet_root = verify_note(fleet_note, signer_key)
+    if fleet_size != fleet.get("size") or fleet_root.hex() != fleet.get("root"):
+        raise Failure(INTEGRITY, None, "the manifest names another fleet checkpoint than fleet-checkpoint.txt")
+    total = 0
+    for sidecar in manifest.get("sidecars") or []:
+        origin = sidecar.get("origin")
+        where = f"sidecar {origin}"
+        key = parse_vkey(sidecar.get("vkey") or "", pinned, where)
+        base = os.path.join(directory, sidecar["dir"])
+        with open(os.path.join(base, "checkpoint.txt"), encoding="utf-8") as f:
+            note = f.read()
+        if not note.startswith(f"{origin}\n"):
+            raise Failure(INTEGRITY, None, f"{where}: its checkpoint is of another origin")
+        size, root = verify_note(note, key)
+        path = [bytes.fromhex(h) for h in sidecar.get("fleet_path") or []]
+        if not verify_inclusion(sidecar.get("fleet_leaf_index", -1), fleet_size, leaf_hash(note.encode()), path, fleet_root):
+            raise Failure(INTEGRITY, None, f"{where}: its checkpoint is not in the signed fleet checkpoint")
+        proofs = {p["seq"]: p for p in read_jsonl(os.path.join(base, "proofs.jsonl"))}
+        with open(os.path.join(base, "events.jsonl"), "rb") as f:
+            raw = f.read()
+        lines = raw.split(b"\n")[:-1] if raw else []
+        last = 0
+        for number, line in enumerate(lines, start=1):
+            try:
+                event = json.loads(line.decode("utf-8"))
+                seq = event["seq"]
+            except (ValueError, KeyError, TypeError):
+                raise Failure(INTEGRITY, None, f"{where}: line {number} of events.jsonl is not an event")
+            if not jcs_safe(event) or canonical(event).encode("utf-8") != line:
+                raise Failure(INTEGRITY, seq, f"{where}: the line is not canonical JSON: it was edited")
+            if event.get("run_id") != run_id:
+                raise Failure(INTEGRITY, seq, f"{where}: the event does not belong to run {run_id}")
+            if seq <= last:
+                raise Failure(INTEGRITY, seq, f"{where}: events.jsonl is out of order")
+            proof = proofs.get(seq)
+            hashes = [bytes.fromhex(h) for h in proof["path"]] if proof else []
+            if not proof or proof.get("tree_size") != size or not verify_inclusion(seq - 1, size, leaf_hash(line), hashes, root):
+                raise Failure(INTEGRITY, seq, f"{where}: the event is not in the sidecar's signed checkpoint: edited or forged")
+            last = seq
+        if len(lines) != sidecar.get("events"):
+            raise Failure(INTEGRITY, None, f"{where}: the manifest counts {sidecar.get('events')} events but events.jsonl has {len(lines)}")
+        total += len(lines)
+    return f"OK: fleet export of run {run_id}, {total} events from {len(manifest.get('sidecars') or [])} sidecars, fleet size {fleet_size}"
+
+
 # ---- The export.
 
 
@@ -373,13 +524,17 @@ def read_trusted(path, key):
     return verify_note(notes[-1], key)
 
 
-def verify(directory, fingerprint, trusted_path=None, expect_full=False, expect_run=None):
+def verify(directory, fingerprint, trusted_path=None, expect_full=False, expect_run=None, witness_keys=None, quorum=None):
     try:
         with open(os.path.join(directory, "manifest.json"), "rb") as f:
             raw_manifest = f.read()
         manifest = json.loads(raw_manifest.decode("utf-8"))
     except (OSError, ValueError) as e:
         raise Failure(INTEGRITY, None, f"manifest.json is unreadable: {e}")
+    if manifest.get("format") == "toolgate-fleet-export/1":
+        return verify_fleet(directory, manifest, fingerprint if isinstance(fingerprint, list) else [fingerprint] if fingerprint else [])
+    if isinstance(fingerprint, list):
+        fingerprint = fingerprint[-1] if fingerprint else None
     key = load_key(os.path.join(directory, "public-key.vkey"), fingerprint)
     check_manifest_signature(directory, raw_manifest, key)
     check_expectations(manifest, expect_full, expect_run)
@@ -465,7 +620,15 @@ def verify(directory, fingerprint, trusted_path=None, expect_full=False, expect_
         check_filtered(manifest, lines)
     kind = "full" if full else "filtered"
     span = f"seq {json.loads(lines[0])['seq']}..{last_seq}" if lines else "no events"
-    return f"OK: {kind} export, {len(lines)} events ({span}), {len(checkpoints)} checkpoints, tree size {tree_size}"
+    witnessed = ""
+    if witness_keys:
+        keys = [load_witness_key(k) for k in witness_keys]
+        need = len(keys) if quorum is None else quorum
+        if need < 1 or need > len(keys):
+            raise Failure(SIGNATURE, None, f"--quorum {need} must be between 1 and the {len(keys)} witness keys")
+        size = check_witnesses(directory, manifest, key, roots, keys, need)
+        witnessed = f", witnessed up to size {size} by {need} of {len(keys)} witnesses"
+    return f"OK: {kind} export, {len(lines)} events ({span}), {len(checkpoints)} checkpoints, tree size {tree_size}{witnessed}"
 
 
 def check_filtered(manifest, lines):
@@ -495,7 +658,7 @@ def check_filtered(manifest, lines):
 BUNDLE_FORMAT = "toolgate-audit-export-bundle/1"
 BUNDLE_FILES = ("events.jsonl", "checkpoints.txt", "public-key.vkey", "proofs/inclusion.jsonl",
                 "proofs/consistency.jsonl", "manifest.json", "manifest.sig", "README.txt",
-                "verify_export.py", "events.csv")
+                "verify_export.py", "events.csv", "cosignatures.txt")
 MAX_BUNDLE_BYTES = 1 << 30
 
 
@@ -526,19 +689,21 @@ def unpack_bundle(path, directory):
 def main():
     parser = argparse.ArgumentParser(description="Verify a toolgate audit export (a directory or a bundle file).")
     parser.add_argument("export_dir")
-    parser.add_argument("--key-fingerprint", help="hex sha256 of the raw Ed25519 public key (get it from the operator, not from the export)")
+    parser.add_argument("--key-fingerprint", action="append", help="hex sha256 of the raw Ed25519 public key (get it from the operator, not from the export)")
     parser.add_argument("--trusted-checkpoint", help="a checkpoint note you kept; the export must extend it")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--expect-full", action="store_true", help="fail unless the signed manifest says this is a full export")
     group.add_argument("--expect-run", metavar="RUN_ID", help="fail unless the signed manifest says this is the complete export of this run")
+    parser.add_argument("--witness-key", action="append", default=[], help="a witness's cosignature key (name+keyid+base64, type 0x04); repeatable")
+    parser.add_argument("--quorum", type=int, help="how many of the --witness-key must cosign one checkpoint (default: all)")
     args = parser.parse_args()
     try:
         if os.path.isfile(args.export_dir):
             with tempfile.TemporaryDirectory(prefix="toolgate-bundle-") as directory:
                 unpack_bundle(args.export_dir, directory)
-                print(verify(directory, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run))
+                print(verify(directory, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run, args.witness_key, args.quorum))
         else:
-            print(verify(args.export_dir, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run))
+            print(verify(args.export_dir, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run, args.witness_key, args.quorum))
         return INTACT
     except Failure as f:
         where = f" at seq {f.seq}" if f.seq is not None else ""

@@ -42,6 +42,7 @@ pub mod commands;
 pub mod console;
 pub mod diagnostic;
 pub mod gateway;
+pub mod hub;
 pub mod idempotency;
 pub mod identity;
 pub mod limits;

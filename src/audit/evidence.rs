@@ -28,8 +28,9 @@ pub const MAX_EVIDENCE_PAGE: usize = 500;
 /// The format name of a run's export bundle.
 pub const BUNDLE_FORMAT: &str = "toolgate-audit-export-bundle/1";
 
-/// The files an export directory may hold, the only names a bundle carries.
-pub const BUNDLE_FILES: [&str; 9] = [
+/// The files an export directory may hold, the only names a bundle carries
+/// (`cosignatures.txt` only when the gateway has witnesses).
+pub const BUNDLE_FILES: [&str; 10] = [
     "events.jsonl",
     "checkpoints.txt",
     "public-key.vkey",
@@ -39,6 +40,7 @@ pub const BUNDLE_FILES: [&str; 9] = [
     "manifest.sig",
     "README.txt",
     "verify_export.py",
+    "cosignatures.txt",
 ];
 
 /// How one event stands against the newest signed checkpoint.
@@ -302,6 +304,9 @@ fn read_bundle(
     let mut total = 0u64;
     for name in BUNDLE_FILES {
         let path = dir.join(name);
+        if name == "cosignatures.txt" && !path.exists() {
+            continue;
+        }
         let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         total += size;
         if total > max_bytes {

@@ -7,6 +7,8 @@
 //! public-key.vkey              the checkpoint verifier key
 //! proofs/inclusion.jsonl       per event: its RFC 9162 inclusion proof in the export tree
 //! proofs/consistency.jsonl     per consecutive checkpoint pair: a consistency proof
+//! cosignatures.txt             (with `serve --witness`) the witnesses' cosigned
+//!                              checkpoints among those of checkpoints.txt
 //! manifest.json                range, counts, filter, sha256 of every file above,
 //!                              the export checkpoint and the calls still open
 //! manifest.sig                 the manifest's Ed25519 signature by the checkpoint key
@@ -468,6 +470,25 @@ pub fn export(
         "proofs/consistency.jsonl".to_string(),
         consistency.finish()?,
     );
+    // The witnesses' cosignatures (`serve --witness`) of the checkpoints above.
+    let cosigned = super::witness::default_cosignature_file(&options.db_path);
+    if cosigned.exists() {
+        let roots: std::collections::HashMap<u64, super::merkle::Hash> = verified
+            .checkpoints
+            .iter()
+            .map(|c| (c.size, c.root))
+            .chain(std::iter::once((tree_size, export_checkpoint.root)))
+            .collect();
+        let mut file = Hashed::create(out, "cosignatures.txt")?;
+        for note in super::witness::read_cosigned(&cosigned)? {
+            let checkpoint = super::checkpoint::verify_note(&note, &key);
+            if checkpoint.is_ok_and(|c| roots.get(&c.size) == Some(&c.root)) {
+                file.write(note.as_bytes())?;
+                file.write(b"\n")?;
+            }
+        }
+        files.insert("cosignatures.txt".to_string(), file.finish()?);
+    }
 
     let mut write_file = |name: &str, contents: &str| -> Result<(), AuditError> {
         let mut file = Hashed::create(out, name)?;

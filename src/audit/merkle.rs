@@ -223,6 +223,76 @@ impl Tree {
     }
 }
 
+/// The consistency proof from the tree whose right edge is `old` to that tree with
+/// `appended` leaves added (RFC 9162 section 2.1.4.1), without the old leaves: every
+/// node of such a proof lies either wholly in the old tree, where it is one of the
+/// old tree's complete subtrees (`old`'s nodes), or wholly among the appended leaves.
+/// Empty when `old` is empty or nothing is appended.
+pub fn consistency_proof_extending(old: &Frontier, appended: &[Hash]) -> Vec<Hash> {
+    let first = old.size();
+    let second = first + appended.len() as u64;
+    let mut proof = Vec::new();
+    if first == 0 || appended.is_empty() {
+        return proof;
+    }
+    let subtree = |start: u64, end: u64| -> Hash {
+        if start >= first {
+            return slice_root(&appended[(start - first) as usize..(end - first) as usize]);
+        }
+        // INVARIANT (see above): a node below `first` is one of the old tree's
+        // complete subtrees, found by its start and size.
+        let mut at = 0u64;
+        for (height, hash) in &old.nodes {
+            let len = 1u64 << height;
+            if at == start && at + len == end {
+                return *hash;
+            }
+            at += len;
+        }
+        empty_root()
+    };
+    extending_subproof(first, 0, second, true, &subtree, &mut proof);
+    proof
+}
+
+/// SUBPROOF(m, D[start:end], b) over a function giving MTH of a range.
+fn extending_subproof(
+    m: u64,
+    start: u64,
+    end: u64,
+    b: bool,
+    subtree: &dyn Fn(u64, u64) -> Hash,
+    out: &mut Vec<Hash>,
+) {
+    let n = end - start;
+    if m == n {
+        if !b {
+            out.push(subtree(start, end));
+        }
+        return;
+    }
+    let k = split_point(n);
+    if m <= k {
+        extending_subproof(m, start, start + k, b, subtree, out);
+        out.push(subtree(start + k, end));
+    } else {
+        extending_subproof(m - k, start + k, end, false, subtree, out);
+        out.push(subtree(start, start + k));
+    }
+}
+
+/// MTH of a slice of leaf hashes.
+fn slice_root(leaves: &[Hash]) -> Hash {
+    match leaves.len() {
+        0 => empty_root(),
+        1 => leaves[0],
+        n => {
+            let k = split_point(n as u64) as usize;
+            node_hash(&slice_root(&leaves[..k]), &slice_root(&leaves[k..]))
+        }
+    }
+}
+
 /// Verifies an inclusion proof (RFC 9162 section 2.1.3.2).
 pub fn verify_inclusion(
     leaf_index: u64,
@@ -456,6 +526,26 @@ mod tests {
                 }
             }
             assert!(tree.inclusion_proof(n as u64, n as u64).is_none());
+        }
+    }
+
+    #[test]
+    fn proofs_from_a_frontier_and_the_appended_leaves_match_the_whole_tree() {
+        let d = leaves(40);
+        let tree = Tree::new(d.clone());
+        for m in 0..=40usize {
+            let mut old = Frontier::new();
+            for leaf in &d[..m] {
+                old.push(*leaf);
+            }
+            for n in m..=40usize {
+                let proof = consistency_proof_extending(&old, &d[m..n]);
+                assert_eq!(
+                    proof,
+                    tree.consistency_proof(m as u64, n as u64).unwrap(),
+                    "{m} -> {n}"
+                );
+            }
         }
     }
 

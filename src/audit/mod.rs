@@ -20,6 +20,7 @@
 //! - [`segments`]: the log as sealed segment files, one chain and one tree over all.
 //! - [`verify`]: recomputes a database's chain, tree and checkpoints.
 //! - [`export`]: writes an export directory an auditor can check without toolgate.
+//! - [`witness`]: the C2SP tlog-witness client and the checks of cosignatures.
 //!
 //! INVARIANT: only this module knows rusqlite; there is no code path that updates or
 //! deletes an event; `append` returns only once the event is durable.
@@ -39,6 +40,7 @@ mod sink;
 mod store;
 pub mod verify;
 mod wal;
+pub mod witness;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

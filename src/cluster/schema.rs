@@ -48,6 +48,8 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (run_id, role_id, tool_name, idempotency_key)
     );
     "#,
+    // 2: the audit hub: every sidecar's shipped log and the fleet log (`hub`).
+    crate::hub::SCHEMA,
 ];
 
 /// The schema version this binary writes and reads.

@@ -88,6 +88,27 @@ pub struct VerifyArgs {
     pub archive_dirs: Vec<PathBuf>,
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
+    /// A witness's cosignature verifier key (`name+keyid+base64`, type 0x04;
+    /// repeatable): the cosigned checkpoints (`--cosignatures`) must carry valid
+    /// cosignatures from `--quorum` of these keys, and the log must extend them.
+    #[arg(long = "witness-key", value_parser = parse_witness_key)]
+    pub witness_keys: Vec<crate::audit::witness::WitnessKey>,
+    /// How many of the `--witness-key`s must have cosigned one checkpoint (default:
+    /// all of them).
+    #[arg(long, requires = "witness_keys")]
+    pub quorum: Option<usize>,
+    /// The file of cosigned checkpoints (default: `cosigned-checkpoints.log` next to
+    /// the database).
+    #[arg(long, requires = "witness_keys")]
+    pub cosignatures: Option<PathBuf>,
+    /// Verify the audit hub in this PostgreSQL database instead of a local log: every
+    /// sidecar's shipped log and the fleet log (docs/audit.md, "The audit hub").
+    #[arg(long, value_name = "URL")]
+    pub cluster_db: Option<String>,
+}
+
+fn parse_witness_key(text: &str) -> Result<crate::audit::witness::WitnessKey, String> {
+    crate::audit::witness::WitnessKey::parse_vkey(text)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -104,8 +125,12 @@ pub struct ExportArgs {
     #[arg(long)]
     pub key_dir: Option<PathBuf>,
     /// `jsonl`: events.jsonl only; `csv`: also events.csv (a derived view).
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, default_value = "jsonl")]
     pub format: ExportFormatArg,
+    /// Export one run (`--run`) from the audit hub in this PostgreSQL database: its
+    /// events from every sidecar with the proofs to the signed fleet checkpoint.
+    #[arg(long, value_name = "URL", requires = "run_id")]
+    pub cluster_db: Option<String>,
     /// Only the events of this run.
     #[arg(long = "run")]
     pub run_id: Option<String>,
@@ -254,6 +279,9 @@ fn checkpoint_files(db: &Path, named: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 fn verify_command(args: &VerifyArgs) -> Exit {
+    if let Some(url) = &args.cluster_db {
+        return fleet_verify_command(url, args.format);
+    }
     if log_missing(&args.db) {
         print_error(
             &format!("no audit database at `{}`", args.db.display()),
@@ -261,13 +289,22 @@ fn verify_command(args: &VerifyArgs) -> Exit {
         );
         return Exit::InvalidConfig;
     }
+    let cosignatures = args
+        .cosignatures
+        .clone()
+        .unwrap_or_else(|| crate::audit::witness::default_cosignature_file(&args.db));
+    let mut files = checkpoint_files(&args.db, &args.checkpoint_files);
+    if !args.witness_keys.is_empty() && cosignatures.exists() {
+        // The cosigned checkpoints are checkpoints too: the log must extend them.
+        files.push(cosignatures.clone());
+    }
     let options = VerifyOptions {
         db_path: args.db.clone(),
         key_dir: args
             .key_dir
             .clone()
             .unwrap_or_else(|| default_key_dir(&args.db)),
-        checkpoint_files: checkpoint_files(&args.db, &args.checkpoint_files),
+        checkpoint_files: files,
         trusted_checkpoint: args.trusted_checkpoint.clone(),
         key_fingerprint: args.key_fingerprint.clone(),
         archive_dirs: args.archive_dirs.clone(),
@@ -277,11 +314,38 @@ fn verify_command(args: &VerifyArgs) -> Exit {
     bar.finish_and_clear();
     match result {
         Ok(verified) => {
+            let witnessed = match check_witnesses(args, &cosignatures, &verified) {
+                Ok(witnessed) => witnessed,
+                Err(message) => {
+                    match args.format {
+                        Format::Json => say!(
+                            "{}",
+                            serde_json::to_string_pretty(&serde_json::json!({
+                                "status": "failed",
+                                "kind": "witness",
+                                "seq": null,
+                                "message": message,
+                                "exit_code": 3,
+                            }))
+                            .unwrap_or_default()
+                        ),
+                        Format::Text => say!("FAILED: witness: {message}"),
+                    }
+                    return Exit::Signature;
+                }
+            };
             let r = &verified.report;
             match args.format {
                 Format::Json => {
                     let mut value = serde_json::to_value(r).unwrap_or_default();
                     value["status"] = "ok".into();
+                    if let Some(w) = &witnessed {
+                        value["witnesses"] = serde_json::to_value(w).unwrap_or_default();
+                        value["unwitnessed_events"] = r
+                            .events
+                            .saturating_sub(w.witnessed_size.unwrap_or(0))
+                            .into();
+                    }
                     say!(
                         "{}",
                         serde_json::to_string_pretty(&value).unwrap_or_default()
@@ -321,6 +385,27 @@ fn verify_command(args: &VerifyArgs) -> Exit {
                     } else {
                         say!("key fingerprint {} (NOT confirmed)", r.key_fingerprint);
                     }
+                    if let Some(w) = &witnessed {
+                        let size = w.witnessed_size.unwrap_or(0);
+                        say!(
+                            "witnessed: size {size} cosigned by {} of {} witnesses",
+                            w.quorum,
+                            w.witnesses.len()
+                        );
+                        for (name, cosigned) in &w.witnesses {
+                            match cosigned {
+                                Some(s) => say!("witness {name}: cosigned up to size {s}"),
+                                None => say!("witness {name}: cosigned nothing"),
+                            }
+                        }
+                        if r.events > size {
+                            say!(
+                                "warning: seq {}..{} are not yet cosigned by a quorum of witnesses (the cosignature gap)",
+                                size + 1,
+                                r.events
+                            );
+                        }
+                    }
                     for warning in &r.warnings {
                         say!("warning: {warning}");
                     }
@@ -350,6 +435,136 @@ fn verify_command(args: &VerifyArgs) -> Exit {
         Err(VerifyError::Open(error)) => {
             print_error(&error, error.help());
             exit_for_error(&error)
+        }
+    }
+}
+
+/// With `--witness-key`: checks the cosigned checkpoints of `file` against the keys
+/// and the quorum (the verified log already extends each of them).
+fn check_witnesses(
+    args: &VerifyArgs,
+    file: &Path,
+    verified: &crate::audit::verify::Verified,
+) -> Result<Option<crate::audit::witness::WitnessReport>, String> {
+    use crate::audit::witness::{WitnessProblem, check_cosignatures, read_cosigned};
+    if args.witness_keys.is_empty() {
+        return Ok(None);
+    }
+    let quorum = args.quorum.unwrap_or(args.witness_keys.len());
+    if quorum == 0 || quorum > args.witness_keys.len() {
+        return Err(format!(
+            "--quorum {quorum} must be between 1 and the {} witness keys given",
+            args.witness_keys.len()
+        ));
+    }
+    let notes = if file.exists() {
+        read_cosigned(file).map_err(|e| e.to_string())?
+    } else {
+        Vec::new()
+    };
+    match check_cosignatures(&notes, &verified.key, &args.witness_keys, quorum) {
+        Ok((report, _)) => Ok(Some(report)),
+        Err(WitnessProblem::BadCosignature(m) | WitnessProblem::NoQuorum(m)) => Err(m),
+    }
+}
+
+/// The exit code of a fleet verify or export failure.
+fn exit_for_fleet(error: &crate::hub::fleet::FleetError) -> Exit {
+    use crate::hub::fleet::FleetError;
+    match error {
+        FleetError::Hub(_) | FleetError::Output(_) => Exit::InvalidConfig,
+        FleetError::Problem(p) => match p.kind.exit_code() {
+            2 => Exit::Truncated,
+            3 => Exit::Signature,
+            _ => Exit::Failure,
+        },
+    }
+}
+
+/// Prints a fleet failure: JSON on stdout with `--format json`, else one line.
+fn print_fleet_error(error: &crate::hub::fleet::FleetError, format: Format) {
+    use crate::hub::fleet::{FleetError, error_json};
+    match (format, error) {
+        (Format::Json, _) => say!(
+            "{}",
+            serde_json::to_string_pretty(&error_json(error)).unwrap_or_default()
+        ),
+        (Format::Text, FleetError::Problem(p)) => say!("FAILED: {p}"),
+        (Format::Text, FleetError::Hub(e)) => print_error(e, Some("check --cluster-db URL")),
+        (Format::Text, FleetError::Output(m)) => print_error(m, None),
+    }
+}
+
+/// `audit verify --cluster-db URL`.
+fn fleet_verify_command(url: &str, format: Format) -> Exit {
+    let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
+    {
+        Ok(runtime) => runtime,
+        Err(exit) => return exit,
+    };
+    let result = runtime.block_on(async {
+        let pool = crate::hub::connect(url).await?;
+        crate::hub::fleet::verify(&pool).await
+    });
+    match result {
+        Ok(report) => {
+            match format {
+                Format::Json => {
+                    let mut value = serde_json::to_value(&report).unwrap_or_default();
+                    value["status"] = "ok".into();
+                    say!(
+                        "{}",
+                        serde_json::to_string_pretty(&value).unwrap_or_default()
+                    );
+                }
+                Format::Text => {
+                    for s in &report.sidecars {
+                        say!(
+                            "ok: sidecar {}: {} events, {} checkpoints, key fingerprint {}",
+                            s.origin,
+                            s.events,
+                            s.checkpoints,
+                            s.key_fingerprint
+                        );
+                    }
+                    say!(
+                        "ok: fleet log: {} checkpoints, root {}",
+                        report.fleet_size,
+                        report.fleet_root
+                    );
+                }
+            }
+            Exit::Ok
+        }
+        Err(error) => {
+            print_fleet_error(&error, format);
+            exit_for_fleet(&error)
+        }
+    }
+}
+
+/// `audit export --cluster-db URL --run RUN_ID --out DIR`.
+fn fleet_export_command(url: &str, run: &str, out: &Path) -> Exit {
+    let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
+    {
+        Ok(runtime) => runtime,
+        Err(exit) => return exit,
+    };
+    let result = runtime.block_on(async {
+        let pool = crate::hub::connect(url).await?;
+        crate::hub::fleet::export(&pool, run, out).await
+    });
+    match result {
+        Ok(summary) => {
+            say!(
+                "{}",
+                serde_json::to_string_pretty(&summary).unwrap_or_default()
+            );
+            Exit::Ok
+        }
+        Err(error) => {
+            print_fleet_error(&error, Format::Json);
+            exit_for_fleet(&error)
         }
     }
 }
@@ -464,6 +679,9 @@ fn parse_time(flag: &str, text: &Option<String>) -> Result<Option<OffsetDateTime
 }
 
 fn export_command(args: &ExportArgs) -> Exit {
+    if let (Some(url), Some(run)) = (&args.cluster_db, &args.run_id) {
+        return fleet_export_command(url, run, &args.out);
+    }
     if log_missing(&args.db) {
         print_error(
             &format!("no audit database at `{}`", args.db.display()),

@@ -111,12 +111,91 @@ pub struct ServeArgs {
     /// metadata and accepted as a JWT audience (RFC 8707).
     #[arg(long, value_parser = parse_public_url)]
     pub public_url: Option<String>,
+    /// Submit the audit checkpoints to this C2SP tlog-witness (repeatable): `URL+VKEY`,
+    /// the witness's submission prefix (`/add-checkpoint` is appended; no `+` in it)
+    /// and its cosignature verifier key (`name+keyid+base64`, type 0x04). Cosigned
+    /// checkpoints are appended to `cosigned-checkpoints.log` in the data directory;
+    /// `audit verify --witness-key ... --quorum N` checks them. A witness that is down
+    /// never delays a call (see docs/audit.md).
+    #[arg(long = "witness", value_parser = parse_witness)]
+    pub witnesses: Vec<crate::audit::witness::WitnessConfig>,
+    /// The audit log's origin (its checkpoints' first line and a new signing key's
+    /// name). In a fleet (`--cluster-db`) every sidecar needs its own, e.g.
+    /// `toolgate.example/pod-7/audit`: the hub binds each origin to one key.
+    #[arg(long, default_value = crate::audit::DEFAULT_ORIGIN)]
+    pub audit_origin: String,
+    /// With `--cluster-db`: how often the audit shipper looks for new committed lines
+    /// to ship to the hub, in milliseconds.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..))]
+    pub hub_ship_interval_ms: u64,
+    /// How often each witness is offered the newest checkpoint, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..))]
+    pub witness_interval_ms: u64,
     /// Join a fleet: keep runs, run tokens, the safety lock and idempotency claims in
     /// this PostgreSQL database (`postgres://USER:PASSWORD@HOST:PORT/DB`), shared by
     /// every sidecar given the same URL (docs/deployment.md). Default: the
     /// TOOLGATE_CLUSTER_DB environment variable; unset, state stays in this process.
     #[arg(long, value_name = "URL")]
     pub cluster_db: Option<String>,
+}
+
+/// Starts shipping the audit log to the hub in the cluster database (items of
+/// docs/audit.md, "The audit hub"). The default origin is shared by every sidecar
+/// that keeps it, so a fleet member without its own `--audit-origin` does not ship
+/// (with a warning) rather than collide.
+async fn start_shipper(
+    url: &str,
+    args: &ServeArgs,
+    audit: &AuditLog,
+    db_path: &std::path::Path,
+    key_dir: &std::path::Path,
+    origin: &str,
+) -> Result<Option<Arc<crate::hub::ship::ShipStatus>>, Exit> {
+    if origin == crate::audit::DEFAULT_ORIGIN {
+        tracing::warn!(
+            "the audit log keeps the default origin `toolgate/audit`: it is not shipped to the audit hub; give each sidecar its own --audit-origin"
+        );
+        eprintln!(
+            "warning: not shipping the audit log to the hub: give this sidecar its own --audit-origin (every sidecar's origin must be unique in the fleet)"
+        );
+        return Ok(None);
+    }
+    let signer: Arc<dyn crate::audit::signer::Signer> = match &args.signer_socket {
+        Some(socket) => match crate::audit::signer::SocketSigner::connect(socket) {
+            Ok(signer) => Arc::new(signer),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Err(Exit::Signature);
+            }
+        },
+        None => match crate::audit::keys::load_signer(key_dir) {
+            Ok(signer) => Arc::new(signer),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Err(Exit::Signature);
+            }
+        },
+    };
+    let pool = match crate::hub::connect(url).await {
+        Ok(pool) => pool,
+        Err(e) => {
+            eprintln!("{}", e.to_json());
+            return Err(Exit::Cluster);
+        }
+    };
+    let options = crate::hub::ship::ShipOptions {
+        origin: origin.to_string(),
+        db_path: db_path.to_path_buf(),
+        key: audit.verifier_key().clone(),
+        signer,
+        interval: Duration::from_millis(args.hub_ship_interval_ms),
+    };
+    println!("audit hub: shipping origin {origin}");
+    Ok(Some(crate::hub::ship::start(pool, audit.clone(), options)))
+}
+
+fn parse_witness(text: &str) -> Result<crate::audit::witness::WitnessConfig, String> {
+    crate::audit::witness::WitnessConfig::parse(text)
 }
 
 /// The cluster database URL: `--cluster-db`, else `TOOLGATE_CLUSTER_DB` (unset or
@@ -247,6 +326,7 @@ async fn run(args: &ServeArgs) -> Exit {
         options.key_dir = dir.clone();
     }
     options.checkpoint_every_events = args.checkpoint_every_events;
+    options.origin = args.audit_origin.clone();
     options.checkpoint_interval = Duration::from_millis(args.checkpoint_interval_ms);
     options
         .checkpoint_sinks
@@ -274,6 +354,8 @@ async fn run(args: &ServeArgs) -> Exit {
     options.segment_max_bytes = args.audit_segment_bytes;
     options.segment_max_age = args.audit_segment_max_age_s.map(Duration::from_secs);
     let options_db_path = options.db_path.clone();
+    let options_key_dir = options.key_dir.clone();
+    let audit_origin = options.origin.clone();
     let audit = match AuditLog::open(options) {
         Ok(audit) => audit,
         Err(e) => {
@@ -332,6 +414,38 @@ async fn run(args: &ServeArgs) -> Exit {
         Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
         None => gateway,
     };
+    if let Some(url) = cluster_db_url(args) {
+        match start_shipper(
+            &url,
+            args,
+            &audit,
+            &options_db_path,
+            &options_key_dir,
+            &audit_origin,
+        )
+        .await
+        {
+            Ok(Some(status)) => gateway.metrics.watch_shipper(status),
+            Ok(None) => {}
+            Err(exit) => return exit,
+        }
+    }
+    if !args.witnesses.is_empty() {
+        let options = crate::audit::witness::WitnessOptions {
+            cosignature_file: crate::audit::witness::default_cosignature_file(&options_db_path),
+            db_path: options_db_path.clone(),
+            log_key: audit.verifier_key().clone(),
+            witnesses: args.witnesses.clone(),
+            interval: Duration::from_millis(args.witness_interval_ms),
+        };
+        match crate::audit::witness::start(options) {
+            Ok(statuses) => gateway.metrics.watch_witnesses(statuses),
+            Err(e) => {
+                eprintln!("error: cannot start the witness client: {e}");
+                return Exit::InvalidConfig;
+            }
+        }
+    }
     let gateway = Arc::new(gateway);
     gateway.spawn_approval_sweeper();
     // Two-phase tools: roll back what expired while the gateway was down, then at

@@ -154,6 +154,21 @@ pub struct Metrics {
     audit_batch_commit: Histogram,
     /// Serializes scrapes (each builds its scrape-time families afresh).
     scrape: Mutex<()>,
+    /// The witnesses' and the hub shipper's progress, read at scrape time.
+    audit_remote: std::sync::RwLock<AuditRemote>,
+}
+
+/// What is read at scrape time of the audit log's copies elsewhere: the witnesses'
+/// cosignatures (`serve --witness`) and the shipping to the hub (`--cluster-db`).
+#[derive(Debug, Default, Clone)]
+pub struct AuditRemote {
+    pub witnesses: Vec<std::sync::Arc<crate::audit::witness::WitnessStatus>>,
+    pub ship: Option<std::sync::Arc<crate::hub::ship::ShipStatus>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WitnessLabels {
+    witness: String,
 }
 
 /// Latency buckets from 25 us to about 13 s, doubling.
@@ -235,7 +250,27 @@ impl Metrics {
             audit_batch_events,
             audit_batch_commit,
             scrape: Mutex::new(()),
+            audit_remote: std::sync::RwLock::new(AuditRemote::default()),
         }
+    }
+
+    /// Shows the shipping to the audit hub from now on (`serve --cluster-db`).
+    pub fn watch_shipper(&self, ship: std::sync::Arc<crate::hub::ship::ShipStatus>) {
+        self.audit_remote
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .ship = Some(ship);
+    }
+
+    /// Shows the witnesses' progress from now on (`serve --witness`).
+    pub fn watch_witnesses(
+        &self,
+        witnesses: Vec<std::sync::Arc<crate::audit::witness::WitnessStatus>>,
+    ) {
+        self.audit_remote
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .witnesses = witnesses;
     }
 
     /// Counts a call in flight until the returned guard is dropped.
@@ -381,6 +416,15 @@ impl Metrics {
                 family,
             );
         }
+        let remote = self
+            .audit_remote
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        register_witnesses(&mut scraped, &remote.witnesses);
+        if let Some(ship) = &remote.ship {
+            register_ship(&mut scraped, ship);
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode_registry(&mut out, &self.registry);
@@ -388,6 +432,103 @@ impl Metrics {
         let _ = encode_eof(&mut out);
         out
     }
+}
+
+/// The witness families: per witness (names come from the validated `--witness`
+/// flags, so the label values are bounded), the newest checkpoint size offered, the
+/// newest it cosigned, their difference in events, and the failed and conflicting
+/// submissions.
+fn register_witnesses(
+    registry: &mut Registry,
+    witnesses: &[std::sync::Arc<crate::audit::witness::WitnessStatus>],
+) {
+    use std::sync::atomic::Ordering;
+    if witnesses.is_empty() {
+        return;
+    }
+    let cosigned = Family::<WitnessLabels, Gauge<i64>>::default();
+    let offered = Family::<WitnessLabels, Gauge<i64>>::default();
+    let lag = Family::<WitnessLabels, Gauge<i64>>::default();
+    let failures = Family::<WitnessLabels, Counter<u64>>::default();
+    let conflicts = Family::<WitnessLabels, Counter<u64>>::default();
+    for w in witnesses {
+        let labels = WitnessLabels {
+            witness: w.name.clone(),
+        };
+        let done = w.cosigned_size.load(Ordering::Relaxed);
+        let newest = w.checkpoint_size.load(Ordering::Relaxed);
+        let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        cosigned.get_or_create(&labels).set(as_i64(done));
+        offered.get_or_create(&labels).set(as_i64(newest));
+        lag.get_or_create(&labels)
+            .set(as_i64(newest.saturating_sub(done)));
+        failures
+            .get_or_create(&labels)
+            .inc_by(w.failures.load(Ordering::Relaxed));
+        conflicts
+            .get_or_create(&labels)
+            .inc_by(w.conflicts.load(Ordering::Relaxed));
+    }
+    registry.register(
+        "witness_cosigned_size",
+        "The largest audit checkpoint size this witness cosigned",
+        cosigned,
+    );
+    registry.register(
+        "witness_checkpoint_size",
+        "The newest audit checkpoint size offered to this witness",
+        offered,
+    );
+    registry.register(
+        "witness_lag_events",
+        "Events under the newest checkpoint that this witness has not cosigned yet (the cosignature gap)",
+        lag,
+    );
+    registry.register(
+        "witness_failures",
+        "Submissions to this witness that failed (unreachable, refused, a bad answer)",
+        failures,
+    );
+    registry.register(
+        "witness_conflicts",
+        "Submissions this witness refused as conflicting with what it cosigned (409)",
+        conflicts,
+    );
+}
+
+/// The hub shipping families.
+fn register_ship(registry: &mut Registry, ship: &crate::hub::ship::ShipStatus) {
+    use std::sync::atomic::Ordering;
+    let gauge = |value: u64| {
+        let g = Gauge::<i64>::default();
+        g.set(i64::try_from(value).unwrap_or(i64::MAX));
+        g
+    };
+    let counter = |value: u64| {
+        let c = Counter::<u64>::default();
+        c.inc_by(value);
+        c
+    };
+    registry.register(
+        "hub_shipped_seq",
+        "The newest seq of this sidecar's audit log the hub holds",
+        gauge(ship.shipped_seq.load(Ordering::Relaxed)),
+    );
+    registry.register(
+        "hub_ship_lag_events",
+        "Events committed locally and not yet in the hub (the ship lag)",
+        gauge(ship.lag()),
+    );
+    registry.register(
+        "hub_ship_failures",
+        "Shipping rounds that could not reach the hub (retried)",
+        counter(ship.failures.load(Ordering::Relaxed)),
+    );
+    registry.register(
+        "hub_ship_refusals",
+        "Batches the hub refused (a fork, a forged line, another sidecar's origin)",
+        counter(ship.refusals.load(Ordering::Relaxed)),
+    );
 }
 
 /// A call in flight; decrements the gauge when dropped (also on early returns).

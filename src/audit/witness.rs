@@ -1,0 +1,926 @@
+//! Witnesses: the client side of the C2SP tlog-witness protocol
+//! (c2sp.org/tlog-witness, c2sp.org/tlog-cosignature). Each configured witness gets
+//! the log's newest signed checkpoint with a consistency proof from the size it last
+//! cosigned, checks both and answers with a timestamped Ed25519 cosignature, which is
+//! stored, with the checkpoint it signs, in an append-only, fsynced file next to the
+//! log (`cosigned-checkpoints.log`, the checkpoint sink format).
+//!
+//! A witness keeps the newest size and root it cosigned for the log's origin and never
+//! cosigns a checkpoint that does not extend it: a log cut or rewritten together with
+//! its local checkpoints can no longer produce a checkpoint the witnesses sign, and the
+//! cosignatures already given prove what the log held.
+//!
+//! INVARIANT: witnessing never delays or refuses a call: one task per witness reads
+//! committed checkpoints and leaf hashes over its own read-only connections; a witness
+//! that is down or refuses is retried at the next round and counted in its status
+//! (`/metrics`), never blocking the writer.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use ed25519_dalek::{Signature, VerifyingKey};
+use sha2::{Digest, Sha256};
+
+use super::AuditError;
+use super::checkpoint::{Checkpoint, split_notes, verify_note};
+use super::keys::{VerifierKey, valid_key_name};
+use super::merkle::{Frontier, Hash, consistency_proof_extending};
+use super::store::{self, decode_hash, map_sqlite};
+use crate::outbound::{self, error_chain};
+
+/// The file, next to the audit database, holding every cosigned checkpoint.
+pub const COSIGNATURE_FILE: &str = "cosigned-checkpoints.log";
+/// The C2SP cosignature key type byte of Ed25519 (`cosignature/v1`).
+const COSIGNATURE_TYPE: u8 = 0x04;
+/// The signature line prefix.
+const SIGNATURE_PREFIX: &str = "\u{2014} ";
+/// The longest one add-checkpoint request may take, connecting included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The largest witness response read.
+const MAX_RESPONSE_BYTES: usize = 16 * 1024;
+/// The most leaves one submission may span: a witness further behind is brought up in
+/// several submissions, each through a stored checkpoint (bounded memory).
+const MAX_LEAVES_PER_SUBMISSION: u64 = 1 << 20;
+/// The most bytes of the cosignature file read (from its end) to find where a witness
+/// stands after a restart.
+const MAX_TAIL_BYTES: u64 = 4 * 1024 * 1024;
+/// The largest cosignature file `audit verify` reads.
+const MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// A witness's public key: `<name>+<key id hex>+<base64(0x04 || Ed25519 key)>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WitnessKey {
+    pub name: String,
+    pub key_id: [u8; 4],
+    pub key: VerifyingKey,
+}
+
+/// key ID = SHA-256(name || "\n" || 0x04 || public key)[:4] (tlog-cosignature).
+pub fn cosignature_key_id(name: &str, public_key: &[u8; 32]) -> [u8; 4] {
+    let mut hasher = Sha256::new();
+    hasher.update(name.as_bytes());
+    hasher.update([0x0A, COSIGNATURE_TYPE]);
+    hasher.update(public_key);
+    let digest = hasher.finalize();
+    [digest[0], digest[1], digest[2], digest[3]]
+}
+
+/// The message a `cosignature/v1` signs: the header, the time line, the note body.
+pub fn cosigned_message(timestamp: u64, body: &str) -> String {
+    format!("cosignature/v1\ntime {timestamp}\n{body}")
+}
+
+impl WitnessKey {
+    pub fn new(name: &str, key: VerifyingKey) -> Self {
+        WitnessKey {
+            name: name.to_string(),
+            key_id: cosignature_key_id(name, key.as_bytes()),
+            key,
+        }
+    }
+
+    /// Parses the vkey form, checking the type byte (0x04) and the key id.
+    pub fn parse_vkey(text: &str) -> Result<Self, String> {
+        let mut parts = text.trim().splitn(3, '+');
+        let (Some(name), Some(id), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err("expected `<name>+<key id>+<base64 key>`".into());
+        };
+        if !valid_key_name(name) {
+            return Err(format!("invalid witness key name `{name}`"));
+        }
+        let raw = B64
+            .decode(key)
+            .map_err(|_| "the witness key is not valid base64".to_string())?;
+        let [COSIGNATURE_TYPE, rest @ ..] = raw.as_slice() else {
+            return Err(
+                "the witness key is not an Ed25519 cosignature key (type byte 0x04)".into(),
+            );
+        };
+        let bytes: [u8; 32] = rest
+            .try_into()
+            .map_err(|_| "an Ed25519 public key has 32 bytes".to_string())?;
+        let key = VerifyingKey::from_bytes(&bytes)
+            .map_err(|_| "the witness key is not a valid Ed25519 point".to_string())?;
+        let parsed = WitnessKey::new(name, key);
+        if hex::encode(parsed.key_id) != id {
+            return Err(format!("the key id `{id}` does not match the witness key"));
+        }
+        Ok(parsed)
+    }
+
+    /// The vkey form.
+    pub fn to_vkey(&self) -> String {
+        let mut typed = vec![COSIGNATURE_TYPE];
+        typed.extend_from_slice(self.key.as_bytes());
+        format!(
+            "{}+{}+{}",
+            self.name,
+            hex::encode(self.key_id),
+            B64.encode(typed)
+        )
+    }
+
+    /// Checks this witness's cosignatures on `note` (a checkpoint note with signature
+    /// lines). Returns the newest timestamp among the valid ones; None when the note
+    /// has no signature line of this key; an error when one does not verify.
+    pub fn check_note(&self, note: &str) -> Result<Option<u64>, String> {
+        let Some(split) = note.rfind("\n\n") else {
+            return Err("the note has no signature lines".into());
+        };
+        let body = &note[..split + 1];
+        let mut newest = None;
+        for line in note[split + 2..].lines() {
+            let Some(rest) = line.strip_prefix(SIGNATURE_PREFIX) else {
+                return Err("a signature line does not start with an em dash".into());
+            };
+            let Some((name, sig)) = rest.split_once(' ') else {
+                return Err("a signature line has no signature".into());
+            };
+            let Ok(sig) = B64.decode(sig) else {
+                return Err("a signature is not base64".into());
+            };
+            if name != self.name || sig.len() < 4 || sig[..4] != self.key_id {
+                continue;
+            }
+            let timestamp = self.verify_signature(body, &sig[4..]).ok_or_else(|| {
+                format!("the cosignature of witness `{}` does not verify", self.name)
+            })?;
+            newest = newest.max(Some(timestamp));
+        }
+        Ok(newest)
+    }
+
+    /// Verifies a `timestamped_signature` (8-byte big-endian time, 64-byte Ed25519
+    /// signature) over `body`; returns its time.
+    fn verify_signature(&self, body: &str, signed: &[u8]) -> Option<u64> {
+        if signed.len() != 72 {
+            return None;
+        }
+        let timestamp = u64::from_be_bytes(signed[..8].try_into().ok()?);
+        if timestamp > i64::MAX as u64 {
+            return None;
+        }
+        let signature: [u8; 64] = signed[8..].try_into().ok()?;
+        self.key
+            .verify_strict(
+                cosigned_message(timestamp, body).as_bytes(),
+                &Signature::from_bytes(&signature),
+            )
+            .ok()
+            .map(|()| timestamp)
+    }
+}
+
+/// One configured witness: its submission prefix and its key (`--witness URL+VKEY`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WitnessConfig {
+    /// The submission prefix; `add-checkpoint` is appended.
+    pub url: String,
+    pub key: WitnessKey,
+}
+
+impl WitnessConfig {
+    /// Parses `URL+VKEY`: the URL (http or https, no `+` in it) up to the first `+`,
+    /// then the witness's vkey.
+    pub fn parse(text: &str) -> Result<WitnessConfig, String> {
+        let Some((url, vkey)) = text.split_once('+') else {
+            return Err("expected `URL+VKEY`, e.g. `https://witness.example/w1+witness.example/w1+1a2b3c4d+BASE64`".into());
+        };
+        let parsed = reqwest::Url::parse(url).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+        if !matches!(parsed.scheme(), "http" | "https")
+            || parsed.host_str().is_none_or(str::is_empty)
+            || !parsed.username().is_empty()
+            || parsed.query().is_some()
+        {
+            return Err(format!(
+                "`{url}` must be an http(s) URL with a host, without user or query"
+            ));
+        }
+        let key = WitnessKey::parse_vkey(vkey)?;
+        Ok(WitnessConfig {
+            url: url.trim_end_matches('/').to_string(),
+            key,
+        })
+    }
+}
+
+/// What `/metrics` shows of one witness.
+#[derive(Debug)]
+pub struct WitnessStatus {
+    pub name: String,
+    /// The newest checkpoint size this witness cosigned (0: none yet).
+    pub cosigned_size: AtomicU64,
+    /// The newest checkpoint size offered to it.
+    pub checkpoint_size: AtomicU64,
+    /// Submissions that failed (unreachable, refused, a bad answer).
+    pub failures: AtomicU64,
+    /// Submissions the witness refused as conflicting (409: a fork or a rollback).
+    pub conflicts: AtomicU64,
+    /// The last failure, for the logs.
+    pub last_error: Mutex<Option<String>>,
+}
+
+impl WitnessStatus {
+    fn new(name: &str) -> Self {
+        WitnessStatus {
+            name: name.to_string(),
+            cosigned_size: AtomicU64::new(0),
+            checkpoint_size: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            conflicts: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+        }
+    }
+}
+
+/// How the witness client runs.
+#[derive(Debug, Clone)]
+pub struct WitnessOptions {
+    /// The log's first segment (the audit database).
+    pub db_path: PathBuf,
+    /// The log's checkpoint key (cosigned notes are checked against it before they
+    /// are stored).
+    pub log_key: VerifierKey,
+    pub witnesses: Vec<WitnessConfig>,
+    /// How often each witness is offered the newest checkpoint.
+    pub interval: Duration,
+    /// Where cosigned checkpoints are appended.
+    pub cosignature_file: PathBuf,
+}
+
+/// The default cosignature file for a database.
+pub fn default_cosignature_file(db_path: &Path) -> PathBuf {
+    db_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(COSIGNATURE_FILE)
+}
+
+/// Starts one task per witness (on the current tokio runtime); returns their status.
+pub fn start(options: WitnessOptions) -> Result<Vec<Arc<WitnessStatus>>, AuditError> {
+    let client = outbound::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .map_err(|e| AuditError::Config {
+            what: format!("cannot build the witness client: {}", error_chain(&e)),
+        })?;
+    let file = Arc::new(Mutex::new(()));
+    let mut statuses = Vec::new();
+    for witness in &options.witnesses {
+        let status = Arc::new(WitnessStatus::new(&witness.key.name));
+        statuses.push(status.clone());
+        let task = Submitter {
+            witness: witness.clone(),
+            options: options.clone(),
+            client: client.clone(),
+            status,
+            state: None,
+            file: file.clone(),
+        };
+        tokio::spawn(task.run());
+    }
+    Ok(statuses)
+}
+
+/// Where a witness stands: the size it last cosigned and the tree's right edge there.
+struct Position {
+    frontier: Frontier,
+}
+
+struct Submitter {
+    witness: WitnessConfig,
+    options: WitnessOptions,
+    client: reqwest::Client,
+    status: Arc<WitnessStatus>,
+    state: Option<Position>,
+    /// One append to the cosignature file at a time.
+    file: Arc<Mutex<()>>,
+}
+
+/// How one submission ended.
+enum Outcome {
+    Cosigned,
+    /// The witness stands at another size: start again from there.
+    Resync(u64),
+    Failed(String),
+}
+
+impl Submitter {
+    async fn run(mut self) {
+        let mut ticker = tokio::time::interval(self.options.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            ticker.tick().await;
+            match self.round().await {
+                Ok(()) => {
+                    if failing {
+                        tracing::info!(witness = %self.witness.key.name, "witness cosigns again");
+                    }
+                    failing = false;
+                }
+                Err(error) => {
+                    self.status.failures.fetch_add(1, Ordering::Relaxed);
+                    if !failing {
+                        tracing::warn!(witness = %self.witness.key.name, error = %error, "witness submission failed; the checkpoint stays signed locally and is offered again");
+                    }
+                    failing = true;
+                    *self
+                        .status
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(error);
+                }
+            }
+        }
+    }
+
+    /// Offers the newest checkpoint, catching the witness up first if needed.
+    async fn round(&mut self) -> Result<(), String> {
+        let db = self.options.db_path.clone();
+        let Some((size, note)) = blocking(move || newest_checkpoint(&db)).await? else {
+            return Ok(());
+        };
+        self.status.checkpoint_size.store(size, Ordering::Relaxed);
+        if self.state.is_none() {
+            let from = self.stored_position().await?;
+            self.resync(from).await?;
+        }
+        // Bounded: a resync answer moves the start; give up after a few.
+        for _ in 0..4 {
+            let have = self.state.as_ref().map_or(0, |p| p.frontier.size());
+            if have >= size {
+                return Ok(());
+            }
+            let (target, target_note) = if size - have > MAX_LEAVES_PER_SUBMISSION {
+                let db = self.options.db_path.clone();
+                let limit = have + MAX_LEAVES_PER_SUBMISSION;
+                blocking(move || checkpoint_at_most(&db, have, limit))
+                    .await?
+                    .unwrap_or((size, note.clone()))
+            } else {
+                (size, note.clone())
+            };
+            match self.submit(target, &target_note).await? {
+                Outcome::Cosigned => continue,
+                Outcome::Resync(at) => self.resync(at).await?,
+                Outcome::Failed(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// The size this witness last cosigned, per the cosignature file (0: none).
+    async fn stored_position(&self) -> Result<u64, String> {
+        let path = self.options.cosignature_file.clone();
+        let key = self.witness.key.clone();
+        let log_key = self.options.log_key.clone();
+        blocking(move || {
+            let notes = read_tail(&path)?;
+            let mut best = 0u64;
+            for note in notes {
+                let Ok(checkpoint) = verify_note(&note, &log_key) else {
+                    continue;
+                };
+                if matches!(key.check_note(&note), Ok(Some(_))) {
+                    best = best.max(checkpoint.size);
+                }
+            }
+            Ok(best)
+        })
+        .await
+    }
+
+    /// Rebuilds the tree's right edge at `size` from the log.
+    async fn resync(&mut self, size: u64) -> Result<(), String> {
+        let db = self.options.db_path.clone();
+        let frontier = blocking(move || frontier_at(&db, size)).await?;
+        self.status
+            .cosigned_size
+            .fetch_max(frontier.size(), Ordering::Relaxed);
+        self.state = Some(Position { frontier });
+        Ok(())
+    }
+
+    /// One add-checkpoint request for the checkpoint `note` of `size` events.
+    async fn submit(&mut self, size: u64, note: &str) -> Result<Outcome, String> {
+        let Some(position) = &self.state else {
+            return Ok(Outcome::Resync(0));
+        };
+        let old = position.frontier.clone();
+        let db = self.options.db_path.clone();
+        let from = old.size();
+        let appended = blocking(move || leaves_between(&db, from, size)).await?;
+        let mut new = old.clone();
+        for leaf in &appended {
+            new.push(*leaf);
+        }
+        let checkpoint = verify_note(note, &self.options.log_key)
+            .map_err(|e| format!("the newest checkpoint does not verify: {e}"))?;
+        if checkpoint.size != size || new.root() != checkpoint.root {
+            return Err(format!(
+                "the log's leaves do not hash to its checkpoint at size {size}: not offered"
+            ));
+        }
+        let proof = consistency_proof_extending(&old, &appended);
+        let mut body = format!("old {from}\n");
+        for hash in &proof {
+            body.push_str(&B64.encode(hash));
+            body.push('\n');
+        }
+        body.push('\n');
+        body.push_str(note);
+        let url = format!("{}/add-checkpoint", self.witness.url);
+        let response = self
+            .client
+            .post(&url)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {}", error_chain(&e.without_url())))?;
+        let status = response.status();
+        let bytes = read_limited(response).await?;
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        match status.as_u16() {
+            200 => {
+                let cosigned = format!("{note}{text}");
+                let timestamp = self
+                    .witness
+                    .key
+                    .check_note(&cosigned)
+                    .map_err(|e| format!("witness `{}`: {e}", self.witness.key.name))?
+                    .ok_or_else(|| {
+                        format!(
+                            "witness `{}` answered without a cosignature by its key",
+                            self.witness.key.name
+                        )
+                    })?;
+                let stored = format!("{note}{}", lines_of(&text, &self.witness.key));
+                let path = self.options.cosignature_file.clone();
+                let lock = self.file.clone();
+                blocking(move || {
+                    let _one = lock.lock().unwrap_or_else(|p| p.into_inner());
+                    append_note(&path, &stored)
+                })
+                .await?;
+                tracing::debug!(witness = %self.witness.key.name, size, timestamp, "checkpoint cosigned");
+                self.status.cosigned_size.fetch_max(size, Ordering::Relaxed);
+                self.state = Some(Position { frontier: new });
+                Ok(Outcome::Cosigned)
+            }
+            409 => {
+                self.status.conflicts.fetch_add(1, Ordering::Relaxed);
+                let theirs = text.trim().parse::<u64>().ok();
+                match theirs {
+                    Some(at) if at != from && at < size => Ok(Outcome::Resync(at)),
+                    Some(at) if at > size => Ok(Outcome::Failed(format!(
+                        "witness `{}` has cosigned {at} events of this log, more than the {size} it holds: the log was cut",
+                        self.witness.key.name
+                    ))),
+                    _ => Ok(Outcome::Failed(format!(
+                        "witness `{}` refuses the checkpoint at size {size} as conflicting with what it cosigned (size {}): the log forked",
+                        self.witness.key.name,
+                        theirs.map_or_else(|| "unknown".to_string(), |s| s.to_string())
+                    ))),
+                }
+            }
+            code => Ok(Outcome::Failed(format!(
+                "witness `{}` answered {code}: {}",
+                self.witness.key.name,
+                text.trim().chars().take(200).collect::<String>()
+            ))),
+        }
+    }
+}
+
+/// Runs blocking work (SQLite, files) off the runtime's workers.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| format!("the witness worker stopped: {e}"))?
+}
+
+async fn read_limited(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| format!("reading the witness answer: {}", error_chain(&e)))?
+    {
+        out.extend_from_slice(&chunk);
+        if out.len() > MAX_RESPONSE_BYTES {
+            return Err("the witness answer is too large".into());
+        }
+    }
+    Ok(out)
+}
+
+/// The signature lines of `answer` that are `key`'s (other keys' lines are ignored,
+/// as the protocol says).
+fn lines_of(answer: &str, key: &WitnessKey) -> String {
+    let mut out = String::new();
+    for line in answer.lines() {
+        let ours = line
+            .strip_prefix(SIGNATURE_PREFIX)
+            .and_then(|r| r.split_once(' '))
+            .is_some_and(|(name, sig)| {
+                name == key.name
+                    && B64
+                        .decode(sig)
+                        .is_ok_and(|s| s.len() >= 4 && s[..4] == key.key_id)
+            });
+        if ours {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Appends a note and a blank line to the cosignature file and syncs it.
+fn append_note(path: &Path, note: &str) -> Result<(), String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("`{}`: {e}", dir.display()))?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("cannot open `{}`: {e}", path.display()))?;
+    file.write_all(note.as_bytes())
+        .and_then(|()| file.write_all(b"\n"))
+        .and_then(|()| file.sync_data())
+        .map_err(|e| format!("cannot append to `{}`: {e}", path.display()))
+}
+
+/// The notes in the last [`MAX_TAIL_BYTES`] of the cosignature file (none if absent).
+fn read_tail(path: &Path) -> Result<Vec<String>, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("cannot read `{}`: {e}", path.display())),
+    };
+    let len = file
+        .metadata()
+        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?
+        .len();
+    let start = len.saturating_sub(MAX_TAIL_BYTES);
+    file.seek(SeekFrom::Start(start))
+        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_TAIL_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    // Mid-file: skip to the first note's start (a line after a blank line that is not
+    // a signature line).
+    let from = if start == 0 {
+        0
+    } else {
+        let mut at = 0;
+        loop {
+            match text[at..].find("\n\n") {
+                Some(i) if !text[at + i + 2..].starts_with('\u{2014}') => break at + i + 2,
+                Some(i) => at += i + 2,
+                None => return Ok(Vec::new()),
+            }
+        }
+    };
+    split_notes(&text[from..]).map_err(|e| format!("`{}` is malformed: {e}", path.display()))
+}
+
+/// Reads every cosigned note of a cosignature file (for `audit verify`).
+pub fn read_cosigned(path: &Path) -> Result<Vec<String>, AuditError> {
+    let io = |what: String| AuditError::Io {
+        path: path.to_path_buf(),
+        what,
+    };
+    let len = std::fs::metadata(path)
+        .map_err(|e| io(format!("cannot read the cosignature file: {e}")))?
+        .len();
+    if len > MAX_FILE_BYTES {
+        return Err(io("the cosignature file is too large".into()));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| io(format!("cannot read the cosignature file: {e}")))?;
+    split_notes(&text).map_err(|what| AuditError::Corrupt {
+        seq: 0,
+        what: format!("`{}`: {what}", path.display()),
+    })
+}
+
+/// What a set of cosigned notes proves for a quorum of witness keys.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WitnessReport {
+    pub quorum: usize,
+    /// The largest checkpoint size cosigned by at least `quorum` of the keys.
+    pub witnessed_size: Option<u64>,
+    /// Per witness key: the largest size it cosigned (None: none).
+    pub witnesses: Vec<(String, Option<u64>)>,
+}
+
+/// Why cosignatures did not pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WitnessProblem {
+    /// A cosignature by one of the keys does not verify, or a note is malformed.
+    BadCosignature(String),
+    /// No checkpoint is cosigned by a quorum of the keys.
+    NoQuorum(String),
+}
+
+/// Checks `notes` (each a checkpoint signed by `log_key` with cosignature lines)
+/// against `keys`: every cosignature line of a key must verify; the report gives the
+/// largest size cosigned by at least `quorum` of them. Two cosigned checkpoints of one
+/// size with different roots are a fork the witnesses were shown.
+pub fn check_cosignatures(
+    notes: &[String],
+    log_key: &VerifierKey,
+    keys: &[WitnessKey],
+    quorum: usize,
+) -> Result<(WitnessReport, Vec<Checkpoint>), WitnessProblem> {
+    let mut by_size: std::collections::BTreeMap<u64, (Hash, std::collections::BTreeSet<usize>)> =
+        std::collections::BTreeMap::new();
+    let mut newest: Vec<Option<u64>> = vec![None; keys.len()];
+    let mut checkpoints = Vec::new();
+    for (i, note) in notes.iter().enumerate() {
+        let checkpoint = verify_note(note, log_key).map_err(|e| {
+            WitnessProblem::BadCosignature(format!("cosigned checkpoint {}: {e}", i + 1))
+        })?;
+        let entry = by_size
+            .entry(checkpoint.size)
+            .or_insert((checkpoint.root, std::collections::BTreeSet::new()));
+        if entry.0 != checkpoint.root {
+            return Err(WitnessProblem::BadCosignature(format!(
+                "two cosigned checkpoints of size {} have different roots: the log forked",
+                checkpoint.size
+            )));
+        }
+        for (k, key) in keys.iter().enumerate() {
+            match key.check_note(note) {
+                Ok(Some(_)) => {
+                    entry.1.insert(k);
+                    newest[k] = newest[k].max(Some(checkpoint.size));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(WitnessProblem::BadCosignature(format!(
+                        "cosigned checkpoint {} (size {}): {e}",
+                        i + 1,
+                        checkpoint.size
+                    )));
+                }
+            }
+        }
+        checkpoints.push(checkpoint);
+    }
+    // A witness that cosigned size n vouches for every smaller size it cosigned too;
+    // a quorum at n needs `quorum` distinct keys on that very checkpoint.
+    let witnessed_size = by_size
+        .iter()
+        .rev()
+        .find(|(_, (_, signers))| signers.len() >= quorum.max(1))
+        .map(|(size, _)| *size);
+    let report = WitnessReport {
+        quorum,
+        witnessed_size,
+        witnesses: keys
+            .iter()
+            .zip(newest)
+            .map(|(k, n)| (k.name.clone(), n))
+            .collect(),
+    };
+    if quorum > 0 && witnessed_size.is_none() {
+        return Err(WitnessProblem::NoQuorum(format!(
+            "no checkpoint is cosigned by {quorum} of the {} given witness keys ({})",
+            keys.len(),
+            report
+                .witnesses
+                .iter()
+                .map(|(name, size)| match size {
+                    Some(s) => format!("`{name}` cosigned up to size {s}"),
+                    None => format!("`{name}` cosigned nothing"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok((report, checkpoints))
+}
+
+// ---- Reading the log (read-only connections; never the writer's).
+
+fn open(path: &Path) -> Result<rusqlite::Connection, String> {
+    store::open_reader(path, Duration::from_millis(2000)).map_err(|e| e.to_string())
+}
+
+/// The newest stored checkpoint (size, note) of the log, newest segment first.
+fn newest_checkpoint(base: &Path) -> Result<Option<(u64, String)>, String> {
+    use rusqlite::OptionalExtension;
+    let segments = super::segments::list(base).map_err(|e| e.to_string())?;
+    for (_, path) in segments.iter().rev() {
+        let conn = open(path)?;
+        let row: Option<(i64, String)> = conn
+            .query_row(
+                "SELECT size, note FROM checkpoints ORDER BY id DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| map_sqlite(&e, path).to_string())?;
+        if let Some((size, note)) = row {
+            return Ok(Some((size.max(0) as u64, note)));
+        }
+    }
+    Ok(None)
+}
+
+/// The largest stored checkpoint with a size in (`above`, `limit`].
+fn checkpoint_at_most(
+    base: &Path,
+    above: u64,
+    limit: u64,
+) -> Result<Option<(u64, String)>, String> {
+    use rusqlite::OptionalExtension;
+    let mut best: Option<(u64, String)> = None;
+    for (_, path) in super::segments::list(base).map_err(|e| e.to_string())? {
+        let conn = open(&path)?;
+        let row: Option<(i64, String)> = conn
+            .query_row(
+                "SELECT size, note FROM checkpoints WHERE size > ?1 AND size <= ?2 ORDER BY size DESC LIMIT 1",
+                rusqlite::params![above as i64, limit as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| map_sqlite(&e, &path).to_string())?;
+        if let Some((size, note)) = row
+            && best.as_ref().is_none_or(|b| b.0 < size as u64)
+        {
+            best = Some((size as u64, note));
+        }
+    }
+    Ok(best)
+}
+
+/// The segments with their start records, oldest first.
+fn starts(base: &Path) -> Result<Vec<(PathBuf, super::segments::StartRecord)>, String> {
+    let mut out = Vec::new();
+    for (number, path) in super::segments::list(base).map_err(|e| e.to_string())? {
+        let conn = open(&path)?;
+        let start = match super::segments::read_start(&conn, &path).map_err(|e| e.to_string())? {
+            Some(start) => start,
+            None if number == 1 => super::segments::StartRecord::genesis(0),
+            None => return Err(format!("`{}` has no start record", path.display())),
+        };
+        out.push((path, start));
+    }
+    Ok(out)
+}
+
+/// The leaf hashes of seq `from + 1 ..= to`, across segments.
+pub fn leaves_between(base: &Path, from: u64, to: u64) -> Result<Vec<Hash>, String> {
+    let mut out = Vec::with_capacity(to.saturating_sub(from).min(1 << 20) as usize);
+    for (path, start) in starts(base)? {
+        if start.size >= to {
+            break;
+        }
+        let conn = open(&path)?;
+        let mut stmt = conn
+            .prepare("SELECT seq, hash FROM events WHERE seq > ?1 AND seq <= ?2 ORDER BY seq")
+            .map_err(|e| map_sqlite(&e, &path).to_string())?;
+        let mut rows = stmt
+            .query(rusqlite::params![from as i64, to as i64])
+            .map_err(|e| map_sqlite(&e, &path).to_string())?;
+        while let Some(row) = rows.next().map_err(|e| map_sqlite(&e, &path).to_string())? {
+            let seq: i64 = row.get(0).map_err(|e| e.to_string())?;
+            let hash: String = row.get(1).map_err(|e| e.to_string())?;
+            if seq as u64 != from + out.len() as u64 + 1 {
+                return Err(format!(
+                    "seq {} is missing from the log",
+                    from + out.len() as u64 + 1
+                ));
+            }
+            out.push(decode_hash(&hash).ok_or_else(|| format!("seq {seq}: a malformed hash"))?);
+        }
+    }
+    if (out.len() as u64) != to - from.min(to) {
+        return Err(format!(
+            "the log holds seq {}..{} but not up to {to}",
+            from + 1,
+            from + out.len() as u64
+        ));
+    }
+    Ok(out)
+}
+
+/// The right edge of the log's tree at `size` (from the nearest segment start).
+pub fn frontier_at(base: &Path, size: u64) -> Result<Frontier, String> {
+    let starts = starts(base)?;
+    let Some((_, start)) = starts.iter().rev().find(|(_, s)| s.size <= size) else {
+        return Err(format!(
+            "the segments holding seq 1..{size} are not here (archived): cannot rebuild the tree at size {size}"
+        ));
+    };
+    let (mut frontier, _) = start
+        .state()
+        .ok_or_else(|| "a segment start record is malformed".to_string())?;
+    for leaf in leaves_between(base, start.size, size)? {
+        frontier.push(leaf);
+    }
+    Ok(frontier)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::audit::keys::SignerKey;
+    use crate::audit::merkle::leaf_hash;
+    use ed25519_dalek::{Signer, SigningKey};
+
+    fn cosign(signing: &SigningKey, name: &str, note: &str, time: u64) -> String {
+        cosign_claiming(signing, name, note, time, time)
+    }
+
+    fn cosign_claiming(
+        signing: &SigningKey,
+        name: &str,
+        note: &str,
+        time: u64,
+        claimed: u64,
+    ) -> String {
+        let body = &note[..note.rfind("\n\n").unwrap() + 1];
+        let key = WitnessKey::new(name, signing.verifying_key());
+        let sig = signing.sign(cosigned_message(time, body).as_bytes());
+        let mut bytes = key.key_id.to_vec();
+        bytes.extend_from_slice(&claimed.to_be_bytes());
+        bytes.extend_from_slice(&sig.to_bytes());
+        format!("\u{2014} {name} {}\n", B64.encode(bytes))
+    }
+
+    #[test]
+    fn cosignatures_verify_and_count_toward_a_quorum() {
+        let log = SignerKey::from_seed("toolgate/audit", [1; 32]);
+        let w1 = SigningKey::from_bytes(&[2; 32]);
+        let w2 = SigningKey::from_bytes(&[3; 32]);
+        let k1 = WitnessKey::new("w1.example", w1.verifying_key());
+        let k2 = WitnessKey::new("w2.example", w2.verifying_key());
+        assert_eq!(WitnessKey::parse_vkey(&k1.to_vkey()).unwrap(), k1);
+        let note = Checkpoint {
+            origin: "toolgate/audit".into(),
+            size: 5,
+            root: leaf_hash(b"r"),
+        }
+        .sign(&log);
+        let both = format!(
+            "{note}{}{}",
+            cosign(&w1, "w1.example", &note, 100),
+            cosign(&w2, "w2.example", &note, 101)
+        );
+        assert_eq!(k1.check_note(&both), Ok(Some(100)));
+        let keys = [k1.clone(), k2.clone()];
+        let (report, _) =
+            check_cosignatures(std::slice::from_ref(&both), &log.verifier, &keys, 2).unwrap();
+        assert_eq!(report.witnessed_size, Some(5));
+        let one = format!("{note}{}", cosign(&w1, "w1.example", &note, 100));
+        assert!(matches!(
+            check_cosignatures(&[one], &log.verifier, &keys, 2),
+            Err(WitnessProblem::NoQuorum(_))
+        ));
+        // A cosignature whose time was changed does not verify.
+        let forged = format!(
+            "{note}{}",
+            cosign_claiming(&w1, "w1.example", &note, 100, 200)
+        );
+        assert!(matches!(
+            check_cosignatures(&[forged], &log.verifier, &keys, 1),
+            Err(WitnessProblem::BadCosignature(_))
+        ));
+    }
+
+    #[test]
+    fn witness_flags_parse() {
+        let k = WitnessKey::new(
+            "w.example/a",
+            SigningKey::from_bytes(&[9; 32]).verifying_key(),
+        );
+        let config =
+            WitnessConfig::parse(&format!("http://127.0.0.1:9/w/+{}", k.to_vkey())).unwrap();
+        assert_eq!(config.url, "http://127.0.0.1:9/w");
+        assert_eq!(config.key, k);
+        assert!(WitnessConfig::parse("http://127.0.0.1:9/w").is_err());
+        assert!(WitnessConfig::parse(&format!("ftp://h+{}", k.to_vkey())).is_err());
+        // A log key (type 0x01) is not a cosignature key.
+        let log = SignerKey::from_seed("w.example/a", [9; 32]);
+        assert!(WitnessConfig::parse(&format!("http://h+{}", log.verifier.to_vkey())).is_err());
+    }
+}

@@ -1,0 +1,561 @@
+//! `audit verify --cluster-db` and `audit export --cluster-db --run`: the hub read back
+//! and checked from its rows alone (every sidecar's chain, tree and checkpoints, and
+//! the fleet log over them), and one run's events from every sidecar written with the
+//! proofs that tie each event to a signed sidecar checkpoint and each checkpoint to the
+//! signed fleet checkpoint.
+//!
+//! INVARIANT: the hub is verified in full before anything is exported; a problem names
+//! the sidecar (its origin) and the seq.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{FLEET_ORIGIN, HubError, check_line, db_error, pool_error};
+use crate::audit::checkpoint::verify_note;
+use crate::audit::keys::VerifierKey;
+use crate::audit::line::GENESIS_PREV;
+use crate::audit::merkle::{Frontier, Hash, Tree, leaf_hash};
+use crate::audit::verify::ProblemKind;
+
+/// How many rows one query reads.
+const PAGE: i64 = 5000;
+
+/// The first problem found in the hub.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FleetProblem {
+    pub kind: ProblemKind,
+    /// The sidecar's origin, or `toolgate/fleet` for the fleet log.
+    pub sidecar: Option<String>,
+    pub seq: Option<u64>,
+    pub message: String,
+}
+
+impl std::fmt::Display for FleetProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind.as_str())?;
+        if let Some(s) = &self.sidecar {
+            write!(f, " in sidecar `{s}`")?;
+        }
+        if let Some(seq) = self.seq {
+            write!(f, " at seq {seq}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Why a fleet verify or export did not pass.
+#[derive(Debug, Clone)]
+pub enum FleetError {
+    /// The hub could not be read.
+    Hub(HubError),
+    /// The hub is not intact.
+    Problem(FleetProblem),
+    /// The export's output directory exists and is not empty, or cannot be written.
+    Output(String),
+}
+
+impl From<HubError> for FleetError {
+    fn from(e: HubError) -> Self {
+        FleetError::Hub(e)
+    }
+}
+
+fn problem(
+    kind: ProblemKind,
+    sidecar: &str,
+    seq: Option<u64>,
+    message: impl Into<String>,
+) -> FleetError {
+    FleetError::Problem(FleetProblem {
+        kind,
+        sidecar: Some(sidecar.to_string()),
+        seq,
+        message: message.into(),
+    })
+}
+
+/// One sidecar log in the hub, verified.
+#[derive(Debug, Clone, Serialize)]
+pub struct SidecarReport {
+    pub origin: String,
+    pub events: u64,
+    pub checkpoints: u64,
+    pub key_fingerprint: String,
+}
+
+/// The summary of an intact hub.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetReport {
+    pub sidecars: Vec<SidecarReport>,
+    pub fleet_size: u64,
+    /// The fleet tree's root, hex.
+    pub fleet_root: String,
+}
+
+/// What export builds on.
+struct Verified {
+    report: FleetReport,
+    keys: BTreeMap<String, VerifierKey>,
+    /// Per origin, every leaf hash from seq 1.
+    leaves: BTreeMap<String, Vec<Hash>>,
+    /// The fleet rows: (origin, sidecar size, leaf note, fleet note), fleet seq order.
+    fleet: Vec<(String, u64, String, String)>,
+}
+
+async fn client(pool: &deadpool_postgres::Pool) -> Result<deadpool_postgres::Client, HubError> {
+    tokio::time::timeout(super::INGEST_TIMEOUT, pool.get())
+        .await
+        .map_err(|_| HubError::Unavailable("no database connection in time".into()))?
+        .map_err(|e| pool_error(&e))
+}
+
+/// Verifies every sidecar log in the hub and the fleet log.
+pub async fn verify(pool: &deadpool_postgres::Pool) -> Result<FleetReport, FleetError> {
+    Ok(verify_all(pool, false).await?.report)
+}
+
+async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verified, FleetError> {
+    let client = client(pool).await?;
+    let map = |e: tokio_postgres::Error| FleetError::Hub(db_error(&e));
+    // One snapshot of every table.
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await
+        .map_err(map)?;
+    let logs = client
+        .query(
+            "SELECT origin, vkey, size, checkpoint_size FROM hub_logs ORDER BY origin",
+            &[],
+        )
+        .await
+        .map_err(map)?;
+    let mut keys = BTreeMap::new();
+    let mut all_leaves = BTreeMap::new();
+    let mut sidecars = Vec::new();
+    let mut checkpoint_count = 0u64;
+    for row in &logs {
+        let origin: String = row.get(0);
+        let vkey: String = row.get(1);
+        let size = row.get::<_, i64>(2).max(0) as u64;
+        let key = VerifierKey::parse_vkey(&vkey).map_err(|e| {
+            problem(
+                ProblemKind::Key,
+                &origin,
+                None,
+                format!("the registered key is unusable: {e}"),
+            )
+        })?;
+        // Checkpoints first, so the roots are recorded on the way.
+        let rows = client
+            .query(
+                "SELECT size, note FROM hub_checkpoints WHERE origin = $1 ORDER BY size",
+                &[&origin],
+            )
+            .await
+            .map_err(map)?;
+        let mut wanted: BTreeMap<u64, Hash> = BTreeMap::new();
+        for r in &rows {
+            let at = r.get::<_, i64>(0).max(0) as u64;
+            let note: String = r.get(1);
+            let checkpoint = verify_note(&note, &key).map_err(|e| {
+                problem(
+                    ProblemKind::Signature,
+                    &origin,
+                    Some(at),
+                    format!(
+                        "the checkpoint at size {at} does not verify with the sidecar's key: {e}"
+                    ),
+                )
+            })?;
+            if checkpoint.origin != origin || checkpoint.size != at {
+                return Err(problem(
+                    ProblemKind::Edited,
+                    &origin,
+                    Some(at),
+                    format!(
+                        "the checkpoint stored at size {at} is of `{}` size {}",
+                        checkpoint.origin, checkpoint.size
+                    ),
+                ));
+            }
+            wanted.insert(at, checkpoint.root);
+        }
+        checkpoint_count += rows.len() as u64;
+        // The chain, page by page.
+        let mut frontier = Frontier::new();
+        let mut prev = GENESIS_PREV.to_string();
+        let mut leaves = Vec::new();
+        let mut last_good = 0u64;
+        loop {
+            let rows = client
+                .query(
+                    "SELECT seq, line FROM hub_events WHERE origin = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                    &[&origin, &(frontier.size() as i64), &PAGE],
+                )
+                .await
+                .map_err(map)?;
+            if rows.is_empty() {
+                break;
+            }
+            for r in &rows {
+                let seq = r.get::<_, i64>(0).max(0) as u64;
+                let line: String = r.get(1);
+                let expected = frontier.size() + 1;
+                if seq != expected {
+                    return Err(problem(
+                        ProblemKind::Missing,
+                        &origin,
+                        Some(expected),
+                        format!(
+                            "seq {expected} is missing from the hub (the next row is seq {seq})"
+                        ),
+                    ));
+                }
+                if seq > size {
+                    return Err(problem(
+                        ProblemKind::Inserted,
+                        &origin,
+                        Some(seq),
+                        format!("a row beyond the {size} lines the hub accepted: injected"),
+                    ));
+                }
+                let hash = match check_line(&origin, seq, &prev, &line) {
+                    Ok(hash) => hash,
+                    // The line before changed after this one was chained to it.
+                    Err(HubError::Fork { .. }) => {
+                        return Err(problem(
+                            ProblemKind::Edited,
+                            &origin,
+                            Some(seq - 1),
+                            format!(
+                                "the line changed after seq {seq} was chained to it: seq {seq}'s prev does not match its hash"
+                            ),
+                        ));
+                    }
+                    Err(e) => {
+                        return Err(problem(
+                            ProblemKind::Edited,
+                            &origin,
+                            Some(seq),
+                            e.to_string(),
+                        ));
+                    }
+                };
+                frontier.push(hash);
+                if keep {
+                    leaves.push(hash);
+                }
+                prev = hex::encode(hash);
+                if let Some(root) = wanted.get(&seq) {
+                    if *root != frontier.root() {
+                        // Every line before chains to the next, so only this last
+                        // line under the checkpoint can differ from what was signed.
+                        return Err(problem(
+                            ProblemKind::Edited,
+                            &origin,
+                            Some(seq),
+                            format!(
+                                "the lines up to seq {seq} do not hash to the signed checkpoint at size {seq}, and every earlier line chains to the next: seq {seq} was edited"
+                            ),
+                        ));
+                    }
+                    last_good = seq;
+                }
+            }
+        }
+        if frontier.size() < size {
+            return Err(problem(
+                ProblemKind::Truncated,
+                &origin,
+                Some(frontier.size() + 1),
+                format!(
+                    "the hub accepted {size} lines but holds {}: rows were removed",
+                    frontier.size()
+                ),
+            ));
+        }
+        if let Some((&cut, _)) = wanted.range(frontier.size() + 1..).next() {
+            return Err(problem(
+                ProblemKind::Truncated,
+                &origin,
+                Some(frontier.size() + 1),
+                format!(
+                    "a signed checkpoint covers {cut} lines but the hub holds {}",
+                    frontier.size()
+                ),
+            ));
+        }
+        if last_good < frontier.size() {
+            return Err(problem(
+                ProblemKind::Unsigned,
+                &origin,
+                Some(last_good + 1),
+                format!(
+                    "seq {}..{} are covered by no signed checkpoint: every batch is shipped with one",
+                    last_good + 1,
+                    frontier.size()
+                ),
+            ));
+        }
+        sidecars.push(SidecarReport {
+            origin: origin.clone(),
+            events: frontier.size(),
+            checkpoints: rows.len() as u64,
+            key_fingerprint: key.fingerprint(),
+        });
+        keys.insert(origin.clone(), key);
+        if keep {
+            all_leaves.insert(origin, leaves);
+        }
+    }
+    // The fleet log.
+    let fleet_rows = client
+        .query(
+            "SELECT seq, origin, size, leaf, note FROM hub_fleet ORDER BY seq",
+            &[],
+        )
+        .await
+        .map_err(map)?;
+    let stored: std::collections::HashMap<(String, i64), String> = client
+        .query("SELECT origin, size, note FROM hub_checkpoints", &[])
+        .await
+        .map_err(map)?
+        .iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect();
+    let mut frontier = Frontier::new();
+    let mut fleet = Vec::new();
+    for r in &fleet_rows {
+        let seq = r.get::<_, i64>(0).max(0) as u64;
+        let origin: String = r.get(1);
+        let size: i64 = r.get(2);
+        let leaf: String = r.get(3);
+        let note: String = r.get(4);
+        let fleet_problem = |kind, message: String| problem(kind, FLEET_ORIGIN, Some(seq), message);
+        if seq != frontier.size() + 1 {
+            return Err(fleet_problem(
+                ProblemKind::Missing,
+                format!("fleet leaf {} is missing", frontier.size() + 1),
+            ));
+        }
+        if stored.get(&(origin.clone(), size)) != Some(&leaf) {
+            return Err(fleet_problem(
+                ProblemKind::Edited,
+                format!(
+                    "the fleet leaf is not the checkpoint of sidecar `{origin}` at size {size} the hub holds"
+                ),
+            ));
+        }
+        let Some(key) = keys.get(&origin) else {
+            return Err(fleet_problem(
+                ProblemKind::Key,
+                format!("no sidecar `{origin}` is registered"),
+            ));
+        };
+        frontier.push(leaf_hash(leaf.as_bytes()));
+        let checkpoint = verify_note(&note, key).map_err(|e| {
+            fleet_problem(ProblemKind::Signature, format!("the fleet checkpoint does not verify with the key of `{origin}`, which appended it: {e}"))
+        })?;
+        if checkpoint.origin != FLEET_ORIGIN
+            || checkpoint.size != seq
+            || checkpoint.root != frontier.root()
+        {
+            return Err(fleet_problem(
+                ProblemKind::RootMismatch,
+                "the fleet checkpoint does not match the fleet leaves up to it".into(),
+            ));
+        }
+        fleet.push((origin, size.max(0) as u64, leaf, note));
+    }
+    if (fleet.len() as u64) != checkpoint_count {
+        return Err(FleetError::Problem(FleetProblem {
+            kind: ProblemKind::Missing,
+            sidecar: Some(FLEET_ORIGIN.to_string()),
+            seq: None,
+            message: format!(
+                "the hub holds {checkpoint_count} sidecar checkpoints but the fleet log {}: one was added or removed outside ingest",
+                fleet.len()
+            ),
+        }));
+    }
+    client.batch_execute("COMMIT").await.map_err(map)?;
+    Ok(Verified {
+        report: FleetReport {
+            sidecars,
+            fleet_size: frontier.size(),
+            fleet_root: hex::encode(frontier.root()),
+        },
+        keys,
+        leaves: all_leaves,
+        fleet,
+    })
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetExportSummary {
+    pub out_dir: String,
+    pub run_id: String,
+    pub fleet_size: u64,
+    /// Per sidecar: its origin and the events written.
+    pub sidecars: Vec<(String, u64)>,
+    pub warnings: Vec<String>,
+}
+
+/// Writes one run's events from every sidecar with their proofs (see docs/audit.md,
+/// "Fleet export").
+pub async fn export(
+    pool: &deadpool_postgres::Pool,
+    run_id: &str,
+    out: &Path,
+) -> Result<FleetExportSummary, FleetError> {
+    let output = |e: std::io::Error| FleetError::Output(format!("`{}`: {e}", out.display()));
+    if out.exists() && std::fs::read_dir(out).map_err(output)?.next().is_some() {
+        return Err(FleetError::Output(format!(
+            "the output directory `{}` is not empty",
+            out.display()
+        )));
+    }
+    let verified = verify_all(pool, true).await?;
+    let fleet_size = verified.report.fleet_size;
+    let Some((_, _, _, fleet_note)) = verified.fleet.last() else {
+        return Err(FleetError::Output(
+            "the fleet log is empty: nothing was shipped".into(),
+        ));
+    };
+    let fleet_tree = Tree::new(
+        verified
+            .fleet
+            .iter()
+            .map(|f| leaf_hash(f.2.as_bytes()))
+            .collect(),
+    );
+    // Each sidecar's newest checkpoint in the fleet log.
+    let mut newest: BTreeMap<String, (u64, u64, String)> = BTreeMap::new();
+    for (i, (origin, size, leaf, _)) in verified.fleet.iter().enumerate() {
+        newest.insert(origin.clone(), (i as u64, *size, leaf.clone()));
+    }
+    let client = client(pool).await?;
+    let map = |e: tokio_postgres::Error| FleetError::Hub(db_error(&e));
+    std::fs::create_dir_all(out.join("sidecars")).map_err(output)?;
+    let mut manifest_sidecars = Vec::new();
+    let mut summary = Vec::new();
+    let mut warnings = Vec::new();
+    for (n, (origin, (leaf_index, size, note))) in newest.iter().enumerate() {
+        let rows = client
+            .query(
+                "SELECT seq, line FROM hub_events WHERE origin = $1 AND run_id = $2 ORDER BY seq",
+                &[origin, &run_id],
+            )
+            .await
+            .map_err(map)?;
+        if rows.is_empty() {
+            continue;
+        }
+        let leaves = verified.leaves.get(origin).cloned().unwrap_or_default();
+        let tree = Tree::new(leaves);
+        let dir = format!("sidecars/{:03}", n + 1);
+        std::fs::create_dir_all(out.join(&dir)).map_err(output)?;
+        let mut events = String::new();
+        let mut proofs = String::new();
+        let mut count = 0u64;
+        for r in &rows {
+            let seq = r.get::<_, i64>(0).max(0) as u64;
+            let line: String = r.get(1);
+            if seq > *size {
+                warnings.push(format!(
+                    "sidecar `{origin}` seq {seq} is not under a fleet checkpoint yet; not exported"
+                ));
+                continue;
+            }
+            let path = tree.inclusion_proof(seq - 1, *size).unwrap_or_default();
+            events.push_str(&line);
+            events.push('\n');
+            proofs.push_str(&json!({"seq": seq, "tree_size": size, "path": path.iter().map(hex::encode).collect::<Vec<_>>()}).to_string());
+            proofs.push('\n');
+            count += 1;
+        }
+        write(out, &format!("{dir}/events.jsonl"), &events)?;
+        write(out, &format!("{dir}/proofs.jsonl"), &proofs)?;
+        write(out, &format!("{dir}/checkpoint.txt"), note)?;
+        let key = verified
+            .keys
+            .get(origin)
+            .map(VerifierKey::to_vkey)
+            .unwrap_or_default();
+        let fleet_path = fleet_tree
+            .inclusion_proof(*leaf_index, fleet_size)
+            .unwrap_or_default();
+        manifest_sidecars.push(json!({
+            "origin": origin,
+            "dir": dir,
+            "vkey": key,
+            "events": count,
+            "checkpoint_size": size,
+            "fleet_leaf_index": leaf_index,
+            "fleet_path": fleet_path.iter().map(hex::encode).collect::<Vec<_>>(),
+        }));
+        summary.push((origin.clone(), count));
+    }
+    let fleet_signer = verified
+        .fleet
+        .last()
+        .map(|f| f.0.clone())
+        .unwrap_or_default();
+    write(out, "fleet-checkpoint.txt", fleet_note)?;
+    let manifest = json!({
+        "format": "toolgate-fleet-export/1",
+        "run_id": run_id,
+        "fleet": {
+            "size": fleet_size,
+            "root": verified.report.fleet_root,
+            "signer": fleet_signer,
+            "signer_vkey": verified.keys.get(&fleet_signer).map(VerifierKey::to_vkey),
+        },
+        "sidecars": manifest_sidecars,
+    });
+    write(
+        out,
+        "manifest.json",
+        &(serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n"),
+    )?;
+    write(out, "verify_export.py", crate::audit::export::VERIFY_SCRIPT)?;
+    Ok(FleetExportSummary {
+        out_dir: out.display().to_string(),
+        run_id: run_id.to_string(),
+        fleet_size,
+        sidecars: summary,
+        warnings,
+    })
+}
+
+fn write(out: &Path, name: &str, text: &str) -> Result<(), FleetError> {
+    let path: PathBuf = out.join(name);
+    std::fs::write(&path, text)
+        .map_err(|e| FleetError::Output(format!("`{}`: {e}", path.display())))
+}
+
+/// The structured form of a fleet error.
+pub fn error_json(error: &FleetError) -> Value {
+    match error {
+        FleetError::Hub(e) => {
+            let mut v = e.to_json();
+            v["status"] = "failed".into();
+            v
+        }
+        FleetError::Problem(p) => json!({
+            "status": "failed",
+            "kind": p.kind,
+            "sidecar": p.sidecar,
+            "seq": p.seq,
+            "message": p.message,
+            "exit_code": p.kind.exit_code(),
+        }),
+        FleetError::Output(m) => {
+            json!({"status": "failed", "error": "export_output", "message": m})
+        }
+    }
+}

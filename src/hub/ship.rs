@@ -1,0 +1,226 @@
+//! The shipper: one task per sidecar that copies its committed audit lines and signed
+//! checkpoints into the hub, in order, from where the hub stands (so it resumes after
+//! a restart, a crash or an outage by itself), off every call's path.
+//!
+//! Each round: read the hub's size of this origin, pick the largest local signed
+//! checkpoint within [`MAX_BATCH_LINES`] lines above it (or the nearest one above),
+//! read the lines up to it from the local log and [`ingest`] them. A refusal is
+//! final for that batch and is logged with its reason; the database being down is
+//! retried at the next round. The lag (local seq minus shipped seq) is in `/metrics`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{Batch, HubError, MAX_BATCH_LINES, db_error, ingest, pool_error};
+use crate::audit::keys::VerifierKey;
+use crate::audit::signer::Signer;
+use crate::audit::{AuditLog, AuditReader, EventFilter};
+
+/// What `/metrics` shows of the shipping.
+#[derive(Debug)]
+pub struct ShipStatus {
+    /// The local log, whose newest seq is read at each scrape (a lag computed from a
+    /// stale copy could read 0 while events wait).
+    audit: AuditLog,
+    /// The newest seq the hub holds of this log.
+    pub shipped_seq: AtomicU64,
+    /// Rounds that could not reach the hub.
+    pub failures: AtomicU64,
+    /// Batches the hub refused (a fork, a forged line, another's origin, ...).
+    pub refusals: AtomicU64,
+    /// The last refusal or failure, structured.
+    pub last_error: Mutex<Option<serde_json::Value>>,
+}
+
+impl ShipStatus {
+    fn new(audit: AuditLog) -> Self {
+        ShipStatus {
+            audit,
+            shipped_seq: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    /// The newest committed seq of the local log, now.
+    pub fn local_seq(&self) -> u64 {
+        self.audit.head().map_or(0, |h| h.0)
+    }
+
+    /// Events committed locally and not yet in the hub.
+    pub fn lag(&self) -> u64 {
+        self.local_seq()
+            .saturating_sub(self.shipped_seq.load(Ordering::Relaxed))
+    }
+}
+
+/// How a sidecar ships.
+#[derive(Clone)]
+pub struct ShipOptions {
+    /// The log's origin (unique in the fleet).
+    pub origin: String,
+    /// The log's first segment.
+    pub db_path: PathBuf,
+    /// The log's checkpoint key.
+    pub key: VerifierKey,
+    /// Signs fleet checkpoints (the log's own signer).
+    pub signer: Arc<dyn Signer>,
+    /// How often the shipper looks for new lines.
+    pub interval: Duration,
+}
+
+/// Starts the shipper on the current runtime.
+pub fn start(
+    pool: deadpool_postgres::Pool,
+    audit: AuditLog,
+    options: ShipOptions,
+) -> Arc<ShipStatus> {
+    let status = Arc::new(ShipStatus::new(audit.clone()));
+    tokio::spawn(run(pool, audit, options, status.clone()));
+    status
+}
+
+async fn run(
+    pool: deadpool_postgres::Pool,
+    audit: AuditLog,
+    options: ShipOptions,
+    status: Arc<ShipStatus>,
+) {
+    let mut ticker = tokio::time::interval(options.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_reason: Option<&'static str> = None;
+    loop {
+        ticker.tick().await;
+        // Ship as long as there is a full batch waiting, then wait for the next tick.
+        loop {
+            let local = audit.head().map_or(0, |h| h.0);
+            let before = status.shipped_seq.load(Ordering::Relaxed);
+            match round(&pool, &options, local).await {
+                Ok(shipped) => {
+                    status.shipped_seq.store(shipped, Ordering::Relaxed);
+                    if last_reason.take().is_some() {
+                        tracing::info!(origin = %options.origin, shipped, "audit shipping to the hub resumed");
+                    }
+                    // Caught up, or no signed checkpoint to ship up to yet.
+                    if shipped >= local || shipped <= before {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    if error.retryable() {
+                        status.failures.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        status.refusals.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if last_reason != Some(error.reason()) {
+                        tracing::error!(origin = %options.origin, reason = error.reason(), error = %error, "audit shipping to the hub failed; the local log keeps every event and shipping resumes from the hub's size");
+                    }
+                    last_reason = Some(error.reason());
+                    *status.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(error.to_json());
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// One batch; returns the hub's size of this log afterwards.
+async fn round(
+    pool: &deadpool_postgres::Pool,
+    options: &ShipOptions,
+    local: u64,
+) -> Result<u64, HubError> {
+    let (hub, registered) = hub_log(pool, &options.origin).await?;
+    // The origin must be this log's: another sidecar's key under it is refused even
+    // when there is nothing to ship.
+    if let Some(vkey) = registered
+        && vkey != options.key.to_vkey()
+    {
+        return Err(HubError::OriginKey {
+            origin: options.origin.clone(),
+            registered: match VerifierKey::parse_vkey(&vkey) {
+                Ok(key) => format!("fingerprint {}", key.fingerprint()),
+                Err(_) => "an unreadable key".into(),
+            },
+        });
+    }
+    if hub > local {
+        return Err(HubError::Fork {
+            origin: options.origin.clone(),
+            seq: local + 1,
+            what: format!(
+                "the hub holds this log up to seq {hub} but the local log ends at seq {local}: the local log was cut or replaced"
+            ),
+        });
+    }
+    if hub == local {
+        return Ok(hub);
+    }
+    let db = options.db_path.clone();
+    let limit = MAX_BATCH_LINES as u64;
+    let read = tokio::task::spawn_blocking(move || -> Result<_, String> {
+        let reader = AuditReader::open(&db).map_err(|e| e.to_string())?;
+        let mut notes = reader
+            .notes_between(hub, hub + limit)
+            .map_err(|e| e.to_string())?;
+        let (size, note) = match notes.pop() {
+            Some(found) => found,
+            None => return Ok(None),
+        };
+        let events = reader
+            .events(&EventFilter {
+                after_seq: hub,
+                limit: (size - hub) as usize,
+                ..EventFilter::default()
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(Some((note, events)))
+    })
+    .await
+    .map_err(|e| HubError::Unavailable(format!("the shipper's reader stopped: {e}")))?
+    .map_err(|e| HubError::Unavailable(format!("cannot read the local audit log: {e}")))?;
+    let Some((note, events)) = read else {
+        // No signed checkpoint within a batch above the hub: wait for the next one.
+        return Ok(hub);
+    };
+    let batch = Batch {
+        origin: options.origin.clone(),
+        key: options.key.clone(),
+        lines: events.into_iter().map(|e| (e.seq, e.line)).collect(),
+        checkpoint: note,
+    };
+    let ingested = ingest(pool, &batch, options.signer.as_ref()).await?;
+    Ok(ingested.size)
+}
+
+/// The hub's size of the log of `origin` (0: not registered yet).
+pub async fn hub_size(pool: &deadpool_postgres::Pool, origin: &str) -> Result<u64, HubError> {
+    Ok(hub_log(pool, origin).await?.0)
+}
+
+/// The hub's size of the log of `origin` and the key registered for it (None: not
+/// registered yet).
+async fn hub_log(
+    pool: &deadpool_postgres::Pool,
+    origin: &str,
+) -> Result<(u64, Option<String>), HubError> {
+    let client = tokio::time::timeout(super::INGEST_TIMEOUT, pool.get())
+        .await
+        .map_err(|_| HubError::Unavailable("no database connection in time".into()))?
+        .map_err(|e| pool_error(&e))?;
+    let row = client
+        .query_opt(
+            "SELECT size, vkey FROM hub_logs WHERE origin = $1",
+            &[&origin],
+        )
+        .await
+        .map_err(|e| db_error(&e))?;
+    Ok(match row {
+        Some(r) => (r.get::<_, i64>(0).max(0) as u64, Some(r.get(1))),
+        None => (0, None),
+    })
+}

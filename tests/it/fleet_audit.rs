@@ -1,0 +1,483 @@
+//! The audit hub with a real PostgreSQL (`common::postgres`): sidecars ship their logs,
+//! `audit verify --cluster-db` checks every sidecar and the fleet log and names the
+//! sidecar and seq of an edited hub row, a run export across sidecars verifies offline
+//! and fails after a line is edited, a sidecar SIGKILLed under load ships every event
+//! it acknowledged after its restart, and hostile input (a forged line, a replayed
+//! old checkpoint, another sidecar's origin, an unreachable database) is refused with
+//! a structured error and nothing accepted.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::common::postgres::Postgres;
+use crate::common::{self, Server, Start};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/audit/verify_export.py");
+
+fn origin(name: &str) -> String {
+    format!("{name}.fleet.test/audit")
+}
+
+fn sidecar(url: &str, name: &str, data_dir: Option<&Path>) -> Server {
+    Server::start_with(Start {
+        data_dir: data_dir.map(Path::to_path_buf),
+        args: vec![
+            "--cluster-db".into(),
+            url.to_string(),
+            "--audit-origin".into(),
+            origin(name),
+            "--checkpoint-every-events".into(),
+            "16".into(),
+            "--checkpoint-interval-ms".into(),
+            "200".into(),
+            "--hub-ship-interval-ms".into(),
+            "100".into(),
+        ],
+        ..Start::default()
+    })
+}
+
+fn research(server: &Server, run: &str, query: &str) -> (u16, Value) {
+    server.call(
+        "research_agent",
+        run,
+        "research",
+        "legal_search",
+        json!({"query": query, "limit": 2}),
+        json!({"case_id": "C-1001"}),
+    )
+}
+
+fn scrape(server: &Server) -> String {
+    let mut response = ureq::get(format!("{}/metrics", server.base))
+        .call()
+        .unwrap();
+    response.body_mut().read_to_string().unwrap()
+}
+
+fn gauge(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Waits until the sidecar's hub lag is 0 with something shipped.
+fn shipped(server: &Server) {
+    let done = common::poll_until(Duration::from_secs(60), || {
+        let m = scrape(server);
+        gauge(&m, "toolgate_hub_ship_lag_events") == Some(0)
+            && gauge(&m, "toolgate_hub_shipped_seq").unwrap_or(0) > 0
+    });
+    assert!(done, "the sidecar never caught up: {}", scrape(server));
+}
+
+fn toolgate(dir: &Path, args: &[&str]) -> (i32, Value, String) {
+    let (code, out, err) = common::run(dir, args);
+    let value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    (code, value, format!("{out}{err}"))
+}
+
+fn verify_hub(url: &str) -> (i32, Value, String) {
+    toolgate(
+        Path::new("."),
+        &["audit", "verify", "--cluster-db", url, "--format", "json"],
+    )
+}
+
+fn python(dir: &Path) -> (i32, String) {
+    let out = std::process::Command::new("python3")
+        .arg(SCRIPT)
+        .arg(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn sidecars_ship_the_hub_verifies_and_a_run_exports_across_them() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let fleet: Vec<Server> = ["a", "b", "c"]
+        .iter()
+        .map(|n| sidecar(&url, n, None))
+        .collect();
+    let run = fleet[0].create_run(json!({"case_id": "C-1001"}));
+    for (i, server) in fleet.iter().enumerate() {
+        for q in 0..5 {
+            let (code, body) = research(server, &run, &format!("duty {i} {q}"));
+            assert_eq!(code, 200, "{body}");
+        }
+    }
+    for server in &fleet {
+        shipped(server);
+    }
+    let (code, report, text) = verify_hub(&url);
+    assert_eq!(code, 0, "{text}");
+    let sidecars = report["sidecars"].as_array().unwrap();
+    assert_eq!(sidecars.len(), 3, "{report}");
+    assert!(report["fleet_size"].as_u64().unwrap() >= 3, "{report}");
+
+    // The run across the three sidecars, verified offline.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("export");
+    let (code, summary, text) = toolgate(
+        tmp.path(),
+        &[
+            "audit",
+            "export",
+            "--cluster-db",
+            &url,
+            "--run",
+            &run,
+            "--out",
+            out.to_str().unwrap(),
+            "--format",
+            "jsonl",
+        ],
+    );
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(
+        summary["sidecars"].as_array().unwrap().len(),
+        3,
+        "{summary}"
+    );
+    let (code, text) = python(&out);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("from 3 sidecars"), "{text}");
+    // One line edited: the offline verifier names the sidecar and the seq.
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let entry = &manifest["sidecars"][1];
+    let events = out
+        .join(entry["dir"].as_str().unwrap())
+        .join("events.jsonl");
+    let lines = std::fs::read_to_string(&events).unwrap();
+    let first: Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+    let edited = lines.replacen("\"timestamp_utc\":\"2", "\"timestamp_utc\":\"1", 1);
+    assert_ne!(edited, lines);
+    std::fs::write(&events, edited).unwrap();
+    let (code, text) = python(&out);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains(&format!("at seq {}", first["seq"]))
+            && text.contains(entry["origin"].as_str().unwrap()),
+        "{text}"
+    );
+
+    // An insider edits a row in the hub: verify names the sidecar and the seq.
+    let b = origin("b");
+    pg.psql(&format!(
+        "UPDATE hub_events SET line = replace(line, '\"timestamp_utc\":\"2', '\"timestamp_utc\":\"1') WHERE origin = '{b}' AND seq = 3"
+    ));
+    let (code, report, text) = verify_hub(&url);
+    assert_eq!(code, 1, "{text}");
+    assert_eq!(report["sidecar"], json!(b), "{report}");
+    assert_eq!(report["seq"], json!(3), "{report}");
+    assert_eq!(report["kind"], "edited", "{report}");
+}
+
+#[test]
+fn a_sidecar_killed_under_load_ships_every_acknowledged_event_after_its_restart() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("b");
+    let server = Arc::new(sidecar(&url, "b", Some(&data)));
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acknowledged = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (server, run, stop, acknowledged) = (
+                server.clone(),
+                run.clone(),
+                stop.clone(),
+                acknowledged.clone(),
+            );
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_global(Some(Duration::from_secs(30)))
+                    .build()
+                    .into();
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let body = json!({
+                        "role_id": "research_agent", "run_id": run, "lane_id": "research",
+                        "tool_name": "legal_search",
+                        "arguments": {"query": format!("load {w} {i}")},
+                        "scope": {"case_id": "C-1001"},
+                    });
+                    let answer = agent
+                        .post(format!("{}/v1/tool-calls", server.base))
+                        .header("Authorization", "Bearer demo-research_agent")
+                        .send_json(&body);
+                    match answer {
+                        Ok(mut response) if response.status().as_u16() == 200 => {
+                            let value: Value = response.body_mut().read_json().unwrap();
+                            acknowledged
+                                .lock()
+                                .unwrap()
+                                .push(value["call_id"].as_str().unwrap().to_string());
+                        }
+                        Ok(_) => {}
+                        Err(_) => break,
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    // Kill it once some calls went through and some are shipped.
+    assert!(common::poll_until(Duration::from_secs(60), || {
+        acknowledged.lock().unwrap().len() >= 40
+    }));
+    let pid = server.pid();
+    common::unsafe_free_kill(pid, "KILL");
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    drop(server);
+    let acknowledged: HashSet<String> = acknowledged.lock().unwrap().iter().cloned().collect();
+    let restarted = sidecar(&url, "b", Some(&data));
+    shipped(&restarted);
+    let (code, _, text) = verify_hub(&url);
+    assert_eq!(code, 0, "{text}");
+    let b = origin("b");
+    let in_hub: HashSet<String> = pg
+        .psql(&format!(
+            "SELECT line::jsonb->>'call_id' FROM hub_events WHERE origin = '{b}' AND line::jsonb->>'type' = 'tool_executed'"
+        ))
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let missing: Vec<&String> = acknowledged.difference(&in_hub).collect();
+    assert!(
+        missing.is_empty(),
+        "acknowledged but not in the hub: {missing:?}"
+    );
+    // No duplicates: one row per seq, as many as the local log holds.
+    let rows: u64 = pg
+        .psql(&format!(
+            "SELECT count(*) FROM hub_events WHERE origin = '{b}'"
+        ))
+        .trim()
+        .parse()
+        .unwrap();
+    let local = gauge(&scrape(&restarted), "toolgate_hub_shipped_seq").unwrap();
+    assert_eq!(rows, local);
+}
+
+#[test]
+fn hostile_shipments_are_refused_and_nothing_is_accepted() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let tmp = tempfile::tempdir().unwrap();
+    let a = sidecar(&url, "a", None);
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    for q in 0..3 {
+        assert_eq!(research(&a, &run, &format!("q{q}")).0, 200);
+    }
+    shipped(&a);
+    let a_origin = origin("a");
+    let count = |origin: &str| -> String {
+        pg.psql(&format!(
+            "SELECT count(*) FROM hub_events WHERE origin = '{origin}'"
+        ))
+    };
+    let before = count(&a_origin);
+
+    // Another sidecar shipping under a's origin (its own key): refused, counted.
+    let impostor = Server::start_with(Start {
+        args: vec![
+            "--cluster-db".into(),
+            url.clone(),
+            "--audit-origin".into(),
+            a_origin.clone(),
+            "--hub-ship-interval-ms".into(),
+            "100".into(),
+        ],
+        ..Start::default()
+    });
+    let run2 = impostor.create_run(json!({"case_id": "C-1001"}));
+    assert_eq!(research(&impostor, &run2, "x").0, 200, "calls go on");
+    assert!(common::poll_until(Duration::from_secs(30), || {
+        gauge(&scrape(&impostor), "toolgate_hub_ship_refusals_total").unwrap_or(0) > 0
+    }));
+    let lines = impostor.log_lines_with("hub_origin_key_mismatch");
+    assert!(!lines.is_empty(), "no structured refusal in the logs");
+    drop(impostor);
+    assert_eq!(count(&a_origin), before);
+
+    // Batches built by hand from a sidecar log that does not ship: a forged line and
+    // a replayed checkpoint are refused; the hub keeps what it had.
+    let d = Server::start_with(Start {
+        data_dir: Some(tmp.path().join("d")),
+        args: vec![
+            "--audit-origin".into(),
+            origin("d"),
+            "--checkpoint-every-events".into(),
+            "4".into(),
+        ],
+        ..Start::default()
+    });
+    let run3 = d.create_run(json!({"case_id": "C-1001"}));
+    for q in 0..6 {
+        assert_eq!(research(&d, &run3, &format!("d{q}")).0, 200);
+    }
+    let db = d.db();
+    d.stop();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        use toolgate::hub::{Batch, HubError, ingest, ship::hub_size};
+        let pool = toolgate::hub::connect(&url).await.unwrap();
+        let reader = toolgate::audit::AuditReader::open(&db).unwrap();
+        let keys = db.parent().unwrap().join("keys");
+        let signer = toolgate::audit::keys::load_signer(&keys).unwrap();
+        let key = signer.verifier.clone();
+        let notes = reader.notes_between(0, u64::MAX >> 2).unwrap();
+        assert!(notes.len() >= 3, "{notes:?}");
+        let lines = |upto: u64| -> Vec<(u64, String)> {
+            reader
+                .events(&toolgate::audit::EventFilter {
+                    limit: upto as usize,
+                    ..Default::default()
+                })
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.seq, e.line))
+                .collect()
+        };
+        let batch = |upto: u64, note: &str| Batch {
+            origin: origin("d"),
+            key: key.clone(),
+            lines: lines(upto),
+            checkpoint: note.to_string(),
+        };
+        let (first, middle, last) = (&notes[0], &notes[1], &notes[notes.len() - 1]);
+        // The second checkpoint goes in.
+        let ok = ingest(&pool, &batch(middle.0, &middle.1), &signer)
+            .await
+            .unwrap();
+        assert_eq!(ok.size, middle.0);
+        // The same batch again: idempotent.
+        let again = ingest(&pool, &batch(middle.0, &middle.1), &signer)
+            .await
+            .unwrap();
+        assert_eq!(again.new_lines, 0);
+        // A replayed older checkpoint the hub never stored.
+        let replayed = ingest(&pool, &batch(first.0, &first.1), &signer)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(replayed, HubError::Replayed { .. }),
+            "{replayed:?}"
+        );
+        assert_eq!(replayed.to_json()["error"], "hub_checkpoint_replayed");
+        // A forged line (still canonical JSON) under the newest checkpoint.
+        let mut forged = batch(last.0, &last.1);
+        let at = forged.lines.len() - 1;
+        forged.lines[at].1 =
+            forged.lines[at]
+                .1
+                .replacen("\"timestamp_utc\":\"2", "\"timestamp_utc\":\"1", 1);
+        let refused = ingest(&pool, &forged, &signer).await.unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                HubError::BadCheckpoint { .. } | HubError::Forged { .. }
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(hub_size(&pool, &origin("d")).await.unwrap(), middle.0);
+        // An injected row beyond the hub's size: the next honest batch is refused.
+        let next = middle.0 + 1;
+        pg.psql(&format!(
+            "INSERT INTO hub_events (origin, seq, line) VALUES ('{}', {next}, 'forged')",
+            origin("d")
+        ));
+        let refused = ingest(&pool, &batch(last.0, &last.1), &signer)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.reason(), "hub_fork", "{refused:?}");
+        assert_eq!(hub_size(&pool, &origin("d")).await.unwrap(), middle.0);
+    });
+    // verify names the injected row.
+    let (code, report, text) = verify_hub(&url);
+    assert_eq!(code, 1, "{text}");
+    assert_eq!(report["sidecar"], json!(origin("d")), "{report}");
+    assert_eq!(report["kind"], "inserted", "{report}");
+
+    // An unreachable database: a structured error, exit 4.
+    let (code, report, text) = verify_hub("postgres://toolgate:x@127.0.0.1:1/toolgate");
+    assert_eq!(code, 4, "{text}");
+    assert_eq!(report["error"], "hub_unavailable", "{report}");
+    drop(tmp);
+}
+
+#[test]
+fn shipping_waits_out_a_database_outage_with_nothing_lost_or_duplicated() {
+    let mut pg = Postgres::start();
+    let url = pg.url();
+    let a = sidecar(&url, "a", None);
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    assert_eq!(research(&a, &run, "before").0, 200);
+    shipped(&a);
+    pg.stop();
+    // Calls are refused while the fleet's state is unreachable; each refusal is still
+    // recorded in the local log first, and waits there for the hub.
+    for q in 0..3 {
+        let (code, body) = research(&a, &run, &format!("during {q}"));
+        assert_ne!(code, 200, "{body}");
+    }
+    assert!(common::poll_until(Duration::from_secs(30), || {
+        let m = scrape(&a);
+        gauge(&m, "toolgate_hub_ship_failures_total").unwrap_or(0) > 0
+            && gauge(&m, "toolgate_hub_ship_lag_events").unwrap_or(0) > 0
+    }));
+    pg.restart();
+    assert!(common::poll_until(Duration::from_secs(60), || research(
+        &a, &run, "after"
+    )
+    .0 == 200));
+    shipped(&a);
+    let (code, _, text) = verify_hub(&url);
+    assert_eq!(code, 0, "{text}");
+    let rows: u64 = pg
+        .psql(&format!(
+            "SELECT count(DISTINCT seq) FROM hub_events WHERE origin = '{}'",
+            origin("a")
+        ))
+        .trim()
+        .parse()
+        .unwrap();
+    let shipped_seq = gauge(&scrape(&a), "toolgate_hub_shipped_seq").unwrap();
+    assert_eq!(rows, shipped_seq);
+    let local = common::run(
+        Path::new("."),
+        &[
+            "audit",
+            "tail",
+            "--db",
+            a.db().to_str().unwrap(),
+            "--limit",
+            "1",
+        ],
+    );
+    let newest: Value = serde_json::from_str(local.1.lines().last().unwrap()).unwrap();
+    assert_eq!(newest["seq"].as_u64().unwrap(), shipped_seq, "{}", local.1);
+}

@@ -1,0 +1,579 @@
+//! Witnesses (`serve --witness`, `audit verify --witness-key --quorum`): a C2SP
+//! tlog-witness written here (a small HTTP server speaking `add-checkpoint`, keeping
+//! its own newest size and root per origin, verifying the log's signature and the
+//! consistency proofs, cosigning with `cosignature/v1`) against the real gateway.
+//! Covers: checkpoints get cosigned and verify offline with a quorum; a forked log
+//! with the same key is refused by the witness and cannot reach a quorum; a witness
+//! that is down never stops calls and its gap shows in /metrics and verify; a restart
+//! resumes from the stored cosignatures; an edited cosignature fails verify.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use ed25519_dalek::{Signer, SigningKey};
+use serde_json::{Value, json};
+
+use toolgate::audit::checkpoint::verify_note;
+use toolgate::audit::keys::VerifierKey;
+use toolgate::audit::merkle::verify_consistency;
+use toolgate::audit::witness::{WitnessKey, cosigned_message};
+
+use crate::common::{self, Server, Start};
+
+/// What the witness has seen, for the test's assertions.
+#[derive(Default)]
+struct WitnessState {
+    /// The newest (size, root) it cosigned for the log's origin.
+    latest: Option<(u64, [u8; 32])>,
+    /// Every status it answered, in order.
+    answers: Vec<u16>,
+}
+
+/// A tlog-witness for one log origin, on 127.0.0.1:0.
+struct TestWitness {
+    url: String,
+    key: WitnessKey,
+    state: Arc<Mutex<WitnessState>>,
+}
+
+impl TestWitness {
+    /// A witness trusting the log key in `log_vkey` (read at each request: the
+    /// gateway creates it at its first start) for `origin`.
+    fn start(name: &str, seed: u8, origin: &str, log_vkey: PathBuf) -> TestWitness {
+        let signing = SigningKey::from_bytes(&[seed; 32]);
+        let key = WitnessKey::new(name, signing.verifying_key());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/w", listener.local_addr().unwrap());
+        let state = Arc::new(Mutex::new(WitnessState::default()));
+        let shared = state.clone();
+        let origin = origin.to_string();
+        let name = name.to_string();
+        let key_id = key.key_id;
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (state, origin, name, vkey) = (
+                    shared.clone(),
+                    origin.clone(),
+                    name.clone(),
+                    log_vkey.clone(),
+                );
+                let signing = signing.clone();
+                std::thread::spawn(move || {
+                    serve_one(stream, |body| {
+                        let answer =
+                            add_checkpoint(&state, &origin, &vkey, &signing, &name, key_id, body);
+                        state.lock().unwrap().answers.push(answer.0);
+                        answer
+                    })
+                });
+            }
+        });
+        TestWitness { url, key, state }
+    }
+
+    /// The `--witness` flag value.
+    fn flag(&self) -> String {
+        format!("{}+{}", self.url, self.key.to_vkey())
+    }
+
+    fn latest(&self) -> Option<(u64, [u8; 32])> {
+        self.state.lock().unwrap().latest
+    }
+
+    fn answers(&self) -> Vec<u16> {
+        self.state.lock().unwrap().answers.clone()
+    }
+}
+
+/// Reads one HTTP/1.1 request, answers it with `handle(body)` and closes.
+fn serve_one(mut stream: TcpStream, handle: impl FnOnce(&str) -> (u16, &'static str, String)) {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).is_err() {
+        return;
+    }
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).is_err() || line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0u8; length.min(1 << 20)];
+    if reader.read_exact(&mut body).is_err() {
+        return;
+    }
+    let (status, content_type, text) = if request_line.starts_with("POST /w/add-checkpoint ") {
+        handle(&String::from_utf8_lossy(&body))
+    } else {
+        (404, "text/plain", "not found\n".to_string())
+    };
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    );
+}
+
+/// The add-checkpoint rules of c2sp.org/tlog-witness.
+fn add_checkpoint(
+    state: &Mutex<WitnessState>,
+    origin: &str,
+    log_vkey: &Path,
+    signing: &SigningKey,
+    name: &str,
+    key_id: [u8; 4],
+    body: &str,
+) -> (u16, &'static str, String) {
+    let plain = "text/plain";
+    let Some((head, note)) = body.split_once("\n\n") else {
+        return (400, plain, "no blank line\n".into());
+    };
+    let mut lines = head.lines();
+    let Some(old) = lines
+        .next()
+        .and_then(|l| l.strip_prefix("old "))
+        .and_then(|n| n.parse::<u64>().ok())
+    else {
+        return (400, plain, "no old size line\n".into());
+    };
+    let proof: Vec<[u8; 32]> = match lines
+        .map(|l| B64.decode(l).ok().and_then(|b| b.try_into().ok()))
+        .collect::<Option<Vec<_>>>()
+    {
+        Some(proof) if proof.len() <= 63 => proof,
+        _ => return (400, plain, "bad proof line\n".into()),
+    };
+    if !note.starts_with(&format!("{origin}\n")) {
+        return (404, plain, "unknown origin\n".into());
+    }
+    let Ok(vkey) = std::fs::read_to_string(log_vkey) else {
+        return (404, plain, "no key for the origin yet\n".into());
+    };
+    let log_key = VerifierKey::parse_vkey(&vkey).unwrap();
+    let Ok(checkpoint) = verify_note(note, &log_key) else {
+        return (403, plain, "no valid signature by the log key\n".into());
+    };
+    if old > checkpoint.size {
+        return (400, plain, "old size beyond the checkpoint\n".into());
+    }
+    // Checked and updated under one lock: atomic, as the protocol requires.
+    let mut state = state.lock().unwrap();
+    let (have_size, have_root) = state.latest.unwrap_or((0, [0u8; 32]));
+    if old != have_size {
+        return (409, "text/x.tlog.size", format!("{have_size}\n"));
+    }
+    if old == checkpoint.size {
+        if have_root != checkpoint.root {
+            return (409, "text/x.tlog.size", format!("{have_size}\n"));
+        }
+    } else if old == 0 {
+        if !proof.is_empty() {
+            return (422, plain, "a proof from size 0\n".into());
+        }
+    } else if !verify_consistency(old, checkpoint.size, &proof, &have_root, &checkpoint.root) {
+        return (422, plain, "the consistency proof does not verify\n".into());
+    }
+    state.latest = Some((checkpoint.size, checkpoint.root));
+    drop(state);
+    let text_end = note.rfind("\n\n").unwrap() + 1;
+    let time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let signature = signing.sign(cosigned_message(time, &note[..text_end]).as_bytes());
+    let mut bytes = key_id.to_vec();
+    bytes.extend_from_slice(&time.to_be_bytes());
+    bytes.extend_from_slice(&signature.to_bytes());
+    (
+        200,
+        plain,
+        format!("\u{2014} {name} {}\n", B64.encode(bytes)),
+    )
+}
+
+/// Fast checkpoints and witness rounds, so tests wait tens of milliseconds.
+fn args(witnesses: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = [
+        "--checkpoint-every-events",
+        "4",
+        "--checkpoint-interval-ms",
+        "100",
+        "--witness-interval-ms",
+        "50",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for w in witnesses {
+        out.push("--witness".into());
+        out.push(w.clone());
+    }
+    out
+}
+
+fn start(data_dir: &Path, witnesses: &[String]) -> Server {
+    Server::start_with(Start {
+        data_dir: Some(data_dir.to_path_buf()),
+        args: args(witnesses),
+        ..Start::default()
+    })
+}
+
+/// Makes `n` successful calls.
+fn calls(server: &Server, n: usize) {
+    let scope = json!({"case_id": "C-1001"});
+    let run = server.create_run(scope.clone());
+    for i in 0..n {
+        let (code, body) = server.call(
+            "research_agent",
+            &run,
+            "research",
+            "legal_search",
+            json!({"query": format!("q{i}")}),
+            scope.clone(),
+        );
+        assert_eq!(code, 200, "{body}");
+    }
+}
+
+/// The newest stored checkpoint size of the log.
+fn newest_checkpoint(db: &Path) -> u64 {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    conn.query_row("SELECT coalesce(max(size), 0) FROM checkpoints", [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .unwrap() as u64
+}
+
+fn scrape(server: &Server) -> String {
+    let mut response = ureq::get(format!("{}/metrics", server.base))
+        .call()
+        .unwrap();
+    response.body_mut().read_to_string().unwrap()
+}
+
+/// The value of one series (`name{witness="w"}`), 0 if absent.
+fn series(text: &str, name: &str, witness: &str) -> u64 {
+    let prefix = format!("{name}{{witness=\"{witness}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs audit/verify_export.py on an export with witness keys and a quorum.
+fn python(dir: &Path, keys: &[&WitnessKey], quorum: usize) -> (i32, String) {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(common::repo().join("audit/verify_export.py"))
+        .arg(dir)
+        .args(["--quorum", &quorum.to_string()]);
+    for key in keys {
+        cmd.args(["--witness-key", &key.to_vkey()]);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn verify(dir: &Path, db: &Path, keys: &[&WitnessKey], quorum: usize) -> (i32, Value) {
+    let mut owned: Vec<String> = vec![
+        "audit".into(),
+        "verify".into(),
+        "--db".into(),
+        db.display().to_string(),
+        "--format".into(),
+        "json".into(),
+        "--quorum".into(),
+        quorum.to_string(),
+    ];
+    for key in keys {
+        owned.push("--witness-key".into());
+        owned.push(key.to_vkey());
+    }
+    let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let (code, out, err) = common::run(dir, &refs);
+    let value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out}\n{err}"));
+    (code, value)
+}
+
+#[test]
+fn checkpoints_are_cosigned_verified_with_a_quorum_and_resumed_after_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("var");
+    let vkey = data.join("keys/audit-signing.vkey");
+    let w1 = TestWitness::start("w1.example/witness", 11, "toolgate/audit", vkey.clone());
+    let w2 = TestWitness::start("w2.example/witness", 12, "toolgate/audit", vkey);
+    let server = start(&data, &[w1.flag(), w2.flag()]);
+    calls(&server, 6);
+    let db = server.db();
+    let target = newest_checkpoint(&db);
+    assert!(target >= 4, "no checkpoint was stored ({target})");
+    for w in [&w1, &w2] {
+        assert!(
+            common::poll_until(Duration::from_secs(30), || w
+                .latest()
+                .is_some_and(|l| l.0 >= target)),
+            "witness {} did not cosign size {target}: {:?}",
+            w.key.name,
+            w.answers()
+        );
+    }
+    let metrics = scrape(&server);
+    assert!(
+        series(
+            &metrics,
+            "toolgate_witness_cosigned_size",
+            "w1.example/witness"
+        ) >= target,
+        "{metrics}"
+    );
+    server.stop();
+    let (code, report) = verify(tmp.path(), &db, &[&w1.key, &w2.key], 2);
+    assert_eq!(code, 0, "{report}");
+    assert!(report["witnesses"]["witnessed_size"].as_u64().unwrap() >= target);
+
+    // The export carries the cosignatures; the offline verifier checks the quorum.
+    let out = tmp.path().join("export");
+    let (code, stdout, stderr) = common::run(
+        tmp.path(),
+        &["audit", "verify", "--db", db.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let (code, stdout, stderr) = common::run(
+        tmp.path(),
+        &[
+            "audit",
+            "export",
+            "--db",
+            db.to_str().unwrap(),
+            "--format",
+            "jsonl",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let (code, text) = python(&out, &[&w1.key, &w2.key], 2);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("witnessed up to size"), "{text}");
+    let stranger = WitnessKey::new(
+        "stranger.example/w",
+        SigningKey::from_bytes(&[99; 32]).verifying_key(),
+    );
+    let (code, text) = python(&out, &[&w1.key, &stranger], 2);
+    assert_eq!(code, 3, "{text}");
+
+    // A restart resumes from the stored cosignatures: no 409 (a resync) is needed.
+    let before = w1.answers().len();
+    let server = start(&data, &[w1.flag(), w2.flag()]);
+    calls(&server, 6);
+    let target = newest_checkpoint(&server.db());
+    assert!(common::poll_until(Duration::from_secs(30), || w1
+        .latest()
+        .is_some_and(|l| l.0 >= target)));
+    let after: Vec<u16> = w1.answers()[before..].to_vec();
+    assert!(after.iter().all(|&s| s == 200), "{after:?}");
+    server.stop();
+
+    // An edited cosignature: verify fails with a signature problem (exit 3).
+    let file = data.join("cosigned-checkpoints.log");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let line = text
+        .lines()
+        .rfind(|l| l.starts_with("\u{2014} w2.example/witness "))
+        .unwrap()
+        .to_string();
+    let sig = line.rsplit(' ').next().unwrap();
+    let mut bytes = B64.decode(sig).unwrap();
+    bytes[20] ^= 1;
+    let edited = text.replace(
+        &line,
+        &format!("\u{2014} w2.example/witness {}", B64.encode(bytes)),
+    );
+    std::fs::write(&file, edited).unwrap();
+    let (code, report) = verify(tmp.path(), &db, &[&w1.key, &w2.key], 2);
+    assert_eq!(code, 3, "{report}");
+    assert_eq!(report["kind"], "witness");
+}
+
+#[test]
+fn a_down_witness_never_stops_calls_and_its_gap_shows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("var");
+    let up = TestWitness::start(
+        "up.example/w",
+        21,
+        "toolgate/audit",
+        data.join("keys/audit-signing.vkey"),
+    );
+    // A witness that is down: nothing listens on its port.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let down_url = format!("http://{}/w", closed.local_addr().unwrap());
+    drop(closed);
+    let down_key = WitnessKey::new(
+        "down.example/w",
+        SigningKey::from_bytes(&[22; 32]).verifying_key(),
+    );
+    let server = start(
+        &data,
+        &[up.flag(), format!("{down_url}+{}", down_key.to_vkey())],
+    );
+    calls(&server, 8);
+    let target = newest_checkpoint(&server.db());
+    assert!(common::poll_until(Duration::from_secs(30), || up
+        .latest()
+        .is_some_and(|l| l.0 >= target)));
+    let metrics = common::poll_for(Duration::from_secs(30), || {
+        let m = scrape(&server);
+        (series(&m, "toolgate_witness_failures_total", "down.example/w") > 0).then_some(m)
+    })
+    .expect("the down witness's failures were never counted");
+    assert_eq!(
+        series(&metrics, "toolgate_witness_cosigned_size", "down.example/w"),
+        0,
+        "{metrics}"
+    );
+    assert!(
+        series(&metrics, "toolgate_witness_lag_events", "down.example/w") >= target,
+        "{metrics}"
+    );
+    assert_eq!(
+        series(&metrics, "toolgate_witness_lag_events", "up.example/w"),
+        series(&metrics, "toolgate_witness_checkpoint_size", "up.example/w")
+            - series(&metrics, "toolgate_witness_cosigned_size", "up.example/w"),
+    );
+    let db = server.db();
+    server.stop();
+    // A quorum of both fails; one of two passes and reports the gap.
+    let (code, report) = verify(tmp.path(), &db, &[&up.key, &down_key], 2);
+    assert_eq!(code, 3, "{report}");
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("`down.example/w` cosigned nothing"),
+        "{report}"
+    );
+    let (code, report) = verify(tmp.path(), &db, &[&up.key, &down_key], 1);
+    assert_eq!(code, 0, "{report}");
+    assert!(report["witnesses"]["witnessed_size"].as_u64().unwrap() >= target);
+}
+
+#[test]
+fn a_forked_log_under_the_same_key_is_refused_by_the_witness() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = tmp.path().join("a");
+    let witness = TestWitness::start(
+        "w.example/fork",
+        31,
+        "toolgate/audit",
+        first.join("keys/audit-signing.vkey"),
+    );
+    let server = start(&first, &[witness.flag()]);
+    calls(&server, 6);
+    let target = newest_checkpoint(&server.db());
+    assert!(common::poll_until(Duration::from_secs(30), || witness
+        .latest()
+        .is_some_and(|l| l.0 >= target)));
+    server.stop();
+    let cosigned = witness.latest().unwrap();
+
+    // An insider copies the key and starts another history: the same key, the same
+    // origin, other events.
+    let second = tmp.path().join("b");
+    std::fs::create_dir_all(&second).unwrap();
+    let keys = second.join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    for name in ["audit-signing.key", "audit-signing.vkey", "audit-hmac.key"] {
+        std::fs::copy(first.join("keys").join(name), keys.join(name)).unwrap();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let server = start(&second, &[witness.flag()]);
+    calls(&server, 12);
+    assert!(
+        common::poll_until(Duration::from_secs(30), || {
+            let answers = witness.answers();
+            answers.contains(&409) && answers.contains(&422)
+        }),
+        "{:?}",
+        witness.answers()
+    );
+    // The witness still holds the first history; it cosigned nothing of the fork.
+    assert_eq!(witness.latest(), Some(cosigned));
+    let metrics = scrape(&server);
+    assert!(
+        series(
+            &metrics,
+            "toolgate_witness_conflicts_total",
+            "w.example/fork"
+        ) > 0
+    );
+    assert_eq!(
+        series(&metrics, "toolgate_witness_cosigned_size", "w.example/fork"),
+        cosigned.0,
+        "{metrics}"
+    );
+    // Calls go on.
+    calls(&server, 1);
+    let db = server.db();
+    server.stop();
+    assert!(!second.join("cosigned-checkpoints.log").exists());
+    let (code, report) = verify(tmp.path(), &db, &[&witness.key], 1);
+    assert_eq!(code, 3, "{report}");
+
+    // A checkpoint of the cosigned size with another root (signed with the stolen
+    // key) is refused with 409 and the size the witness holds.
+    let signer = toolgate::audit::keys::load_signer(&first.join("keys")).unwrap();
+    let forged = toolgate::audit::checkpoint::Checkpoint {
+        origin: "toolgate/audit".into(),
+        size: cosigned.0,
+        root: [7u8; 32],
+    }
+    .sign(&signer);
+    let address = witness
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/w")
+        .to_string();
+    let mut stream = TcpStream::connect(address).unwrap();
+    let body = format!("old {}\n\n{forged}", cosigned.0);
+    write!(
+        stream,
+        "POST /w/add-checkpoint HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    assert!(answer.contains("text/x.tlog.size"), "{answer}");
+    assert!(
+        answer.ends_with(&format!("\r\n\r\n{}\n", cosigned.0)),
+        "{answer}"
+    );
+    assert_eq!(witness.latest(), Some(cosigned));
+}
