@@ -20,6 +20,8 @@
 //! - [`segments`]: the log as sealed segment files, one chain and one tree over all.
 //! - [`verify`]: recomputes a database's chain, tree and checkpoints.
 //! - [`export`]: writes an export directory an auditor can check without toolgate.
+//! - [`siem`]: OCSF records and CEF lines of events, with their evidence.
+//! - [`ship`]: `serve --ship`: committed events streamed to SIEM sinks, at least once.
 //!
 //! INVARIANT: only this module knows rusqlite; there is no code path that updates or
 //! deletes an event; `append` returns only once the event is durable.
@@ -33,6 +35,8 @@ mod log;
 pub mod merkle;
 mod reader;
 pub mod segments;
+pub mod ship;
+pub mod siem;
 pub mod signer;
 mod sink;
 mod store;

@@ -94,6 +94,8 @@ pub struct VerifyArgs {
 pub enum ExportFormatArg {
     Jsonl,
     Csv,
+    Ocsf,
+    Cef,
 }
 
 #[derive(Debug, Args)]
@@ -103,7 +105,9 @@ pub struct ExportArgs {
     /// The key directory (default: `keys` next to the database).
     #[arg(long)]
     pub key_dir: Option<PathBuf>,
-    /// `jsonl`: events.jsonl only; `csv`: also events.csv (a derived view).
+    /// `jsonl`: events.jsonl only; `csv`: also events.csv (a derived view); `ocsf`:
+    /// also events.ocsf.jsonl (OCSF 1.8.0 records); `cef`: also events.cef (CEF lines).
+    /// OCSF and CEF records carry their seq, leaf hash and the export checkpoint.
     #[arg(long, value_enum)]
     pub format: ExportFormatArg,
     /// Only the events of this run.
@@ -500,6 +504,8 @@ fn export_command(args: &ExportArgs) -> Exit {
         format: match args.format {
             ExportFormatArg::Jsonl => ExportFormat::Jsonl,
             ExportFormatArg::Csv => ExportFormat::Csv,
+            ExportFormatArg::Ocsf => ExportFormat::Ocsf,
+            ExportFormatArg::Cef => ExportFormat::Cef,
         },
         run_id: args.run_id.clone(),
         since,

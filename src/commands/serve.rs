@@ -111,6 +111,18 @@ pub struct ServeArgs {
     /// metadata and accepted as a JWT audience (RFC 8707).
     #[arg(long, value_parser = parse_public_url)]
     pub public_url: Option<String>,
+    /// Stream every committed audit event to a SIEM sink (repeatable), at least once,
+    /// in order, resuming after a restart: `file:PATH`, `syslog+udp://HOST:PORT`,
+    /// `syslog+tcp://HOST:PORT`, `syslog+tls://HOST:PORT`, `hec+http(s)://HOST:PORT[/PATH]`
+    /// (Splunk HEC) or `otlp+http(s)://HOST:PORT[/PATH]` (OTLP logs), with options after
+    /// `?`: `format=ocsf|native`, file `max_bytes=N&keep=N`, tls `ca=FILE`, hec
+    /// `token_file=FILE` or `token_env=NAME` (never the token itself). See docs/audit.md.
+    #[arg(long = "ship", value_parser = parse_ship)]
+    pub ships: Vec<crate::audit::ship::ShipSpec>,
+}
+
+fn parse_ship(text: &str) -> Result<crate::audit::ship::ShipSpec, String> {
+    crate::audit::ship::ShipSpec::parse(text)
 }
 
 fn parse_public_url(text: &str) -> Result<String, String> {
@@ -311,6 +323,19 @@ async fn run(args: &ServeArgs) -> Exit {
     println!("data dir: {}", args.data_dir.display());
     println!("audit key fingerprint: {fingerprint}");
     tokio::spawn(reload_on_sighup(gateway.clone()));
+    // The shippers read the committed log on their own tasks; a call never waits on one.
+    let shipper = match crate::audit::ship::start(&args.ships, &audit, &args.data_dir, |name| {
+        gateway.metrics.ship_sink(name)
+    }) {
+        Ok(shipper) => shipper,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Exit::Failure;
+        }
+    };
+    for spec in &args.ships {
+        println!("shipping audit events to {}", spec.name);
+    }
     let server_options = ServerOptions {
         max_body_bytes: args.max_body_bytes,
         limits: LimitOptions {
@@ -343,6 +368,8 @@ async fn run(args: &ServeArgs) -> Exit {
     .await;
     // Every divergence seen so far is recorded before the log closes.
     gateway.flush_shadow().await;
+    // What the sinks have not confirmed is sent after the next start (their cursors).
+    shipper.stop(Duration::from_secs(2)).await;
     let exit = match audit.close().await {
         Ok(()) => Exit::Ok,
         Err(e) => {

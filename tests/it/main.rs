@@ -37,5 +37,7 @@ mod policy_diff;
 mod redaction;
 mod requests;
 mod review_live;
+mod ship;
+mod siem;
 mod soak;
 mod traces;

@@ -105,7 +105,7 @@ fn ready(python: &Path) -> bool {
 
 /// Runs `command` to completion, killing it if it runs longer than `limit`.
 /// Its stderr goes to a file (a pipe nobody reads could fill up and stall it).
-fn run_bounded(command: &mut Command, limit: Duration) -> Output {
+pub fn run_bounded(command: &mut Command, limit: Duration) -> Output {
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut child = command
         .stdin(Stdio::null())
