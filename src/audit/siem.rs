@@ -441,9 +441,8 @@ pub fn ocsf(line: &str, evidence: &Evidence) -> Value {
                 "vendor_name": PRODUCT,
                 "version": env!("CARGO_PKG_VERSION"),
             });
-            if let Some(user) = admin_user(&event) {
-                record["actor"] = json!({"user": user});
-            }
+            // `actor` belongs to the host profile in this class: the admin stays in
+            // unmapped.toolgate.details.by.
             if let Some(details) = event.details() {
                 extra.insert("details".into(), Value::Object(details.clone()));
             }

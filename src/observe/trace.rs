@@ -151,7 +151,12 @@ pub fn record_tool_call(span: &Span, call_id: &str, tool: Option<&str>) {
     span.record("gen_ai.tool.call.id", call_id);
     if let Some(tool) = tool {
         span.record("gen_ai.tool.name", tool);
-        span.record("otel.name", format!("{GEN_AI_OPERATION} {tool}").as_str());
+        // `otel.name` applies only before the OpenTelemetry span exists (a traceparent
+        // creates it at once): rename the span itself.
+        let context = span.context();
+        context
+            .span()
+            .update_name(format!("{GEN_AI_OPERATION} {tool}"));
     }
 }
 

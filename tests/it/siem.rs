@@ -169,7 +169,7 @@ fn varied_log(dir: &Path) -> PathBuf {
     let (code, body) = server.post(
         &format!("/v1/runs/{run}/status"),
         Some(ADMIN),
-        &json!({"status": "paused"}),
+        &json!({"status": "suspended"}),
     );
     assert_eq!(code, 200, "{body}");
     let (_, answer) = lab::call(&server, &run, "echo_cmd", json!({"text": "x"}), json!({}));
@@ -300,10 +300,12 @@ fn an_ocsf_export_validates_against_the_published_schema_and_every_record_verifi
     assert_eq!(executed["actor"]["user"]["groups"][0]["name"], json!("tester"));
     assert_eq!(executed["api"]["request"]["uid"], raw["call_id"]);
     assert_eq!(executed["metadata"]["correlation_uid"], raw["call_id"]);
+    // The hostile tool name fails request validation: the denial is recorded with the
+    // request's digest and excerpt (never as a field a SIEM would parse).
     let hostile = by_type["tool_denied"]
         .iter()
-        .find(|r| r["api"]["service"]["name"] == json!(HOSTILE_TOOL))
-        .expect("the hostile tool name is kept as a string");
+        .find(|r| r["status_detail"] == json!("request_malformed"))
+        .expect("the malformed request is a recorded denial");
     assert_eq!(hostile["status_id"], json!(2));
     assert_eq!(hostile["action_id"], json!(2));
     assert_eq!(hostile["disposition_id"], json!(2));
@@ -347,18 +349,13 @@ fn an_ocsf_export_validates_against_the_published_schema_and_every_record_verifi
             assert!(CEF_KEYS.contains(key), "unexpected CEF key {key}: {line}");
         }
     }
-    let hostile_line = cef_lines
-        .iter()
-        .find(|l| cef_extension(l).iter().any(|(k, v)| k == "cs3" && v == HOSTILE_TOOL))
-        .expect("the hostile tool name survives as one cs3 value");
-    let fields = cef_extension(hostile_line);
-    assert!(fields.iter().any(|(k, v)| k == "act" && v == "denied"));
-    assert!(!fields.iter().any(|(k, v)| (k == "suser" && v == "root") || (k == "cs5" && v == "OK")));
-    assert_eq!(
-        fields.iter().filter(|(k, _)| k == "act").count(),
-        1,
-        "{hostile_line}"
-    );
+    // No line, whatever the agent sent, carries a field toolgate did not write (checked
+    // above) or a value planted by the hostile name.
+    for line in &cef_lines {
+        let fields = cef_extension(line);
+        assert!(!fields.iter().any(|(k, v)| (k == "suser" && v == "root") || (k == "cs5" && v == "OK")));
+        assert!(fields.iter().filter(|(k, _)| k == "act").count() <= 1, "{line}");
+    }
 }
 
 /// Every extension key toolgate writes.
