@@ -218,7 +218,11 @@ impl ShipSpec {
                         let token = match (take("token_file"), take("token_env")) {
                             (Some(file), None) => TokenSource::File(PathBuf::from(file)),
                             (None, Some(env)) => TokenSource::Env(env),
-                            _ => return Err(bad("hec needs token_file=FILE or token_env=NAME (one)")),
+                            _ => {
+                                return Err(bad(
+                                    "hec needs token_file=FILE or token_env=NAME (one)",
+                                ));
+                            }
                         };
                         ShipTarget::Hec { url, token }
                     } else {
@@ -306,11 +310,14 @@ pub fn start(
         if !ids.insert(spec.id()) {
             return Err(config(format!("ship sink `{}` is given twice", spec.name)));
         }
-        let delivery = Delivery::open(spec).map_err(|e| config(format!("ship sink `{}`: {e}", spec.name)))?;
+        let delivery =
+            Delivery::open(spec).map_err(|e| config(format!("ship sink `{}`: {e}", spec.name)))?;
         let cursor = Cursor {
             path: dir.join(format!("{}.cursor", spec.id())),
         };
-        let start_at = cursor.load().map_err(|e| config(format!("ship sink `{}`: {e}", spec.name)))?;
+        let start_at = cursor
+            .load()
+            .map_err(|e| config(format!("ship sink `{}`: {e}", spec.name)))?;
         let sink = Sink {
             spec: spec.clone(),
             log: log.clone(),
@@ -575,14 +582,18 @@ enum Delivery {
 
 fn read_token(source: &TokenSource) -> Result<String, String> {
     let token = match source {
-        TokenSource::Env(name) => std::env::var(name)
-            .map_err(|_| format!("the environment variable `{name}` holding the token is not set"))?,
+        TokenSource::Env(name) => std::env::var(name).map_err(|_| {
+            format!("the environment variable `{name}` holding the token is not set")
+        })?,
         TokenSource::File(path) => {
             let len = std::fs::metadata(path)
                 .map_err(|e| format!("cannot read the token file `{}`: {e}", path.display()))?
                 .len();
             if len > MAX_TOKEN_BYTES {
-                return Err(format!("the token file `{}` is larger than {MAX_TOKEN_BYTES} bytes", path.display()));
+                return Err(format!(
+                    "the token file `{}` is larger than {MAX_TOKEN_BYTES} bytes",
+                    path.display()
+                ));
             }
             std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read the token file `{}`: {e}", path.display()))?
@@ -696,13 +707,19 @@ impl Delivery {
             }
             Delivery::Udp { addr, socket } => {
                 if socket.is_none() {
-                    let s = tokio::net::UdpSocket::bind(if addr.starts_with('[') { "[::]:0" } else { "0.0.0.0:0" })
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let s = tokio::net::UdpSocket::bind(if addr.starts_with('[') {
+                        "[::]:0"
+                    } else {
+                        "0.0.0.0:0"
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
                     s.connect(addr.as_str()).await.map_err(|e| e.to_string())?;
                     *socket = Some(s);
                 }
-                let Some(s) = socket else { return Err("no socket".into()) };
+                let Some(s) = socket else {
+                    return Err("no socket".into());
+                };
                 for (event, record) in events.iter().zip(records) {
                     let mut message = syslog_message(event, record);
                     if message.len() > MAX_DATAGRAM_BYTES {
@@ -712,7 +729,10 @@ impl Delivery {
                         message = syslog_message(event, &stub.to_string());
                     }
                     let sent = tokio::time::timeout(IO_TIMEOUT, s.send(message.as_bytes())).await;
-                    if let Err(e) = sent.map_err(|_| "timed out".to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+                    if let Err(e) = sent
+                        .map_err(|_| "timed out".to_string())
+                        .and_then(|r| r.map_err(|e| e.to_string()))
+                    {
                         *socket = None;
                         return Err(e);
                     }
@@ -743,7 +763,9 @@ impl Delivery {
                 if stream.is_none() {
                     *stream = Some(connect(addr, host, tls.as_ref()).await?);
                 }
-                let Some(s) = stream.as_mut() else { return Err("no connection".into()) };
+                let Some(s) = stream.as_mut() else {
+                    return Err("no connection".into());
+                };
                 let mut frames = Vec::new();
                 for (event, record) in events.iter().zip(records) {
                     let message = syslog_message(event, record);
@@ -804,7 +826,10 @@ impl Delivery {
                 let parsed: Value = serde_json::from_slice(&answer)
                     .map_err(|_| "the answer is not the HEC JSON acknowledgement".to_string())?;
                 if parsed.get("code").and_then(Value::as_i64) != Some(0) {
-                    return Err(format!("the answer does not confirm: {}", truncate(&parsed.to_string())));
+                    return Err(format!(
+                        "the answer does not confirm: {}",
+                        truncate(&parsed.to_string())
+                    ));
                 }
                 Ok(())
             }
@@ -980,14 +1005,22 @@ fn syslog_message(event: &StoredEvent, record: &str) -> String {
         .filter(|c| c.is_ascii_graphic())
         .take(32)
         .collect();
-    let sd_value = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"").replace(']', "\\]");
+    let sd_value = |v: &str| {
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace(']', "\\]")
+    };
     format!(
         "<{}>1 {} {} toolgate {} {} [{SD_ID} seq=\"{}\" leaf=\"{}\" event_id=\"{}\"] {}",
         16 * 8 + severity,
         event_text(event, "timestamp_utc"),
         hostname(),
         std::process::id(),
-        if msgid.is_empty() { "-".to_string() } else { msgid },
+        if msgid.is_empty() {
+            "-".to_string()
+        } else {
+            msgid
+        },
         event.seq,
         leaf_hex(event),
         sd_value(event_text(event, "event_id")),
@@ -1046,7 +1079,11 @@ mod otlp {
 
     /// An `ExportLogsServiceRequest` with one log record per event: body the record,
     /// attributes the seq, event id and type, leaf hash, and call and run ids.
-    pub(super) fn logs_request(events: &[StoredEvent], records: &[String], format: ShipFormat) -> Vec<u8> {
+    pub(super) fn logs_request(
+        events: &[StoredEvent],
+        records: &[String],
+        format: ShipFormat,
+    ) -> Vec<u8> {
         let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() as u64;
         let mut scope_logs = Vec::new();
         let mut scope = Vec::new();
@@ -1055,7 +1092,10 @@ mod otlp {
         bytes(1, &scope, &mut scope_logs);
         for (event, record) in events.iter().zip(records) {
             let kind = event_text(event, "type");
-            let warn = matches!(kind, "tool_denied" | "tool_failed" | "tool_timeout" | "safety_lock_engaged");
+            let warn = matches!(
+                kind,
+                "tool_denied" | "tool_failed" | "tool_timeout" | "safety_lock_engaged"
+            );
             let mut log = Vec::new();
             fixed64(1, (time_ms(event).max(0) as u64) * 1_000_000, &mut log);
             tag(2, 0, &mut log);
@@ -1065,11 +1105,33 @@ mod otlp {
             bytes(1, record.as_bytes(), &mut body);
             bytes(5, &body, &mut log);
             key_value(6, "toolgate.seq", Any::Int(event.seq as i64), &mut log);
-            key_value(6, "toolgate.event_id", Any::Str(event_text(event, "event_id")), &mut log);
+            key_value(
+                6,
+                "toolgate.event_id",
+                Any::Str(event_text(event, "event_id")),
+                &mut log,
+            );
             key_value(6, "toolgate.event_type", Any::Str(kind), &mut log);
-            key_value(6, "toolgate.leaf_hash_sha256", Any::Str(&leaf_hex(event)), &mut log);
-            key_value(6, "toolgate.format", Any::Str(match format { ShipFormat::Ocsf => "ocsf", ShipFormat::Native => "native" }), &mut log);
-            for (key, attribute) in [("call_id", "gen_ai.tool.call.id"), ("tool_name", "gen_ai.tool.name"), ("run_id", "toolgate.run_id")] {
+            key_value(
+                6,
+                "toolgate.leaf_hash_sha256",
+                Any::Str(&leaf_hex(event)),
+                &mut log,
+            );
+            key_value(
+                6,
+                "toolgate.format",
+                Any::Str(match format {
+                    ShipFormat::Ocsf => "ocsf",
+                    ShipFormat::Native => "native",
+                }),
+                &mut log,
+            );
+            for (key, attribute) in [
+                ("call_id", "gen_ai.tool.call.id"),
+                ("tool_name", "gen_ai.tool.name"),
+                ("run_id", "toolgate.run_id"),
+            ] {
                 if let Some(v) = event.value.get(key).and_then(Value::as_str) {
                     key_value(6, attribute, Any::Str(v), &mut log);
                 }
@@ -1080,7 +1142,12 @@ mod otlp {
         }
         let mut resource = Vec::new();
         key_value(1, "service.name", Any::Str("toolgate"), &mut resource);
-        key_value(1, "service.version", Any::Str(env!("CARGO_PKG_VERSION")), &mut resource);
+        key_value(
+            1,
+            "service.version",
+            Any::Str(env!("CARGO_PKG_VERSION")),
+            &mut resource,
+        );
         let mut resource_logs = Vec::new();
         bytes(1, &resource, &mut resource_logs);
         bytes(2, &scope_logs, &mut resource_logs);
@@ -1106,7 +1173,9 @@ mod otlp {
         }
         let mut at = 0;
         while at < data.len() {
-            let Some(key) = read_varint(data, &mut at) else { return false };
+            let Some(key) = read_varint(data, &mut at) else {
+                return false;
+            };
             if key >> 3 == 0 {
                 return false;
             }
@@ -1139,11 +1208,26 @@ mod tests {
 
     #[test]
     fn specs_parse_and_refuse_a_token_on_the_command_line() {
-        let file = ShipSpec::parse("file:/var/log/t.jsonl?format=native&max_bytes=8192&keep=2").unwrap();
-        assert!(matches!(file.target, ShipTarget::File { max_bytes: 8192, keep: 2, .. }));
+        let file =
+            ShipSpec::parse("file:/var/log/t.jsonl?format=native&max_bytes=8192&keep=2").unwrap();
+        assert!(matches!(
+            file.target,
+            ShipTarget::File {
+                max_bytes: 8192,
+                keep: 2,
+                ..
+            }
+        ));
         assert_eq!(file.format, ShipFormat::Native);
         let udp = ShipSpec::parse("syslog+udp://127.0.0.1:514").unwrap();
-        assert!(matches!(udp.target, ShipTarget::Syslog { transport: SyslogTransport::Udp, port: 514, .. }));
+        assert!(matches!(
+            udp.target,
+            ShipTarget::Syslog {
+                transport: SyslogTransport::Udp,
+                port: 514,
+                ..
+            }
+        ));
         let hec = ShipSpec::parse("hec+http://127.0.0.1:8088?token_env=HEC").unwrap();
         match hec.target {
             ShipTarget::Hec { url, token } => {

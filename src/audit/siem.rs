@@ -104,10 +104,8 @@ enum Class {
 impl Class {
     fn of(kind: &str) -> Class {
         match kind {
-            "tool_requested" | "tool_allowed" | "tool_denied" | "tool_executed"
-            | "tool_failed" | "tool_timeout" | "artifact_read" | "shadow_divergence" => {
-                Class::ApiActivity
-            }
+            "tool_requested" | "tool_allowed" | "tool_denied" | "tool_executed" | "tool_failed"
+            | "tool_timeout" | "artifact_read" | "shadow_divergence" => Class::ApiActivity,
             "run_created" | "run_status_changed" | "run_repinned" | "run_token_issued"
             | "run_token_revoked" => Class::EntityManagement,
             "policy_loaded" | "safety_lock_engaged" | "safety_lock_released" => {
@@ -122,8 +120,12 @@ impl Class {
     fn ids(self) -> (u32, &'static str, u32, &'static str) {
         match self {
             Class::ApiActivity => (6003, "API Activity", 6, "Application Activity"),
-            Class::EntityManagement => (3004, "Entity Management", 3, "Identity & Access Management"),
-            Class::ApplicationLifecycle => (6002, "Application Lifecycle", 6, "Application Activity"),
+            Class::EntityManagement => {
+                (3004, "Entity Management", 3, "Identity & Access Management")
+            }
+            Class::ApplicationLifecycle => {
+                (6002, "Application Lifecycle", 6, "Application Activity")
+            }
             Class::EventLogActivity => (1008, "Event Log Activity", 1, "System Activity"),
             Class::Base => (0, "Base Event", 0, "Uncategorized"),
         }
@@ -170,12 +172,49 @@ fn outcome(event: &Event) -> Outcome {
         cef_severity,
     };
     match event.kind() {
-        "tool_requested" => o(99, "Requested", 1, "Informational", Some((3, "Observed", 17, "Logged")), 3),
-        "tool_allowed" | "tool_executed" => o(1, "Success", 1, "Informational", Some((1, "Allowed", 1, "Allowed")), 3),
-        "tool_denied" => o(2, "Failure", 3, "Medium", Some((2, "Denied", 2, "Blocked")), 6),
-        "tool_failed" | "tool_timeout" => o(2, "Failure", 2, "Low", Some((1, "Allowed", 27, "Error")), 5),
-        "artifact_read" if refused => o(2, "Failure", 3, "Medium", Some((2, "Denied", 2, "Blocked")), 6),
-        "artifact_read" => o(1, "Success", 1, "Informational", Some((1, "Allowed", 1, "Allowed")), 3),
+        "tool_requested" => o(
+            99,
+            "Requested",
+            1,
+            "Informational",
+            Some((3, "Observed", 17, "Logged")),
+            3,
+        ),
+        "tool_allowed" | "tool_executed" => o(
+            1,
+            "Success",
+            1,
+            "Informational",
+            Some((1, "Allowed", 1, "Allowed")),
+            3,
+        ),
+        "tool_denied" => o(
+            2,
+            "Failure",
+            3,
+            "Medium",
+            Some((2, "Denied", 2, "Blocked")),
+            6,
+        ),
+        "tool_failed" | "tool_timeout" => {
+            o(2, "Failure", 2, "Low", Some((1, "Allowed", 27, "Error")), 5)
+        }
+        "artifact_read" if refused => o(
+            2,
+            "Failure",
+            3,
+            "Medium",
+            Some((2, "Denied", 2, "Blocked")),
+            6,
+        ),
+        "artifact_read" => o(
+            1,
+            "Success",
+            1,
+            "Informational",
+            Some((1, "Allowed", 1, "Allowed")),
+            3,
+        ),
         "shadow_divergence" => o(99, "Shadow", 2, "Low", None, 4),
         "safety_lock_engaged" => o(1, "Success", 4, "High", None, 8),
         "safety_lock_released" => o(1, "Success", 3, "Medium", None, 6),
@@ -194,7 +233,9 @@ fn actor_user(event: &Event) -> Option<Value> {
     let mut user = Map::new();
     match kind {
         Some("jwt") => {
-            let subject = caller.and_then(|c| c.get("subject")).and_then(Value::as_str);
+            let subject = caller
+                .and_then(|c| c.get("subject"))
+                .and_then(Value::as_str);
             if let Some(s) = subject {
                 user.insert("uid".into(), json!(s));
                 user.insert("name".into(), json!(s));
@@ -207,7 +248,10 @@ fn actor_user(event: &Event) -> Option<Value> {
             }
         }
         Some("run_token") => {
-            if let Some(id) = caller.and_then(|c| c.get("token_id")).and_then(Value::as_str) {
+            if let Some(id) = caller
+                .and_then(|c| c.get("token_id"))
+                .and_then(Value::as_str)
+            {
                 user.insert("credential_uid".into(), json!(id));
                 user.insert("uid".into(), json!(format!("run-token:{id}")));
             }
@@ -329,7 +373,14 @@ pub fn ocsf(line: &str, evidence: &Evidence) -> Value {
             extra.insert(key.into(), v.clone());
         }
     }
-    for key in ["caller", "diagnostic_details", "dry_run", "replay_of", "trigger", "source"] {
+    for key in [
+        "caller",
+        "diagnostic_details",
+        "dry_run",
+        "replay_of",
+        "trigger",
+        "source",
+    ] {
         if let Some(v) = event.detail(key) {
             extra.insert(key.into(), v.clone());
         }
@@ -407,9 +458,10 @@ pub fn ocsf(line: &str, evidence: &Evidence) -> Value {
         }
         Class::EntityManagement => {
             let (entity_type, uid) = match kind {
-                "run_token_issued" | "run_token_revoked" => {
-                    ("Run Token", event.detail_text("token_id").or(event.text("run_id")))
-                }
+                "run_token_issued" | "run_token_revoked" => (
+                    "Run Token",
+                    event.detail_text("token_id").or(event.text("run_id")),
+                ),
                 _ => ("Run", event.text("run_id")),
             };
             let mut entity = json!({
@@ -505,7 +557,10 @@ pub fn cef(line: &str, evidence: &Evidence) -> String {
     let out = outcome(&event);
     let mut ext: Vec<(&str, String)> = vec![
         ("rt", event.time_ms().to_string()),
-        ("externalId", event.text("event_id").unwrap_or_default().to_string()),
+        (
+            "externalId",
+            event.text("event_id").unwrap_or_default().to_string(),
+        ),
         ("cn1Label", "seq".into()),
         ("cn1", evidence.seq.to_string()),
         ("outcome", out.status.to_lowercase()),
@@ -519,9 +574,14 @@ pub fn cef(line: &str, evidence: &Evidence) -> String {
             ext.push((key, v.to_string()));
         }
     };
-    push("suser", actor_user(&event).as_ref().and_then(|u| {
-        u.get("uid").or_else(|| u.get("name")).and_then(Value::as_str)
-    }));
+    push(
+        "suser",
+        actor_user(&event).as_ref().and_then(|u| {
+            u.get("uid")
+                .or_else(|| u.get("name"))
+                .and_then(Value::as_str)
+        }),
+    );
     push("spriv", event.text("role_id"));
     push("cs1Label", event.text("run_id").map(|_| "run_id"));
     push("cs1", event.text("run_id"));

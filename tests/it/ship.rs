@@ -143,8 +143,14 @@ fn seq_of_syslog(message: &str) -> Option<u64> {
 impl Receiver {
     fn start(kind: Kind) -> Receiver {
         let addr = match kind {
-            Kind::SyslogUdp => UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap(),
-            _ => TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap(),
+            Kind::SyslogUdp => UdpSocket::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap(),
+            _ => TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap(),
         };
         let mut r = Receiver {
             kind,
@@ -306,7 +312,11 @@ fn serve_connection(kind: Kind, mut stream: TcpStream, seqs: &Seqs, up: &AtomicB
                     assert_eq!(item["event"]["metadata"]["sequence"], json!(seq));
                     seqs.lock().unwrap().push(seq);
                 }
-                ("200 OK", "application/json", br#"{"text":"Success","code":0}"#.to_vec())
+                (
+                    "200 OK",
+                    "application/json",
+                    br#"{"text":"Success","code":0}"#.to_vec(),
+                )
             }
             Kind::Otlp => {
                 assert!(head.starts_with("POST /v1/logs "), "{head}");
@@ -323,7 +333,11 @@ fn serve_connection(kind: Kind, mut stream: TcpStream, seqs: &Seqs, up: &AtomicB
                 ("200 OK", "application/x-protobuf", Vec::new())
             }
             Kind::Fails => ("500 Internal Server Error", "text/plain", b"down".to_vec()),
-            _ => ("200 OK", "application/json", b"\xff\x00<garbage>{{{".to_vec()),
+            _ => (
+                "200 OK",
+                "application/json",
+                b"\xff\x00<garbage>{{{".to_vec(),
+            ),
         };
         let mut response = format!(
             "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
@@ -352,7 +366,13 @@ fn calls_for(server: &Server, run: &str, window: Duration, count: usize) -> (usi
     let started = Instant::now();
     let (mut n, mut last) = (0, 0);
     while (window.is_zero() || started.elapsed() < window) && (count == 0 || n < count) {
-        let (code, body) = lab::call(server, run, "echo_cmd", json!({"text": format!("call {n}")}), json!({}));
+        let (code, body) = lab::call(
+            server,
+            run,
+            "echo_cmd",
+            json!({"text": format!("call {n}")}),
+            json!({}),
+        );
         assert_eq!(code, 200, "{body}");
         assert_eq!(body["status"], "success", "{body}");
         last = closing_seq(&body);
@@ -367,7 +387,9 @@ fn complete_in_order(seqs: &[u64], head: u64) -> Result<(), String> {
     let mut highest = 0;
     for (i, seq) in seqs.iter().enumerate() {
         if *seq > highest + 1 {
-            return Err(format!("seq {seq} arrived at position {i} after only {highest}"));
+            return Err(format!(
+                "seq {seq} arrived at position {i} after only {highest}"
+            ));
         }
         highest = highest.max(*seq);
     }
@@ -385,7 +407,10 @@ fn metric(base: &str, name: &str, sink: &str) -> Option<f64> {
         .body_mut()
         .read_to_string()
         .ok()?;
-    let label = format!("{name}{{sink=\"{}\"}} ", sink.replace('\\', "\\\\").replace('"', "\\\""));
+    let label = format!(
+        "{name}{{sink=\"{}\"}} ",
+        sink.replace('\\', "\\\\").replace('"', "\\\"")
+    );
     text.lines()
         .find_map(|l| l.strip_prefix(&label))
         .and_then(|v| v.trim().parse().ok())
@@ -403,13 +428,20 @@ fn start_shipping(dir: &Path, data_dir: &Path, specs: &[String]) -> Server {
 
 fn wait_complete(receivers: &[&Receiver], head: u64, within: Duration) {
     let ok = common::poll_until(within, || {
-        receivers.iter().all(|r| complete_in_order(&r.seqs(), head).is_ok())
+        receivers
+            .iter()
+            .all(|r| complete_in_order(&r.seqs(), head).is_ok())
     });
     let report: Vec<String> = receivers
         .iter()
         .map(|r| {
             let seqs = r.seqs();
-            format!("{:?}: {:?} ({} received)", r.kind, complete_in_order(&seqs, head), seqs.len())
+            format!(
+                "{:?}: {:?} ({} received)",
+                r.kind,
+                complete_in_order(&seqs, head),
+                seqs.len()
+            )
         })
         .collect();
     assert!(ok, "not every receiver has every event: {report:?}");
@@ -431,7 +463,11 @@ fn every_event_arrives_in_order_after_a_5s_outage_and_after_a_restart() {
 
     // Up: a baseline, everything delivered.
     let (n, up_rate, head) = calls_for(&server, &run, Duration::ZERO, 40);
-    wait_complete(&receivers.iter().collect::<Vec<_>>(), head, Duration::from_secs(60));
+    wait_complete(
+        &receivers.iter().collect::<Vec<_>>(),
+        head,
+        Duration::from_secs(60),
+    );
     println!("receivers up: {n} calls at {up_rate:.0} calls/s");
 
     // Down for 5 s: every call still succeeds, the lag shows.
@@ -447,13 +483,24 @@ fn every_event_arrives_in_order_after_a_5s_outage_and_after_a_restart() {
         }
         let lag = metric(&server.base, "toolgate_ship_lag_events", spec).unwrap();
         let failures = metric(&server.base, "toolgate_ship_failures_total", spec).unwrap();
-        println!("{:?} while down: lag {lag} events, {failures} failures", r.kind);
-        assert!(lag > 0.0 && failures > 0.0, "{:?}: lag {lag}, failures {failures}", r.kind);
+        println!(
+            "{:?} while down: lag {lag} events, {failures} failures",
+            r.kind
+        );
+        assert!(
+            lag > 0.0 && failures > 0.0,
+            "{:?}: lag {lag}, failures {failures}",
+            r.kind
+        );
     }
     for r in &mut receivers {
         r.up();
     }
-    wait_complete(&receivers.iter().collect::<Vec<_>>(), head, Duration::from_secs(90));
+    wait_complete(
+        &receivers.iter().collect::<Vec<_>>(),
+        head,
+        Duration::from_secs(90),
+    );
     assert!(common::poll_until(Duration::from_secs(10), || {
         specs
             .iter()
@@ -465,7 +512,11 @@ fn every_event_arrives_in_order_after_a_5s_outage_and_after_a_restart() {
     assert!(server.stop().success());
     let server = start_shipping(tmp.path(), &data_dir, &specs);
     let (_, _, head) = calls_for(&server, &run, Duration::ZERO, 10);
-    wait_complete(&receivers.iter().collect::<Vec<_>>(), head, Duration::from_secs(60));
+    wait_complete(
+        &receivers.iter().collect::<Vec<_>>(),
+        head,
+        Duration::from_secs(60),
+    );
     for (r, skip) in receivers.iter().zip(before) {
         let after = &r.seqs()[skip..];
         assert!(
@@ -498,7 +549,11 @@ fn hostile_sinks_leave_the_gateway_serving_with_bounded_memory_and_visible_lag()
         .collect();
     let specs: Vec<String> = receivers.iter().map(|r| r.spec(&token_file)).collect();
     // A baseline gateway without sinks, then the same load with the hostile ones.
-    let plain = start_shipping(&tmp.path().join("plain"), &tmp.path().join("plain-var"), &[]);
+    let plain = start_shipping(
+        &tmp.path().join("plain"),
+        &tmp.path().join("plain-var"),
+        &[],
+    );
     let run = plain.create_run(json!({}));
     let (_, plain_rate, _) = calls_for(&plain, &run, Duration::ZERO, 600);
     drop(plain);

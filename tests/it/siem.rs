@@ -114,9 +114,18 @@ fn varied_log(dir: &Path) -> PathBuf {
         body
     };
     // Success, failure, timeout.
-    expect(lab::call(&server, &run, "echo_cmd", json!({"text": "hi"}), json!({})), "success");
-    expect(lab::call(&server, &run, "failing", json!({}), json!({})), "failed");
-    expect(lab::call(&server, &run, "sleeper", json!({}), json!({})), "timeout");
+    expect(
+        lab::call(&server, &run, "echo_cmd", json!({"text": "hi"}), json!({})),
+        "success",
+    );
+    expect(
+        lab::call(&server, &run, "failing", json!({}), json!({})),
+        "failed",
+    );
+    expect(
+        lab::call(&server, &run, "sleeper", json!({}), json!({})),
+        "timeout",
+    );
     // A call with only the run token.
     let (_, body) = server.post(
         "/v1/tool-calls",
@@ -130,10 +139,25 @@ fn varied_log(dir: &Path) -> PathBuf {
     for (tool, args, extra, token) in [
         (HOSTILE_TOOL, json!({}), json!({}), "demo-tester"),
         ("echo_cmd", json!({"text": 5}), json!({}), "demo-tester"),
-        ("echo_cmd", json!({"text": "x"}), json!({"lane_id": "nowhere"}), "demo-tester"),
-        ("echo_cmd", json!({"text": "x"}), json!({"run_id": "run-unknown"}), "demo-tester"),
+        (
+            "echo_cmd",
+            json!({"text": "x"}),
+            json!({"lane_id": "nowhere"}),
+            "demo-tester",
+        ),
+        (
+            "echo_cmd",
+            json!({"text": "x"}),
+            json!({"run_id": "run-unknown"}),
+            "demo-tester",
+        ),
         ("echo_cmd", json!({"text": "x"}), json!({}), "not-a-token"),
-        ("echo_cmd", json!({"text": "x"}), json!({"role_id": 17}), "demo-tester"),
+        (
+            "echo_cmd",
+            json!({"text": "x"}),
+            json!({"role_id": 17}),
+            "demo-tester",
+        ),
     ] {
         let mut body = json!({
             "role_id": "tester", "run_id": run, "lane_id": "lab", "tool_name": tool,
@@ -266,9 +290,18 @@ fn an_ocsf_export_validates_against_the_published_schema_and_every_record_verifi
         // A record whose raw_data was altered no longer verifies.
         let forged = leaf_hash(raw.replace("tester", "admin").as_bytes());
         if forged != leaf {
-            assert!(!verify_inclusion(seq - 1, checkpoint.size, &forged, &proof, &checkpoint.root));
+            assert!(!verify_inclusion(
+                seq - 1,
+                checkpoint.size,
+                &forged,
+                &proof,
+                &checkpoint.root
+            ));
         }
-        let kind = record["metadata"]["event_code"].as_str().unwrap().to_string();
+        let kind = record["metadata"]["event_code"]
+            .as_str()
+            .unwrap()
+            .to_string();
         by_type.entry(kind).or_default().push(record);
     }
     for kind in [
@@ -285,7 +318,11 @@ fn an_ocsf_export_validates_against_the_published_schema_and_every_record_verifi
         "policy_loaded",
         "run_status_changed",
     ] {
-        assert!(by_type.contains_key(kind), "no {kind} in {:?}", by_type.keys());
+        assert!(
+            by_type.contains_key(kind),
+            "no {kind} in {:?}",
+            by_type.keys()
+        );
     }
 
     // 3. The mapping of the fields that matter.
@@ -297,7 +334,10 @@ fn an_ocsf_export_validates_against_the_published_schema_and_every_record_verifi
     assert_eq!(executed["status_id"], json!(1));
     let raw: Value = serde_json::from_str(executed["raw_data"].as_str().unwrap()).unwrap();
     assert_eq!(executed["actor"]["session"]["uid"], raw["run_id"]);
-    assert_eq!(executed["actor"]["user"]["groups"][0]["name"], json!("tester"));
+    assert_eq!(
+        executed["actor"]["user"]["groups"][0]["name"],
+        json!("tester")
+    );
     assert_eq!(executed["api"]["request"]["uid"], raw["call_id"]);
     assert_eq!(executed["metadata"]["correlation_uid"], raw["call_id"]);
     // The hostile tool name fails request validation: the denial is recorded with the
@@ -336,7 +376,12 @@ fn an_ocsf_export_validates_against_the_published_schema_and_every_record_verifi
     for (i, line) in cef_lines.iter().enumerate() {
         assert!(line.starts_with("CEF:0|toolgate|toolgate|"), "{line}");
         let fields = cef_extension(line);
-        let get = |k: &str| fields.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        let get = |k: &str| {
+            fields
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+        };
         assert_eq!(get("cn1"), Some((i + 1).to_string()), "{line}");
         let raw = events.lines().nth(i).unwrap();
         assert_eq!(get("cs6"), Some(hex::encode(leaf_hash(raw.as_bytes()))));
@@ -353,18 +398,53 @@ fn an_ocsf_export_validates_against_the_published_schema_and_every_record_verifi
     // above) or a value planted by the hostile name.
     for line in &cef_lines {
         let fields = cef_extension(line);
-        assert!(!fields.iter().any(|(k, v)| (k == "suser" && v == "root") || (k == "cs5" && v == "OK")));
-        assert!(fields.iter().filter(|(k, _)| k == "act").count() <= 1, "{line}");
+        assert!(
+            !fields
+                .iter()
+                .any(|(k, v)| (k == "suser" && v == "root") || (k == "cs5" && v == "OK"))
+        );
+        assert!(
+            fields.iter().filter(|(k, _)| k == "act").count() <= 1,
+            "{line}"
+        );
     }
 }
 
 /// Every extension key toolgate writes.
 const CEF_KEYS: [&str; 33] = [
-    "rt", "externalId", "cn1Label", "cn1", "outcome", "msg", "act", "suser", "spriv",
-    "cs1Label", "cs1", "cs2Label", "cs2", "cs3Label", "cs3", "cs4Label", "cs4", "cs5Label",
-    "cs5", "reason", "cs6Label", "cs6", "cn2Label", "cn2", "cn3Label", "cn3",
-    "flexNumber1Label", "flexNumber1", "flexString1Label", "flexString1",
-    "flexString2Label", "flexString2", "deviceExternalId",
+    "rt",
+    "externalId",
+    "cn1Label",
+    "cn1",
+    "outcome",
+    "msg",
+    "act",
+    "suser",
+    "spriv",
+    "cs1Label",
+    "cs1",
+    "cs2Label",
+    "cs2",
+    "cs3Label",
+    "cs3",
+    "cs4Label",
+    "cs4",
+    "cs5Label",
+    "cs5",
+    "reason",
+    "cs6Label",
+    "cs6",
+    "cn2Label",
+    "cn2",
+    "cn3Label",
+    "cn3",
+    "flexNumber1Label",
+    "flexNumber1",
+    "flexString1Label",
+    "flexString1",
+    "flexString2Label",
+    "flexString2",
+    "deviceExternalId",
 ];
 
 /// The (key, value) pairs of a CEF line's extension, split and unescaped the way a

@@ -323,15 +323,22 @@ fn call_spans_follow_the_genai_and_mcp_semantic_conventions() {
         .as_str()
         .map(str::to_string);
 
-    let ids = [ok["call_id"].as_str().unwrap(), failed["call_id"].as_str().unwrap()];
+    let ids = [
+        ok["call_id"].as_str().unwrap(),
+        failed["call_id"].as_str().unwrap(),
+    ];
     let find = |call_id: &str| {
         spans(&received)
             .into_iter()
             .find(|(_, a)| a.get("gen_ai.tool.call.id").map(String::as_str) == Some(call_id))
     };
     assert!(
-        common::poll_until(Duration::from_secs(30), || ids.iter().all(|id| find(id).is_some())
-            && spans(&received).iter().any(|(_, a)| a.get("mcp.method.name").is_some())),
+        common::poll_until(Duration::from_secs(30), || ids
+            .iter()
+            .all(|id| find(id).is_some())
+            && spans(&received)
+                .iter()
+                .any(|(_, a)| a.get("mcp.method.name").is_some())),
         "spans missing: {:?}",
         spans(&received)
     );
