@@ -269,10 +269,7 @@ fn serve_connection(kind: Kind, mut stream: TcpStream, seqs: &Seqs, up: &AtomicB
         }
         if kind == Kind::SyslogTcp {
             // Octet-counted frames: "LEN SP MSG".
-            loop {
-                let Some(space) = buf.iter().position(|b| *b == b' ') else {
-                    break;
-                };
+            while let Some(space) = buf.iter().position(|b| *b == b' ') {
                 let len: usize = std::str::from_utf8(&buf[..space]).unwrap().parse().unwrap();
                 if buf.len() < space + 1 + len {
                     break;
@@ -548,7 +545,10 @@ fn every_event_arrives_in_order_after_a_5s_outage_and_after_a_restart() {
         );
     }
     // UDP: every event outside the outage arrived; what the outage cost is printed.
-    let udp = receivers.iter().find(|r| r.kind == Kind::SyslogUdp).unwrap();
+    let udp = receivers
+        .iter()
+        .find(|r| r.kind == Kind::SyslogUdp)
+        .unwrap();
     let missing = reached_with_gaps(&udp.seqs(), head).unwrap();
     println!(
         "syslog UDP (best effort) lost {} of the {} events sent while it was down",
