@@ -465,7 +465,15 @@ fn every_event_arrives_in_order_after_a_5s_outage_and_after_a_restart() {
         .collect();
     let specs: Vec<String> = receivers.iter().map(|r| r.spec(&token_file)).collect();
     let data_dir = tmp.path().join("var");
-    let server = start_shipping(tmp.path(), &data_dir, &specs);
+    // A rotated file of native lines besides the network sinks (not part of `specs`,
+    // whose order follows `receivers`).
+    let shipped = tmp.path().join("shipped/events.jsonl");
+    let file_spec = format!(
+        "file:{}?format=native&max_bytes=65536&keep=1000",
+        shipped.display()
+    );
+    let specs_with_file: Vec<String> = specs.iter().cloned().chain([file_spec]).collect();
+    let server = start_shipping(tmp.path(), &data_dir, &specs_with_file);
     let run = server.create_run(json!({}));
 
     // Up: a baseline, everything delivered.
@@ -519,7 +527,7 @@ fn every_event_arrives_in_order_after_a_5s_outage_and_after_a_restart() {
     // Restart: the cursors resume where they stopped (no replay from seq 1).
     let before: Vec<usize> = receivers.iter().map(|r| r.seqs().len()).collect();
     assert!(server.stop().success());
-    let server = start_shipping(tmp.path(), &data_dir, &specs);
+    let server = start_shipping(tmp.path(), &data_dir, &specs_with_file);
     // The lab registry names a new upstream port: a new run under it.
     let run = server.create_run(json!({}));
     let (_, _, head) = calls_for(&server, &run, Duration::ZERO, 10);
@@ -552,6 +560,50 @@ fn every_event_arrives_in_order_after_a_5s_outage_and_after_a_restart() {
         outage_to - outage_from
     );
     assert!(!seen.is_empty());
+    // The file sink: rotated files, oldest (highest number) first, then the live one,
+    // hold every event's exact line in order.
+    let file_seqs = || -> Vec<u64> {
+        let dir = shipped.parent().unwrap();
+        let mut rotated: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| {
+                let path = e.ok()?.path();
+                let n = path.extension()?.to_str()?.parse().ok()?;
+                Some((n, path))
+            })
+            .collect();
+        rotated.sort_by(|a, b| b.0.cmp(&a.0));
+        let mut files: Vec<std::path::PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
+        files.push(shipped.clone());
+        files
+            .iter()
+            .flat_map(|f| {
+                std::fs::read_to_string(f)
+                    .unwrap_or_default()
+                    .lines()
+                    .map(|l| {
+                        serde_json::from_str::<Value>(l).unwrap()["seq"]
+                            .as_u64()
+                            .unwrap()
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    assert!(
+        common::poll_until(Duration::from_secs(30), || complete_in_order(
+            &file_seqs(),
+            head
+        )
+        .is_ok()),
+        "file sink: {:?}",
+        complete_in_order(&file_seqs(), head)
+    );
+    let rotated = std::fs::read_dir(shipped.parent().unwrap())
+        .unwrap()
+        .count();
+    println!("file sink: {head} events in {rotated} files of at most 64 KiB");
+    assert!(rotated > 2, "the file was never rotated");
     drop(server);
 }
 
