@@ -572,7 +572,7 @@ fn every_event_arrives_in_order_after_a_5s_outage_and_after_a_restart() {
                 Some((n, path))
             })
             .collect();
-        rotated.sort_by(|a, b| b.0.cmp(&a.0));
+        rotated.sort_by_key(|r| std::cmp::Reverse(r.0));
         let mut files: Vec<std::path::PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
         files.push(shipped.clone());
         files
