@@ -450,6 +450,9 @@ pub struct CallSignals {
     /// Where the tool's progress goes. A `watch` holds only the latest report, so a
     /// flood of upstream notifications costs one slot however fast it comes.
     pub progress: Option<tokio::sync::watch::Sender<Option<Progress>>>,
+    /// The MCP method that carried the call (`tools/call`), for the span's
+    /// `mcp.method.name`; None for the HTTP API.
+    pub mcp_method: Option<&'static str>,
 }
 
 /// Longest progress message kept (longer ones are cut).

@@ -203,6 +203,15 @@ pub fn builder() -> reqwest::ClientBuilder {
     }
 }
 
+/// The TLS client set-up for a raw TLS connection (syslog over TLS): trusting only
+/// `ca` when given, else the system's roots.
+pub fn tls_config(ca: Option<&CaBundle>) -> Result<Arc<ClientConfig>, String> {
+    match ca {
+        Some(ca) => Ok(Arc::new(ca.config.clone())),
+        None => system_tls().map(Arc::new),
+    }
+}
+
 /// [`builder`], trusting only the certificates of `ca` (not the system's roots).
 pub fn builder_trusting(ca: &CaBundle) -> reqwest::ClientBuilder {
     base().tls_backend_preconfigured(ca.config.clone())

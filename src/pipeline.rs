@@ -329,6 +329,9 @@ impl Gateway {
         signals: CallSignals,
     ) -> CallResponse {
         let span = trace::call_span(parent);
+        if let Some(method) = signals.mcp_method {
+            trace::record_mcp_method(&span, method);
+        }
         let _in_flight = self.metrics.in_flight();
         // Boxed: the steps' state machine is large, and a boxed one is not copied again
         // each time the call's task moves it (spawn, poll, completion).
@@ -1224,6 +1227,7 @@ impl Call {
         if !self.span.is_disabled() {
             let span = &self.span;
             span.record("call_id", self.call_id.as_str());
+            trace::record_tool_call(span, self.call_id.as_str(), self.ids.tool_name.as_deref());
             for (field, value) in [
                 ("run_id", &self.ids.run_id),
                 ("role_id", &self.ids.role_id),

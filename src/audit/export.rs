@@ -3,6 +3,9 @@
 //! ```text
 //! events.jsonl                 the selected events, the exact hashed bytes, one per line
 //! events.csv                   (--format csv) a derived view; NOT integrity-protected
+//! events.ocsf.jsonl            (--format ocsf) one OCSF record per event, each with its
+//!                              leaf hash, the export checkpoint and inclusion proof
+//! events.cef                   (--format cef) one CEF line per event, the same evidence
 //! checkpoints.txt              every signed checkpoint, the fresh export one last
 //! public-key.vkey              the checkpoint verifier key
 //! proofs/inclusion.jsonl       per event: its RFC 9162 inclusion proof in the export tree
@@ -56,6 +59,10 @@ pub const VERIFY_SCRIPT: &str = include_str!("../../audit/verify_export.py");
 pub enum ExportFormat {
     Jsonl,
     Csv,
+    /// Also events.ocsf.jsonl: one OCSF 1.8.0 record per event (see `siem`).
+    Ocsf,
+    /// Also events.cef: one CEF line per event (see `siem`).
+    Cef,
 }
 
 #[derive(Debug, Clone)]
@@ -354,7 +361,18 @@ pub fn export(
                 })?;
             Some((path, writer))
         }
-        ExportFormat::Jsonl => None,
+        ExportFormat::Jsonl | ExportFormat::Ocsf | ExportFormat::Cef => None,
+    };
+    // The SIEM view: records that carry their evidence against the export checkpoint.
+    let export_ref = super::siem::CheckpointRef {
+        size: tree_size,
+        root: hex::encode(export_checkpoint.root),
+        note: export_note.clone(),
+    };
+    let mut siem = match options.format {
+        ExportFormat::Ocsf => Some(Hashed::create(out, "events.ocsf.jsonl")?),
+        ExportFormat::Cef => Some(Hashed::create(out, "events.cef")?),
+        ExportFormat::Jsonl | ExportFormat::Csv => None,
     };
     let mut by_type: BTreeMap<String, u64> = BTreeMap::new();
     let mut open_calls = std::collections::BTreeSet::new();
@@ -393,6 +411,20 @@ pub fn export(
             };
             inclusion.write(&serde_json::to_vec(&proof).unwrap_or_default())?;
             inclusion.write(b"\n")?;
+            if let Some(file) = &mut siem {
+                let evidence = super::siem::Evidence {
+                    seq,
+                    leaf_hash: hex::encode(super::merkle::leaf_hash(line.as_bytes())),
+                    checkpoint: Some(&export_ref),
+                    inclusion_proof: Some(proof.path.clone()),
+                };
+                let record = match options.format {
+                    ExportFormat::Cef => super::siem::cef(&line, &evidence),
+                    _ => super::siem::ocsf(&line, &evidence).to_string(),
+                };
+                file.write(record.as_bytes())?;
+                file.write(b"\n")?;
+            }
             let value: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
             if let Some(kind) = value.get("type").and_then(|t| t.as_str()) {
                 *by_type.entry(kind.to_string()).or_default() += 1;
@@ -425,6 +457,13 @@ pub fn export(
     }
     files.insert("events.jsonl".to_string(), events.finish()?);
     files.insert("proofs/inclusion.jsonl".to_string(), inclusion.finish()?);
+    if let Some(file) = siem {
+        let name = match options.format {
+            ExportFormat::Cef => "events.cef",
+            _ => "events.ocsf.jsonl",
+        };
+        files.insert(name.to_string(), file.finish()?);
+    }
     if let Some((path, writer)) = csv {
         writer
             .into_inner()

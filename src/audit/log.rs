@@ -356,6 +356,11 @@ impl AuditLog {
         self.inner.batch_observer.set(observer).is_ok()
     }
 
+    /// The log's first segment (the configured database).
+    pub fn db_path(&self) -> &std::path::Path {
+        &self.inner.db_path
+    }
+
     /// The public key that verifies this log's checkpoints.
     pub fn verifier_key(&self) -> &VerifierKey {
         &self.inner.verifier

@@ -21,6 +21,8 @@
 //! - [`verify`]: recomputes a database's chain, tree and checkpoints.
 //! - [`export`]: writes an export directory an auditor can check without toolgate.
 //! - [`witness`]: the C2SP tlog-witness client and the checks of cosignatures.
+//! - [`siem`]: OCSF records and CEF lines of events, with their evidence.
+//! - [`ship`]: `serve --ship`: committed events streamed to SIEM sinks, at least once.
 //!
 //! INVARIANT: only this module knows rusqlite; there is no code path that updates or
 //! deletes an event; `append` returns only once the event is durable.
@@ -35,6 +37,8 @@ mod log;
 pub mod merkle;
 mod reader;
 pub mod segments;
+pub mod ship;
+pub mod siem;
 pub mod signer;
 mod sink;
 mod store;

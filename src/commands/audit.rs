@@ -115,6 +115,8 @@ fn parse_witness_key(text: &str) -> Result<crate::audit::witness::WitnessKey, St
 pub enum ExportFormatArg {
     Jsonl,
     Csv,
+    Ocsf,
+    Cef,
 }
 
 #[derive(Debug, Args)]
@@ -124,7 +126,9 @@ pub struct ExportArgs {
     /// The key directory (default: `keys` next to the database).
     #[arg(long)]
     pub key_dir: Option<PathBuf>,
-    /// `jsonl`: events.jsonl only; `csv`: also events.csv (a derived view).
+    /// `jsonl`: events.jsonl only; `csv`: also events.csv (a derived view); `ocsf`:
+    /// also events.ocsf.jsonl (OCSF 1.8.0 records); `cef`: also events.cef (CEF lines).
+    /// OCSF and CEF records carry their seq, leaf hash and the export checkpoint.
     #[arg(long, value_enum, default_value = "jsonl")]
     pub format: ExportFormatArg,
     /// Export one run (`--run`) from the audit hub in this PostgreSQL database: its
@@ -718,6 +722,8 @@ fn export_command(args: &ExportArgs) -> Exit {
         format: match args.format {
             ExportFormatArg::Jsonl => ExportFormat::Jsonl,
             ExportFormatArg::Csv => ExportFormat::Csv,
+            ExportFormatArg::Ocsf => ExportFormat::Ocsf,
+            ExportFormatArg::Cef => ExportFormat::Cef,
         },
         run_id: args.run_id.clone(),
         since,

@@ -137,6 +137,14 @@ pub struct ServeArgs {
     /// TOOLGATE_CLUSTER_DB environment variable; unset, state stays in this process.
     #[arg(long, value_name = "URL")]
     pub cluster_db: Option<String>,
+    /// Stream every committed audit event to a SIEM sink (repeatable), at least once,
+    /// in order, resuming after a restart: `file:PATH`, `syslog+udp://HOST:PORT`,
+    /// `syslog+tcp://HOST:PORT`, `syslog+tls://HOST:PORT`, `hec+http(s)://HOST:PORT[/PATH]`
+    /// (Splunk HEC) or `otlp+http(s)://HOST:PORT[/PATH]` (OTLP logs), with options after
+    /// `?`: `format=ocsf|native`, file `max_bytes=N&keep=N`, tls `ca=FILE`, hec
+    /// `token_file=FILE` or `token_env=NAME` (never the token itself). See docs/audit.md.
+    #[arg(long = "ship", value_parser = parse_ship)]
+    pub ships: Vec<crate::audit::ship::ShipSpec>,
 }
 
 /// Starts shipping the audit log to the hub in the cluster database (items of
@@ -221,6 +229,10 @@ async fn join_cluster(url: &str) -> Result<Arc<crate::cluster::ClusterDb>, Exit>
             })
         }
     }
+}
+
+fn parse_ship(text: &str) -> Result<crate::audit::ship::ShipSpec, String> {
+    crate::audit::ship::ShipSpec::parse(text)
 }
 
 fn parse_public_url(text: &str) -> Result<String, String> {
@@ -479,6 +491,19 @@ async fn run(args: &ServeArgs) -> Exit {
         println!("cluster db: {url} (node {})", db.node_id);
     }
     tokio::spawn(reload_on_sighup(gateway.clone()));
+    // The shippers read the committed log on their own tasks; a call never waits on one.
+    let shipper = match crate::audit::ship::start(&args.ships, &audit, &args.data_dir, |name| {
+        gateway.metrics.ship_sink(name)
+    }) {
+        Ok(shipper) => shipper,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Exit::Failure;
+        }
+    };
+    for spec in &args.ships {
+        println!("shipping audit events to {}", spec.name);
+    }
     let server_options = ServerOptions {
         max_body_bytes: args.max_body_bytes,
         limits: LimitOptions {
@@ -511,6 +536,8 @@ async fn run(args: &ServeArgs) -> Exit {
     .await;
     // Every divergence seen so far is recorded before the log closes.
     gateway.flush_shadow().await;
+    // What the sinks have not confirmed is sent after the next start (their cursors).
+    shipper.stop(Duration::from_secs(2)).await;
     let exit = match audit.close().await {
         Ok(()) => Exit::Ok,
         Err(e) => {

@@ -241,6 +241,7 @@ impl ServerHandler for Front {
         let signals = CallSignals {
             cancel: tokio_util::sync::CancellationToken::new(),
             progress: progress_token.is_some().then_some(progress),
+            mcp_method: Some("tools/call"),
         };
         let _registered = InFlightCalls::register(key, &signals);
         // Spawned so a client that disconnects cannot cut a call halfway: every call

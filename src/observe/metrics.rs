@@ -14,6 +14,9 @@
 //!   commits, as the audit log reports them.
 //! - `policy_info{roles, lanes, registry, ...}` and `safety_lock_engaged`: state read
 //!   at scrape time.
+//! - `ship_delivered_total{sink}`, `ship_failures_total{sink}`, `ship_lag_events{sink}`,
+//!   `ship_lag_seconds{sink}`: `serve --ship` sinks (the sink label is the spec the
+//!   operator gave, so the set is bounded by the command line).
 //!
 //! INVARIANT: every label value comes from a bounded set: tool and lane labels carry
 //! only names the loaded policy validated (anything else is `-`), status and
@@ -57,6 +60,11 @@ struct RefusalLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabels {
     tool: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SinkLabels {
+    sink: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -156,6 +164,16 @@ pub struct Metrics {
     scrape: Mutex<()>,
     /// The witnesses' and the hub shipper's progress, read at scrape time.
     audit_remote: std::sync::RwLock<AuditRemote>,
+    ship: ShipFamilies,
+}
+
+/// The `serve --ship` families.
+#[derive(Debug, Default)]
+struct ShipFamilies {
+    delivered: Family<SinkLabels, Counter>,
+    failures: Family<SinkLabels, Counter>,
+    lag_events: Family<SinkLabels, Gauge>,
+    lag_seconds: Family<SinkLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 /// What is read at scrape time of the audit log's copies elsewhere: the witnesses'
@@ -239,7 +257,30 @@ impl Metrics {
             Unit::Seconds,
             audit_batch_commit.clone(),
         );
+        let ship = ShipFamilies::default();
+        registry.register(
+            "ship_delivered",
+            "Audit events delivered to a --ship sink",
+            ship.delivered.clone(),
+        );
+        registry.register(
+            "ship_failures",
+            "Failed deliveries to a --ship sink (each retried with backoff)",
+            ship.failures.clone(),
+        );
+        registry.register(
+            "ship_lag_events",
+            "Committed audit events a --ship sink has not confirmed yet",
+            ship.lag_events.clone(),
+        );
+        registry.register_with_unit(
+            "ship_lag",
+            "Age of the oldest audit event a --ship sink has not confirmed (0 when caught up)",
+            Unit::Seconds,
+            ship.lag_seconds.clone(),
+        );
         Metrics {
+            ship,
             registry,
             calls,
             refusals,
@@ -271,6 +312,19 @@ impl Metrics {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .witnesses = witnesses;
+    }
+
+    /// The metric handles of one `--ship` sink.
+    pub fn ship_sink(&self, sink: &str) -> crate::audit::ship::ShipMetrics {
+        let labels = SinkLabels {
+            sink: sink.to_string(),
+        };
+        crate::audit::ship::ShipMetrics {
+            delivered: self.ship.delivered.get_or_create(&labels).clone(),
+            failures: self.ship.failures.get_or_create(&labels).clone(),
+            lag_events: self.ship.lag_events.get_or_create(&labels).clone(),
+            lag_seconds: self.ship.lag_seconds.get_or_create(&labels).clone(),
+        }
     }
 
     /// Counts a call in flight until the returned guard is dropped.

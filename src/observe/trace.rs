@@ -31,7 +31,11 @@ use tracing_subscriber::{Layer, Registry};
 use crate::call::{CallResponse, Status};
 
 /// The span of one tool call: its fields are filled in as the pipeline learns them.
+/// Exported as `execute_tool {tool}` (OpenTelemetry GenAI semantic conventions), or
+/// `execute_tool` while the tool is not known.
 pub const CALL_SPAN: &str = "tool_call";
+/// `gen_ai.operation.name` of a call span, and its exported name's first word.
+pub const GEN_AI_OPERATION: &str = "execute_tool";
 
 /// How long one OTLP export request may take.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -104,8 +108,15 @@ pub fn call_span(parent: Option<&TraceParent>) -> Span {
     let span = tracing::info_span!(
         target: "toolgate::call",
         CALL_SPAN,
+        otel.name = GEN_AI_OPERATION,
         otel.kind = "server",
         otel.status_code = tracing::field::Empty,
+        // OpenTelemetry GenAI (execute_tool) and MCP semantic conventions.
+        gen_ai.operation.name = GEN_AI_OPERATION,
+        gen_ai.tool.name = tracing::field::Empty,
+        gen_ai.tool.call.id = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        mcp.method.name = tracing::field::Empty,
         call_id = tracing::field::Empty,
         run_id = tracing::field::Empty,
         role_id = tracing::field::Empty,
@@ -131,6 +142,31 @@ pub fn call_span(parent: Option<&TraceParent>) -> Span {
     span
 }
 
+/// Records the GenAI attributes once the call id and tool are known: the span is then
+/// exported as `execute_tool {tool}`.
+pub fn record_tool_call(span: &Span, call_id: &str, tool: Option<&str>) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("gen_ai.tool.call.id", call_id);
+    if let Some(tool) = tool {
+        span.record("gen_ai.tool.name", tool);
+        // `otel.name` applies only before the OpenTelemetry span exists (a traceparent
+        // creates it at once): rename the span itself.
+        let context = span.context();
+        context
+            .span()
+            .update_name(format!("{GEN_AI_OPERATION} {tool}"));
+    }
+}
+
+/// Records the MCP method that carried the call (`mcp.method.name`).
+pub fn record_mcp_method(span: &Span, method: &'static str) {
+    if !span.is_disabled() {
+        span.record("mcp.method.name", method);
+    }
+}
+
 /// A child span of the call span for one pipeline step (or, for `authorize`, steps
 /// 1-8): exported under `name`, with the step number as a field.
 pub fn step_span(name: &'static str, step: u8) -> Span {
@@ -149,6 +185,14 @@ pub fn record_outcome(span: &Span, response: &CallResponse) {
         span.record("error_code", d.error_code.as_str());
         span.record("reason", d.reason.as_str());
         span.record("failed_step", d.failed_step);
+    }
+    // error.type: the error code of a failure or timeout (a denial is not an error).
+    if matches!(response.status, Status::Failed | Status::Timeout) {
+        let kind = response
+            .error_code
+            .map(|c| c.as_str())
+            .unwrap_or(response.status.as_str());
+        span.record("error.type", kind);
     }
     match response.status {
         Status::Success => span.record("otel.status_code", "ok"),

@@ -42,6 +42,8 @@ mod policy_diff;
 mod redaction;
 mod requests;
 mod review_live;
+mod ship;
+mod siem;
 mod soak;
 mod traces;
 mod two_phase;

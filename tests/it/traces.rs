@@ -126,7 +126,7 @@ fn a_call_is_exported_over_otlp_within_the_callers_trace() {
     // Spans are exported in batches: the call span and its step spans may arrive in
     // separate requests, so look at every request that carries the caller's trace.
     let texts = [
-        "tool_call",
+        "execute_tool legal_search",
         "authorize",
         "execute",
         "audit_append",
@@ -264,4 +264,106 @@ fn every_call_logs_one_json_line_without_arguments_or_credentials() {
         !logs.contains(&token("research_agent")) && !logs.contains("demo-admin"),
         "a credential reached the logs:\n{logs}"
     );
+}
+
+/// Every span of every export request: (name, attributes).
+fn spans(received: &Received) -> Vec<(String, std::collections::BTreeMap<String, String>)> {
+    use crate::ship::{pb_attributes, pb_messages};
+    let mut out = Vec::new();
+    for (_, body) in received.lock().unwrap().iter() {
+        for resource in pb_messages(body, 1) {
+            for scope in pb_messages(resource, 2) {
+                for span in pb_messages(scope, 2) {
+                    let name = pb_messages(span, 5)
+                        .first()
+                        .map(|n| String::from_utf8_lossy(n).to_string())
+                        .unwrap_or_default();
+                    out.push((name, pb_attributes(span, 9)));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn call_spans_follow_the_genai_and_mcp_semantic_conventions() {
+    let (url, received) = collector();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut start = common::lab::lab(tmp.path());
+    start.args = vec!["--otlp-endpoint".into(), url];
+    start.env = vec![("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into())];
+    let server = Server::start_with(start);
+    let run = server.create_run(json!({}));
+    let (_, ok) = common::lab::call(&server, &run, "echo_cmd", json!({"text": "hi"}), json!({}));
+    assert_eq!(ok["status"], "success", "{ok}");
+    let (_, failed) = common::lab::call(&server, &run, "failing", json!({}), json!({}));
+    assert_eq!(failed["status"], "failed", "{failed}");
+    // The same tool over MCP (a raw JSON-RPC tools/call).
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let rpc = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "echo_cmd", "arguments": {"text": "over mcp"}}});
+    let mut answer = agent
+        .post(format!("{}/mcp", server.base))
+        .header("Authorization", "Bearer demo-tester")
+        .header("X-Toolgate-Role", "tester")
+        .header("X-Toolgate-Run", &run)
+        .header("X-Toolgate-Lane", "lab")
+        .header("X-Toolgate-Scope", "{}")
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .send(rpc.to_string().as_bytes())
+        .unwrap();
+    let text = answer.body_mut().read_to_string().unwrap();
+    let answer: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let mcp_call = answer["result"]["_meta"]["io.toolgate/call_id"]
+        .as_str()
+        .map(str::to_string);
+
+    let ids = [
+        ok["call_id"].as_str().unwrap(),
+        failed["call_id"].as_str().unwrap(),
+    ];
+    let find = |call_id: &str| {
+        spans(&received)
+            .into_iter()
+            .find(|(_, a)| a.get("gen_ai.tool.call.id").map(String::as_str) == Some(call_id))
+    };
+    assert!(
+        common::poll_until(Duration::from_secs(30), || ids
+            .iter()
+            .all(|id| find(id).is_some())
+            && spans(&received)
+                .iter()
+                .any(|(_, a)| a.get("mcp.method.name").is_some())),
+        "spans missing: {:?}",
+        spans(&received)
+    );
+    let (name, a) = find(ids[0]).unwrap();
+    assert_eq!(name, "execute_tool echo_cmd");
+    assert_eq!(a["gen_ai.operation.name"], "execute_tool");
+    assert_eq!(a["gen_ai.tool.name"], "echo_cmd");
+    assert!(!a.contains_key("error.type"), "{a:?}");
+    assert!(!a.contains_key("mcp.method.name"), "{a:?}");
+    // toolgate's own attributes stay beside them.
+    assert_eq!(a["call_id"], ids[0]);
+    assert_eq!(a["run_id"], run);
+    assert_eq!(a["status"], "success");
+    let (name, a) = find(ids[1]).unwrap();
+    assert_eq!(name, "execute_tool failing");
+    assert_eq!(a["gen_ai.tool.name"], "failing");
+    assert_eq!(a["error.type"], failed["error_code"].as_str().unwrap());
+    let (name, a) = spans(&received)
+        .into_iter()
+        .find(|(_, a)| a.get("mcp.method.name").is_some())
+        .unwrap();
+    assert_eq!(name, "execute_tool echo_cmd");
+    assert_eq!(a["mcp.method.name"], "tools/call");
+    assert_eq!(a["gen_ai.operation.name"], "execute_tool");
+    if let Some(id) = mcp_call {
+        assert_eq!(a["gen_ai.tool.call.id"], id);
+    }
 }
