@@ -163,8 +163,7 @@ impl Kind {
             | LaneApprovalAdded
             | LaneApprovalRemoved
             | LaneApprovalChanged => Section::Lanes,
-            | LaneBudgetChanged
-            | LaneRateChanged => Section::Lanes,
+            LaneBudgetChanged | LaneRateChanged => Section::Lanes,
             InputSchemaChanged | OutputSchemaChanged => Section::Schemas,
             ToolAdded
             | ToolRemoved
@@ -192,9 +191,7 @@ impl Kind {
             | ToolApprovalAdded
             | ToolApprovalRemoved
             | ToolApprovalChanged => Section::Tools,
-            | ToolBudgetChanged
-            | ToolRateChanged
-            | ToolPhasesChanged => Section::Tools,
+            ToolBudgetChanged | ToolRateChanged | ToolPhasesChanged => Section::Tools,
         }
     }
 }
