@@ -139,6 +139,10 @@ const scenarios = {
     await page.waitForSelector(`#recent-rows tr[data-approval-id="${id}"]`, WAIT);
     const recent = await page.$eval(`#recent-rows tr[data-approval-id="${id}"]`,
       (tr) => [...tr.children].map((td) => td.textContent));
+    // The live region is cleared, then set on the next tick (so screen readers read a
+    // repeated message): wait for the announcement rather than read it at once.
+    await page.waitForFunction(() =>
+      document.querySelector("#status").textContent.startsWith("Approved"), WAIT).catch(() => {});
     const status = await page.$eval("#status", (s) => s.textContent);
     const after = await shot(page, "approvals-approved");
     return { card, recent, live_region: status, screenshots: [before, after], storage: await storage(page) };
