@@ -183,7 +183,11 @@ impl BenchTool {
 
     /// The direct call a gateway row of this tool is compared with.
     fn direct(self) -> BenchTool {
-        if self.on_demo() { BenchTool::Echo } else { self }
+        if self.on_demo() {
+            BenchTool::Echo
+        } else {
+            self
+        }
     }
 }
 
@@ -392,7 +396,11 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         max_calls: args.max_calls,
     };
     let demo = if args.tools.iter().any(|t| t.on_demo()) {
-        Some(write_demo_policy(&work.0, &args.demo_policy, &args.demo_tools)?)
+        Some(write_demo_policy(
+            &work.0,
+            &args.demo_policy,
+            &args.demo_tools,
+        )?)
     } else {
         None
     };
@@ -442,7 +450,11 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
             };
             let on_demo = on_demo == 1;
             let tokens = if on_demo { DEMO_TOKENS } else { BENCH_TOKENS };
-            let name = format!("{}{}", if on_demo { "demo-" } else { "" }, durability.as_str());
+            let name = format!(
+                "{}{}",
+                if on_demo { "demo-" } else { "" },
+                durability.as_str()
+            );
             let server = GatewayServer::start(&work.0, &name, policy, registry, durability)?;
             let run_id = server.create_run(tokens.admin, on_demo).await?;
             for &clients in &args.clients {
@@ -471,8 +483,7 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
                     let measured = measure(&target, clients, &window, server.pid()).await?;
                     let after = server.scrape().await?;
                     let mut row = measured.row(tool, "gateway", Some(durability), clients);
-                    row.audit_batch_mean =
-                        after.mean_since(&before, "toolgate_audit_batch_events");
+                    row.audit_batch_mean = after.mean_since(&before, "toolgate_audit_batch_events");
                     row.audit_commit_mean_ms = after
                         .mean_since(&before, "toolgate_audit_batch_commit_seconds")
                         .map(|s| round(s * 1000.0, 3));

@@ -65,7 +65,8 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
     assert_eq!(report["ratios"].as_array().unwrap().len(), 16);
     assert_eq!(report["targets"].as_array().unwrap().len(), 10);
     assert!(
-        rows.iter().any(|r| r["path"] == "direct" && r["tool"] == "echo"),
+        rows.iter()
+            .any(|r| r["path"] == "direct" && r["tool"] == "echo"),
         "no bare echo row"
     );
     assert_eq!(
