@@ -93,7 +93,7 @@ def thread_group(thread):
     return thread
 
 
-def svg(folded, total, title, width=1200, frame_h=16):
+def svg(folded, total, title, width=1200, frame_h=16, min_width=1.0):
     """A flamegraph: root at the bottom, children sorted by name, width by samples."""
     tree = {"n": 0, "c": {}}
     for stack, count in folded.items():
@@ -125,7 +125,7 @@ def svg(folded, total, title, width=1200, frame_h=16):
 
     def draw(node, name, x, d):
         w = node["n"] * scale
-        if w < 0.3:
+        if w < min_width:
             return
         y = height - (d + 1) * frame_h - 5
         pct = 100.0 * node["n"] / max(total, 1)
@@ -158,6 +158,8 @@ def main():
     parser.add_argument("--title", default="toolgate gated call")
     parser.add_argument("--max-depth", type=int, default=40,
                         help="frames kept per stack, from the root (keeps the SVG small)")
+    parser.add_argument("--min-width", type=float, default=1.5,
+                        help="frames narrower than this many pixels are left out (file size)")
     args = parser.parse_args()
     with open(args.perf_script, errors="replace") as f:
         samples = list(read_samples(f))
@@ -196,7 +198,7 @@ def main():
                 f.write(";".join(stack) + f" {n}\n")
     if args.svg:
         with open(args.svg, "w") as f:
-            f.write(svg(folded, total, args.title))
+            f.write(svg(folded, total, args.title, min_width=args.min_width))
 
 
 if __name__ == "__main__":
