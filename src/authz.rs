@@ -441,6 +441,11 @@ pub fn check_scope(
 /// Step 8 (first part): the arguments match the tool's input schema. Every violation is
 /// listed with its JSON pointer; values are masked so they never reach the log.
 pub fn check_arguments(tool: &Tool, arguments: &Value) -> Result<(), Refusal> {
+    // `is_valid` is the validator's fast path (no error objects, stops at the first
+    // mismatch); the violations are collected only for a call that is refused.
+    if tool.input_validator.is_valid(arguments) {
+        return Ok(());
+    }
     let violations: Vec<Value> = tool
         .input_validator
         .iter_errors(arguments)

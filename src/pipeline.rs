@@ -379,7 +379,7 @@ impl Gateway {
         // step 3 still knows it.
         let evicted = match &request {
             _ if fleet => fleet_run,
-            Ok(r) if self.runs.get(&r.run_id).is_none() => {
+            Ok(r) if !self.runs.contains(&r.run_id) => {
                 match self.runs.load(&self.audit, &r.run_id).await {
                     Ok(found) => found,
                     Err(e) => {
@@ -907,13 +907,15 @@ impl Gateway {
         tool_ms: u64,
     ) -> Result<Captured, Refusal> {
         let tool = allowed.tool;
-        let violations: Vec<Value> = tool
-            .output_validator
-            .iter_errors(&output)
-            .take(50)
-            .map(|e| json!({ "pointer": e.instance_path().as_str(), "message": e.masked().to_string() }))
-            .collect();
-        if !violations.is_empty() {
+        // The validator's fast path first; the violations are listed only for an
+        // output that does not match.
+        if !tool.output_validator.is_valid(&output) {
+            let violations: Vec<Value> = tool
+                .output_validator
+                .iter_errors(&output)
+                .take(50)
+                .map(|e| json!({ "pointer": e.instance_path().as_str(), "message": e.masked().to_string() }))
+                .collect();
             return Err(Refusal::new(
                 Reason::OutputSchemaViolation,
                 format!(
@@ -1057,14 +1059,16 @@ impl Gateway {
         // details of a refusal (a tool's stderr, an upstream error body, a validation
         // message quoting the input), hence not in the audit line, the response or the
         // logs built from them.
-        let secrets = call
-            .arguments
-            .as_ref()
-            .map(|arguments| crate::audit::redacted_values(arguments, &call.redaction))
-            .unwrap_or_default();
         let (event_type, refusal) = match &outcome {
             Ok(_) => (EventType::ToolExecuted, None),
             Err(refusal) => {
+                // Only a refusal carries text to scrub: the values are collected here,
+                // not on every successful call.
+                let secrets = call
+                    .arguments
+                    .as_ref()
+                    .map(|arguments| crate::audit::redacted_values(arguments, &call.redaction))
+                    .unwrap_or_default();
                 let mut refusal = refusal.clone();
                 refusal.message = crate::audit::scrub(&refusal.message, &secrets);
                 crate::audit::scrub_value(&mut refusal.details, &secrets);

@@ -139,6 +139,18 @@ impl RunStore {
         })
     }
 
+    /// Whether [`RunStore::get`] would find the run (without cloning its record).
+    pub fn contains(&self, run_id: &str) -> bool {
+        let live = self.runs.read().map(|r| r.contains_key(run_id));
+        match live {
+            Ok(true) => true,
+            _ => self
+                .closed
+                .read()
+                .is_ok_and(|c| c.records.contains_key(run_id)),
+        }
+    }
+
     /// A run in memory: live, or among the newest closed.
     pub fn get(&self, run_id: &str) -> Option<RunRecord> {
         if let Some(run) = self.runs.read().ok()?.get(run_id) {

@@ -13,9 +13,8 @@ use time::format_description::FormatItem;
 use time::macros::format_description;
 
 use super::{AuditError, EventType, NewEvent};
-use crate::canonical::{
-    sorted_entries, to_canonical_string, write_canonical, write_number, write_string,
-};
+use crate::canonical::{sorted_entries, write_canonical, write_number, write_string};
+use crate::policy::PolicyVersions;
 
 /// The `prev` of the first event: 64 zeros.
 pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -131,6 +130,35 @@ fn string(s: &str) -> String {
     out
 }
 
+/// `policy_versions` in RFC 8785 form, written directly (every event carries it; going
+/// through `serde_json::Value` cost two allocations per string): the keys of both
+/// levels are ASCII and written in sorted order. A unit test holds it to the
+/// canonicalizer.
+fn policy_versions_text(versions: &PolicyVersions) -> String {
+    let mut out = String::with_capacity(320);
+    out.push('{');
+    for (i, (key, file)) in [
+        ("lanes", &versions.lanes),
+        ("registry", &versions.registry),
+        ("roles", &versions.roles),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(key, &mut out);
+        out.push_str(":{\"sha256\":");
+        write_string(&file.sha256, &mut out);
+        out.push_str(",\"version\":");
+        write_string(&file.version, &mut out);
+        out.push('}');
+    }
+    out.push('}');
+    out
+}
+
 /// Canonicalizes the event's fields; fails on an event too large or too deep.
 pub(crate) fn prepare(event: &NewEvent) -> Result<Prepared, AuditError> {
     let mut fields: Vec<(&'static str, String)> = Vec::with_capacity(20);
@@ -162,10 +190,7 @@ pub(crate) fn prepare(event: &NewEvent) -> Result<Prepared, AuditError> {
         fields.push(("execution_time_ms", ms.min(MAX_SAFE_INTEGER).to_string()));
     }
     if let Some(versions) = &event.policy_versions {
-        let value = serde_json::to_value(versions).map_err(|e| AuditError::InvalidEvent {
-            what: format!("policy_versions: {e}"),
-        })?;
-        fields.push(("policy_versions", to_canonical_string(&value)));
+        fields.push(("policy_versions", policy_versions_text(versions)));
     }
     let mut details = String::with_capacity(256);
     write_portable_map(&event.details, 0, &mut details)?;
@@ -241,7 +266,8 @@ pub(crate) fn render(prepared: &Prepared, seq: u64, timestamp_utc: &str, prev: &
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::policy::{FileVersion, PolicyVersions};
+    use crate::canonical::to_canonical_string;
+    use crate::policy::FileVersion;
     use serde_json::json;
 
     fn full_event() -> NewEvent {
@@ -287,6 +313,29 @@ mod tests {
             assert_eq!(value["event_id"], json!("ev-000000000042"));
             assert_eq!(value["prev"], json!(GENESIS_PREV));
             assert_eq!(value["contract_version"], json!(crate::CONTRACT_VERSION));
+        }
+    }
+
+    #[test]
+    fn policy_versions_are_written_as_the_canonicalizer_writes_them() {
+        let v = |version: &str, sha: &str| FileVersion {
+            version: version.into(),
+            sha256: sha.into(),
+        };
+        for versions in [
+            PolicyVersions {
+                roles: v("1", &"00".repeat(32)),
+                lanes: v("2026.11.1", &"ab".repeat(32)),
+                registry: v("3", "x"),
+            },
+            PolicyVersions {
+                roles: v("\u{e9}\"q\"\n\u{1}\u{1F600}", "\\"),
+                lanes: v("", ""),
+                registry: v("\u{2028}", "\u{7f}"),
+            },
+        ] {
+            let value = serde_json::to_value(&versions).unwrap();
+            assert_eq!(policy_versions_text(&versions), to_canonical_string(&value));
         }
     }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, TransactionBehavior, params};
 use time::OffsetDateTime;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, oneshot};
 
 use super::checkpoint::{Checkpoint, verify_note};
 use super::keys::{Keys, VerifierKey, valid_key_name};
@@ -279,13 +279,19 @@ impl AuditLog {
         };
         let deadline = tokio::time::Instant::now() + timeout;
         let count = prepared.len() as u32;
-        let permit = tokio::time::timeout_at(
-            deadline,
-            self.inner.permits.clone().acquire_many_owned(count),
-        )
-        .await
-        .map_err(|_| timed_out())?
-        .map_err(|_| AuditError::Closed)?;
+        // Room in the queue is the common case: taken without arming a timer; only a
+        // full queue waits, bounded by the deadline.
+        let permit = match self.inner.permits.clone().try_acquire_many_owned(count) {
+            Ok(permit) => permit,
+            Err(TryAcquireError::Closed) => return Err(AuditError::Closed),
+            Err(TryAcquireError::NoPermits) => tokio::time::timeout_at(
+                deadline,
+                self.inner.permits.clone().acquire_many_owned(count),
+            )
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|_| AuditError::Closed)?,
+        };
         let (reply, answer) = oneshot::channel();
         self.inner
             .sender

@@ -15,7 +15,8 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
     let out = dir.path().join("report.json");
     let output = std::process::Command::new(BENCH)
         .args(["--seconds", "0.5", "--warmup", "0", "--clients", "1,2"])
-        .args(["--durability", "full,normal", "--out"])
+        .args(["--durability", "full,normal"])
+        .args(["--tools", "builtin,http,case,dryrun", "--out"])
         .arg(&out)
         .output()
         .unwrap();
@@ -31,8 +32,9 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
     );
     let report: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let rows = report["rows"].as_array().unwrap();
-    // 2 tools x 2 client counts directly, and again through each durability.
-    assert_eq!(rows.len(), 4 + 8, "{report:#}");
+    // builtin, http and the bare echo x 2 client counts directly; 4 tools x 2 client
+    // counts through each durability.
+    assert_eq!(rows.len(), 6 + 16, "{report:#}");
     for row in rows {
         assert!(row["calls"].as_u64().unwrap() > 0, "{row}");
         assert_eq!(row["errors"], 0, "{row}");
@@ -43,10 +45,15 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
                 row["server_overhead_mean_ms"].as_f64().unwrap() > 0.0,
                 "{row}"
             );
+            // The server's CPU time per call, from /proc.
+            assert!(
+                row["server_cpu_us_per_call"].as_f64().unwrap() >= 0.0,
+                "{row}"
+            );
         }
     }
     for durability in ["full", "normal"] {
-        for tool in ["builtin", "http"] {
+        for tool in ["builtin", "http", "case", "dryrun"] {
             assert!(
                 rows.iter().any(|r| r["path"] == "gateway"
                     && r["durability"] == durability
@@ -55,8 +62,13 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
             );
         }
     }
-    assert_eq!(report["ratios"].as_array().unwrap().len(), 8);
-    assert_eq!(report["targets"].as_array().unwrap().len(), 5);
+    assert_eq!(report["ratios"].as_array().unwrap().len(), 16);
+    assert_eq!(report["targets"].as_array().unwrap().len(), 10);
+    assert!(
+        rows.iter()
+            .any(|r| r["path"] == "direct" && r["tool"] == "echo"),
+        "no bare echo row"
+    );
     assert_eq!(
         report["machine"]["nproc"],
         std::thread::available_parallelism().unwrap().get()
