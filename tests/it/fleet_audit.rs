@@ -481,3 +481,84 @@ fn shipping_waits_out_a_database_outage_with_nothing_lost_or_duplicated() {
     let newest: Value = serde_json::from_str(local.1.lines().last().unwrap()).unwrap();
     assert_eq!(newest["seq"].as_u64().unwrap(), shipped_seq, "{}", local.1);
 }
+
+/// The fleet benchmark's second half (issue 18): 3 shipping sidecars under 64 clients.
+/// Prints the calls/s, the largest ship lag any sidecar's `/metrics` showed while the
+/// load ran (sampled every 100 ms), and how long the hub took to hold every event after
+/// the load stopped. Figures go to docs/performance.md; nothing is checked but that
+/// every sidecar catches up and the hub verifies. Run with
+/// `cargo test --test it fleet_ship_lag -- --ignored --nocapture`
+/// (`TOOLGATE_TEST_BIN` for a release binary, `TOOLGATE_FLEET_BENCH_S` for the length).
+#[test]
+#[ignore = "a benchmark: run explicitly"]
+fn fleet_ship_lag_3_sidecars_64_clients() {
+    let seconds: u64 = std::env::var("TOOLGATE_FLEET_BENCH_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let pg = Postgres::start();
+    let url = pg.url();
+    let fleet: Arc<Vec<Server>> = Arc::new(
+        ["a", "b", "c"]
+            .map(|name| {
+                let url = url.clone();
+                std::thread::spawn(move || sidecar(&url, name, None))
+            })
+            .into_iter()
+            .map(|s| s.join().unwrap())
+            .collect(),
+    );
+    let run = fleet[0].create_run(json!({"case_id": "C-1001"}));
+    let running = Arc::new(AtomicBool::new(true));
+    let monitor = {
+        let (fleet, running) = (fleet.clone(), running.clone());
+        std::thread::spawn(move || {
+            let mut max_lag = 0u64;
+            while running.load(Ordering::Relaxed) {
+                for server in fleet.iter() {
+                    let lag = gauge(&scrape(server), "toolgate_hub_ship_lag_events").unwrap_or(0);
+                    max_lag = max_lag.max(lag);
+                }
+                std::thread::park_timeout(Duration::from_millis(100));
+            }
+            max_lag
+        })
+    };
+    let clients = 64;
+    let workers: Vec<_> = (0..clients)
+        .map(|i| {
+            let (fleet, run) = (fleet.clone(), run.clone());
+            std::thread::spawn(move || {
+                let until = std::time::Instant::now() + Duration::from_secs(seconds);
+                let (mut ok, mut refused) = (0u64, 0u64);
+                while std::time::Instant::now() < until {
+                    match research(&fleet[i % 3], &run, "duty").0 {
+                        200 => ok += 1,
+                        _ => refused += 1,
+                    }
+                }
+                (ok, refused)
+            })
+        })
+        .collect();
+    let (mut ok, mut refused) = (0u64, 0u64);
+    for w in workers {
+        let (o, r) = w.join().unwrap();
+        ok += o;
+        refused += r;
+    }
+    let stopped = std::time::Instant::now();
+    running.store(false, Ordering::Relaxed);
+    let max_lag = monitor.join().unwrap();
+    for server in fleet.iter() {
+        shipped(server);
+    }
+    let drained = stopped.elapsed();
+    println!(
+        "fleet ship lag: 3 sidecars, {clients} clients, {seconds} s: {ok} calls ok ({:.0}/s), {refused} refused; \
+         largest ship lag while loaded {max_lag} events; every event in the hub {drained:?} after the load stopped",
+        ok as f64 / seconds as f64
+    );
+    let (code, _, text) = verify_hub(&url);
+    assert_eq!(code, 0, "{text}");
+}
