@@ -48,7 +48,7 @@ lanes:
     budget: {max_calls_per_run: 2}
 "#;
 
-const TOOLS: &str = r#"
+pub(crate) const TOOLS: &str = r#"
 version: "bg-1"
 tools:
   - tool_name: restart
@@ -121,7 +121,7 @@ tools:
     output_schema: {type: object}
 "#;
 
-fn write_policy(dir: &Path, tools: &str) -> Start {
+pub(crate) fn write_policy(dir: &Path, tools: &str) -> Start {
     let policy = dir.join("policy");
     let tools_dir = dir.join("tools");
     fs::create_dir_all(&policy).unwrap();
