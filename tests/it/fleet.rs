@@ -799,3 +799,70 @@ fn counters_that_cannot_be_read_in_time_refuse_the_call_and_count_nothing() {
     let (code, body) = tester(&a, &run, "gated", json!({}), json!({}));
     assert_eq!((code, reason(&body)), (403, "budget_exhausted"), "{body}");
 }
+
+#[test]
+fn an_approval_requested_on_one_sidecar_is_refused_with_a_reason_on_another() {
+    use crate::approvals::with_approval;
+    use crate::approvals::{SUPERVISOR, approval_policy, decide, draft_call, request, send};
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut start = approval_policy(tmp.path(), 1, 600);
+        start.args = vec!["--cluster-db".into(), pg.url()];
+        Server::start_with(start)
+    };
+    let (a, b) = (start(), start());
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&a, &call);
+    let (_, first) = send(&a, &call);
+    let sidecar_a = first["diagnostic"]["details"]["sidecar"].clone();
+    assert!(sidecar_a.is_string(), "{first}");
+    assert_eq!(first["diagnostic"]["details"]["approvals_shared"], false);
+
+    // On B the approval is not known: a structured refusal that says why and where
+    // to go, for the retry, the read and the decision alike; nothing executes.
+    let not_here = |code: u16, body: &Value| {
+        assert!((400..500).contains(&code), "{code} {body}");
+        assert_eq!(reason(body), "approval_unknown", "{body}");
+        assert_eq!(
+            body["diagnostic"]["details"]["approvals_shared"], false,
+            "{body}"
+        );
+        assert_eq!(
+            body["diagnostic"]["details"]["approval_id"],
+            id.as_str(),
+            "{body}"
+        );
+        assert_ne!(
+            body["diagnostic"]["details"]["sidecar"], sidecar_a,
+            "{body}"
+        );
+        assert!(
+            body["diagnostic"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not shared"),
+            "{body}"
+        );
+    };
+    let (code, body) = send(&b, &with_approval(&call, &id));
+    not_here(code, &body);
+    let (code, body) = b.get(&format!("/v1/approvals/{id}"), Some(SUPERVISOR));
+    not_here(code, &body);
+    let (code, body) = decide(&b, Some(SUPERVISOR), &id, "approve", "on the wrong sidecar");
+    not_here(code, &body);
+
+    // Decided on A, it is used on A; on B it stays unknown (never executes there).
+    let (code, body) = decide(&a, Some(SUPERVISOR), &id, "approve", "checked");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = send(&b, &with_approval(&call, &id));
+    not_here(code, &body);
+    let (code, body) = send(&a, &with_approval(&call, &id));
+    assert_eq!(code, 200, "{body}");
+    let executed_on_b = events(&b, &run)
+        .iter()
+        .filter(|e| e["type"] == "tool_executed")
+        .count();
+    assert_eq!(executed_on_b, 0);
+}
