@@ -679,11 +679,12 @@ fn tester(server: &Server, run: &str, tool: &str, arguments: Value, scope: Value
     server.call("tester", run, "ops", tool, arguments, scope)
 }
 
-/// How many of this sidecar's local events of `run` are `tool_executed`.
+/// How many tool executions this sidecar's local log holds for `run` (one
+/// `tool_requested` each; a replayed repeat writes only its closing event).
 fn executed(server: &Server, run: &str) -> usize {
     events(server, run)
         .iter()
-        .filter(|e| e["type"] == "tool_executed")
+        .filter(|e| e["type"] == "tool_requested")
         .count()
 }
 
@@ -865,4 +866,27 @@ fn an_approval_requested_on_one_sidecar_is_refused_with_a_reason_on_another() {
         .filter(|e| e["type"] == "tool_executed")
         .count();
     assert_eq!(executed_on_b, 0);
+}
+
+#[test]
+fn a_repeat_replayed_on_another_sidecar_does_not_count_against_the_budget() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = limited_pair(&pg, tmp.path());
+    let run = a.create_run(json!({}));
+    // gated: 2 calls per run. The same key on A then B executes once, counts once.
+    let keyed = json!({"role_id": "tester", "run_id": run, "lane_id": "ops",
+        "tool_name": "gated", "arguments": {"n": 1}, "scope": {}, "idempotency_key": "k-1"});
+    let (code, first) = a.post("/v1/tool-calls", Some("demo-tester"), &keyed);
+    assert_eq!(code, 200, "{first}");
+    let (code, again) = b.post("/v1/tool-calls", Some("demo-tester"), &keyed);
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(again["output"], first["output"], "{again}");
+    assert_eq!(executed(&a, &run) + executed(&b, &run), 1);
+    // So one call of the budget is left, on either sidecar.
+    let (code, body) = tester(&b, &run, "gated", json!({"n": 2}), json!({}));
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = tester(&a, &run, "gated", json!({"n": 3}), json!({}));
+    assert_eq!((code, reason(&body)), (403, "budget_exhausted"), "{body}");
+    assert_eq!(body["diagnostic"]["details"]["used"], 2, "{body}");
 }
