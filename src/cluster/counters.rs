@@ -52,6 +52,8 @@ impl PgCounters {
             let _ = done.send(work.await);
         });
         // Each query is bounded; one more bound's worth covers the task's scheduling.
+        // Should the wait still end first, the call is refused while the claim may yet
+        // commit: the call then stays counted, erring on the side of the limit.
         let bound = QUERY_TIMEOUT * u32::try_from(queries.saturating_add(1)).unwrap_or(u32::MAX);
         answer.recv_timeout(bound).map_err(|_| {
             StateError(format!(
