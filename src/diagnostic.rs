@@ -1020,8 +1020,8 @@ impl Reason {
                     true,
                     S::Critical,
                     "the gateway could not read or write its budget and rate counters, so a limited call was refused",
-                    "the data directory's counters database is unwritable, locked or corrupt",
-                    "retry later; operators: check the data directory (counters.db) and the log",
+                    "the counters database (counters.db in the data directory, or the cluster database in a fleet) is unwritable, locked, unreachable or corrupt",
+                    "retry later; operators: check counters.db in the data directory (in a fleet, the cluster database) and the log",
                 ),
                 Reason::InternalError => (
                     E::InternalError,

@@ -474,6 +474,8 @@ impl Gateway {
         if !call.trace.approval.is_empty()
             && let Err(refusal) = self.approval_gate(&allowed, &mut call).await
         {
+            // Waiting for (or refused) an approval executes nothing: not counted.
+            self.refund(ticket).await;
             return self.close(call, Err(refusal)).await;
         }
 
@@ -500,6 +502,8 @@ impl Gateway {
             match self.fleet_claim(cluster, &key, &fingerprint, wait).await {
                 Ok(None) => fleet_key = Some(key),
                 Ok(Some(first)) => {
+                    // A repeat executes nothing: it is not counted.
+                    self.refund(ticket).await;
                     let first = Outcome {
                         response: Arc::new(first),
                         spilled_output: None,
@@ -507,7 +511,10 @@ impl Gateway {
                     };
                     return self.close_replay(call, first).await;
                 }
-                Err(refusal) => return self.close(call, Err(refusal)).await,
+                Err(refusal) => {
+                    self.refund(ticket).await;
+                    return self.close(call, Err(refusal)).await;
+                }
             }
         }
         let guard = match &allowed.request.idempotency_key {

@@ -50,6 +50,19 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // 2: the audit hub: every sidecar's shipped log and the fleet log (`hub`).
     crate::hub::SCHEMA,
+    // 3: the counters of call budgets and rates (`cluster::counters`).
+    r#"
+    CREATE TABLE toolgate_counters (
+        counter text PRIMARY KEY,
+        used bigint NOT NULL DEFAULT 0 CHECK (used >= 0)
+    );
+    CREATE TABLE toolgate_rate_events (
+        id bigint PRIMARY KEY,
+        counter text NOT NULL REFERENCES toolgate_counters (counter),
+        at_ms bigint NOT NULL
+    );
+    CREATE INDEX toolgate_rate_events_by_counter ON toolgate_rate_events (counter, at_ms);
+    "#,
 ];
 
 /// The schema version this binary writes and reads.

@@ -81,6 +81,42 @@ fn unknown(approval_id: &str) -> Refusal {
 }
 
 impl Gateway {
+    /// `approval_unknown` for an id this sidecar's store does not hold. In a fleet
+    /// approvals are not shared (each sidecar keeps its own `approvals.db`): the
+    /// refusal says so, and that the retry and the decisions belong to the sidecar
+    /// that answered `approval_required`.
+    fn unknown_approval(&self, approval_id: &str) -> Refusal {
+        let refusal = unknown(approval_id);
+        let Some(cluster) = &self.cluster else {
+            return refusal;
+        };
+        let id: String = approval_id.chars().take(128).collect();
+        Refusal::new(
+            Reason::ApprovalUnknown,
+            format!(
+                "no approval `{id}` exists on this sidecar: in a fleet, approvals are kept by \
+                 the sidecar that answered approval_required, not shared; send the retry and \
+                 the approvers' decisions to that sidecar, or call again without approval_id \
+                 to request a new approval here"
+            ),
+        )
+        .with_details(json!({
+            "approval_id": id,
+            "approvals_shared": false,
+            "sidecar": cluster.node_id,
+        }))
+    }
+
+    /// In a fleet, names this sidecar in an `approval_required` refusal (`sidecar`,
+    /// `approvals_shared: false`): the retry and the decisions must come back here.
+    fn fleet_sidecar(&self, mut refusal: Refusal) -> Refusal {
+        if let (Some(cluster), Some(details)) = (&self.cluster, refusal.details.as_object_mut()) {
+            details.insert("sidecar".into(), json!(cluster.node_id));
+            details.insert("approvals_shared".into(), json!(false));
+        }
+        refusal
+    }
+
     /// Runs a store operation on the blocking pool.
     async fn approval_store<T: Send + 'static>(
         &self,
@@ -111,7 +147,7 @@ impl Gateway {
         let digest = request.binding.digest();
         let d = digest.clone();
         if let Some(existing) = self.approval_store(move |s| s.pending_for(&d, now)).await? {
-            return Ok(required(&existing, true));
+            return Ok(self.fleet_sidecar(required(&existing, true)));
         }
         let run_id = request.binding.run_id.clone();
         let (of_run, total) = self
@@ -182,7 +218,7 @@ impl Gateway {
                 format!("the audit log could not record the approval request: {e}"),
             ));
         }
-        Ok(required(&record, false))
+        Ok(self.fleet_sidecar(required(&record, false)))
     }
 
     /// The approval gate, with `approval_id`: the approval must be bound to this exact
@@ -198,7 +234,7 @@ impl Gateway {
         let record = self
             .approval_store(move |s| s.get(&id))
             .await?
-            .ok_or_else(|| unknown(approval_id))?;
+            .ok_or_else(|| self.unknown_approval(approval_id))?;
         if let Some((reason, field)) = record.binding.mismatch(binding) {
             return Err(Refusal::new(
                 reason,
@@ -237,7 +273,7 @@ impl Gateway {
         let record = self
             .approval_store(move |s| s.get(&id))
             .await?
-            .ok_or_else(|| unknown(approval_id))?;
+            .ok_or_else(|| self.unknown_approval(approval_id))?;
         Err(not_usable(&record, approvals::now_ms()))
     }
 
@@ -343,13 +379,13 @@ impl Gateway {
         let loaded = self.current();
         let principal = self.principal(&loaded.policy, token)?;
         if !crate::call::is_approval_id(approval_id) {
-            return Err(unknown(approval_id));
+            return Err(self.unknown_approval(approval_id));
         }
         let id = approval_id.to_string();
         let record = self
             .approval_store(move |s| s.get(&id))
             .await?
-            .ok_or_else(|| unknown(approval_id))?;
+            .ok_or_else(|| self.unknown_approval(approval_id))?;
         if !principal.may_read(&record) {
             return Err(Refusal::new(
                 Reason::ApproverNotAllowed,
@@ -374,14 +410,14 @@ impl Gateway {
         let principal = self.principal(&loaded.policy, token)?;
         let DecideApproval { decision, reason } = request?;
         if !crate::call::is_approval_id(approval_id) {
-            return Err(unknown(approval_id));
+            return Err(self.unknown_approval(approval_id));
         }
         let _one_at_a_time = self.approval_changes.lock().await;
         let id = approval_id.to_string();
         let record = self
             .approval_store(move |s| s.get(&id))
             .await?
-            .ok_or_else(|| unknown(approval_id))?;
+            .ok_or_else(|| self.unknown_approval(approval_id))?;
         // Who decides: an eligible admin, else an eligible role the credential proves.
         let admin = principal
             .admin
@@ -482,7 +518,7 @@ impl Gateway {
             let current = self
                 .approval_store(move |s| s.get(&id))
                 .await?
-                .ok_or_else(|| unknown(approval_id))?;
+                .ok_or_else(|| self.unknown_approval(approval_id))?;
             return Err(not_usable(&current, approvals::now_ms()));
         }
         Ok(decided.view(approvals::now_ms()))

@@ -86,6 +86,15 @@ impl Gateway {
 
     /// Joins a fleet: shared state lives in `cluster` from now on.
     pub fn with_cluster(mut self, cluster: Arc<ClusterDb>) -> Gateway {
+        // Budgets and rates count across the fleet: the shared counters replace the
+        // local `counters.db` (which a fleet sidecar does not use).
+        self.counters = match tokio::runtime::Handle::try_current() {
+            Ok(handle) => Ok(Arc::new(crate::cluster::counters::PgCounters::new(
+                cluster.clone(),
+                handle,
+            ))),
+            Err(_) => Err("the shared counters need the async runtime".into()),
+        };
         self.cluster = Some(cluster);
         self
     }

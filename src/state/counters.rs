@@ -1,6 +1,7 @@
 //! The counters of call budgets and rates (`budget`, `rate` of lanes and tools),
 //! behind the [`Counters`] trait: [`SqliteCounters`] on one node (`<data_dir>/counters.db`);
-//! a fleet can put a shared implementation (PostgreSQL) behind the same trait.
+//! in a fleet (`serve --cluster-db`) `cluster::counters::PgCounters` implements the same
+//! trait on the shared PostgreSQL database.
 //!
 //! INVARIANT: [`Counters::admit`] is atomic: either every claim of a call is within its
 //! limit and all are counted, or none is counted. So concurrent calls never count past
@@ -41,6 +42,24 @@ pub struct Claim {
 pub struct Ticket {
     budgets: Vec<String>,
     rate_rows: Vec<i64>,
+}
+
+impl Ticket {
+    /// A ticket of the budget counters incremented and the rate events inserted (by
+    /// their row ids), for a [`Counters`] implementation outside this module.
+    pub fn new(budgets: Vec<String>, rate_rows: Vec<i64>) -> Ticket {
+        Ticket { budgets, rate_rows }
+    }
+
+    /// The budget counters this ticket incremented.
+    pub fn budgets(&self) -> &[String] {
+        &self.budgets
+    }
+
+    /// The ids of the rate events this ticket inserted.
+    pub fn rate_rows(&self) -> &[i64] {
+        &self.rate_rows
+    }
 }
 
 /// The answer to a call's claims.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{ADMIN, BIN, Server, Start, poll_for, repo, token};
 use serde_json::{Value, json};
 
-const SUPERVISOR: &str = "demo-supervisor";
+pub(crate) const SUPERVISOR: &str = "demo-supervisor";
 
 fn copy_dir(from: &Path, to: &Path) {
     fs::create_dir_all(to).unwrap();
@@ -31,7 +31,7 @@ fn copy_dir(from: &Path, to: &Path) {
 /// The demo policy in `dir`, with `draft_document` requiring approval by
 /// `drafting_agent` (to try self-approval), the admin `ops` and `supervisor`, with
 /// `quorum` and `ttl_s`, and its `/body` argument redacted.
-fn approval_policy(dir: &Path, quorum: u32, ttl_s: u64) -> Start {
+pub(crate) fn approval_policy(dir: &Path, quorum: u32, ttl_s: u64) -> Start {
     let policy = dir.join("policy");
     let tools = dir.join("tools");
     copy_dir(&repo().join("policy"), &policy);
@@ -64,7 +64,7 @@ fn started(dir: &Path, quorum: u32, ttl_s: u64) -> Server {
     Server::start_with(start)
 }
 
-fn draft_call(run: &str, title: &str) -> Value {
+pub(crate) fn draft_call(run: &str, title: &str) -> Value {
     json!({
         "role_id": "drafting_agent", "run_id": run, "lane_id": "drafting",
         "tool_name": "draft_document",
@@ -73,19 +73,19 @@ fn draft_call(run: &str, title: &str) -> Value {
     })
 }
 
-fn with_approval(call: &Value, approval_id: &str) -> Value {
+pub(crate) fn with_approval(call: &Value, approval_id: &str) -> Value {
     let mut call = call.clone();
     call["approval_id"] = json!(approval_id);
     call
 }
 
-fn send(server: &Server, call: &Value) -> (u16, Value) {
+pub(crate) fn send(server: &Server, call: &Value) -> (u16, Value) {
     let role = call["role_id"].as_str().unwrap();
     server.post("/v1/tool-calls", Some(&token(role)), call)
 }
 
 /// Sends a call that needs approval: 409 approval_required; returns the approval id.
-fn request(server: &Server, call: &Value) -> String {
+pub(crate) fn request(server: &Server, call: &Value) -> String {
     let (code, body) = send(server, call);
     assert_eq!(code, 409, "{body}");
     assert_eq!(body["status"], "denied", "{body}");
@@ -100,7 +100,7 @@ fn request(server: &Server, call: &Value) -> String {
     id
 }
 
-fn decide(
+pub(crate) fn decide(
     server: &Server,
     token: Option<&str>,
     id: &str,

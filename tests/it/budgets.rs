@@ -48,7 +48,7 @@ lanes:
     budget: {max_calls_per_run: 2}
 "#;
 
-const TOOLS: &str = r#"
+pub(crate) const TOOLS: &str = r#"
 version: "bg-1"
 tools:
   - tool_name: restart
@@ -121,7 +121,7 @@ tools:
     output_schema: {type: object}
 "#;
 
-fn write_policy(dir: &Path, tools: &str) -> Start {
+pub(crate) fn write_policy(dir: &Path, tools: &str) -> Start {
     let policy = dir.join("policy");
     let tools_dir = dir.join("tools");
     fs::create_dir_all(&policy).unwrap();
@@ -500,4 +500,49 @@ fn policy_diff_calls_raising_or_removing_a_limit_widening() {
         });
         assert!(found, "{to}: expected a {effect} limit change in {report}");
     }
+}
+
+#[test]
+fn a_call_waiting_for_its_approval_does_not_count_against_the_budget() {
+    use crate::approvals::{SUPERVISOR, approval_policy, decide, draft_call, request, send};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut start = approval_policy(tmp.path(), 1, 600);
+    // draft_document: one call per run.
+    let text = fs::read_to_string(&start.tools).unwrap();
+    let anchor = "    approval: {required: true";
+    assert!(text.contains(anchor), "the approval line moved");
+    fs::write(
+        &start.tools,
+        text.replacen(
+            anchor,
+            &format!("    budget: {{max_calls_per_run: 1}}\n{anchor}"),
+            1,
+        ),
+    )
+    .unwrap();
+    start.data_dir = Some(tmp.path().join("var"));
+    let server = Server::start_with(start);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    // Two different calls ask for approval, one of them twice: nothing executes, so
+    // nothing is counted.
+    let motion = draft_call(&run, "Motion");
+    let id = request(&server, &motion);
+    let (code, body) = send(&server, &motion);
+    assert_eq!(code, 409, "{body}");
+    let brief = draft_call(&run, "Brief");
+    let other = request(&server, &brief);
+    assert_ne!(id, other);
+    let (code, body) = decide(&server, Some(SUPERVISOR), &id, "approve", "checked");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = decide(&server, Some(SUPERVISOR), &other, "approve", "checked");
+    assert_eq!(code, 200, "{body}");
+    let mut approved = motion.clone();
+    approved["approval_id"] = json!(id);
+    let (code, body) = send(&server, &approved);
+    assert_eq!(code, 200, "the budget's one call is still there: {body}");
+    // The budget is now used: the other approved call is refused at step 8.
+    let mut second = brief.clone();
+    second["approval_id"] = json!(other);
+    let (code, body) = send(&server, &second);
+    assert_eq!((code, reason(&body)), (403, "budget_exhausted"), "{body}");
 }

@@ -663,3 +663,230 @@ fn fleet_throughput_3_sidecars_64_clients() {
         assert!(overload.contains(&reason.as_str()), "{errors:?}");
     }
 }
+
+/// Two sidecars on `pg` with the budgets test's policy (budgets and rates).
+fn limited_pair(pg: &Postgres, dir: &std::path::Path) -> (Server, Server) {
+    let start = || {
+        let mut start = crate::budgets::write_policy(dir, crate::budgets::TOOLS);
+        start.args = vec!["--cluster-db".into(), pg.url()];
+        Server::start_with(start)
+    };
+    let a = start();
+    (a, start())
+}
+
+fn tester(server: &Server, run: &str, tool: &str, arguments: Value, scope: Value) -> (u16, Value) {
+    server.call("tester", run, "ops", tool, arguments, scope)
+}
+
+/// How many tool executions this sidecar's local log holds for `run` (one
+/// `tool_requested` each; a replayed repeat writes only its closing event).
+fn executed(server: &Server, run: &str) -> usize {
+    events(server, run)
+        .iter()
+        .filter(|e| e["type"] == "tool_requested")
+        .count()
+}
+
+#[test]
+fn a_budget_shared_by_two_sidecars_admits_exactly_its_limit_to_concurrent_callers() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = limited_pair(&pg, tmp.path());
+    let run = a.create_run(json!({}));
+    // slow_limited: 4 calls per run, each takes a while so the callers overlap; half
+    // of the callers go to each sidecar, all released at once.
+    let callers = 12;
+    let gate = Arc::new(Barrier::new(callers));
+    let answers: Vec<(usize, u16, Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..callers)
+            .map(|i| {
+                let server = if i % 2 == 0 { &a } else { &b };
+                let (run, gate) = (&run, gate.clone());
+                s.spawn(move || {
+                    gate.wait();
+                    let (code, body) =
+                        tester(server, run, "slow_limited", json!({"i": i}), json!({}));
+                    (i % 2, code, body)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok = answers.iter().filter(|(_, code, _)| *code == 200).count();
+    assert_eq!(
+        ok, 4,
+        "exactly the budget is admitted in total: {answers:?}"
+    );
+    for (_, code, body) in answers.iter().filter(|(_, c, _)| *c != 200) {
+        assert_eq!((*code, reason(body)), (403, "budget_exhausted"), "{body}");
+    }
+    // The tool ran exactly 4 times over both sidecars' logs.
+    assert_eq!(executed(&a, &run) + executed(&b, &run), 4);
+    // Later calls on either sidecar see the shared count.
+    for server in [&a, &b] {
+        let (code, body) = tester(server, &run, "slow_limited", json!({}), json!({}));
+        assert_eq!((code, reason(&body)), (403, "budget_exhausted"), "{body}");
+        assert_eq!(body["diagnostic"]["details"]["used"], 4, "{body}");
+    }
+    // Another run has its own budget, on either sidecar.
+    let other = b.create_run(json!({}));
+    let (code, body) = tester(&a, &other, "slow_limited", json!({}), json!({}));
+    assert_eq!(code, 200, "{body}");
+}
+
+#[test]
+fn a_rate_reached_on_one_sidecar_is_refused_on_the_other_with_when_to_retry() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = limited_pair(&pg, tmp.path());
+    let run = a.create_run(json!({}));
+    // restart: at most 3 per service per hour.
+    for i in 0..3 {
+        let (code, body) = tester(&a, &run, "restart", json!({}), json!({"service": "api"}));
+        assert_eq!(code, 200, "restart {i}: {body}");
+    }
+    let (code, body) = tester(&b, &run, "restart", json!({}), json!({"service": "api"}));
+    assert_eq!((code, reason(&body)), (429, "rate_limited"), "{body}");
+    let d = &body["diagnostic"];
+    assert_eq!(d["retryable"], true, "{body}");
+    assert_eq!(d["details"]["used"], 3, "{body}");
+    assert_eq!(d["details"]["key_value"], "api", "{body}");
+    let wait = d["details"]["retry_after_ms"].as_u64().unwrap();
+    assert!(wait > 3_500_000 && wait <= 3_600_000, "{wait}");
+    // A rate is per key value, shared too: "db" has its own count on both sidecars.
+    let (code, body) = tester(&b, &run, "restart", json!({}), json!({"service": "db"}));
+    assert_eq!(code, 200, "{body}");
+    // A rate spans runs: a new run created on B is refused on A for "api".
+    let other = b.create_run(json!({}));
+    let (code, body) = tester(&a, &other, "restart", json!({}), json!({"service": "api"}));
+    assert_eq!((code, reason(&body)), (429, "rate_limited"), "{body}");
+}
+
+#[test]
+fn counters_that_cannot_be_read_in_time_refuse_the_call_and_count_nothing() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = limited_pair(&pg, tmp.path());
+    let run = a.create_run(json!({}));
+    // An insider holds the counters table: claims wait out the query timeout and are
+    // refused (never admitted on a guess).
+    let mut holder = pg.psql_spawn(
+        "BEGIN; LOCK TABLE toolgate_counters IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(15); COMMIT;",
+    );
+    let held = common::poll_until(Duration::from_secs(10), || {
+        pg.psql(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+             WHERE c.relname = 'toolgate_counters' AND l.mode = 'AccessExclusiveLock' AND l.granted",
+        ) == "1"
+    });
+    assert!(held, "the holder did not take the lock");
+    let (code, body) = tester(&a, &run, "gated", json!({}), json!({}));
+    assert!(code >= 500, "{code} {body}");
+    assert_eq!(reason(&body), "counter_state_unavailable", "{body}");
+    assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
+    let (code, body) = tester(&b, &run, "gated", json!({}), json!({}));
+    assert!(code >= 500, "{code} {body}");
+    assert_eq!(reason(&body), "counter_state_unavailable", "{body}");
+    assert!(common::poll_until(Duration::from_secs(30), || holder
+        .try_wait()
+        .unwrap()
+        .is_some()));
+    // The refused calls counted nothing: the run's 2 calls of `gated` are all there.
+    for server in [&a, &b] {
+        let (code, body) = tester(server, &run, "gated", json!({}), json!({}));
+        assert_eq!(code, 200, "{body}");
+    }
+    let (code, body) = tester(&a, &run, "gated", json!({}), json!({}));
+    assert_eq!((code, reason(&body)), (403, "budget_exhausted"), "{body}");
+}
+
+#[test]
+fn an_approval_requested_on_one_sidecar_is_refused_with_a_reason_on_another() {
+    use crate::approvals::with_approval;
+    use crate::approvals::{SUPERVISOR, approval_policy, decide, draft_call, request, send};
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut start = approval_policy(tmp.path(), 1, 600);
+        start.args = vec!["--cluster-db".into(), pg.url()];
+        Server::start_with(start)
+    };
+    let (a, b) = (start(), start());
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&a, &call);
+    let (_, first) = send(&a, &call);
+    let sidecar_a = first["diagnostic"]["details"]["sidecar"].clone();
+    assert!(sidecar_a.is_string(), "{first}");
+    assert_eq!(first["diagnostic"]["details"]["approvals_shared"], false);
+
+    // On B the approval is not known: a structured refusal that says why and where
+    // to go, for the retry, the read and the decision alike; nothing executes.
+    let not_here = |code: u16, body: &Value| {
+        assert!((400..500).contains(&code), "{code} {body}");
+        assert_eq!(reason(body), "approval_unknown", "{body}");
+        assert_eq!(
+            body["diagnostic"]["details"]["approvals_shared"], false,
+            "{body}"
+        );
+        assert_eq!(
+            body["diagnostic"]["details"]["approval_id"],
+            id.as_str(),
+            "{body}"
+        );
+        assert_ne!(
+            body["diagnostic"]["details"]["sidecar"], sidecar_a,
+            "{body}"
+        );
+        assert!(
+            body["diagnostic"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not shared"),
+            "{body}"
+        );
+    };
+    let (code, body) = send(&b, &with_approval(&call, &id));
+    not_here(code, &body);
+    let (code, body) = b.get(&format!("/v1/approvals/{id}"), Some(SUPERVISOR));
+    not_here(code, &body);
+    let (code, body) = decide(&b, Some(SUPERVISOR), &id, "approve", "on the wrong sidecar");
+    not_here(code, &body);
+
+    // Decided on A, it is used on A; on B it stays unknown (never executes there).
+    let (code, body) = decide(&a, Some(SUPERVISOR), &id, "approve", "checked");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = send(&b, &with_approval(&call, &id));
+    not_here(code, &body);
+    let (code, body) = send(&a, &with_approval(&call, &id));
+    assert_eq!(code, 200, "{body}");
+    let executed_on_b = events(&b, &run)
+        .iter()
+        .filter(|e| e["type"] == "tool_executed")
+        .count();
+    assert_eq!(executed_on_b, 0);
+}
+
+#[test]
+fn a_repeat_replayed_on_another_sidecar_does_not_count_against_the_budget() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = limited_pair(&pg, tmp.path());
+    let run = a.create_run(json!({}));
+    // gated: 2 calls per run. The same key on A then B executes once, counts once.
+    let keyed = json!({"role_id": "tester", "run_id": run, "lane_id": "ops",
+        "tool_name": "gated", "arguments": {"n": 1}, "scope": {}, "idempotency_key": "k-1"});
+    let (code, first) = a.post("/v1/tool-calls", Some("demo-tester"), &keyed);
+    assert_eq!(code, 200, "{first}");
+    let (code, again) = b.post("/v1/tool-calls", Some("demo-tester"), &keyed);
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(again["output"], first["output"], "{again}");
+    assert_eq!(executed(&a, &run) + executed(&b, &run), 1);
+    // So one call of the budget is left, on either sidecar.
+    let (code, body) = tester(&b, &run, "gated", json!({"n": 2}), json!({}));
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = tester(&a, &run, "gated", json!({"n": 3}), json!({}));
+    assert_eq!((code, reason(&body)), (403, "budget_exhausted"), "{body}");
+    assert_eq!(body["diagnostic"]["details"]["used"], 2, "{body}");
+}
