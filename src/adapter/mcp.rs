@@ -24,11 +24,13 @@
 //! cancellation is sent. A stdio server runs without a shell, in its own process
 //! group, with a cleared environment plus [`PASSED_ENV`], in the registry's directory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use rmcp::model::{
@@ -40,7 +42,7 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::time::Instant;
 
 use crate::adapter::{
@@ -70,6 +72,9 @@ const STDERR_TAIL_BYTES: usize = 2048;
 const STDERR_GRACE: Duration = Duration::from_millis(200);
 /// Longest upstream tool name accepted (MCP names are at most 128 characters).
 const MAX_TOOL_NAME: usize = 128;
+/// Most bytes of a stdio server's output `toolgate mcp import` keeps to read the raw
+/// `tools/list` answers; past it the import says it could not check them.
+const TAP_MAX_BYTES: usize = 16 * 1024 * 1024;
 
 /// The MCP adapter of one registry tool: a tool on a shared [`Session`].
 pub struct McpAdapter {
@@ -517,7 +522,13 @@ impl Session {
             }
             tokio::time::sleep_until(at).await;
         }
-        let opened = open(&self.upstream, self.hard_cap, deadline, self.routes.clone());
+        let opened = open(
+            &self.upstream,
+            self.hard_cap,
+            deadline,
+            self.routes.clone(),
+            None,
+        );
         match tokio::time::timeout_at(deadline, opened).await {
             Ok(Ok(connection)) => {
                 let connection = Arc::new(connection);
@@ -558,6 +569,7 @@ async fn open(
     hard_cap: usize,
     deadline: Instant,
     routes: Arc<ProgressRoutes>,
+    tap: Option<Tap>,
 ) -> Result<Connection, ExecError> {
     let upcalls = Upcalls { routes };
     match upstream {
@@ -602,6 +614,7 @@ async fn open(
                 stderr,
                 stderr_done: Mutex::new(reader),
             };
+            let stdout = Tapped { inner: stdout, tap };
             match upcalls.serve((stdout, stdin)).await {
                 Ok(client) => Ok(Connection {
                     client,
@@ -642,12 +655,35 @@ async fn open(
 pub struct Listing {
     pub server: Option<Implementation>,
     pub tools: Vec<rmcp::model::Tool>,
+    /// Fields of the raw `tools/list` answers that rmcp's `Tool` drops.
+    pub raw: RawListing,
+}
+
+/// What `toolgate mcp import` reads from the raw `tools/list` answers (MCP 2025-11-25
+/// fields rmcp does not model).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub enum RawListing {
+    /// The answers were read: the tools whose `execution.taskSupport` is `"required"`
+    /// (callable only as tasks, which toolgate does not serve).
+    Read { task_required: BTreeSet<String> },
+    /// The answers could not be read (the transport does not expose them, or they
+    /// were larger than [`TAP_MAX_BYTES`]).
+    #[default]
+    Unseen,
 }
 
 /// Connects to `upstream`, lists every tool and disconnects (stopping a stdio server).
 pub async fn list_tools(upstream: &Upstream, deadline: Instant) -> Result<Listing, ExecError> {
+    let tap = Tap::default();
     let work = async {
-        let connection = open(upstream, usize::MAX, deadline, Arc::default()).await?;
+        let connection = open(
+            upstream,
+            usize::MAX,
+            deadline,
+            Arc::default(),
+            Some(tap.clone()),
+        )
+        .await?;
         let server = connection
             .client
             .peer()
@@ -664,11 +700,95 @@ pub async fn list_tools(upstream: &Upstream, deadline: Instant) -> Result<Listin
                     upstream.describe()
                 ))
             })?;
-        Ok(Listing { server, tools })
+        let raw = match upstream {
+            Upstream::Stdio { .. } => tap.listing(),
+            Upstream::Http { .. } => RawListing::Unseen,
+        };
+        Ok(Listing { server, tools, raw })
     };
     tokio::time::timeout_at(deadline, work)
         .await
         .unwrap_or(Err(ExecError::Timeout))
+}
+
+/// A bounded copy of the bytes a stdio server writes (`toolgate mcp import` only).
+#[derive(Clone, Default)]
+struct Tap(Arc<Mutex<TapBuf>>);
+
+#[derive(Default)]
+struct TapBuf {
+    bytes: Vec<u8>,
+    overflowed: bool,
+}
+
+impl Tap {
+    fn record(&self, bytes: &[u8]) {
+        if let Ok(mut buf) = self.0.lock() {
+            if buf.overflowed || buf.bytes.len() + bytes.len() > TAP_MAX_BYTES {
+                buf.overflowed = true;
+                buf.bytes = Vec::new();
+            } else {
+                buf.bytes.extend_from_slice(bytes);
+            }
+        }
+    }
+
+    /// The task-required tools named in the recorded `tools/list` answers (one
+    /// JSON-RPC message per line, as MCP's stdio transport sends them).
+    fn listing(&self) -> RawListing {
+        let Ok(buf) = self.0.lock() else {
+            return RawListing::Unseen;
+        };
+        if buf.overflowed {
+            return RawListing::Unseen;
+        }
+        RawListing::Read {
+            task_required: task_required(&buf.bytes),
+        }
+    }
+}
+
+/// The names of the tools with `execution.taskSupport: "required"` in the
+/// `tools/list` answers among `lines` (JSON-RPC messages, one a line).
+fn task_required(lines: &[u8]) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in lines.split(|b| *b == b'\n') {
+        let Ok(message) = serde_json::from_slice::<Value>(line) else {
+            continue;
+        };
+        let Some(tools) = message.pointer("/result/tools").and_then(Value::as_array) else {
+            continue;
+        };
+        for tool in tools {
+            if tool.pointer("/execution/taskSupport") == Some(&json!("required"))
+                && let Some(name) = tool.get("name").and_then(Value::as_str)
+            {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// A stdio server's stdout, copied into a [`Tap`] when there is one.
+struct Tapped<R> {
+    inner: R,
+    tap: Option<Tap>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Tapped<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let (Poll::Ready(Ok(())), Some(tap)) = (&poll, &self.tap) {
+            tap.record(&buf.filled()[before..]);
+        }
+        poll
+    }
 }
 
 /// How toolgate introduces itself to upstream servers.
