@@ -177,7 +177,7 @@ pub fn render(
             out.push_str(
                 "  # CANNOT BE SERVED: the server requires this tool to be called as a task\n\
                  \x20 # (execution.taskSupport \"required\"); toolgate calls tools directly, so\n\
-                 \x20 # the upstream refuses every call. Keep `enabled: false`.\n",
+                 \x20 # the upstream refuses every call. Leave it disabled.\n",
             );
         }
         out.push_str(&format!("  - tool_name: {name}\n"));

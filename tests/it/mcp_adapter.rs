@@ -676,11 +676,11 @@ fn import_marks_and_warns_on_tools_that_require_tasks() {
     };
     let long = entry("long_report");
     assert!(long.contains("CANNOT BE SERVED"), "{long}");
-    assert!(long.contains("enabled: false"), "{long}");
+    assert!(long.contains("\n    enabled: false\n"), "{long}");
     for other in ["maybe_task", "echo"] {
         let text = entry(other);
         assert!(!text.contains("CANNOT BE SERVED"), "{text}");
-        assert!(text.contains("enabled: false"), "{text}");
+        assert!(text.contains("\n    enabled: false\n"), "{text}");
     }
     // Still a valid registry: the marked entry loads (disabled) with the others.
     assert_eq!(stdout.matches("- tool_name: ").count(), 3, "{stdout}");
