@@ -341,12 +341,12 @@ fn a_caller_that_hangs_up_kills_a_command_tools_process_group() {
     assert_eq!(closing[0]["reason"], "cancelled", "{}", closing[0]);
 }
 
-/// Sends an MCP `tools/call` of `slow` to /mcp on a raw connection and returns the
+/// Sends an MCP `tools/call` of `tool` to /mcp on a raw connection and returns the
 /// connection unread: the caller drops it to hang up.
-fn mcp_call_and_hold(server: &Server, run: &str, id: u64, progress: bool) -> TcpStream {
+fn mcp_call_and_hold(server: &Server, run: &str, tool: &str, id: u64, progress: bool) -> TcpStream {
     let address = server.base.trim_start_matches("http://");
     let mut stream = TcpStream::connect(address).unwrap();
-    let mut params = json!({"name": "slow", "arguments": {"seconds": 25}});
+    let mut params = json!({"name": tool, "arguments": {"seconds": 25}});
     if progress {
         params["_meta"] = json!({"progressToken": format!("p-{id}")});
     }
@@ -402,7 +402,7 @@ fn an_mcp_client_that_drops_its_connection_cancels_the_upstream_call() {
     // Two ways to hang up: while the JSON answer is pending, and in the middle of the
     // SSE stream that carries the call's progress.
     for (round, progress) in [(1usize, false), (2, true)] {
-        let mut stream = mcp_call_and_hold(&server, &run, round as u64, progress);
+        let mut stream = mcp_call_and_hold(&server, &run, "slow", round as u64, progress);
         wait_for("the upstream to start the call", || {
             (slow_calls(&state).len() == round).then_some(())
         });
@@ -442,6 +442,47 @@ fn an_mcp_client_that_drops_its_connection_cancels_the_upstream_call() {
     // not restarted: cancelling a request is not a failure of the server.
     assert_eq!(starts(&state), 1);
     assert_eq!(cancellations(&state).len(), 2);
+}
+
+#[test]
+fn an_mcp_client_that_drops_its_connection_kills_a_command_tools_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("marker");
+    fs::create_dir_all(&marker).unwrap();
+    let started = marker.join("started");
+    let script = format!(
+        "import sys, time; open(sys.argv[1], 'w').write('x'); time.sleep(30)  # {}",
+        marker.display()
+    );
+    let argv = json!(["python3", "-c", script, started]);
+    let server = Server::start_with(lab_with_servers(
+        dir.path(),
+        "",
+        &[LabTool {
+            name: "sleeper",
+            adapter: format!("{{kind: command, argv: {argv}}}"),
+            timeout_ms: 40000,
+            output_schema: ANY_OBJECT,
+        }],
+    ));
+    let run = server.create_run(json!({}));
+    let stream = mcp_call_and_hold(&server, &run, "sleeper", 1, false);
+    wait_for("the command to start", || started.exists().then_some(()));
+    assert_eq!(processes_mentioning(&marker).len(), 1);
+    let hung_up = Instant::now();
+    drop(stream);
+    wait_for("the command to be killed", || {
+        processes_mentioning(&marker).is_empty().then_some(())
+    });
+    // Well before its 30 s sleep or the 40 s deadline: it was killed, not waited for.
+    assert!(hung_up.elapsed() < Duration::from_secs(10));
+    let closing = wait_for("the closing event", || {
+        let events = closing_events(&server, &run);
+        (!events.is_empty()).then_some(events)
+    });
+    assert_eq!(closing.len(), 1, "{closing:?}");
+    assert_eq!(closing[0]["type"], "tool_failed", "{}", closing[0]);
+    assert_eq!(closing[0]["reason"], "cancelled", "{}", closing[0]);
 }
 
 /// The headers of the lab's MCP caller.
