@@ -24,7 +24,7 @@
 //! cancellation is sent. A stdio server runs without a shell, in its own process
 //! group, with a cleared environment plus [`PASSED_ENV`], in the registry's directory.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -33,13 +33,18 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
+use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
     ClientRequest, ContentBlock, Implementation, ServerResult,
 };
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::service::{PeerRequestOptions, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::streamable_http_client::{
+    SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
+};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
@@ -639,8 +644,20 @@ async fn open(
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
             config.max_json_response_size = hard_cap;
             config.max_sse_event_size = hard_cap;
-            let transport = StreamableHttpClientTransport::with_client(http, config);
-            let client = upcalls.serve(transport).await.map_err(|e| {
+            let served = match tap {
+                Some(tap) => {
+                    let http = TappedHttp { inner: http, tap };
+                    upcalls
+                        .serve(StreamableHttpClientTransport::with_client(http, config))
+                        .await
+                }
+                None => {
+                    upcalls
+                        .serve(StreamableHttpClientTransport::with_client(http, config))
+                        .await
+                }
+            };
+            let client = served.map_err(|e| {
                 ExecError::DependencyDown(format!("could not connect to mcp server `{url}`: {e}"))
             })?;
             Ok(Connection {
@@ -700,10 +717,7 @@ pub async fn list_tools(upstream: &Upstream, deadline: Instant) -> Result<Listin
                     upstream.describe()
                 ))
             })?;
-        let raw = match upstream {
-            Upstream::Stdio { .. } => tap.listing(),
-            Upstream::Http { .. } => RawListing::Unseen,
-        };
+        let raw = tap.listing();
         Ok(Listing { server, tools, raw })
     };
     tokio::time::timeout_at(deadline, work)
@@ -722,6 +736,14 @@ struct TapBuf {
 }
 
 impl Tap {
+    /// Forgets what was kept: the answers were too large to read.
+    fn overflow(&self) {
+        if let Ok(mut buf) = self.0.lock() {
+            buf.overflowed = true;
+            buf.bytes = Vec::new();
+        }
+    }
+
     fn record(&self, bytes: &[u8]) {
         if let Ok(mut buf) = self.0.lock() {
             if buf.overflowed || buf.bytes.len() + bytes.len() > TAP_MAX_BYTES {
@@ -768,6 +790,180 @@ fn task_required(lines: &[u8]) -> BTreeSet<String> {
         }
     }
     names
+}
+
+/// rmcp's HTTP client (reqwest) for `toolgate mcp import`: a `tools/list` request is
+/// sent here and its answer (JSON or SSE) read whole, at most [`TAP_MAX_BYTES`], and
+/// copied into the [`Tap`] as one JSON-RPC message a line before rmcp reads it; every
+/// other request is reqwest's.
+#[derive(Clone)]
+struct TappedHttp {
+    inner: reqwest::Client,
+    tap: Tap,
+}
+
+type HttpError = StreamableHttpError<reqwest::Error>;
+
+impl StreamableHttpClient for TappedHttp {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, HttpError> {
+        self.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            StreamableHttpResponseLimits::default(),
+        )
+        .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, HttpError> {
+        let is_list = matches!(
+            &message,
+            ClientJsonRpcMessage::Request(r) if matches!(r.request, ClientRequest::ListToolsRequest(_))
+        );
+        if !is_list {
+            return self
+                .inner
+                .post_message_with_response_limits(
+                    uri,
+                    message,
+                    session_id,
+                    auth_header,
+                    custom_headers,
+                    limits,
+                )
+                .await;
+        }
+        let body = serde_json::to_vec(&message)?;
+        let mut request = self
+            .inner
+            .post(uri.as_ref())
+            .header(
+                reqwest::header::ACCEPT,
+                "application/json, text/event-stream",
+            )
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        for (name, value) in custom_headers {
+            request = request.header(name, value);
+        }
+        if let Some(auth) = auth_header {
+            request = request.bearer_auth(auth);
+        }
+        if let Some(session) = session_id {
+            request = request.header("Mcp-Session-Id", session.as_ref());
+        }
+        let mut response = request.send().await.map_err(StreamableHttpError::Client)?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(StreamableHttpError::UnexpectedServerResponse(
+                format!("tools/list answered {status}").into(),
+            ));
+        }
+        let sse = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(StreamableHttpError::Client)?
+        {
+            if bytes.len() + chunk.len() > TAP_MAX_BYTES {
+                self.tap.overflow();
+                return Err(StreamableHttpError::UnexpectedServerResponse(
+                    "the tools/list answer is too large".into(),
+                ));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        let messages = if sse {
+            sse_messages(&bytes)
+        } else {
+            serde_json::from_slice::<Value>(&bytes)
+                .into_iter()
+                .collect()
+        };
+        let mut answer = None;
+        for message in messages {
+            self.tap.record(format!("{message}\n").as_bytes());
+            if message.get("id").is_some()
+                && (message.get("result").is_some() || message.get("error").is_some())
+            {
+                answer = Some(message);
+            }
+        }
+        let Some(answer) = answer else {
+            return Err(StreamableHttpError::UnexpectedServerResponse(
+                "the tools/list answer holds no response".into(),
+            ));
+        };
+        let answer: ServerJsonRpcMessage = serde_json::from_value(answer)?;
+        Ok(StreamableHttpPostResponse::Json(answer, None))
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), HttpError> {
+        self.inner
+            .delete_session(uri, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<
+        Pin<Box<dyn futures_core::Stream<Item = Result<sse_stream::Sse, SseError>> + Send>>,
+        HttpError,
+    > {
+        self.inner
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+}
+
+/// The JSON values of the `data` of the events of an SSE body.
+fn sse_messages(body: &[u8]) -> Vec<Value> {
+    let text = String::from_utf8_lossy(body).replace("\r\n", "\n");
+    text.split("\n\n")
+        .filter_map(|event| {
+            let data: Vec<&str> = event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
+            serde_json::from_str(&data.join("\n")).ok()
+        })
+        .collect()
 }
 
 /// A stdio server's stdout, copied into a [`Tap`] when there is one.
