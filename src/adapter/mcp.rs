@@ -1115,6 +1115,42 @@ mod tests {
     }
 
     #[test]
+    fn raw_listings_name_only_task_required_tools() {
+        let lines = vec![
+            "not json".to_string(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25"}}"#.to_string(),
+            r#"{"jsonrpc":"2.0","id":2,"result":{"tools":[
+                {"name":"a","execution":{"taskSupport":"required"}},
+                {"name":"b","execution":{"taskSupport":"optional"}},
+                {"name":"c"},{"execution":{"taskSupport":"required"}}]}}"#
+                .replace('\n', ""),
+            r#"{"jsonrpc":"2.0","id":3,"result":{"tools":[{"name":"d","execution":{"taskSupport":"required"}}]}}"#.to_string(),
+        ]
+        .join("\n");
+        let names = task_required(lines.as_bytes());
+        assert_eq!(names, ["a".to_string(), "d".to_string()].into());
+        let tap = Tap::default();
+        tap.record(lines.as_bytes());
+        assert_eq!(
+            tap.listing(),
+            RawListing::Read {
+                task_required: names
+            }
+        );
+        tap.overflow();
+        assert_eq!(tap.listing(), RawListing::Unseen);
+    }
+
+    #[test]
+    fn sse_bodies_are_read_event_by_event() {
+        let body = "event: message\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n: comment\n\nid: 2\ndata:{\"b\":2}\n\ndata: not json\n\n";
+        assert_eq!(
+            sse_messages(body.as_bytes()),
+            vec![json!({"a": 1}), json!({"b": 2})]
+        );
+    }
+
+    #[test]
     fn outputs_are_read_in_order_of_preference() {
         let r = result(
             json!({"content": [{"type": "text", "text": "{\"a\":1}"}], "structuredContent": {"b": 2}}),
