@@ -1116,7 +1116,7 @@ mod tests {
 
     #[test]
     fn raw_listings_name_only_task_required_tools() {
-        let lines = vec![
+        let lines = [
             "not json".to_string(),
             r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25"}}"#.to_string(),
             r#"{"jsonrpc":"2.0","id":2,"result":{"tools":[
