@@ -111,7 +111,7 @@ pub async fn serve(
         let options = options.clone();
         let limits = limits.clone();
         let service = service_fn(move |req| {
-            route(gateway.clone(), options.clone(), limits.clone(), peer, req)
+            served(gateway.clone(), options.clone(), limits.clone(), peer, req)
         });
         let conn = http1::Builder::new()
             .timer(TokioTimer::new())
@@ -205,6 +205,39 @@ fn ready(gateway: &Gateway) -> Value {
 }
 
 type HttpResponse = Response<Full<Bytes>>;
+
+/// What a connection sends: a whole body, or the SSE stream of an MCP call that reports
+/// progress (it must reach the client as it happens, not at the end).
+type ServedBody = http_body_util::Either<Full<Bytes>, StreamBody>;
+type StreamBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// The SSE body of an MCP answer, carried from [`mcp`] to [`served`] in the
+/// response's extensions (the router's responses are whole bodies).
+#[derive(Clone)]
+struct StreamedBody(Arc<std::sync::Mutex<Option<StreamBody>>>);
+
+/// Routes one request; an MCP answer that streams is sent as a stream. Dropping the
+/// stream (the client went away) cancels the MCP call it carries.
+async fn served(
+    gateway: Arc<Gateway>,
+    options: Arc<ServerOptions>,
+    limits: Arc<ClientLimits>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<ServedBody>, Infallible> {
+    let mut response = match route(gateway, options, limits, peer, req).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    };
+    let streamed = response
+        .extensions_mut()
+        .remove::<StreamedBody>()
+        .and_then(|s| s.0.lock().ok().and_then(|mut body| body.take()));
+    Ok(match streamed {
+        Some(body) => response.map(|_| http_body_util::Either::Right(body)),
+        None => response.map(http_body_util::Either::Left),
+    })
+}
 
 /// Routes one request. Never fails: every outcome is a JSON response.
 async fn route(
@@ -614,9 +647,22 @@ async fn mcp(
     }
     let response =
         crate::mcp::front::handle(gateway, Request::from_parts(parts, Full::new(body))).await;
-    // INVARIANT: the front answers with JSON (`json_response`), so the body is complete
-    // when the handler returns; collecting it does not wait on a stream.
+    // The front answers with JSON (`json_response`), complete when the handler returns,
+    // except a call that reports progress: its answer is an SSE stream, bounded by the
+    // call's deadline, sent as it comes.
     let (head, body) = response.into_parts();
+    let stream = head
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if stream && head.status.is_success() {
+        let mut response = Response::from_parts(head, Full::new(Bytes::new()));
+        response
+            .extensions_mut()
+            .insert(StreamedBody(Arc::new(std::sync::Mutex::new(Some(body)))));
+        return response;
+    }
     let bytes = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(never) => match never {},

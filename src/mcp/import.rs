@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
-use crate::adapter::mcp::{Listing, Upstream};
+use crate::adapter::mcp::{Listing, RawListing, Upstream};
 
 /// Defaults of an imported entry; the reviewer tightens them.
 const TIMEOUT_DEFAULT_MS: u64 = 10_000;
@@ -25,24 +25,43 @@ const MAX_CONCURRENCY: u32 = 4;
 /// Longest registry tool name.
 const MAX_NAME: usize = 64;
 
-/// What a person must know before enabling the listed tools: a declared output schema
-/// is enforced by MCP clients on every result (the registry's `output_schema` is what
-/// the front advertises, so it must describe what the upstream returns).
+/// What a person must know before enabling the listed tools: a tool that can only be
+/// called as an MCP task (`execution.taskSupport: "required"`, MCP 2025-11-25) cannot be
+/// served by toolgate, which calls tools directly; a declared output schema is enforced
+/// by MCP clients on every result (the registry's `output_schema` is what the front
+/// advertises, so it must describe what the upstream returns).
 pub fn warnings(listing: &Listing) -> Vec<String> {
     let mut names: Vec<&rmcp::model::Tool> = listing.tools.iter().collect();
     names.sort_by(|a, b| a.name.cmp(&b.name));
-    names
-        .iter()
-        .filter(|t| t.output_schema.is_some())
-        .map(|t| {
-            format!(
-                "upstream tool {} declares an outputSchema: MCP clients (the TypeScript and Python SDKs) \
-                 reject a success whose structuredContent does not match it; the entry copies it into \
-                 output_schema, keep it exact when you tighten it",
-                json!(t.name)
-            )
-        })
-        .collect()
+    let mut out = Vec::new();
+    match &listing.raw {
+        RawListing::Read { task_required } => {
+            for name in task_required {
+                out.push(format!(
+                    "upstream tool {} requires task augmentation (execution.taskSupport \"required\"): \
+                     toolgate calls tools directly and cannot serve it; its entry is printed disabled, \
+                     leave it so",
+                    json!(name)
+                ));
+            }
+        }
+        RawListing::Unseen => out.push(
+            "could not read the raw tools/list answers (an http server, or answers larger than \
+             the import keeps): tools that require task augmentation (execution.taskSupport \
+             \"required\") cannot be served by toolgate and are not marked; check the server's \
+             listing before enabling any tool"
+                .to_string(),
+        ),
+    }
+    out.extend(names.iter().filter(|t| t.output_schema.is_some()).map(|t| {
+        format!(
+            "upstream tool {} declares an outputSchema: MCP clients (the TypeScript and Python SDKs) \
+             reject a success whose structuredContent does not match it; the entry copies it into \
+             output_schema, keep it exact when you tighten it",
+            json!(t.name)
+        )
+    }));
+    out
 }
 
 /// The registry entries for every listed tool, sorted by upstream name, with a header
@@ -154,6 +173,13 @@ pub fn render(
                 ""
             }
         ));
+        if task_required(listing, &tool.name) {
+            out.push_str(
+                "  # CANNOT BE SERVED: the server requires this tool to be called as a task\n\
+                 \x20 # (execution.taskSupport \"required\"); toolgate calls tools directly, so\n\
+                 \x20 # the upstream refuses every call. Leave it disabled.\n",
+            );
+        }
         out.push_str(&format!("  - tool_name: {name}\n"));
         out.push_str(&format!("    description: {}\n", json!(description)));
         out.push_str("    enabled: false\n");
@@ -179,6 +205,11 @@ pub fn render(
         out.push_str(&format!("    output_schema: {output_schema}\n"));
     }
     out
+}
+
+/// Whether the raw listing says `name` can only be called as a task.
+fn task_required(listing: &Listing, name: &str) -> bool {
+    matches!(&listing.raw, RawListing::Read { task_required } if task_required.contains(name))
 }
 
 fn hint(value: Option<bool>) -> &'static str {
@@ -258,6 +289,9 @@ mod tests {
         let listing = Listing {
             server: None,
             tools,
+            raw: RawListing::Read {
+                task_required: ["write_thing".to_string()].into(),
+            },
         };
         let upstream = Upstream::Http {
             url: "http://127.0.0.1:9/mcp".into(),
@@ -287,5 +321,17 @@ mod tests {
         assert_eq!(named.matches("server: search,").count(), 2);
         assert!(text.matches("enabled: false").count() == 2);
         assert!(text.matches("allowed_lanes: []").count() == 2);
+        // The task-required tool is marked, the other is not.
+        let write_note = text.find(r#"# upstream tool "write_thing""#).unwrap();
+        let read_note = text.find(r#"# upstream tool "read_thing""#).unwrap();
+        assert!(text[write_note..].contains("CANNOT BE SERVED"));
+        assert!(!text[read_note..write_note].contains("CANNOT BE SERVED"));
+        let warned = warnings(&listing);
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.contains(r#""write_thing" requires task augmentation"#)),
+            "{warned:?}"
+        );
     }
 }

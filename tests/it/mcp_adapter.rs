@@ -610,6 +610,177 @@ fn imported_entries_load_once_reviewed_and_then_run() {
     assert_eq!(body["diagnostic"]["reason"], "tool_disabled", "{body}");
 }
 
+/// A raw JSON-RPC stdio MCP server listing a tool that can only be called as a task
+/// (MCP 2025-11-25 `execution.taskSupport: "required"`), one where tasks are optional
+/// and one plain tool.
+const TASK_SERVER: &str = r#"
+import json, sys
+TOOLS = [
+    {"name": "long_report", "inputSchema": {"type": "object"},
+     "execution": {"taskSupport": "required"}},
+    {"name": "maybe_task", "inputSchema": {"type": "object"},
+     "execution": {"taskSupport": "optional"}},
+    {"name": "echo", "inputSchema": {"type": "object"}},
+]
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    method = msg.get("method")
+    if method == "initialize":
+        answer = {"result": {"protocolVersion": msg["params"]["protocolVersion"],
+                             "capabilities": {"tools": {}},
+                             "serverInfo": {"name": "tasks", "version": "1.0.0"}}}
+    elif method == "tools/list":
+        answer = {"result": {"tools": TOOLS}}
+    else:
+        answer = {"error": {"code": -32601, "message": "no such method"}}
+    answer.update({"jsonrpc": "2.0", "id": msg["id"]})
+    print(json.dumps(answer), flush=True)
+"#;
+
+#[test]
+fn import_marks_and_warns_on_tools_that_require_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("task_server.py");
+    fs::write(&script, TASK_SERVER).unwrap();
+    let out = Command::new(BIN)
+        .args(["mcp", "import", "--command", "python3"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // One warning, naming the task-required tool only.
+    let warned: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("requires task augmentation"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{stderr}");
+    assert!(warned[0].starts_with("warning: "), "{stderr}");
+    assert!(warned[0].contains(r#""long_report""#), "{stderr}");
+    assert!(warned[0].contains("cannot serve it"), "{stderr}");
+    assert!(
+        !stderr.contains("could not read the raw tools/list"),
+        "{stderr}"
+    );
+    // Each entry's comment block runs from its `# upstream tool` line to the next.
+    let entry = |name: &str| -> String {
+        let start = stdout
+            .find(&format!(r#"# upstream tool "{name}""#))
+            .unwrap_or_else(|| panic!("{name} not printed:\n{stdout}"));
+        let rest = &stdout[start + 1..];
+        let end = rest.find("# upstream tool").unwrap_or(rest.len());
+        rest[..end].to_string()
+    };
+    let long = entry("long_report");
+    assert!(long.contains("CANNOT BE SERVED"), "{long}");
+    assert!(long.contains("\n    enabled: false\n"), "{long}");
+    for other in ["maybe_task", "echo"] {
+        let text = entry(other);
+        assert!(!text.contains("CANNOT BE SERVED"), "{text}");
+        assert!(text.contains("\n    enabled: false\n"), "{text}");
+    }
+    // Still a valid registry: the marked entry loads (disabled) with the others.
+    assert_eq!(stdout.matches("- tool_name: ").count(), 3, "{stdout}");
+}
+
+/// The same tools served over Streamable HTTP by a raw stateless server: `initialize`
+/// answered as JSON, `tools/list` as an SSE stream; prints its port first.
+const TASK_HTTP_SERVER: &str = r#"
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+TOOLS = [
+    {"name": "long_report", "inputSchema": {"type": "object"},
+     "execution": {"taskSupport": "required"}},
+    {"name": "echo", "inputSchema": {"type": "object"}},
+]
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+    def answer(self, status, ctype, body):
+        self.send_response(status)
+        if ctype:
+            self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self.answer(405, None, b"")
+    def do_DELETE(self):
+        self.answer(200, None, b"")
+    def do_POST(self):
+        msg = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if "id" not in msg:
+            return self.answer(202, None, b"")
+        method = msg.get("method")
+        reply = {"jsonrpc": "2.0", "id": msg["id"]}
+        if method == "initialize":
+            reply["result"] = {"protocolVersion": msg["params"]["protocolVersion"],
+                               "capabilities": {"tools": {}},
+                               "serverInfo": {"name": "tasks", "version": "1.0.0"}}
+            return self.answer(200, "application/json", json.dumps(reply).encode())
+        if method == "tools/list":
+            reply["result"] = {"tools": TOOLS}
+            event = "event: message\ndata: " + json.dumps(reply) + "\n\n"
+            return self.answer(200, "text/event-stream", event.encode())
+        reply["error"] = {"code": -32601, "message": "no such method"}
+        self.answer(200, "application/json", json.dumps(reply).encode())
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"#;
+
+#[test]
+fn import_over_http_marks_and_warns_on_tools_that_require_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("task_http_server.py");
+    fs::write(&script, TASK_HTTP_SERVER).unwrap();
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line.trim().parse().unwrap();
+    let out = Command::new(BIN)
+        .args(["mcp", "import", "--url"])
+        .arg(format!("http://127.0.0.1:{port}/mcp"))
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warned: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("requires task augmentation"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{stderr}");
+    assert!(warned[0].contains(r#""long_report""#), "{stderr}");
+    assert!(
+        !stderr.contains("could not read the raw tools/list"),
+        "{stderr}"
+    );
+    let long = stdout.find(r#"# upstream tool "long_report""#).unwrap();
+    let echo = stdout.find(r#"# upstream tool "echo""#).unwrap();
+    // Sorted by name: echo first, then long_report with its note.
+    assert!(echo < long, "{stdout}");
+    assert!(!stdout[echo..long].contains("CANNOT BE SERVED"), "{stdout}");
+    assert!(stdout[long..].contains("CANNOT BE SERVED"), "{stdout}");
+    assert_eq!(
+        stdout.matches("\n    enabled: false\n").count(),
+        2,
+        "{stdout}"
+    );
+}
+
 #[test]
 fn import_refuses_bad_flags_and_reports_an_unreachable_server() {
     let out = Command::new(BIN)

@@ -341,6 +341,150 @@ fn a_caller_that_hangs_up_kills_a_command_tools_process_group() {
     assert_eq!(closing[0]["reason"], "cancelled", "{}", closing[0]);
 }
 
+/// Sends an MCP `tools/call` of `tool` to /mcp on a raw connection and returns the
+/// connection unread: the caller drops it to hang up.
+fn mcp_call_and_hold(server: &Server, run: &str, tool: &str, id: u64, progress: bool) -> TcpStream {
+    let address = server.base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).unwrap();
+    let mut params = json!({"name": tool, "arguments": {"seconds": 25}});
+    if progress {
+        params["_meta"] = json!({"progressToken": format!("p-{id}")});
+    }
+    let body =
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}).to_string();
+    let mut head = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
+    for (name, value) in mcp_headers(run, "demo-tester") {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    write!(stream, "{head}Content-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    stream.flush().unwrap();
+    stream
+}
+
+/// Reads `stream` until what it received contains `needle` (at most 20 s).
+fn read_until(stream: &mut TcpStream, needle: &str) -> String {
+    use std::io::Read;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "no {needle} in {}",
+            String::from_utf8_lossy(&seen)
+        );
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => panic!("closed before {needle}: {}", String::from_utf8_lossy(&seen)),
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("reading for {needle}: {e}"),
+        }
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[test]
+fn an_mcp_client_that_drops_its_connection_cancels_the_upstream_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let server = Server::start_with(lab_with_servers(
+        dir.path(),
+        &lab_server_entry("lab", &state, 8),
+        &[LabTool {
+            name: "slow",
+            adapter: on("lab", "slow"),
+            timeout_ms: 30000,
+            output_schema: ANY_OBJECT,
+        }],
+    ));
+    let run = server.create_run(json!({}));
+    // Two ways to hang up: while the JSON answer is pending, and in the middle of the
+    // SSE stream that carries the call's progress.
+    for (round, progress) in [(1usize, false), (2, true)] {
+        let mut stream = mcp_call_and_hold(&server, &run, "slow", round as u64, progress);
+        wait_for("the upstream to start the call", || {
+            (slow_calls(&state).len() == round).then_some(())
+        });
+        if progress {
+            // The upstream's progress reached the client: the answer is a stream.
+            let seen = read_until(&mut stream, "notifications/progress");
+            assert!(seen.contains("text/event-stream"), "{seen}");
+            assert!(seen.contains("started"), "{seen}");
+        }
+        let upstream_id = slow_calls(&state)[round - 1].clone();
+        let hung_up = now_secs();
+        stream.shutdown(std::net::Shutdown::Both).unwrap();
+        drop(stream);
+        let (id, heard) = wait_for("the upstream to hear the cancellation", || {
+            cancellations(&state).get(round - 1).cloned()
+        });
+        assert_eq!(id, upstream_id, "round {round}");
+        eprintln!(
+            "mcp hang-up (progress: {progress}) to upstream cancellation: {:.1} ms",
+            (heard - hung_up) * 1000.0
+        );
+        assert!(
+            heard - hung_up < 0.5,
+            "round {round}: the upstream heard the cancellation {:.3} s after the hang-up",
+            heard - hung_up
+        );
+        // The call closed once, as cancelled by the caller.
+        let closing = wait_for("the closing event", || {
+            let events = closing_events(&server, &run);
+            (events.len() == round).then_some(events)
+        });
+        let last = &closing[round - 1];
+        assert_eq!(last["type"], "tool_failed", "{last}");
+        assert_eq!(last["reason"], "cancelled", "{last}");
+    }
+    // The upstream call stopped (no answer was sent for either) and the server was
+    // not restarted: cancelling a request is not a failure of the server.
+    assert_eq!(starts(&state), 1);
+    assert_eq!(cancellations(&state).len(), 2);
+}
+
+#[test]
+fn an_mcp_client_that_drops_its_connection_kills_a_command_tools_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("marker");
+    fs::create_dir_all(&marker).unwrap();
+    let started = marker.join("started");
+    let script = format!(
+        "import sys, time; open(sys.argv[1], 'w').write('x'); time.sleep(30)  # {}",
+        marker.display()
+    );
+    let argv = json!(["python3", "-c", script, started]);
+    let server = Server::start_with(lab_with_servers(
+        dir.path(),
+        "",
+        &[LabTool {
+            name: "sleeper",
+            adapter: format!("{{kind: command, argv: {argv}}}"),
+            timeout_ms: 40000,
+            output_schema: ANY_OBJECT,
+        }],
+    ));
+    let run = server.create_run(json!({}));
+    let stream = mcp_call_and_hold(&server, &run, "sleeper", 1, false);
+    wait_for("the command to start", || started.exists().then_some(()));
+    assert_eq!(processes_mentioning(&marker).len(), 1);
+    let hung_up = Instant::now();
+    drop(stream);
+    wait_for("the command to be killed", || {
+        processes_mentioning(&marker).is_empty().then_some(())
+    });
+    // Well before its 30 s sleep or the 40 s deadline: it was killed, not waited for.
+    assert!(hung_up.elapsed() < Duration::from_secs(10));
+    let closing = wait_for("the closing event", || {
+        let events = closing_events(&server, &run);
+        (!events.is_empty()).then_some(events)
+    });
+    assert_eq!(closing.len(), 1, "{closing:?}");
+    assert_eq!(closing[0]["type"], "tool_failed", "{}", closing[0]);
+    assert_eq!(closing[0]["reason"], "cancelled", "{}", closing[0]);
+}
+
 /// The headers of the lab's MCP caller.
 fn mcp_headers(run: &str, token: &str) -> Vec<(&'static str, String)> {
     vec![

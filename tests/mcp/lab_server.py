@@ -12,7 +12,8 @@ Tools: `echo` (structured result), `fail` (an error result), `crash` (the proces
 exits during the call), `hang` (never answers), and three that run beside the
 message loop (so the server keeps reading while they run): `slow` (appends its
 request id to STATE_DIR/calls, then answers once STATE_DIR/go exists or after
-`seconds`; a `notifications/cancelled` for it is written to STATE_DIR/cancelled as
+`seconds`; with a progressToken it first reports one progress step, "started"; a
+`notifications/cancelled` for it is written to STATE_DIR/cancelled as
 `<request id> <unix time>` and stops it), `progress` (three progress notifications
 for the request's progressToken, then a result), `flood` (`count` progress
 notifications as fast as it can write them, then a result).
@@ -66,9 +67,12 @@ def result(rid, out):
         "content": [{"type": "text", "text": json.dumps(out)}], "structuredContent": out}})
 
 
-def slow(rid, args, stop):
+def slow(rid, args, stop, token):
     with open(os.path.join(state, "calls"), "a") as f:
         f.write(json.dumps(rid) + "\n")
+    if token is not None:
+        send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+            "progressToken": token, "progress": 0, "message": "started"}})
     deadline = time.time() + float(args.get("seconds", 30))
     while time.time() < deadline and not stop.is_set():
         if os.path.exists(os.path.join(state, "go")):
@@ -138,7 +142,7 @@ for line in sys.stdin:
         elif name in ("slow", "progress", "flood"):
             token = ((message["params"].get("_meta") or {}).get("progressToken"))
             stop = stopped.setdefault(json.dumps(rid), threading.Event())
-            work = {"slow": lambda: slow(rid, args, stop),
+            work = {"slow": lambda: slow(rid, args, stop, token),
                     "progress": lambda: progress(rid, token, args),
                     "flood": lambda: flood(rid, token, args)}[name]
             threading.Thread(target=work, daemon=True).start()
