@@ -477,6 +477,18 @@ fn the_documented_least_privilege_roles_run_a_fleet() {
     assert!(common::poll_until(LOCK_BOUND + HTTP_SLACK, || reason(
         &research(&a, &run).1
     ) == "safety_lock_engaged"));
+    // The shared approvals (an identity column) need no sequence grant.
+    pg.psql_at(
+        &sidecar_url,
+        "INSERT INTO toolgate_approvals (approval_id, status, run_id, call_digest, \
+         created_at_ms, expires_at_ms, record) VALUES ('apr_x', 'pending', 'r', 'd', 0, 0, '{}')",
+    )
+    .unwrap();
+    pg.psql_at(
+        &sidecar_url,
+        "DELETE FROM toolgate_approvals WHERE approval_id = 'apr_x'",
+    )
+    .unwrap();
     // ... and cannot change the schema or drop the tables.
     for sql in [
         "DROP TABLE toolgate_runs",
