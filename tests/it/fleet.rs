@@ -890,6 +890,47 @@ fn an_approval_requested_through_one_sidecar_is_decided_and_used_once_through_ot
 }
 
 #[test]
+fn shared_approvals_with_the_database_down_refuse_with_a_reason_and_never_run() {
+    use crate::approvals::with_approval;
+    use crate::approvals::{SUPERVISOR, approval_policy, decide, draft_call, request, send};
+    let mut pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut start = approval_policy(tmp.path(), 1, 600);
+        start.args = vec!["--cluster-db".into(), pg.url()];
+        Server::start_with(start)
+    };
+    let (a, b) = (start(), start());
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&a, &call);
+    let (code, body) = decide(&b, Some(SUPERVISOR), &id, "approve", "checked");
+    assert_eq!(code, 200, "{body}");
+
+    pg.stop();
+    // Reads, decisions and the retry: structured 503s, nothing guessed, nothing run.
+    let (code, body) = b.get(&format!("/v1/approvals/{id}"), Some(SUPERVISOR));
+    assert_eq!(
+        (code, reason(&body)),
+        (503, "approval_store_unavailable"),
+        "{body}"
+    );
+    let (code, body) = b.get("/v1/approvals?status=approved", Some(SUPERVISOR));
+    assert_eq!(
+        (code, reason(&body)),
+        (503, "approval_store_unavailable"),
+        "{body}"
+    );
+    let (code, body) = send(&b, &with_approval(&call, &id));
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        ["cluster_unavailable", "approval_store_unavailable"].contains(&reason(&body)),
+        "{body}"
+    );
+    assert_eq!(tool_executed(&a, &run) + tool_executed(&b, &run), 0);
+}
+
+#[test]
 fn concurrent_retries_through_two_sidecars_consume_an_approval_once() {
     use crate::approvals::with_approval;
     use crate::approvals::{SUPERVISOR, approval_policy, decide, draft_call, request, send};
