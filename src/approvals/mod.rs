@@ -21,7 +21,7 @@ use crate::policy::PolicyVersions;
 
 pub mod store;
 
-pub use store::{ApprovalStore, StoreError};
+pub use store::{ApprovalBackend, ApprovalStore, StoreError};
 
 /// The longest decision reason accepted, in bytes.
 pub const MAX_REASON_BYTES: usize = 1000;

@@ -33,12 +33,12 @@ fn map(e: rusqlite::Error) -> StoreError {
     StoreError(e.to_string())
 }
 
-fn decode(json: &str) -> Result<ApprovalRecord, StoreError> {
+pub(crate) fn decode(json: &str) -> Result<ApprovalRecord, StoreError> {
     serde_json::from_str(json)
         .map_err(|e| StoreError(format!("an approval record is unreadable: {e}")))
 }
 
-fn encode(record: &ApprovalRecord) -> Result<String, StoreError> {
+pub(crate) fn encode(record: &ApprovalRecord) -> Result<String, StoreError> {
     serde_json::to_string(record).map_err(|e| StoreError(e.to_string()))
 }
 
@@ -369,5 +369,118 @@ impl ApprovalStore {
             )
             .map_err(map)
         })
+    }
+}
+
+/// The store's operations, whatever keeps the approvals: [`ApprovalStore`] (SQLite,
+/// one sidecar) or `cluster::approvals::PgApprovals` (the cluster database, shared by
+/// a fleet). Methods block: async callers run them on the blocking pool. Each has the
+/// meaning documented on [`ApprovalStore`]'s method of the same name; `claim` is
+/// atomic (of concurrent claims, exactly one returns true).
+#[allow(clippy::type_complexity)]
+pub trait ApprovalBackend: Send + Sync {
+    fn insert(&self, record: &ApprovalRecord) -> Result<(), StoreError>;
+    fn remove(&self, approval_id: &str) -> Result<(), StoreError>;
+    fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError>;
+    fn pending_for(
+        &self,
+        call_digest: &str,
+        now_ms: i64,
+    ) -> Result<Option<ApprovalRecord>, StoreError>;
+    fn pending_counts(&self, run_id: &str, now_ms: i64) -> Result<(u64, u64), StoreError>;
+    fn list(
+        &self,
+        status: Option<ApprovalStatus>,
+        run_id: Option<&str>,
+        cursor: i64,
+        limit: usize,
+        now_ms: i64,
+    ) -> Result<(Vec<(i64, ApprovalRecord)>, bool), StoreError>;
+    fn update_decided(
+        &self,
+        record: &ApprovalRecord,
+        expected: ApprovalStatus,
+        now_ms: i64,
+    ) -> Result<bool, StoreError>;
+    fn claim(
+        &self,
+        approval_id: &str,
+        call_id: &str,
+        now_ms: i64,
+        used_at: &str,
+    ) -> Result<bool, StoreError>;
+    fn release(&self, approval_id: &str, call_id: &str, now_ms: i64) -> Result<bool, StoreError>;
+    fn due_expiries(&self, now_ms: i64, limit: usize) -> Result<Vec<ApprovalRecord>, StoreError>;
+    fn mark_expired(&self, approval_id: &str) -> Result<(), StoreError>;
+    fn expiry_audited(&self, approval_id: &str) -> Result<(), StoreError>;
+    fn prune(&self, keep: u64) -> Result<usize, StoreError>;
+    /// Whether the approvals are shared by a fleet (the gateway then cannot find every
+    /// grant in its own audit log: see `docs/deployment.md`).
+    fn shared(&self) -> bool {
+        false
+    }
+}
+
+impl ApprovalBackend for ApprovalStore {
+    fn insert(&self, record: &ApprovalRecord) -> Result<(), StoreError> {
+        ApprovalStore::insert(self, record)
+    }
+    fn remove(&self, approval_id: &str) -> Result<(), StoreError> {
+        ApprovalStore::remove(self, approval_id)
+    }
+    fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
+        ApprovalStore::get(self, approval_id)
+    }
+    fn pending_for(
+        &self,
+        call_digest: &str,
+        now_ms: i64,
+    ) -> Result<Option<ApprovalRecord>, StoreError> {
+        ApprovalStore::pending_for(self, call_digest, now_ms)
+    }
+    fn pending_counts(&self, run_id: &str, now_ms: i64) -> Result<(u64, u64), StoreError> {
+        ApprovalStore::pending_counts(self, run_id, now_ms)
+    }
+    fn list(
+        &self,
+        status: Option<ApprovalStatus>,
+        run_id: Option<&str>,
+        cursor: i64,
+        limit: usize,
+        now_ms: i64,
+    ) -> Result<(Vec<(i64, ApprovalRecord)>, bool), StoreError> {
+        ApprovalStore::list(self, status, run_id, cursor, limit, now_ms)
+    }
+    fn update_decided(
+        &self,
+        record: &ApprovalRecord,
+        expected: ApprovalStatus,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        ApprovalStore::update_decided(self, record, expected, now_ms)
+    }
+    fn claim(
+        &self,
+        approval_id: &str,
+        call_id: &str,
+        now_ms: i64,
+        used_at: &str,
+    ) -> Result<bool, StoreError> {
+        ApprovalStore::claim(self, approval_id, call_id, now_ms, used_at)
+    }
+    fn release(&self, approval_id: &str, call_id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        ApprovalStore::release(self, approval_id, call_id, now_ms)
+    }
+    fn due_expiries(&self, now_ms: i64, limit: usize) -> Result<Vec<ApprovalRecord>, StoreError> {
+        ApprovalStore::due_expiries(self, now_ms, limit)
+    }
+    fn mark_expired(&self, approval_id: &str) -> Result<(), StoreError> {
+        ApprovalStore::mark_expired(self, approval_id)
+    }
+    fn expiry_audited(&self, approval_id: &str) -> Result<(), StoreError> {
+        ApprovalStore::expiry_audited(self, approval_id)
+    }
+    fn prune(&self, keep: u64) -> Result<usize, StoreError> {
+        ApprovalStore::prune(self, keep)
     }
 }

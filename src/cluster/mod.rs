@@ -25,6 +25,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::diagnostic::{Reason, Refusal};
 
+pub mod approvals;
 pub mod counters;
 mod schema;
 pub mod state;

@@ -63,6 +63,23 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX toolgate_rate_events_by_counter ON toolgate_rate_events (counter, at_ms);
     "#,
+    // 4: the approvals shared by a fleet (`cluster::approvals`).
+    r#"
+    CREATE TABLE toolgate_approvals (
+        seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+        approval_id text PRIMARY KEY,
+        status text NOT NULL CHECK (status IN ('pending', 'approved', 'denied', 'expired', 'used')),
+        run_id text NOT NULL,
+        call_digest text NOT NULL,
+        created_at_ms bigint NOT NULL,
+        expires_at_ms bigint NOT NULL,
+        expiry_audited boolean NOT NULL DEFAULT false,
+        record jsonb NOT NULL
+    );
+    CREATE INDEX toolgate_approvals_status ON toolgate_approvals (status, expires_at_ms);
+    CREATE INDEX toolgate_approvals_run ON toolgate_approvals (run_id, status);
+    CREATE INDEX toolgate_approvals_digest ON toolgate_approvals (call_digest, status);
+    "#,
 ];
 
 /// The schema version this binary writes and reads.

@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::approvals::{
-    self, ApprovalRecord, ApprovalStatus, ApprovalStore, Binding, Decision, Requester, StoreError,
-    Verdict,
+    self, ApprovalBackend, ApprovalRecord, ApprovalStatus, Binding, Decision, Requester,
+    StoreError, Verdict,
 };
 use crate::audit::{EventFilter, EventType, NewEvent};
 use crate::call::ApprovalRequirement;
@@ -81,38 +81,19 @@ fn unknown(approval_id: &str) -> Refusal {
 }
 
 impl Gateway {
-    /// `approval_unknown` for an id this sidecar's store does not hold. In a fleet
-    /// approvals are not shared (each sidecar keeps its own `approvals.db`): the
-    /// refusal says so, and that the retry and the decisions belong to the sidecar
-    /// that answered `approval_required`.
+    /// `approval_unknown` for an id the store does not hold. In a fleet the approvals
+    /// are shared (the cluster database): no sidecar holds it, and the refusal says so.
     fn unknown_approval(&self, approval_id: &str) -> Refusal {
-        let refusal = unknown(approval_id);
-        let Some(cluster) = &self.cluster else {
-            return refusal;
-        };
-        let id: String = approval_id.chars().take(128).collect();
-        Refusal::new(
-            Reason::ApprovalUnknown,
-            format!(
-                "no approval `{id}` exists on this sidecar: in a fleet, approvals are kept by \
-                 the sidecar that answered approval_required, not shared; send the retry and \
-                 the approvers' decisions to that sidecar, or call again without approval_id \
-                 to request a new approval here"
-            ),
-        )
-        .with_details(json!({
-            "approval_id": id,
-            "approvals_shared": false,
-            "sidecar": cluster.node_id,
-        }))
+        self.fleet_sidecar(unknown(approval_id))
     }
 
-    /// In a fleet, names this sidecar in an `approval_required` refusal (`sidecar`,
-    /// `approvals_shared: false`): the retry and the decisions must come back here.
+    /// In a fleet, names the answering sidecar in an approval refusal (`sidecar`) and
+    /// says the approvals are shared (`approvals_shared: true`): the retry and the
+    /// decisions may go through any sidecar of the fleet.
     fn fleet_sidecar(&self, mut refusal: Refusal) -> Refusal {
         if let (Some(cluster), Some(details)) = (&self.cluster, refusal.details.as_object_mut()) {
             details.insert("sidecar".into(), json!(cluster.node_id));
-            details.insert("approvals_shared".into(), json!(false));
+            details.insert("approvals_shared".into(), json!(true));
         }
         refusal
     }
@@ -120,10 +101,10 @@ impl Gateway {
     /// Runs a store operation on the blocking pool.
     async fn approval_store<T: Send + 'static>(
         &self,
-        op: impl FnOnce(&ApprovalStore) -> Result<T, StoreError> + Send + 'static,
+        op: impl FnOnce(&dyn ApprovalBackend) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, Refusal> {
         let store = self.approvals.clone();
-        match tokio::task::spawn_blocking(move || op(&store)).await {
+        match tokio::task::spawn_blocking(move || op(store.as_ref())).await {
             Ok(result) => result.map_err(store_refusal),
             Err(_) => Err(Refusal::new(
                 Reason::ApprovalStoreUnavailable,
@@ -248,8 +229,12 @@ impl Gateway {
         let claimed = match record.status_at(now) {
             ApprovalStatus::Approved => {
                 // The store is an index; the signed audit log is the evidence. A grant
-                // the log does not hold (an edited approvals.db) is not honoured.
-                if !self.grants_in_log(&record).await? {
+                // the log does not hold (an edited approvals.db) is not honoured. In a
+                // fleet the grants are in the deciding sidecars' logs, not necessarily
+                // this one's: the cluster database (no data directory can edit it) is
+                // the record, and the hub reconciles (docs/deployment.md).
+                let shared = self.approvals.shared();
+                if !shared && !self.grants_in_log(&record).await? {
                     return Err(Refusal::new(
                         Reason::ApprovalStoreUnavailable,
                         format!(

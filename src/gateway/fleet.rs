@@ -95,6 +95,14 @@ impl Gateway {
             ))),
             Err(_) => Err("the shared counters need the async runtime".into()),
         };
+        // Approvals are shared too: requested through one sidecar, decided and used
+        // through any (the local `approvals.db` is not used in a fleet).
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            self.approvals = Arc::new(crate::cluster::approvals::PgApprovals::new(
+                cluster.clone(),
+                handle,
+            ));
+        }
         self.cluster = Some(cluster);
         self
     }

@@ -169,7 +169,7 @@ pub struct Gateway {
     /// this plus `/mcp`, accepted as a JWT audience (RFC 8707).
     public_url: Option<String>,
     /// Approvals of calls that need one (`approvals.db` in the data directory).
-    approvals: Arc<crate::approvals::ApprovalStore>,
+    approvals: Arc<dyn crate::approvals::ApprovalBackend>,
     /// Serializes approval requests and decisions (quorum counts, status checks).
     approval_changes: tokio::sync::Mutex<()>,
     /// Serializes expiry sweeps, so each expiry is audited once.

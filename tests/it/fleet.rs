@@ -477,6 +477,18 @@ fn the_documented_least_privilege_roles_run_a_fleet() {
     assert!(common::poll_until(LOCK_BOUND + HTTP_SLACK, || reason(
         &research(&a, &run).1
     ) == "safety_lock_engaged"));
+    // The shared approvals (an identity column) need no sequence grant.
+    pg.psql_at(
+        &sidecar_url,
+        "INSERT INTO toolgate_approvals (approval_id, status, run_id, call_digest, \
+         created_at_ms, expires_at_ms, record) VALUES ('apr_x', 'pending', 'r', 'd', 0, 0, '{}')",
+    )
+    .unwrap();
+    pg.psql_at(
+        &sidecar_url,
+        "DELETE FROM toolgate_approvals WHERE approval_id = 'apr_x'",
+    )
+    .unwrap();
     // ... and cannot change the schema or drop the tables.
     for sql in [
         "DROP TABLE toolgate_runs",
@@ -801,8 +813,125 @@ fn counters_that_cannot_be_read_in_time_refuse_the_call_and_count_nothing() {
     assert_eq!((code, reason(&body)), (403, "budget_exhausted"), "{body}");
 }
 
+fn tool_executed(server: &Server, run: &str) -> usize {
+    events(server, run)
+        .iter()
+        .filter(|e| e["type"] == "tool_executed")
+        .count()
+}
+
 #[test]
-fn an_approval_requested_on_one_sidecar_is_refused_with_a_reason_on_another() {
+fn an_approval_requested_through_one_sidecar_is_decided_and_used_once_through_others() {
+    use crate::approvals::with_approval;
+    use crate::approvals::{SUPERVISOR, approval_policy, decide, draft_call, request, send};
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut start = approval_policy(tmp.path(), 1, 600);
+        start.args = vec!["--cluster-db".into(), pg.url()];
+        Server::start_with(start)
+    };
+    let (a, b, c) = (start(), start(), start());
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&a, &call);
+    let (_, first) = send(&a, &call);
+    assert_eq!(
+        first["diagnostic"]["details"]["approvals_shared"], true,
+        "{first}"
+    );
+    assert_eq!(
+        first["diagnostic"]["details"]["approval_id"],
+        id.as_str(),
+        "{first}"
+    );
+
+    // B lists it and shows it; a retry through C before the decision is pending.
+    let (code, list) = b.get("/v1/approvals?status=pending", Some(SUPERVISOR));
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(list["approvals"][0]["approval_id"], id.as_str(), "{list}");
+    let (code, shown) = b.get(&format!("/v1/approvals/{id}"), Some(SUPERVISOR));
+    assert_eq!(
+        (code, &shown["status"]),
+        (200, &json!("pending")),
+        "{shown}"
+    );
+    let (code, body) = send(&c, &with_approval(&call, &id));
+    assert!((400..500).contains(&code), "{code} {body}");
+    assert_eq!(reason(&body), "approval_pending", "{body}");
+    // The requester's role cannot approve it through another sidecar either.
+    let (code, body) = decide(
+        &b,
+        Some(&crate::common::token("drafting_agent")),
+        &id,
+        "approve",
+        "mine",
+    );
+    assert!((400..500).contains(&code), "{code} {body}");
+
+    // Decided through B, used through C: executed once; a second use through A is refused.
+    let (code, body) = decide(&b, Some(SUPERVISOR), &id, "approve", "checked");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = send(&c, &with_approval(&call, &id));
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = send(&a, &with_approval(&call, &id));
+    assert!((400..500).contains(&code), "{code} {body}");
+    assert_eq!(reason(&body), "approval_used", "{body}");
+    assert_eq!(
+        tool_executed(&a, &run) + tool_executed(&b, &run) + tool_executed(&c, &run),
+        1
+    );
+
+    // An unknown id is unknown on every sidecar, with a structured reason.
+    let missing = "apr_00000000000000000000000000";
+    let (code, body) = b.get(&format!("/v1/approvals/{missing}"), Some(SUPERVISOR));
+    assert!((400..500).contains(&code), "{code} {body}");
+    assert_eq!(reason(&body), "approval_unknown", "{body}");
+}
+
+#[test]
+fn shared_approvals_with_the_database_down_refuse_with_a_reason_and_never_run() {
+    use crate::approvals::with_approval;
+    use crate::approvals::{SUPERVISOR, approval_policy, decide, draft_call, request, send};
+    let mut pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut start = approval_policy(tmp.path(), 1, 600);
+        start.args = vec!["--cluster-db".into(), pg.url()];
+        Server::start_with(start)
+    };
+    let (a, b) = (start(), start());
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&a, &call);
+    let (code, body) = decide(&b, Some(SUPERVISOR), &id, "approve", "checked");
+    assert_eq!(code, 200, "{body}");
+
+    pg.stop();
+    // Reads, decisions and the retry: structured 503s, nothing guessed, nothing run.
+    let (code, body) = b.get(&format!("/v1/approvals/{id}"), Some(SUPERVISOR));
+    assert_eq!(
+        (code, reason(&body)),
+        (503, "approval_store_unavailable"),
+        "{body}"
+    );
+    let (code, body) = b.get("/v1/approvals?status=approved", Some(SUPERVISOR));
+    assert_eq!(
+        (code, reason(&body)),
+        (503, "approval_store_unavailable"),
+        "{body}"
+    );
+    let (code, body) = send(&b, &with_approval(&call, &id));
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        ["cluster_unavailable", "approval_store_unavailable"].contains(&reason(&body)),
+        "{body}"
+    );
+    assert_eq!(tool_executed(&a, &run) + tool_executed(&b, &run), 0);
+}
+
+#[test]
+fn concurrent_retries_through_two_sidecars_consume_an_approval_once() {
     use crate::approvals::with_approval;
     use crate::approvals::{SUPERVISOR, approval_policy, decide, draft_call, request, send};
     let pg = Postgres::start();
@@ -814,58 +943,27 @@ fn an_approval_requested_on_one_sidecar_is_refused_with_a_reason_on_another() {
     };
     let (a, b) = (start(), start());
     let run = a.create_run(json!({"case_id": "C-1001"}));
-    let call = draft_call(&run, "Motion");
-    let id = request(&a, &call);
-    let (_, first) = send(&a, &call);
-    let sidecar_a = first["diagnostic"]["details"]["sidecar"].clone();
-    assert!(sidecar_a.is_string(), "{first}");
-    assert_eq!(first["diagnostic"]["details"]["approvals_shared"], false);
-
-    // On B the approval is not known: a structured refusal that says why and where
-    // to go, for the retry, the read and the decision alike; nothing executes.
-    let not_here = |code: u16, body: &Value| {
-        assert!((400..500).contains(&code), "{code} {body}");
-        assert_eq!(reason(body), "approval_unknown", "{body}");
+    for round in 0..3 {
+        let call = draft_call(&run, &format!("Motion {round}"));
+        let id = request(&a, &call);
+        let (code, body) = decide(&b, Some(SUPERVISOR), &id, "approve", "checked");
+        assert_eq!(code, 200, "{body}");
+        let retry = with_approval(&call, &id);
+        let (on_a, on_b) = std::thread::scope(|s| {
+            let ta = s.spawn(|| send(&a, &retry));
+            let tb = s.spawn(|| send(&b, &retry));
+            (ta.join().unwrap(), tb.join().unwrap())
+        });
+        let codes = [on_a.0, on_b.0];
         assert_eq!(
-            body["diagnostic"]["details"]["approvals_shared"], false,
-            "{body}"
+            codes.iter().filter(|c| **c == 200).count(),
+            1,
+            "{on_a:?} {on_b:?}"
         );
-        assert_eq!(
-            body["diagnostic"]["details"]["approval_id"],
-            id.as_str(),
-            "{body}"
-        );
-        assert_ne!(
-            body["diagnostic"]["details"]["sidecar"], sidecar_a,
-            "{body}"
-        );
-        assert!(
-            body["diagnostic"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("not shared"),
-            "{body}"
-        );
-    };
-    let (code, body) = send(&b, &with_approval(&call, &id));
-    not_here(code, &body);
-    let (code, body) = b.get(&format!("/v1/approvals/{id}"), Some(SUPERVISOR));
-    not_here(code, &body);
-    let (code, body) = decide(&b, Some(SUPERVISOR), &id, "approve", "on the wrong sidecar");
-    not_here(code, &body);
-
-    // Decided on A, it is used on A; on B it stays unknown (never executes there).
-    let (code, body) = decide(&a, Some(SUPERVISOR), &id, "approve", "checked");
-    assert_eq!(code, 200, "{body}");
-    let (code, body) = send(&b, &with_approval(&call, &id));
-    not_here(code, &body);
-    let (code, body) = send(&a, &with_approval(&call, &id));
-    assert_eq!(code, 200, "{body}");
-    let executed_on_b = events(&b, &run)
-        .iter()
-        .filter(|e| e["type"] == "tool_executed")
-        .count();
-    assert_eq!(executed_on_b, 0);
+        let loser = if on_a.0 == 200 { &on_b.1 } else { &on_a.1 };
+        assert_eq!(reason(loser), "approval_used", "{loser}");
+    }
+    assert_eq!(tool_executed(&a, &run) + tool_executed(&b, &run), 3);
 }
 
 #[test]
