@@ -14,7 +14,7 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("report.json");
     let output = std::process::Command::new(BENCH)
-        .args(["--seconds", "0.5", "--warmup", "0", "--clients", "1,2"])
+        .args(["--seconds", "0.2", "--warmup", "0", "--clients", "1,2"])
         .args(["--durability", "full,normal"])
         .args(["--tools", "builtin,http,case,dryrun", "--out"])
         .arg(&out)
