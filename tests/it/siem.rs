@@ -6,88 +6,25 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common::{self, ADMIN, Server, lab};
-use crate::mcp_support::run_bounded;
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::process::Command;
 
 use serde_json::{Value, json};
 use toolgate::audit::checkpoint::verify_note;
 use toolgate::audit::keys::load_verifier;
 use toolgate::audit::merkle::{leaf_hash, verify_inclusion};
 
-/// The validator's packages, pinned so every machine validates against the same schema.
-const OCSF_PACKAGES: [&str; 2] = ["ocsf-json-schema==1.2.0", "jsonschema==4.26.0"];
-const INSTALL_LIMIT: Duration = Duration::from_secs(900);
-
 fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/siem/validate_ocsf.py")
 }
 
-/// The test virtualenv for OCSF validation: `TOOLGATE_TEST_OCSF_VENV`, or
-/// `test-venv-ocsf` in the target directory; created and filled on first use.
+/// The test environment's Python (tests/it/common/python.rs), with the OCSF schema
+/// package and `jsonschema` importable.
 fn ocsf_python() -> PathBuf {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let venv = std::env::var_os("TOOLGATE_TEST_OCSF_VENV")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    Path::new(env!("CARGO_BIN_EXE_toolgate"))
-                        .parent()
-                        .and_then(Path::parent)
-                        .unwrap()
-                        .join("test-venv-ocsf")
-                });
-            let python = venv.join("bin/python");
-            fs::create_dir_all(venv.parent().unwrap()).unwrap();
-            let lock = File::create(venv.with_extension("lock")).unwrap();
-            lock.lock().unwrap();
-            let ready = |python: &Path| {
-                python.exists()
-                    && Command::new(python)
-                        .args(["-c", "import ocsf_json_schema, jsonschema"])
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .status()
-                        .is_ok_and(|s| s.success())
-            };
-            if ready(&python) {
-                return python;
-            }
-            if !python.exists() {
-                let out = run_bounded(
-                    Command::new("python3").args(["-m", "venv"]).arg(&venv),
-                    INSTALL_LIMIT,
-                );
-                assert!(
-                    out.status.success(),
-                    "could not create {}: {}",
-                    venv.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            let out = run_bounded(
-                Command::new(&python)
-                    .args(["-m", "pip", "install", "--disable-pip-version-check", "-q"])
-                    .args(["--timeout", "60"])
-                    .args(OCSF_PACKAGES),
-                INSTALL_LIMIT,
-            );
-            assert!(
-                out.status.success() && ready(&python),
-                "could not install {OCSF_PACKAGES:?} into {} (is PyPI reachable? set \
-                 TOOLGATE_TEST_OCSF_VENV to a virtualenv that has them): {}",
-                venv.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            python
-        })
-        .clone()
+    common::python::python()
 }
 
 /// A tool name no SIEM parser should split: CEF separators, escapes and a line break.

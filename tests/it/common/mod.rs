@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 pub mod golden;
 pub mod lab;
 pub mod postgres;
+pub mod python;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_toolgate");
 

