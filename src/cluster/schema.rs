@@ -80,6 +80,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX toolgate_approvals_run ON toolgate_approvals (run_id, status);
     CREATE INDEX toolgate_approvals_digest ON toolgate_approvals (call_digest, status);
     "#,
+    // 5: the fleet key the fleet log is bound to (`hub`).
+    crate::hub::SCHEMA_FLEET_KEY,
 ];
 
 /// The schema version this binary writes and reads.

@@ -36,6 +36,23 @@ pub enum AuditCommand {
     /// Move sealed segments out of the data directory (the gateway must be stopped);
     /// what remains still verifies, from the oldest remaining segment.
     Archive(ArchiveArgs),
+    /// Make the fleet's signing key once (or print the one in the directory): every
+    /// sidecar of a fleet that ships to the audit hub mounts it (`serve
+    /// --fleet-key-dir`).
+    FleetKey(FleetKeyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FleetKeyArgs {
+    /// The directory of the fleet key (created, mode 0700, with a new key if it holds
+    /// none). Put its `audit-signing.key` in one secret mounted in every sidecar.
+    #[arg(long)]
+    pub key_dir: PathBuf,
+    /// The name of a new key.
+    #[arg(long, default_value = crate::hub::FLEET_ORIGIN)]
+    pub name: String,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
 }
 
 #[derive(Debug, Args)]
@@ -105,6 +122,12 @@ pub struct VerifyArgs {
     /// sidecar's shipped log and the fleet log (docs/audit.md, "The audit hub").
     #[arg(long, value_name = "URL")]
     pub cluster_db: Option<String>,
+    /// With `--cluster-db`: the fleet key fingerprint you recorded (`toolgate audit
+    /// fleet-key`); the fleet key bound in the hub must have it and every fleet
+    /// checkpoint must verify with it (exit 3 otherwise). Without it the bound key is
+    /// trusted as found, with a warning.
+    #[arg(long, requires = "cluster_db")]
+    pub fleet_key_fingerprint: Option<String>,
 }
 
 fn parse_witness_key(text: &str) -> Result<crate::audit::witness::WitnessKey, String> {
@@ -216,6 +239,44 @@ pub fn run(command: AuditCommand) -> Exit {
         AuditCommand::Tail(args) => tail_command(&args),
         AuditCommand::Replay(args) => crate::commands::replay::replay_command(&args),
         AuditCommand::Archive(args) => archive_command(&args),
+        AuditCommand::FleetKey(args) => fleet_key_command(&args),
+    }
+}
+
+/// `audit fleet-key --key-dir DIR`: loads the fleet key in DIR, or makes one.
+fn fleet_key_command(args: &FleetKeyArgs) -> Exit {
+    use crate::audit::keys::{SIGNING_KEY_FILE, check_private, create_signer, load_signer};
+    let key = if args.key_dir.join(SIGNING_KEY_FILE).exists() {
+        load_signer(&args.key_dir)
+    } else {
+        create_signer(&args.key_dir, &args.name)
+    };
+    match key.and_then(|key| check_private(&args.key_dir).map(|()| key)) {
+        Ok(key) => {
+            let key = key.verifier;
+            match args.format {
+                Format::Json => say!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "key_dir": args.key_dir.display().to_string(),
+                        "key_name": key.name,
+                        "fingerprint": key.fingerprint(),
+                        "vkey": key.to_vkey(),
+                    }))
+                    .unwrap_or_default()
+                ),
+                Format::Text => {
+                    say!("fleet key name: {}", key.name);
+                    say!("fingerprint: {}", key.fingerprint());
+                    say!("verifier key: {}", key.to_vkey());
+                }
+            }
+            Exit::Ok
+        }
+        Err(error) => {
+            print_error(&error, error.help());
+            Exit::Signature
+        }
     }
 }
 
@@ -284,7 +345,7 @@ fn checkpoint_files(db: &Path, named: &[PathBuf]) -> Vec<PathBuf> {
 
 fn verify_command(args: &VerifyArgs) -> Exit {
     if let Some(url) = &args.cluster_db {
-        return fleet_verify_command(url, args.format);
+        return fleet_verify_command(url, args.fleet_key_fingerprint.as_deref(), args.format);
     }
     if log_missing(&args.db) {
         print_error(
@@ -500,7 +561,7 @@ fn print_fleet_error(error: &crate::hub::fleet::FleetError, format: Format) {
 }
 
 /// `audit verify --cluster-db URL`.
-fn fleet_verify_command(url: &str, format: Format) -> Exit {
+fn fleet_verify_command(url: &str, pin: Option<&str>, format: Format) -> Exit {
     let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
     {
         Ok(runtime) => runtime,
@@ -508,7 +569,7 @@ fn fleet_verify_command(url: &str, format: Format) -> Exit {
     };
     let result = runtime.block_on(async {
         let pool = crate::hub::connect(url).await?;
-        crate::hub::fleet::verify(&pool).await
+        crate::hub::fleet::verify(&pool, pin).await
     });
     match result {
         Ok(report) => {
@@ -536,6 +597,13 @@ fn fleet_verify_command(url: &str, format: Format) -> Exit {
                         report.fleet_size,
                         report.fleet_root
                     );
+                    match (&report.fleet_key_fingerprint, report.fleet_key_confirmed) {
+                        (Some(f), true) => say!("fleet key fingerprint {f} (as given)"),
+                        (Some(f), false) => say!(
+                            "fleet key fingerprint {f} (NOT confirmed: pass --fleet-key-fingerprint)"
+                        ),
+                        (None, _) => say!("no fleet key bound yet (the fleet log is empty)"),
+                    }
                 }
             }
             Exit::Ok

@@ -145,6 +145,56 @@ pub struct ServeArgs {
     /// `token_file=FILE` or `token_env=NAME` (never the token itself). See docs/audit.md.
     #[arg(long = "ship", value_parser = parse_ship)]
     pub ships: Vec<crate::audit::ship::ShipSpec>,
+    /// With `--cluster-db` and an own `--audit-origin` (a sidecar that ships to the
+    /// audit hub; required then): the fleet key directory, holding the fleet's signing
+    /// key (`audit-signing.key`, made once with `toolgate audit fleet-key`), the same
+    /// in every sidecar of the fleet (one Kubernetes secret mounted in every pod).
+    /// Every fleet checkpoint is signed with it and the hub binds the fleet log to it.
+    /// Same file format and permission checks as `--key-dir`. Default: the
+    /// TOOLGATE_FLEET_KEY_DIR environment variable.
+    #[arg(long, value_name = "DIR")]
+    pub fleet_key_dir: Option<PathBuf>,
+}
+
+/// The fleet key of a sidecar that ships to the audit hub (`--cluster-db` and an own
+/// `--audit-origin`): `--fleet-key-dir`, else TOOLGATE_FLEET_KEY_DIR, checked like
+/// `--key-dir`. Missing is an invalid configuration (exit 4), unreadable or unsafe a
+/// key problem (exit 3); each printed as one JSON object on stderr.
+fn load_fleet_key(args: &ServeArgs) -> Result<Option<crate::audit::keys::SignerKey>, Exit> {
+    if cluster_db_url(args).is_none() || args.audit_origin == crate::audit::DEFAULT_ORIGIN {
+        return Ok(None);
+    }
+    let refuse = |error: &str, message: String| {
+        eprintln!("error: {message}");
+        eprintln!(
+            "{}",
+            serde_json::json!({"error": error, "message": message, "retryable": false})
+        );
+    };
+    let dir = args.fleet_key_dir.clone().or_else(|| {
+        std::env::var_os("TOOLGATE_FLEET_KEY_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+    });
+    let Some(dir) = dir else {
+        refuse(
+            "fleet_key_missing",
+            "a sidecar that ships its audit log to the hub (--cluster-db with its own --audit-origin) needs the fleet's signing key: give --fleet-key-dir DIR (or TOOLGATE_FLEET_KEY_DIR), the same key in every sidecar (`toolgate audit fleet-key --key-dir DIR` makes one)".into(),
+        );
+        return Err(Exit::InvalidConfig);
+    };
+    let loaded = crate::audit::keys::check_private(&dir)
+        .and_then(|()| crate::audit::keys::load_signer(&dir));
+    match loaded {
+        Ok(key) => Ok(Some(key)),
+        Err(e) => {
+            refuse(
+                "fleet_key_invalid",
+                format!("refusing the fleet key directory: {e}"),
+            );
+            Err(Exit::Signature)
+        }
+    }
 }
 
 /// Starts shipping the audit log to the hub in the cluster database (items of
@@ -156,7 +206,7 @@ async fn start_shipper(
     args: &ServeArgs,
     audit: &AuditLog,
     db_path: &std::path::Path,
-    key_dir: &std::path::Path,
+    fleet_key: Option<crate::audit::keys::SignerKey>,
     origin: &str,
 ) -> Result<Option<Arc<crate::hub::ship::ShipStatus>>, Exit> {
     if origin == crate::audit::DEFAULT_ORIGIN {
@@ -168,21 +218,10 @@ async fn start_shipper(
         );
         return Ok(None);
     }
-    let signer: Arc<dyn crate::audit::signer::Signer> = match &args.signer_socket {
-        Some(socket) => match crate::audit::signer::SocketSigner::connect(socket) {
-            Ok(signer) => Arc::new(signer),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return Err(Exit::Signature);
-            }
-        },
-        None => match crate::audit::keys::load_signer(key_dir) {
-            Ok(signer) => Arc::new(signer),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return Err(Exit::Signature);
-            }
-        },
+    // Loaded before the audit log was opened (`load_fleet_key`).
+    let Some(fleet_key) = fleet_key else {
+        eprintln!("error: no fleet key to sign fleet checkpoints with");
+        return Err(Exit::InvalidConfig);
     };
     let pool = match crate::hub::connect(url).await {
         Ok(pool) => pool,
@@ -191,14 +230,25 @@ async fn start_shipper(
             return Err(Exit::Cluster);
         }
     };
+    // A sidecar with another fleet key than the one the fleet log is bound to would
+    // have every batch refused: it does not start.
+    if let Err(e) = crate::hub::ship::check_fleet_key(&pool, origin, &fleet_key.verifier).await {
+        eprintln!("error: {e}");
+        eprintln!("{}", e.to_json());
+        return Err(match e {
+            crate::hub::HubError::FleetKey { .. } => Exit::Signature,
+            _ => Exit::Cluster,
+        });
+    }
+    let fingerprint = fleet_key.verifier.fingerprint();
     let options = crate::hub::ship::ShipOptions {
         origin: origin.to_string(),
         db_path: db_path.to_path_buf(),
         key: audit.verifier_key().clone(),
-        signer,
+        fleet_signer: Arc::new(fleet_key),
         interval: Duration::from_millis(args.hub_ship_interval_ms),
     };
-    println!("audit hub: shipping origin {origin}");
+    println!("audit hub: shipping origin {origin} (fleet key fingerprint {fingerprint})");
     Ok(Some(crate::hub::ship::start(pool, audit.clone(), options)))
 }
 
@@ -350,6 +400,10 @@ async fn run(args: &ServeArgs) -> Exit {
         eprintln!("error: refusing the key directory: {e}");
         return Exit::Signature;
     }
+    let fleet_key = match load_fleet_key(args) {
+        Ok(key) => key,
+        Err(exit) => return exit,
+    };
     if let Some(socket) = &args.signer_socket {
         match crate::audit::signer::SocketSigner::connect(socket) {
             Ok(signer) => options.signer = Some(Arc::new(signer)),
@@ -366,7 +420,6 @@ async fn run(args: &ServeArgs) -> Exit {
     options.segment_max_bytes = args.audit_segment_bytes;
     options.segment_max_age = args.audit_segment_max_age_s.map(Duration::from_secs);
     let options_db_path = options.db_path.clone();
-    let options_key_dir = options.key_dir.clone();
     let audit_origin = options.origin.clone();
     let audit = match AuditLog::open(options) {
         Ok(audit) => audit,
@@ -432,7 +485,7 @@ async fn run(args: &ServeArgs) -> Exit {
             args,
             &audit,
             &options_db_path,
-            &options_key_dir,
+            fleet_key,
             &audit_origin,
         )
         .await

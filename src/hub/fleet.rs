@@ -93,12 +93,20 @@ pub struct FleetReport {
     pub fleet_size: u64,
     /// The fleet tree's root, hex.
     pub fleet_root: String,
+    /// The fingerprint of the fleet key every fleet checkpoint verified with (None:
+    /// the fleet log is empty and bound to no key yet).
+    pub fleet_key_fingerprint: Option<String>,
+    /// Whether it is the fingerprint given (`--fleet-key-fingerprint`); without one
+    /// the key bound in the hub is trusted as found.
+    pub fleet_key_confirmed: bool,
 }
 
 /// What export builds on.
 struct Verified {
     report: FleetReport,
     keys: BTreeMap<String, VerifierKey>,
+    /// The fleet key (None: the fleet log is empty).
+    fleet_key: Option<VerifierKey>,
     /// Per origin, every leaf hash from seq 1.
     leaves: BTreeMap<String, Vec<Hash>>,
     /// The fleet rows: (origin, sidecar size, leaf note, fleet note), fleet seq order.
@@ -112,12 +120,60 @@ async fn client(pool: &deadpool_postgres::Pool) -> Result<deadpool_postgres::Cli
         .map_err(|e| pool_error(&e))
 }
 
-/// Verifies every sidecar log in the hub and the fleet log.
-pub async fn verify(pool: &deadpool_postgres::Pool) -> Result<FleetReport, FleetError> {
-    Ok(verify_all(pool, false).await?.report)
+/// Verifies every sidecar log in the hub and the fleet log; every fleet checkpoint
+/// must verify with the one fleet key the hub is bound to, and that key must have
+/// `fleet_key_fingerprint` when one is given.
+pub async fn verify(
+    pool: &deadpool_postgres::Pool,
+    fleet_key_fingerprint: Option<&str>,
+) -> Result<FleetReport, FleetError> {
+    Ok(verify_all(pool, false, fleet_key_fingerprint).await?.report)
 }
 
-async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verified, FleetError> {
+/// The fleet key bound in the hub (`hub_fleet_head.vkey`), checked against the pinned
+/// fingerprint; None when the fleet log is empty and no pin is given.
+fn fleet_key(
+    bound: Option<String>,
+    fleet_rows: usize,
+    pin: Option<&str>,
+) -> Result<Option<VerifierKey>, FleetError> {
+    let key_problem = |message: String| problem(ProblemKind::Key, FLEET_ORIGIN, None, message);
+    let key = match bound {
+        Some(vkey) => Some(VerifierKey::parse_vkey(&vkey).map_err(|e| {
+            key_problem(format!("the fleet key bound in the hub is unusable: {e}"))
+        })?),
+        None if fleet_rows > 0 => {
+            return Err(key_problem(
+                "the fleet log holds checkpoints but the hub has no fleet key bound: the hub row was edited".into(),
+            ));
+        }
+        None => None,
+    };
+    if let Some(pin) = pin {
+        let pin = pin.trim().to_ascii_lowercase();
+        match &key {
+            Some(key) if key.fingerprint() == pin => {}
+            Some(key) => {
+                return Err(key_problem(format!(
+                    "the fleet key bound in the hub has fingerprint {}, not the {pin} you gave: fleet checkpoints signed with another key",
+                    key.fingerprint()
+                )));
+            }
+            None => {
+                return Err(key_problem(format!(
+                    "the fleet log is empty: no fleet key to confirm as {pin}"
+                )));
+            }
+        }
+    }
+    Ok(key)
+}
+
+async fn verify_all(
+    pool: &deadpool_postgres::Pool,
+    keep: bool,
+    pin: Option<&str>,
+) -> Result<Verified, FleetError> {
     let client = client(pool).await?;
     let map = |e: tokio_postgres::Error| FleetError::Hub(db_error(&e));
     // One snapshot of every table.
@@ -326,6 +382,12 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
         .iter()
         .map(|r| ((r.get(0), r.get(1)), r.get(2)))
         .collect();
+    let bound: Option<String> = client
+        .query_one("SELECT vkey FROM hub_fleet_head WHERE id = 1", &[])
+        .await
+        .map_err(map)?
+        .get(0);
+    let fleet_key = fleet_key(bound, fleet_rows.len(), pin)?;
     let mut frontier = Frontier::new();
     let mut fleet = Vec::new();
     for r in &fleet_rows {
@@ -349,15 +411,27 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
                 ),
             ));
         }
-        let Some(key) = keys.get(&origin) else {
+        if !keys.contains_key(&origin) {
             return Err(fleet_problem(
                 ProblemKind::Key,
                 format!("no sidecar `{origin}` is registered"),
             ));
+        }
+        let Some(key) = &fleet_key else {
+            return Err(fleet_problem(
+                ProblemKind::Key,
+                "no fleet key is bound in the hub".into(),
+            ));
         };
         frontier.push(leaf_hash(leaf.as_bytes()));
         let checkpoint = verify_note(&note, key).map_err(|e| {
-            fleet_problem(ProblemKind::Signature, format!("the fleet checkpoint does not verify with the key of `{origin}`, which appended it: {e}"))
+            fleet_problem(
+                ProblemKind::Signature,
+                format!(
+                    "fleet checkpoint {seq} does not verify with the fleet key (fingerprint {}): {e}",
+                    key.fingerprint()
+                ),
+            )
         })?;
         if checkpoint.origin != FLEET_ORIGIN
             || checkpoint.size != seq
@@ -387,8 +461,11 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
             sidecars,
             fleet_size: frontier.size(),
             fleet_root: hex::encode(frontier.root()),
+            fleet_key_fingerprint: fleet_key.as_ref().map(VerifierKey::fingerprint),
+            fleet_key_confirmed: pin.is_some(),
         },
         keys,
+        fleet_key,
         leaves: all_leaves,
         fleet,
     })
@@ -419,7 +496,7 @@ pub async fn export(
             out.display()
         )));
     }
-    let verified = verify_all(pool, true).await?;
+    let verified = verify_all(pool, true, None).await?;
     let fleet_size = verified.report.fleet_size;
     let Some((_, _, _, fleet_note)) = verified.fleet.last() else {
         return Err(FleetError::Output(
@@ -500,11 +577,6 @@ pub async fn export(
         }));
         summary.push((origin.clone(), count));
     }
-    let fleet_signer = verified
-        .fleet
-        .last()
-        .map(|f| f.0.clone())
-        .unwrap_or_default();
     write(out, "fleet-checkpoint.txt", fleet_note)?;
     let manifest = json!({
         "format": "toolgate-fleet-export/1",
@@ -512,8 +584,8 @@ pub async fn export(
         "fleet": {
             "size": fleet_size,
             "root": verified.report.fleet_root,
-            "signer": fleet_signer,
-            "signer_vkey": verified.keys.get(&fleet_signer).map(VerifierKey::to_vkey),
+            "signer": verified.fleet_key.as_ref().map(|k| k.name.clone()),
+            "signer_vkey": verified.fleet_key.as_ref().map(VerifierKey::to_vkey),
         },
         "sidecars": manifest_sidecars,
     });
