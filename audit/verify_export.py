@@ -34,7 +34,11 @@ toolgate-fleet-export/1) is checked the same way per sidecar: each sidecar's che
 signature (its key, pinned with --key-fingerprint, repeatable), each event line's
 canonical bytes, run and inclusion proof against that checkpoint, and each checkpoint's
 inclusion proof in the fleet tree whose signed fleet checkpoint (toolgate/fleet) is
-fleet-checkpoint.txt. The first bad sidecar and seq are named.
+fleet-checkpoint.txt (signed with the fleet key; give its fingerprint among the
+--key-fingerprint to pin it). The first bad sidecar and seq are named. With
+--witness-key, fleet-cosignatures.txt must hold fleet checkpoints cosigned by --quorum
+of the keys, and the exported fleet checkpoint must extend the largest such one (its
+consistency proof in the manifest; a fork exits 2).
 
 With --witness-key (a witness's cosignature key, `name+keyid+base64`, type 0x04;
 repeatable), cosignatures.txt must hold checkpoints of checkpoints.txt cosigned
@@ -411,7 +415,37 @@ def parse_vkey(text, fingerprints, what):
     return name, expected_id, public
 
 
-def verify_fleet(directory, manifest, fingerprints):
+def check_fleet_witnesses(directory, fleet, signer_key, fleet_size, fleet_root, witness_keys, quorum):
+    """The largest fleet checkpoint cosigned by `quorum` of the witness keys, which the
+    exported fleet checkpoint must extend (its consistency proof in the manifest)."""
+    path = os.path.join(directory, "fleet-cosignatures.txt")
+    if not os.path.exists(path):
+        raise Failure(SIGNATURE, None, "the export holds no fleet-cosignatures.txt: no fleet checkpoint was witnessed")
+    with open(path, encoding="utf-8") as f:
+        notes = split_notes(f.read())
+    witnessed = {}
+    for note in notes:
+        if not note.startswith("toolgate/fleet\n"):
+            raise Failure(INTEGRITY, None, "fleet-cosignatures.txt holds a note that is not a toolgate/fleet checkpoint")
+        size, root = verify_note(note, signer_key)
+        signers = cosigners(note, witness_keys)
+        entry = witnessed.setdefault(size, (root, set()))
+        if entry[0] != root:
+            raise Failure(SIGNATURE, None, f"two cosigned fleet checkpoints of size {size} have different roots: the fleet log forked")
+        entry[1].update(signers)
+    sizes = [size for size, (_, signers) in witnessed.items() if len(signers) >= quorum]
+    if not sizes:
+        raise Failure(SIGNATURE, None, f"no fleet checkpoint is cosigned by {quorum} of the {len(witness_keys)} witness keys")
+    size = max(sizes)
+    proofs = {p.get("size"): p for p in fleet.get("cosigned") or []}
+    proof = proofs.get(size)
+    hashes = [bytes.fromhex(h) for h in proof.get("consistency") or []] if proof else None
+    if hashes is None or not verify_consistency(size, fleet_size, hashes, witnessed[size][0], fleet_root):
+        raise Failure(TRUNCATION, None, f"the exported fleet checkpoint (size {fleet_size}) does not extend the fleet checkpoint the witnesses cosigned at size {size}: fork")
+    return size
+
+
+def verify_fleet(directory, manifest, fingerprints, witness_keys=None, quorum=None):
     pinned = {f.strip().lower() for f in fingerprints}
     if not pinned:
         print("WARNING: no --key-fingerprint given: the sidecars' keys in the export are trusted as found")
@@ -464,7 +498,15 @@ def verify_fleet(directory, manifest, fingerprints):
         if len(lines) != sidecar.get("events"):
             raise Failure(INTEGRITY, None, f"{where}: the manifest counts {sidecar.get('events')} events but events.jsonl has {len(lines)}")
         total += len(lines)
-    return f"OK: fleet export of run {run_id}, {total} events from {len(manifest.get('sidecars') or [])} sidecars, fleet size {fleet_size}"
+    witnessed = ""
+    if witness_keys:
+        keys = [load_witness_key(k) for k in witness_keys]
+        need = len(keys) if quorum is None else quorum
+        if need < 1 or need > len(keys):
+            raise Failure(SIGNATURE, None, f"--quorum {need} must be between 1 and the {len(keys)} witness keys")
+        size = check_fleet_witnesses(directory, fleet, signer_key, fleet_size, fleet_root, keys, need)
+        witnessed = f", witnessed up to fleet size {size} by {need} of {len(keys)} witnesses"
+    return f"OK: fleet export of run {run_id}, {total} events from {len(manifest.get('sidecars') or [])} sidecars, fleet size {fleet_size}{witnessed}"
 
 
 # ---- The export.
@@ -532,7 +574,7 @@ def verify(directory, fingerprint, trusted_path=None, expect_full=False, expect_
     except (OSError, ValueError) as e:
         raise Failure(INTEGRITY, None, f"manifest.json is unreadable: {e}")
     if manifest.get("format") == "toolgate-fleet-export/1":
-        return verify_fleet(directory, manifest, fingerprint if isinstance(fingerprint, list) else [fingerprint] if fingerprint else [])
+        return verify_fleet(directory, manifest, fingerprint if isinstance(fingerprint, list) else [fingerprint] if fingerprint else [], witness_keys, quorum)
     if isinstance(fingerprint, list):
         fingerprint = fingerprint[-1] if fingerprint else None
     key = load_key(os.path.join(directory, "public-key.vkey"), fingerprint)

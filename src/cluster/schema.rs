@@ -82,6 +82,8 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // 5: the fleet key the fleet log is bound to (`hub`).
     crate::hub::SCHEMA_FLEET_KEY,
+    // 6: the witnesses' cosignatures of fleet checkpoints (`hub::witness`).
+    crate::hub::witness::SCHEMA,
 ];
 
 /// The schema version this binary writes and reads.

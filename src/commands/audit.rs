@@ -345,7 +345,7 @@ fn checkpoint_files(db: &Path, named: &[PathBuf]) -> Vec<PathBuf> {
 
 fn verify_command(args: &VerifyArgs) -> Exit {
     if let Some(url) = &args.cluster_db {
-        return fleet_verify_command(url, args.fleet_key_fingerprint.as_deref(), args.format);
+        return fleet_verify_command(url, args);
     }
     if log_missing(&args.db) {
         print_error(
@@ -538,6 +538,7 @@ fn exit_for_fleet(error: &crate::hub::fleet::FleetError) -> Exit {
     use crate::hub::fleet::FleetError;
     match error {
         FleetError::Hub(_) | FleetError::Output(_) => Exit::InvalidConfig,
+        FleetError::Witness(_) => Exit::Signature,
         FleetError::Problem(p) => match p.kind.exit_code() {
             2 => Exit::Truncated,
             3 => Exit::Signature,
@@ -557,11 +558,26 @@ fn print_fleet_error(error: &crate::hub::fleet::FleetError, format: Format) {
         (Format::Text, FleetError::Problem(p)) => say!("FAILED: {p}"),
         (Format::Text, FleetError::Hub(e)) => print_error(e, Some("check --cluster-db URL")),
         (Format::Text, FleetError::Output(m)) => print_error(m, None),
+        (Format::Text, FleetError::Witness(m)) => say!("FAILED: witness: {m}"),
     }
 }
 
 /// `audit verify --cluster-db URL`.
-fn fleet_verify_command(url: &str, pin: Option<&str>, format: Format) -> Exit {
+fn fleet_verify_command(url: &str, args: &VerifyArgs) -> Exit {
+    let (pin, format) = (args.fleet_key_fingerprint.as_deref(), args.format);
+    let quorum = args.quorum.unwrap_or(args.witness_keys.len());
+    if !args.witness_keys.is_empty() && (quorum == 0 || quorum > args.witness_keys.len()) {
+        print_error(
+            &format!(
+                "--quorum {quorum} must be between 1 and the {} witness keys given",
+                args.witness_keys.len()
+            ),
+            None,
+        );
+        return Exit::InvalidConfig;
+    }
+    let witnesses =
+        (!args.witness_keys.is_empty()).then_some((args.witness_keys.as_slice(), quorum));
     let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
     {
         Ok(runtime) => runtime,
@@ -569,7 +585,7 @@ fn fleet_verify_command(url: &str, pin: Option<&str>, format: Format) -> Exit {
     };
     let result = runtime.block_on(async {
         let pool = crate::hub::connect(url).await?;
-        crate::hub::fleet::verify(&pool, pin).await
+        crate::hub::fleet::verify(&pool, pin, witnesses).await
     });
     match result {
         Ok(report) => {
@@ -603,6 +619,20 @@ fn fleet_verify_command(url: &str, pin: Option<&str>, format: Format) -> Exit {
                             "fleet key fingerprint {f} (NOT confirmed: pass --fleet-key-fingerprint)"
                         ),
                         (None, _) => say!("no fleet key bound yet (the fleet log is empty)"),
+                    }
+                    if let Some(w) = &report.witnesses {
+                        say!(
+                            "witnessed: fleet size {} cosigned by {} of {} witnesses",
+                            w.witnessed_size.unwrap_or(0),
+                            w.quorum,
+                            w.witnesses.len()
+                        );
+                        for (name, cosigned) in &w.witnesses {
+                            match cosigned {
+                                Some(s) => say!("witness {name}: cosigned up to fleet size {s}"),
+                                None => say!("witness {name}: cosigned nothing"),
+                            }
+                        }
                     }
                 }
             }

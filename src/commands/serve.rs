@@ -197,6 +197,12 @@ fn load_fleet_key(args: &ServeArgs) -> Result<Option<crate::audit::keys::SignerK
     }
 }
 
+/// The hub shipper's status and, with `--witness`, the fleet witness tasks' status.
+type ShipperStarted = (
+    Arc<crate::hub::ship::ShipStatus>,
+    Option<Vec<Arc<crate::audit::witness::WitnessStatus>>>,
+);
+
 /// Starts shipping the audit log to the hub in the cluster database (items of
 /// docs/audit.md, "The audit hub"). The default origin is shared by every sidecar
 /// that keeps it, so a fleet member without its own `--audit-origin` does not ship
@@ -208,7 +214,7 @@ async fn start_shipper(
     db_path: &std::path::Path,
     fleet_key: Option<crate::audit::keys::SignerKey>,
     origin: &str,
-) -> Result<Option<Arc<crate::hub::ship::ShipStatus>>, Exit> {
+) -> Result<Option<ShipperStarted>, Exit> {
     if origin == crate::audit::DEFAULT_ORIGIN {
         tracing::warn!(
             "the audit log keeps the default origin `toolgate/audit`: it is not shipped to the audit hub; give each sidecar its own --audit-origin"
@@ -241,6 +247,7 @@ async fn start_shipper(
         });
     }
     let fingerprint = fleet_key.verifier.fingerprint();
+    let fleet_verifier = fleet_key.verifier.clone();
     let options = crate::hub::ship::ShipOptions {
         origin: origin.to_string(),
         db_path: db_path.to_path_buf(),
@@ -249,7 +256,28 @@ async fn start_shipper(
         interval: Duration::from_millis(args.hub_ship_interval_ms),
     };
     println!("audit hub: shipping origin {origin} (fleet key fingerprint {fingerprint})");
-    Ok(Some(crate::hub::ship::start(pool, audit.clone(), options)))
+    // In a fleet the witnesses cosign the fleet checkpoint, not this sidecar's own.
+    let witnesses = if args.witnesses.is_empty() {
+        None
+    } else {
+        let options = crate::hub::witness::FleetWitnessOptions {
+            origin: origin.to_string(),
+            fleet_key: fleet_verifier,
+            witnesses: args.witnesses.clone(),
+            interval: Duration::from_millis(args.witness_interval_ms),
+        };
+        match crate::hub::witness::start(pool.clone(), options) {
+            Ok(statuses) => Some(statuses),
+            Err(e) => {
+                eprintln!("error: cannot start the witness client: {e}");
+                return Err(Exit::InvalidConfig);
+            }
+        }
+    };
+    Ok(Some((
+        crate::hub::ship::start(pool, audit.clone(), options),
+        witnesses,
+    )))
 }
 
 fn parse_witness(text: &str) -> Result<crate::audit::witness::WitnessConfig, String> {
@@ -479,6 +507,7 @@ async fn run(args: &ServeArgs) -> Exit {
         Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
         None => gateway,
     };
+    let mut fleet_witnessed = false;
     if let Some(url) = cluster_db_url(args) {
         match start_shipper(
             &url,
@@ -490,12 +519,18 @@ async fn run(args: &ServeArgs) -> Exit {
         )
         .await
         {
-            Ok(Some(status)) => gateway.metrics.watch_shipper(status),
+            Ok(Some((status, witnesses))) => {
+                gateway.metrics.watch_shipper(status);
+                if let Some(witnesses) = witnesses {
+                    gateway.metrics.watch_witnesses(witnesses);
+                    fleet_witnessed = true;
+                }
+            }
             Ok(None) => {}
             Err(exit) => return exit,
         }
     }
-    if !args.witnesses.is_empty() {
+    if !args.witnesses.is_empty() && !fleet_witnessed {
         let options = crate::audit::witness::WitnessOptions {
             cosignature_file: crate::audit::witness::default_cosignature_file(&options_db_path),
             db_path: options_db_path.clone(),

@@ -22,6 +22,8 @@ use crate::audit::verify::ProblemKind;
 
 /// How many rows one query reads.
 const PAGE: i64 = 5000;
+/// The most cosigned fleet checkpoints an export carries (the newest ones).
+const MAX_EXPORTED_COSIGNED: usize = 64;
 
 /// The first problem found in the hub.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,6 +57,9 @@ pub enum FleetError {
     Problem(FleetProblem),
     /// The export's output directory exists and is not empty, or cannot be written.
     Output(String),
+    /// The fleet checkpoints' cosignatures (`--witness-key`) do not verify or reach no
+    /// quorum.
+    Witness(String),
 }
 
 impl From<HubError> for FleetError {
@@ -99,6 +104,9 @@ pub struct FleetReport {
     /// Whether it is the fingerprint given (`--fleet-key-fingerprint`); without one
     /// the key bound in the hub is trusted as found.
     pub fleet_key_confirmed: bool,
+    /// With `--witness-key`: the fleet checkpoints' cosignatures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub witnesses: Option<crate::audit::witness::WitnessReport>,
 }
 
 /// What export builds on.
@@ -126,8 +134,17 @@ async fn client(pool: &deadpool_postgres::Pool) -> Result<deadpool_postgres::Cli
 pub async fn verify(
     pool: &deadpool_postgres::Pool,
     fleet_key_fingerprint: Option<&str>,
+    witnesses: Option<(&[crate::audit::witness::WitnessKey], usize)>,
 ) -> Result<FleetReport, FleetError> {
-    Ok(verify_all(pool, false, fleet_key_fingerprint).await?.report)
+    let verified = verify_all(pool, false, fleet_key_fingerprint).await?;
+    let mut report = verified.report;
+    if let Some((keys, quorum)) = witnesses {
+        let notes: Vec<&str> = verified.fleet.iter().map(|f| f.3.as_str()).collect();
+        report.witnesses = Some(
+            super::witness::check(pool, &notes, verified.fleet_key.as_ref(), keys, quorum).await?,
+        );
+    }
+    Ok(report)
 }
 
 /// The fleet key bound in the hub (`hub_fleet_head.vkey`), checked against the pinned
@@ -463,6 +480,7 @@ async fn verify_all(
             fleet_root: hex::encode(frontier.root()),
             fleet_key_fingerprint: fleet_key.as_ref().map(VerifierKey::fingerprint),
             fleet_key_confirmed: pin.is_some(),
+            witnesses: None,
         },
         keys,
         fleet_key,
@@ -578,6 +596,27 @@ pub async fn export(
         summary.push((origin.clone(), count));
     }
     write(out, "fleet-checkpoint.txt", fleet_note)?;
+    // The cosigned fleet checkpoints (the newest ones), each with its consistency
+    // proof to the exported fleet checkpoint.
+    let notes: Vec<&str> = verified.fleet.iter().map(|f| f.3.as_str()).collect();
+    let cosigned = super::witness::cosigned_notes(pool, &notes).await?;
+    let cosigned = &cosigned[cosigned.len().saturating_sub(MAX_EXPORTED_COSIGNED)..];
+    let mut cosigned_text = String::new();
+    let mut cosigned_proofs = Vec::new();
+    for (size, note) in cosigned {
+        cosigned_text.push_str(note);
+        cosigned_text.push('\n');
+        let proof = fleet_tree
+            .consistency_proof(*size, fleet_size)
+            .unwrap_or_default();
+        cosigned_proofs.push(json!({
+            "size": size,
+            "consistency": proof.iter().map(hex::encode).collect::<Vec<_>>(),
+        }));
+    }
+    if !cosigned.is_empty() {
+        write(out, "fleet-cosignatures.txt", &cosigned_text)?;
+    }
     let manifest = json!({
         "format": "toolgate-fleet-export/1",
         "run_id": run_id,
@@ -586,6 +625,7 @@ pub async fn export(
             "root": verified.report.fleet_root,
             "signer": verified.fleet_key.as_ref().map(|k| k.name.clone()),
             "signer_vkey": verified.fleet_key.as_ref().map(VerifierKey::to_vkey),
+            "cosigned": cosigned_proofs,
         },
         "sidecars": manifest_sidecars,
     });
@@ -629,5 +669,6 @@ pub fn error_json(error: &FleetError) -> Value {
         FleetError::Output(m) => {
             json!({"status": "failed", "error": "export_output", "message": m})
         }
+        FleetError::Witness(m) => super::witness::problem_json(m),
     }
 }

@@ -8,6 +8,8 @@
 //! - [`ship`]: the shipper task of a sidecar: reads committed lines and checkpoints
 //!   from its local log and ingests them, in order, resuming where the hub stands.
 //! - [`fleet`]: `audit verify --cluster-db` and `audit export --cluster-db --run`.
+//! - [`witness`]: `serve --witness` in a fleet: the fleet checkpoint submitted to the
+//!   witnesses, their cosignatures stored in the hub.
 //!
 //! Each sidecar's log has a globally unique origin (`serve --audit-origin`), bound on
 //! its first shipment to its checkpoint key: a batch under that origin must carry a
@@ -32,6 +34,7 @@
 
 pub mod fleet;
 pub mod ship;
+pub mod witness;
 
 use std::time::Duration;
 

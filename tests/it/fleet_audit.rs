@@ -19,13 +19,13 @@ use crate::common::{self, Server, Start};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/audit/verify_export.py");
 
-fn origin(name: &str) -> String {
+pub(crate) fn origin(name: &str) -> String {
     format!("{name}.fleet.test/audit")
 }
 
 /// Makes a fleet key in `<dir>/fleet-key` (`toolgate audit fleet-key`); returns its
 /// directory and fingerprint.
-fn fleet_key(dir: &Path) -> (PathBuf, String) {
+pub(crate) fn fleet_key(dir: &Path) -> (PathBuf, String) {
     let key_dir = dir.join("fleet-key");
     std::fs::create_dir_all(dir).unwrap();
     let (code, out, text) = toolgate(
@@ -65,7 +65,7 @@ fn sidecar(url: &str, fleet: &Path, name: &str, data_dir: Option<&Path>) -> Serv
     })
 }
 
-fn research(server: &Server, run: &str, query: &str) -> (u16, Value) {
+pub(crate) fn research(server: &Server, run: &str, query: &str) -> (u16, Value) {
     server.call(
         "research_agent",
         run,
@@ -90,7 +90,7 @@ fn gauge(text: &str, name: &str) -> Option<u64> {
 }
 
 /// Waits until the sidecar's hub lag is 0 with something shipped.
-fn shipped(server: &Server) {
+pub(crate) fn shipped(server: &Server) {
     let done = common::poll_until(Duration::from_secs(60), || {
         let m = scrape(server);
         gauge(&m, "toolgate_hub_ship_lag_events") == Some(0)
@@ -99,7 +99,7 @@ fn shipped(server: &Server) {
     assert!(done, "the sidecar never caught up: {}", scrape(server));
 }
 
-fn toolgate(dir: &Path, args: &[&str]) -> (i32, Value, String) {
+pub(crate) fn toolgate(dir: &Path, args: &[&str]) -> (i32, Value, String) {
     let (code, out, err) = common::run(dir, args);
     let value = serde_json::from_str(&out).unwrap_or(Value::Null);
     (code, value, format!("{out}{err}"))
