@@ -35,7 +35,9 @@ signature (its key, pinned with --key-fingerprint, repeatable), each event line'
 canonical bytes, run and inclusion proof against that checkpoint, and each checkpoint's
 inclusion proof in the fleet tree whose signed fleet checkpoint (toolgate/fleet) is
 fleet-checkpoint.txt (signed with the fleet key; give its fingerprint among the
---key-fingerprint to pin it). The first bad sidecar and seq are named. With
+--key-fingerprint to pin it). Its manifest is signed with the fleet key too
+(manifest.sig) and lists every seq and leaf hash of the run per sidecar: the
+sidecars' events.jsonl must hold exactly those (--expect-run RUN_ID checks the run). The first bad sidecar and seq are named. With
 --witness-key, fleet-cosignatures.txt must hold fleet checkpoints cosigned by --quorum
 of the keys, and the exported fleet checkpoint must extend the largest such one (its
 consistency proof in the manifest; a fork exits 2).
@@ -60,6 +62,7 @@ import tempfile
 INTACT, INTEGRITY, TRUNCATION, SIGNATURE = 0, 1, 2, 3
 GENESIS_PREV = "0" * 64
 MANIFEST_DOMAIN = b"toolgate-audit-export-manifest/1\n"
+FLEET_MANIFEST_DOMAIN = b"toolgate-fleet-export-manifest/1\n"
 CLOSING_TYPES = ("tool_executed", "tool_denied", "tool_failed", "tool_timeout", "tool_allowed")
 MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -445,13 +448,24 @@ def check_fleet_witnesses(directory, fleet, signer_key, fleet_size, fleet_root, 
     return size
 
 
-def verify_fleet(directory, manifest, fingerprints, witness_keys=None, quorum=None):
+def verify_fleet(directory, manifest, raw_manifest, fingerprints, witness_keys=None, quorum=None, expect_full=False, expect_run=None):
     pinned = {f.strip().lower() for f in fingerprints}
     if not pinned:
         print("WARNING: no --key-fingerprint given: the sidecars' keys in the export are trusted as found")
     run_id = manifest.get("run_id")
     fleet = manifest.get("fleet") or {}
     signer_key = parse_vkey(fleet.get("signer_vkey") or "", pinned, f"the fleet signer {fleet.get('signer')}")
+    # The manifest is the fleet key's signed statement of every event of the run.
+    check_manifest_signature(directory, raw_manifest, signer_key, FLEET_MANIFEST_DOMAIN)
+    if expect_full:
+        raise Failure(INTEGRITY, None, "a fleet export is the export of one run, never a full export: use --expect-run")
+    if expect_run is not None and (run_id != expect_run or manifest.get("complete") is not True):
+        raise Failure(INTEGRITY, None, f"you expect the complete export of run {expect_run} but the signed manifest is of run {run_id}")
+    listed_dirs = {s.get("dir") for s in manifest.get("sidecars") or []}
+    sidecars_dir = os.path.join(directory, "sidecars")
+    for entry in sorted(os.listdir(sidecars_dir)) if os.path.isdir(sidecars_dir) else []:
+        if f"sidecars/{entry}" not in listed_dirs:
+            raise Failure(INTEGRITY, None, f"sidecars/{entry} is not in the signed manifest")
     with open(os.path.join(directory, "fleet-checkpoint.txt"), encoding="utf-8") as f:
         fleet_note = f.read()
     if not fleet_note.startswith("toolgate/fleet\n"):
@@ -495,6 +509,12 @@ def verify_fleet(directory, manifest, fingerprints, witness_keys=None, quorum=No
             if not proof or proof.get("tree_size") != size or not verify_inclusion(seq - 1, size, leaf_hash(line), hashes, root):
                 raise Failure(INTEGRITY, seq, f"{where}: the event is not in the sidecar's signed checkpoint: edited or forged")
             last = seq
+        seqs = [json.loads(line.decode("utf-8"))["seq"] for line in lines]
+        hashes = [leaf_hash(line).hex() for line in lines]
+        if seqs != sidecar.get("seqs") or hashes != sidecar.get("leaf_hashes"):
+            missing = sorted(set(sidecar.get("seqs") or []) - set(seqs))
+            at = missing[0] if missing else None
+            raise Failure(INTEGRITY, at, f"{where}: events.jsonl does not hold exactly the events the signed manifest lists")
         if len(lines) != sidecar.get("events"):
             raise Failure(INTEGRITY, None, f"{where}: the manifest counts {sidecar.get('events')} events but events.jsonl has {len(lines)}")
         total += len(lines)
@@ -534,7 +554,7 @@ def check_files(directory, manifest):
             raise Failure(INTEGRITY, None, f"{name} does not match its sha256 in manifest.json")
 
 
-def check_manifest_signature(directory, raw_manifest, key):
+def check_manifest_signature(directory, raw_manifest, key, domain=MANIFEST_DOMAIN):
     name, key_id, public = key
     try:
         with open(os.path.join(directory, "manifest.sig"), encoding="utf-8") as f:
@@ -542,7 +562,7 @@ def check_manifest_signature(directory, raw_manifest, key):
         sig = base64.b64decode(sig, validate=True)
     except (OSError, ValueError):
         raise Failure(SIGNATURE, None, "manifest.sig is missing or unreadable: the manifest is not a signed statement")
-    if signer != name or sig[:4] != key_id or not ed25519_verify(public, MANIFEST_DOMAIN + raw_manifest, sig[4:]):
+    if signer != name or sig[:4] != key_id or not ed25519_verify(public, domain + raw_manifest, sig[4:]):
         raise Failure(SIGNATURE, None, "the signature of manifest.json does not verify: the manifest was altered or signed by another key")
 
 
@@ -574,7 +594,7 @@ def verify(directory, fingerprint, trusted_path=None, expect_full=False, expect_
     except (OSError, ValueError) as e:
         raise Failure(INTEGRITY, None, f"manifest.json is unreadable: {e}")
     if manifest.get("format") == "toolgate-fleet-export/1":
-        return verify_fleet(directory, manifest, fingerprint if isinstance(fingerprint, list) else [fingerprint] if fingerprint else [], witness_keys, quorum)
+        return verify_fleet(directory, manifest, raw_manifest, fingerprint if isinstance(fingerprint, list) else [fingerprint] if fingerprint else [], witness_keys, quorum, expect_full, expect_run)
     if isinstance(fingerprint, list):
         fingerprint = fingerprint[-1] if fingerprint else None
     key = load_key(os.path.join(directory, "public-key.vkey"), fingerprint)

@@ -158,6 +158,11 @@ pub struct ExportArgs {
     /// events from every sidecar with the proofs to the signed fleet checkpoint.
     #[arg(long, value_name = "URL", requires = "run_id")]
     pub cluster_db: Option<String>,
+    /// With `--cluster-db`: the fleet key directory (`serve --fleet-key-dir`); the
+    /// manifest, listing every event of the run per sidecar, is signed with it.
+    /// Default: the TOOLGATE_FLEET_KEY_DIR environment variable.
+    #[arg(long, value_name = "DIR", requires = "cluster_db")]
+    pub fleet_key_dir: Option<PathBuf>,
     /// Only the events of this run.
     #[arg(long = "run")]
     pub run_id: Option<String>,
@@ -211,6 +216,11 @@ pub struct KeyArgs {
 pub struct TailArgs {
     #[arg(long, default_value = "var/audit.db")]
     pub db: PathBuf,
+    /// With `--cluster-db`: the fleet key directory (`serve --fleet-key-dir`); the
+    /// manifest, listing every event of the run per sidecar, is signed with it.
+    /// Default: the TOOLGATE_FLEET_KEY_DIR environment variable.
+    #[arg(long, value_name = "DIR", requires = "cluster_db")]
+    pub fleet_key_dir: Option<PathBuf>,
     /// Only the events of this run.
     #[arg(long = "run")]
     pub run_id: Option<String>,
@@ -537,6 +547,7 @@ fn check_witnesses(
 fn exit_for_fleet(error: &crate::hub::fleet::FleetError) -> Exit {
     use crate::hub::fleet::FleetError;
     match error {
+        FleetError::Hub(crate::hub::HubError::FleetKey { .. }) => Exit::Signature,
         FleetError::Hub(_) | FleetError::Output(_) => Exit::InvalidConfig,
         FleetError::Witness(_) => Exit::Signature,
         FleetError::Problem(p) => match p.kind.exit_code() {
@@ -646,7 +657,39 @@ fn fleet_verify_command(url: &str, args: &VerifyArgs) -> Exit {
 }
 
 /// `audit export --cluster-db URL --run RUN_ID --out DIR`.
-fn fleet_export_command(url: &str, run: &str, out: &Path) -> Exit {
+fn fleet_export_command(url: &str, run: &str, out: &Path, key_dir: Option<&Path>) -> Exit {
+    let key_dir = key_dir.map(Path::to_path_buf).or_else(|| {
+        std::env::var_os("TOOLGATE_FLEET_KEY_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+    });
+    let Some(key_dir) = key_dir else {
+        say!(
+            "{}",
+            serde_json::json!({
+                "status": "failed",
+                "error": "fleet_key_missing",
+                "message": "a fleet export's manifest is signed with the fleet key: give --fleet-key-dir DIR (or TOOLGATE_FLEET_KEY_DIR)",
+            })
+        );
+        return Exit::InvalidConfig;
+    };
+    let fleet_key = match crate::audit::keys::check_private(&key_dir)
+        .and_then(|()| crate::audit::keys::load_signer(&key_dir))
+    {
+        Ok(key) => key,
+        Err(e) => {
+            say!(
+                "{}",
+                serde_json::json!({
+                    "status": "failed",
+                    "error": "fleet_key_invalid",
+                    "message": format!("refusing the fleet key directory: {e}"),
+                })
+            );
+            return Exit::Signature;
+        }
+    };
     let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
     {
         Ok(runtime) => runtime,
@@ -654,7 +697,7 @@ fn fleet_export_command(url: &str, run: &str, out: &Path) -> Exit {
     };
     let result = runtime.block_on(async {
         let pool = crate::hub::connect(url).await?;
-        crate::hub::fleet::export(&pool, run, out).await
+        crate::hub::fleet::export(&pool, run, out, &fleet_key).await
     });
     match result {
         Ok(summary) => {
@@ -782,7 +825,7 @@ fn parse_time(flag: &str, text: &Option<String>) -> Result<Option<OffsetDateTime
 
 fn export_command(args: &ExportArgs) -> Exit {
     if let (Some(url), Some(run)) = (&args.cluster_db, &args.run_id) {
-        return fleet_export_command(url, run, &args.out);
+        return fleet_export_command(url, run, &args.out, args.fleet_key_dir.as_deref());
     }
     if log_missing(&args.db) {
         print_error(

@@ -15,13 +15,17 @@ use serde_json::{Value, json};
 
 use super::{FLEET_ORIGIN, HubError, check_line, db_error, pool_error};
 use crate::audit::checkpoint::verify_note;
-use crate::audit::keys::VerifierKey;
+use crate::audit::keys::{SignerKey, VerifierKey};
 use crate::audit::line::GENESIS_PREV;
 use crate::audit::merkle::{Frontier, Hash, Tree, leaf_hash};
 use crate::audit::verify::ProblemKind;
+use base64::Engine as _;
 
 /// How many rows one query reads.
 const PAGE: i64 = 5000;
+/// What the fleet export manifest's signature (by the fleet key) covers, before the
+/// bytes of manifest.json.
+pub const FLEET_MANIFEST_DOMAIN: &str = "toolgate-fleet-export-manifest/1\n";
 /// The most cosigned fleet checkpoints an export carries (the newest ones).
 const MAX_EXPORTED_COSIGNED: usize = 64;
 
@@ -502,10 +506,17 @@ pub struct FleetExportSummary {
 
 /// Writes one run's events from every sidecar with their proofs (see docs/audit.md,
 /// "Fleet export").
+///
+/// The manifest is a signed statement of completeness: it lists, per sidecar, every
+/// seq and leaf hash of the run up to the fleet checkpoint the export is cut at, and is
+/// signed with the fleet key (`fleet_signer`, which must be the key the hub is bound
+/// to) over [`FLEET_MANIFEST_DOMAIN`] followed by the bytes of manifest.json
+/// (manifest.sig).
 pub async fn export(
     pool: &deadpool_postgres::Pool,
     run_id: &str,
     out: &Path,
+    fleet_signer: &SignerKey,
 ) -> Result<FleetExportSummary, FleetError> {
     let output = |e: std::io::Error| FleetError::Output(format!("`{}`: {e}", out.display()));
     if out.exists() && std::fs::read_dir(out).map_err(output)?.next().is_some() {
@@ -515,6 +526,9 @@ pub async fn export(
         )));
     }
     let verified = verify_all(pool, true, None).await?;
+    if let Some(bound) = &verified.fleet_key {
+        super::fleet_key_matches(FLEET_ORIGIN, &bound.to_vkey(), &fleet_signer.verifier)?;
+    }
     let fleet_size = verified.report.fleet_size;
     let Some((_, _, _, fleet_note)) = verified.fleet.last() else {
         return Err(FleetError::Output(
@@ -557,6 +571,7 @@ pub async fn export(
         let mut events = String::new();
         let mut proofs = String::new();
         let mut count = 0u64;
+        let (mut seqs, mut hashes) = (Vec::new(), Vec::new());
         for r in &rows {
             let seq = r.get::<_, i64>(0).max(0) as u64;
             let line: String = r.get(1);
@@ -567,6 +582,8 @@ pub async fn export(
                 continue;
             }
             let path = tree.inclusion_proof(seq - 1, *size).unwrap_or_default();
+            seqs.push(seq);
+            hashes.push(hex::encode(leaf_hash(line.as_bytes())));
             events.push_str(&line);
             events.push('\n');
             proofs.push_str(&json!({"seq": seq, "tree_size": size, "path": path.iter().map(hex::encode).collect::<Vec<_>>()}).to_string());
@@ -589,6 +606,8 @@ pub async fn export(
             "dir": dir,
             "vkey": key,
             "events": count,
+            "seqs": seqs,
+            "leaf_hashes": hashes,
             "checkpoint_size": size,
             "fleet_leaf_index": leaf_index,
             "fleet_path": fleet_path.iter().map(hex::encode).collect::<Vec<_>>(),
@@ -620,6 +639,7 @@ pub async fn export(
     let manifest = json!({
         "format": "toolgate-fleet-export/1",
         "run_id": run_id,
+        "complete": true,
         "fleet": {
             "size": fleet_size,
             "root": verified.report.fleet_root,
@@ -629,10 +649,20 @@ pub async fn export(
         },
         "sidecars": manifest_sidecars,
     });
+    let manifest_text = serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n";
+    let mut statement = FLEET_MANIFEST_DOMAIN.as_bytes().to_vec();
+    statement.extend_from_slice(manifest_text.as_bytes());
+    let mut signature = fleet_signer.verifier.key_id.to_vec();
+    signature.extend_from_slice(&fleet_signer.sign(&statement));
+    write(out, "manifest.json", &manifest_text)?;
     write(
         out,
-        "manifest.json",
-        &(serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n"),
+        "manifest.sig",
+        &format!(
+            "{} {}\n",
+            fleet_signer.verifier.name,
+            base64::engine::general_purpose::STANDARD.encode(signature)
+        ),
     )?;
     write(out, "verify_export.py", crate::audit::export::VERIFY_SCRIPT)?;
     Ok(FleetExportSummary {

@@ -128,10 +128,100 @@ fn verify_hub_pinned(url: &str, fingerprint: &str) -> (i32, Value, String) {
     )
 }
 
+/// `audit export --cluster-db URL --run RUN --out OUT [--fleet-key-dir DIR]`.
+pub(crate) fn export(
+    url: &str,
+    run: &str,
+    out: &Path,
+    fleet: Option<&Path>,
+) -> (i32, Value, String) {
+    let mut args = vec![
+        "audit",
+        "export",
+        "--cluster-db",
+        url,
+        "--run",
+        run,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    if let Some(dir) = fleet {
+        args.extend(["--fleet-key-dir", dir.to_str().unwrap()]);
+    }
+    toolgate(out.parent().unwrap(), &args)
+}
+
+/// The signed manifest of a fleet export lists every event of the run: a bundle
+/// missing a line fails, and so does one whose manifest was edited to match without
+/// the fleet key; an export needs the fleet key the hub is bound to.
+fn completeness_is_signed(url: &str, run: &str, tmp: &Path, fleet_dir: &Path) {
+    let cut = |name: &str| -> (PathBuf, PathBuf, Value) {
+        let out = tmp.join(name);
+        let (code, _, text) = export(url, run, &out, Some(fleet_dir));
+        assert_eq!(code, 0, "{text}");
+        let manifest: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
+                .unwrap();
+        let events = out
+            .join(manifest["sidecars"][0]["dir"].as_str().unwrap())
+            .join("events.jsonl");
+        let lines = std::fs::read_to_string(&events).unwrap();
+        let kept: Vec<&str> = lines.lines().collect();
+        assert!(kept.len() >= 2, "{lines}");
+        let mut shorter = kept[..kept.len() - 1].join("\n");
+        shorter.push('\n');
+        std::fs::write(&events, shorter).unwrap();
+        (out, events, manifest)
+    };
+    // A line removed from the bundle: the signed manifest still lists it.
+    let (out, _, manifest) = cut("cut-line");
+    let (code, text) = python_with(&out, &["--expect-run", run]);
+    assert_eq!(code, 1, "{text}");
+    let last = manifest["sidecars"][0]["seqs"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(text.contains(&format!("at seq {last}")), "{text}");
+    // ... and the manifest edited to match, without the fleet key: its signature fails.
+    let (out, _, mut manifest) = cut("cut-line-and-manifest");
+    let entry = &mut manifest["sidecars"][0];
+    entry["events"] = json!(entry["events"].as_u64().unwrap() - 1);
+    entry["seqs"].as_array_mut().unwrap().pop();
+    entry["leaf_hashes"].as_array_mut().unwrap().pop();
+    std::fs::write(
+        out.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest).unwrap() + "\n",
+    )
+    .unwrap();
+    let (code, text) = python_with(&out, &["--expect-run", run]);
+    assert_eq!(code, 3, "{text}");
+    assert!(text.contains("manifest.json does not verify"), "{text}");
+    // Another run expected: refused.
+    let out = tmp.join("intact");
+    assert_eq!(export(url, run, &out, Some(fleet_dir)).0, 0);
+    let (code, text) = python_with(&out, &["--expect-run", "run-other"]);
+    assert_eq!(code, 1, "{text}");
+    // No fleet key, or another one: no export.
+    let (code, report, text) = export(url, run, &tmp.join("no-key"), None);
+    assert_eq!(code, 4, "{text}");
+    assert_eq!(report["error"], "fleet_key_missing", "{report}");
+    let (other, _) = fleet_key(&tmp.join("other"));
+    let (code, report, text) = export(url, run, &tmp.join("other-key"), Some(&other));
+    assert_eq!(code, 3, "{text}");
+    assert_eq!(report["error"], "hub_fleet_key_mismatch", "{report}");
+}
+
 fn python(dir: &Path) -> (i32, String) {
+    python_with(dir, &[])
+}
+
+fn python_with(dir: &Path, args: &[&str]) -> (i32, String) {
     let out = std::process::Command::new("python3")
         .arg(SCRIPT)
         .arg(dir)
+        .args(args)
         .output()
         .unwrap();
     (
@@ -183,30 +273,29 @@ fn sidecars_ship_the_hub_verifies_and_a_run_exports_across_them() {
     // The run across the three sidecars, verified offline.
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("export");
-    let (code, summary, text) = toolgate(
-        tmp.path(),
-        &[
-            "audit",
-            "export",
-            "--cluster-db",
-            &url,
-            "--run",
-            &run,
-            "--out",
-            out.to_str().unwrap(),
-            "--format",
-            "jsonl",
-        ],
-    );
+    let (code, summary, text) = export(&url, &run, &out, Some(&fleet_dir));
     assert_eq!(code, 0, "{text}");
     assert_eq!(
         summary["sidecars"].as_array().unwrap().len(),
         3,
         "{summary}"
     );
-    let (code, text) = python(&out);
+    // Every key pinned: the three sidecars' and the fleet key.
+    let mut pins: Vec<String> = report["sidecars"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["key_fingerprint"].as_str().unwrap().to_string())
+        .collect();
+    pins.push(fingerprint.clone());
+    let mut args = vec!["--expect-run", run.as_str()];
+    for pin in &pins {
+        args.extend(["--key-fingerprint", pin.as_str()]);
+    }
+    let (code, text) = python_with(&out, &args);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("from 3 sidecars"), "{text}");
+    completeness_is_signed(&url, &run, tmp.path(), &fleet_dir);
     // One line edited: the offline verifier names the sidecar and the seq.
     let manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();

@@ -695,19 +695,7 @@ fn fleet_checkpoints_are_cosigned_by_a_quorum_across_three_sidecars_and_a_forked
 
     // The run exported across the fleet carries the cosigned fleet checkpoint.
     let out = tmp.path().join("export");
-    let (code, _, text) = crate::fleet_audit::toolgate(
-        tmp.path(),
-        &[
-            "audit",
-            "export",
-            "--cluster-db",
-            &url,
-            "--run",
-            &run,
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let (code, _, text) = crate::fleet_audit::export(&url, &run, &out, Some(&fleet_dir));
     assert_eq!(code, 0, "{text}");
     let (code, text) = python(&out, &[&w1.key, &w2.key], 2);
     assert_eq!(code, 0, "{text}");
