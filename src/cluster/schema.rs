@@ -84,6 +84,11 @@ const MIGRATIONS: &[&str] = &[
     crate::hub::SCHEMA_FLEET_KEY,
     // 6: the witnesses' cosignatures of fleet checkpoints (`hub::witness`).
     crate::hub::witness::SCHEMA,
+    // 7: the claim to audit an approval's expiry (`cluster::approvals`).
+    r#"
+    ALTER TABLE toolgate_approvals ADD COLUMN expiry_claimed_at_ms bigint;
+    ALTER TABLE toolgate_approvals ADD COLUMN expiry_claimed_by text;
+    "#,
 ];
 
 /// The schema version this binary writes and reads.

@@ -528,8 +528,14 @@ impl Gateway {
                 self.approval_store(move |s| s.expiry_audited(&id)).await?;
                 continue;
             }
+            // In a fleet another sidecar's sweeper may have it: one writes the event.
             let id = record.approval_id.clone();
-            self.approval_store(move |s| s.mark_expired(&id)).await?;
+            if !self
+                .approval_store(move |s| s.claim_expiry(&id, now))
+                .await?
+            {
+                continue;
+            }
             let mut event = approval_event(EventType::ApprovalExpired, &record);
             event
                 .details

@@ -26,6 +26,7 @@ mod console;
 mod contract;
 mod durability;
 mod fleet;
+mod fleet_approvals;
 mod fleet_audit;
 mod gateway;
 mod hostile;
