@@ -156,14 +156,16 @@ pub struct ServeArgs {
     pub fleet_key_dir: Option<PathBuf>,
 }
 
-/// The fleet key of a sidecar that ships to the audit hub (`--cluster-db` and an own
-/// `--audit-origin`): `--fleet-key-dir`, else TOOLGATE_FLEET_KEY_DIR, checked like
-/// `--key-dir`. Missing is an invalid configuration (exit 4), unreadable or unsafe a
-/// key problem (exit 3); each printed as one JSON object on stderr.
+/// The fleet key of a fleet member (`--cluster-db`): `--fleet-key-dir`, else
+/// TOOLGATE_FLEET_KEY_DIR, checked like `--key-dir`. Required for a sidecar that ships
+/// to the audit hub (an own `--audit-origin`): missing is then an invalid
+/// configuration (exit 4); unreadable or unsafe is a key problem (exit 3); each printed
+/// as one JSON object on stderr. It also signs and checks approval decisions.
 fn load_fleet_key(args: &ServeArgs) -> Result<Option<crate::audit::keys::SignerKey>, Exit> {
-    if cluster_db_url(args).is_none() || args.audit_origin == crate::audit::DEFAULT_ORIGIN {
+    if cluster_db_url(args).is_none() {
         return Ok(None);
     }
+    let ships = args.audit_origin != crate::audit::DEFAULT_ORIGIN;
     let refuse = |error: &str, message: String| {
         eprintln!("error: {message}");
         eprintln!(
@@ -177,6 +179,12 @@ fn load_fleet_key(args: &ServeArgs) -> Result<Option<crate::audit::keys::SignerK
             .map(PathBuf::from)
     });
     let Some(dir) = dir else {
+        if !ships {
+            tracing::warn!(
+                "no fleet key (--fleet-key-dir): approval decisions in this fleet are not attested; a row edited in the cluster database is trusted"
+            );
+            return Ok(None);
+        }
         refuse(
             "fleet_key_missing",
             "a sidecar that ships its audit log to the hub (--cluster-db with its own --audit-origin) needs the fleet's signing key: give --fleet-key-dir DIR (or TOOLGATE_FLEET_KEY_DIR), the same key in every sidecar (`toolgate audit fleet-key --key-dir DIR` makes one)".into(),
@@ -502,6 +510,10 @@ async fn run(args: &ServeArgs) -> Exit {
     let gateway = match &cluster {
         Some((db, _)) => gateway.with_cluster(db.clone()),
         None => gateway,
+    };
+    let gateway = match (&cluster, &fleet_key) {
+        (Some(_), Some(key)) => gateway.with_fleet_key(Arc::new(key.clone())),
+        _ => gateway,
     };
     let gateway = match shadow {
         Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),

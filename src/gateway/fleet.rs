@@ -112,6 +112,18 @@ impl Gateway {
         self.cluster.as_ref()
     }
 
+    /// Signs approval decisions with the fleet key and requires its signature on an
+    /// approval used in the fleet (`approvals::attestation`).
+    pub fn with_fleet_key(mut self, key: Arc<crate::audit::keys::SignerKey>) -> Gateway {
+        self.fleet_key = Some(key);
+        self
+    }
+
+    /// The fleet key, when this sidecar has one.
+    pub fn fleet_key(&self) -> Option<&crate::audit::keys::SignerKey> {
+        self.fleet_key.as_deref()
+    }
+
     /// In a fleet, re-reads from the cluster database what a request is decided on:
     /// the run it names and the run token it carries (with the token's run), into the
     /// local tables. Returns the named run (None: no such run). Outside a fleet it does

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::approvals::{SUPERVISOR, approval_policy, decide, draft_call, request, send};
+use crate::approvals::{
+    SUPERVISOR, approval_policy, decide, draft_call, request, send, with_approval,
+};
 use crate::common::postgres::Postgres;
 use crate::common::{self, ADMIN, Server};
 
@@ -94,5 +96,57 @@ fn two_sweepers_racing_for_one_expiry_write_one_approval_expired() {
         (code, &shown["status"]),
         (200, &json!("expired")),
         "{shown}"
+    );
+}
+
+#[test]
+fn an_approval_row_edited_to_approved_without_the_fleet_key_is_refused_on_the_retry() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (fleet_dir, _) = crate::fleet_audit::fleet_key(tmp.path());
+    let (a, b) = (
+        sidecar(&pg, tmp.path(), 600, Some(&fleet_dir)),
+        sidecar(&pg, tmp.path(), 600, Some(&fleet_dir)),
+    );
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    // Decided through B (which signs the grant with the fleet key), used through A.
+    let honest = draft_call(&run, "Motion");
+    let granted = request(&a, &honest);
+    let (code, body) = decide(&b, Some(SUPERVISOR), &granted, "approve", "checked");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = send(&a, &with_approval(&honest, &granted));
+    assert_eq!(code, 200, "{body}");
+
+    // An insider with the database edits a pending approval to approved: with no
+    // attestation, then with the valid attestation and decisions of another approval.
+    let call = draft_call(&run, "Brief");
+    let id = request(&a, &call);
+    for attestation in ["NULL", "copied"] {
+        let copied = format!(
+            "(SELECT record->'attestation' FROM toolgate_approvals WHERE approval_id = '{granted}')"
+        );
+        pg.psql(&format!(
+            "UPDATE toolgate_approvals SET status = 'approved', record = jsonb_set(jsonb_set(record, '{{status}}', '\"approved\"'), '{{decisions}}', \
+             (SELECT record->'decisions' FROM toolgate_approvals WHERE approval_id = '{granted}')) \
+             || jsonb_build_object('attestation', {}) WHERE approval_id = '{id}'",
+            if attestation == "NULL" { "NULL::jsonb" } else { copied.as_str() }
+        ));
+        for server in [&a, &b] {
+            let (code, body) = send(server, &with_approval(&call, &id));
+            assert_eq!(code, 403, "{body}");
+            assert_eq!(reason(&body), "approval_attestation_invalid", "{body}");
+            assert_eq!(body["diagnostic"]["retryable"], false, "{body}");
+            assert_eq!(body["diagnostic"]["details"]["approval_id"], id.as_str());
+        }
+    }
+    // Nothing ran under the forged approval; it is still not used.
+    let executed =
+        events(&a, &run, "tool_executed").len() + events(&b, &run, "tool_executed").len();
+    assert_eq!(executed, 1);
+    assert_eq!(
+        pg.psql(&format!(
+            "SELECT status FROM toolgate_approvals WHERE approval_id = '{id}'"
+        )),
+        "approved"
     );
 }
