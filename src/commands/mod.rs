@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub mod approvals;
 pub mod audit;
+pub mod audit_fleet;
 pub mod diff;
 pub mod explain;
 pub mod mcp;
