@@ -203,11 +203,6 @@ pub struct KeyArgs {
 pub struct TailArgs {
     #[arg(long, default_value = "var/audit.db")]
     pub db: PathBuf,
-    /// With `--cluster-db`: the fleet key directory (`serve --fleet-key-dir`); the
-    /// manifest, listing every event of the run per sidecar, is signed with it.
-    /// Default: the TOOLGATE_FLEET_KEY_DIR environment variable.
-    #[arg(long, value_name = "DIR", requires = "cluster_db")]
-    pub fleet_key_dir: Option<PathBuf>,
     /// Only the events of this run.
     #[arg(long = "run")]
     pub run_id: Option<String>,

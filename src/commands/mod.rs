@@ -158,3 +158,15 @@ pub fn runtime(builder: &mut tokio::runtime::Builder) -> Result<tokio::runtime::
         Exit::Failure
     })
 }
+
+#[cfg(test)]
+mod tests {
+    /// clap's own consistency checks of every subcommand's flags (a `requires` naming
+    /// a flag the subcommand lacks, a duplicate name, ...), which otherwise only fire
+    /// when that subcommand is run.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}
