@@ -188,12 +188,15 @@ impl Submitter {
     /// Rebuilds the fleet tree's right edge at `size` from the hub.
     async fn resync(&mut self, size: u64) -> Result<(), String> {
         let mut frontier = Frontier::new();
-        for leaf in fleet_leaves(&self.pool, 0, size).await.map_err(|e| {
-            self.status.conflicts.fetch_add(1, Ordering::Relaxed);
-            format!(
-                "witness `{}` stands at fleet size {size}: {e} (the fleet log was cut, or the witness saw another fleet log)",
-                self.witness.key.name
-            )
+        for leaf in fleet_leaves(&self.pool, 0, size).await.map_err(|e| match e {
+            Leaves::Short(what) => {
+                self.status.conflicts.fetch_add(1, Ordering::Relaxed);
+                format!(
+                    "witness `{}` stands at fleet size {size}: {what} (the fleet log was cut, or the witness saw another fleet log)",
+                    self.witness.key.name
+                )
+            }
+            Leaves::Unavailable(what) => what,
         })? {
             frontier.push(leaf);
         }
@@ -208,7 +211,9 @@ impl Submitter {
             return Ok(Outcome::Resync(0));
         };
         let from = old.size();
-        let appended = fleet_leaves(&self.pool, from, size).await?;
+        let appended = fleet_leaves(&self.pool, from, size)
+            .await
+            .map_err(Leaves::into_message)?;
         let mut new = old.clone();
         for leaf in &appended {
             new.push(*leaf);
@@ -333,13 +338,29 @@ async fn fleet_note(
     Ok(row.map(|r| (r.get::<_, i64>(0).max(0) as u64, r.get(1))))
 }
 
+/// Why the fleet leaves could not be read.
+enum Leaves {
+    /// The hub could not be read (retried next round).
+    Unavailable(String),
+    /// The hub holds fewer leaves, or a gap.
+    Short(String),
+}
+
+impl Leaves {
+    fn into_message(self) -> String {
+        match self {
+            Leaves::Unavailable(what) | Leaves::Short(what) => what,
+        }
+    }
+}
+
 /// The fleet leaf hashes of seq `from + 1 ..= to`, page by page.
 async fn fleet_leaves(
     pool: &deadpool_postgres::Pool,
     from: u64,
     to: u64,
-) -> Result<Vec<Hash>, String> {
-    let client = connection(pool).await?;
+) -> Result<Vec<Hash>, Leaves> {
+    let client = connection(pool).await.map_err(Leaves::Unavailable)?;
     let mut out = Vec::with_capacity(to.saturating_sub(from).min(1 << 16) as usize);
     let mut next = from;
     while next < to {
@@ -349,14 +370,17 @@ async fn fleet_leaves(
                 &[&(next as i64), &(to as i64), &PAGE],
             )
             .await
-            .map_err(|e| db_error(&e).to_string())?;
+            .map_err(|e| Leaves::Unavailable(db_error(&e).to_string()))?;
         if rows.is_empty() {
             break;
         }
         for r in &rows {
             let seq = r.get::<_, i64>(0).max(0) as u64;
             if seq != next + 1 {
-                return Err(format!("fleet leaf {} is missing from the hub", next + 1));
+                return Err(Leaves::Short(format!(
+                    "fleet leaf {} is missing from the hub",
+                    next + 1
+                )));
             }
             let leaf: String = r.get(1);
             out.push(leaf_hash(leaf.as_bytes()));
@@ -364,9 +388,9 @@ async fn fleet_leaves(
         }
     }
     if next < to {
-        return Err(format!(
+        return Err(Leaves::Short(format!(
             "the hub holds the fleet log up to size {next}, not {to}"
-        ));
+        )));
     }
     Ok(out)
 }
