@@ -28,6 +28,7 @@ mod durability;
 mod fleet;
 mod fleet_approvals;
 mod fleet_audit;
+mod fleet_claims;
 mod gateway;
 mod hostile;
 mod identity;
