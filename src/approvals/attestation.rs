@@ -76,3 +76,51 @@ pub fn verify(record: &ApprovalRecord, key: &VerifierKey) -> Result<(), String> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn approved() -> ApprovalRecord {
+        let v = json!({"version": "1", "sha256": "aa"});
+        serde_json::from_value(json!({
+            "approval_id": "apr_1", "status": "approved",
+            "created_at": "2026-01-01T00:00:00.000Z", "expires_at": "2026-01-01T01:00:00.000Z",
+            "created_at_ms": 0, "expires_at_ms": 3_600_000, "call_id": "c1",
+            "binding": {"run_id": "r", "role_id": "drafting_agent", "lane_id": "drafting",
+                "tool_name": "draft_document", "tool_version": "1.0.0",
+                "arguments_sha256": "a1", "scope_sha256": "s1",
+                "policy_versions": {"roles": v, "lanes": v, "registry": v}},
+            "call_digest": "d1", "arguments": null, "redaction": "full", "scope": {},
+            "requester": {"role_id": "drafting_agent"}, "requirements": [],
+            "decisions": [{"approver": "role:supervisor", "decision": "approve",
+                "reason": "ok", "at": "2026-01-01T00:01:00.000Z"}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_signed_grant_verifies_and_any_change_or_another_key_fails() {
+        let fleet = SignerKey::from_seed("toolgate/fleet", [5; 32]);
+        let mut record = approved();
+        assert!(verify(&record, &fleet.verifier).is_err(), "unsigned");
+        record.attestation = Some(sign(&record, &fleet));
+        verify(&record, &fleet.verifier).unwrap();
+        let other = SignerKey::from_seed("toolgate/fleet", [6; 32]);
+        assert!(verify(&record, &other.verifier).is_err(), "another key");
+        type Change = fn(&mut ApprovalRecord);
+        let changes: [Change; 5] = [
+            |r| r.approval_id = "apr_2".into(),
+            |r| r.call_digest = "d2".into(),
+            |r| r.expires_at_ms += 1,
+            |r| r.decisions[0].approver = "role:ops".into(),
+            |r| r.status = ApprovalStatus::Pending,
+        ];
+        for change in changes {
+            let mut edited = record.clone();
+            change(&mut edited);
+            assert!(verify(&edited, &fleet.verifier).is_err());
+        }
+    }
+}
