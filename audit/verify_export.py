@@ -34,7 +34,13 @@ toolgate-fleet-export/1) is checked the same way per sidecar: each sidecar's che
 signature (its key, pinned with --key-fingerprint, repeatable), each event line's
 canonical bytes, run and inclusion proof against that checkpoint, and each checkpoint's
 inclusion proof in the fleet tree whose signed fleet checkpoint (toolgate/fleet) is
-fleet-checkpoint.txt. The first bad sidecar and seq are named.
+fleet-checkpoint.txt (signed with the fleet key; give its fingerprint among the
+--key-fingerprint to pin it). Its manifest is signed with the fleet key too
+(manifest.sig) and lists every seq and leaf hash of the run per sidecar: the
+sidecars' events.jsonl must hold exactly those (--expect-run RUN_ID checks the run). The first bad sidecar and seq are named. With
+--witness-key, fleet-cosignatures.txt must hold fleet checkpoints cosigned by --quorum
+of the keys, and the exported fleet checkpoint must extend the largest such one (its
+consistency proof in the manifest; a fork exits 2).
 
 With --witness-key (a witness's cosignature key, `name+keyid+base64`, type 0x04;
 repeatable), cosignatures.txt must hold checkpoints of checkpoints.txt cosigned
@@ -56,6 +62,7 @@ import tempfile
 INTACT, INTEGRITY, TRUNCATION, SIGNATURE = 0, 1, 2, 3
 GENESIS_PREV = "0" * 64
 MANIFEST_DOMAIN = b"toolgate-audit-export-manifest/1\n"
+FLEET_MANIFEST_DOMAIN = b"toolgate-fleet-export-manifest/1\n"
 CLOSING_TYPES = ("tool_executed", "tool_denied", "tool_failed", "tool_timeout", "tool_allowed")
 MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -411,13 +418,54 @@ def parse_vkey(text, fingerprints, what):
     return name, expected_id, public
 
 
-def verify_fleet(directory, manifest, fingerprints):
+def check_fleet_witnesses(directory, fleet, signer_key, fleet_size, fleet_root, witness_keys, quorum):
+    """The largest fleet checkpoint cosigned by `quorum` of the witness keys, which the
+    exported fleet checkpoint must extend (its consistency proof in the manifest)."""
+    path = os.path.join(directory, "fleet-cosignatures.txt")
+    if not os.path.exists(path):
+        raise Failure(SIGNATURE, None, "the export holds no fleet-cosignatures.txt: no fleet checkpoint was witnessed")
+    with open(path, encoding="utf-8") as f:
+        notes = split_notes(f.read())
+    witnessed = {}
+    for note in notes:
+        if not note.startswith("toolgate/fleet\n"):
+            raise Failure(INTEGRITY, None, "fleet-cosignatures.txt holds a note that is not a toolgate/fleet checkpoint")
+        size, root = verify_note(note, signer_key)
+        signers = cosigners(note, witness_keys)
+        entry = witnessed.setdefault(size, (root, set()))
+        if entry[0] != root:
+            raise Failure(SIGNATURE, None, f"two cosigned fleet checkpoints of size {size} have different roots: the fleet log forked")
+        entry[1].update(signers)
+    sizes = [size for size, (_, signers) in witnessed.items() if len(signers) >= quorum]
+    if not sizes:
+        raise Failure(SIGNATURE, None, f"no fleet checkpoint is cosigned by {quorum} of the {len(witness_keys)} witness keys")
+    size = max(sizes)
+    proofs = {p.get("size"): p for p in fleet.get("cosigned") or []}
+    proof = proofs.get(size)
+    hashes = [bytes.fromhex(h) for h in proof.get("consistency") or []] if proof else None
+    if hashes is None or not verify_consistency(size, fleet_size, hashes, witnessed[size][0], fleet_root):
+        raise Failure(TRUNCATION, None, f"the exported fleet checkpoint (size {fleet_size}) does not extend the fleet checkpoint the witnesses cosigned at size {size}: fork")
+    return size
+
+
+def verify_fleet(directory, manifest, raw_manifest, fingerprints, witness_keys=None, quorum=None, expect_full=False, expect_run=None):
     pinned = {f.strip().lower() for f in fingerprints}
     if not pinned:
         print("WARNING: no --key-fingerprint given: the sidecars' keys in the export are trusted as found")
     run_id = manifest.get("run_id")
     fleet = manifest.get("fleet") or {}
     signer_key = parse_vkey(fleet.get("signer_vkey") or "", pinned, f"the fleet signer {fleet.get('signer')}")
+    # The manifest is the fleet key's signed statement of every event of the run.
+    check_manifest_signature(directory, raw_manifest, signer_key, FLEET_MANIFEST_DOMAIN)
+    if expect_full:
+        raise Failure(INTEGRITY, None, "a fleet export is the export of one run, never a full export: use --expect-run")
+    if expect_run is not None and (run_id != expect_run or manifest.get("complete") is not True):
+        raise Failure(INTEGRITY, None, f"you expect the complete export of run {expect_run} but the signed manifest is of run {run_id}")
+    listed_dirs = {s.get("dir") for s in manifest.get("sidecars") or []}
+    sidecars_dir = os.path.join(directory, "sidecars")
+    for entry in sorted(os.listdir(sidecars_dir)) if os.path.isdir(sidecars_dir) else []:
+        if f"sidecars/{entry}" not in listed_dirs:
+            raise Failure(INTEGRITY, None, f"sidecars/{entry} is not in the signed manifest")
     with open(os.path.join(directory, "fleet-checkpoint.txt"), encoding="utf-8") as f:
         fleet_note = f.read()
     if not fleet_note.startswith("toolgate/fleet\n"):
@@ -461,10 +509,24 @@ def verify_fleet(directory, manifest, fingerprints):
             if not proof or proof.get("tree_size") != size or not verify_inclusion(seq - 1, size, leaf_hash(line), hashes, root):
                 raise Failure(INTEGRITY, seq, f"{where}: the event is not in the sidecar's signed checkpoint: edited or forged")
             last = seq
+        seqs = [json.loads(line.decode("utf-8"))["seq"] for line in lines]
+        hashes = [leaf_hash(line).hex() for line in lines]
+        if seqs != sidecar.get("seqs") or hashes != sidecar.get("leaf_hashes"):
+            missing = sorted(set(sidecar.get("seqs") or []) - set(seqs))
+            at = missing[0] if missing else None
+            raise Failure(INTEGRITY, at, f"{where}: events.jsonl does not hold exactly the events the signed manifest lists")
         if len(lines) != sidecar.get("events"):
             raise Failure(INTEGRITY, None, f"{where}: the manifest counts {sidecar.get('events')} events but events.jsonl has {len(lines)}")
         total += len(lines)
-    return f"OK: fleet export of run {run_id}, {total} events from {len(manifest.get('sidecars') or [])} sidecars, fleet size {fleet_size}"
+    witnessed = ""
+    if witness_keys:
+        keys = [load_witness_key(k) for k in witness_keys]
+        need = len(keys) if quorum is None else quorum
+        if need < 1 or need > len(keys):
+            raise Failure(SIGNATURE, None, f"--quorum {need} must be between 1 and the {len(keys)} witness keys")
+        size = check_fleet_witnesses(directory, fleet, signer_key, fleet_size, fleet_root, keys, need)
+        witnessed = f", witnessed up to fleet size {size} by {need} of {len(keys)} witnesses"
+    return f"OK: fleet export of run {run_id}, {total} events from {len(manifest.get('sidecars') or [])} sidecars, fleet size {fleet_size}{witnessed}"
 
 
 # ---- The export.
@@ -492,7 +554,7 @@ def check_files(directory, manifest):
             raise Failure(INTEGRITY, None, f"{name} does not match its sha256 in manifest.json")
 
 
-def check_manifest_signature(directory, raw_manifest, key):
+def check_manifest_signature(directory, raw_manifest, key, domain=MANIFEST_DOMAIN):
     name, key_id, public = key
     try:
         with open(os.path.join(directory, "manifest.sig"), encoding="utf-8") as f:
@@ -500,7 +562,7 @@ def check_manifest_signature(directory, raw_manifest, key):
         sig = base64.b64decode(sig, validate=True)
     except (OSError, ValueError):
         raise Failure(SIGNATURE, None, "manifest.sig is missing or unreadable: the manifest is not a signed statement")
-    if signer != name or sig[:4] != key_id or not ed25519_verify(public, MANIFEST_DOMAIN + raw_manifest, sig[4:]):
+    if signer != name or sig[:4] != key_id or not ed25519_verify(public, domain + raw_manifest, sig[4:]):
         raise Failure(SIGNATURE, None, "the signature of manifest.json does not verify: the manifest was altered or signed by another key")
 
 
@@ -532,7 +594,7 @@ def verify(directory, fingerprint, trusted_path=None, expect_full=False, expect_
     except (OSError, ValueError) as e:
         raise Failure(INTEGRITY, None, f"manifest.json is unreadable: {e}")
     if manifest.get("format") == "toolgate-fleet-export/1":
-        return verify_fleet(directory, manifest, fingerprint if isinstance(fingerprint, list) else [fingerprint] if fingerprint else [])
+        return verify_fleet(directory, manifest, raw_manifest, fingerprint if isinstance(fingerprint, list) else [fingerprint] if fingerprint else [], witness_keys, quorum, expect_full, expect_run)
     if isinstance(fingerprint, list):
         fingerprint = fingerprint[-1] if fingerprint else None
     key = load_key(os.path.join(directory, "public-key.vkey"), fingerprint)

@@ -160,6 +160,7 @@ pub enum Reason {
     ClusterUnavailable,
     SafetyLockUnconfirmed,
     IdempotencyInFlight,
+    ApprovalAttestationInvalid,
 }
 
 /// The catalog entry of one reason.
@@ -181,7 +182,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in catalog order.
-    pub const ALL: [Reason; 83] = [
+    pub const ALL: [Reason; 84] = [
         Reason::RequestMalformed,
         Reason::ProtocolVersionUnsupported,
         Reason::OriginNotAllowed,
@@ -265,6 +266,7 @@ impl Reason {
         Reason::ClusterUnavailable,
         Reason::SafetyLockUnconfirmed,
         Reason::IdempotencyInFlight,
+        Reason::ApprovalAttestationInvalid,
     ];
 
     /// The stable snake_case code, as it appears in responses and the audit log.
@@ -353,6 +355,7 @@ impl Reason {
             Reason::CommitStateUnavailable => "commit_state_unavailable",
             Reason::BudgetExhausted => "budget_exhausted",
             Reason::CounterStateUnavailable => "counter_state_unavailable",
+            Reason::ApprovalAttestationInvalid => "approval_attestation_invalid",
         }
     }
 
@@ -1192,6 +1195,16 @@ impl Reason {
                     "the approval is no longer pending, or this approver already decided it",
                     "a second decision on the same approval, or by the same approver",
                     "read the approval (GET /v1/approvals/{id}) for its status and decisions",
+                ),
+                Reason::ApprovalAttestationInvalid => (
+                    E::Denied,
+                    C::Approval,
+                    8,
+                    false,
+                    S::Critical,
+                    "the approval reads approved in the fleet's shared store but carries no valid decision attestation signed with the fleet key, so it is not used",
+                    "the approval's row was edited in the cluster database (an insider without the fleet key), or the deciding sidecar has no or another --fleet-key-dir",
+                    "request a new approval and have it decided; operators: check toolgate_approvals in the cluster database and give every sidecar the same fleet key",
                 ),
             };
         ReasonInfo {

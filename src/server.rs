@@ -955,6 +955,7 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::ApprovalUnknown => StatusCode::NOT_FOUND,
         Reason::ApprovalLimitReached => StatusCode::TOO_MANY_REQUESTS,
         Reason::ApprovalStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::ApprovalAttestationInvalid => StatusCode::FORBIDDEN,
         Reason::ApprovalDenied
         | Reason::ApprovalExpired
         | Reason::ApprovalUsed

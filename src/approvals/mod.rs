@@ -19,6 +19,7 @@ use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::Reason;
 use crate::policy::PolicyVersions;
 
+pub mod attestation;
 pub mod store;
 
 pub use store::{ApprovalBackend, ApprovalStore, StoreError};
@@ -211,6 +212,10 @@ pub struct ApprovalRecord {
     pub used_by_call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_at: Option<String>,
+    /// In a fleet with a fleet key: the deciding sidecar's signature of the decision
+    /// (`attestation`), verified by the sidecar that uses the approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation: Option<String>,
 }
 
 impl ApprovalRecord {

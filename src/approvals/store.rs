@@ -412,6 +412,13 @@ pub trait ApprovalBackend: Send + Sync {
     fn release(&self, approval_id: &str, call_id: &str, now_ms: i64) -> Result<bool, StoreError>;
     fn due_expiries(&self, now_ms: i64, limit: usize) -> Result<Vec<ApprovalRecord>, StoreError>;
     fn mark_expired(&self, approval_id: &str) -> Result<(), StoreError>;
+    /// Marks the approval expired and claims the auditing of its expiry for this
+    /// sidecar; true when this caller is the one to write `approval_expired`. One
+    /// process with one sweeper (SQLite): always. In a fleet, one conditional
+    /// statement: of concurrent sweepers on any sidecars exactly one wins.
+    fn claim_expiry(&self, approval_id: &str, _now_ms: i64) -> Result<bool, StoreError> {
+        self.mark_expired(approval_id).map(|()| true)
+    }
     fn expiry_audited(&self, approval_id: &str) -> Result<(), StoreError>;
     fn prune(&self, keep: u64) -> Result<usize, StoreError>;
     /// Whether the approvals are shared by a fleet (the gateway then cannot find every

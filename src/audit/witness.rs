@@ -40,13 +40,13 @@ const COSIGNATURE_TYPE: u8 = 0x04;
 /// The signature line prefix.
 const SIGNATURE_PREFIX: &str = "\u{2014} ";
 /// The longest one add-checkpoint request may take, connecting included.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The largest witness response read.
 const MAX_RESPONSE_BYTES: usize = 16 * 1024;
 /// The most leaves one submission may span: a witness further behind is brought up in
 /// several submissions, each through a stored checkpoint (bounded memory).
-const MAX_LEAVES_PER_SUBMISSION: u64 = 1 << 20;
+pub(crate) const MAX_LEAVES_PER_SUBMISSION: u64 = 1 << 20;
 /// The most bytes of the cosignature file read (from its end) to find where a witness
 /// stands after a restart.
 const MAX_TAIL_BYTES: u64 = 4 * 1024 * 1024;
@@ -227,7 +227,7 @@ pub struct WitnessStatus {
 }
 
 impl WitnessStatus {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         WitnessStatus {
             name: name.to_string(),
             cosigned_size: AtomicU64::new(0),
@@ -509,7 +509,7 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| format!("the witness worker stopped: {e}"))?
 }
 
-async fn read_limited(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+pub(crate) async fn read_limited(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     while let Some(chunk) = response
         .chunk()
@@ -526,7 +526,7 @@ async fn read_limited(mut response: reqwest::Response) -> Result<Vec<u8>, String
 
 /// The signature lines of `answer` that are `key`'s (other keys' lines are ignored,
 /// as the protocol says).
-fn lines_of(answer: &str, key: &WitnessKey) -> String {
+pub(crate) fn lines_of(answer: &str, key: &WitnessKey) -> String {
     let mut out = String::new();
     for line in answer.lines() {
         let ours = line

@@ -6,7 +6,9 @@
 //! statement; the claim of an approved approval is one conditional
 //! `UPDATE ... RETURNING`, so of concurrent retries on any sidecars exactly one wins;
 //! a decision is written only if the approval is still pending with the decisions it
-//! was read with (a concurrent decision through another sidecar is not overwritten).
+//! was read with (a concurrent decision through another sidecar is not overwritten);
+//! the auditing of an expiry is claimed by one conditional `UPDATE ... RETURNING`
+//! (with a lease, [`EXPIRY_CLAIM_LEASE_MS`]), so one sidecar writes `approval_expired`.
 //! Every query is bounded by `cluster::QUERY_TIMEOUT`; a failure is a `StoreError`
 //! the gateway turns into `approval_store_unavailable` (never guessed state).
 
@@ -18,6 +20,10 @@ use super::{ClusterDb, QUERY_TIMEOUT, bounded};
 use crate::approvals::store::{decode, encode};
 use crate::approvals::{ApprovalBackend, ApprovalRecord, ApprovalStatus, StoreError};
 use crate::diagnostic::Refusal;
+
+/// How long a sidecar's claim to audit an approval's expiry holds: a sidecar that
+/// claimed it and died before noting it audited is relieved by another after this.
+pub const EXPIRY_CLAIM_LEASE_MS: i64 = 60_000;
 
 /// Shared approvals in the cluster database. Its methods block: the gateway calls
 /// them from `spawn_blocking`, where waiting on the runtime `handle` is allowed.
@@ -308,8 +314,9 @@ impl ApprovalBackend for PgApprovals {
                     "SELECT record::text FROM toolgate_approvals \
                      WHERE ((status IN ('pending', 'approved') AND expires_at_ms <= $1) \
                             OR status = 'expired') AND NOT expiry_audited \
+                     AND (expiry_claimed_at_ms IS NULL OR expiry_claimed_at_ms <= $1 - $3) \
                      ORDER BY expires_at_ms LIMIT $2",
-                    &[&now_ms, &limit],
+                    &[&now_ms, &limit, &EXPIRY_CLAIM_LEASE_MS],
                 )
                 .await?;
                 decode_rows(&rows, 0)
@@ -330,6 +337,31 @@ impl ApprovalBackend for PgApprovals {
                 )
                 .await
                 .map(|_| ())
+            })
+        })
+    }
+
+    fn claim_expiry(&self, approval_id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let id = approval_id.to_string();
+        let node = self.db.node_id.clone();
+        self.wait(move |db| {
+            Box::pin(async move {
+                // One statement: a concurrent sweeper blocked on the row re-reads it
+                // after this one commits and finds it claimed.
+                let rows = query(
+                    &db,
+                    "UPDATE toolgate_approvals SET status = 'expired', \
+                     record = record || '{\"status\": \"expired\"}'::jsonb, \
+                     expiry_claimed_at_ms = $2, expiry_claimed_by = $3 \
+                     WHERE approval_id = $1 AND NOT expiry_audited \
+                     AND ((status IN ('pending', 'approved') AND expires_at_ms <= $2) \
+                          OR status = 'expired') \
+                     AND (expiry_claimed_at_ms IS NULL OR expiry_claimed_at_ms <= $2 - $4) \
+                     RETURNING approval_id",
+                    &[&id, &now_ms, &node, &EXPIRY_CLAIM_LEASE_MS],
+                )
+                .await?;
+                Ok(rows.len() == 1)
             })
         })
     }

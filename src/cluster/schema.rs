@@ -80,6 +80,15 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX toolgate_approvals_run ON toolgate_approvals (run_id, status);
     CREATE INDEX toolgate_approvals_digest ON toolgate_approvals (call_digest, status);
     "#,
+    // 5: the fleet key the fleet log is bound to (`hub`).
+    crate::hub::SCHEMA_FLEET_KEY,
+    // 6: the witnesses' cosignatures of fleet checkpoints (`hub::witness`).
+    crate::hub::witness::SCHEMA,
+    // 7: the claim to audit an approval's expiry (`cluster::approvals`).
+    r#"
+    ALTER TABLE toolgate_approvals ADD COLUMN expiry_claimed_at_ms bigint;
+    ALTER TABLE toolgate_approvals ADD COLUMN expiry_claimed_by text;
+    "#,
 ];
 
 /// The schema version this binary writes and reads.

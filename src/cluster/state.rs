@@ -44,8 +44,13 @@ pub enum FleetClaim {
     First,
     /// The first call completed: its response, to replay.
     Done(Box<CallResponse>),
-    /// The first call is still running (on this or another sidecar).
-    InFlight,
+    /// The first call is still running (on this or another sidecar), or its sidecar
+    /// died before storing the outcome: the node that holds the claim and how long
+    /// ago it claimed the key (None: the claim moved while it was read).
+    InFlight {
+        holder: Option<String>,
+        age_ms: Option<i64>,
+    },
     /// The key was used with other arguments or another scope.
     Conflict,
 }
@@ -288,7 +293,8 @@ impl ClusterDb {
                 return Ok(FleetClaim::First);
             }
             let row = bounded(client.query_opt(
-                "SELECT fingerprint, state, outcome FROM toolgate_idempotency \
+                "SELECT fingerprint, state, outcome, node_id, \
+                 (extract(epoch FROM now() - claimed_at) * 1000)::bigint FROM toolgate_idempotency \
                  WHERE run_id = $1 AND role_id = $2 AND tool_name = $3 AND idempotency_key = $4",
                 &[
                     &key.run_id,
@@ -307,7 +313,10 @@ impl ClusterDb {
             }
             let state: String = row.try_get(1).map_err(|_| corrupt("claim"))?;
             if state != "done" {
-                return Ok(FleetClaim::InFlight);
+                return Ok(FleetClaim::InFlight {
+                    holder: row.try_get(3).ok(),
+                    age_ms: row.try_get(4).ok(),
+                });
             }
             let outcome: Option<Value> = row.try_get(2).map_err(|_| corrupt("claim"))?;
             return outcome
@@ -316,7 +325,10 @@ impl ClusterDb {
                 .map(|r| FleetClaim::Done(Box::new(r)))
                 .ok_or_else(|| corrupt("stored outcome"));
         }
-        Ok(FleetClaim::InFlight)
+        Ok(FleetClaim::InFlight {
+            holder: None,
+            age_ms: None,
+        })
     }
 
     /// Completes this sidecar's claim: stores the outcome for every repeat (`Some`),

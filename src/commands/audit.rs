@@ -36,6 +36,10 @@ pub enum AuditCommand {
     /// Move sealed segments out of the data directory (the gateway must be stopped);
     /// what remains still verifies, from the oldest remaining segment.
     Archive(ArchiveArgs),
+    /// Make the fleet's signing key once (or print the one in the directory): every
+    /// sidecar of a fleet that ships to the audit hub mounts it (`serve
+    /// --fleet-key-dir`).
+    FleetKey(super::audit_fleet::FleetKeyArgs),
 }
 
 #[derive(Debug, Args)]
@@ -105,6 +109,12 @@ pub struct VerifyArgs {
     /// sidecar's shipped log and the fleet log (docs/audit.md, "The audit hub").
     #[arg(long, value_name = "URL")]
     pub cluster_db: Option<String>,
+    /// With `--cluster-db`: the fleet key fingerprint you recorded (`toolgate audit
+    /// fleet-key`); the fleet key bound in the hub must have it and every fleet
+    /// checkpoint must verify with it (exit 3 otherwise). Without it the bound key is
+    /// trusted as found, with a warning.
+    #[arg(long, requires = "cluster_db")]
+    pub fleet_key_fingerprint: Option<String>,
 }
 
 fn parse_witness_key(text: &str) -> Result<crate::audit::witness::WitnessKey, String> {
@@ -135,6 +145,11 @@ pub struct ExportArgs {
     /// events from every sidecar with the proofs to the signed fleet checkpoint.
     #[arg(long, value_name = "URL", requires = "run_id")]
     pub cluster_db: Option<String>,
+    /// With `--cluster-db`: the fleet key directory (`serve --fleet-key-dir`); the
+    /// manifest, listing every event of the run per sidecar, is signed with it.
+    /// Default: the TOOLGATE_FLEET_KEY_DIR environment variable.
+    #[arg(long, value_name = "DIR", requires = "cluster_db")]
+    pub fleet_key_dir: Option<PathBuf>,
     /// Only the events of this run.
     #[arg(long = "run")]
     pub run_id: Option<String>,
@@ -216,6 +231,7 @@ pub fn run(command: AuditCommand) -> Exit {
         AuditCommand::Tail(args) => tail_command(&args),
         AuditCommand::Replay(args) => crate::commands::replay::replay_command(&args),
         AuditCommand::Archive(args) => archive_command(&args),
+        AuditCommand::FleetKey(args) => super::audit_fleet::fleet_key_command(&args),
     }
 }
 
@@ -237,7 +253,7 @@ fn exit_for_error(error: &AuditError) -> Exit {
     }
 }
 
-fn print_error(error: &dyn std::fmt::Display, help: Option<&str>) {
+pub(super) fn print_error(error: &dyn std::fmt::Display, help: Option<&str>) {
     eprintln!("error: {error}");
     if let Some(help) = help {
         eprintln!("help: {help}");
@@ -284,7 +300,7 @@ fn checkpoint_files(db: &Path, named: &[PathBuf]) -> Vec<PathBuf> {
 
 fn verify_command(args: &VerifyArgs) -> Exit {
     if let Some(url) = &args.cluster_db {
-        return fleet_verify_command(url, args.format);
+        return super::audit_fleet::fleet_verify_command(url, args);
     }
     if log_missing(&args.db) {
         print_error(
@@ -472,107 +488,6 @@ fn check_witnesses(
     }
 }
 
-/// The exit code of a fleet verify or export failure.
-fn exit_for_fleet(error: &crate::hub::fleet::FleetError) -> Exit {
-    use crate::hub::fleet::FleetError;
-    match error {
-        FleetError::Hub(_) | FleetError::Output(_) => Exit::InvalidConfig,
-        FleetError::Problem(p) => match p.kind.exit_code() {
-            2 => Exit::Truncated,
-            3 => Exit::Signature,
-            _ => Exit::Failure,
-        },
-    }
-}
-
-/// Prints a fleet failure: JSON on stdout with `--format json`, else one line.
-fn print_fleet_error(error: &crate::hub::fleet::FleetError, format: Format) {
-    use crate::hub::fleet::{FleetError, error_json};
-    match (format, error) {
-        (Format::Json, _) => say!(
-            "{}",
-            serde_json::to_string_pretty(&error_json(error)).unwrap_or_default()
-        ),
-        (Format::Text, FleetError::Problem(p)) => say!("FAILED: {p}"),
-        (Format::Text, FleetError::Hub(e)) => print_error(e, Some("check --cluster-db URL")),
-        (Format::Text, FleetError::Output(m)) => print_error(m, None),
-    }
-}
-
-/// `audit verify --cluster-db URL`.
-fn fleet_verify_command(url: &str, format: Format) -> Exit {
-    let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
-    {
-        Ok(runtime) => runtime,
-        Err(exit) => return exit,
-    };
-    let result = runtime.block_on(async {
-        let pool = crate::hub::connect(url).await?;
-        crate::hub::fleet::verify(&pool).await
-    });
-    match result {
-        Ok(report) => {
-            match format {
-                Format::Json => {
-                    let mut value = serde_json::to_value(&report).unwrap_or_default();
-                    value["status"] = "ok".into();
-                    say!(
-                        "{}",
-                        serde_json::to_string_pretty(&value).unwrap_or_default()
-                    );
-                }
-                Format::Text => {
-                    for s in &report.sidecars {
-                        say!(
-                            "ok: sidecar {}: {} events, {} checkpoints, key fingerprint {}",
-                            s.origin,
-                            s.events,
-                            s.checkpoints,
-                            s.key_fingerprint
-                        );
-                    }
-                    say!(
-                        "ok: fleet log: {} checkpoints, root {}",
-                        report.fleet_size,
-                        report.fleet_root
-                    );
-                }
-            }
-            Exit::Ok
-        }
-        Err(error) => {
-            print_fleet_error(&error, format);
-            exit_for_fleet(&error)
-        }
-    }
-}
-
-/// `audit export --cluster-db URL --run RUN_ID --out DIR`.
-fn fleet_export_command(url: &str, run: &str, out: &Path) -> Exit {
-    let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
-    {
-        Ok(runtime) => runtime,
-        Err(exit) => return exit,
-    };
-    let result = runtime.block_on(async {
-        let pool = crate::hub::connect(url).await?;
-        crate::hub::fleet::export(&pool, run, out).await
-    });
-    match result {
-        Ok(summary) => {
-            say!(
-                "{}",
-                serde_json::to_string_pretty(&summary).unwrap_or_default()
-            );
-            Exit::Ok
-        }
-        Err(error) => {
-            print_fleet_error(&error, Format::Json);
-            exit_for_fleet(&error)
-        }
-    }
-}
-
 /// True when no segment of the log whose first segment is `db` exists.
 fn log_missing(db: &Path) -> bool {
     crate::audit::segments::list(db).map_or(!db.exists(), |s| s.is_empty())
@@ -684,7 +599,12 @@ fn parse_time(flag: &str, text: &Option<String>) -> Result<Option<OffsetDateTime
 
 fn export_command(args: &ExportArgs) -> Exit {
     if let (Some(url), Some(run)) = (&args.cluster_db, &args.run_id) {
-        return fleet_export_command(url, run, &args.out);
+        return super::audit_fleet::fleet_export_command(
+            url,
+            run,
+            &args.out,
+            args.fleet_key_dir.as_deref(),
+        );
     }
     if log_missing(&args.db) {
         print_error(

@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub mod approvals;
 pub mod audit;
+pub mod audit_fleet;
 pub mod diff;
 pub mod explain;
 pub mod mcp;
@@ -156,4 +157,16 @@ pub fn runtime(builder: &mut tokio::runtime::Builder) -> Result<tokio::runtime::
         eprintln!("error: cannot start the runtime: {e}");
         Exit::Failure
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap's own consistency checks of every subcommand's flags (a `requires` naming
+    /// a flag the subcommand lacks, a duplicate name, ...), which otherwise only fire
+    /// when that subcommand is run.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 }

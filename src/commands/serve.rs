@@ -145,7 +145,71 @@ pub struct ServeArgs {
     /// `token_file=FILE` or `token_env=NAME` (never the token itself). See docs/audit.md.
     #[arg(long = "ship", value_parser = parse_ship)]
     pub ships: Vec<crate::audit::ship::ShipSpec>,
+    /// With `--cluster-db` and an own `--audit-origin` (a sidecar that ships to the
+    /// audit hub; required then): the fleet key directory, holding the fleet's signing
+    /// key (`audit-signing.key`, made once with `toolgate audit fleet-key`), the same
+    /// in every sidecar of the fleet (one Kubernetes secret mounted in every pod).
+    /// Every fleet checkpoint is signed with it and the hub binds the fleet log to it.
+    /// Same file format and permission checks as `--key-dir`. Default: the
+    /// TOOLGATE_FLEET_KEY_DIR environment variable.
+    #[arg(long, value_name = "DIR")]
+    pub fleet_key_dir: Option<PathBuf>,
 }
+
+/// The fleet key of a fleet member (`--cluster-db`): `--fleet-key-dir`, else
+/// TOOLGATE_FLEET_KEY_DIR, checked like `--key-dir`. Required for a sidecar that ships
+/// to the audit hub (an own `--audit-origin`): missing is then an invalid
+/// configuration (exit 4); unreadable or unsafe is a key problem (exit 3); each printed
+/// as one JSON object on stderr. It also signs and checks approval decisions.
+fn load_fleet_key(args: &ServeArgs) -> Result<Option<crate::audit::keys::SignerKey>, Exit> {
+    if cluster_db_url(args).is_none() {
+        return Ok(None);
+    }
+    let ships = args.audit_origin != crate::audit::DEFAULT_ORIGIN;
+    let refuse = |error: &str, message: String| {
+        eprintln!("error: {message}");
+        eprintln!(
+            "{}",
+            serde_json::json!({"error": error, "message": message, "retryable": false})
+        );
+    };
+    let dir = args.fleet_key_dir.clone().or_else(|| {
+        std::env::var_os("TOOLGATE_FLEET_KEY_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+    });
+    let Some(dir) = dir else {
+        if !ships {
+            tracing::warn!(
+                "no fleet key (--fleet-key-dir): approval decisions in this fleet are not attested; a row edited in the cluster database is trusted"
+            );
+            return Ok(None);
+        }
+        refuse(
+            "fleet_key_missing",
+            "a sidecar that ships its audit log to the hub (--cluster-db with its own --audit-origin) needs the fleet's signing key: give --fleet-key-dir DIR (or TOOLGATE_FLEET_KEY_DIR), the same key in every sidecar (`toolgate audit fleet-key --key-dir DIR` makes one)".into(),
+        );
+        return Err(Exit::InvalidConfig);
+    };
+    let loaded = crate::audit::keys::check_private(&dir)
+        .and_then(|()| crate::audit::keys::load_signer(&dir));
+    match loaded {
+        Ok(key) => Ok(Some(key)),
+        Err(e) => {
+            refuse(
+                "fleet_key_invalid",
+                format!("refusing the fleet key directory: {e}"),
+            );
+            Err(Exit::Signature)
+        }
+    }
+}
+
+/// The hub shipper's status and, with `--witness`, the fleet witness tasks' status.
+type ShipperStarted = (
+    Arc<crate::hub::ship::ShipStatus>,
+    Option<Vec<Arc<crate::audit::witness::WitnessStatus>>>,
+);
 
 /// Starts shipping the audit log to the hub in the cluster database (items of
 /// docs/audit.md, "The audit hub"). The default origin is shared by every sidecar
@@ -156,9 +220,9 @@ async fn start_shipper(
     args: &ServeArgs,
     audit: &AuditLog,
     db_path: &std::path::Path,
-    key_dir: &std::path::Path,
+    fleet_key: Option<crate::audit::keys::SignerKey>,
     origin: &str,
-) -> Result<Option<Arc<crate::hub::ship::ShipStatus>>, Exit> {
+) -> Result<Option<ShipperStarted>, Exit> {
     if origin == crate::audit::DEFAULT_ORIGIN {
         tracing::warn!(
             "the audit log keeps the default origin `toolgate/audit`: it is not shipped to the audit hub; give each sidecar its own --audit-origin"
@@ -168,21 +232,10 @@ async fn start_shipper(
         );
         return Ok(None);
     }
-    let signer: Arc<dyn crate::audit::signer::Signer> = match &args.signer_socket {
-        Some(socket) => match crate::audit::signer::SocketSigner::connect(socket) {
-            Ok(signer) => Arc::new(signer),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return Err(Exit::Signature);
-            }
-        },
-        None => match crate::audit::keys::load_signer(key_dir) {
-            Ok(signer) => Arc::new(signer),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return Err(Exit::Signature);
-            }
-        },
+    // Loaded before the audit log was opened (`load_fleet_key`).
+    let Some(fleet_key) = fleet_key else {
+        eprintln!("error: no fleet key to sign fleet checkpoints with");
+        return Err(Exit::InvalidConfig);
     };
     let pool = match crate::hub::connect(url).await {
         Ok(pool) => pool,
@@ -191,15 +244,48 @@ async fn start_shipper(
             return Err(Exit::Cluster);
         }
     };
+    // A sidecar with another fleet key than the one the fleet log is bound to would
+    // have every batch refused: it does not start.
+    if let Err(e) = crate::hub::ship::check_fleet_key(&pool, origin, &fleet_key.verifier).await {
+        eprintln!("error: {e}");
+        eprintln!("{}", e.to_json());
+        return Err(match e {
+            crate::hub::HubError::FleetKey { .. } => Exit::Signature,
+            _ => Exit::Cluster,
+        });
+    }
+    let fingerprint = fleet_key.verifier.fingerprint();
+    let fleet_verifier = fleet_key.verifier.clone();
     let options = crate::hub::ship::ShipOptions {
         origin: origin.to_string(),
         db_path: db_path.to_path_buf(),
         key: audit.verifier_key().clone(),
-        signer,
+        fleet_signer: Arc::new(fleet_key),
         interval: Duration::from_millis(args.hub_ship_interval_ms),
     };
-    println!("audit hub: shipping origin {origin}");
-    Ok(Some(crate::hub::ship::start(pool, audit.clone(), options)))
+    println!("audit hub: shipping origin {origin} (fleet key fingerprint {fingerprint})");
+    // In a fleet the witnesses cosign the fleet checkpoint, not this sidecar's own.
+    let witnesses = if args.witnesses.is_empty() {
+        None
+    } else {
+        let options = crate::hub::witness::FleetWitnessOptions {
+            origin: origin.to_string(),
+            fleet_key: fleet_verifier,
+            witnesses: args.witnesses.clone(),
+            interval: Duration::from_millis(args.witness_interval_ms),
+        };
+        match crate::hub::witness::start(pool.clone(), options) {
+            Ok(statuses) => Some(statuses),
+            Err(e) => {
+                eprintln!("error: cannot start the witness client: {e}");
+                return Err(Exit::InvalidConfig);
+            }
+        }
+    };
+    Ok(Some((
+        crate::hub::ship::start(pool, audit.clone(), options),
+        witnesses,
+    )))
 }
 
 fn parse_witness(text: &str) -> Result<crate::audit::witness::WitnessConfig, String> {
@@ -350,6 +436,10 @@ async fn run(args: &ServeArgs) -> Exit {
         eprintln!("error: refusing the key directory: {e}");
         return Exit::Signature;
     }
+    let fleet_key = match load_fleet_key(args) {
+        Ok(key) => key,
+        Err(exit) => return exit,
+    };
     if let Some(socket) = &args.signer_socket {
         match crate::audit::signer::SocketSigner::connect(socket) {
             Ok(signer) => options.signer = Some(Arc::new(signer)),
@@ -366,7 +456,6 @@ async fn run(args: &ServeArgs) -> Exit {
     options.segment_max_bytes = args.audit_segment_bytes;
     options.segment_max_age = args.audit_segment_max_age_s.map(Duration::from_secs);
     let options_db_path = options.db_path.clone();
-    let options_key_dir = options.key_dir.clone();
     let audit_origin = options.origin.clone();
     let audit = match AuditLog::open(options) {
         Ok(audit) => audit,
@@ -422,27 +511,38 @@ async fn run(args: &ServeArgs) -> Exit {
         Some((db, _)) => gateway.with_cluster(db.clone()),
         None => gateway,
     };
+    let gateway = match (&cluster, &fleet_key) {
+        (Some(_), Some(key)) => gateway.with_fleet_key(Arc::new(key.clone())),
+        _ => gateway,
+    };
     let gateway = match shadow {
         Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
         None => gateway,
     };
+    let mut fleet_witnessed = false;
     if let Some(url) = cluster_db_url(args) {
         match start_shipper(
             &url,
             args,
             &audit,
             &options_db_path,
-            &options_key_dir,
+            fleet_key,
             &audit_origin,
         )
         .await
         {
-            Ok(Some(status)) => gateway.metrics.watch_shipper(status),
+            Ok(Some((status, witnesses))) => {
+                gateway.metrics.watch_shipper(status);
+                if let Some(witnesses) = witnesses {
+                    gateway.metrics.watch_witnesses(witnesses);
+                    fleet_witnessed = true;
+                }
+            }
             Ok(None) => {}
             Err(exit) => return exit,
         }
     }
-    if !args.witnesses.is_empty() {
+    if !args.witnesses.is_empty() && !fleet_witnessed {
         let options = crate::audit::witness::WitnessOptions {
             cosignature_file: crate::audit::witness::default_cosignature_file(&options_db_path),
             db_path: options_db_path.clone(),

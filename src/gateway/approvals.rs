@@ -176,6 +176,7 @@ impl Gateway {
             decisions: Vec::new(),
             used_by_call_id: None,
             used_at: None,
+            attestation: None,
         };
         let stored = record.clone();
         self.approval_store(move |s| s.insert(&stored)).await?;
@@ -239,6 +240,18 @@ impl Gateway {
                         Reason::ApprovalStoreUnavailable,
                         format!(
                             "approval `{approval_id}` is approved in the approval store but the audit log does not hold approvals meeting its quorum; it is not used"
+                        ),
+                    )
+                    .with_details(json!({ "approval_id": approval_id })));
+                }
+                if shared
+                    && let Some(key) = self.fleet_key()
+                    && let Err(why) = approvals::attestation::verify(&record, &key.verifier)
+                {
+                    return Err(Refusal::new(
+                        Reason::ApprovalAttestationInvalid,
+                        format!(
+                            "approval `{approval_id}` reads approved in the cluster database but {why}: it is not used"
                         ),
                     )
                     .with_details(json!({ "approval_id": approval_id })));
@@ -478,6 +491,13 @@ impl Gateway {
             Verdict::Approve if decided.quorum_met() => ApprovalStatus::Approved,
             Verdict::Approve => ApprovalStatus::Pending,
         };
+        // In a fleet with a fleet key, the grant is signed: the sidecar that uses it
+        // checks the signature, not only the shared row.
+        if decided.status == ApprovalStatus::Approved
+            && let Some(key) = self.fleet_key()
+        {
+            decided.attestation = Some(approvals::attestation::sign(&decided, key));
+        }
         let event_type = match decision {
             Verdict::Approve => EventType::ApprovalGranted,
             Verdict::Deny => EventType::ApprovalDenied,
@@ -528,8 +548,14 @@ impl Gateway {
                 self.approval_store(move |s| s.expiry_audited(&id)).await?;
                 continue;
             }
+            // In a fleet another sidecar's sweeper may have it: one writes the event.
             let id = record.approval_id.clone();
-            self.approval_store(move |s| s.mark_expired(&id)).await?;
+            if !self
+                .approval_store(move |s| s.claim_expiry(&id, now))
+                .await?
+            {
+                continue;
+            }
             let mut event = approval_event(EventType::ApprovalExpired, &record);
             event
                 .details

@@ -50,7 +50,10 @@ impl Gateway {
                         "`idempotency_key` was already used with different arguments or another scope",
                     ));
                 }
-                FleetClaim::InFlight if Instant::now() >= deadline => {
+                FleetClaim::InFlight { holder, age_ms } if Instant::now() >= deadline => {
+                    // Who holds the claim and since when: a claim older than the tool's
+                    // longest deadline belongs to a sidecar that died before storing
+                    // the outcome (docs/deployment.md, stale idempotency claims).
                     return Err(Refusal::new(
                         Reason::IdempotencyInFlight,
                         format!(
@@ -58,9 +61,13 @@ impl Gateway {
                             wait.as_millis()
                         ),
                     )
-                    .with_details(json!({ "retry_after_ms": 1000 })));
+                    .with_details(json!({
+                        "retry_after_ms": 1000,
+                        "claimed_by": holder,
+                        "claim_age_ms": age_ms,
+                    })));
                 }
-                FleetClaim::InFlight => tokio::time::sleep(FLEET_CLAIM_POLL).await,
+                FleetClaim::InFlight { .. } => tokio::time::sleep(FLEET_CLAIM_POLL).await,
             }
         }
     }
@@ -110,6 +117,18 @@ impl Gateway {
     /// The cluster database, when this sidecar is part of a fleet.
     pub fn cluster(&self) -> Option<&Arc<ClusterDb>> {
         self.cluster.as_ref()
+    }
+
+    /// Signs approval decisions with the fleet key and requires its signature on an
+    /// approval used in the fleet (`approvals::attestation`).
+    pub fn with_fleet_key(mut self, key: Arc<crate::audit::keys::SignerKey>) -> Gateway {
+        self.fleet_key = Some(key);
+        self
+    }
+
+    /// The fleet key, when this sidecar has one.
+    pub fn fleet_key(&self) -> Option<&crate::audit::keys::SignerKey> {
+        self.fleet_key.as_deref()
     }
 
     /// In a fleet, re-reads from the cluster database what a request is decided on:

@@ -180,6 +180,8 @@ pub struct Gateway {
     pub(crate) counters: Result<Arc<dyn crate::state::counters::Counters>, String>,
     /// The fleet's shared state (`serve --cluster-db`); None: embedded state only.
     cluster: Option<Arc<crate::cluster::ClusterDb>>,
+    /// The fleet key (`serve --fleet-key-dir`): signs and checks approval decisions.
+    fleet_key: Option<Arc<crate::audit::keys::SignerKey>>,
 }
 
 impl Gateway {
@@ -228,6 +230,7 @@ impl Gateway {
             two_phase,
             counters,
             cluster: None,
+            fleet_key: None,
         })
     }
 

@@ -15,13 +15,19 @@ use serde_json::{Value, json};
 
 use super::{FLEET_ORIGIN, HubError, check_line, db_error, pool_error};
 use crate::audit::checkpoint::verify_note;
-use crate::audit::keys::VerifierKey;
+use crate::audit::keys::{SignerKey, VerifierKey};
 use crate::audit::line::GENESIS_PREV;
 use crate::audit::merkle::{Frontier, Hash, Tree, leaf_hash};
 use crate::audit::verify::ProblemKind;
+use base64::Engine as _;
 
 /// How many rows one query reads.
 const PAGE: i64 = 5000;
+/// What the fleet export manifest's signature (by the fleet key) covers, before the
+/// bytes of manifest.json.
+pub const FLEET_MANIFEST_DOMAIN: &str = "toolgate-fleet-export-manifest/1\n";
+/// The most cosigned fleet checkpoints an export carries (the newest ones).
+const MAX_EXPORTED_COSIGNED: usize = 64;
 
 /// The first problem found in the hub.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,6 +61,9 @@ pub enum FleetError {
     Problem(FleetProblem),
     /// The export's output directory exists and is not empty, or cannot be written.
     Output(String),
+    /// The fleet checkpoints' cosignatures (`--witness-key`) do not verify or reach no
+    /// quorum.
+    Witness(String),
 }
 
 impl From<HubError> for FleetError {
@@ -93,12 +102,23 @@ pub struct FleetReport {
     pub fleet_size: u64,
     /// The fleet tree's root, hex.
     pub fleet_root: String,
+    /// The fingerprint of the fleet key every fleet checkpoint verified with (None:
+    /// the fleet log is empty and bound to no key yet).
+    pub fleet_key_fingerprint: Option<String>,
+    /// Whether it is the fingerprint given (`--fleet-key-fingerprint`); without one
+    /// the key bound in the hub is trusted as found.
+    pub fleet_key_confirmed: bool,
+    /// With `--witness-key`: the fleet checkpoints' cosignatures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub witnesses: Option<crate::audit::witness::WitnessReport>,
 }
 
 /// What export builds on.
 struct Verified {
     report: FleetReport,
     keys: BTreeMap<String, VerifierKey>,
+    /// The fleet key (None: the fleet log is empty).
+    fleet_key: Option<VerifierKey>,
     /// Per origin, every leaf hash from seq 1.
     leaves: BTreeMap<String, Vec<Hash>>,
     /// The fleet rows: (origin, sidecar size, leaf note, fleet note), fleet seq order.
@@ -112,12 +132,69 @@ async fn client(pool: &deadpool_postgres::Pool) -> Result<deadpool_postgres::Cli
         .map_err(|e| pool_error(&e))
 }
 
-/// Verifies every sidecar log in the hub and the fleet log.
-pub async fn verify(pool: &deadpool_postgres::Pool) -> Result<FleetReport, FleetError> {
-    Ok(verify_all(pool, false).await?.report)
+/// Verifies every sidecar log in the hub and the fleet log; every fleet checkpoint
+/// must verify with the one fleet key the hub is bound to, and that key must have
+/// `fleet_key_fingerprint` when one is given.
+pub async fn verify(
+    pool: &deadpool_postgres::Pool,
+    fleet_key_fingerprint: Option<&str>,
+    witnesses: Option<(&[crate::audit::witness::WitnessKey], usize)>,
+) -> Result<FleetReport, FleetError> {
+    let verified = verify_all(pool, false, fleet_key_fingerprint).await?;
+    let mut report = verified.report;
+    if let Some((keys, quorum)) = witnesses {
+        let notes: Vec<&str> = verified.fleet.iter().map(|f| f.3.as_str()).collect();
+        report.witnesses = Some(
+            super::witness::check(pool, &notes, verified.fleet_key.as_ref(), keys, quorum).await?,
+        );
+    }
+    Ok(report)
 }
 
-async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verified, FleetError> {
+/// The fleet key bound in the hub (`hub_fleet_head.vkey`), checked against the pinned
+/// fingerprint; None when the fleet log is empty and no pin is given.
+fn fleet_key(
+    bound: Option<String>,
+    fleet_rows: usize,
+    pin: Option<&str>,
+) -> Result<Option<VerifierKey>, FleetError> {
+    let key_problem = |message: String| problem(ProblemKind::Key, FLEET_ORIGIN, None, message);
+    let key = match bound {
+        Some(vkey) => Some(VerifierKey::parse_vkey(&vkey).map_err(|e| {
+            key_problem(format!("the fleet key bound in the hub is unusable: {e}"))
+        })?),
+        None if fleet_rows > 0 => {
+            return Err(key_problem(
+                "the fleet log holds checkpoints but the hub has no fleet key bound: the hub row was edited".into(),
+            ));
+        }
+        None => None,
+    };
+    if let Some(pin) = pin {
+        let pin = pin.trim().to_ascii_lowercase();
+        match &key {
+            Some(key) if key.fingerprint() == pin => {}
+            Some(key) => {
+                return Err(key_problem(format!(
+                    "the fleet key bound in the hub has fingerprint {}, not the {pin} you gave: fleet checkpoints signed with another key",
+                    key.fingerprint()
+                )));
+            }
+            None => {
+                return Err(key_problem(format!(
+                    "the fleet log is empty: no fleet key to confirm as {pin}"
+                )));
+            }
+        }
+    }
+    Ok(key)
+}
+
+async fn verify_all(
+    pool: &deadpool_postgres::Pool,
+    keep: bool,
+    pin: Option<&str>,
+) -> Result<Verified, FleetError> {
     let client = client(pool).await?;
     let map = |e: tokio_postgres::Error| FleetError::Hub(db_error(&e));
     // One snapshot of every table.
@@ -326,6 +403,12 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
         .iter()
         .map(|r| ((r.get(0), r.get(1)), r.get(2)))
         .collect();
+    let bound: Option<String> = client
+        .query_one("SELECT vkey FROM hub_fleet_head WHERE id = 1", &[])
+        .await
+        .map_err(map)?
+        .get(0);
+    let fleet_key = fleet_key(bound, fleet_rows.len(), pin)?;
     let mut frontier = Frontier::new();
     let mut fleet = Vec::new();
     for r in &fleet_rows {
@@ -349,15 +432,27 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
                 ),
             ));
         }
-        let Some(key) = keys.get(&origin) else {
+        if !keys.contains_key(&origin) {
             return Err(fleet_problem(
                 ProblemKind::Key,
                 format!("no sidecar `{origin}` is registered"),
             ));
+        }
+        let Some(key) = &fleet_key else {
+            return Err(fleet_problem(
+                ProblemKind::Key,
+                "no fleet key is bound in the hub".into(),
+            ));
         };
         frontier.push(leaf_hash(leaf.as_bytes()));
         let checkpoint = verify_note(&note, key).map_err(|e| {
-            fleet_problem(ProblemKind::Signature, format!("the fleet checkpoint does not verify with the key of `{origin}`, which appended it: {e}"))
+            fleet_problem(
+                ProblemKind::Signature,
+                format!(
+                    "fleet checkpoint {seq} does not verify with the fleet key (fingerprint {}): {e}",
+                    key.fingerprint()
+                ),
+            )
         })?;
         if checkpoint.origin != FLEET_ORIGIN
             || checkpoint.size != seq
@@ -387,8 +482,12 @@ async fn verify_all(pool: &deadpool_postgres::Pool, keep: bool) -> Result<Verifi
             sidecars,
             fleet_size: frontier.size(),
             fleet_root: hex::encode(frontier.root()),
+            fleet_key_fingerprint: fleet_key.as_ref().map(VerifierKey::fingerprint),
+            fleet_key_confirmed: pin.is_some(),
+            witnesses: None,
         },
         keys,
+        fleet_key,
         leaves: all_leaves,
         fleet,
     })
@@ -407,10 +506,17 @@ pub struct FleetExportSummary {
 
 /// Writes one run's events from every sidecar with their proofs (see docs/audit.md,
 /// "Fleet export").
+///
+/// The manifest is a signed statement of completeness: it lists, per sidecar, every
+/// seq and leaf hash of the run up to the fleet checkpoint the export is cut at, and is
+/// signed with the fleet key (`fleet_signer`, which must be the key the hub is bound
+/// to) over [`FLEET_MANIFEST_DOMAIN`] followed by the bytes of manifest.json
+/// (manifest.sig).
 pub async fn export(
     pool: &deadpool_postgres::Pool,
     run_id: &str,
     out: &Path,
+    fleet_signer: &SignerKey,
 ) -> Result<FleetExportSummary, FleetError> {
     let output = |e: std::io::Error| FleetError::Output(format!("`{}`: {e}", out.display()));
     if out.exists() && std::fs::read_dir(out).map_err(output)?.next().is_some() {
@@ -419,7 +525,10 @@ pub async fn export(
             out.display()
         )));
     }
-    let verified = verify_all(pool, true).await?;
+    let verified = verify_all(pool, true, None).await?;
+    if let Some(bound) = &verified.fleet_key {
+        super::fleet_key_matches(FLEET_ORIGIN, &bound.to_vkey(), &fleet_signer.verifier)?;
+    }
     let fleet_size = verified.report.fleet_size;
     let Some((_, _, _, fleet_note)) = verified.fleet.last() else {
         return Err(FleetError::Output(
@@ -462,6 +571,7 @@ pub async fn export(
         let mut events = String::new();
         let mut proofs = String::new();
         let mut count = 0u64;
+        let (mut seqs, mut hashes) = (Vec::new(), Vec::new());
         for r in &rows {
             let seq = r.get::<_, i64>(0).max(0) as u64;
             let line: String = r.get(1);
@@ -472,6 +582,8 @@ pub async fn export(
                 continue;
             }
             let path = tree.inclusion_proof(seq - 1, *size).unwrap_or_default();
+            seqs.push(seq);
+            hashes.push(hex::encode(leaf_hash(line.as_bytes())));
             events.push_str(&line);
             events.push('\n');
             proofs.push_str(&json!({"seq": seq, "tree_size": size, "path": path.iter().map(hex::encode).collect::<Vec<_>>()}).to_string());
@@ -494,33 +606,63 @@ pub async fn export(
             "dir": dir,
             "vkey": key,
             "events": count,
+            "seqs": seqs,
+            "leaf_hashes": hashes,
             "checkpoint_size": size,
             "fleet_leaf_index": leaf_index,
             "fleet_path": fleet_path.iter().map(hex::encode).collect::<Vec<_>>(),
         }));
         summary.push((origin.clone(), count));
     }
-    let fleet_signer = verified
-        .fleet
-        .last()
-        .map(|f| f.0.clone())
-        .unwrap_or_default();
     write(out, "fleet-checkpoint.txt", fleet_note)?;
+    // The cosigned fleet checkpoints (the newest ones), each with its consistency
+    // proof to the exported fleet checkpoint.
+    let notes: Vec<&str> = verified.fleet.iter().map(|f| f.3.as_str()).collect();
+    let cosigned = super::witness::cosigned_notes(pool, &notes).await?;
+    let cosigned = &cosigned[cosigned.len().saturating_sub(MAX_EXPORTED_COSIGNED)..];
+    let mut cosigned_text = String::new();
+    let mut cosigned_proofs = Vec::new();
+    for (size, note) in cosigned {
+        cosigned_text.push_str(note);
+        cosigned_text.push('\n');
+        let proof = fleet_tree
+            .consistency_proof(*size, fleet_size)
+            .unwrap_or_default();
+        cosigned_proofs.push(json!({
+            "size": size,
+            "consistency": proof.iter().map(hex::encode).collect::<Vec<_>>(),
+        }));
+    }
+    if !cosigned.is_empty() {
+        write(out, "fleet-cosignatures.txt", &cosigned_text)?;
+    }
     let manifest = json!({
         "format": "toolgate-fleet-export/1",
         "run_id": run_id,
+        "complete": true,
         "fleet": {
             "size": fleet_size,
             "root": verified.report.fleet_root,
-            "signer": fleet_signer,
-            "signer_vkey": verified.keys.get(&fleet_signer).map(VerifierKey::to_vkey),
+            "signer": verified.fleet_key.as_ref().map(|k| k.name.clone()),
+            "signer_vkey": verified.fleet_key.as_ref().map(VerifierKey::to_vkey),
+            "cosigned": cosigned_proofs,
         },
         "sidecars": manifest_sidecars,
     });
+    let manifest_text = serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n";
+    let mut statement = FLEET_MANIFEST_DOMAIN.as_bytes().to_vec();
+    statement.extend_from_slice(manifest_text.as_bytes());
+    let mut signature = fleet_signer.verifier.key_id.to_vec();
+    signature.extend_from_slice(&fleet_signer.sign(&statement));
+    write(out, "manifest.json", &manifest_text)?;
     write(
         out,
-        "manifest.json",
-        &(serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n"),
+        "manifest.sig",
+        &format!(
+            "{} {}\n",
+            fleet_signer.verifier.name,
+            base64::engine::general_purpose::STANDARD.encode(signature)
+        ),
     )?;
     write(out, "verify_export.py", crate::audit::export::VERIFY_SCRIPT)?;
     Ok(FleetExportSummary {
@@ -557,5 +699,6 @@ pub fn error_json(error: &FleetError) -> Value {
         FleetError::Output(m) => {
             json!({"status": "failed", "error": "export_output", "message": m})
         }
+        FleetError::Witness(m) => super::witness::problem_json(m),
     }
 }

@@ -8,6 +8,8 @@
 //! - [`ship`]: the shipper task of a sidecar: reads committed lines and checkpoints
 //!   from its local log and ingests them, in order, resuming where the hub stands.
 //! - [`fleet`]: `audit verify --cluster-db` and `audit export --cluster-db --run`.
+//! - [`witness`]: `serve --witness` in a fleet: the fleet checkpoint submitted to the
+//!   witnesses, their cosignatures stored in the hub.
 //!
 //! Each sidecar's log has a globally unique origin (`serve --audit-origin`), bound on
 //! its first shipment to its checkpoint key: a batch under that origin must carry a
@@ -18,9 +20,13 @@
 //! is byte-identical to the one stored at its size (a replay otherwise).
 //!
 //! The fleet log: every accepted sidecar checkpoint becomes a leaf (its exact note
-//! bytes) of one RFC 9162 tree; at each leaf the appending sidecar signs a fleet
-//! checkpoint (`toolgate/fleet`, size, root), so one fleet checkpoint commits to the
-//! newest checkpoint of every sidecar at that point.
+//! bytes) of one RFC 9162 tree; at each leaf a fleet checkpoint (`toolgate/fleet`,
+//! size, root) is signed with the fleet key (`serve --fleet-key-dir`, one key shared by
+//! every sidecar of the fleet), so one fleet checkpoint commits to the newest
+//! checkpoint of every sidecar at that point and one key verifies every fleet
+//! checkpoint. The hub binds the fleet key on its first fleet leaf (like an origin to
+//! its key) and refuses a batch offered with another fleet key
+//! ([`HubError::FleetKey`]).
 //!
 //! INVARIANT: only the hub knows the hub's tables; ingest writes nothing unless every
 //! check passed (one transaction, rolled back on any refusal); the sidecar's local log
@@ -28,6 +34,7 @@
 
 pub mod fleet;
 pub mod ship;
+pub mod witness;
 
 use std::time::Duration;
 
@@ -88,6 +95,13 @@ CREATE TABLE IF NOT EXISTS hub_fleet_head (
 INSERT INTO hub_fleet_head (id, size, frontier) VALUES (1, 0, '[]') ON CONFLICT DO NOTHING;
 ";
 
+/// The fleet key bound to the fleet log (a versioned migration of the cluster
+/// database): NULL until the first fleet leaf, then the verifier key every fleet
+/// checkpoint is signed with.
+pub const SCHEMA_FLEET_KEY: &str = "
+ALTER TABLE hub_fleet_head ADD COLUMN vkey text;
+";
+
 /// Why the hub refused a batch or could not be reached. Every refusal leaves the hub
 /// as it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +135,13 @@ pub enum HubError {
     },
     /// The batch is malformed (too many lines, lines out of order).
     Malformed(String),
+    /// The fleet log is bound to another fleet key than the one this sidecar signs
+    /// fleet checkpoints with (`serve --fleet-key-dir`).
+    FleetKey {
+        origin: String,
+        registered: String,
+        offered: String,
+    },
 }
 
 impl HubError {
@@ -134,6 +155,7 @@ impl HubError {
             HubError::Replayed { .. } => "hub_checkpoint_replayed",
             HubError::BadCheckpoint { .. } => "hub_bad_checkpoint",
             HubError::Malformed(_) => "hub_batch_malformed",
+            HubError::FleetKey { .. } => "hub_fleet_key_mismatch",
         }
     }
 
@@ -146,9 +168,9 @@ impl HubError {
     /// The structured form.
     pub fn to_json(&self) -> Value {
         let (origin, seq) = match self {
-            HubError::OriginKey { origin, .. } | HubError::Replayed { origin, .. } => {
-                (Some(origin), None)
-            }
+            HubError::OriginKey { origin, .. }
+            | HubError::Replayed { origin, .. }
+            | HubError::FleetKey { origin, .. } => (Some(origin), None),
             HubError::Fork { origin, seq, .. } | HubError::Forged { origin, seq, .. } => {
                 (Some(origin), Some(*seq))
             }
@@ -187,6 +209,14 @@ impl std::fmt::Display for HubError {
                 write!(f, "sidecar `{origin}` checkpoint at size {size}: {what}")
             }
             HubError::Malformed(what) => write!(f, "malformed hub batch: {what}"),
+            HubError::FleetKey {
+                origin,
+                registered,
+                offered,
+            } => write!(
+                f,
+                "sidecar `{origin}` signs fleet checkpoints with another fleet key ({offered}) than the one the fleet log is bound to ({registered}); mount the fleet's key in --fleet-key-dir"
+            ),
         }
     }
 }
@@ -349,13 +379,13 @@ pub(crate) fn check_line(origin: &str, seq: u64, prev: &str, line: &str) -> Resu
 
 /// Checks and stores one batch in one transaction (see the module docs); with a new
 /// checkpoint, appends it to the fleet log and signs the fleet checkpoint with
-/// `signer` (the shipping sidecar's key).
+/// `fleet_signer` (the fleet key, which the fleet log is bound to).
 pub async fn ingest(
     pool: &deadpool_postgres::Pool,
     batch: &Batch,
-    signer: &dyn Signer,
+    fleet_signer: &dyn Signer,
 ) -> Result<Ingested, HubError> {
-    tokio::time::timeout(INGEST_TIMEOUT, ingest_inner(pool, batch, signer))
+    tokio::time::timeout(INGEST_TIMEOUT, ingest_inner(pool, batch, fleet_signer))
         .await
         .map_err(|_| {
             HubError::Unavailable(format!(
@@ -439,6 +469,7 @@ async fn ingest_inner(
         seq: log.size,
         what: "the hub's stored tree edge is malformed (the hub row was edited)".into(),
     })?;
+    check_fleet_key(&tx, origin, signer.verifier(), false).await?;
     if log.vkey != vkey {
         return Err(HubError::OriginKey {
             origin: origin.to_string(),
@@ -584,6 +615,7 @@ async fn append_fleet(
     signer: &dyn Signer,
 ) -> Result<u64, HubError> {
     let map = |e: tokio_postgres::Error| db_error(&e);
+    check_fleet_key(tx, origin, signer.verifier(), true).await?;
     let row = tx
         .query_one(
             "SELECT size, frontier FROM hub_fleet_head WHERE id = 1 FOR UPDATE",
@@ -627,4 +659,56 @@ async fn append_fleet(
     .await
     .map_err(map)?;
     Ok(frontier.size())
+}
+
+/// Refuses `offered` unless the fleet log is bound to it; with `bind` (the fleet head
+/// row is then locked), binds an unbound fleet log to it.
+async fn check_fleet_key(
+    tx: &deadpool_postgres::Transaction<'_>,
+    origin: &str,
+    offered: &VerifierKey,
+    bind: bool,
+) -> Result<(), HubError> {
+    let map = |e: tokio_postgres::Error| db_error(&e);
+    let lock = if bind { " FOR UPDATE" } else { "" };
+    let row = tx
+        .query_one(
+            &format!("SELECT vkey FROM hub_fleet_head WHERE id = 1{lock}"),
+            &[],
+        )
+        .await
+        .map_err(map)?;
+    let registered: Option<String> = row.get(0);
+    match registered {
+        Some(vkey) => fleet_key_matches(origin, &vkey, offered),
+        None if bind => {
+            tx.execute(
+                "UPDATE hub_fleet_head SET vkey = $1 WHERE id = 1",
+                &[&offered.to_vkey()],
+            )
+            .await
+            .map_err(map)?;
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
+/// Refuses `offered` unless it is the fleet key `registered` (a vkey).
+pub(crate) fn fleet_key_matches(
+    origin: &str,
+    registered: &str,
+    offered: &VerifierKey,
+) -> Result<(), HubError> {
+    if registered == offered.to_vkey() {
+        return Ok(());
+    }
+    Err(HubError::FleetKey {
+        origin: origin.to_string(),
+        registered: match VerifierKey::parse_vkey(registered) {
+            Ok(key) => format!("fingerprint {}", key.fingerprint()),
+            Err(_) => "an unreadable key".into(),
+        },
+        offered: format!("fingerprint {}", offered.fingerprint()),
+    })
 }

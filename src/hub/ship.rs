@@ -66,8 +66,9 @@ pub struct ShipOptions {
     pub db_path: PathBuf,
     /// The log's checkpoint key.
     pub key: VerifierKey,
-    /// Signs fleet checkpoints (the log's own signer).
-    pub signer: Arc<dyn Signer>,
+    /// Signs fleet checkpoints: the fleet key (`serve --fleet-key-dir`), shared by
+    /// every sidecar of the fleet.
+    pub fleet_signer: Arc<dyn Signer>,
     /// How often the shipper looks for new lines.
     pub interval: Duration,
 }
@@ -134,7 +135,11 @@ async fn round(
     options: &ShipOptions,
     local: u64,
 ) -> Result<u64, HubError> {
-    let (hub, registered) = hub_log(pool, &options.origin).await?;
+    let (hub, registered, fleet_key) = hub_log(pool, &options.origin).await?;
+    // The fleet log must be bound to this sidecar's fleet key (or to none yet).
+    if let Some(vkey) = fleet_key {
+        super::fleet_key_matches(&options.origin, &vkey, options.fleet_signer.verifier())?;
+    }
     // The origin must be this log's: another sidecar's key under it is refused even
     // when there is nothing to ship.
     if let Some(vkey) = registered
@@ -193,7 +198,7 @@ async fn round(
         lines: events.into_iter().map(|e| (e.seq, e.line)).collect(),
         checkpoint: note,
     };
-    let ingested = ingest(pool, &batch, options.signer.as_ref()).await?;
+    let ingested = ingest(pool, &batch, options.fleet_signer.as_ref()).await?;
     Ok(ingested.size)
 }
 
@@ -202,25 +207,36 @@ pub async fn hub_size(pool: &deadpool_postgres::Pool, origin: &str) -> Result<u6
     Ok(hub_log(pool, origin).await?.0)
 }
 
-/// The hub's size of the log of `origin` and the key registered for it (None: not
-/// registered yet).
+/// Refuses to start shipping under `origin` with the fleet key `offered` when the
+/// fleet log is bound to another one (nothing is written).
+pub async fn check_fleet_key(
+    pool: &deadpool_postgres::Pool,
+    origin: &str,
+    offered: &VerifierKey,
+) -> Result<(), HubError> {
+    match hub_log(pool, origin).await?.2 {
+        Some(vkey) => super::fleet_key_matches(origin, &vkey, offered),
+        None => Ok(()),
+    }
+}
+
+/// The hub's size of the log of `origin`, the key registered for it (None: not
+/// registered yet) and the fleet key the fleet log is bound to (None: none yet).
 async fn hub_log(
     pool: &deadpool_postgres::Pool,
     origin: &str,
-) -> Result<(u64, Option<String>), HubError> {
+) -> Result<(u64, Option<String>, Option<String>), HubError> {
     let client = tokio::time::timeout(super::INGEST_TIMEOUT, pool.get())
         .await
         .map_err(|_| HubError::Unavailable("no database connection in time".into()))?
         .map_err(|e| pool_error(&e))?;
     let row = client
-        .query_opt(
-            "SELECT size, vkey FROM hub_logs WHERE origin = $1",
+        .query_one(
+            "SELECT l.size, l.vkey, h.vkey FROM hub_fleet_head h LEFT JOIN hub_logs l ON l.origin = $1 WHERE h.id = 1",
             &[&origin],
         )
         .await
         .map_err(|e| db_error(&e))?;
-    Ok(match row {
-        Some(r) => (r.get::<_, i64>(0).max(0) as u64, Some(r.get(1))),
-        None => (0, None),
-    })
+    let size: Option<i64> = row.get(0);
+    Ok((size.unwrap_or(0).max(0) as u64, row.get(1), row.get(2)))
 }

@@ -7,7 +7,7 @@
 //! a structured error and nothing accepted.
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -19,16 +19,39 @@ use crate::common::{self, Server, Start};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/audit/verify_export.py");
 
-fn origin(name: &str) -> String {
+pub(crate) fn origin(name: &str) -> String {
     format!("{name}.fleet.test/audit")
 }
 
-fn sidecar(url: &str, name: &str, data_dir: Option<&Path>) -> Server {
+/// Makes a fleet key in `<dir>/fleet-key` (`toolgate audit fleet-key`); returns its
+/// directory and fingerprint.
+pub(crate) fn fleet_key(dir: &Path) -> (PathBuf, String) {
+    let key_dir = dir.join("fleet-key");
+    std::fs::create_dir_all(dir).unwrap();
+    let (code, out, text) = toolgate(
+        dir,
+        &[
+            "audit",
+            "fleet-key",
+            "--key-dir",
+            key_dir.to_str().unwrap(),
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(code, 0, "{text}");
+    let fingerprint = out["fingerprint"].as_str().unwrap().to_string();
+    (key_dir, fingerprint)
+}
+
+fn sidecar(url: &str, fleet: &Path, name: &str, data_dir: Option<&Path>) -> Server {
     Server::start_with(Start {
         data_dir: data_dir.map(Path::to_path_buf),
         args: vec![
             "--cluster-db".into(),
             url.to_string(),
+            "--fleet-key-dir".into(),
+            fleet.display().to_string(),
             "--audit-origin".into(),
             origin(name),
             "--checkpoint-every-events".into(),
@@ -42,7 +65,7 @@ fn sidecar(url: &str, name: &str, data_dir: Option<&Path>) -> Server {
     })
 }
 
-fn research(server: &Server, run: &str, query: &str) -> (u16, Value) {
+pub(crate) fn research(server: &Server, run: &str, query: &str) -> (u16, Value) {
     server.call(
         "research_agent",
         run,
@@ -67,7 +90,7 @@ fn gauge(text: &str, name: &str) -> Option<u64> {
 }
 
 /// Waits until the sidecar's hub lag is 0 with something shipped.
-fn shipped(server: &Server) {
+pub(crate) fn shipped(server: &Server) {
     let done = common::poll_until(Duration::from_secs(60), || {
         let m = scrape(server);
         gauge(&m, "toolgate_hub_ship_lag_events") == Some(0)
@@ -76,7 +99,7 @@ fn shipped(server: &Server) {
     assert!(done, "the sidecar never caught up: {}", scrape(server));
 }
 
-fn toolgate(dir: &Path, args: &[&str]) -> (i32, Value, String) {
+pub(crate) fn toolgate(dir: &Path, args: &[&str]) -> (i32, Value, String) {
     let (code, out, err) = common::run(dir, args);
     let value = serde_json::from_str(&out).unwrap_or(Value::Null);
     (code, value, format!("{out}{err}"))
@@ -89,10 +112,116 @@ fn verify_hub(url: &str) -> (i32, Value, String) {
     )
 }
 
+fn verify_hub_pinned(url: &str, fingerprint: &str) -> (i32, Value, String) {
+    toolgate(
+        Path::new("."),
+        &[
+            "audit",
+            "verify",
+            "--cluster-db",
+            url,
+            "--fleet-key-fingerprint",
+            fingerprint,
+            "--format",
+            "json",
+        ],
+    )
+}
+
+/// `audit export --cluster-db URL --run RUN --out OUT [--fleet-key-dir DIR]`.
+pub(crate) fn export(
+    url: &str,
+    run: &str,
+    out: &Path,
+    fleet: Option<&Path>,
+) -> (i32, Value, String) {
+    let mut args = vec![
+        "audit",
+        "export",
+        "--cluster-db",
+        url,
+        "--run",
+        run,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    if let Some(dir) = fleet {
+        args.extend(["--fleet-key-dir", dir.to_str().unwrap()]);
+    }
+    toolgate(out.parent().unwrap(), &args)
+}
+
+/// The signed manifest of a fleet export lists every event of the run: a bundle
+/// missing a line fails, and so does one whose manifest was edited to match without
+/// the fleet key; an export needs the fleet key the hub is bound to.
+fn completeness_is_signed(url: &str, run: &str, tmp: &Path, fleet_dir: &Path) {
+    let cut = |name: &str| -> (PathBuf, PathBuf, Value) {
+        let out = tmp.join(name);
+        let (code, _, text) = export(url, run, &out, Some(fleet_dir));
+        assert_eq!(code, 0, "{text}");
+        let manifest: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
+                .unwrap();
+        let events = out
+            .join(manifest["sidecars"][0]["dir"].as_str().unwrap())
+            .join("events.jsonl");
+        let lines = std::fs::read_to_string(&events).unwrap();
+        let kept: Vec<&str> = lines.lines().collect();
+        assert!(kept.len() >= 2, "{lines}");
+        let mut shorter = kept[..kept.len() - 1].join("\n");
+        shorter.push('\n');
+        std::fs::write(&events, shorter).unwrap();
+        (out, events, manifest)
+    };
+    // A line removed from the bundle: the signed manifest still lists it.
+    let (out, _, manifest) = cut("cut-line");
+    let (code, text) = python_with(&out, &["--expect-run", run]);
+    assert_eq!(code, 1, "{text}");
+    let last = manifest["sidecars"][0]["seqs"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(text.contains(&format!("at seq {last}")), "{text}");
+    // ... and the manifest edited to match, without the fleet key: its signature fails.
+    let (out, _, mut manifest) = cut("cut-line-and-manifest");
+    let entry = &mut manifest["sidecars"][0];
+    entry["events"] = json!(entry["events"].as_u64().unwrap() - 1);
+    entry["seqs"].as_array_mut().unwrap().pop();
+    entry["leaf_hashes"].as_array_mut().unwrap().pop();
+    std::fs::write(
+        out.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest).unwrap() + "\n",
+    )
+    .unwrap();
+    let (code, text) = python_with(&out, &["--expect-run", run]);
+    assert_eq!(code, 3, "{text}");
+    assert!(text.contains("manifest.json does not verify"), "{text}");
+    // Another run expected: refused.
+    let out = tmp.join("intact");
+    assert_eq!(export(url, run, &out, Some(fleet_dir)).0, 0);
+    let (code, text) = python_with(&out, &["--expect-run", "run-other"]);
+    assert_eq!(code, 1, "{text}");
+    // No fleet key, or another one: no export.
+    let (code, report, text) = export(url, run, &tmp.join("no-key"), None);
+    assert_eq!(code, 4, "{text}");
+    assert_eq!(report["error"], "fleet_key_missing", "{report}");
+    let (other, _) = fleet_key(&tmp.join("other"));
+    let (code, report, text) = export(url, run, &tmp.join("other-key"), Some(&other));
+    assert_eq!(code, 3, "{text}");
+    assert_eq!(report["error"], "hub_fleet_key_mismatch", "{report}");
+}
+
 fn python(dir: &Path) -> (i32, String) {
+    python_with(dir, &[])
+}
+
+fn python_with(dir: &Path, args: &[&str]) -> (i32, String) {
     let out = std::process::Command::new("python3")
         .arg(SCRIPT)
         .arg(dir)
+        .args(args)
         .output()
         .unwrap();
     (
@@ -109,9 +238,11 @@ fn python(dir: &Path) -> (i32, String) {
 fn sidecars_ship_the_hub_verifies_and_a_run_exports_across_them() {
     let pg = Postgres::start();
     let url = pg.url();
+    let keys = tempfile::tempdir().unwrap();
+    let (fleet_dir, fingerprint) = fleet_key(keys.path());
     let fleet: Vec<Server> = ["a", "b", "c"]
         .iter()
-        .map(|n| sidecar(&url, n, None))
+        .map(|n| sidecar(&url, &fleet_dir, n, None))
         .collect();
     let run = fleet[0].create_run(json!({"case_id": "C-1001"}));
     for (i, server) in fleet.iter().enumerate() {
@@ -128,34 +259,43 @@ fn sidecars_ship_the_hub_verifies_and_a_run_exports_across_them() {
     let sidecars = report["sidecars"].as_array().unwrap();
     assert_eq!(sidecars.len(), 3, "{report}");
     assert!(report["fleet_size"].as_u64().unwrap() >= 3, "{report}");
+    // Every fleet checkpoint, whichever sidecar appended it, verifies with one key.
+    assert_eq!(
+        report["fleet_key_fingerprint"],
+        json!(fingerprint),
+        "{report}"
+    );
+    assert_eq!(report["fleet_key_confirmed"], json!(false), "{report}");
+    let (code, report, text) = verify_hub_pinned(&url, &fingerprint);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(report["fleet_key_confirmed"], json!(true), "{report}");
 
     // The run across the three sidecars, verified offline.
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("export");
-    let (code, summary, text) = toolgate(
-        tmp.path(),
-        &[
-            "audit",
-            "export",
-            "--cluster-db",
-            &url,
-            "--run",
-            &run,
-            "--out",
-            out.to_str().unwrap(),
-            "--format",
-            "jsonl",
-        ],
-    );
+    let (code, summary, text) = export(&url, &run, &out, Some(&fleet_dir));
     assert_eq!(code, 0, "{text}");
     assert_eq!(
         summary["sidecars"].as_array().unwrap().len(),
         3,
         "{summary}"
     );
-    let (code, text) = python(&out);
+    // Every key pinned: the three sidecars' and the fleet key.
+    let mut pins: Vec<String> = report["sidecars"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["key_fingerprint"].as_str().unwrap().to_string())
+        .collect();
+    pins.push(fingerprint.clone());
+    let mut args = vec!["--expect-run", run.as_str()];
+    for pin in &pins {
+        args.extend(["--key-fingerprint", pin.as_str()]);
+    }
+    let (code, text) = python_with(&out, &args);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("from 3 sidecars"), "{text}");
+    completeness_is_signed(&url, &run, tmp.path(), &fleet_dir);
     // One line edited: the offline verifier names the sidecar and the seq.
     let manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
@@ -194,7 +334,8 @@ fn a_sidecar_killed_under_load_ships_every_acknowledged_event_after_its_restart(
     let url = pg.url();
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("b");
-    let server = Arc::new(sidecar(&url, "b", Some(&data)));
+    let (fleet_dir, _) = fleet_key(tmp.path());
+    let server = Arc::new(sidecar(&url, &fleet_dir, "b", Some(&data)));
     let run = server.create_run(json!({"case_id": "C-1001"}));
     let stop = Arc::new(AtomicBool::new(false));
     let acknowledged = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -252,7 +393,7 @@ fn a_sidecar_killed_under_load_ships_every_acknowledged_event_after_its_restart(
     }
     drop(server);
     let acknowledged: HashSet<String> = acknowledged.lock().unwrap().iter().cloned().collect();
-    let restarted = sidecar(&url, "b", Some(&data));
+    let restarted = sidecar(&url, &fleet_dir, "b", Some(&data));
     shipped(&restarted);
     let (code, _, text) = verify_hub(&url);
     assert_eq!(code, 0, "{text}");
@@ -287,7 +428,8 @@ fn hostile_shipments_are_refused_and_nothing_is_accepted() {
     let pg = Postgres::start();
     let url = pg.url();
     let tmp = tempfile::tempdir().unwrap();
-    let a = sidecar(&url, "a", None);
+    let (fleet_dir, _) = fleet_key(tmp.path());
+    let a = sidecar(&url, &fleet_dir, "a", None);
     let run = a.create_run(json!({"case_id": "C-1001"}));
     for q in 0..3 {
         assert_eq!(research(&a, &run, &format!("q{q}")).0, 200);
@@ -306,6 +448,8 @@ fn hostile_shipments_are_refused_and_nothing_is_accepted() {
         args: vec![
             "--cluster-db".into(),
             url.clone(),
+            "--fleet-key-dir".into(),
+            fleet_dir.display().to_string(),
             "--audit-origin".into(),
             a_origin.clone(),
             "--hub-ship-interval-ms".into(),
@@ -347,8 +491,10 @@ fn hostile_shipments_are_refused_and_nothing_is_accepted() {
         let pool = toolgate::hub::connect(&url).await.unwrap();
         let reader = toolgate::audit::AuditReader::open(&db).unwrap();
         let keys = db.parent().unwrap().join("keys");
-        let signer = toolgate::audit::keys::load_signer(&keys).unwrap();
-        let key = signer.verifier.clone();
+        let own = toolgate::audit::keys::load_signer(&keys).unwrap();
+        let key = own.verifier.clone();
+        // Fleet checkpoints are signed with the fleet key.
+        let signer = toolgate::audit::keys::load_signer(&fleet_dir).unwrap();
         let notes = reader.notes_between(0, u64::MAX >> 2).unwrap();
         assert!(notes.len() >= 3, "{notes:?}");
         let lines = |upto: u64| -> Vec<(u64, String)> {
@@ -369,6 +515,13 @@ fn hostile_shipments_are_refused_and_nothing_is_accepted() {
             checkpoint: note.to_string(),
         };
         let (first, middle, last) = (&notes[0], &notes[1], &notes[notes.len() - 1]);
+        // Signed with another fleet key (d's own): refused, nothing written.
+        let refused = ingest(&pool, &batch(middle.0, &middle.1), &own)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.reason(), "hub_fleet_key_mismatch", "{refused:?}");
+        assert_eq!(refused.to_json()["sidecar"], json!(origin("d")));
+        assert_eq!(hub_size(&pool, &origin("d")).await.unwrap(), 0);
         // The second checkpoint goes in.
         let ok = ingest(&pool, &batch(middle.0, &middle.1), &signer)
             .await
@@ -429,11 +582,135 @@ fn hostile_shipments_are_refused_and_nothing_is_accepted() {
     drop(tmp);
 }
 
+/// Runs `serve` shipping to the hub at `url` under `name`'s origin with the fleet key
+/// in `fleet` (None: no fleet key); it must exit (bounded): its code and the JSON
+/// object it printed on stderr.
+fn serve_exits(url: &str, name: &str, fleet: Option<&Path>) -> (i32, Value) {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = tmp.path().join("stderr");
+    let mut command = std::process::Command::new(common::BIN);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(tmp.path().join("var"))
+        .arg("--policy-dir")
+        .arg(common::repo().join("policy"))
+        .arg("--tools")
+        .arg(common::repo().join("tools/tool_registry.yaml"))
+        .args(["--cluster-db", url, "--audit-origin", &origin(name)])
+        .env_remove("TOOLGATE_FLEET_KEY_DIR")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap());
+    if let Some(dir) = fleet {
+        command.arg("--fleet-key-dir").arg(dir);
+    }
+    let mut child = command.spawn().unwrap();
+    let Some(status) = common::poll_for(Duration::from_secs(30), || child.try_wait().unwrap())
+    else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("serve as sidecar {name} did not exit");
+    };
+    let text = std::fs::read_to_string(&err).unwrap();
+    let json = text
+        .lines()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(|v| v["error"].is_string())
+        })
+        .unwrap_or_else(|| panic!("no JSON error on stderr: {text}"));
+    (status.code().unwrap_or(-1), json)
+}
+
+#[test]
+fn one_fleet_key_signs_every_fleet_checkpoint_and_another_key_is_refused() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let tmp = tempfile::tempdir().unwrap();
+    let (fleet_dir, fingerprint) = fleet_key(tmp.path());
+    let a = sidecar(&url, &fleet_dir, "a", None);
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    for q in 0..3 {
+        assert_eq!(research(&a, &run, &format!("q{q}")).0, 200);
+    }
+    shipped(&a);
+    let hub = || {
+        pg.psql(
+            "SELECT (SELECT count(*) FROM hub_logs) || '/' || (SELECT count(*) FROM hub_events) || '/' || (SELECT count(*) FROM hub_fleet) || '/' || (SELECT vkey FROM hub_fleet_head)",
+        )
+    };
+    let before = hub();
+    let bound = toolgate::audit::keys::load_verifier(&fleet_dir).unwrap();
+    assert!(before.ends_with(&bound.to_vkey()), "{before}");
+
+    // A sidecar that would ship without a fleet key does not start.
+    let (code, error) = serve_exits(&url, "c", None);
+    assert_eq!(code, 4, "{error}");
+    assert_eq!(error["error"], "fleet_key_missing", "{error}");
+    // A fleet key directory others can write is refused like a --key-dir.
+    let loose = tmp.path().join("loose");
+    let (loose_dir, _) = fleet_key(&loose);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&loose_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, error) = serve_exits(&url, "c", Some(&loose_dir));
+    assert_eq!(code, 3, "{error}");
+    assert_eq!(error["error"], "fleet_key_invalid", "{error}");
+    // A sidecar with another fleet key: the hub refuses it and it does not start.
+    let other = tmp.path().join("other");
+    let (other_dir, other_fingerprint) = fleet_key(&other);
+    assert_ne!(other_fingerprint, fingerprint);
+    let (code, error) = serve_exits(&url, "c", Some(&other_dir));
+    assert_eq!(code, 3, "{error}");
+    assert_eq!(error["error"], "hub_fleet_key_mismatch", "{error}");
+    assert_eq!(error["sidecar"], json!(origin("c")), "{error}");
+    assert_eq!(hub(), before, "the hub changed");
+
+    // A pin on another fingerprint fails verify (exit 3) even on an intact hub.
+    let (code, report, text) = verify_hub_pinned(&url, &other_fingerprint);
+    assert_eq!(code, 3, "{text}");
+    assert_eq!(report["kind"], "key", "{report}");
+    assert_eq!(report["sidecar"], "toolgate/fleet", "{report}");
+
+    // An insider re-signs one fleet checkpoint with another key: verify names the
+    // fleet seq.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let seq = runtime.block_on(async {
+        use toolgate::audit::checkpoint::verify_note;
+        let pool = toolgate::hub::connect(&url).await.unwrap();
+        let client = pool.get().await.unwrap();
+        let row = client
+            .query_one("SELECT seq, note FROM hub_fleet ORDER BY seq LIMIT 1", &[])
+            .await
+            .unwrap();
+        let (seq, note): (i64, String) = (row.get(0), row.get(1));
+        let checkpoint = verify_note(&note, &bound).unwrap();
+        let forger = toolgate::audit::keys::SignerKey::from_seed(&bound.name, [9u8; 32]);
+        let forged = checkpoint.sign(&forger);
+        assert_ne!(forged, note);
+        client
+            .execute(
+                "UPDATE hub_fleet SET note = $1 WHERE seq = $2",
+                &[&forged, &seq],
+            )
+            .await
+            .unwrap();
+        seq
+    });
+    let (code, report, text) = verify_hub(&url);
+    assert_eq!(code, 3, "{text}");
+    assert_eq!(report["kind"], "signature", "{report}");
+    assert_eq!(report["sidecar"], "toolgate/fleet", "{report}");
+    assert_eq!(report["seq"], json!(seq), "{report}");
+}
+
 #[test]
 fn shipping_waits_out_a_database_outage_with_nothing_lost_or_duplicated() {
     let mut pg = Postgres::start();
     let url = pg.url();
-    let a = sidecar(&url, "a", None);
+    let keys = tempfile::tempdir().unwrap();
+    let (fleet_dir, _) = fleet_key(keys.path());
+    let a = sidecar(&url, &fleet_dir, "a", None);
     let run = a.create_run(json!({"case_id": "C-1001"}));
     assert_eq!(research(&a, &run, "before").0, 200);
     shipped(&a);
@@ -498,11 +775,13 @@ fn fleet_ship_lag_3_sidecars_64_clients() {
         .unwrap_or(10);
     let pg = Postgres::start();
     let url = pg.url();
+    let keys = tempfile::tempdir().unwrap();
+    let (fleet_dir, _) = fleet_key(keys.path());
     let fleet: Arc<Vec<Server>> = Arc::new(
         ["a", "b", "c"]
             .map(|name| {
-                let url = url.clone();
-                std::thread::spawn(move || sidecar(&url, name, None))
+                let (url, fleet_dir) = (url.clone(), fleet_dir.clone());
+                std::thread::spawn(move || sidecar(&url, &fleet_dir, name, None))
             })
             .into_iter()
             .map(|s| s.join().unwrap())

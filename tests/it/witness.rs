@@ -5,7 +5,11 @@
 //! Covers: checkpoints get cosigned and verify offline with a quorum; a forked log
 //! with the same key is refused by the witness and cannot reach a quorum; a witness
 //! that is down never stops calls and its gap shows in /metrics and verify; a restart
-//! resumes from the stored cosignatures; an edited cosignature fails verify.
+//! resumes from the stored cosignatures; an edited cosignature fails verify. In a
+//! fleet (real PostgreSQL): three sidecars submit the fleet checkpoint, its
+//! cosignatures are stored in the hub and reach a quorum in `audit verify
+//! --cluster-db` and the offline verifier, and a witness that saw a fork of the fleet
+//! log refuses it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -23,6 +27,7 @@ use toolgate::audit::keys::VerifierKey;
 use toolgate::audit::merkle::verify_consistency;
 use toolgate::audit::witness::{WitnessKey, cosigned_message};
 
+use crate::common::postgres::Postgres;
 use crate::common::{self, Server, Start};
 
 /// What the witness has seen, for the test's assertions.
@@ -576,4 +581,170 @@ fn a_forked_log_under_the_same_key_is_refused_by_the_witness() {
         "{answer}"
     );
     assert_eq!(witness.latest(), Some(cosigned));
+}
+
+// ---- In a fleet: the fleet checkpoint is witnessed.
+
+/// A sidecar shipping to the hub at `url`, witnessed by `witnesses`.
+fn fleet_sidecar(url: &str, fleet: &Path, name: &str, witnesses: &[String]) -> Server {
+    let mut args = args(witnesses);
+    for a in [
+        "--cluster-db",
+        url,
+        "--fleet-key-dir",
+        fleet.to_str().unwrap(),
+        "--audit-origin",
+        &crate::fleet_audit::origin(name),
+        "--hub-ship-interval-ms",
+        "100",
+    ] {
+        args.push(a.to_string());
+    }
+    Server::start_with(Start {
+        args,
+        ..Start::default()
+    })
+}
+
+/// `audit verify --cluster-db URL --witness-key ... --quorum N --format json`.
+fn verify_fleet(url: &str, keys: &[&WitnessKey], quorum: usize) -> (i32, Value, String) {
+    let mut owned: Vec<String> = ["audit", "verify", "--cluster-db", url, "--format", "json"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    owned.extend(["--quorum".to_string(), quorum.to_string()]);
+    for key in keys {
+        owned.push("--witness-key".into());
+        owned.push(key.to_vkey());
+    }
+    let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
+    crate::fleet_audit::toolgate(Path::new("."), &refs)
+}
+
+fn fleet_size(pg: &Postgres, url: &str) -> u64 {
+    pg.psql_at(url, "SELECT coalesce(max(seq), 0) FROM hub_fleet")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn fleet_checkpoints_are_cosigned_by_a_quorum_across_three_sidecars_and_a_forked_fleet_log_is_refused()
+ {
+    use crate::fleet_audit::{fleet_key, research, shipped};
+    let pg = Postgres::start();
+    let url = pg.url();
+    let tmp = tempfile::tempdir().unwrap();
+    let (fleet_dir, _) = fleet_key(tmp.path());
+    let vkey = fleet_dir.join("audit-signing.vkey");
+    let w1 = TestWitness::start("w1.example/witness", 21, "toolgate/fleet", vkey.clone());
+    let w2 = TestWitness::start("w2.example/witness", 22, "toolgate/fleet", vkey);
+    let flags = [w1.flag(), w2.flag()];
+    let fleet: Vec<Server> = ["a", "b", "c"]
+        .iter()
+        .map(|n| fleet_sidecar(&url, &fleet_dir, n, &flags))
+        .collect();
+    let run = fleet[0].create_run(json!({"case_id": "C-1001"}));
+    for (i, server) in fleet.iter().enumerate() {
+        for q in 0..5 {
+            let (code, body) = research(server, &run, &format!("duty {i} {q}"));
+            assert_eq!(code, 200, "{body}");
+        }
+    }
+    for server in &fleet {
+        shipped(server);
+    }
+    // Three sidecars submit concurrently; both witnesses end at the newest fleet
+    // checkpoint and its cosignatures are in the hub.
+    let size = fleet_size(&pg, &url);
+    assert!(size >= 3, "{size}");
+    assert!(
+        common::poll_until(Duration::from_secs(60), || {
+            w1.latest().map(|l| l.0) == Some(size) && w2.latest().map(|l| l.0) == Some(size)
+        }),
+        "the witnesses never reached fleet size {size}: {:?} {:?}",
+        w1.latest(),
+        w2.latest()
+    );
+    let stored = |at: u64| -> u64 {
+        pg.psql(&format!(
+            "SELECT count(*) FROM hub_fleet_cosignatures WHERE size = {at}"
+        ))
+        .parse()
+        .unwrap()
+    };
+    assert!(
+        common::poll_until(Duration::from_secs(30), || stored(size) == 2),
+        "the cosignatures at fleet size {size} were not stored"
+    );
+    let (code, report, text) = verify_fleet(&url, &[&w1.key, &w2.key], 2);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(
+        report["witnesses"]["witnessed_size"],
+        json!(size),
+        "{report}"
+    );
+    // A quorum the stored cosignatures cannot meet fails (exit 3).
+    let w3 = WitnessKey::new(
+        "w3.example/witness",
+        SigningKey::from_bytes(&[23; 32]).verifying_key(),
+    );
+    let (code, report, text) = verify_fleet(&url, &[&w1.key, &w2.key, &w3], 3);
+    assert_eq!(code, 3, "{text}");
+    assert_eq!(report["kind"], "witness", "{report}");
+
+    // The run exported across the fleet carries the cosigned fleet checkpoint.
+    let out = tmp.path().join("export");
+    let (code, _, text) = crate::fleet_audit::export(&url, &run, &out, Some(&fleet_dir));
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = python(&out, &[&w1.key, &w2.key], 2);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("witnessed up to fleet size"), "{text}");
+    let (code, text) = python(&out, &[&w1.key, &w2.key, &w3], 3);
+    assert_eq!(code, 3, "{text}");
+
+    // A fork of the fleet log (another hub database, the same fleet key and
+    // witnesses): the witnesses refuse it and nothing is cosigned.
+    let before = (w1.latest(), w2.latest());
+    pg.psql("CREATE DATABASE fork");
+    let fork = pg.url_as("postgres", common::postgres::PASSWORD, "fork");
+    let d = fleet_sidecar(&fork, &fleet_dir, "d", &flags);
+    let fork_run = d.create_run(json!({"case_id": "C-1001"}));
+    // Longer than the fleet log the witnesses saw, so a consistency proof is asked.
+    let mut q = 0;
+    while fleet_size(&pg, &fork) <= size {
+        assert!(q < 400, "the fork's fleet log does not grow");
+        assert_eq!(research(&d, &fork_run, &format!("fork {q}")).0, 200);
+        q += 1;
+        if q % 8 == 0 {
+            shipped(&d);
+        }
+    }
+    for w in [&w1, &w2] {
+        assert!(
+            common::poll_until(Duration::from_secs(30), || {
+                series(&scrape(&d), "toolgate_witness_conflicts_total", &w.key.name) > 0
+            }),
+            "witness {} did not refuse the fork: {}",
+            w.key.name,
+            scrape(&d)
+        );
+    }
+    assert_eq!((w1.latest(), w2.latest()), before);
+    assert_eq!(
+        pg.psql_at(&fork, "SELECT count(*) FROM hub_fleet_cosignatures")
+            .unwrap(),
+        "0"
+    );
+    let (code, report, text) = verify_fleet(&fork, &[&w1.key, &w2.key], 1);
+    assert_eq!(code, 3, "{text}");
+    assert_eq!(report["kind"], "witness", "{report}");
+
+    // A stored cosignature edited in the hub fails verify (exit 3).
+    pg.psql(&format!(
+        "UPDATE hub_fleet_cosignatures SET cosignature = overlay(cosignature PLACING CASE WHEN substr(cosignature, length(cosignature) - 10, 1) = 'A' THEN 'B' ELSE 'A' END FROM length(cosignature) - 10 FOR 1) WHERE size = {size}"
+    ));
+    let (code, report, text) = verify_fleet(&url, &[&w1.key, &w2.key], 2);
+    assert_eq!(code, 3, "{text}");
+    assert_eq!(report["kind"], "witness", "{report}");
 }

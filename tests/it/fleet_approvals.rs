@@ -1,0 +1,152 @@
+//! Approvals shared by a fleet (real PostgreSQL, real sidecars), the insider cases:
+//! two sidecars' sweepers racing for one expiry write exactly one `approval_expired`,
+//! and a row edited to `approved` in PostgreSQL without the fleet key is refused on the
+//! retry with a structured reason.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::approvals::{
+    SUPERVISOR, approval_policy, decide, draft_call, request, send, with_approval,
+};
+use crate::common::postgres::Postgres;
+use crate::common::{self, ADMIN, Server};
+
+fn events(server: &Server, run: &str, kind: &str) -> Vec<Value> {
+    let (code, page) = server.get(
+        &format!("/v1/audit/events?run_id={run}&limit=1000"),
+        Some(ADMIN),
+    );
+    assert_eq!(code, 200, "{page}");
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == kind)
+        .cloned()
+        .collect()
+}
+
+fn reason(body: &Value) -> &str {
+    body["diagnostic"]["reason"].as_str().unwrap_or_default()
+}
+
+/// A sidecar of the fleet on `pg` with the approval policy (`ttl_s`), the fleet key
+/// in `fleet` when given.
+fn sidecar(pg: &Postgres, dir: &Path, ttl_s: u64, fleet: Option<&Path>) -> Server {
+    let mut start = approval_policy(dir, 1, ttl_s);
+    start.args = vec!["--cluster-db".into(), pg.url()];
+    if let Some(fleet) = fleet {
+        start.args.push("--fleet-key-dir".into());
+        start.args.push(fleet.display().to_string());
+    }
+    Server::start_with(start)
+}
+
+#[test]
+fn two_sweepers_racing_for_one_expiry_write_one_approval_expired() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        sidecar(&pg, tmp.path(), 1, None),
+        sidecar(&pg, tmp.path(), 1, None),
+    );
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let id = request(&a, &draft_call(&run, "Motion"));
+    // An insider holds the approval's row: both sweepers find it due and wait on it
+    // at once; when it is let go they race.
+    let mut holder = pg.psql_spawn(&format!(
+        "BEGIN; SELECT 1 FROM toolgate_approvals WHERE approval_id = '{id}' FOR UPDATE; SELECT pg_sleep(30); COMMIT;"
+    ));
+    let waiting = || -> u64 {
+        pg.psql("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted")
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        common::poll_until(Duration::from_secs(20), || waiting() >= 2),
+        "the two sweepers did not both wait on the approval"
+    );
+    pg.psql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%' AND pid <> pg_backend_pid()",
+    );
+    assert!(common::poll_until(Duration::from_secs(10), || holder
+        .try_wait()
+        .unwrap()
+        .is_some()));
+    let audited = || {
+        pg.psql(&format!(
+            "SELECT expiry_audited FROM toolgate_approvals WHERE approval_id = '{id}'"
+        )) == "t"
+    };
+    assert!(common::poll_until(Duration::from_secs(20), || audited() && waiting() == 0));
+    let count =
+        || events(&a, &run, "approval_expired").len() + events(&b, &run, "approval_expired").len();
+    assert!(common::poll_until(Duration::from_secs(10), || count() >= 1));
+    // Both sweepers were past the row; no second event follows (bounded look).
+    assert!(
+        !common::poll_until(Duration::from_secs(3), || count() > 1),
+        "two sidecars audited the expiry"
+    );
+    assert_eq!(count(), 1);
+    let (code, shown) = b.get(&format!("/v1/approvals/{id}"), Some(SUPERVISOR));
+    assert_eq!(
+        (code, &shown["status"]),
+        (200, &json!("expired")),
+        "{shown}"
+    );
+}
+
+#[test]
+fn an_approval_row_edited_to_approved_without_the_fleet_key_is_refused_on_the_retry() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (fleet_dir, _) = crate::fleet_audit::fleet_key(tmp.path());
+    let (a, b) = (
+        sidecar(&pg, tmp.path(), 600, Some(&fleet_dir)),
+        sidecar(&pg, tmp.path(), 600, Some(&fleet_dir)),
+    );
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    // Decided through B (which signs the grant with the fleet key), used through A.
+    let honest = draft_call(&run, "Motion");
+    let granted = request(&a, &honest);
+    let (code, body) = decide(&b, Some(SUPERVISOR), &granted, "approve", "checked");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = send(&a, &with_approval(&honest, &granted));
+    assert_eq!(code, 200, "{body}");
+
+    // An insider with the database edits a pending approval to approved: with no
+    // attestation, then with the valid attestation and decisions of another approval.
+    let call = draft_call(&run, "Brief");
+    let id = request(&a, &call);
+    for attestation in ["NULL", "copied"] {
+        let copied = format!(
+            "(SELECT record->'attestation' FROM toolgate_approvals WHERE approval_id = '{granted}')"
+        );
+        pg.psql(&format!(
+            "UPDATE toolgate_approvals SET status = 'approved', record = jsonb_set(jsonb_set(record, '{{status}}', '\"approved\"'), '{{decisions}}', \
+             (SELECT record->'decisions' FROM toolgate_approvals WHERE approval_id = '{granted}')) \
+             || jsonb_build_object('attestation', {}) WHERE approval_id = '{id}'",
+            if attestation == "NULL" { "NULL::jsonb" } else { copied.as_str() }
+        ));
+        for server in [&a, &b] {
+            let (code, body) = send(server, &with_approval(&call, &id));
+            assert_eq!(code, 403, "{body}");
+            assert_eq!(reason(&body), "approval_attestation_invalid", "{body}");
+            assert_eq!(body["diagnostic"]["retryable"], false, "{body}");
+            assert_eq!(body["diagnostic"]["details"]["approval_id"], id.as_str());
+        }
+    }
+    // Nothing ran under the forged approval; it is still not used.
+    let executed =
+        events(&a, &run, "tool_executed").len() + events(&b, &run, "tool_executed").len();
+    assert_eq!(executed, 1);
+    assert_eq!(
+        pg.psql(&format!(
+            "SELECT status FROM toolgate_approvals WHERE approval_id = '{id}'"
+        )),
+        "approved"
+    );
+}
