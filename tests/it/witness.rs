@@ -453,9 +453,13 @@ fn a_down_witness_never_stops_calls_and_its_gap_shows() {
         .is_some_and(|l| l.0 >= target)));
     let metrics = common::poll_for(Duration::from_secs(30), || {
         let m = scrape(&server);
-        (series(&m, "toolgate_witness_failures_total", "down.example/w") > 0).then_some(m)
+        // Each witness's task reads the newest checkpoint at its own pace: wait until
+        // the down witness's round has seen `target` too.
+        (series(&m, "toolgate_witness_failures_total", "down.example/w") > 0
+            && series(&m, "toolgate_witness_lag_events", "down.example/w") >= target)
+            .then_some(m)
     })
-    .expect("the down witness's failures were never counted");
+    .expect("the down witness's failures and its whole gap were never shown");
     assert_eq!(
         series(&metrics, "toolgate_witness_cosigned_size", "down.example/w"),
         0,
