@@ -10,7 +10,7 @@ use crate::common;
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -25,31 +25,7 @@ pub fn python() -> PathBuf {
     common::python::python()
 }
 
-/// Runs `command` to completion, killing it if it runs longer than `limit`.
-/// Its stderr goes to a file (a pipe nobody reads could fill up and stall it).
-pub fn run_bounded(command: &mut Command, limit: Duration) -> Output {
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .unwrap();
-    let Some(status) = common::poll_for(limit, || child.try_wait().unwrap()) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!(
-            "`{command:?}` did not finish within {} s:\n{}",
-            limit.as_secs(),
-            fs::read_to_string(log.path()).unwrap_or_default()
-        );
-    };
-    Output {
-        status,
-        stdout: Vec::new(),
-        stderr: fs::read(log.path()).unwrap_or_default(),
-    }
-}
+pub use crate::common::python::run_bounded;
 
 /// The npm packages the tests install, pinned.
 const NODE_PACKAGES: [&str; 2] = [

@@ -10,6 +10,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common;
+use crate::common::python::run_bounded;
 
 use std::fs::{self, File};
 use std::os::unix::fs::MetadataExt;
@@ -52,7 +53,11 @@ impl Postgres {
             Command::new("cp").arg("-a").arg(template(&bin)).arg(&data),
             START_LIMIT,
         );
-        assert!(out.0, "could not copy the initialized cluster:\n{}", out.1);
+        assert!(
+            out.status.success(),
+            "could not copy the initialized cluster:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut pg = Postgres {
             child: None,
             port: 0,
@@ -245,7 +250,12 @@ fn template(bin: &Path) -> PathBuf {
                 .arg(format!("--pwfile={}", pwfile.display()));
             as_user(&mut initdb, run_as);
             let out = run_bounded(&mut initdb, START_LIMIT);
-            assert!(out.0, "initdb failed ({}):\n{}", bin.display(), out.1);
+            assert!(
+                out.status.success(),
+                "initdb failed ({}):\n{}",
+                bin.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
             fs::write(&stamp, made_with).unwrap();
             data
         })
@@ -325,22 +335,4 @@ fn wheel_bin(python: &Path) -> Option<PathBuf> {
         .ok()?;
     let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     (out.status.success() && dir.join("initdb").exists()).then_some(dir)
-}
-
-/// Runs `command` to completion, killing it past `limit`: (success, stderr).
-fn run_bounded(command: &mut Command, limit: Duration) -> (bool, String) {
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(log.reopen().unwrap())
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .unwrap();
-    let status = common::poll_for(limit, || child.try_wait().unwrap());
-    if status.is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let text = fs::read_to_string(log.path()).unwrap_or_default();
-    (status.is_some_and(|s| s.success()), text)
 }

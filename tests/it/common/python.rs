@@ -13,7 +13,7 @@ use crate::common;
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -69,19 +69,20 @@ fn prepare() -> PathBuf {
     }
     let started = Instant::now();
     if !python.exists() {
-        let (ok, err) = run_bounded(
+        let out = run_bounded(
             Command::new("python3").args(["-m", "venv"]).arg(&venv),
             INSTALL_LIMIT,
         );
         assert!(
-            ok,
+            out.status.success(),
             "could not create the test virtualenv at {} with `python3 -m venv` \
-             (install python3 and its venv module):\n{err}",
+             (install python3 and its venv module):\n{}",
             venv.display(),
+            String::from_utf8_lossy(&out.stderr)
         );
     }
     let left = INSTALL_LIMIT.saturating_sub(started.elapsed());
-    let (ok, err) = run_bounded(
+    let out = run_bounded(
         Command::new(&python)
             .args(["-m", "pip", "install", "--disable-pip-version-check", "-q"])
             .args(["--timeout", "60"])
@@ -89,10 +90,11 @@ fn prepare() -> PathBuf {
         left,
     );
     assert!(
-        ok && ready(&python),
+        out.status.success() && ready(&python),
         "could not install {PACKAGES:?} from PyPI into the test virtualenv {} \
-         (is PyPI reachable? set TOOLGATE_TEST_VENV to a virtualenv that has them):\n{err}",
+         (is PyPI reachable? set TOOLGATE_TEST_VENV to a virtualenv that has them):\n{}",
         venv.display(),
+        String::from_utf8_lossy(&out.stderr)
     );
     python
 }
@@ -107,9 +109,10 @@ fn ready(python: &Path) -> bool {
             .is_ok_and(|s| s.success())
 }
 
-/// Runs `command` to completion, killing it past `limit`: (success, stderr). Its
-/// output goes to a file (a pipe nobody reads could fill up and stall it).
-pub fn run_bounded(command: &mut Command, limit: Duration) -> (bool, String) {
+/// Runs `command` to completion, killing it (and panicking) past `limit`. Its stdout
+/// and stderr go to one file (a pipe nobody reads could fill up and stall it), returned
+/// as the output's `stderr`.
+pub fn run_bounded(command: &mut Command, limit: Duration) -> Output {
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut child = command
         .stdin(Stdio::null())
@@ -126,8 +129,9 @@ pub fn run_bounded(command: &mut Command, limit: Duration) -> (bool, String) {
             fs::read_to_string(log.path()).unwrap_or_default()
         );
     };
-    (
-        status.success(),
-        fs::read_to_string(log.path()).unwrap_or_default(),
-    )
+    Output {
+        status,
+        stdout: Vec::new(),
+        stderr: fs::read(log.path()).unwrap_or_default(),
+    }
 }
