@@ -208,10 +208,12 @@
     }
     hideRefusal($("approvals-error"));
     renderPending(approvalsOf(pending.body));
-    // Recent decisions: approved (and since used) and denied approvals, newest decision first.
+    // Recent decisions: approved (and since used) and denied approvals, newest decision
+    // first; each list read newest first, so a long-lived gateway shows its latest.
     const decided = [];
     for (const status of ["approved", "used", "denied"]) {
-      const answer = await api("GET", "/v1/approvals?status=" + status + "&limit=200");
+      const query = "/v1/approvals?order=newest&limit=200&status=" + status;
+      const answer = await api("GET", query);
       if (answer.ok) decided.push(...approvalsOf(answer.body));
     }
     renderRecent(decided);

@@ -239,7 +239,7 @@ fn decision_reason<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> 
     }
 }
 
-/// `GET /v1/approvals?status=&run_id=&limit=&cursor=`.
+/// `GET /v1/approvals?status=&run_id=&limit=&cursor=&order=`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ListApprovals {
     pub status: Option<crate::approvals::ApprovalStatus>,
@@ -248,6 +248,9 @@ pub struct ListApprovals {
     pub limit: usize,
     /// Where the previous page ended (its `next_cursor`); 0 for the first page.
     pub cursor: i64,
+    /// `order=newest`: the most recently requested first (the console's recent
+    /// decisions); `oldest`, the default, is the order they were requested in.
+    pub newest_first: bool,
 }
 
 impl ListApprovals {
@@ -257,6 +260,7 @@ impl ListApprovals {
         run_id: Option<&str>,
         limit: Option<&str>,
         cursor: Option<&str>,
+        order: Option<&str>,
     ) -> Result<ListApprovals, Refusal> {
         use crate::approvals::{ApprovalStatus, DEFAULT_PAGE, MAX_PAGE};
         let status = match status {
@@ -288,11 +292,17 @@ impl ListApprovals {
                     malformed("`cursor` must be the next_cursor of a previous page")
                 })?,
             };
+        let newest_first = match order {
+            None | Some("oldest") => false,
+            Some("newest") => true,
+            Some(_) => return Err(malformed("`order` must be oldest or newest")),
+        };
         Ok(ListApprovals {
             status,
             run_id: run_id.map(str::to_string),
             limit,
             cursor,
+            newest_first,
         })
     }
 }

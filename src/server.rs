@@ -489,6 +489,7 @@ async fn route(
                         query.get("run_id").map(String::as_str),
                         query.get("limit").map(String::as_str),
                         query.get("cursor").map(String::as_str),
+                        query.get("order").map(String::as_str),
                     ),
                 )
                 .await,

@@ -189,6 +189,7 @@ impl ApprovalStore {
         status: Option<ApprovalStatus>,
         run_id: Option<&str>,
         cursor: i64,
+        newest_first: bool,
         limit: usize,
         now_ms: i64,
     ) -> Result<(Vec<(i64, ApprovalRecord)>, bool), StoreError> {
@@ -207,9 +208,15 @@ impl ApprovalStore {
         } else {
             status_sql
         };
+        // The cursor is the last row of the previous page; 0 starts at either end.
+        let (after, order) = if newest_first {
+            ("(?1 = 0 OR rowid < ?1)", "DESC")
+        } else {
+            ("rowid > ?1", "ASC")
+        };
         let sql = format!(
-            "SELECT rowid, record FROM approvals WHERE rowid > ?1 AND {status_sql}
-             AND (?3 IS NULL OR run_id = ?3) ORDER BY rowid LIMIT ?4"
+            "SELECT rowid, record FROM approvals WHERE {after} AND {status_sql}
+             AND (?3 IS NULL OR run_id = ?3) ORDER BY rowid {order} LIMIT ?4"
         );
         self.with(|c| {
             let mut stmt = c.prepare(&sql).map_err(map)?;
@@ -393,6 +400,7 @@ pub trait ApprovalBackend: Send + Sync {
         status: Option<ApprovalStatus>,
         run_id: Option<&str>,
         cursor: i64,
+        newest_first: bool,
         limit: usize,
         now_ms: i64,
     ) -> Result<(Vec<(i64, ApprovalRecord)>, bool), StoreError>;
@@ -453,10 +461,11 @@ impl ApprovalBackend for ApprovalStore {
         status: Option<ApprovalStatus>,
         run_id: Option<&str>,
         cursor: i64,
+        newest_first: bool,
         limit: usize,
         now_ms: i64,
     ) -> Result<(Vec<(i64, ApprovalRecord)>, bool), StoreError> {
-        ApprovalStore::list(self, status, run_id, cursor, limit, now_ms)
+        ApprovalStore::list(self, status, run_id, cursor, newest_first, limit, now_ms)
     }
     fn update_decided(
         &self,

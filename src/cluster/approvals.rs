@@ -198,6 +198,7 @@ impl ApprovalBackend for PgApprovals {
         status: Option<ApprovalStatus>,
         run_id: Option<&str>,
         cursor: i64,
+        newest_first: bool,
         limit: usize,
         now_ms: i64,
     ) -> Result<(Vec<(i64, ApprovalRecord)>, bool), StoreError> {
@@ -211,9 +212,15 @@ impl ApprovalBackend for PgApprovals {
             Some(ApprovalStatus::Denied) => "(status = 'denied' AND $2::bigint = $2::bigint)",
             Some(ApprovalStatus::Used) => "(status = 'used' AND $2::bigint = $2::bigint)",
         };
+        // The cursor is the last row of the previous page; 0 starts at either end.
+        let (after, order) = if newest_first {
+            ("($1::bigint = 0 OR seq < $1)", "DESC")
+        } else {
+            ("seq > $1", "ASC")
+        };
         let sql = format!(
-            "SELECT seq, record::text FROM toolgate_approvals WHERE seq > $1 AND {status_sql} \
-             AND ($3::text IS NULL OR run_id = $3) ORDER BY seq LIMIT $4"
+            "SELECT seq, record::text FROM toolgate_approvals WHERE {after} AND {status_sql} \
+             AND ($3::text IS NULL OR run_id = $3) ORDER BY seq {order} LIMIT $4"
         );
         let run = run_id.map(str::to_string);
         let fetch = (limit as i64).saturating_add(1);

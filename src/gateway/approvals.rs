@@ -330,6 +330,7 @@ impl Gateway {
             run_id,
             limit,
             cursor,
+            newest_first,
         } = query?;
         let now = approvals::now_ms();
         let mut visible = Vec::new();
@@ -340,7 +341,9 @@ impl Gateway {
         'pages: for _ in 0..8 {
             let run = run_id.clone();
             let (page, more) = self
-                .approval_store(move |s| s.list(status, run.as_deref(), cursor, limit, now))
+                .approval_store(move |s| {
+                    s.list(status, run.as_deref(), cursor, newest_first, limit, now)
+                })
                 .await?;
             for (rowid, record) in page {
                 if visible.len() == limit {

@@ -828,6 +828,38 @@ fn pending_approvals_per_run_are_bounded() {
     );
     assert_eq!(rest["approvals"].as_array().unwrap().len(), 13, "{rest}");
     assert!(rest["next_cursor"].is_null());
+    // Newest first (the console's recent decisions) walks the same list backwards.
+    let ids = |page: &Value| -> Vec<String> {
+        page["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["approval_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let oldest_first: Vec<String> = ids(&page).into_iter().chain(ids(&rest)).collect();
+    let mut newest_first = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let (code, page) = server.get(
+            &format!("/v1/approvals?status=pending&order=newest&limit=20{cursor}"),
+            Some(ADMIN),
+        );
+        assert_eq!(code, 200, "{page}");
+        newest_first.extend(ids(&page));
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = format!("&cursor={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(newest_first.len(), 33);
+    assert_eq!(
+        newest_first,
+        oldest_first.iter().rev().cloned().collect::<Vec<_>>()
+    );
+    let (code, body) = server.get("/v1/approvals?order=sideways", Some(ADMIN));
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(body["diagnostic"]["reason"], "request_malformed");
     stop_and_verify(server);
 }
 

@@ -850,6 +850,12 @@ fn an_approval_requested_through_one_sidecar_is_decided_and_used_once_through_ot
     let (code, list) = b.get("/v1/approvals?status=pending", Some(SUPERVISOR));
     assert_eq!(code, 200, "{list}");
     assert_eq!(list["approvals"][0]["approval_id"], id.as_str(), "{list}");
+    let (code, list) = b.get(
+        "/v1/approvals?status=pending&order=newest&limit=1",
+        Some(SUPERVISOR),
+    );
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(list["approvals"][0]["approval_id"], id.as_str(), "{list}");
     let (code, shown) = b.get(&format!("/v1/approvals/{id}"), Some(SUPERVISOR));
     assert_eq!(
         (code, &shown["status"]),
