@@ -614,6 +614,16 @@ fn read_bounded(file: std::fs::File, what: &str, cap: usize) -> Result<Vec<u8>, 
     let meta = file
         .metadata()
         .map_err(|e| ExecError::Failed(format!("document `{what}` cannot be read: {e}")))?;
+    read_bounded_as(file, &meta, what, cap)
+}
+
+/// [`read_bounded`] with the file's metadata already read.
+fn read_bounded_as(
+    file: std::fs::File,
+    meta: &std::fs::Metadata,
+    what: &str,
+    cap: usize,
+) -> Result<Vec<u8>, ExecError> {
     if !meta.is_file() {
         return Err(ExecError::Failed(format!("`{what}` is not a regular file")));
     }
@@ -623,7 +633,10 @@ fn read_bounded(file: std::fs::File, what: &str, cap: usize) -> Result<Vec<u8>, 
             "document `{what}` is larger than {cap} bytes"
         )));
     }
-    let mut bytes = Vec::new();
+    // Sized from the metadata (one more byte to see the end, or a file that grew): the
+    // read takes two system calls instead of a probe and a few growing reads.
+    let expected = usize::try_from(meta.len()).unwrap_or(cap).min(cap);
+    let mut bytes = Vec::with_capacity(expected.saturating_add(1));
     file.take(limit.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(|e| ExecError::Failed(format!("document `{what}` cannot be read: {e}")))?;
@@ -767,13 +780,13 @@ async fn read_beneath(root: PathBuf, rel: String, what: String) -> Result<Vec<u8
         )),
         _ => ExecError::Failed(format!("{what} cannot be opened: {e}")),
     })?;
-    let small = file
+    let meta = file
         .metadata()
-        .is_ok_and(|m| m.is_file() && m.len() <= INLINE_READ_BYTES);
-    if small {
-        return read_bounded(file, &what, cap);
+        .map_err(|e| ExecError::Failed(format!("{what} cannot be read: {e}")))?;
+    if meta.is_file() && meta.len() <= INLINE_READ_BYTES {
+        return read_bounded_as(file, &meta, &what, cap);
     }
-    tokio::task::spawn_blocking(move || read_bounded(file, &what, cap))
+    tokio::task::spawn_blocking(move || read_bounded_as(file, &meta, &what, cap))
         .await
         .map_err(|e| ExecError::Failed(format!("reading failed: {e}")))?
 }
