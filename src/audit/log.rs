@@ -696,7 +696,7 @@ const MAX_LINGER: Duration = Duration::from_millis(1);
 /// [`MAX_LINGER`]): every commit's own cost (the signature, the index and head pages
 /// written to the WAL) is shared by more events, which with NORMAL durability (a
 /// commit of a fraction of a millisecond) otherwise carried about 8 (issue 19).
-const CROWDED_BATCH: usize = 16;
+const CROWDED_BATCH: usize = 10;
 const CROWDED_LINGER_FACTOR: u32 = 4;
 const MAX_CROWDED_TARGET: usize = 256;
 /// In a crowded streak the writer sleeps in slices this long while it lingers.
