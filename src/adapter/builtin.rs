@@ -633,8 +633,7 @@ fn read_bounded_as(
             "document `{what}` is larger than {cap} bytes"
         )));
     }
-    // Sized from the metadata (one more byte to see the end, or a file that grew): the
-    // read takes two system calls instead of a probe and a few growing reads.
+    // Sized from the metadata (+1 to see the end): two reads, not a probe and regrowths.
     let expected = usize::try_from(meta.len()).unwrap_or(cap).min(cap);
     let mut bytes = Vec::with_capacity(expected.saturating_add(1));
     file.take(limit.saturating_add(1))
@@ -720,14 +719,12 @@ pub(crate) fn open_beneath(root: &Path, rel: &str) -> std::io::Result<std::fs::F
     for (i, part) in parts.iter().enumerate() {
         let last = i + 1 == parts.len();
         let c_part = std::ffi::CString::new(*part).map_err(|_| invalid())?;
-        let flags = libc::O_RDONLY
-            | libc::O_CLOEXEC
-            | libc::O_NOFOLLOW
-            | if last {
-                libc::O_NONBLOCK
-            } else {
-                libc::O_DIRECTORY
-            };
+        let kind = if last {
+            libc::O_NONBLOCK
+        } else {
+            libc::O_DIRECTORY
+        };
+        let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | kind;
         // SAFETY: a valid directory descriptor and a NUL-terminated name.
         let fd = unsafe { libc::openat(current.as_raw_fd(), c_part.as_ptr(), flags) };
         if fd < 0 {
@@ -762,9 +759,8 @@ fn write_atomically(dir: &Path, name: &str, content: &[u8]) -> Result<(), ExecEr
     result.map_err(failed)
 }
 
-/// A data file at most this large is read on the calling task: opening and reading a
-/// few KiB of a local file costs less than handing it to the blocking pool and back
-/// (two thread wake-ups per call, issue 19). A larger one is read on the pool.
+/// A data file at most this large is read on the calling task: reading a few KiB costs
+/// less than two thread wake-ups via the blocking pool (issue 19).
 const INLINE_READ_BYTES: u64 = 64 * 1024;
 
 /// Reads `rel` beneath `root` ([`open_beneath`]: no symlink at any component), at
