@@ -614,6 +614,16 @@ fn read_bounded(file: std::fs::File, what: &str, cap: usize) -> Result<Vec<u8>, 
     let meta = file
         .metadata()
         .map_err(|e| ExecError::Failed(format!("document `{what}` cannot be read: {e}")))?;
+    read_bounded_as(file, &meta, what, cap)
+}
+
+/// [`read_bounded`] with the file's metadata already read.
+fn read_bounded_as(
+    file: std::fs::File,
+    meta: &std::fs::Metadata,
+    what: &str,
+    cap: usize,
+) -> Result<Vec<u8>, ExecError> {
     if !meta.is_file() {
         return Err(ExecError::Failed(format!("`{what}` is not a regular file")));
     }
@@ -623,7 +633,9 @@ fn read_bounded(file: std::fs::File, what: &str, cap: usize) -> Result<Vec<u8>, 
             "document `{what}` is larger than {cap} bytes"
         )));
     }
-    let mut bytes = Vec::new();
+    // Sized from the metadata (+1 to see the end): two reads, not a probe and regrowths.
+    let expected = usize::try_from(meta.len()).unwrap_or(cap).min(cap);
+    let mut bytes = Vec::with_capacity(expected.saturating_add(1));
     file.take(limit.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(|e| ExecError::Failed(format!("document `{what}` cannot be read: {e}")))?;
@@ -673,7 +685,9 @@ pub(crate) fn open_beneath(root: &Path, rel: &str) -> std::io::Result<std::fs::F
         resolve: u64,
     }
     let how = OpenHow {
-        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+        // O_NONBLOCK: a FIFO or device planted in the data folder opens at once (and
+        // is then refused as not a regular file) instead of blocking the caller.
+        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK) as u64,
         mode: 0,
         resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
     };
@@ -705,10 +719,12 @@ pub(crate) fn open_beneath(root: &Path, rel: &str) -> std::io::Result<std::fs::F
     for (i, part) in parts.iter().enumerate() {
         let last = i + 1 == parts.len();
         let c_part = std::ffi::CString::new(*part).map_err(|_| invalid())?;
-        let flags = libc::O_RDONLY
-            | libc::O_CLOEXEC
-            | libc::O_NOFOLLOW
-            | if last { 0 } else { libc::O_DIRECTORY };
+        let kind = if last {
+            libc::O_NONBLOCK
+        } else {
+            libc::O_DIRECTORY
+        };
+        let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | kind;
         // SAFETY: a valid directory descriptor and a NUL-terminated name.
         let fd = unsafe { libc::openat(current.as_raw_fd(), c_part.as_ptr(), flags) };
         if fd < 0 {
@@ -743,23 +759,32 @@ fn write_atomically(dir: &Path, name: &str, content: &[u8]) -> Result<(), ExecEr
     result.map_err(failed)
 }
 
+/// A data file at most this large is read on the calling task: reading a few KiB costs
+/// less than two thread wake-ups via the blocking pool (issue 19).
+const INLINE_READ_BYTES: u64 = 64 * 1024;
+
 /// Reads `rel` beneath `root` ([`open_beneath`]: no symlink at any component), at
-/// most [`MAX_DATA_FILE_BYTES`], on the blocking pool; a missing file is a tool error
-/// naming `what`.
+/// most [`MAX_DATA_FILE_BYTES`]; a missing file is a tool error naming `what`. The
+/// open (one `openat2`) and a file of at most [`INLINE_READ_BYTES`] are done on the
+/// calling task, a larger file's read on the blocking pool.
 async fn read_beneath(root: PathBuf, rel: String, what: String) -> Result<Vec<u8>, ExecError> {
     let cap = usize::try_from(MAX_DATA_FILE_BYTES).unwrap_or(usize::MAX);
-    tokio::task::spawn_blocking(move || {
-        let file = open_beneath(&root, &rel).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => ExecError::Failed(format!("{what} not found")),
-            _ if is_symlink_refusal(&e) => ExecError::Failed(format!(
-                "{what} cannot be opened: a symlink on its path is refused"
-            )),
-            _ => ExecError::Failed(format!("{what} cannot be opened: {e}")),
-        })?;
-        read_bounded(file, &what, cap)
-    })
-    .await
-    .map_err(|e| ExecError::Failed(format!("reading failed: {e}")))?
+    let file = open_beneath(&root, &rel).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ExecError::Failed(format!("{what} not found")),
+        _ if is_symlink_refusal(&e) => ExecError::Failed(format!(
+            "{what} cannot be opened: a symlink on its path is refused"
+        )),
+        _ => ExecError::Failed(format!("{what} cannot be opened: {e}")),
+    })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| ExecError::Failed(format!("{what} cannot be read: {e}")))?;
+    if meta.is_file() && meta.len() <= INLINE_READ_BYTES {
+        return read_bounded_as(file, &meta, &what, cap);
+    }
+    tokio::task::spawn_blocking(move || read_bounded_as(file, &meta, &what, cap))
+        .await
+        .map_err(|e| ExecError::Failed(format!("reading failed: {e}")))?
 }
 
 /// Reads a data file of at most [`MAX_DATA_FILE_BYTES`]; a missing file is a tool
@@ -788,6 +813,46 @@ async fn read_data_file(path: &Path, what: &str) -> Result<Vec<u8>, ExecError> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_fifo_in_place_of_a_data_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let case = dir.path().join("C-1");
+        std::fs::create_dir(&case).unwrap();
+        let fifo = std::ffi::CString::new(case.join("case.json").to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path; mkfifo only reads it.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            read_beneath(
+                dir.path().to_path_buf(),
+                "C-1/case.json".into(),
+                "case".into(),
+            ),
+        )
+        .await
+        .expect("the read must not block on a FIFO");
+        match read {
+            Err(ExecError::Failed(message)) => {
+                assert!(message.contains("not a regular file"), "{message}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_small_data_file_is_read_inline_and_a_large_one_on_the_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = vec![b'a'; 100];
+        let large = vec![b'b'; (INLINE_READ_BYTES + 1) as usize];
+        std::fs::write(dir.path().join("small"), &small).unwrap();
+        std::fs::write(dir.path().join("large"), &large).unwrap();
+        let root = dir.path().to_path_buf();
+        let got = read_beneath(root.clone(), "small".into(), "small".into()).await;
+        assert_eq!(got.unwrap(), small);
+        let got = read_beneath(root, "large".into(), "large".into()).await;
+        assert_eq!(got.unwrap(), large);
+    }
 
     #[test]
     fn paths_normalize_lexically() {
