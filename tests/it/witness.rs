@@ -346,14 +346,19 @@ fn checkpoints_are_cosigned_verified_with_a_quorum_and_resumed_after_a_restart()
             w.answers()
         );
     }
-    let metrics = scrape(&server);
-    assert!(
+    // The witness holds its cosignature before the sidecar has read the answer: wait
+    // for the sidecar's own count.
+    let cosigned = || {
         series(
-            &metrics,
+            &scrape(&server),
             "toolgate_witness_cosigned_size",
-            "w1.example/witness"
-        ) >= target,
-        "{metrics}"
+            "w1.example/witness",
+        )
+    };
+    assert!(
+        common::poll_until(Duration::from_secs(30), || cosigned() >= target),
+        "{}",
+        scrape(&server)
     );
     server.stop();
     let (code, report) = verify(tmp.path(), &db, &[&w1.key, &w2.key], 2);
@@ -533,14 +538,13 @@ fn a_forked_log_under_the_same_key_is_refused_by_the_witness() {
     );
     // The witness still holds the first history; it cosigned nothing of the fork.
     assert_eq!(witness.latest(), Some(cosigned));
-    let metrics = scrape(&server);
-    assert!(
-        series(
-            &metrics,
-            "toolgate_witness_conflicts_total",
-            "w.example/fork"
-        ) > 0
-    );
+    // The witness counts its answer before the sidecar has read it: wait for the
+    // sidecar's own count.
+    let metrics = common::poll_for(Duration::from_secs(30), || {
+        let m = scrape(&server);
+        (series(&m, "toolgate_witness_conflicts_total", "w.example/fork") > 0).then_some(m)
+    })
+    .expect("the sidecar never counted the witness's refusals");
     assert_eq!(
         series(&metrics, "toolgate_witness_cosigned_size", "w.example/fork"),
         cosigned.0,
