@@ -430,39 +430,10 @@ impl Submitter {
             ));
         }
         let proof = consistency_proof_extending(&old, &appended);
-        let mut body = format!("old {from}\n");
-        for hash in &proof {
-            body.push_str(&B64.encode(hash));
-            body.push('\n');
-        }
-        body.push('\n');
-        body.push_str(note);
-        let url = format!("{}/add-checkpoint", self.witness.url);
-        let response = self
-            .client
-            .post(&url)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| format!("{url}: {}", error_chain(&e.without_url())))?;
-        let status = response.status();
-        let bytes = read_limited(response).await?;
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        match status.as_u16() {
-            200 => {
-                let cosigned = format!("{note}{text}");
-                let timestamp = self
-                    .witness
-                    .key
-                    .check_note(&cosigned)
-                    .map_err(|e| format!("witness `{}`: {e}", self.witness.key.name))?
-                    .ok_or_else(|| {
-                        format!(
-                            "witness `{}` answered without a cosignature by its key",
-                            self.witness.key.name
-                        )
-                    })?;
-                let stored = format!("{note}{}", lines_of(&text, &self.witness.key));
+        let name = &self.witness.key.name;
+        match add_checkpoint(&self.client, &self.witness, from, &proof, note).await? {
+            Answer::Cosigned { lines, timestamp } => {
+                let stored = format!("{note}{lines}");
                 let path = self.options.cosignature_file.clone();
                 let lock = self.file.clone();
                 blocking(move || {
@@ -470,34 +441,85 @@ impl Submitter {
                     append_note(&path, &stored)
                 })
                 .await?;
-                tracing::debug!(witness = %self.witness.key.name, size, timestamp, "checkpoint cosigned");
+                tracing::debug!(witness = %name, size, timestamp, "checkpoint cosigned");
                 self.status.cosigned_size.fetch_max(size, Ordering::Relaxed);
                 self.state = Some(Position { frontier: new });
                 Ok(Outcome::Cosigned)
             }
-            409 => {
+            Answer::Conflict(theirs) => {
                 self.status.conflicts.fetch_add(1, Ordering::Relaxed);
-                let theirs = text.trim().parse::<u64>().ok();
                 match theirs {
                     Some(at) if at != from && at < size => Ok(Outcome::Resync(at)),
                     Some(at) if at > size => Ok(Outcome::Failed(format!(
-                        "witness `{}` has cosigned {at} events of this log, more than the {size} it holds: the log was cut",
-                        self.witness.key.name
+                        "witness `{name}` has cosigned {at} events of this log, more than the {size} it holds: the log was cut"
                     ))),
                     _ => Ok(Outcome::Failed(format!(
-                        "witness `{}` refuses the checkpoint at size {size} as conflicting with what it cosigned (size {}): the log forked",
-                        self.witness.key.name,
+                        "witness `{name}` refuses the checkpoint at size {size} as conflicting with what it cosigned (size {}): the log forked",
                         theirs.map_or_else(|| "unknown".to_string(), |s| s.to_string())
                     ))),
                 }
             }
-            code => Ok(Outcome::Failed(format!(
-                "witness `{}` answered {code}: {}",
-                self.witness.key.name,
-                text.trim().chars().take(200).collect::<String>()
+            Answer::Refused(code, text) => Ok(Outcome::Failed(format!(
+                "witness `{name}` answered {code}: {text}"
             ))),
         }
     }
+}
+
+/// What a witness answered to one add-checkpoint request (c2sp.org/tlog-witness).
+pub(crate) enum Answer {
+    /// 200 with a cosignature by the witness's key: its signature lines and timestamp.
+    Cosigned { lines: String, timestamp: u64 },
+    /// 409: the size the witness stands at, when it said one.
+    Conflict(Option<u64>),
+    /// Any other status, with the start of the body.
+    Refused(u16, String),
+}
+
+/// One add-checkpoint request: the checkpoint `note`, with the consistency proof from
+/// the size `from` the witness last cosigned. A 200 whose body is not a cosignature by
+/// the witness's key is an error, as is a witness that cannot be reached.
+pub(crate) async fn add_checkpoint(
+    client: &reqwest::Client,
+    witness: &WitnessConfig,
+    from: u64,
+    proof: &[Hash],
+    note: &str,
+) -> Result<Answer, String> {
+    let mut body = format!("old {from}\n");
+    for hash in proof {
+        body.push_str(&B64.encode(hash));
+        body.push('\n');
+    }
+    body.push('\n');
+    body.push_str(note);
+    let url = format!("{}/add-checkpoint", witness.url);
+    let response = client
+        .post(&url)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {}", error_chain(&e.without_url())))?;
+    let status = response.status().as_u16();
+    let text = String::from_utf8_lossy(&read_limited(response).await?).into_owned();
+    let name = &witness.key.name;
+    Ok(match status {
+        200 => {
+            let timestamp = witness
+                .key
+                .check_note(&format!("{note}{text}"))
+                .map_err(|e| format!("witness `{name}`: {e}"))?
+                .ok_or_else(|| {
+                    format!("witness `{name}` answered without a cosignature by its key")
+                })?;
+            Answer::Cosigned {
+                lines: lines_of(&text, &witness.key),
+                timestamp,
+            }
+        }
+        409 => Answer::Conflict(text.trim().parse::<u64>().ok()),
+        code => Answer::Refused(code, text.trim().chars().take(200).collect()),
+    })
 }
 
 /// Runs blocking work (SQLite, files) off the runtime's workers.

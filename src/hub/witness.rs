@@ -18,8 +18,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::json;
 
 use super::fleet::FleetError;
@@ -28,8 +26,8 @@ use crate::audit::checkpoint::verify_note;
 use crate::audit::keys::VerifierKey;
 use crate::audit::merkle::{Frontier, Hash, consistency_proof_extending, leaf_hash};
 use crate::audit::witness::{
-    CONNECT_TIMEOUT, MAX_LEAVES_PER_SUBMISSION, REQUEST_TIMEOUT, WitnessConfig, WitnessKey,
-    WitnessProblem, WitnessReport, WitnessStatus, check_cosignatures, lines_of, read_limited,
+    Answer, CONNECT_TIMEOUT, MAX_LEAVES_PER_SUBMISSION, REQUEST_TIMEOUT, WitnessConfig, WitnessKey,
+    WitnessProblem, WitnessReport, WitnessStatus, add_checkpoint, check_cosignatures,
 };
 use crate::outbound::{self, error_chain};
 
@@ -226,59 +224,31 @@ impl Submitter {
             ));
         }
         let proof = consistency_proof_extending(&old, &appended);
-        let mut body = format!("old {from}\n");
-        for hash in &proof {
-            body.push_str(&B64.encode(hash));
-            body.push('\n');
-        }
-        body.push('\n');
-        body.push_str(note);
-        let url = format!("{}/add-checkpoint", self.witness.url);
-        let response = self
-            .client
-            .post(&url)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| format!("{url}: {}", error_chain(&e.without_url())))?;
-        let status = response.status();
-        let text = String::from_utf8_lossy(&read_limited(response).await?).into_owned();
         let name = &self.witness.key.name;
-        match status.as_u16() {
-            200 => {
-                self.witness
-                    .key
-                    .check_note(&format!("{note}{text}"))
-                    .map_err(|e| format!("witness `{name}`: {e}"))?
-                    .ok_or_else(|| {
-                        format!("witness `{name}` answered without a cosignature by its key")
-                    })?;
-                self.store(size, &lines_of(&text, &self.witness.key))
-                    .await?;
+        match add_checkpoint(&self.client, &self.witness, from, &proof, note).await? {
+            Answer::Cosigned { lines, .. } => {
+                self.store(size, &lines).await?;
                 self.status.cosigned_size.fetch_max(size, Ordering::Relaxed);
                 self.frontier = Some(new);
                 Ok(Outcome::Cosigned)
             }
-            409 => match text.trim().parse::<u64>().ok() {
-                // Another sidecar moved the witness (or it restarted): from there.
-                Some(at) if at != from => Ok(Outcome::Resync(at)),
-                theirs => {
-                    self.status.conflicts.fetch_add(1, Ordering::Relaxed);
-                    Ok(Outcome::Failed(format!(
-                        "witness `{name}` refuses the fleet checkpoint at size {size} as conflicting with the one it cosigned (size {}): the fleet log forked",
-                        theirs.map_or_else(|| "unknown".to_string(), |s| s.to_string())
-                    )))
-                }
-            },
-            422 => {
+            // Another sidecar moved the witness (or it restarted): from there.
+            Answer::Conflict(Some(at)) if at != from => Ok(Outcome::Resync(at)),
+            Answer::Conflict(theirs) => {
+                self.status.conflicts.fetch_add(1, Ordering::Relaxed);
+                Ok(Outcome::Failed(format!(
+                    "witness `{name}` refuses the fleet checkpoint at size {size} as conflicting with the one it cosigned (size {}): the fleet log forked",
+                    theirs.map_or_else(|| "unknown".to_string(), |s| s.to_string())
+                )))
+            }
+            Answer::Refused(422, _) => {
                 self.status.conflicts.fetch_add(1, Ordering::Relaxed);
                 Ok(Outcome::Failed(format!(
                     "witness `{name}` refuses the consistency proof from fleet size {from} to {size}: it saw another fleet log (a fork)"
                 )))
             }
-            code => Ok(Outcome::Failed(format!(
-                "witness `{name}` answered {code}: {}",
-                text.trim().chars().take(200).collect::<String>()
+            Answer::Refused(code, text) => Ok(Outcome::Failed(format!(
+                "witness `{name}` answered {code}: {text}"
             ))),
         }
     }
