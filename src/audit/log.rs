@@ -790,6 +790,15 @@ impl Writer {
                 if let Some(observe) = self.batch_observer.get() {
                     observe(count, self.last_commit);
                 }
+                // The batch is answered; the WAL thread may have asked for the copy
+                // that lets the next commit start the WAL over (see `wal.rs`).
+                if self.wal.restart_wanted() {
+                    super::wal::checkpoint_between_commits(
+                        &self.conn,
+                        &self.path,
+                        self.wal.state(),
+                    );
+                }
             }
             if let Some(reply) = close {
                 drop(receiver);
