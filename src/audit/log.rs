@@ -19,7 +19,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use time::OffsetDateTime;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, oneshot};
 
@@ -603,13 +603,19 @@ pub(crate) fn read_events(
                 .map(|t| t.as_str().to_string().into()),
         );
     }
+    // The time bounds become seq bounds (no index on ts); the ts conditions stay, so
+    // a row out of order (a database edited by hand) is still never returned.
     if let Some(since) = filter.since {
-        sql.push_str(" AND ts >= ?");
-        args.push(format_timestamp(since).into());
+        let since = format_timestamp(since);
+        sql.push_str(" AND seq >= ? AND ts >= ?");
+        args.push(seq_bound(conn, &since).map_err(map)?.into());
+        args.push(since.into());
     }
     if let Some(until) = filter.until {
-        sql.push_str(" AND ts < ?");
-        args.push(format_timestamp(until).into());
+        let until = format_timestamp(until);
+        sql.push_str(" AND seq < ? AND ts < ?");
+        args.push(seq_bound(conn, &until).map_err(map)?.into());
+        args.push(until.into());
     }
     let limit = if filter.limit == 0 {
         -1
@@ -635,6 +641,32 @@ pub(crate) fn read_events(
         out.push(StoredEvent { seq, line, value });
     }
     Ok(out)
+}
+
+/// The first seq whose timestamp is at or after `ts` (one past the last event when
+/// none is): a binary search over seq, as timestamps never go backwards along it.
+fn seq_bound(conn: &Connection, ts: &str) -> rusqlite::Result<i64> {
+    let (first, last): (Option<i64>, Option<i64>) =
+        conn.query_row("SELECT min(seq), max(seq) FROM events", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+    let (Some(mut low), Some(last)) = (first, last) else {
+        return Ok(0);
+    };
+    let mut high = last + 1;
+    let mut at =
+        conn.prepare_cached("SELECT seq, ts FROM events WHERE seq >= ?1 ORDER BY seq LIMIT 1")?;
+    while low < high {
+        let middle = low + (high - low) / 2;
+        let found: Option<(i64, String)> = at
+            .query_row([middle], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        match found {
+            Some((seq, found_ts)) if found_ts.as_str() < ts => low = seq + 1,
+            _ => high = middle,
+        }
+    }
+    Ok(low)
 }
 
 /// The writer thread's state.
@@ -1192,4 +1224,140 @@ fn insert_checkpoint(
         reason
     ])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// Events with these timestamps from seq `first` on (seq `skip` left out, as a
+    /// database may have a gap).
+    fn events(first: i64, skip: i64, stamps: &[&str]) -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE events (seq INTEGER PRIMARY KEY, event_id TEXT NOT NULL,
+             type TEXT NOT NULL, run_id TEXT, ts TEXT NOT NULL, line TEXT NOT NULL,
+             hash TEXT NOT NULL)",
+        )
+        .unwrap();
+        for (i, ts) in stamps.iter().enumerate() {
+            let seq = first + i as i64;
+            if seq != skip {
+                conn.execute(
+                    "INSERT INTO events VALUES (?1, 'e', 'tool_requested', 'r', ?2, ?3, 'h')",
+                    params![seq, ts, format!("{{\"seq\":{seq}}}")],
+                )
+                .unwrap();
+            }
+        }
+        conn
+    }
+
+    fn time(ts: &str) -> OffsetDateTime {
+        OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).unwrap()
+    }
+
+    /// The seq bound of every instant, on and between the stored ones, is where a scan
+    /// of the timestamps would put it, and a time window returns what a scan returns.
+    #[test]
+    fn time_bounds_found_by_binary_search_match_a_scan() {
+        let stamps = [
+            "2026-11-24T10:00:00.000Z",
+            "2026-11-24T10:00:00.000Z",
+            "2026-11-24T10:00:01.000Z",
+            "2026-11-24T10:00:02.500Z",
+            "2026-11-24T10:00:02.500Z",
+            "2026-11-24T10:00:02.500Z",
+            "2026-11-24T10:00:07.000Z",
+            "2026-11-24T10:01:00.000Z",
+        ];
+        let probes = [
+            "2026-11-24T09:59:59.000Z",
+            "2026-11-24T10:00:00.000Z",
+            "2026-11-24T10:00:00.500Z",
+            "2026-11-24T10:00:01.000Z",
+            "2026-11-24T10:00:02.500Z",
+            "2026-11-24T10:00:03.000Z",
+            "2026-11-24T10:00:07.000Z",
+            "2026-11-24T10:01:00.000Z",
+            "2026-11-24T10:02:00.000Z",
+        ];
+        for (first, skip) in [(1, 0), (100, 0), (100, 103), (1, 1)] {
+            let conn = events(first, skip, &stamps);
+            let stored: Vec<(i64, &str)> = stamps
+                .iter()
+                .enumerate()
+                .map(|(i, ts)| (first + i as i64, *ts))
+                .filter(|(seq, _)| *seq != skip)
+                .collect();
+            for probe in probes {
+                // The same split of the stored events (a bound on a missing seq is
+                // as good as the next stored one).
+                let bound = seq_bound(&conn, probe).unwrap();
+                let below: Vec<bool> = stored.iter().map(|(seq, _)| *seq < bound).collect();
+                let earlier: Vec<bool> = stored.iter().map(|(_, ts)| *ts < probe).collect();
+                assert_eq!(below, earlier, "{first} {skip} {probe}");
+            }
+            for since in probes {
+                for until in probes {
+                    let filter = EventFilter {
+                        since: Some(time(since)),
+                        until: Some(time(until)),
+                        ..Default::default()
+                    };
+                    let got: Vec<i64> = read_events(&conn, Path::new("t"), &filter)
+                        .unwrap()
+                        .iter()
+                        .map(|e| e.seq as i64)
+                        .collect();
+                    let want: Vec<i64> = stored
+                        .iter()
+                        .filter(|(_, ts)| *ts >= since && *ts < until)
+                        .map(|(seq, _)| *seq)
+                        .collect();
+                    assert_eq!(got, want, "{first} {skip} {since}..{until}");
+                }
+            }
+        }
+        assert_eq!(seq_bound(&events(1, 0, &[]), probes[0]).unwrap(), 0);
+    }
+
+    /// A row whose timestamp was edited out of order may be missed by a window, but
+    /// an event outside the window is never returned.
+    #[test]
+    fn a_timestamp_out_of_order_is_never_returned_outside_the_window() {
+        let conn = events(
+            1,
+            0,
+            &[
+                "2026-11-24T10:00:00.000Z",
+                "2026-11-24T12:00:00.000Z",
+                "2026-11-24T10:00:02.000Z",
+                "2026-11-24T10:00:03.000Z",
+            ],
+        );
+        for (since, until) in [
+            ("2026-11-24T10:00:01.000Z", "2026-11-24T10:00:04.000Z"),
+            ("2026-11-24T11:00:00.000Z", "2026-11-24T13:00:00.000Z"),
+            ("2026-11-24T09:00:00.000Z", "2026-11-24T11:00:00.000Z"),
+        ] {
+            let filter = EventFilter {
+                since: Some(time(since)),
+                until: Some(time(until)),
+                ..Default::default()
+            };
+            for event in read_events(&conn, Path::new("t"), &filter).unwrap() {
+                let ts = event.value["seq"].as_i64().unwrap();
+                let stored: String = conn
+                    .query_row("SELECT ts FROM events WHERE seq = ?1", [ts], |r| r.get(0))
+                    .unwrap();
+                assert!(
+                    stored.as_str() >= since && stored.as_str() < until,
+                    "{stored}"
+                );
+            }
+        }
+    }
 }
