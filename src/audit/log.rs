@@ -81,6 +81,8 @@ struct Inner {
     reader: Arc<Mutex<()>>,
     /// The first segment's path (the configured database).
     db_path: PathBuf,
+    /// How the WAL was kept bounded (see `wal.rs`), for metrics.
+    wal_state: Arc<super::wal::WalState>,
     append_timeout: Duration,
     /// The key directory and the checkpoint signer, for exports made by the server
     /// (a run's evidence bundle).
@@ -183,7 +185,8 @@ impl AuditLog {
             &options.checkpoint_sinks,
             options.checkpoint_sink_ca.as_deref(),
         )?;
-        let wal = WalCheckpointer::start(&path, options.durability, sinks)?;
+        let wal_state = Arc::new(super::wal::WalState::default());
+        let wal = WalCheckpointer::start(&path, options.durability, sinks, wal_state.clone())?;
         let head_value =
             (state.frontier.size() > 0).then(|| (state.frontier.size(), hex::encode(state.prev)));
         let head = Arc::new(RwLock::new(head_value));
@@ -242,6 +245,7 @@ impl AuditLog {
                 permits: Arc::new(Semaphore::new(MAX_QUEUED_EVENTS)),
                 reader: Arc::new(Mutex::new(())),
                 db_path: base,
+                wal_state,
                 append_timeout: options.append_timeout,
                 key_dir: options.key_dir.clone(),
                 signer: keys.signer.clone(),
@@ -364,6 +368,16 @@ impl AuditLog {
     }
 
     /// The log's first segment (the configured database).
+    /// How often the WAL was started over after the writer's copy, and how often the
+    /// WAL thread had to truncate it instead (see `wal.rs`), since the log was opened.
+    pub fn wal_counters(&self) -> (u64, u64) {
+        let state = &self.inner.wal_state;
+        (
+            state.restarts.load(Ordering::Relaxed),
+            state.truncations.load(Ordering::Relaxed),
+        )
+    }
+
     pub fn db_path(&self) -> &std::path::Path {
         &self.inner.db_path
     }

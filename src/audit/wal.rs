@@ -58,7 +58,7 @@ struct Publish {
 
 /// What the WAL thread and the writer share to keep the WAL bounded (module docs).
 #[derive(Debug, Default)]
-pub(crate) struct WalState {
+pub struct WalState {
     /// Set by the WAL thread when the writer should run its between-commits checkpoint.
     restart_wanted: AtomicBool,
     /// Checkpoints the writer ran between commits that copied every frame (the WAL
@@ -85,9 +85,10 @@ impl WalCheckpointer {
         path: &Path,
         durability: Durability,
         sinks: Sinks,
+        state: Arc<WalState>,
     ) -> Result<Self, AuditError> {
         let conn = open(path, durability)?;
-        Self::spawn(conn, path, durability, sinks, Arc::default())
+        Self::spawn(conn, path, durability, sinks, state)
     }
 
     /// Whether the writer should run [`checkpoint_between_commits`] now.
@@ -432,9 +433,13 @@ mod tests {
         // The writer never copies: the rows are only in the WAL.
         let before = db_bytes();
         assert!(before < 100_000, "{before}");
-        let mut wal =
-            WalCheckpointer::start(&path, Durability::Full, Sinks::open(&[], None).unwrap())
-                .unwrap();
+        let mut wal = WalCheckpointer::start(
+            &path,
+            Durability::Full,
+            Sinks::open(&[], None).unwrap(),
+            Arc::default(),
+        )
+        .unwrap();
         wal.stop();
         assert!(db_bytes() > 1_000_000, "{}", db_bytes());
         let n: i64 = writer
@@ -585,7 +590,8 @@ mod tests {
             None,
         )
         .unwrap();
-        let mut wal = WalCheckpointer::start(&path, Durability::Normal, sinks).unwrap();
+        let mut wal =
+            WalCheckpointer::start(&path, Durability::Normal, sinks, Arc::default()).unwrap();
         for i in 0..50 {
             wal.publish(format!("note {i}"), i % 2 == 0);
         }

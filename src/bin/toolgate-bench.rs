@@ -290,6 +290,10 @@ struct Report {
     pub warmup: f64,
     pub rows: Vec<Row>,
     pub ratios: Vec<Ratio>,
+    /// The median time of one commit-sized sync on the data directory's file system
+    /// (16 KiB written over a file, then `fdatasync`), in ms: the unit of the FULL
+    /// one-client target. None when no FULL row was measured.
+    pub fsync_p50_ms: Option<f64>,
     pub targets: Vec<TargetCheck>,
 }
 
@@ -498,7 +502,12 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     }
     upstream.stop();
     let ratios = ratios(&rows);
-    let targets = targets(&rows, &ratios);
+    let fsync_p50_ms = if args.durability.contains(&BenchDurability::Full) {
+        Some(measure_fsync(&work.0)?)
+    } else {
+        None
+    };
+    let targets = targets(&rows, &ratios, fsync_p50_ms);
     Ok(Report {
         machine: machine(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -506,8 +515,39 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         warmup: args.warmup,
         rows,
         ratios,
+        fsync_p50_ms,
         targets,
     })
+}
+
+/// The median time, in ms, of writing 16 KiB (a one-event commit's WAL frames) over a
+/// 1 MiB file in `dir` and syncing it, 200 times: what a FULL commit waits for at least.
+fn measure_fsync(dir: &Path) -> Result<f64, BenchError> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join("fsync-probe");
+    let io = |what: &str| {
+        let what = format!("{what} {}", path.display());
+        move |error| BenchError::Io { what, error }
+    };
+    let file = std::fs::File::create(&path).map_err(io("cannot create"))?;
+    let page = vec![0x5a_u8; 16 * 1024];
+    for i in 0..64 {
+        file.write_all_at(&page, i * page.len() as u64)
+            .map_err(io("cannot write"))?;
+    }
+    file.sync_all().map_err(io("cannot sync"))?;
+    let mut times = Vec::with_capacity(200);
+    for i in 0..200_u64 {
+        let started = Instant::now();
+        file.write_all_at(&page, (i % 64) * page.len() as u64)
+            .map_err(io("cannot write"))?;
+        file.sync_data().map_err(io("cannot sync"))?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    times.sort_by(f64::total_cmp);
+    Ok(round(times[times.len() / 2], 3))
 }
 
 /// A temporary directory for the policy and the data dirs, removed when dropped.
@@ -1273,7 +1313,7 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
 /// The issues' targets for this machine class (2 cores, load generator alongside):
 /// issue 7's on the `builtin` tool, issue 19's on the demo's gated call (`case`) against
 /// the bare echo. A target whose rows were not measured is "not measured".
-fn targets(rows: &[Row], ratios: &[Ratio]) -> Vec<TargetCheck> {
+fn targets(rows: &[Row], ratios: &[Ratio], fsync_p50_ms: Option<f64>) -> Vec<TargetCheck> {
     let gateway = |tool: BenchTool, durability: BenchDurability, clients: usize| {
         rows.iter().find(|r| {
             r.path == "gateway"
@@ -1295,7 +1335,16 @@ fn targets(rows: &[Row], ratios: &[Ratio]) -> Vec<TargetCheck> {
     };
     use BenchDurability::{Full, Normal};
     use BenchTool::{Builtin, Case};
-    vec![
+    // FULL, one client: at most two single-commit syncs plus 0.25 ms over the echo.
+    let full_one = ratio(Case, Full, 1).map(|r| r.overhead_p50_ms);
+    let full_one_goal = fsync_p50_ms.map(|f| 2.0 * f + 0.25);
+    let full_one_check = TargetCheck {
+        name: "case p50 minus echo p50 ms, FULL, 1 client".into(),
+        goal: full_one_goal.map_or("<= 2 fsync + 0.25".into(), |g| format!("<= {g:.3}")),
+        measured: full_one,
+        met: full_one.zip(full_one_goal).map(|(m, g)| m <= g),
+    };
+    let mut checks = vec![
         check(
             "builtin calls/s through the gateway, FULL, 64 clients",
             ">= 14000",
@@ -1356,7 +1405,9 @@ fn targets(rows: &[Row], ratios: &[Ratio]) -> Vec<TargetCheck> {
             gateway(Case, Normal, 8).map(|r| r.p99_ms),
             |v| v < 3.0,
         ),
-    ]
+    ];
+    checks.insert(checks.len() - 1, full_one_check);
+    checks
 }
 
 fn machine() -> Machine {
@@ -1379,6 +1430,9 @@ fn machine() -> Machine {
 
 fn print_report(report: &Report) {
     let m = &report.machine;
+    if let Some(fsync) = report.fsync_p50_ms {
+        println!("\none commit-sized sync (16 KiB + fdatasync), p50: {fsync:.3} ms");
+    }
     println!(
         "\nmachine: {} x {} (kernel {}){}",
         m.nproc,

@@ -739,6 +739,7 @@ impl Gateway {
             audit_capacity,
             shadow_dropped: self.shadow().map(shadow::Shadow::dropped),
             connections,
+            audit_wal: Some(self.audit.wal_counters()),
         })
     }
 

@@ -136,6 +136,8 @@ pub struct ScrapeState<'a> {
     pub shadow_dropped: Option<u64>,
     /// Connections served in full and overflow connections open now.
     pub connections: Option<(usize, usize)>,
+    /// The audit WAL's restarts and truncations (`AuditLog::wal_counters`).
+    pub audit_wal: Option<(u64, u64)>,
 }
 
 /// What `/metrics` shows of the audit log's capacity.
@@ -456,6 +458,23 @@ impl Metrics {
                 );
             }
         }
+        if let Some((restarts, truncations)) = state.audit_wal {
+            let counter = |value: u64| {
+                let c = Counter::<u64>::default();
+                c.inc_by(value);
+                c
+            };
+            scraped.register(
+                "audit_wal_restarts",
+                "Times the audit writer copied the rest of the WAL between two commits so that the WAL started over (keeps it bounded under load)",
+                counter(restarts),
+            );
+            scraped.register(
+                "audit_wal_truncations",
+                "Times the WAL thread had to truncate the audit WAL, holding the write lock (a reader kept it from starting over)",
+                counter(truncations),
+            );
+        }
         if let Some((full, overflow)) = state.connections {
             let family = Family::<ConnectionLabels, Gauge<i64>>::default();
             family
@@ -621,6 +640,7 @@ mod tests {
             audit_capacity: None,
             shadow_dropped: None,
             connections: None,
+            audit_wal: Some((3, 0)),
         })
     }
 
@@ -643,6 +663,8 @@ mod tests {
         assert!(text.contains(r#"toolgate_call_refusals_total{reason="lane_unknown",step="4"} 1"#));
         assert!(text.contains("toolgate_call_overhead_seconds_count 1"));
         assert!(text.contains("toolgate_safety_lock_engaged 1"));
+        assert!(text.contains("toolgate_audit_wal_restarts_total 3"));
+        assert!(text.contains("toolgate_audit_wal_truncations_total 0"));
         assert!(
             text.contains(r#"toolgate_policy_info{roles="1.0.0",lanes="1.1.0",registry="2.0.0""#)
         );

@@ -120,6 +120,21 @@ fn soak_64_clients_keeps_the_wal_bounded_and_rss_flat() {
     let early = peak(&samples[..quarter]);
     let late = peak(&samples[samples.len() - quarter..]);
     let db_bytes = std::fs::metadata(&db).map_or(0, |m| m.len());
+    let metrics = ureq::get(format!("{}/metrics", server.base))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let counter = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    };
+    let restarts = counter("toolgate_audit_wal_restarts_total ");
+    let truncations = counter("toolgate_audit_wal_truncations_total ");
+    eprintln!("soak: the WAL started over {restarts} times, was truncated {truncations} times");
     eprintln!(
         "soak: {seconds}s, 64 clients, durability {durability}: {total} calls ({:.0}/s), {} refused at max_concurrency, {} errors; \
          WAL max {:.1} MiB; RSS first quarter peak {:.1} MiB, last quarter peak {:.1} MiB; database {:.0} MiB",
@@ -132,6 +147,13 @@ fn soak_64_clients_keeps_the_wal_bounded_and_rss_flat() {
         db_bytes as f64 / 1048576.0,
     );
     assert!(max_wal < WAL_BOUND, "WAL reached {max_wal} bytes");
+    // Kept bounded by starting over after the writer's copy, not by truncations that
+    // hold the write lock (no reader holds old frames here).
+    assert!(
+        db_bytes < 64 << 20 || restarts > 0,
+        "{db_bytes} bytes written, no restart"
+    );
+    assert_eq!(truncations, 0);
     assert!(
         late <= early + early / 4 + 16 * 1024 * 1024,
         "RSS grew from {early} to {late}"
