@@ -338,10 +338,7 @@ pub fn init(
     let logs = tracing_subscriber::fmt::layer().with_writer(writer);
     let logs = match format {
         LogFormat::Json => logs
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
+            .event_format(super::json_log::JsonLines)
             .with_filter(events_only)
             .boxed(),
         LogFormat::Text => logs.with_filter(events_only).boxed(),
