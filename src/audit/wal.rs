@@ -474,6 +474,16 @@ mod tests {
         writer.execute_batch("COMMIT").unwrap();
     }
 
+    /// A connection in the middle of a read: it keeps the frames it sees in use.
+    fn reading(path: &Path) -> Connection {
+        let reader = Connection::open(path).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        reader
+    }
+
     /// One step of sustained load as the WAL thread sees it: a commit lands while a
     /// round copies, so the round copies everything but that commit (a reader pinned
     /// at the frames before it stands in for the timing).
@@ -483,11 +493,7 @@ mod tests {
         path: &Path,
         state: &WalState,
     ) {
-        let reader = Connection::open(path).unwrap();
-        reader.execute_batch("BEGIN").unwrap();
-        let _: i64 = reader
-            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-            .unwrap();
+        let reader = reading(path);
         commit(writer, 10);
         checkpoint(rounds, path, state, SMALL);
         reader.execute_batch("COMMIT").unwrap();
@@ -552,11 +558,7 @@ mod tests {
         let rounds = open(&path, Durability::Normal).unwrap();
         let state = WalState::default();
         commit(&writer, 10);
-        let reader = Connection::open(&path).unwrap();
-        reader.execute_batch("BEGIN").unwrap();
-        let _: i64 = reader
-            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-            .unwrap();
+        let reader = reading(&path);
         while wal_bytes(&path) <= SMALL.truncate_bytes {
             commit(&writer, 10);
             if state.restart_wanted.load(Ordering::Relaxed) {

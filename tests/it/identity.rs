@@ -374,12 +374,7 @@ fn no_run_token_appears_in_logs_metrics_or_the_audit_log() {
     let secret = &t[4..];
     assert!(server.log_lines_with(&secret[..24]).is_empty());
 
-    let metrics = ureq::get(format!("{}/metrics", server.base))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = server.metrics();
     assert!(metrics.contains("toolgate_"), "{metrics}");
     assert!(!metrics.contains(&secret[..24]));
 

@@ -120,12 +120,7 @@ fn soak_64_clients_keeps_the_wal_bounded_and_rss_flat() {
     let early = peak(&samples[..quarter]);
     let late = peak(&samples[samples.len() - quarter..]);
     let db_bytes = std::fs::metadata(&db).map_or(0, |m| m.len());
-    let metrics = ureq::get(format!("{}/metrics", server.base))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = server.metrics();
     let counter = |name: &str| -> u64 {
         metrics
             .lines()

@@ -281,6 +281,16 @@ impl Server {
     }
 
     /// Creates a run bound to `scope` and returns its id.
+    /// The text of `/metrics`.
+    pub fn metrics(&self) -> String {
+        ureq::get(format!("{}/metrics", self.base))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_to_string()
+            .unwrap()
+    }
+
     pub fn create_run(&self, scope: Value) -> String {
         let (status, body) = self.post("/v1/runs", Some(ADMIN), &json!({ "scope": scope }));
         assert_eq!(status, 201, "{body}");
