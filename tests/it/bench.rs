@@ -63,7 +63,17 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
         }
     }
     assert_eq!(report["ratios"].as_array().unwrap().len(), 16);
-    assert_eq!(report["targets"].as_array().unwrap().len(), 10);
+    let targets = report["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 11);
+    // The FULL one-client target is checked against a sync measured in this run.
+    let fsync = report["fsync_p50_ms"].as_f64().unwrap();
+    assert!(fsync > 0.0, "{fsync}");
+    let full_one = targets
+        .iter()
+        .find(|t| t["name"] == "case p50 minus echo p50 ms, FULL, 1 client")
+        .unwrap();
+    assert_eq!(full_one["goal"], format!("<= {:.3}", 2.0 * fsync + 0.25));
+    assert!(full_one["measured"].is_f64(), "{full_one}");
     assert!(
         rows.iter()
             .any(|r| r["path"] == "direct" && r["tool"] == "echo"),
