@@ -1202,6 +1202,11 @@ async fn measure(
     })
 }
 
+/// How long a client that counted no call in its window goes on for one (see
+/// `Client::run`). Only a machine stalled for the whole window gets there; the server's
+/// CPU is still sampled over the window itself.
+const OVERTIME: Duration = Duration::from_secs(30);
+
 enum Client {
     Adapter(Arc<Loaded>),
     Http {
@@ -1236,7 +1241,12 @@ impl Client {
         let arguments = json!({});
         loop {
             let started = Instant::now();
-            if started >= end || latencies.len() >= most {
+            // A client that has counted nothing yet (the machine stalled through the
+            // whole window) goes on until it counts one call, for at most OVERTIME:
+            // a row is never empty.
+            let counted_none = latencies.is_empty() && errors == 0;
+            let overtime = counted_none && started < end + OVERTIME;
+            if (started >= end && !overtime) || latencies.len() >= most {
                 break;
             }
             let ok = match &mut self {
@@ -1256,7 +1266,7 @@ impl Client {
                 },
             };
             let done = Instant::now();
-            if started >= counted_from && done <= end {
+            if started >= counted_from && (done <= end || counted_none) {
                 if ok {
                     latencies.push(done.duration_since(started).as_nanos() as u64);
                 } else {
@@ -1266,8 +1276,13 @@ impl Client {
             }
         }
         // A client that reached its share of calls stopped early: its window ends
-        // with its last call; every other client's window is the whole measurement.
-        let stopped = if latencies.len() >= most { last } else { end };
+        // with its last call, as does one that went on past the end for its first
+        // call; every other client's window is the whole measurement.
+        let stopped = if latencies.len() >= most || last > end {
+            last
+        } else {
+            end
+        };
         ClientDone {
             latencies,
             errors,
