@@ -135,6 +135,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use serde_json::{Value, json};
+    use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
@@ -156,9 +157,13 @@ mod tests {
     fn logged(emit: impl FnOnce()) -> Vec<Value> {
         let captured = Captured::default();
         let sink = captured.clone();
+        // Events only, as in `trace::init`: a layer interested in spans would make the
+        // process-wide interest of span callsites "always" while it lives, and spans
+        // made on other test threads then stop being disabled.
         let layer = tracing_subscriber::fmt::layer()
             .event_format(JsonLines)
-            .with_writer(move || sink.clone());
+            .with_writer(move || sink.clone())
+            .with_filter(tracing_subscriber::filter::filter_fn(|m| m.is_event()));
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::with_default(subscriber, emit);
         let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
