@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{
     ALLOW, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_SECURITY_POLICY, CONTENT_TYPE,
@@ -803,19 +803,32 @@ async fn mcp_unauthorized(gateway: &Gateway, req: &Request<Incoming>) -> Option<
 /// Reads the whole body, refusing one over the size limit or slower than the timeout.
 async fn read_body(req: Request<Incoming>, options: &ServerOptions) -> Result<Bytes, Refusal> {
     let limit = options.max_body_bytes;
-    if let Some(len) = req.headers().get(hyper::header::CONTENT_LENGTH)
-        && let Some(len) = len.to_str().ok().and_then(|s| s.parse::<u64>().ok())
-        && len > limit as u64
-    {
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|len| len.to_str().ok()?.parse::<u64>().ok());
+    let mut body = req.into_body();
+    if declared.is_some_and(|len| len > limit as u64) {
+        drain(&mut body, options.read_timeout).await;
         return Err(too_large(limit));
     }
-    let collect = Limited::new(req.into_body(), limit).collect();
-    match tokio::time::timeout(options.read_timeout, collect).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e))
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
+    let mut collected = Vec::new();
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame?.into_data() else {
+                continue;
+            };
+            if collected.len() + data.len() > limit {
+                return Ok(false);
+            }
+            collected.extend_from_slice(&data);
+        }
+        Ok::<bool, hyper::Error>(true)
+    };
+    match tokio::time::timeout(options.read_timeout, read).await {
+        Ok(Ok(true)) => Ok(Bytes::from(collected)),
+        Ok(Ok(false)) => {
+            drain(&mut body, options.read_timeout).await;
             Err(too_large(limit))
         }
         Ok(Err(e)) => Err(Refusal::new(
@@ -827,6 +840,29 @@ async fn read_body(req: Request<Incoming>, options: &ServerOptions) -> Result<By
             "the body was not received in time",
         )),
     }
+}
+
+/// After an over-limit body is refused, at most this much more of it is read and
+/// dropped, for at most [`DRAIN_TIME`]: a client still sending it can then read the 413
+/// (closing a connection with unread data resets it, and the client gets a broken pipe
+/// instead of the answer). What a caller can make the server read stays bounded.
+const DRAIN_BYTES: usize = 8 * 1024 * 1024;
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+async fn drain(body: &mut Incoming, read_timeout: Duration) {
+    let mut left = DRAIN_BYTES;
+    let _ = tokio::time::timeout(read_timeout.min(DRAIN_TIME), async {
+        while left > 0 {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    let read = frame.data_ref().map_or(0, Bytes::len);
+                    left = left.saturating_sub(read);
+                }
+                _ => break,
+            }
+        }
+    })
+    .await;
 }
 
 fn too_large(limit: usize) -> Refusal {
