@@ -812,21 +812,25 @@ async fn read_body(req: Request<Incoming>, options: &ServerOptions) -> Result<By
         drain(&mut body, options.read_timeout).await;
         return Err(too_large(limit));
     }
-    let mut collected = Vec::new();
+    // The frames as they came: a body in one frame (the usual case) is not copied.
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut total = 0;
     let read = async {
         while let Some(frame) = body.frame().await {
             let Ok(data) = frame?.into_data() else {
                 continue;
             };
-            if collected.len() + data.len() > limit {
+            total += data.len();
+            if total > limit {
                 return Ok(false);
             }
-            collected.extend_from_slice(&data);
+            frames.push(data);
         }
         Ok::<bool, hyper::Error>(true)
     };
     match tokio::time::timeout(options.read_timeout, read).await {
-        Ok(Ok(true)) => Ok(Bytes::from(collected)),
+        Ok(Ok(true)) if frames.len() <= 1 => Ok(frames.pop().unwrap_or_default()),
+        Ok(Ok(true)) => Ok(Bytes::from(frames.concat())),
         Ok(Ok(false)) => {
             drain(&mut body, options.read_timeout).await;
             Err(too_large(limit))
