@@ -32,9 +32,22 @@ const TIMESTAMP: &[FormatItem<'static>] =
 /// `timestamp_utc`: RFC 3339, UTC, millisecond precision, fixed width (so that string
 /// order is time order).
 pub fn format_timestamp(at: OffsetDateTime) -> String {
-    at.to_offset(time::UtcOffset::UTC)
-        .format(TIMESTAMP)
-        .unwrap_or_default()
+    let at = at.to_offset(time::UtcOffset::UTC);
+    if !(0..=9999).contains(&at.year()) {
+        return at.format(TIMESTAMP).unwrap_or_default();
+    }
+    // The same text as TIMESTAMP, written directly: the writer stamps every commit
+    // with it, and the format description's interpreter cost a few microseconds.
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.millisecond()
+    )
 }
 
 /// The `event_id` of the event with this seq.
@@ -269,6 +282,29 @@ mod tests {
     use crate::canonical::to_canonical_string;
     use crate::policy::FileVersion;
     use serde_json::json;
+
+    #[test]
+    fn timestamps_are_written_as_the_format_description_writes_them() {
+        use time::macros::datetime;
+        let instants = [
+            datetime!(2026-11-24 07:05:09.000 UTC),
+            datetime!(2026-01-01 00:00:00.001 UTC),
+            datetime!(1999-12-31 23:59:59.999999 UTC),
+            datetime!(0001-02-03 04:05:06.078 UTC),
+            datetime!(9999-12-31 23:59:59.9999 UTC),
+            datetime!(2026-11-24 01:30:00.5 +05:30),
+            datetime!(2026-03-01 23:00:00.123 -02:00),
+            datetime!(0000-01-01 00:00:00 UTC),
+            datetime!(-0001-12-31 23:59:59.25 UTC),
+        ];
+        for at in instants {
+            let slow = at
+                .to_offset(time::UtcOffset::UTC)
+                .format(TIMESTAMP)
+                .unwrap();
+            assert_eq!(format_timestamp(at), slow, "{at}");
+        }
+    }
 
     fn full_event() -> NewEvent {
         let mut e = NewEvent::new(EventType::ToolExecuted);
