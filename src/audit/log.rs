@@ -1304,6 +1304,38 @@ mod tests {
         conn
     }
 
+    /// A batch's transaction commits what it wrote; one dropped after a failed
+    /// statement (or never committed) leaves nothing behind and the connection ready for
+    /// the next batch.
+    #[test]
+    fn a_batch_transaction_commits_or_rolls_back_whole() {
+        let conn = events(1, 0, &["2026-11-24T10:00:00.000Z"]);
+        let insert = |conn: &Connection, seq: i64| {
+            conn.execute(
+                "INSERT INTO events VALUES (?1, 'e', 'tool_requested', 'r', 't', 'l', 'h')",
+                params![seq],
+            )
+        };
+        let count = |conn: &Connection| -> i64 {
+            conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+                .unwrap()
+        };
+        {
+            let tx = BatchTransaction::begin(&conn).unwrap();
+            insert(&tx, 2).unwrap();
+            // seq 1 exists: the batch's second statement fails, as a write can.
+            assert!(insert(&tx, 1).is_err());
+        }
+        assert!(conn.is_autocommit());
+        assert_eq!(count(&conn), 1);
+        let tx = BatchTransaction::begin(&conn).unwrap();
+        insert(&tx, 2).unwrap();
+        insert(&tx, 3).unwrap();
+        tx.commit().unwrap();
+        assert!(conn.is_autocommit());
+        assert_eq!(count(&conn), 3);
+    }
+
     fn time(ts: &str) -> OffsetDateTime {
         OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).unwrap()
     }
