@@ -599,46 +599,7 @@ pub(crate) fn read_events(
     filter: &EventFilter,
 ) -> Result<Vec<StoredEvent>, AuditError> {
     let map = |e: rusqlite::Error| map_sqlite(&e, path);
-    let mut sql = String::from("SELECT seq, line FROM events WHERE seq > ?");
-    let mut args: Vec<rusqlite::types::Value> =
-        vec![(filter.after_seq.min(i64::MAX as u64) as i64).into()];
-    if let Some(run) = &filter.run_id {
-        sql.push_str(" AND run_id = ?");
-        args.push(run.clone().into());
-    }
-    if !filter.event_types.is_empty() {
-        sql.push_str(" AND type IN (");
-        sql.push_str(&vec!["?"; filter.event_types.len()].join(", "));
-        sql.push(')');
-        args.extend(
-            filter
-                .event_types
-                .iter()
-                .map(|t| t.as_str().to_string().into()),
-        );
-    }
-    // The time bounds become seq bounds (no index on ts); the ts conditions stay, so
-    // a row out of order (a database edited by hand) is still never returned.
-    if let Some(since) = filter.since {
-        let since = format_timestamp(since);
-        sql.push_str(" AND seq >= ? AND ts >= ?");
-        args.push(seq_bound(conn, &since).map_err(map)?.into());
-        args.push(since.into());
-    }
-    if let Some(until) = filter.until {
-        let until = format_timestamp(until);
-        sql.push_str(" AND seq < ? AND ts < ?");
-        args.push(seq_bound(conn, &until).map_err(map)?.into());
-        args.push(until.into());
-    }
-    let limit = if filter.limit == 0 {
-        -1
-    } else {
-        filter.limit.min(i64::MAX as usize) as i64
-    };
-    // LIMIT -1: no limit.
-    sql.push_str(" ORDER BY seq LIMIT ?");
-    args.push(limit.into());
+    let (sql, args) = events_query(conn, filter).map_err(map)?;
     let mut stmt = conn.prepare_cached(&sql).map_err(map)?;
     let rows = stmt
         .query_map(rusqlite::params_from_iter(args), |r| {
@@ -655,6 +616,63 @@ pub(crate) fn read_events(
         out.push(StoredEvent { seq, line, value });
     }
     Ok(out)
+}
+
+/// The query of [`read_events`] and its arguments.
+fn events_query(
+    conn: &Connection,
+    filter: &EventFilter,
+) -> rusqlite::Result<(String, Vec<rusqlite::types::Value>)> {
+    let mut sql = String::from("SELECT seq, line FROM events WHERE seq > ?");
+    let mut args: Vec<rusqlite::types::Value> =
+        vec![(filter.after_seq.min(i64::MAX as u64) as i64).into()];
+    if let Some(run) = &filter.run_id {
+        sql.push_str(" AND run_id = ?");
+        args.push(run.clone().into());
+    }
+    if !filter.event_types.is_empty() {
+        sql.push_str(" AND type IN (");
+        sql.push_str(&vec!["?"; filter.event_types.len()].join(", "));
+        sql.push(')');
+        if !filter
+            .event_types
+            .iter()
+            .any(|t| store::UNINDEXED_TYPES.contains(t))
+        {
+            // Lets SQLite use the partial index on the other types (store.rs).
+            sql.push_str(" AND ");
+            sql.push_str(store::UNINDEXED_TYPES_TERM);
+        }
+        args.extend(
+            filter
+                .event_types
+                .iter()
+                .map(|t| t.as_str().to_string().into()),
+        );
+    }
+    // The time bounds become seq bounds (no index on ts); the ts conditions stay, so
+    // a row out of order (a database edited by hand) is still never returned.
+    if let Some(since) = filter.since {
+        let since = format_timestamp(since);
+        sql.push_str(" AND seq >= ? AND ts >= ?");
+        args.push(seq_bound(conn, &since)?.into());
+        args.push(since.into());
+    }
+    if let Some(until) = filter.until {
+        let until = format_timestamp(until);
+        sql.push_str(" AND seq < ? AND ts < ?");
+        args.push(seq_bound(conn, &until)?.into());
+        args.push(until.into());
+    }
+    let limit = if filter.limit == 0 {
+        -1
+    } else {
+        filter.limit.min(i64::MAX as usize) as i64
+    };
+    // LIMIT -1: no limit.
+    sql.push_str(" ORDER BY seq LIMIT ?");
+    args.push(limit.into());
+    Ok((sql, args))
 }
 
 /// The first seq whose timestamp is at or after `ts` (one past the last event when
@@ -1334,6 +1352,135 @@ mod tests {
         tx.commit().unwrap();
         assert!(conn.is_autocommit());
         assert_eq!(count(&conn), 3);
+    }
+
+    /// A database with the writer's schema and events of these types, seq 1 on.
+    fn typed_events(dir: &Path, types: &[crate::audit::EventType]) -> Connection {
+        let path = dir.join("audit.db");
+        let conn =
+            store::open_writer(&path, Durability::Normal, Duration::from_secs(1), None).unwrap();
+        for (i, t) in types.iter().enumerate() {
+            let seq = i as i64 + 1;
+            conn.execute(
+                INSERT_EVENT,
+                params![
+                    seq,
+                    event_id(seq as u64),
+                    t.as_str(),
+                    "r",
+                    "2026-11-24T10:00:00.000Z",
+                    format!("{{\"seq\":{seq}}}"),
+                    "h"
+                ],
+            )
+            .unwrap();
+        }
+        conn
+    }
+
+    fn plan(conn: &Connection, filter: &EventFilter) -> String {
+        let (sql, args) = events_query(conn, filter).unwrap();
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(3))
+            .unwrap();
+        rows.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+    }
+
+    /// The type index leaves out the two events of every call; a query on other types
+    /// uses it, one on those two scans along seq, and both return what a scan returns.
+    #[test]
+    fn the_partial_type_index_serves_the_rarer_types_and_every_filter_is_exact() {
+        use crate::audit::EventType::*;
+        let dir = tempfile::tempdir().unwrap();
+        let mut types = Vec::new();
+        for i in 0..40 {
+            types.extend([ToolRequested, ToolExecuted]);
+            if i % 7 == 0 {
+                types.extend([ApprovalGranted, ToolRequested, ToolDenied]);
+            }
+            if i % 11 == 0 {
+                types.push(SafetyLockEngaged);
+            }
+        }
+        let conn = typed_events(dir.path(), &types);
+        let filters: [&[crate::audit::EventType]; 6] = [
+            &[ApprovalGranted],
+            &[SafetyLockEngaged, SafetyLockReleased],
+            &[ToolDenied],
+            &[ToolExecuted],
+            &[ToolRequested, ToolDenied],
+            &[],
+        ];
+        for wanted in filters {
+            let filter = EventFilter {
+                event_types: wanted.to_vec(),
+                ..EventFilter::default()
+            };
+            let got: Vec<u64> = read_events(&conn, Path::new("audit.db"), &filter)
+                .unwrap()
+                .iter()
+                .map(|e| e.seq)
+                .collect();
+            let scan: Vec<u64> = (1..=types.len() as u64)
+                .filter(|&seq| wanted.is_empty() || wanted.contains(&types[seq as usize - 1]))
+                .collect();
+            assert_eq!(got, scan, "{wanted:?}");
+            let plan = plan(&conn, &filter);
+            let indexed =
+                !wanted.is_empty() && !wanted.iter().any(|t| store::UNINDEXED_TYPES.contains(t));
+            assert_eq!(
+                plan.contains("events_type_rare"),
+                indexed,
+                "{wanted:?}: {plan}"
+            );
+        }
+        // The schema's index condition is the term the queries repeat.
+        let index_sql: String = conn
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE name = 'events_type_rare'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(
+            index_sql.ends_with(&format!("WHERE {}", store::UNINDEXED_TYPES_TERM)),
+            "{index_sql}"
+        );
+        for t in store::UNINDEXED_TYPES {
+            assert!(store::UNINDEXED_TYPES_TERM.contains(&format!("'{}'", t.as_str())));
+        }
+    }
+
+    /// A database written before the partial index gets it (and loses the full one)
+    /// when the writer opens it.
+    #[test]
+    fn an_older_database_gets_the_partial_type_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = typed_events(
+            dir.path(),
+            &[
+                crate::audit::EventType::ToolRequested,
+                crate::audit::EventType::RunCreated,
+            ],
+        );
+        conn.execute_batch(
+            "DROP INDEX events_type_rare; CREATE INDEX events_type ON events (type);",
+        )
+        .unwrap();
+        drop(conn);
+        let path = dir.path().join("audit.db");
+        let conn =
+            store::open_writer(&path, Durability::Normal, Duration::from_secs(1), None).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events' ORDER BY name")
+            .unwrap();
+        let names: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(names, ["events_run_id", "events_type_rare"]);
     }
 
     fn time(ts: &str) -> OffsetDateTime {
