@@ -44,7 +44,7 @@ pub fn write_canonical(value: &Value, out: &mut String) {
         }
         Value::Object(map) => {
             out.push('{');
-            for (i, (key, item)) in sorted_entries(map).into_iter().enumerate() {
+            for (i, (key, item)) in sorted_entries(map).enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
@@ -105,17 +105,39 @@ pub fn write_string(s: &str, out: &mut String) {
 }
 
 /// The entries of `map` in RFC 8785 order: by the keys' UTF-16 code units.
-pub fn sorted_entries(map: &Map<String, Value>) -> Vec<(&String, &Value)> {
-    let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-    // The map is usually sorted by UTF-8 bytes already, which is the same order
-    // unless a key holds a character beyond U+FFFF; sort only when needed.
-    if !entries
-        .windows(2)
-        .all(|w| utf16_cmp(w[0].0, w[1].0) == Ordering::Less)
-    {
-        entries.sort_by(|a, b| utf16_cmp(a.0, b.0));
+pub fn sorted_entries(map: &Map<String, Value>) -> SortedEntries<'_> {
+    // The map is sorted by UTF-8 bytes, which is the same order unless a key holds a
+    // character beyond U+FFFF: a map in order is walked as it is, without collecting
+    // its entries (issue 19); only another is sorted.
+    let in_order = map
+        .keys()
+        .zip(map.keys().skip(1))
+        .all(|(a, b)| utf16_cmp(a, b) == Ordering::Less);
+    if in_order {
+        return SortedEntries::InOrder(map.iter());
     }
-    entries
+    let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+    entries.sort_by(|a, b| utf16_cmp(a.0, b.0));
+    SortedEntries::Sorted(entries.into_iter())
+}
+
+/// The entries of a map in RFC 8785 order ([`sorted_entries`]).
+pub enum SortedEntries<'a> {
+    /// The map's own order is already RFC 8785 order.
+    InOrder(serde_json::map::Iter<'a>),
+    /// The entries, sorted.
+    Sorted(std::vec::IntoIter<(&'a String, &'a Value)>),
+}
+
+impl<'a> Iterator for SortedEntries<'a> {
+    type Item = (&'a String, &'a Value);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            SortedEntries::InOrder(entries) => entries.next(),
+            SortedEntries::Sorted(entries) => entries.next(),
+        }
+    }
 }
 
 /// Compares two strings by their UTF-16 code units (RFC 8785 key order).

@@ -258,11 +258,14 @@ impl Adapter {
         ctx: ExecContext<'_>,
         signals: &CallSignals,
     ) -> Result<Value, ExecError> {
+        // Each adapter's work is boxed: the largest of them (HTTP, MCP) would otherwise
+        // size the call's whole state machine, and every move of it (into the deadline,
+        // the trace span, the task) copied those kilobytes on every call (issue 19).
         match self {
-            Adapter::Builtin(b) => b.execute(tool, arguments, ctx).await,
-            Adapter::Command(c) => c.execute(tool, arguments, ctx).await,
-            Adapter::Http(h) => h.execute(tool, arguments, ctx).await,
-            Adapter::Mcp(m) => m.execute(arguments, ctx, signals).await,
+            Adapter::Builtin(b) => Box::pin(b.execute(tool, arguments, ctx)).await,
+            Adapter::Command(c) => Box::pin(c.execute(tool, arguments, ctx)).await,
+            Adapter::Http(h) => Box::pin(h.execute(tool, arguments, ctx)).await,
+            Adapter::Mcp(m) => Box::pin(m.execute(arguments, ctx, signals)).await,
             Adapter::NotImplemented { kind } => Err(ExecError::NotImplemented(format!(
                 "the {kind} adapter is not available in this build"
             ))),

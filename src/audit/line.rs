@@ -115,7 +115,7 @@ fn write_portable_map(
     out: &mut String,
 ) -> Result<(), AuditError> {
     out.push('{');
-    for (i, (key, item)) in sorted_entries(map).into_iter().enumerate() {
+    for (i, (key, item)) in sorted_entries(map).enumerate() {
         if i > 0 {
             out.push(',');
         }

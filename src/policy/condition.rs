@@ -82,6 +82,32 @@ struct Compiled {
     ast: IdedExpr,
     /// The arguments it reads (`args.a.b` as `/a/b`), with where in the expression.
     arg_refs: Vec<ArgRef>,
+    /// The variables ([`VARIABLE_NAMES`]) it names: only these are handed to the
+    /// evaluator (issue 19).
+    roots: Vec<&'static str>,
+}
+
+/// The variables a condition sees, in the order [`Variables::new`] lists them.
+const VARIABLE_NAMES: [&str; 6] = ["args", "scope", "run", "caller", "tool", "lane"];
+
+/// The variables of [`VARIABLE_NAMES`] that `ast` names anywhere (any identifier of
+/// that name, so none the evaluator may look up is left out).
+fn roots(ast: &IdedExpr) -> Vec<&'static str> {
+    let mut named = [false; VARIABLE_NAMES.len()];
+    let mut stack = vec![ast];
+    while let Some(e) = stack.pop() {
+        if let Expr::Ident(name) = &e.expr
+            && let Some(i) = VARIABLE_NAMES.iter().position(|v| v == name)
+        {
+            named[i] = true;
+        }
+        stack.extend(children(e));
+    }
+    VARIABLE_NAMES
+        .iter()
+        .zip(named)
+        .filter_map(|(name, named)| named.then_some(*name))
+        .collect()
 }
 
 /// An argument a condition reads, as a JSON pointer into the arguments.
@@ -122,9 +148,10 @@ impl Outcome {
     }
 }
 
-/// The values a condition sees on one call, converted once per call.
+/// The values a condition sees on one call, each converted to CEL at most once per
+/// call, and only if a condition names it.
 pub struct Variables {
-    values: Vec<(&'static str, CelValue)>,
+    values: Vec<(&'static str, Value, OnceLock<CelValue>)>,
     /// The largest list or map anywhere in the values: what a comprehension may iterate.
     largest: u64,
 }
@@ -142,16 +169,20 @@ pub struct Inputs<'a> {
 impl Variables {
     pub fn new(inputs: Inputs<'_>) -> Variables {
         let json = [
-            ("args", inputs.args.clone()),
-            ("scope", Value::Object(inputs.scope.clone())),
-            ("run", inputs.run),
-            ("caller", inputs.caller),
-            ("tool", inputs.tool),
-            ("lane", Value::String(inputs.lane.to_string())),
+            inputs.args.clone(),
+            Value::Object(inputs.scope.clone()),
+            inputs.run,
+            inputs.caller,
+            inputs.tool,
+            Value::String(inputs.lane.to_string()),
         ];
-        let largest = json.iter().map(|(_, v)| largest_container(v)).max();
+        let largest = json.iter().map(largest_container).max();
         Variables {
-            values: json.iter().map(|(k, v)| (*k, to_cel(v))).collect(),
+            values: VARIABLE_NAMES
+                .into_iter()
+                .zip(json)
+                .map(|(name, value)| (name, value, OnceLock::new()))
+                .collect(),
             largest: largest.unwrap_or(0),
         }
     }
@@ -219,8 +250,11 @@ impl Condition {
             ));
         }
         let mut context = Context::with_env(env().clone());
-        for (name, value) in &vars.values {
-            context.add_variable_from_value(*name, value.clone());
+        for (name, json, cel) in &vars.values {
+            if self.compiled.roots.contains(name) {
+                let value = cel.get_or_init(|| to_cel(json)).clone();
+                context.add_variable_from_value(*name, value);
+            }
         }
         let ast = &self.compiled.ast;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -425,6 +459,7 @@ fn parse_and_check(expr: &str) -> Result<Compiled, Vec<CompileError>> {
     }
     if walk.problems.is_empty() {
         Ok(Compiled {
+            roots: roots(&ast),
             ast,
             arg_refs: walk.arg_refs,
         })
@@ -786,6 +821,37 @@ mod tests {
         );
         let v = vars(json!({}), json!({"service": "checkout"}));
         assert_eq!(c.evaluate(&v), Outcome::True);
+    }
+
+    #[test]
+    fn only_the_variables_a_condition_names_are_handed_over_and_each_is_converted_once() {
+        let c = check("scope.case_id == run.scope.case_id && args.items.all(x, x != lane)");
+        assert_eq!(c.compiled.roots, ["args", "scope", "run", "lane"]);
+        assert_eq!(
+            check("caller.role == tool.name").compiled.roots,
+            ["caller", "tool"]
+        );
+        assert!(check("1 == 1").compiled.roots.is_empty());
+        let v = vars(
+            json!({"items": ["a", "b"], "case_id": "C-1"}),
+            json!({"case_id": "C-1", "service": "x"}),
+        );
+        assert_eq!(c.evaluate(&v), Outcome::True);
+        // Converted on first use, and only what was named.
+        let converted: Vec<&str> = v
+            .values
+            .iter()
+            .filter(|(_, _, cel)| cel.get().is_some())
+            .map(|(name, _, _)| *name)
+            .collect();
+        assert_eq!(converted, ["args", "scope", "run", "lane"]);
+        // A second condition over the same call sees the same values.
+        assert_eq!(
+            check("caller.role == 'ops_agent'").evaluate(&v),
+            Outcome::True
+        );
+        let v = vars(json!({"items": ["remediate"]}), json!({"case_id": "C-1"}));
+        assert_eq!(c.evaluate(&v), Outcome::False);
     }
 
     #[test]
