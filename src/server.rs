@@ -718,9 +718,12 @@ fn public_base(gateway: &Gateway, req: &Request<Incoming>) -> String {
 /// its authorization servers. None for any other request.
 fn protected_resource_metadata(gateway: &Gateway, req: &Request<Incoming>) -> Option<HttpResponse> {
     let path = req.uri().path();
-    let suffixed = format!("{RESOURCE_METADATA}{}", crate::mcp::front::ENDPOINT);
-    if path != RESOURCE_METADATA && path != suffixed {
-        return None;
+    // The bare path or the one suffixed with the MCP endpoint; checked without
+    // building a string, as every request passes here.
+    match path.strip_prefix(RESOURCE_METADATA) {
+        Some("") => {}
+        Some(rest) if rest == crate::mcp::front::ENDPOINT => {}
+        _ => return None,
     }
     let loaded = gateway.current();
     let providers = &loaded.policy.identity.providers;
