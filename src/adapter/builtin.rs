@@ -10,7 +10,8 @@
 //! out of the folder nor make flag rules (evaluated on the normalized path, e.g.
 //! `privileged/`) see another file than the one read. `case_lookup` and
 //! `file_with_court` open their files the same way beneath `data/cases/` and
-//! `<data_dir>/drafts/`. `draft_document`
+//! `<data_dir>/drafts/`; those two folders are kept open for at most
+//! [`FOLDER_REOPEN_AFTER`] (`DataFolder`), the files beneath them opened on every call. `draft_document`
 //! writes only inside `<data_dir>/drafts/<case_id>/`. `case_id` must be a plain
 //! identifier before it is used in a path.
 //!

@@ -174,40 +174,50 @@ fn policy_versions_text(versions: &PolicyVersions) -> String {
 
 /// Canonicalizes the event's fields; fails on an event too large or too deep.
 pub(crate) fn prepare(event: &NewEvent) -> Result<Prepared, AuditError> {
+    // Pushed in key order, so the sort below (kept as the guarantee) finds them sorted.
     let mut fields: Vec<(&'static str, String)> = Vec::with_capacity(20);
-    let mut text = |key: &'static str, value: &Option<String>| {
-        if let Some(v) = value {
-            fields.push((key, string(v)));
-        }
-    };
-    text("call_id", &event.call_id);
-    text("run_id", &event.run_id);
-    text("role_id", &event.role_id);
-    text("lane_id", &event.lane_id);
-    text("tool_name", &event.tool_name);
-    text("tool_version", &event.tool_version);
-    text("arguments_hash_sha256", &event.arguments_hash_sha256);
-    text("arguments_hmac_sha256", &event.arguments_hmac_sha256);
-    text("output_hash_sha256", &event.output_hash_sha256);
-    text("error_code", &event.error_code);
-    text("reason", &event.reason);
-    fields.push(("type", string(event.event_type.as_str())));
-    fields.push(("contract_version", string(crate::CONTRACT_VERSION)));
     if let Some(arguments) = &event.arguments {
         fields.push(("arguments", portable_text(arguments)?));
+    }
+    let text =
+        |fields: &mut Vec<(&'static str, String)>, key: &'static str, value: &Option<String>| {
+            if let Some(v) = value {
+                fields.push((key, string(v)));
+            }
+        };
+    text(
+        &mut fields,
+        "arguments_hash_sha256",
+        &event.arguments_hash_sha256,
+    );
+    text(
+        &mut fields,
+        "arguments_hmac_sha256",
+        &event.arguments_hmac_sha256,
+    );
+    text(&mut fields, "call_id", &event.call_id);
+    fields.push(("contract_version", string(crate::CONTRACT_VERSION)));
+    let mut details = String::with_capacity(256);
+    write_portable_map(&event.details, 0, &mut details)?;
+    fields.push(("details", details));
+    text(&mut fields, "error_code", &event.error_code);
+    if let Some(ms) = event.execution_time_ms {
+        fields.push(("execution_time_ms", ms.min(MAX_SAFE_INTEGER).to_string()));
     }
     if let Some(step) = event.failed_step {
         fields.push(("failed_step", step.to_string()));
     }
-    if let Some(ms) = event.execution_time_ms {
-        fields.push(("execution_time_ms", ms.min(MAX_SAFE_INTEGER).to_string()));
-    }
+    text(&mut fields, "lane_id", &event.lane_id);
+    text(&mut fields, "output_hash_sha256", &event.output_hash_sha256);
     if let Some(versions) = &event.policy_versions {
         fields.push(("policy_versions", policy_versions_text(versions)));
     }
-    let mut details = String::with_capacity(256);
-    write_portable_map(&event.details, 0, &mut details)?;
-    fields.push(("details", details));
+    text(&mut fields, "reason", &event.reason);
+    text(&mut fields, "role_id", &event.role_id);
+    text(&mut fields, "run_id", &event.run_id);
+    text(&mut fields, "tool_name", &event.tool_name);
+    text(&mut fields, "tool_version", &event.tool_version);
+    fields.push(("type", string(event.event_type.as_str())));
     fields.sort_by(|a, b| a.0.cmp(b.0));
     // {"key":value,...}: quotes, colon and comma per field, braces.
     let len = fields
