@@ -196,11 +196,24 @@ fn open_beneath_at(dir: BorrowedFd<'_>, rel: &str) -> std::io::Result<std::fs::F
         Some(libc::ENOSYS) | Some(libc::EPERM) => {}
         _ => return Err(error),
     }
+    open_by_walk(dir, rel)
+}
+
+/// The fallback of [`open_beneath_at`] where the kernel has no openat2: opens each
+/// component of `rel` (already checked: relative, no `.`, `..` or empty part) relative
+/// to the one before it with `O_NOFOLLOW`, the folders with `O_DIRECTORY` and the last
+/// with `O_NONBLOCK`. A symlink at any component fails its own open.
+fn open_by_walk(dir: BorrowedFd<'_>, rel: &str) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
     let parts: Vec<&str> = rel.split('/').collect();
     // The folder itself is borrowed (it may be a kept descriptor); each component
     // opened on the way is owned and closed when the next one is open.
     let mut current: Option<OwnedFd> = None;
     for (i, part) in parts.iter().enumerate() {
+        if part.is_empty() || *part == "." || *part == ".." {
+            return Err(invalid());
+        }
         let last = i + 1 == parts.len();
         let c_part = std::ffi::CString::new(*part).map_err(|_| invalid())?;
         let kind = if last {
@@ -218,7 +231,6 @@ fn open_beneath_at(dir: BorrowedFd<'_>, rel: &str) -> std::io::Result<std::fs::F
         // SAFETY: openat returned a new descriptor that nothing else owns.
         current = Some(unsafe { OwnedFd::from_raw_fd(fd) });
     }
-    // `rel` has at least one component (checked above), so one was opened.
     current.map(std::fs::File::from).ok_or_else(invalid)
 }
 
@@ -384,6 +396,47 @@ mod tests {
             read_at(&folder, after, "C-1/case.json").unwrap(),
             b"replaced"
         );
+    }
+
+    #[test]
+    fn the_walk_without_openat2_reads_beneath_a_kept_folder_and_refuses_every_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cases");
+        std::fs::create_dir_all(root.join("C-1/notes")).unwrap();
+        std::fs::write(root.join("C-1/notes/a.md"), "note").unwrap();
+        std::fs::write(dir.path().join("secret"), "secret").unwrap();
+        let folder = DataFolder::new(root.clone());
+        let kept = folder.descriptor().unwrap();
+        let read = |rel: &str| -> std::io::Result<Vec<u8>> {
+            let mut bytes = Vec::new();
+            open_by_walk(kept.as_fd(), rel)?.read_to_end(&mut bytes)?;
+            Ok(bytes)
+        };
+        assert_eq!(read("C-1/notes/a.md").unwrap(), b"note");
+        // Twice through the same kept descriptor: the walk borrows it, never closes it.
+        assert_eq!(read("C-1/notes/a.md").unwrap(), b"note");
+        // A symlink as the last component, as a folder on the way, and to a folder
+        // outside: each is refused at its own open, and the secret is never read.
+        std::os::unix::fs::symlink(dir.path().join("secret"), root.join("C-1/link.md")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), root.join("C-1/out")).unwrap();
+        for rel in ["C-1/link.md", "C-1/out/secret"] {
+            let refused = read(rel).unwrap_err();
+            assert!(
+                matches!(
+                    refused.raw_os_error(),
+                    Some(libc::ELOOP) | Some(libc::ENOTDIR)
+                ),
+                "{rel}: {refused:?}"
+            );
+        }
+        // What the caller's check refuses, the walk refuses on its own as well.
+        for rel in ["C-1/../../secret", "C-1//notes/a.md", "./C-1/notes/a.md"] {
+            assert_eq!(
+                read(rel).unwrap_err().raw_os_error(),
+                Some(libc::EINVAL),
+                "{rel}"
+            );
+        }
     }
 
     #[test]
