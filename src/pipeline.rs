@@ -368,7 +368,7 @@ impl Gateway {
         // the lock unconfirmed) refuses the call.
         let fleet = self.cluster().is_some();
         let fleet_run = match &request {
-            Ok(r) if fleet => match Box::pin(self.fleet_preflight(token, &r.run_id)).await {
+            Ok(r) if fleet => match self.fleet_preflight(token, &r.run_id).await {
                 Ok(run) => run,
                 Err(refusal) => return self.close(call, Err(refusal)).await,
             },
@@ -380,7 +380,7 @@ impl Gateway {
         let evicted = match &request {
             _ if fleet => fleet_run,
             Ok(r) if !self.runs.contains(&r.run_id) => {
-                match Box::pin(self.runs.load(&self.audit, &r.run_id)).await {
+                match self.runs.load(&self.audit, &r.run_id).await {
                     Ok(found) => found,
                     Err(e) => {
                         // Unknown is not "does not exist": refuse rather than guess.
@@ -417,7 +417,7 @@ impl Gateway {
         // decided in step 2.
         let jwt = match &bound {
             Some(_) => None,
-            None => Box::pin(self.authenticate(&loaded.policy, token)).await,
+            None => self.authenticate(&loaded.policy, token).await,
         };
         if let Some(Ok(identity)) = &jwt {
             call.caller = Some(identity.caller_json());
@@ -472,7 +472,7 @@ impl Gateway {
         //     an approval granted for this exact call, claimed once (the store is
         //     read here, outside the pure decision)
         if !call.trace.approval.is_empty()
-            && let Err(refusal) = Box::pin(self.approval_gate(&allowed, &mut call)).await
+            && let Err(refusal) = self.approval_gate(&allowed, &mut call).await
         {
             // Waiting for (or refused) an approval executes nothing: not counted.
             self.refund(ticket).await;
@@ -499,7 +499,7 @@ impl Gateway {
             let wait = Duration::from_millis(allowed.tool.limits.timeout_ms_max)
                 .saturating_add(FLEET_CLAIM_SLACK)
                 .min(FLEET_CLAIM_WAIT_MAX);
-            match Box::pin(self.fleet_claim(cluster, &key, &fingerprint, wait)).await {
+            match self.fleet_claim(cluster, &key, &fingerprint, wait).await {
                 Ok(None) => fleet_key = Some(key),
                 Ok(Some(first)) => {
                     // A repeat executes nothing: it is not counted.
@@ -509,7 +509,7 @@ impl Gateway {
                         spilled_output: None,
                         bytes: 0,
                     };
-                    return Box::pin(self.close_replay(call, first)).await;
+                    return self.close_replay(call, first).await;
                 }
                 Err(refusal) => {
                     self.refund(ticket).await;
@@ -540,7 +540,7 @@ impl Gateway {
                 }
                 match claimed {
                     Claim::First(guard) => Some(guard),
-                    Claim::Replay(first) => return Box::pin(self.close_replay(call, first)).await,
+                    Claim::Replay(first) => return self.close_replay(call, first).await,
                     Claim::Wait(mut outcome) => {
                         let first = outcome
                             .wait_for(Option::is_some)
@@ -548,7 +548,7 @@ impl Gateway {
                             .ok()
                             .and_then(|f| f.clone());
                         return match first {
-                            Some(first) => Box::pin(self.close_replay(call, first)).await,
+                            Some(first) => self.close_replay(call, first).await,
                             None => self.close(call, Err(Refusal::new(Reason::InternalError, "the first call with this idempotency key ended without an outcome"))).await,
                         };
                     }
@@ -643,7 +643,7 @@ impl Gateway {
         if captured.is_err()
             && !call.executed
             && let Some(approval_id) = &allowed.request.approval_id
-            && Box::pin(self.release_approval(approval_id, &call.call_id)).await
+            && self.release_approval(approval_id, &call.call_id).await
             && let Some(Value::Object(approval)) = &mut call.approval
         {
             approval.insert("released".into(), json!(true));
@@ -659,7 +659,10 @@ impl Gateway {
                     tool_name: &allowed.tool.tool_name,
                     tool_version: call.tool_version.as_deref().unwrap_or_default(),
                 };
-                match Box::pin(self.record_prepared(ids, token, phases.commit_within_s)).await {
+                match self
+                    .record_prepared(ids, token, phases.commit_within_s)
+                    .await
+                {
                     Ok(details) => (Ok(captured), Some(details)),
                     Err(refusal) => (Err(refusal), None),
                 }
@@ -677,13 +680,13 @@ impl Gateway {
             .await;
         if held && response.status != Status::Success {
             // The caller was not told of the prepared call: nobody can commit it.
-            Box::pin(self.abandon_prepared(&call_id)).await;
+            self.abandon_prepared(&call_id).await;
         }
         if let Some(guard) = guard {
             guard.complete(self.stored_outcome(&response).await, keep);
         }
         if let (Some(key), Some(cluster)) = (fleet_key, self.cluster()) {
-            Box::pin(self.fleet_complete(cluster, &key, &response, keep)).await;
+            self.fleet_complete(cluster, &key, &response, keep).await;
         }
         response
     }
