@@ -15,12 +15,12 @@ fn main() {
     let args = json!({"service": "checkout", "limit": 10, "lines": 50, "hosts": ["checkout-1", "checkout-2"]});
     let variables = || {
         Variables::new(Inputs {
-            args: &args,
-            scope: &scope,
-            run: json!({"id": "run-1", "status": "active", "scope": scope}),
-            caller: json!({"role": "research_agent", "lanes": ["research"]}),
-            tool: json!({"name": "legal_search", "version": "1.0.0"}),
-            lane: "research",
+            args: Some(args.clone()),
+            scope: Some(json!(scope)),
+            run: Some(json!({"id": "run-1", "status": "active", "scope": scope})),
+            caller: Some(json!({"role": "research_agent", "lanes": ["research"]})),
+            tool: Some(json!({"name": "legal_search", "version": "1.0.0"})),
+            lane: Some(json!("research")),
         })
     };
     let started = Instant::now();

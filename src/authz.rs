@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 
 use crate::call::{ConditionResult, LimitClaim};
 use crate::diagnostic::{Reason, Refusal};
-use crate::policy::condition::{Inputs, Outcome, Variables};
+use crate::policy::condition::{Condition, Inputs, Outcome, Variables};
 use crate::policy::{Admin, Credential, Lane, Policy, PolicyVersions, ProhibitedBy, Role, Tool};
 use crate::runs::RunRecord;
 
@@ -237,11 +237,11 @@ pub fn verify_auditor<'p>(policy: &'p Policy, token: Option<&str>) -> Result<&'p
 }
 
 /// Step 3: the run exists and is pinned to the loaded policy versions.
-pub fn verify_run<'r>(
-    run: Option<&'r RunRecord>,
+pub fn verify_run<R: std::ops::Deref<Target = RunRecord>>(
+    run: Option<R>,
     run_id: &str,
     loaded: &PolicyVersions,
-) -> Result<&'r RunRecord, Refusal> {
+) -> Result<R, Refusal> {
     let Some(run) = run else {
         return Err(Refusal::new(
             Reason::RunNotFound,
@@ -534,13 +534,27 @@ pub fn condition_variables(
     scope: &EffectiveScope,
     arguments: &Value,
 ) -> Variables {
+    // Only the variables some condition of the call names are built.
+    let whens = [&lane.approval, &tool.approval]
+        .into_iter()
+        .flatten()
+        .filter_map(|approval| approval.when.as_ref());
+    let conditions: Vec<&Condition> = lane
+        .conditions
+        .iter()
+        .chain(&tool.conditions)
+        .chain(whens)
+        .collect();
+    let named = |root: &str| conditions.iter().any(|c| c.names(root));
     Variables::new(Inputs {
-        args: arguments,
-        scope: &scope.scope,
-        run: json!({"id": run.run_id, "status": run.status, "scope": run.scope}),
-        caller: json!({"role": role.role_id, "lanes": role.lanes}),
-        tool: json!({"name": tool.tool_name, "version": tool.version.to_string()}),
-        lane: &lane.lane_id,
+        args: named("args").then(|| arguments.clone()),
+        scope: named("scope").then(|| Value::Object(scope.scope.clone())),
+        run: named("run")
+            .then(|| json!({"id": run.run_id, "status": run.status, "scope": run.scope})),
+        caller: named("caller").then(|| json!({"role": role.role_id, "lanes": role.lanes})),
+        tool: named("tool")
+            .then(|| json!({"name": tool.tool_name, "version": tool.version.to_string()})),
+        lane: named("lane").then(|| json!(lane.lane_id)),
     })
 }
 
@@ -553,11 +567,11 @@ pub fn approval_requirements(
     vars: Option<&Variables>,
 ) -> Vec<crate::call::ApprovalRequirement> {
     let owners = [
-        (format!("lane:{}", lane.lane_id), lane.approval.as_ref()),
-        (format!("tool:{}", tool.tool_name), tool.approval.as_ref()),
+        ("lane", lane.lane_id.as_str(), lane.approval.as_ref()),
+        ("tool", tool.tool_name.as_str(), tool.approval.as_ref()),
     ];
     let mut needed = Vec::new();
-    for (owner, approval) in owners {
+    for (kind, name, approval) in owners {
         let Some(approval) = approval else { continue };
         let (applies, when_error) = match (&approval.when, vars) {
             (None, _) => (true, None),
@@ -573,7 +587,7 @@ pub fn approval_requirements(
         };
         if applies {
             needed.push(crate::call::ApprovalRequirement {
-                owner,
+                owner: format!("{kind}:{name}"),
                 approvers: approval.approvers.clone(),
                 quorum: approval.quorum,
                 ttl_s: approval.ttl_s,
@@ -704,10 +718,14 @@ pub fn limit_claims(
 ) -> Vec<LimitClaim> {
     let mut claims = Vec::new();
     let owners = [
-        (format!("lane:{}", lane.lane_id), &lane.call_limits),
-        (format!("tool:{}", tool.tool_name), &tool.call_limits),
+        ("lane", lane.lane_id.as_str(), &lane.call_limits),
+        ("tool", tool.tool_name.as_str(), &tool.call_limits),
     ];
-    for (owner, limits) in owners {
+    for (kind, name, limits) in owners {
+        if limits.budget.is_none() && limits.rate.is_none() {
+            continue;
+        }
+        let owner = format!("{kind}:{name}");
         if let Some(budget) = limits.budget {
             let value = json!(run.run_id);
             claims.push(LimitClaim {

@@ -9,6 +9,10 @@ use serde_json::{Map, Value, json};
 
 use crate::diagnostic::{Diagnostic, ErrorCode, Reason, Refusal};
 
+mod trace;
+
+pub use trace::{ApprovalRequirement, ConditionResult, LimitClaim, Trace};
+
 /// Longest id (role, run, lane, tool) accepted.
 const MAX_ID_LEN: usize = 128;
 /// Longest idempotency key accepted.
@@ -208,13 +212,12 @@ pub fn depth(value: &Value) -> usize {
     let mut deepest = 0;
     let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
     while let Some((v, d)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &Value>> = match v {
-            Value::Array(items) => Box::new(items.iter()),
-            Value::Object(map) => Box::new(map.values()),
+        match v {
+            Value::Array(items) => stack.extend(items.iter().map(|c| (c, d + 1))),
+            Value::Object(map) => stack.extend(map.values().map(|c| (c, d + 1))),
             _ => continue,
-        };
+        }
         deepest = deepest.max(d + 1);
-        stack.extend(children.map(|c| (c, d + 1)));
     }
     deepest
 }
@@ -303,8 +306,9 @@ fn check_call(body: CallBody) -> Received {
             None
         }
     };
+    // Kept as the value received until its bounds are checked, then unwrapped.
     let scope = match body.scope {
-        Some(Value::Object(m)) => Some(m),
+        Some(m @ Value::Object(_)) => Some(m),
         None | Some(Value::Null) => {
             problems.push("missing required field `scope` (use {} for none)".into());
             None
@@ -354,8 +358,7 @@ fn check_call(body: CallBody) -> Received {
     };
     // Bounds: depth and size, so that everything accepted can also be audited.
     if let Some(scope) = &scope {
-        let scope = Value::Object(scope.clone());
-        let (d, size) = (depth(&scope), json_size(&scope, MAX_SCOPE_BYTES));
+        let (d, size) = (depth(scope), json_size(scope, MAX_SCOPE_BYTES));
         if d > MAX_DEPTH {
             problems.push(format!("`scope` is nested deeper than {MAX_DEPTH} levels"));
         }
@@ -365,7 +368,7 @@ fn check_call(body: CallBody) -> Received {
         if d > MAX_DEPTH || size > MAX_SCOPE_BYTES {
             partial
                 .received
-                .insert("scope".into(), digest_value(&scope, true));
+                .insert("scope".into(), digest_value(scope, true));
         }
     }
     if let Some(arguments) = &arguments
@@ -379,6 +382,10 @@ fn check_call(body: CallBody) -> Received {
             .received
             .insert("arguments".into(), digest_value(arguments, false));
     }
+    let scope = match scope {
+        Some(Value::Object(m)) => Some(m),
+        _ => None,
+    };
     match (role_id, run_id, lane_id, tool_name, arguments, scope) {
         (
             Some(role_id),
@@ -533,127 +540,6 @@ pub const STEP_NAMES: [&str; 13] = [
     "emit closing audit event",
     "return response",
 ];
-
-/// The decision trace: what the call matched and how far it got.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Trace {
-    /// The matched role, lane and registry entry (`name@version`).
-    pub role: Option<String>,
-    pub lane: Option<String>,
-    pub tool: Option<String>,
-    /// Flags the call raised (step 8).
-    pub flags: Vec<String>,
-    /// The last step that passed (0 when step 1 failed).
-    pub passed_step: u8,
-    /// The first failing check, `step:reason`, if any.
-    pub failed: Option<String>,
-    /// The scope the call was decided on: the run's scope merged with the call's (known
-    /// once step 7 passed).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub effective_scope: Option<Map<String, Value>>,
-    /// The keys of `effective_scope` that came from the run.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub scope_from_run: Vec<String>,
-    /// Each condition of the lane and the tool with its value (step 8).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<ConditionResult>,
-    /// The human approvals this call needs (step 8; the gate runs before step 9).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub approval: Vec<ApprovalRequirement>,
-    /// The budgets and rates the call is counted against (step 8), with their keys'
-    /// values.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub limits: Vec<LimitClaim>,
-}
-
-/// One `approval:` (of the lane or the tool) that applies to a call.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct ApprovalRequirement {
-    /// `lane:<id>` or `tool:<name>`.
-    pub owner: String,
-    /// Role or admin ids, sorted.
-    pub approvers: Vec<String>,
-    pub quorum: u32,
-    pub ttl_s: u64,
-    /// The `when` condition that selected the call (None for `required: true`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub when: Option<String>,
-    /// Why `when` applies although it did not evaluate to true (fail closed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub when_error: Option<String>,
-}
-
-/// One counter a call is counted against: a lane's or tool's `budget` (per run) or
-/// `rate` (per value of its key). Which counters apply, and their keys' values, is a
-/// pure function of the decided call; the counts themselves are state the pipeline
-/// claims after step 8 (the gateway's `admit`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LimitClaim {
-    /// `lane:<id>` or `tool:<name>`.
-    pub owner: String,
-    /// `budget` or `rate`.
-    pub kind: &'static str,
-    pub max: u64,
-    /// The rate's window; None for a budget.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub per_s: Option<u64>,
-    /// The rate's key as written (`scope.service`); None for a budget or an unkeyed rate.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    /// The key's value on this call (the run id for a budget); null when absent.
-    pub key_value: Value,
-    /// The counter's identity: kind, owner and the canonical key value.
-    #[serde(skip)]
-    pub counter: String,
-}
-
-/// A condition's value on one call.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ConditionResult {
-    pub name: String,
-    /// `lane:<id>` or `tool:<name>`.
-    pub owner: String,
-    /// true, false, or null when it could not be evaluated (see `error`).
-    pub value: Value,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl Trace {
-    /// The compact form kept in the audit log: `role -> lane -> tool@version`.
-    pub fn matched(&self) -> String {
-        let part = |p: &Option<String>| p.clone().unwrap_or_else(|| "?".into());
-        format!(
-            "{} -> {} -> {}",
-            part(&self.role),
-            part(&self.lane),
-            part(&self.tool)
-        )
-    }
-
-    pub fn to_json(&self) -> Value {
-        let mut out = json!({
-            "matched": self.matched(),
-            "flags": self.flags,
-            "passed_step": self.passed_step,
-            "failed": self.failed,
-        });
-        if let Some(scope) = &self.effective_scope {
-            out["effective_scope"] = Value::Object(scope.clone());
-            out["scope_from_run"] = json!(self.scope_from_run);
-        }
-        if !self.conditions.is_empty() {
-            out["conditions"] = json!(self.conditions);
-        }
-        if !self.approval.is_empty() {
-            out["approval"] = json!(self.approval);
-        }
-        if !self.limits.is_empty() {
-            out["limits"] = json!(self.limits);
-        }
-        out
-    }
-}
 
 /// The response to a tool call: the same shape for every outcome.
 #[derive(Debug, Clone, PartialEq, Serialize)]

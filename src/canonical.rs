@@ -57,6 +57,116 @@ pub fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
+/// The largest integer every JSON implementation (JavaScript and Python's included)
+/// represents exactly: 2^53 - 1.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+/// Nesting deeper than this is refused by [`write_portable`] (the audit log's bound on
+/// `arguments` and `details`).
+pub const MAX_PORTABLE_DEPTH: usize = 64;
+
+/// A value nested deeper than [`MAX_PORTABLE_DEPTH`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooDeep;
+
+/// Appends `value` in its portable form: RFC 8785, except that a number that is not an
+/// integer within +-(2^53 - 1) becomes a string holding its RFC 8785 form, so that every
+/// JSON implementation reads back the same bytes. `depth` is the nesting level of
+/// `value` itself; a value nested deeper than [`MAX_PORTABLE_DEPTH`] is refused. This
+/// is the form of every value in an audit event line.
+pub fn write_portable(value: &Value, depth: usize, out: &mut String) -> Result<(), TooDeep> {
+    if depth > MAX_PORTABLE_DEPTH {
+        return Err(TooDeep);
+    }
+    match value {
+        Value::Number(n) => {
+            let safe = n.as_u64().is_some_and(|v| v <= MAX_SAFE_INTEGER)
+                || n.as_i64()
+                    .is_some_and(|v| v.unsigned_abs() <= MAX_SAFE_INTEGER);
+            if safe {
+                write_number(n, out);
+            } else if n.is_f64() {
+                let mut text = String::new();
+                write_number(n, &mut text);
+                write_string(&text, out);
+            } else {
+                // An integer beyond 2^53: its exact decimal digits.
+                write_string(&n.to_string(), out);
+            }
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_portable(item, depth + 1, out)?;
+            }
+            out.push(']');
+        }
+        Value::Object(map) => write_portable_map(map, depth, out)?,
+        other => write_canonical(other, out),
+    }
+    Ok(())
+}
+
+/// [`write_portable`] for an object at nesting level `depth`.
+pub fn write_portable_map(
+    map: &Map<String, Value>,
+    depth: usize,
+    out: &mut String,
+) -> Result<(), TooDeep> {
+    out.push('{');
+    for (i, (key, item)) in sorted_entries(map).enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(key, out);
+        out.push(':');
+        write_portable(item, depth + 1, out)?;
+    }
+    out.push('}');
+    Ok(())
+}
+
+/// [`write_portable`] for an unsigned integer.
+pub fn write_portable_u64(n: u64, out: &mut String) {
+    use std::fmt::Write;
+    if n <= MAX_SAFE_INTEGER {
+        let _ = write!(out, "{n}");
+    } else {
+        out.push('"');
+        let _ = write!(out, "{n}");
+        out.push('"');
+    }
+}
+
+/// A value already written in its portable form ([`write_portable`]), shared by what
+/// carries it: the pipeline renders a call's arguments, scope and trace once, and
+/// both of the call's audit events take the text as is (issue 19).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Portable(std::sync::Arc<str>);
+
+impl Portable {
+    /// `value` at nesting level `depth` (0 for an event's field, 1 for an entry of its
+    /// `details`).
+    pub fn of(value: &Value, depth: usize) -> Result<Portable, TooDeep> {
+        let mut out = String::with_capacity(64);
+        write_portable(value, depth, &mut out)?;
+        Ok(Portable(out.into()))
+    }
+
+    /// Text a typed writer produced with this module's writers (`Trace::portable`).
+    /// Every such writer has a test holding its text to [`Portable::of`] of the value
+    /// it stands for.
+    pub fn from_written(text: String) -> Portable {
+        Portable(text.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Appends the RFC 8785 form of a number.
 pub fn write_number(n: &Number, out: &mut String) {
     use std::fmt::Write;
@@ -77,8 +187,11 @@ pub fn write_number(n: &Number, out: &mut String) {
 pub fn write_string(s: &str, out: &mut String) {
     out.reserve(s.len() + 2);
     out.push('"');
+    let bytes = s.as_bytes();
     let mut plain = 0;
-    for (i, b) in s.bytes().enumerate() {
+    while let Some(i) = next_escape(bytes, plain) {
+        out.push_str(&s[plain..i]);
+        let b = bytes[i];
         let escape: &str = match b {
             b'"' => "\\\"",
             b'\\' => "\\\\",
@@ -87,10 +200,8 @@ pub fn write_string(s: &str, out: &mut String) {
             b'\n' => "\\n",
             0x0c => "\\f",
             b'\r' => "\\r",
-            0x00..=0x1f => "",
-            _ => continue,
+            _ => "",
         };
-        out.push_str(&s[plain..i]);
         if escape.is_empty() {
             out.push_str("\\u00");
             out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
@@ -102,6 +213,41 @@ pub fn write_string(s: &str, out: &mut String) {
     }
     out.push_str(&s[plain..]);
     out.push('"');
+}
+
+/// Whether a byte must be escaped in a JSON string: `"`, `\` or a control character.
+fn needs_escape(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\'
+}
+
+/// The index of the first byte at or after `from` that [`needs_escape`]. Most strings
+/// need none: they are scanned eight bytes at a time (issue 19), with the classic
+/// "has a zero byte" test on each of the three conditions.
+fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // A high bit set in the result for each byte of `x` that is zero (and possibly
+    // for bytes above a zero byte, which the byte loop below sorts out).
+    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let mut i = from;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        // Bytes below 0x20: x - 0x20 borrows into the high bit where the byte was
+        // below 0x20 and its own high bit was clear.
+        let control = x.wrapping_sub(ONES * 0x20) & !x & HIGHS;
+        let quote = zero_byte(x ^ (ONES * u64::from(b'"')));
+        let backslash = zero_byte(x ^ (ONES * u64::from(b'\\')));
+        if control | quote | backslash != 0 {
+            break;
+        }
+        i += 8;
+    }
+    bytes[i..]
+        .iter()
+        .position(|b| needs_escape(*b))
+        .map(|at| i + at)
 }
 
 /// The entries of `map` in RFC 8785 order: by the keys' UTF-16 code units.
@@ -141,7 +287,7 @@ impl<'a> Iterator for SortedEntries<'a> {
 }
 
 /// Compares two strings by their UTF-16 code units (RFC 8785 key order).
-fn utf16_cmp(a: &str, b: &str) -> Ordering {
+pub fn utf16_cmp(a: &str, b: &str) -> Ordering {
     // Below U+E000 byte order and UTF-16 order agree; check the rare rest exactly.
     if a.bytes().chain(b.bytes()).all(|c| c < 0xee) {
         a.cmp(b)
@@ -272,6 +418,25 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(&reference)
             );
+        }
+    }
+
+    #[test]
+    fn every_character_is_escaped_alike_at_every_offset_of_a_long_string() {
+        // The word-at-a-time scan must find an escape in any lane of any word, and
+        // pass over every byte that needs none (UTF-8 continuation bytes included).
+        let mut characters: Vec<char> = (0u8..0x80).map(char::from).collect();
+        characters.extend(['\u{e9}', '\u{7ff}', '\u{2028}', '\u{ffff}', '\u{1f600}']);
+        for c in characters {
+            for len in [0usize, 1, 7, 8, 9, 15, 16, 17, 31] {
+                for at in 0..=len {
+                    let mut s: String = "a".repeat(len);
+                    s.insert(at, c);
+                    let value = Value::String(s);
+                    let reference = serde_json_canonicalizer::to_string(&value).unwrap();
+                    assert_eq!(to_canonical_string(&value), reference, "{c:?} at {at}");
+                }
+            }
         }
     }
 

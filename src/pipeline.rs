@@ -22,7 +22,7 @@ use crate::call::{
     ArtifactRef, CallRequest, CallResponse, CallSignals, Decision, DryRun, PartialRequest,
     Received, Status, Trace, Verdict,
 };
-use crate::canonical::{sha256_hex, to_canonical_bytes};
+use crate::canonical::{self, Portable, sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX, Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key, MAX_INLINE_OUTPUT_BYTES, Outcome};
@@ -41,7 +41,7 @@ struct Allowed<'p> {
     role: &'p Role,
     tool: &'p Tool,
     adapter: &'p Adapter,
-    run: RunRecord,
+    run: Arc<RunRecord>,
     /// The effective scope (run and call merged): what the tool executes with.
     scope: authz::EffectiveScope,
     /// The validated, sanitized, normalized arguments: what runs and what is hashed.
@@ -70,6 +70,9 @@ struct Call {
     committed: Option<CommittedArguments>,
     /// The scope as received (case and matter ids, flags), kept for replay and review.
     scope: Option<Map<String, Value>>,
+    /// `scope` in the line's form, rendered for the first event that records it
+    /// (None inside when it cannot be, and the log judges the JSON).
+    scope_portable: Option<Option<Portable>>,
     /// Bounded digests of what a malformed request carried (see
     /// `call::PartialRequest::received`), recorded as `details.received`.
     received: Map<String, Value>,
@@ -84,7 +87,7 @@ struct Call {
     /// Whether the adapter was started: from then on a retry may repeat a side effect.
     executed: bool,
     /// The versions of the policy snapshot deciding this call.
-    policy_versions: crate::policy::PolicyVersions,
+    policy_versions: Arc<crate::policy::PolicyVersions>,
     /// How long the adapter ran (step 10), for the metrics.
     tool_time: Option<Duration>,
     /// The call's trace span (disabled unless traces are exported).
@@ -102,7 +105,12 @@ struct Call {
 struct CommittedArguments {
     sha256: Option<String>,
     hmac_sha256: Option<String>,
+    /// The arguments as kept readable (after the tool's redaction), if any.
     readable: Option<Value>,
+    /// `readable` in the line's form, rendered once for both events; None when there
+    /// is nothing readable or it cannot be rendered (nested too deep), and the events
+    /// then carry `readable` for the log to judge.
+    rendered: Option<Portable>,
 }
 
 /// Who is calling: a bearer token from the request, or an offline tool (`policy explain`,
@@ -123,7 +131,7 @@ fn decide<'p>(
     loaded: &'p Loaded,
     caller: Caller<'_>,
     request: Received,
-    runs: &dyn Fn(&str) -> Option<RunRecord>,
+    runs: &dyn Fn(&str) -> Option<Arc<RunRecord>>,
     lock: &SafetyLock,
     call: &mut Call,
 ) -> Result<Allowed<'p>, Refusal> {
@@ -156,8 +164,7 @@ fn decide<'p>(
     if let Caller::Run(Ok(binding)) = caller {
         authz::check_token_run(binding, &request.run_id)?;
     }
-    let run = runs(&request.run_id);
-    let run = authz::verify_run(run.as_ref(), &request.run_id, &policy.versions)?.clone();
+    let run = authz::verify_run(runs(&request.run_id), &request.run_id, &policy.versions)?;
     call.trace.passed_step = 3;
 
     // 4. validate lane authorization for the role (and the run's status); a run token
@@ -246,7 +253,8 @@ pub fn explain_as(
     request: CallRequest,
     run: Option<RunRecord>,
 ) -> Explanation {
-    let mut call = Call::new(&Ok(request.clone()), &loaded.policy.versions);
+    let mut call = Call::new(&Ok(request.clone()), loaded.shared_versions());
+    let run = run.map(Arc::new);
     let runs = move |id: &str| run.clone().filter(|r| r.run_id == id);
     let decided = decide(
         loaded,
@@ -354,7 +362,7 @@ impl Gateway {
     ) -> CallResponse {
         // One policy snapshot for the whole call: a reload never mixes two policies.
         let loaded: Arc<Loaded> = self.current();
-        let mut call = Call::new(&request, &loaded.policy.versions);
+        let mut call = Call::new(&request, loaded.shared_versions());
         // Shadow mode: a copy of the request is also decided under the candidate policy.
         let shadowed = self.shadow_copy(&request);
 
@@ -398,13 +406,14 @@ impl Gateway {
 
         // 1-8. decide: receive the request and run the authorization checks
         let lock = self.safety_lock();
+        let evicted = evicted.map(Arc::new);
         let runs = |run_id: &str| {
             if fleet {
                 // Only what the cluster database said just now.
                 return evicted.clone().filter(|r| r.run_id == run_id);
             }
             self.runs
-                .get(run_id)
+                .shared(run_id)
                 .or_else(|| evicted.clone().filter(|r| r.run_id == run_id))
         };
         // A run token is resolved here (table lookup, clock, run status); the decision
@@ -706,7 +715,7 @@ impl Gateway {
             scope_sha256: sha256_hex(&to_canonical_bytes(&Value::Object(
                 allowed.scope.scope.clone(),
             ))),
-            policy_versions: call.policy_versions.clone(),
+            policy_versions: crate::policy::PolicyVersions::clone(&call.policy_versions),
         };
         if let Some(approval_id) = &allowed.request.approval_id {
             // A refused retry is attributed to the approval it presented too.
@@ -727,6 +736,8 @@ impl Gateway {
             return Ok(());
         }
         let event = call.event(self, EventType::ApprovalRequested);
+        // What the approver sees: the arguments as the event keeps them readable.
+        let arguments = call.committed.as_ref().and_then(|c| c.readable.clone());
         let redaction = match &call.redaction {
             Redaction::Full => "full",
             Redaction::Fields { .. } => "fields",
@@ -735,7 +746,7 @@ impl Gateway {
         let request = crate::gateway::ApprovalRequest {
             call_id: call.call_id.clone(),
             binding,
-            arguments: event.arguments.clone(),
+            arguments,
             redaction: redaction.to_string(),
             scope: allowed.scope.scope.clone(),
             requester: crate::approvals::Requester {
@@ -1193,7 +1204,7 @@ impl Gateway {
 }
 
 impl Call {
-    fn new(request: &Received, versions: &crate::policy::PolicyVersions) -> Call {
+    fn new(request: &Received, versions: &Arc<crate::policy::PolicyVersions>) -> Call {
         let (ids, arguments, scope, dry_run) = match request {
             Ok(r) => (
                 PartialRequest {
@@ -1218,13 +1229,14 @@ impl Call {
             arguments,
             committed: None,
             scope,
+            scope_portable: None,
             received,
             redaction: Redaction::HashOnly,
             trace: Trace::default(),
             dry_run,
             retry_safe: false,
             executed: false,
-            policy_versions: versions.clone(),
+            policy_versions: Arc::clone(versions),
             tool_time: None,
             span: Span::current(),
             caller: None,
@@ -1254,6 +1266,11 @@ impl Call {
     }
 
     /// An audit event of this call, carrying everything known so far.
+    ///
+    /// What both of a call's events carry (the arguments and the scope) is rendered in
+    /// the line's form once and shared; the trace is written straight to it (issue 19).
+    /// A value that cannot be rendered (nested too deep) is handed over as JSON instead,
+    /// so that the log refuses it exactly as before.
     fn event(&mut self, gateway: &Gateway, event_type: EventType) -> NewEvent {
         let mut event = NewEvent::new(event_type);
         event.call_id = Some(self.call_id.clone());
@@ -1262,7 +1279,7 @@ impl Call {
         event.lane_id = self.ids.lane_id.clone();
         event.tool_name = self.ids.tool_name.clone();
         event.tool_version = self.tool_version.clone();
-        event.policy_versions = Some(self.policy_versions.clone());
+        event.policy_versions = Some(Arc::clone(&self.policy_versions));
         if let Some(arguments) = &self.arguments {
             // Computed once (hash, commitment, redacted form) and reused by the
             // closing event.
@@ -1275,12 +1292,16 @@ impl Call {
                 CommittedArguments {
                     sha256: e.arguments_hash_sha256,
                     hmac_sha256: e.arguments_hmac_sha256,
+                    rendered: e.arguments.as_ref().and_then(|a| Portable::of(a, 0).ok()),
                     readable: e.arguments,
                 }
             });
             event.arguments_hash_sha256 = committed.sha256.clone();
             event.arguments_hmac_sha256 = committed.hmac_sha256.clone();
-            event.arguments = committed.readable.clone();
+            match &committed.rendered {
+                Some(rendered) => event.arguments_portable = Some(rendered.clone()),
+                None => event.arguments = committed.readable.clone(),
+            }
         }
         let mut received = self.received.clone();
         match &self.scope {
@@ -1291,9 +1312,20 @@ impl Call {
                 received.insert("scope".into(), digest);
             }
             Some(scope) => {
-                event
-                    .details
-                    .insert("scope".into(), Value::Object(scope.clone()));
+                let rendered = self.scope_portable.get_or_insert_with(|| {
+                    let mut out = String::with_capacity(128);
+                    canonical::write_portable_map(scope, 1, &mut out)
+                        .map(|()| Portable::from_written(out))
+                        .ok()
+                });
+                match rendered {
+                    Some(rendered) => event.details_portable.push(("scope", rendered.clone())),
+                    None => {
+                        event
+                            .details
+                            .insert("scope".into(), Value::Object(scope.clone()));
+                    }
+                }
             }
             None => {}
         }
@@ -1302,7 +1334,12 @@ impl Call {
                 .details
                 .insert("received".into(), Value::Object(received));
         }
-        event.details.insert("trace".into(), self.trace.to_json());
+        match self.trace.portable() {
+            Ok(trace) => event.details_portable.push(("trace", trace)),
+            Err(_) => {
+                event.details.insert("trace".into(), self.trace.to_json());
+            }
+        }
         if let Some(caller) = &self.caller {
             event.details.insert("caller".into(), caller.clone());
         }

@@ -7,7 +7,7 @@
 //! their history is as tamper-evident as every other event.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -61,7 +61,7 @@ pub enum RunError {
 #[derive(Debug, Default)]
 pub struct RunStore {
     /// Live runs, in run-id order (for paged listing).
-    runs: RwLock<BTreeMap<String, RunRecord>>,
+    runs: RwLock<BTreeMap<String, Arc<RunRecord>>>,
     closed: RwLock<ClosedRuns>,
     /// Serializes writers so the audit order and the table order agree.
     write: tokio::sync::Mutex<()>,
@@ -70,18 +70,19 @@ pub struct RunStore {
 /// The newest closed runs, oldest first for eviction.
 #[derive(Debug, Default)]
 struct ClosedRuns {
-    records: HashMap<String, RunRecord>,
+    records: HashMap<String, Arc<RunRecord>>,
     order: VecDeque<String>,
 }
 
 impl ClosedRuns {
     fn insert(&mut self, record: RunRecord) {
+        let run_id = record.run_id.clone();
         if self
             .records
-            .insert(record.run_id.clone(), record.clone())
+            .insert(run_id.clone(), Arc::new(record))
             .is_none()
         {
-            self.order.push_back(record.run_id);
+            self.order.push_back(run_id);
         }
         while self.order.len() > MAX_CLOSED_KEPT {
             if let Some(old) = self.order.pop_front() {
@@ -133,7 +134,7 @@ impl RunStore {
             }
         }
         Ok(RunStore {
-            runs: RwLock::new(runs),
+            runs: RwLock::new(runs.into_iter().map(|(id, r)| (id, Arc::new(r))).collect()),
             closed: RwLock::new(closed),
             write: tokio::sync::Mutex::new(()),
         })
@@ -153,8 +154,13 @@ impl RunStore {
 
     /// A run in memory: live, or among the newest closed.
     pub fn get(&self, run_id: &str) -> Option<RunRecord> {
+        self.shared(run_id).map(|run| RunRecord::clone(&run))
+    }
+
+    /// [`RunStore::get`] without copying the record: what every call reads.
+    pub fn shared(&self, run_id: &str) -> Option<Arc<RunRecord>> {
         if let Some(run) = self.runs.read().ok()?.get(run_id) {
-            return Some(run.clone());
+            return Some(Arc::clone(run));
         }
         self.closed.read().ok()?.records.get(run_id).cloned()
     }
@@ -205,7 +211,7 @@ impl RunStore {
             {
                 runs.remove(&first);
             }
-            runs.insert(record.run_id.clone(), record);
+            runs.insert(record.run_id.clone(), Arc::new(record));
         }
     }
 
@@ -223,11 +229,11 @@ impl RunStore {
         }
         let mut event = NewEvent::new(EventType::RunCreated);
         event.run_id = Some(record.run_id.clone());
-        event.policy_versions = Some(record.policy_versions.clone());
+        event.policy_versions = Some(std::sync::Arc::new(record.policy_versions.clone()));
         event.details.insert("run".into(), run_json(&record));
         audit.append(event).await.map_err(RunError::Audit)?;
         if let Ok(mut runs) = self.runs.write() {
-            runs.insert(record.run_id.clone(), record.clone());
+            runs.insert(record.run_id.clone(), Arc::new(record.clone()));
         }
         Ok(record)
     }
@@ -267,7 +273,7 @@ impl RunStore {
                 closed.insert(record.clone());
             }
         } else if let Ok(mut runs) = self.runs.write() {
-            runs.insert(run_id.to_string(), record.clone());
+            runs.insert(run_id.to_string(), Arc::new(record.clone()));
         }
         Ok(record)
     }
@@ -290,12 +296,23 @@ impl RunStore {
         if status != Some(RunStatus::Closed)
             && let Ok(runs) = self.runs.read()
         {
-            page.extend(runs.values().filter(|r| wanted(r)).take(limit + 1).cloned());
+            page.extend(
+                runs.values()
+                    .filter(|r| wanted(r))
+                    .take(limit + 1)
+                    .map(|r| RunRecord::clone(r)),
+            );
         }
         if status.is_none_or(|s| s == RunStatus::Closed)
             && let Ok(closed) = self.closed.read()
         {
-            page.extend(closed.records.values().filter(|r| wanted(r)).cloned());
+            page.extend(
+                closed
+                    .records
+                    .values()
+                    .filter(|r| wanted(r))
+                    .map(|r| RunRecord::clone(r)),
+            );
         }
         page.sort_by(|a, b| a.run_id.cmp(&b.run_id));
         page.truncate(limit + 1);
@@ -328,7 +345,7 @@ impl RunStore {
         let from = record.policy_versions.clone();
         let mut event = NewEvent::new(EventType::RunRepinned);
         event.run_id = Some(run_id.to_string());
-        event.policy_versions = Some(versions.clone());
+        event.policy_versions = Some(std::sync::Arc::new(versions.clone()));
         event.details.insert("from".into(), json!(from));
         event.details.insert("to".into(), json!(versions));
         event.details.insert("by".into(), json!(by));
@@ -336,7 +353,7 @@ impl RunStore {
         audit.append(event).await.map_err(RunError::Audit)?;
         record.policy_versions = versions;
         if let Ok(mut runs) = self.runs.write() {
-            runs.insert(run_id.to_string(), record.clone());
+            runs.insert(run_id.to_string(), Arc::new(record.clone()));
         }
         Ok((record, from))
     }
@@ -346,7 +363,7 @@ impl RunStore {
 pub fn created_event(record: &RunRecord) -> NewEvent {
     let mut event = NewEvent::new(EventType::RunCreated);
     event.run_id = Some(record.run_id.clone());
-    event.policy_versions = Some(record.policy_versions.clone());
+    event.policy_versions = Some(std::sync::Arc::new(record.policy_versions.clone()));
     event.details.insert("run".into(), run_json(record));
     event
 }
@@ -371,7 +388,7 @@ pub fn repinned_event(
 ) -> NewEvent {
     let mut event = NewEvent::new(EventType::RunRepinned);
     event.run_id = Some(run_id.to_string());
-    event.policy_versions = Some(to.clone());
+    event.policy_versions = Some(std::sync::Arc::new(to.clone()));
     event.details.insert("from".into(), json!(from));
     event.details.insert("to".into(), json!(to));
     event.details.insert("by".into(), json!(by));

@@ -157,7 +157,7 @@ impl Worker {
         event.role_id = Some(request.role_id.clone());
         event.lane_id = Some(request.lane_id.clone());
         event.tool_name = Some(request.tool_name.clone());
-        event.policy_versions = Some(job.active_versions);
+        event.policy_versions = Some(std::sync::Arc::new(job.active_versions));
         event.details.insert("active".into(), json!(job.active));
         event.details.insert("shadow".into(), json!(shadow));
         event.details.insert(

@@ -7,24 +7,22 @@
 //! byte order is the RFC 8785 (UTF-16 code unit) order, so the result is exactly the RFC
 //! 8785 serialization of the whole object; a unit test holds the two together.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::FormatItem;
 use time::macros::format_description;
 
 use super::{AuditError, EventType, NewEvent};
-use crate::canonical::{sorted_entries, write_canonical, write_number, write_string};
+use crate::canonical::{self, Portable, TooDeep, write_portable_u64, write_string};
 use crate::policy::PolicyVersions;
 
 /// The `prev` of the first event: 64 zeros.
 pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
-/// The largest integer every JSON implementation (JavaScript and Python's included)
-/// represents exactly: 2^53 - 1.
-pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+pub use crate::canonical::MAX_SAFE_INTEGER;
 /// No event line is longer than this.
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 /// Nesting deeper than this in `arguments` or `details` is refused.
-const MAX_DEPTH: usize = 64;
+const MAX_DEPTH: usize = canonical::MAX_PORTABLE_DEPTH;
 
 const TIMESTAMP: &[FormatItem<'static>] =
     format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
@@ -60,95 +58,83 @@ pub fn event_id(seq: u64) -> String {
 pub(crate) struct Prepared {
     pub event_type: EventType,
     pub run_id: Option<String>,
-    /// (key, canonical JSON of the value), sorted by key; none of the writer's keys.
-    fields: Vec<(&'static str, String)>,
-    /// The length of the rendered line without the writer's fields.
-    len: usize,
+    /// Every field but the writer's, in key order, each written `,"key":value`.
+    text: String,
+    /// Where in `text` the writer's four fields go (`event_id`, `prev`, `seq`,
+    /// `timestamp_utc`, in that order): each is the end of the fields sorting before it.
+    gaps: [usize; 4],
 }
 
-/// Writes `value` in RFC 8785 form, replacing what a JSON implementation might not
-/// reproduce byte for byte: a number that is not an integer within +-(2^53 - 1)
-/// becomes a string holding its RFC 8785 form. Nesting deeper than [`MAX_DEPTH`] is
-/// refused. Writes straight into `out`, without building an intermediate value.
+/// The writer's fields, in key order.
+const WRITER_KEYS: [&str; 4] = ["event_id", "prev", "seq", "timestamp_utc"];
+
+/// Writes an event's fields in key order into one buffer (issue 19: one allocation for
+/// the whole line instead of one per field), noting where the writer's fields go.
+struct Fields {
+    text: String,
+    gaps: [usize; 4],
+    /// How many of the writer's keys sort before the fields written so far.
+    passed: usize,
+    last: &'static str,
+}
+
+impl Fields {
+    fn new(capacity: usize) -> Fields {
+        Fields {
+            text: String::with_capacity(capacity),
+            gaps: [0; 4],
+            passed: 0,
+            last: "",
+        }
+    }
+
+    /// Writes `,"key":` and returns where the value goes. Keys come in sorted order.
+    fn key(&mut self, key: &'static str) -> &mut String {
+        debug_assert!(self.last < key, "`{key}` written after `{}`", self.last);
+        self.last = key;
+        while self.passed < WRITER_KEYS.len() && WRITER_KEYS[self.passed] < key {
+            self.gaps[self.passed] = self.text.len();
+            self.passed += 1;
+        }
+        self.text.push_str(",\"");
+        self.text.push_str(key);
+        self.text.push_str("\":");
+        &mut self.text
+    }
+
+    /// A string field, when present.
+    fn string(&mut self, key: &'static str, value: &Option<String>) {
+        if let Some(value) = value {
+            write_string(value, self.key(key));
+        }
+    }
+
+    fn finish(mut self) -> (String, [usize; 4]) {
+        while self.passed < WRITER_KEYS.len() {
+            self.gaps[self.passed] = self.text.len();
+            self.passed += 1;
+        }
+        (self.text, self.gaps)
+    }
+}
+
+/// [`canonical::write_portable`] refusing nesting deeper than [`MAX_DEPTH`] as an
+/// invalid event.
 fn write_portable(value: &Value, depth: usize, out: &mut String) -> Result<(), AuditError> {
-    if depth > MAX_DEPTH {
-        return Err(AuditError::InvalidEvent {
-            what: format!("nesting deeper than {MAX_DEPTH} levels"),
-        });
-    }
-    match value {
-        Value::Number(n) => {
-            let safe = n.as_u64().is_some_and(|v| v <= MAX_SAFE_INTEGER)
-                || n.as_i64()
-                    .is_some_and(|v| v.unsigned_abs() <= MAX_SAFE_INTEGER);
-            if safe {
-                write_number(n, out);
-            } else if n.is_f64() {
-                let mut text = String::new();
-                write_number(n, &mut text);
-                write_string(&text, out);
-            } else {
-                // An integer beyond 2^53: its exact decimal digits.
-                write_string(&n.to_string(), out);
-            }
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_portable(item, depth + 1, out)?;
-            }
-            out.push(']');
-        }
-        Value::Object(map) => write_portable_map(map, depth, out)?,
-        other => write_canonical(other, out),
-    }
-    Ok(())
+    canonical::write_portable(value, depth, out).map_err(too_deep)
 }
 
-/// [`write_portable`] for an object at `depth`.
-fn write_portable_map(
-    map: &Map<String, Value>,
-    depth: usize,
-    out: &mut String,
-) -> Result<(), AuditError> {
-    out.push('{');
-    for (i, (key, item)) in sorted_entries(map).enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        write_string(key, out);
-        out.push(':');
-        write_portable(item, depth + 1, out)?;
+fn too_deep(_: TooDeep) -> AuditError {
+    AuditError::InvalidEvent {
+        what: format!("nesting deeper than {MAX_DEPTH} levels"),
     }
-    out.push('}');
-    Ok(())
-}
-
-/// [`write_portable`] into a new string.
-fn portable_text(value: &Value) -> Result<String, AuditError> {
-    let mut out = String::with_capacity(64);
-    write_portable(value, 0, &mut out)?;
-    Ok(out)
-}
-
-/// A JSON string as RFC 8785 writes it: `"` and `\` escaped, the five short escapes
-/// for \b \t \n \f \r, `\u00xx` (lowercase) for the other control characters, and
-/// everything else as is. Same bytes as the canonicalizer, without building a `Value`.
-fn string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    write_string(s, &mut out);
-    out
 }
 
 /// `policy_versions` in RFC 8785 form, written directly (every event carries it; going
 /// through `serde_json::Value` cost two allocations per string): the keys of both
 /// levels are ASCII and written in sorted order. A unit test holds it to the
 /// canonicalizer.
-fn policy_versions_text(versions: &PolicyVersions) -> String {
-    let mut out = String::with_capacity(320);
+fn write_policy_versions(versions: &PolicyVersions, out: &mut String) {
     out.push('{');
     for (i, (key, file)) in [
         ("lanes", &versions.lanes),
@@ -161,72 +147,97 @@ fn policy_versions_text(versions: &PolicyVersions) -> String {
         if i > 0 {
             out.push(',');
         }
-        write_string(key, &mut out);
+        write_string(key, out);
         out.push_str(":{\"sha256\":");
-        write_string(&file.sha256, &mut out);
+        write_string(&file.sha256, out);
         out.push_str(",\"version\":");
-        write_string(&file.version, &mut out);
+        write_string(&file.version, out);
         out.push('}');
     }
     out.push('}');
-    out
+}
+
+/// `details` in the line's form: the entries of `event.details` and the rendered ones
+/// of `event.details_portable`, merged in RFC 8785 key order. A key given in both, or
+/// twice, is refused.
+fn write_details(event: &NewEvent, out: &mut String) -> Result<(), AuditError> {
+    if event.details_portable.is_empty() {
+        return canonical::write_portable_map(&event.details, 0, out).map_err(too_deep);
+    }
+    enum Entry<'a> {
+        Value(&'a Value),
+        Rendered(&'a Portable),
+    }
+    let mut entries: Vec<(&str, Entry)> = canonical::sorted_entries(&event.details)
+        .map(|(key, value)| (key.as_str(), Entry::Value(value)))
+        .chain(
+            event
+                .details_portable
+                .iter()
+                .map(|(key, rendered)| (*key, Entry::Rendered(rendered))),
+        )
+        .collect();
+    entries.sort_by(|a, b| canonical::utf16_cmp(a.0, b.0));
+    if let Some(pair) = entries.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        return Err(AuditError::InvalidEvent {
+            what: format!("`details.{}` given twice", pair[0].0),
+        });
+    }
+    out.push('{');
+    for (i, (key, entry)) in entries.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(key, out);
+        out.push(':');
+        match entry {
+            Entry::Value(value) => write_portable(value, 1, out)?,
+            Entry::Rendered(rendered) => out.push_str(rendered.as_str()),
+        }
+    }
+    out.push('}');
+    Ok(())
 }
 
 /// Canonicalizes the event's fields; fails on an event too large or too deep.
 pub(crate) fn prepare(event: &NewEvent) -> Result<Prepared, AuditError> {
-    // Pushed in key order, so the sort below (kept as the guarantee) finds them sorted.
-    let mut fields: Vec<(&'static str, String)> = Vec::with_capacity(20);
-    if let Some(arguments) = &event.arguments {
-        fields.push(("arguments", portable_text(arguments)?));
+    let mut fields = Fields::new(1536);
+    match (&event.arguments, &event.arguments_portable) {
+        (Some(_), Some(_)) => {
+            return Err(AuditError::InvalidEvent {
+                what: "`arguments` given twice".into(),
+            });
+        }
+        (Some(arguments), None) => write_portable(arguments, 0, fields.key("arguments"))?,
+        (None, Some(rendered)) => fields.key("arguments").push_str(rendered.as_str()),
+        (None, None) => {}
     }
-    let text =
-        |fields: &mut Vec<(&'static str, String)>, key: &'static str, value: &Option<String>| {
-            if let Some(v) = value {
-                fields.push((key, string(v)));
-            }
-        };
-    text(
-        &mut fields,
-        "arguments_hash_sha256",
-        &event.arguments_hash_sha256,
-    );
-    text(
-        &mut fields,
-        "arguments_hmac_sha256",
-        &event.arguments_hmac_sha256,
-    );
-    text(&mut fields, "call_id", &event.call_id);
-    fields.push(("contract_version", string(crate::CONTRACT_VERSION)));
-    let mut details = String::with_capacity(256);
-    write_portable_map(&event.details, 0, &mut details)?;
-    fields.push(("details", details));
-    text(&mut fields, "error_code", &event.error_code);
+    fields.string("arguments_hash_sha256", &event.arguments_hash_sha256);
+    fields.string("arguments_hmac_sha256", &event.arguments_hmac_sha256);
+    fields.string("call_id", &event.call_id);
+    write_string(crate::CONTRACT_VERSION, fields.key("contract_version"));
+    write_details(event, fields.key("details"))?;
+    fields.string("error_code", &event.error_code);
     if let Some(ms) = event.execution_time_ms {
-        fields.push(("execution_time_ms", ms.min(MAX_SAFE_INTEGER).to_string()));
+        write_portable_u64(ms.min(MAX_SAFE_INTEGER), fields.key("execution_time_ms"));
     }
     if let Some(step) = event.failed_step {
-        fields.push(("failed_step", step.to_string()));
+        write_portable_u64(u64::from(step), fields.key("failed_step"));
     }
-    text(&mut fields, "lane_id", &event.lane_id);
-    text(&mut fields, "output_hash_sha256", &event.output_hash_sha256);
+    fields.string("lane_id", &event.lane_id);
+    fields.string("output_hash_sha256", &event.output_hash_sha256);
     if let Some(versions) = &event.policy_versions {
-        fields.push(("policy_versions", policy_versions_text(versions)));
+        write_policy_versions(versions, fields.key("policy_versions"));
     }
-    text(&mut fields, "reason", &event.reason);
-    text(&mut fields, "role_id", &event.role_id);
-    text(&mut fields, "run_id", &event.run_id);
-    text(&mut fields, "tool_name", &event.tool_name);
-    text(&mut fields, "tool_version", &event.tool_version);
-    fields.push(("type", string(event.event_type.as_str())));
-    fields.sort_by(|a, b| a.0.cmp(b.0));
-    // {"key":value,...}: quotes, colon and comma per field, braces.
-    let len = fields
-        .iter()
-        .map(|(k, v)| k.len() + v.len() + 4)
-        .sum::<usize>()
-        + 2;
+    fields.string("reason", &event.reason);
+    fields.string("role_id", &event.role_id);
+    fields.string("run_id", &event.run_id);
+    fields.string("tool_name", &event.tool_name);
+    fields.string("tool_version", &event.tool_version);
+    write_string(event.event_type.as_str(), fields.key("type"));
+    let (text, gaps) = fields.finish();
     // Room for the writer's fields: about 160 bytes.
-    if len + 200 > MAX_LINE_BYTES {
+    if text.len() + 200 > MAX_LINE_BYTES {
         return Err(AuditError::TooLarge {
             what: "event line".into(),
             limit: MAX_LINE_BYTES as u64,
@@ -235,52 +246,32 @@ pub(crate) fn prepare(event: &NewEvent) -> Result<Prepared, AuditError> {
     Ok(Prepared {
         event_type: event.event_type,
         run_id: event.run_id.clone(),
-        fields,
-        len,
+        text,
+        gaps,
     })
 }
 
-/// The canonical line of `prepared` at `seq`, with its timestamp and `prev`.
+/// The canonical line of `prepared` at `seq`, with its timestamp and `prev`: the
+/// prepared fields with the writer's four merged in at their places.
 pub(crate) fn render(prepared: &Prepared, seq: u64, timestamp_utc: &str, prev: &str) -> String {
-    let id = event_id(seq);
-    let seq_text = seq.to_string();
-    // Sorted, as the merge below requires; strings are written quoted.
-    let own: [(&str, &str, bool); 4] = [
-        ("event_id", &id, true),
-        ("prev", prev, true),
-        ("seq", &seq_text, false),
-        ("timestamp_utc", timestamp_utc, true),
-    ];
-    let mut line = String::with_capacity(prepared.len + 180);
+    use std::fmt::Write;
+    let text = &prepared.text;
+    let [id_at, prev_at, seq_at, ts_at] = prepared.gaps;
+    let mut line = String::with_capacity(text.len() + 200);
     line.push('{');
-    let mut first = true;
-    let mut push = |line: &mut String, key: &str, value: &str, quoted: bool| {
-        if !first {
-            line.push(',');
-        }
-        first = false;
-        line.push('"');
-        line.push_str(key);
-        line.push_str("\":");
-        if quoted {
-            // Writer values are ASCII without quotes or backslashes.
-            line.push('"');
-            line.push_str(value);
-            line.push('"');
-        } else {
-            line.push_str(value);
-        }
-    };
-    let mut own_iter = own.iter().peekable();
-    for (key, value) in &prepared.fields {
-        while let Some((k, v, q)) = own_iter.next_if(|(k, _, _)| *k < *key) {
-            push(&mut line, k, v, *q);
-        }
-        push(&mut line, key, value, false);
-    }
-    for (k, v, q) in own_iter {
-        push(&mut line, k, v, *q);
-    }
+    // Every field is written with a leading comma; the first one (always a prepared
+    // field: `contract_version` sorts before all of the writer's) loses it.
+    let head = &text[..id_at];
+    line.push_str(head.strip_prefix(',').unwrap_or(head));
+    let _ = write!(line, ",\"event_id\":\"ev-{seq:012}\"");
+    line.push_str(&text[id_at..prev_at]);
+    // The writer's values are ASCII without quotes or backslashes.
+    let _ = write!(line, ",\"prev\":\"{prev}\"");
+    line.push_str(&text[prev_at..seq_at]);
+    let _ = write!(line, ",\"seq\":{seq}");
+    line.push_str(&text[seq_at..ts_at]);
+    let _ = write!(line, ",\"timestamp_utc\":\"{timestamp_utc}\"");
+    line.push_str(&text[ts_at..]);
     line.push('}');
     line
 }
@@ -339,11 +330,11 @@ mod tests {
             version: s.into(),
             sha256: "00".repeat(32),
         };
-        e.policy_versions = Some(PolicyVersions {
+        e.policy_versions = Some(std::sync::Arc::new(PolicyVersions {
             roles: v("1"),
             lanes: v("2"),
             registry: v("3"),
-        });
+        }));
         e.details.insert("dry_run".into(), json!(false));
         e
     }
@@ -360,6 +351,62 @@ mod tests {
             assert_eq!(value["prev"], json!(GENESIS_PREV));
             assert_eq!(value["contract_version"], json!(crate::CONTRACT_VERSION));
         }
+    }
+
+    #[test]
+    fn rendered_fields_give_the_line_their_json_would_give() {
+        // The pipeline hands over its arguments, scope and trace already rendered; the
+        // line must be byte for byte the one the same values as JSON give.
+        let mut by_json = full_event();
+        let mut rendered = full_event();
+        let arguments = rendered.arguments.take().unwrap();
+        rendered.arguments_portable = Some(Portable::of(&arguments, 0).unwrap());
+        let trace = json!({"passed_step": 8, "big": 9007199254740993u64, "\u{e000}": 1});
+        let scope = json!({"case_id": "C-1", "z\u{10000}": [0.5]});
+        for (key, value) in [("trace", trace), ("scope", scope)] {
+            rendered
+                .details_portable
+                .push((key, Portable::of(&value, 1).unwrap()));
+            by_json.details.insert(key.into(), value);
+        }
+        // Entries as JSON sort around the rendered ones.
+        for (key, value) in [("a", json!("first")), ("zz", json!(null))] {
+            rendered.details.insert(key.into(), value.clone());
+            by_json.details.insert(key.into(), value);
+        }
+        let line = |e: &NewEvent| render(&prepare(e).unwrap(), 7, "t", GENESIS_PREV);
+        assert_eq!(line(&rendered), line(&by_json));
+        let value: Value = serde_json::from_str(&line(&rendered)).unwrap();
+        assert_eq!(to_canonical_string(&value), line(&rendered));
+    }
+
+    #[test]
+    fn a_field_given_both_rendered_and_as_json_is_refused() {
+        let mut twice = full_event();
+        twice.arguments_portable = Some(Portable::of(&json!({"x": 1}), 0).unwrap());
+        assert!(matches!(
+            prepare(&twice),
+            Err(AuditError::InvalidEvent { .. })
+        ));
+        let mut twice = NewEvent::new(EventType::ToolRequested);
+        twice.details.insert("trace".into(), json!({}));
+        twice
+            .details_portable
+            .push(("trace", Portable::of(&json!({}), 1).unwrap()));
+        assert!(matches!(
+            prepare(&twice),
+            Err(AuditError::InvalidEvent { .. })
+        ));
+        let mut twice = NewEvent::new(EventType::ToolRequested);
+        for _ in 0..2 {
+            twice
+                .details_portable
+                .push(("scope", Portable::of(&json!({}), 1).unwrap()));
+        }
+        assert!(matches!(
+            prepare(&twice),
+            Err(AuditError::InvalidEvent { .. })
+        ));
     }
 
     #[test]
@@ -381,7 +428,9 @@ mod tests {
             },
         ] {
             let value = serde_json::to_value(&versions).unwrap();
-            assert_eq!(policy_versions_text(&versions), to_canonical_string(&value));
+            let mut text = String::new();
+            write_policy_versions(&versions, &mut text);
+            assert_eq!(text, to_canonical_string(&value));
         }
     }
 

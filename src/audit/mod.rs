@@ -55,6 +55,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
 
+use crate::canonical::Portable;
 use crate::policy::{PolicyVersions, Redaction};
 
 pub use log::{AuditLog, BatchObserver};
@@ -200,14 +201,21 @@ pub struct NewEvent {
     pub arguments_hmac_sha256: Option<String>,
     /// The arguments as kept readable, after the tool's redaction setting.
     pub arguments: Option<Value>,
+    /// The same, already in the line's form: the pipeline renders a call's arguments
+    /// once for both of its events. An event sets `arguments` or this, never both.
+    pub arguments_portable: Option<Portable>,
     pub output_hash_sha256: Option<String>,
     pub error_code: Option<String>,
     pub reason: Option<String>,
     pub failed_step: Option<u8>,
     pub execution_time_ms: Option<u64>,
-    pub policy_versions: Option<PolicyVersions>,
+    pub policy_versions: Option<std::sync::Arc<PolicyVersions>>,
     /// Event-specific fields: decision trace, dry_run, artifacts, run record, ...
     pub details: Map<String, Value>,
+    /// More entries of `details`, already in the line's form (the pipeline's scope and
+    /// trace, rendered once per call or per event without building a JSON tree). The
+    /// line merges them with `details` by key; a key in both is refused.
+    pub details_portable: Vec<(&'static str, Portable)>,
 }
 
 impl NewEvent {
@@ -224,6 +232,7 @@ impl NewEvent {
             arguments_hash_sha256: None,
             arguments_hmac_sha256: None,
             arguments: None,
+            arguments_portable: None,
             output_hash_sha256: None,
             error_code: None,
             reason: None,
@@ -231,6 +240,7 @@ impl NewEvent {
             execution_time_ms: None,
             policy_versions: None,
             details: Map::new(),
+            details_portable: Vec::new(),
         }
     }
 

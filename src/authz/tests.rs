@@ -303,7 +303,7 @@ fn matrix() -> Vec<Decision> {
             check_token_run(&binding("paralegal_agent", "run-1", &["drafting"]), "run-1")
         }),
         row(3, "no such run", Some(R::RunNotFound), |p| {
-            verify_run(None, "run-404", &p.versions).map(|_| ())
+            verify_run(None::<&RunRecord>, "run-404", &p.versions).map(|_| ())
         }),
         row(
             3,

@@ -655,7 +655,7 @@ fn approval_event(event_type: EventType, record: &ApprovalRecord) -> NewEvent {
     event.lane_id = Some(record.binding.lane_id.clone());
     event.tool_name = Some(record.binding.tool_name.clone());
     event.tool_version = Some(record.binding.tool_version.clone());
-    event.policy_versions = Some(record.binding.policy_versions.clone());
+    event.policy_versions = Some(std::sync::Arc::new(record.binding.policy_versions.clone()));
     event.arguments_hash_sha256 = Some(record.binding.arguments_sha256.clone());
     event
         .details

@@ -49,6 +49,9 @@ pub struct Loaded {
     pub adapters: Adapters,
     /// One semaphore per tool, sized by its max_concurrency.
     concurrency: BTreeMap<String, Arc<Semaphore>>,
+    /// `policy.versions`, shared by every audit event decided under this snapshot
+    /// (issue 19: copying its six strings into each event cost 18 allocations a call).
+    versions: Arc<crate::policy::PolicyVersions>,
 }
 
 impl Loaded {
@@ -75,10 +78,16 @@ impl Loaded {
             })
             .collect();
         Loaded {
+            versions: Arc::new(policy.versions.clone()),
             policy,
             adapters,
             concurrency,
         }
+    }
+
+    /// The versions of this snapshot's policy files, shared (`policy.versions`).
+    pub fn shared_versions(&self) -> &Arc<crate::policy::PolicyVersions> {
+        &self.versions
     }
 
     /// The adapter of a registered tool.
@@ -812,7 +821,7 @@ async fn record_policy_loaded(
     trigger: &str,
 ) -> Result<(), AuditError> {
     let mut event = NewEvent::new(EventType::PolicyLoaded);
-    event.policy_versions = Some(policy.versions.clone());
+    event.policy_versions = Some(std::sync::Arc::new(policy.versions.clone()));
     event.details.insert("trigger".into(), json!(trigger));
     event.details.insert("source".into(), json!(policy.source));
     event.details.insert(

@@ -32,7 +32,7 @@ impl Gateway {
         // Live runs are always in memory; a run that is not is closed (or never was).
         let open = self
             .runs
-            .get(&binding.run_id)
+            .shared(&binding.run_id)
             .is_some_and(|run| run.status != RunStatus::Closed);
         if !open {
             return Some(Err(Refusal::new(

@@ -21,7 +21,7 @@ use cel::common::ast::{EntryExpr, Expr, LiteralValue};
 use cel::objects::{Key, Map as CelMap};
 use cel::{Context, Env, IdedExpr, Value as CelValue};
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// The longest expression accepted, in bytes.
 pub const MAX_EXPR_BYTES: usize = 4096;
@@ -151,32 +151,35 @@ impl Outcome {
 /// The values a condition sees on one call, each converted to CEL at most once per
 /// call, and only if a condition names it.
 pub struct Variables {
-    values: Vec<(&'static str, Value, OnceLock<CelValue>)>,
+    /// None for a variable no condition of the call names: it is never built.
+    values: Vec<(&'static str, Option<Value>, OnceLock<CelValue>)>,
     /// The largest list or map anywhere in the values: what a comprehension may iterate.
     largest: u64,
 }
 
-/// The input of [`Variables::new`], as JSON.
-pub struct Inputs<'a> {
-    pub args: &'a Value,
-    pub scope: &'a Map<String, Value>,
-    pub run: Value,
-    pub caller: Value,
-    pub tool: Value,
-    pub lane: &'a str,
+/// The input of [`Variables::new`], as JSON. A variable that none of the call's
+/// conditions names ([`Condition::names`]) may be left out (None), so that it is
+/// never built (issue 19); a condition naming a left-out variable is an error.
+pub struct Inputs {
+    pub args: Option<Value>,
+    pub scope: Option<Value>,
+    pub run: Option<Value>,
+    pub caller: Option<Value>,
+    pub tool: Option<Value>,
+    pub lane: Option<Value>,
 }
 
 impl Variables {
-    pub fn new(inputs: Inputs<'_>) -> Variables {
+    pub fn new(inputs: Inputs) -> Variables {
         let json = [
-            inputs.args.clone(),
-            Value::Object(inputs.scope.clone()),
+            inputs.args,
+            inputs.scope,
             inputs.run,
             inputs.caller,
             inputs.tool,
-            Value::String(inputs.lane.to_string()),
+            inputs.lane,
         ];
-        let largest = json.iter().map(largest_container).max();
+        let largest = json.iter().flatten().map(largest_container).max();
         Variables {
             values: VARIABLE_NAMES
                 .into_iter()
@@ -235,6 +238,12 @@ impl Condition {
         &self.compiled.arg_refs
     }
 
+    /// Whether the expression names the variable `root` (`args`, `scope`, `run`,
+    /// `caller`, `tool` or `lane`).
+    pub fn names(&self, root: &str) -> bool {
+        self.compiled.roots.contains(&root)
+    }
+
     /// An upper bound of the work evaluating this condition takes when no list or map
     /// in the variables is longer than `largest`, in node visits.
     pub fn cost(&self, largest: u64) -> u64 {
@@ -252,6 +261,10 @@ impl Condition {
         let mut context = Context::with_env(env().clone());
         for (name, json, cel) in &vars.values {
             if self.compiled.roots.contains(name) {
+                let Some(json) = json else {
+                    // Fail closed: a value the caller did not build is never guessed.
+                    return Outcome::Error(format!("the variable `{name}` was not provided"));
+                };
                 let value = cel.get_or_init(|| to_cel(json)).clone();
                 context.add_variable_from_value(*name, value);
             }
@@ -786,12 +799,12 @@ mod tests {
 
     fn vars(args: Value, scope: Value) -> Variables {
         Variables::new(Inputs {
-            args: &args,
-            scope: scope.as_object().unwrap(),
-            run: json!({"id": "run-1", "status": "active", "scope": scope}),
-            caller: json!({"role": "ops_agent", "lanes": ["remediate"]}),
-            tool: json!({"name": "get_logs", "version": "1.0.0"}),
-            lane: "remediate",
+            args: Some(args),
+            scope: Some(scope.clone()),
+            run: Some(json!({"id": "run-1", "status": "active", "scope": scope})),
+            caller: Some(json!({"role": "ops_agent", "lanes": ["remediate"]})),
+            tool: Some(json!({"name": "get_logs", "version": "1.0.0"})),
+            lane: Some(json!("remediate")),
         })
     }
 
@@ -852,6 +865,27 @@ mod tests {
         );
         let v = vars(json!({"items": ["remediate"]}), json!({"case_id": "C-1"}));
         assert_eq!(c.evaluate(&v), Outcome::False);
+    }
+
+    #[test]
+    fn a_variable_left_out_is_never_guessed() {
+        // The caller builds only what some condition names; a condition naming a
+        // variable that was left out fails closed instead of seeing null.
+        let v = Variables::new(Inputs {
+            args: Some(json!({"limit": 5})),
+            scope: None,
+            run: None,
+            caller: None,
+            tool: None,
+            lane: None,
+        });
+        assert_eq!(check("args.limit <= 20").evaluate(&v), Outcome::True);
+        assert!(check("args.limit <= 20").names("args"));
+        assert!(!check("args.limit <= 20").names("run"));
+        match check("has(run.scope.case_id)").evaluate(&v) {
+            Outcome::Error(e) => assert!(e.contains("`run` was not provided"), "{e}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
