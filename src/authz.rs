@@ -33,7 +33,7 @@ fn credential_matches(credential: &Credential, token: &str) -> bool {
     let Some(expected) = expected else {
         return false;
     };
-    let actual = hex::encode(Sha256::digest(token.as_bytes()));
+    let actual = crate::canonical::to_hex(Sha256::digest(token.as_bytes()));
     actual.as_bytes().ct_eq(expected.as_bytes()).into()
 }
 

@@ -362,7 +362,7 @@ fn copy_synced(from: &Path, to: &Path) -> Result<String, ArchiveError> {
             .map_err(|e| io(to, "cannot write", e))?;
     }
     target.sync_all().map_err(|e| io(to, "cannot sync", e))?;
-    Ok(hex::encode(hasher.finalize()))
+    Ok(crate::canonical::to_hex(hasher.finalize()))
 }
 
 fn sha256_of(path: &Path) -> Result<String, ArchiveError> {
@@ -374,7 +374,7 @@ fn sha256_of(path: &Path) -> Result<String, ArchiveError> {
             .read(&mut buffer)
             .map_err(|e| io(path, "cannot read", e))?;
         if n == 0 {
-            return Ok(hex::encode(hasher.finalize()));
+            return Ok(crate::canonical::to_hex(hasher.finalize()));
         }
         hasher.update(&buffer[..n]);
     }

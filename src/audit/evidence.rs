@@ -192,7 +192,7 @@ pub fn run_evidence(
         let mut evidence = EventEvidence {
             seq,
             event,
-            leaf_hash: hex::encode(leaf),
+            leaf_hash: crate::canonical::to_hex(leaf),
             status: EventStatus::Failed,
             checkpoint_size: None,
             inclusion_proof: Vec::new(),
@@ -219,7 +219,7 @@ pub fn run_evidence(
         log,
         checkpoint: checkpoint.map(|c| CheckpointEvidence {
             size: c.size,
-            root: hex::encode(c.root),
+            root: crate::canonical::to_hex(c.root),
             note: c.note,
         }),
         events,

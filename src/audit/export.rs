@@ -234,7 +234,7 @@ impl Hashed {
             .get_ref()
             .sync_all()
             .map_err(|e| io(&self.path, e))?;
-        Ok(hex::encode(self.hasher.finalize()))
+        Ok(crate::canonical::to_hex(self.hasher.finalize()))
     }
 }
 
@@ -366,7 +366,7 @@ pub fn export(
     // The SIEM view: records that carry their evidence against the export checkpoint.
     let export_ref = super::siem::CheckpointRef {
         size: tree_size,
-        root: hex::encode(export_checkpoint.root),
+        root: crate::canonical::to_hex(export_checkpoint.root),
         note: export_note.clone(),
     };
     let mut siem = match options.format {
@@ -414,7 +414,7 @@ pub fn export(
             if let Some(file) = &mut siem {
                 let evidence = super::siem::Evidence {
                     seq,
-                    leaf_hash: hex::encode(super::merkle::leaf_hash(line.as_bytes())),
+                    leaf_hash: crate::canonical::to_hex(super::merkle::leaf_hash(line.as_bytes())),
                     checkpoint: Some(&export_ref),
                     inclusion_proof: Some(proof.path.clone()),
                 };
@@ -475,7 +475,7 @@ pub fn export(
             .map_err(|e| io(&path, e))?;
         files.insert(
             "events.csv".to_string(),
-            hex::encode(Sha256::digest(fs::read(&path).map_err(|e| io(&path, e))?)),
+            crate::canonical::to_hex(Sha256::digest(fs::read(&path).map_err(|e| io(&path, e))?)),
         );
     }
 
@@ -567,7 +567,7 @@ pub fn export(
         files,
         checkpoint: CheckpointInfo {
             size: tree_size,
-            root: hex::encode(export_checkpoint.root),
+            root: crate::canonical::to_hex(export_checkpoint.root),
         },
         open_calls: open_calls.into_iter().collect(),
     };
@@ -630,7 +630,7 @@ fn record_checkpoint(
         INSERT_CHECKPOINT,
         rusqlite::params![
             checkpoint.size as i64,
-            hex::encode(checkpoint.root),
+            crate::canonical::to_hex(checkpoint.root),
             note,
             created,
             "export"

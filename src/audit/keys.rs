@@ -68,7 +68,7 @@ impl VerifierKey {
 
     /// Lowercase hex SHA-256 of the raw 32-byte public key: what an auditor compares.
     pub fn fingerprint(&self) -> String {
-        hex::encode(Sha256::digest(self.key.as_bytes()))
+        crate::canonical::to_hex(Sha256::digest(self.key.as_bytes()))
     }
 
     /// The `<name>+<key id hex>+<base64(0x01 || public key)>` form.
@@ -78,7 +78,7 @@ impl VerifierKey {
         format!(
             "{}+{}+{}",
             self.name,
-            hex::encode(self.key_id),
+            crate::canonical::to_hex(self.key_id),
             B64.encode(typed)
         )
     }
@@ -105,7 +105,7 @@ impl VerifierKey {
             return Err(format!("invalid key name `{name}`"));
         }
         let verifier = VerifierKey::new(name, key);
-        if hex::encode(verifier.key_id) != id {
+        if crate::canonical::to_hex(verifier.key_id) != id {
             return Err(format!("the key id `{id}` does not match the key"));
         }
         Ok(verifier)
@@ -143,7 +143,7 @@ impl SignerKey {
         format!(
             "PRIVATE+KEY+{}+{}+{}",
             self.verifier.name,
-            hex::encode(self.verifier.key_id),
+            crate::canonical::to_hex(self.verifier.key_id),
             B64.encode(typed)
         )
     }
@@ -170,7 +170,7 @@ impl SignerKey {
             return Err(format!("invalid key name `{name}`"));
         }
         let signer = SignerKey::from_seed(name, seed);
-        if hex::encode(signer.verifier.key_id) != id {
+        if crate::canonical::to_hex(signer.verifier.key_id) != id {
             return Err(format!("the key id `{id}` does not match the key"));
         }
         Ok(signer)
@@ -351,7 +351,11 @@ fn load_hmac(dir: &Path, may_create: bool) -> Result<[u8; 32], AuditError> {
         ));
     } else {
         let key = random_32(&hmac_path)?;
-        write_new(&hmac_path, &format!("{}\n", hex::encode(key)), 0o600)?;
+        write_new(
+            &hmac_path,
+            &format!("{}\n", crate::canonical::to_hex(key)),
+            0o600,
+        )?;
         key
     };
     Ok(hmac_key)

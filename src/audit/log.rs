@@ -174,7 +174,8 @@ impl AuditLog {
                 path: options.key_dir.clone(),
                 what: format!("the {what} does not verify with this key: {e}"),
             })?;
-            if checkpoint.size != row.size || hex::encode(checkpoint.root) != row.root {
+            if checkpoint.size != row.size || crate::canonical::to_hex(checkpoint.root) != row.root
+            {
                 return Err(AuditError::Corrupt {
                     seq: 0,
                     what: format!("the {what} note does not match its row"),
@@ -187,8 +188,8 @@ impl AuditLog {
         )?;
         let wal_state = Arc::new(super::wal::WalState::default());
         let wal = WalCheckpointer::start(&path, options.durability, sinks, wal_state.clone())?;
-        let head_value =
-            (state.frontier.size() > 0).then(|| (state.frontier.size(), hex::encode(state.prev)));
+        let head_value = (state.frontier.size() > 0)
+            .then(|| (state.frontier.size(), crate::canonical::to_hex(state.prev)));
         let head = Arc::new(RwLock::new(head_value));
         let (sender, receiver) = std::sync::mpsc::channel();
         let batch_observer = Arc::new(OnceLock::new());
@@ -963,9 +964,9 @@ impl Writer {
                 let mut out = Vec::with_capacity(events.len());
                 for prepared in *events {
                     let seq = frontier.size() + 1;
-                    let line = render(prepared, seq, &ts, &hex::encode(prev));
+                    let line = render(prepared, seq, &ts, &crate::canonical::to_hex(prev));
                     let hash = leaf_hash(line.as_bytes());
-                    let hash_hex = hex::encode(hash);
+                    let hash_hex = crate::canonical::to_hex(hash);
                     let id = event_id(seq);
                     insert
                         .execute(params![
@@ -993,7 +994,13 @@ impl Writer {
         // (the signed head), so no acknowledged event is ever unsigned.
         let (size, head) = sign_head(self.signer.as_ref(), &self.origin, &frontier)?;
         tx.prepare_cached(UPSERT_HEAD)
-            .and_then(|mut s| s.execute(params![size as i64, hex::encode(frontier.root()), head]))
+            .and_then(|mut s| {
+                s.execute(params![
+                    size as i64,
+                    crate::canonical::to_hex(frontier.root()),
+                    head
+                ])
+            })
             .map_err(map)?;
         let note = if with_checkpoint {
             insert_checkpoint(&tx, &head, &frontier, &ts, "events").map_err(map)?;
@@ -1111,8 +1118,8 @@ impl Writer {
             segment: self.start.segment,
             first_seq: self.start.size + 1,
             last_seq: size,
-            last_hash: hex::encode(self.prev),
-            root: hex::encode(self.frontier.root()),
+            last_hash: crate::canonical::to_hex(self.prev),
+            root: crate::canonical::to_hex(self.frontier.root()),
             frontier: self.frontier.nodes().iter().map(hex::encode).collect(),
             last_ts: self.last_ts.clone(),
             note: note.clone(),
@@ -1145,7 +1152,7 @@ impl Writer {
         let start = StartRecord {
             segment: number,
             size: self.frontier.size(),
-            prev: hex::encode(self.prev),
+            prev: crate::canonical::to_hex(self.prev),
             frontier: self.frontier.nodes().iter().map(hex::encode).collect(),
             last_ts: self.last_ts.clone(),
             opened_unix: OffsetDateTime::now_utc().unix_timestamp(),
@@ -1193,8 +1200,8 @@ impl Writer {
     }
 
     fn set_head(&self) {
-        let value =
-            (self.frontier.size() > 0).then(|| (self.frontier.size(), hex::encode(self.prev)));
+        let value = (self.frontier.size() > 0)
+            .then(|| (self.frontier.size(), crate::canonical::to_hex(self.prev)));
         *self.head.write().unwrap_or_else(|p| p.into_inner()) = value;
     }
 
@@ -1205,7 +1212,9 @@ impl Writer {
             Ok((count, last))
                 if count + self.start.size == self.frontier.size()
                     && last.as_ref().map(|l| l.1.as_str())
-                        == (count > 0).then(|| hex::encode(self.prev)).as_deref() => {}
+                        == (count > 0)
+                            .then(|| crate::canonical::to_hex(self.prev))
+                            .as_deref() => {}
             Ok(_) => match store::load_state(&self.conn, &self.path, &[], &self.start) {
                 Ok(state) => {
                     self.frontier = state.frontier;
@@ -1285,7 +1294,7 @@ fn insert_checkpoint(
 ) -> rusqlite::Result<()> {
     tx.prepare_cached(INSERT_CHECKPOINT)?.execute(params![
         frontier.size() as i64,
-        hex::encode(frontier.root()),
+        crate::canonical::to_hex(frontier.root()),
         note,
         ts,
         reason

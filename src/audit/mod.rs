@@ -444,7 +444,7 @@ pub fn hmac_sha256_hex(key: &[u8; 32], bytes: &[u8]) -> String {
     match hmac::Hmac::<sha2::Sha256>::new_from_slice(key) {
         Ok(mut mac) => {
             mac.update(bytes);
-            hex::encode(mac.finalize().into_bytes())
+            crate::canonical::to_hex(mac.finalize().into_bytes())
         }
         Err(_) => String::new(),
     }

@@ -49,7 +49,7 @@ impl StartRecord {
         StartRecord {
             segment: 1,
             size: 0,
-            prev: hex::encode([0u8; 32]),
+            prev: crate::canonical::to_hex([0u8; 32]),
             frontier: Vec::new(),
             last_ts: String::new(),
             opened_unix,

@@ -377,7 +377,7 @@ pub(crate) fn load_state(
         wanted.push(("the signed head".into(), h.size, h.root.clone()));
     }
     for (origin, c) in extra {
-        wanted.push((origin.clone(), c.size, hex::encode(c.root)));
+        wanted.push((origin.clone(), c.size, crate::canonical::to_hex(c.root)));
     }
     // Checkpoints below this segment's start concern older segments (checked by
     // `audit verify`); the segment's start record carries the tree up to its start.
@@ -392,7 +392,7 @@ pub(crate) fn load_state(
         ),
     })?;
     if sizes.contains(&start.size) {
-        roots.insert(start.size, hex::encode(frontier.root()));
+        roots.insert(start.size, crate::canonical::to_hex(frontier.root()));
     }
     {
         let mut stmt = conn
@@ -416,7 +416,7 @@ pub(crate) fn load_state(
             frontier.push(hash);
             prev = hash;
             if sizes.contains(&seq) {
-                roots.insert(seq, hex::encode(frontier.root()));
+                roots.insert(seq, crate::canonical::to_hex(frontier.root()));
             }
         }
     }
@@ -430,7 +430,7 @@ pub(crate) fn load_state(
             )
             .map_err(map)?;
         let seq = seq as u64;
-        if hex::encode(super::merkle::leaf_hash(line.as_bytes())) != hash {
+        if crate::canonical::to_hex(super::merkle::leaf_hash(line.as_bytes())) != hash {
             return Err(AuditError::Corrupt {
                 seq,
                 what: "the last event's line does not match its stored hash".into(),

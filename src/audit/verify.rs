@@ -363,7 +363,7 @@ pub fn verify_segments(
             let (id, size, root, note) = row.map_err(map)?;
             let origin = format!("checkpoint #{id} in segment {}", segment.number);
             let checkpoint = checked(&mut seen, &note, key, &origin)?;
-            if checkpoint.size != size as u64 || hex::encode(checkpoint.root) != root {
+            if checkpoint.size != size as u64 || crate::canonical::to_hex(checkpoint.root) != root {
                 return Err(problem(
                     ProblemKind::Malformed,
                     None,
@@ -391,7 +391,9 @@ pub fn verify_segments(
             if let Some((size, root, note)) = head {
                 let origin = format!("the signed head in segment {}", segment.number);
                 let checkpoint = checked(&mut seen, &note, key, &origin)?;
-                if checkpoint.size != size as u64 || hex::encode(checkpoint.root) != root {
+                if checkpoint.size != size as u64
+                    || crate::canonical::to_hex(checkpoint.root) != root
+                {
                     return Err(problem(
                         ProblemKind::Malformed,
                         None,
@@ -404,7 +406,9 @@ pub fn verify_segments(
         if let Some(seal) = super::segments::read_seal(conn, path)? {
             let origin = format!("the seal of segment {}", segment.number);
             let checkpoint = checked(&mut seen, &seal.note, key, &origin)?;
-            if checkpoint.size != seal.last_seq || hex::encode(checkpoint.root) != seal.root {
+            if checkpoint.size != seal.last_seq
+                || crate::canonical::to_hex(checkpoint.root) != seal.root
+            {
                 return Err(problem(
                     ProblemKind::Edited,
                     Some(seal.last_seq),
@@ -640,7 +644,7 @@ pub fn verify_segments(
             let expected_prev = if position == 1 {
                 GENESIS_PREV.to_string()
             } else {
-                hex::encode(prev)
+                crate::canonical::to_hex(prev)
             };
             if value.get("prev").and_then(Value::as_str) != Some(expected_prev.as_str()) {
                 return Err(if position == 1 {
@@ -694,8 +698,8 @@ pub fn verify_segments(
             let matches = seal.segment == segment.number
                 && seal.first_seq == start.size + 1
                 && seal.last_seq == frontier.size()
-                && seal.last_hash == hex::encode(prev)
-                && seal.root == hex::encode(frontier.root())
+                && seal.last_hash == crate::canonical::to_hex(prev)
+                && seal.root == crate::canonical::to_hex(frontier.root())
                 && seal.frontier == frontier.nodes().iter().map(hex::encode).collect::<Vec<_>>();
             if !matches {
                 let kind = if seal.last_seq > frontier.size() {
@@ -729,7 +733,8 @@ pub fn verify_segments(
     let mut archived = None;
     for claim in &claims {
         if let Some((last_seq, boundary_root)) = boundaries.get(&claim.through_segment)
-            && (claim.through_seq != *last_seq || claim.through_root != hex::encode(boundary_root))
+            && (claim.through_seq != *last_seq
+                || claim.through_root != crate::canonical::to_hex(boundary_root))
         {
             return Err(problem(
                 ProblemKind::Edited,
@@ -740,7 +745,7 @@ pub fn verify_segments(
                     claim.through_segment,
                     claim.through_seq,
                     claim.through_root,
-                    hex::encode(boundary_root)
+                    crate::canonical::to_hex(boundary_root)
                 ),
             ));
         }
@@ -893,8 +898,8 @@ pub fn verify_segments(
     }
     let report = Report {
         events: size,
-        head_hash: (size > 0).then(|| hex::encode(prev)),
-        root: hex::encode(root),
+        head_hash: (size > 0).then(|| crate::canonical::to_hex(prev)),
+        root: crate::canonical::to_hex(root),
         checkpoints: verified.len(),
         latest_checkpoint_size: verified.last().map(|c| c.size),
         trusted_checkpoint_size: trusted_size,

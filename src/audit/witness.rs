@@ -108,7 +108,7 @@ impl WitnessKey {
         let key = VerifyingKey::from_bytes(&bytes)
             .map_err(|_| "the witness key is not a valid Ed25519 point".to_string())?;
         let parsed = WitnessKey::new(name, key);
-        if hex::encode(parsed.key_id) != id {
+        if crate::canonical::to_hex(parsed.key_id) != id {
             return Err(format!("the key id `{id}` does not match the witness key"));
         }
         Ok(parsed)
@@ -121,7 +121,7 @@ impl WitnessKey {
         format!(
             "{}+{}+{}",
             self.name,
-            hex::encode(self.key_id),
+            crate::canonical::to_hex(self.key_id),
             B64.encode(typed)
         )
     }

@@ -708,7 +708,7 @@ fn key_command(args: &KeyArgs) -> Exit {
                 Format::Json => {
                     let value = serde_json::json!({
                         "key_name": key.name,
-                        "key_id": hex::encode(key.key_id),
+                        "key_id": crate::canonical::to_hex(key.key_id),
                         "fingerprint": key.fingerprint(),
                         "vkey": key.to_vkey(),
                     });
@@ -719,7 +719,7 @@ fn key_command(args: &KeyArgs) -> Exit {
                 }
                 Format::Text => {
                     say!("key name: {}", key.name);
-                    say!("key id: {}", hex::encode(key.key_id));
+                    say!("key id: {}", crate::canonical::to_hex(key.key_id));
                     say!("fingerprint: {}", key.fingerprint());
                     say!("verifier key: {}", key.to_vkey());
                 }

@@ -325,7 +325,7 @@ async fn verify_all(
                 if keep {
                     leaves.push(hash);
                 }
-                prev = hex::encode(hash);
+                prev = crate::canonical::to_hex(hash);
                 if let Some(root) = wanted.get(&seq) {
                     if *root != frontier.root() {
                         // Every line before chains to the next, so only this last
@@ -481,7 +481,7 @@ async fn verify_all(
         report: FleetReport {
             sidecars,
             fleet_size: frontier.size(),
-            fleet_root: hex::encode(frontier.root()),
+            fleet_root: crate::canonical::to_hex(frontier.root()),
             fleet_key_fingerprint: fleet_key.as_ref().map(VerifierKey::fingerprint),
             fleet_key_confirmed: pin.is_some(),
             witnesses: None,
@@ -583,7 +583,7 @@ pub async fn export(
             }
             let path = tree.inclusion_proof(seq - 1, *size).unwrap_or_default();
             seqs.push(seq);
-            hashes.push(hex::encode(leaf_hash(line.as_bytes())));
+            hashes.push(crate::canonical::to_hex(leaf_hash(line.as_bytes())));
             events.push_str(&line);
             events.push('\n');
             proofs.push_str(&json!({"seq": seq, "tree_size": size, "path": path.iter().map(hex::encode).collect::<Vec<_>>()}).to_string());

@@ -342,7 +342,7 @@ fn frontier_json(frontier: &Frontier) -> Value {
         frontier
             .nodes()
             .iter()
-            .map(|n| Value::String(hex::encode(n)))
+            .map(|n| Value::String(crate::canonical::to_hex(n)))
             .collect(),
     )
 }
@@ -528,7 +528,7 @@ async fn ingest_inner(
     for (seq, line) in &new {
         let hash = check_line(origin, *seq, &prev, line)?;
         frontier.push(hash);
-        prev = hex::encode(hash);
+        prev = crate::canonical::to_hex(hash);
     }
     let new_size = frontier.size().max(log.size);
     // The checkpoint: a new one must match the tree; an old one must be the stored one.

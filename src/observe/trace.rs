@@ -84,7 +84,7 @@ impl TraceParent {
 
     /// The trace id as 32 lowercase hex digits.
     pub fn trace_id_hex(&self) -> String {
-        hex::encode(self.trace_id)
+        crate::canonical::to_hex(self.trace_id)
     }
 }
 
@@ -458,7 +458,7 @@ mod tests {
     fn parses_the_spec_example() {
         let p = TraceParent::parse(VALID).unwrap();
         assert_eq!(p.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
-        assert_eq!(hex::encode(p.parent_id), "00f067aa0ba902b7");
+        assert_eq!(crate::canonical::to_hex(p.parent_id), "00f067aa0ba902b7");
         assert_eq!(p.flags, 1);
     }
 

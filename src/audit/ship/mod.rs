@@ -256,7 +256,7 @@ impl ShipSpec {
 
     /// The sink's id: the first 16 hex digits of the sha256 of its spec.
     pub fn id(&self) -> String {
-        hex::encode(&Sha256::digest(self.name.as_bytes())[..8])
+        crate::canonical::to_hex(&Sha256::digest(self.name.as_bytes())[..8])
     }
 }
 
@@ -534,7 +534,9 @@ fn render(format: ShipFormat, event: &StoredEvent, checkpoint: Option<&Checkpoin
         ShipFormat::Ocsf => {
             let evidence = Evidence {
                 seq: event.seq,
-                leaf_hash: hex::encode(super::merkle::leaf_hash(event.line.as_bytes())),
+                leaf_hash: crate::canonical::to_hex(super::merkle::leaf_hash(
+                    event.line.as_bytes(),
+                )),
                 checkpoint: checkpoint.filter(|c| c.size >= event.seq),
                 inclusion_proof: None,
             };
@@ -544,7 +546,7 @@ fn render(format: ShipFormat, event: &StoredEvent, checkpoint: Option<&Checkpoin
 }
 
 fn leaf_hex(event: &StoredEvent) -> String {
-    hex::encode(super::merkle::leaf_hash(event.line.as_bytes()))
+    crate::canonical::to_hex(super::merkle::leaf_hash(event.line.as_bytes()))
 }
 
 fn event_text<'a>(event: &'a StoredEvent, key: &str) -> &'a str {
