@@ -155,6 +155,13 @@ impl Portable {
         Ok(Portable(out.into()))
     }
 
+    /// [`Portable::of`] for an object, without wrapping it in a `Value`.
+    pub fn of_map(map: &Map<String, Value>, depth: usize) -> Result<Portable, TooDeep> {
+        let mut out = String::with_capacity(64);
+        write_portable_map(map, depth, &mut out)?;
+        Ok(Portable(out.into()))
+    }
+
     /// Text a typed writer produced with this module's writers (`Trace::portable`).
     /// Every such writer has a test holding its text to [`Portable::of`] of the value
     /// it stands for.

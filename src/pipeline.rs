@@ -22,7 +22,7 @@ use crate::call::{
     ArtifactRef, CallRequest, CallResponse, CallSignals, Decision, DryRun, PartialRequest,
     Received, Status, Trace, Verdict,
 };
-use crate::canonical::{self, Portable, sha256_hex, to_canonical_bytes};
+use crate::canonical::{Portable, sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX, Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key, MAX_INLINE_OUTPUT_BYTES, Outcome};
@@ -71,7 +71,8 @@ struct Call {
     /// The scope as received (case and matter ids, flags), kept for replay and review.
     scope: Option<Map<String, Value>>,
     /// `scope` in the line's form, rendered for the first event that records it
-    /// (None inside when it cannot be, and the log judges the JSON).
+    /// (None inside when it cannot be, and the log judges the JSON). `scope` never
+    /// changes once the call is received, so the rendering stays true.
     scope_portable: Option<Option<Portable>>,
     /// Bounded digests of what a malformed request carried (see
     /// `call::PartialRequest::received`), recorded as `details.received`.
@@ -1312,12 +1313,9 @@ impl Call {
                 received.insert("scope".into(), digest);
             }
             Some(scope) => {
-                let rendered = self.scope_portable.get_or_insert_with(|| {
-                    let mut out = String::with_capacity(128);
-                    canonical::write_portable_map(scope, 1, &mut out)
-                        .map(|()| Portable::from_written(out))
-                        .ok()
-                });
+                let rendered = self
+                    .scope_portable
+                    .get_or_insert_with(|| Portable::of_map(scope, 1).ok());
                 match rendered {
                     Some(rendered) => event.details_portable.push(("scope", rendered.clone())),
                     None => {
