@@ -6,6 +6,7 @@
 //! background (or not at all when no OTLP endpoint is configured).
 
 pub mod json_log;
+pub mod log_writer;
 pub mod metrics;
 pub mod trace;
 

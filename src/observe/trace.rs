@@ -39,8 +39,6 @@ pub const GEN_AI_OPERATION: &str = "execute_tool";
 
 /// How long one OTLP export request may take.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Log lines formatted and waiting for the writer thread.
-const MAX_QUEUED_LOG_LINES: usize = 65_536;
 /// The largest collector response read.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
@@ -246,6 +244,8 @@ pub enum TraceError {
     Endpoint { endpoint: String, problem: String },
     /// The exporter could not be built.
     Exporter(String),
+    /// The log writer thread could not be started.
+    LogWriter(String),
 }
 
 impl fmt::Display for TraceError {
@@ -255,6 +255,7 @@ impl fmt::Display for TraceError {
                 write!(f, "invalid otlp endpoint `{endpoint}`: {problem}")
             }
             TraceError::Exporter(e) => write!(f, "cannot build the otlp exporter: {e}"),
+            TraceError::LogWriter(e) => write!(f, "cannot start the log writer thread: {e}"),
         }
     }
 }
@@ -264,8 +265,8 @@ impl fmt::Display for TraceError {
 #[derive(Debug, Default)]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
-    /// The log writer thread; dropped last, it writes out the lines still queued.
-    _logs: Option<tracing_appender::non_blocking::WorkerGuard>,
+    /// The log writer thread; dropped last, it writes out the lines still buffered.
+    _logs: Option<super::log_writer::LogFlusher>,
     /// Where spans go, when they are exported.
     pub traces_url: Option<String>,
 }
@@ -323,18 +324,16 @@ pub fn init(
         EnvFilter::try_from_env("TOOLGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // Logs are events only: spans are for the trace exporter.
     let events_only = env_filter.and(filter_fn(|meta| meta.is_event()));
-    // Lines are formatted on the calling thread and written by a writer thread, which
-    // buffers them and flushes whenever its queue runs empty: under load many lines
-    // go out in one write, and a call never waits for (or wakes) the reader of stderr.
-    // Nothing is dropped: when the queue is full, callers wait.
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .buffered_lines_limit(MAX_QUEUED_LOG_LINES)
-        .thread_name("toolgate-log")
-        .finish(std::io::BufWriter::with_capacity(
-            64 * 1024,
-            std::io::stderr(),
-        ));
+    // Lines are formatted on the calling thread and appended to one bounded buffer; a
+    // writer thread puts them on stderr in batches (`log_writer`), so a call never
+    // waits for (or, but for the first line of a batch, wakes) the reader of stderr.
+    // Nothing is dropped: when the buffer is full, callers wait.
+    let (writer, guard) = super::log_writer::spawn(
+        "toolgate-log",
+        Box::new(std::io::stderr()),
+        Box::new(std::io::stderr()),
+    )
+    .map_err(|e| TraceError::LogWriter(e.to_string()))?;
     let logs = tracing_subscriber::fmt::layer().with_writer(writer);
     let logs = match format {
         LogFormat::Json => logs

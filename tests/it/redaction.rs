@@ -188,7 +188,15 @@ fn a_redacted_value_appears_in_no_output() {
     }
     let data = server.data_dir.clone();
     let db = server.db();
-    // The log lines, while the server runs (every call is logged).
+    // The log lines, while the server runs: every call's line is in before they are
+    // taken (lines reach stderr in batches), so the search below covers all three.
+    for r in &responses {
+        let call_id = r["call_id"].as_str().unwrap();
+        assert!(
+            !server.log_lines_with(call_id).is_empty(),
+            "no log line for {call_id}"
+        );
+    }
     let logged: Vec<String> = server.log_lines_with("");
     assert_eq!(server.stop().code(), Some(0));
 
