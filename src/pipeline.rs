@@ -890,6 +890,9 @@ impl Gateway {
                 .adapter
                 .execute_signalled(tool, &allowed.arguments, ctx, signals);
             tokio::select! {
+                // The tool first: most finish on their first poll (a builtin's small
+                // file read), and then the cancellation waiter is never registered.
+                biased;
                 timed = tokio::time::timeout_at(deadline + DEADLINE_BACKSTOP, run) => match timed {
                     Ok(result) => result,
                     Err(_) => Err(ExecError::Timeout),

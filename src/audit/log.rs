@@ -960,13 +960,17 @@ impl Writer {
         let mut appended = Vec::with_capacity(requests.len());
         {
             let mut insert = tx.prepare_cached(INSERT_EVENT).map_err(map)?;
+            // The previous leaf hash in hex: the last event's `hash`, carried along.
+            let mut prev_hex = crate::canonical::to_hex(prev);
             for events in requests {
                 let mut out = Vec::with_capacity(events.len());
                 for prepared in *events {
                     let seq = frontier.size() + 1;
-                    let line = render(prepared, seq, &ts, &crate::canonical::to_hex(prev));
+                    let line = render(prepared, seq, &ts, &prev_hex);
                     let hash = leaf_hash(line.as_bytes());
                     let hash_hex = crate::canonical::to_hex(hash);
+                    prev_hex.clear();
+                    prev_hex.push_str(&hash_hex);
                     let id = event_id(seq);
                     insert
                         .execute(params![

@@ -21,7 +21,9 @@
 //! For every gateway row the server's CPU time (utime + stime of the child process,
 //! from `/proc/<pid>/stat`) over the counted window is divided by the calls counted:
 //! the CPU microseconds one call costs the server, a figure that stays meaningful on
-//! a machine other work is also using.
+//! a machine other work is also using. Likewise its context switches per call (summed
+//! over its threads, `/proc/<pid>/task/*/status`): the hand-offs between threads on a
+//! call's path, each a thread that parked and had to be woken.
 //!
 //! Every client is a closed loop on its own keep-alive connection. Prints a table and
 //! writes the figures as JSON (default `target/bench/gateway.json`).
@@ -250,6 +252,11 @@ struct Row {
     /// The server process's CPU time (user + system, `/proc/<pid>/stat`) over the
     /// counted window divided by the calls counted, in microseconds (gateway only).
     pub server_cpu_us_per_call: Option<f64>,
+    /// The server's context switches (voluntary and involuntary, summed over its
+    /// threads from `/proc/<pid>/task/*/status`) over the counted window divided by the
+    /// calls counted (gateway only): each is a thread that blocked or was preempted,
+    /// the cost of every hand-off between threads on a call's path.
+    pub server_switches_per_call: Option<f64>,
 }
 
 /// Gateway against direct, for one tool, durability and number of clients.
@@ -1070,6 +1077,8 @@ struct Measured {
     seconds: f64,
     /// The server's CPU time over the counted window, in microseconds.
     server_cpu_us: Option<f64>,
+    /// The server's context switches over the counted window.
+    server_switches: Option<u64>,
 }
 
 impl Measured {
@@ -1102,6 +1111,10 @@ impl Measured {
                 .server_cpu_us
                 .filter(|_| calls > 0)
                 .map(|us| round(us / calls as f64, 1)),
+            server_switches_per_call: self
+                .server_switches
+                .filter(|_| calls > 0)
+                .map(|n| round(n as f64 / calls as f64, 2)),
         }
     }
 }
@@ -1118,6 +1131,50 @@ fn process_cpu_us(pid: u32) -> Option<f64> {
     // SAFETY: sysconf only reads a configuration value.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (per_second > 0).then(|| ticks as f64 * 1e6 / per_second as f64)
+}
+
+/// The context switches of each thread of process `pid` so far (voluntary and
+/// involuntary, from `/proc/<pid>/task/<tid>/status`), by thread id; None if the
+/// process cannot be read.
+fn thread_switches(pid: u32) -> Option<std::collections::BTreeMap<u32, u64>> {
+    let mut switches = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // A thread that ended since the listing has nothing left to count.
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        let count: u64 = status
+            .lines()
+            .filter(|l| {
+                l.starts_with("voluntary_ctxt_switches:")
+                    || l.starts_with("nonvoluntary_ctxt_switches:")
+            })
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum();
+        switches.insert(tid, count);
+    }
+    Some(switches)
+}
+
+/// The context switches between two [`thread_switches`] readings: a thread that
+/// started in between counts whole; one that ended in between is not counted.
+fn switches_between(
+    first: &std::collections::BTreeMap<u32, u64>,
+    last: &std::collections::BTreeMap<u32, u64>,
+) -> u64 {
+    last.iter()
+        .map(|(tid, n)| n.saturating_sub(first.get(tid).copied().unwrap_or(0)))
+        .sum()
 }
 
 /// The nearest-rank percentile of sorted values (0 for none).
@@ -1150,9 +1207,12 @@ async fn measure(
     let cpu = server.map(|pid| {
         tokio::spawn(async move {
             tokio::time::sleep_until(counted_from).await;
-            let first = process_cpu_us(pid)?;
+            let first = (process_cpu_us(pid), thread_switches(pid));
             tokio::time::sleep_until(end).await;
-            Some(process_cpu_us(pid)? - first)
+            let last = (process_cpu_us(pid), thread_switches(pid));
+            let cpu = first.0.zip(last.0).map(|(a, b)| b - a);
+            let switches = first.1.zip(last.1).map(|(a, b)| switches_between(&a, &b));
+            (cpu, switches)
         })
     });
     let per_client = (window.max_calls / clients as u64).max(1) as usize;
@@ -1190,15 +1250,16 @@ async fn measure(
         errors += done.errors;
         stopped = stopped.max(done.stopped);
     }
-    let server_cpu_us = match cpu {
-        Some(sampler) => sampler.await.ok().flatten(),
-        None => None,
+    let (server_cpu_us, server_switches) = match cpu {
+        Some(sampler) => sampler.await.unwrap_or_default(),
+        None => (None, None),
     };
     Ok(Measured {
         latencies,
         errors,
         seconds: stopped.duration_since(counted_from).as_secs_f64(),
         server_cpu_us,
+        server_switches,
     })
 }
 
@@ -1464,7 +1525,7 @@ fn print_report(report: &Report) {
         report.seconds, report.warmup
     );
     println!(
-        "{:<7} {:<8} {:<10} {:>7} {:>11} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>8}",
+        "{:<7} {:<8} {:<10} {:>7} {:>11} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>8} {:>7}",
         "tool",
         "path",
         "durability",
@@ -1477,13 +1538,14 @@ fn print_report(report: &Report) {
         "batch",
         "commit ms",
         "srv ms",
-        "cpu us"
+        "cpu us",
+        "cs/call"
     );
     for r in &report.rows {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
         println!(
-            "{:<7} {:<8} {:<10} {:>7} {:>11.0} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>7} {:>9} {:>9} {:>8}",
+            "{:<7} {:<8} {:<10} {:>7} {:>11.0} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>7} {:>9} {:>9} {:>8} {:>7}",
             r.tool.as_str(),
             r.path,
             r.durability.map_or("-", BenchDurability::as_str),
@@ -1497,6 +1559,7 @@ fn print_report(report: &Report) {
             opt(r.audit_commit_mean_ms, 3),
             opt(r.server_overhead_mean_ms, 3),
             opt(r.server_cpu_us_per_call, 1),
+            opt(r.server_switches_per_call, 2),
         );
     }
     println!("\ngateway / direct (case and dryrun: / the bare echo)");

@@ -50,6 +50,12 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
                 row["server_cpu_us_per_call"].as_f64().unwrap() >= 0.0,
                 "{row}"
             );
+            // Its context switches per call: every call parks at least one thread
+            // (the audit writer waits for the next append between commits).
+            assert!(
+                row["server_switches_per_call"].as_f64().unwrap() > 0.0,
+                "{row}"
+            );
         }
     }
     for durability in ["full", "normal"] {
