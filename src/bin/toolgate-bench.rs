@@ -1609,6 +1609,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn switches_count_each_thread_from_its_first_reading() {
+        let first = std::collections::BTreeMap::from([(1, 100), (2, 50), (3, 7)]);
+        // Thread 1 switched 10 times, thread 2 not at all, thread 3 ended, thread 4
+        // started and switched 5 times.
+        let last = std::collections::BTreeMap::from([(1, 110), (2, 50), (4, 5)]);
+        assert_eq!(switches_between(&first, &last), 15);
+        // This process's own threads, read twice: never negative, and this thread's
+        // sleep in between is a switch.
+        let pid = std::process::id();
+        let a = thread_switches(pid).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let b = thread_switches(pid).unwrap();
+        assert!(switches_between(&a, &b) >= 1);
+        assert!(thread_switches(u32::MAX).is_none());
+    }
+
+    #[test]
     fn nearest_rank_percentiles() {
         let v: Vec<u64> = (1..=100).collect();
         assert_eq!(percentile(&v, 0.50), 50);
