@@ -22,6 +22,8 @@
 //!   in the binary), served by [`server`] at `/console`.
 //! - [`limits`]: per-client connection and request-rate limits of the HTTP front.
 //! - [`transport`]: the socket wrapper that gives hyper's own refusals a JSON body.
+//! - [`workers`]: the connection threads of `toolgate serve`, one single-threaded
+//!   runtime per core.
 //! - [`capacity`]: the audit log's disk headroom (`--max-audit-bytes`,
 //!   `--min-free-disk-bytes`).
 //! - [`mcp`]: MCP on both sides: the `/mcp` front for agents, the adapter for
@@ -58,6 +60,7 @@ pub mod server;
 pub mod shadow;
 pub mod state;
 pub mod transport;
+pub mod workers;
 
 /// The version of the tool gateway contract this build implements, recorded in every
 /// audit event.

@@ -36,6 +36,7 @@ use crate::limits::{Admission, ClientLimits, Limit, LimitOptions, Permit};
 use crate::observe::trace::TraceParent;
 use crate::requests::{self, ListRuns};
 use crate::transport::JsonRefusals;
+use crate::workers::Workers;
 
 /// Limits of the HTTP front.
 #[derive(Debug, Clone)]
@@ -47,6 +48,8 @@ pub struct ServerOptions {
     /// Time allowed to send the request headers and, separately, the body. An idle
     /// connection (no request started) is closed after this long too.
     pub read_timeout: Duration,
+    /// The threads that serve connections (none: the caller's runtime).
+    pub workers: Workers,
 }
 
 impl Default for ServerOptions {
@@ -55,6 +58,7 @@ impl Default for ServerOptions {
             max_body_bytes: 1024 * 1024,
             limits: LimitOptions::default(),
             read_timeout: Duration::from_secs(30),
+            workers: Workers::default(),
         }
     }
 }
@@ -110,18 +114,24 @@ pub async fn serve(
         let read_timeout = options.read_timeout;
         let options = options.clone();
         let limits = limits.clone();
-        let service = service_fn(move |req| {
-            served(gateway.clone(), options.clone(), limits.clone(), peer, req)
-        });
-        let conn = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(read_timeout)
-            .serve_connection(TokioIo::new(JsonRefusals::new(stream)), service);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
-            drop(permit);
-        });
+        let watcher = graceful.watcher();
+        options
+            .workers
+            .clone()
+            .spawn_connection(stream, move |stream| {
+                let service = service_fn(move |req| {
+                    served(gateway.clone(), options.clone(), limits.clone(), peer, req)
+                });
+                let conn = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(read_timeout)
+                    .serve_connection(TokioIo::new(JsonRefusals::new(stream)), service);
+                let conn = watcher.watch(conn);
+                async move {
+                    let _ = conn.await;
+                    drop(permit);
+                }
+            });
     }
     drop(listener);
     if tokio::time::timeout(drain, graceful.shutdown())

@@ -88,7 +88,7 @@ def step_of(frames):
 
 
 def thread_group(thread):
-    if thread.startswith("tokio-runtime") or thread.startswith("tokio-rt"):
+    if thread.startswith(("tokio-runtime", "tokio-rt", "toolgate-http")):
         return "tokio workers"
     return thread
 

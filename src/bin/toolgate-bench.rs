@@ -14,7 +14,8 @@
 //! - `case` (issue 19): the demo policy's `research_agent` calling `case_lookup` in the
 //!   `research` lane (the shipped `policy/` and `tools/`, copied, with the tool's
 //!   `max_concurrency` lifted so that no call is refused), against a bare hyper JSON
-//!   echo of the same body (`echo`, the same upstream);
+//!   echo of the same body (`echo`, the same upstream), measured right before each of
+//!   its rows so that the ratio compares two minutes of the same machine;
 //! - `dryrun`: the same call with `"dry_run": true` (the decision and one durable
 //!   event, nothing executed).
 //!
@@ -415,14 +416,23 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     } else {
         None
     };
-    // The direct calls: each tool's own, and the bare echo once for the demo's tools.
+    // The direct calls of the benchmark policy's tools. The demo's tools are compared
+    // with a bare echo measured right before each of their rows (below): the echo's
+    // own rate drifts by a third within an hour here, and a ratio over an echo
+    // measured minutes earlier carried that drift.
     let mut direct_tools: Vec<BenchTool> = Vec::new();
-    for tool in &args.tools {
+    for tool in args.tools.iter().filter(|t| !t.on_demo()) {
         if !direct_tools.contains(&tool.direct()) {
             direct_tools.push(tool.direct());
         }
     }
     let echo_body = demo_call_body("run-echo", false);
+    let echo = Workload::Http {
+        addr: upstream.addr,
+        path: "/echo",
+        token: None,
+        body: Bytes::from(echo_body.clone()),
+    };
     let bench_files = (policy_dir.clone(), tools_file.clone());
     let mut rows = Vec::new();
     for &clients in &args.clients {
@@ -431,12 +441,7 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
                 BenchTool::Builtin => Workload::Adapter {
                     loaded: loaded.clone(),
                 },
-                BenchTool::Echo => Workload::Http {
-                    addr: upstream.addr,
-                    path: "/echo",
-                    token: None,
-                    body: Bytes::from(echo_body.clone()),
-                },
+                BenchTool::Echo => echo.clone(),
                 _ => Workload::Http {
                     addr: upstream.addr,
                     path: "/noop",
@@ -485,6 +490,11 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
                         token: Some(tokens.agent),
                         body: Bytes::from(body),
                     };
+                    if on_demo {
+                        eprintln!("measuring echo direct, {clients} clients (beside it)");
+                        let measured = measure(&echo, clients, &window, None).await?;
+                        rows.push(measured.row(BenchTool::Echo, "direct", None, clients));
+                    }
                     eprintln!(
                         "measuring {} through the gateway ({}), {clients} clients",
                         tool.as_str(),
@@ -1051,6 +1061,7 @@ impl Conn {
 }
 
 /// What one measurement does per call.
+#[derive(Clone)]
 enum Workload {
     /// The builtin tool through the adapter API, in this process.
     Adapter { loaded: Arc<Loaded> },
@@ -1369,8 +1380,9 @@ async fn call_builtin(loaded: &Loaded, arguments: &Value, scope: &Map<String, Va
 
 fn ratios(rows: &[Row]) -> Vec<Ratio> {
     let mut out = Vec::new();
-    for gateway in rows.iter().filter(|r| r.path == "gateway") {
-        let direct = rows.iter().find(|r| {
+    for (i, gateway) in rows.iter().enumerate().filter(|(_, r)| r.path == "gateway") {
+        // The direct row measured last before this one (rows are in measured order).
+        let direct = rows[..i].iter().rev().find(|r| {
             r.path == "direct" && r.tool == gateway.tool.direct() && r.clients == gateway.clients
         });
         if let (Some(direct), Some(durability)) = (direct, gateway.durability) {
@@ -1633,6 +1645,43 @@ mod tests {
         assert_eq!(percentile(&v, 0.99), 99);
         assert_eq!(percentile(&[7], 0.99), 7);
         assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn each_ratio_is_over_the_echo_measured_last_before_it() {
+        let row = |tool, path, durability, calls_per_s: f64, p50_ms| Row {
+            calls_per_s,
+            p50_ms,
+            ..Measured {
+                latencies: vec![1],
+                errors: 0,
+                seconds: 1.0,
+                server_cpu_us: None,
+                server_switches: None,
+            }
+            .row(tool, path, durability, 8)
+        };
+        let normal = Some(BenchDurability::Normal);
+        let rows = [
+            row(BenchTool::Echo, "direct", None, 1000.0, 0.2),
+            row(BenchTool::Case, "gateway", normal, 100.0, 0.5),
+            row(BenchTool::Echo, "direct", None, 500.0, 0.1),
+            row(BenchTool::Dryrun, "gateway", normal, 250.0, 0.4),
+            row(BenchTool::Builtin, "gateway", normal, 10.0, 1.0),
+        ];
+        let ratios = ratios(&rows);
+        // The builtin has no direct row here: no ratio.
+        assert_eq!(ratios.len(), 2);
+        assert_eq!(
+            (ratios[0].tool, ratios[0].throughput_ratio),
+            (BenchTool::Case, 0.1)
+        );
+        assert_eq!(ratios[0].overhead_p50_ms, 0.3);
+        assert_eq!(
+            (ratios[1].tool, ratios[1].throughput_ratio),
+            (BenchTool::Dryrun, 0.5)
+        );
+        assert_eq!(ratios[1].overhead_p50_ms, 0.3);
     }
 
     #[test]

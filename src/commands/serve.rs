@@ -15,6 +15,7 @@ use crate::gateway::{Gateway, Loaded, PolicySourcePaths, adapter_env};
 use crate::limits::LimitOptions;
 use crate::observe::trace;
 use crate::server::{self, ServerOptions};
+use crate::workers::{WorkerThreads, Workers};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -36,6 +37,10 @@ pub struct ServeArgs {
     /// /healthz and /readyz (429 otherwise).
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
+    /// Threads that serve connections, each with its own single-threaded runtime (0:
+    /// one per core). Background work (sinks, witnesses, timers) runs apart from them.
+    #[arg(long, default_value_t = 0)]
+    pub connection_threads: usize,
     /// Connections served at once from one client address; more are answered only on
     /// /healthz and /readyz (429 otherwise).
     #[arg(long, default_value_t = 256)]
@@ -371,13 +376,26 @@ pub fn serve_command(args: &ServeArgs) -> Exit {
     if let Some(url) = &telemetry.traces_url {
         println!("traces: exporting over otlp to {url}");
     }
-    let exit = runtime.block_on(run(args));
+    let threads = match args.connection_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let workers = match WorkerThreads::start(threads) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: cannot start the connection threads: {e}");
+            return Exit::Failure;
+        }
+    };
+    let exit = runtime.block_on(run(args, workers.workers()));
+    // Calls cut off by the drain time end with their threads.
+    workers.stop();
     // The runtime still runs: the last batch of spans is sent before it stops.
     telemetry.shutdown();
     exit
 }
 
-async fn run(args: &ServeArgs) -> Exit {
+async fn run(args: &ServeArgs, workers: Workers) -> Exit {
     let loaded = match Loaded::load(
         &args.location.policy_dir,
         &args.location.tools,
@@ -611,6 +629,7 @@ async fn run(args: &ServeArgs) -> Exit {
             max_connections_per_client: args.max_connections_per_client.max(1),
             max_requests_per_second_per_client: args.max_requests_per_second_per_client,
         },
+        workers,
         ..ServerOptions::default()
     };
     raise_open_files_limit();

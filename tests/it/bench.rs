@@ -32,9 +32,9 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
     );
     let report: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let rows = report["rows"].as_array().unwrap();
-    // builtin, http and the bare echo x 2 client counts directly; 4 tools x 2 client
-    // counts through each durability.
-    assert_eq!(rows.len(), 6 + 16, "{report:#}");
+    // builtin and http x 2 client counts directly; 4 tools x 2 client counts through
+    // each durability; and a bare echo right before each of the 8 case and dryrun rows.
+    assert_eq!(rows.len(), 4 + 16 + 8, "{report:#}");
     for row in rows {
         assert!(row["calls"].as_u64().unwrap() > 0, "{row}");
         assert_eq!(row["errors"], 0, "{row}");
@@ -68,7 +68,31 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
             );
         }
     }
-    assert_eq!(report["ratios"].as_array().unwrap().len(), 16);
+    let ratios = report["ratios"].as_array().unwrap();
+    assert_eq!(ratios.len(), 16);
+    // A demo row's ratio is over the echo measured just before it, at its clients.
+    for (i, row) in rows.iter().enumerate() {
+        if row["path"] != "gateway" || !(row["tool"] == "case" || row["tool"] == "dryrun") {
+            continue;
+        }
+        let echo = &rows[i - 1];
+        assert_eq!(
+            (&echo["tool"], &echo["path"]),
+            (&"echo".into(), &"direct".into())
+        );
+        assert_eq!(echo["clients"], row["clients"]);
+        let ratio = ratios
+            .iter()
+            .find(|r| {
+                r["tool"] == row["tool"]
+                    && r["durability"] == row["durability"]
+                    && r["clients"] == row["clients"]
+            })
+            .unwrap();
+        let expected = row["calls_per_s"].as_f64().unwrap() / echo["calls_per_s"].as_f64().unwrap();
+        let got = ratio["throughput_ratio"].as_f64().unwrap();
+        assert!((got - expected).abs() < 1e-3, "{ratio} {row} {echo}");
+    }
     let targets = report["targets"].as_array().unwrap();
     assert_eq!(targets.len(), 11);
     // The FULL one-client target is checked against a sync measured in this run.
