@@ -596,3 +596,81 @@ fn sigterm_shuts_down_cleanly() {
     let status = server.stop();
     assert!(status.success(), "{status:?}");
 }
+
+/// The server's threads named `toolgate-http-*`, by name, with the nanoseconds each
+/// has run (`/proc/<pid>/task/<tid>/schedstat`).
+fn connection_threads(pid: u32) -> std::collections::BTreeMap<String, u64> {
+    let mut threads = std::collections::BTreeMap::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let name = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let name = name.trim();
+        if name.starts_with("toolgate-http-") {
+            let stat = fs::read_to_string(task.path().join("schedstat")).unwrap();
+            let ran: u64 = stat.split_whitespace().next().unwrap().parse().unwrap();
+            threads.insert(name.to_string(), ran);
+        }
+    }
+    threads
+}
+
+#[test]
+fn connections_spread_over_the_connection_threads_and_each_serves_calls() {
+    let server = Server::start_with(Start {
+        args: vec!["--connection-threads".into(), "3".into()],
+        ..Start::default()
+    });
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let before = connection_threads(server.pid());
+    let names: Vec<&str> = before.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        ["toolgate-http-0", "toolgate-http-1", "toolgate-http-2"]
+    );
+
+    // Three keep-alive connections, open together: one on each thread.
+    let agents: Vec<ureq::Agent> = (0..3)
+        .map(|_| {
+            ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .max_idle_connections_per_host(1)
+                .build()
+                .into()
+        })
+        .collect();
+    let body = json!({
+        "role_id": "research_agent", "run_id": run, "lane_id": "research",
+        "tool_name": "case_lookup", "arguments": {}, "scope": {"case_id": "C-1001"},
+    })
+    .to_string();
+    for _ in 0..40 {
+        for agent in &agents {
+            let mut response = agent
+                .post(format!("{}/v1/tool-calls", server.base))
+                .header(
+                    "Authorization",
+                    &format!("Bearer {}", token("research_agent")),
+                )
+                .header("Content-Type", "application/json")
+                .send(&body)
+                .unwrap();
+            assert_eq!(response.status().as_u16(), 200);
+            let answer: Value =
+                serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap();
+            assert_eq!(answer["status"], "success", "{answer}");
+        }
+    }
+    // Every thread ran: each had a connection's 40 calls to serve.
+    let after = connection_threads(server.pid());
+    for (name, ran) in &after {
+        assert!(
+            *ran > before[name],
+            "{name} did not run: {before:?} {after:?}"
+        );
+    }
+    // And every call was recorded, once.
+    let (_, events) = server.get(
+        &format!("/v1/audit/events?run_id={run}&type=tool_executed&limit=1000"),
+        Some(ADMIN),
+    );
+    assert_eq!(events["events"].as_array().unwrap().len(), 120, "{events}");
+}
