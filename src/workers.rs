@@ -54,13 +54,14 @@ pub struct WorkerThreads {
 }
 
 impl WorkerThreads {
-    /// Starts `count` threads (at least one), named `toolgate-http-<i>`, each running
-    /// its own single-threaded runtime with every driver enabled.
+    /// Starts `count` threads, named `toolgate-http-<i>`, each running its own
+    /// single-threaded runtime with every driver enabled. With none, connections are
+    /// served on the runtime that accepts them.
     pub fn start(count: usize) -> std::io::Result<WorkerThreads> {
         let mut slots = Vec::new();
         let mut stops = Vec::new();
         let mut threads = Vec::new();
-        for i in 0..count.max(1) {
+        for i in 0..count {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;

@@ -37,10 +37,12 @@ pub struct ServeArgs {
     /// /healthz and /readyz (429 otherwise).
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
-    /// Threads that serve connections, each with its own single-threaded runtime (0:
-    /// one per core). Background work (sinks, witnesses, timers) runs apart from them.
-    #[arg(long, default_value_t = 0)]
-    pub connection_threads: usize,
+    /// Threads that serve connections, each with its own single-threaded runtime:
+    /// `auto` (one per core), a number from 1 to 1024, or `shared` (no connection
+    /// threads: connections share the main runtime's work-stealing pool with the
+    /// background work, as before issue 19's eighth pass).
+    #[arg(long, default_value = "auto", value_parser = parse_connection_threads)]
+    pub connection_threads: ConnectionThreads,
     /// Connections served at once from one client address; more are answered only on
     /// /healthz and /readyz (429 otherwise).
     #[arg(long, default_value_t = 256)]
@@ -326,6 +328,33 @@ fn parse_ship(text: &str) -> Result<crate::audit::ship::ShipSpec, String> {
     crate::audit::ship::ShipSpec::parse(text)
 }
 
+/// Where connections are served (`--connection-threads`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionThreads {
+    /// One connection thread per core the process may use.
+    Auto,
+    /// This many connection threads.
+    Count(usize),
+    /// No connection threads: the main runtime serves connections.
+    Shared,
+}
+
+/// The most connection threads `--connection-threads` accepts.
+const MAX_CONNECTION_THREADS: usize = 1024;
+
+fn parse_connection_threads(text: &str) -> Result<ConnectionThreads, String> {
+    match text {
+        "auto" => Ok(ConnectionThreads::Auto),
+        "shared" => Ok(ConnectionThreads::Shared),
+        _ => match text.parse::<usize>() {
+            Ok(n) if (1..=MAX_CONNECTION_THREADS).contains(&n) => Ok(ConnectionThreads::Count(n)),
+            _ => Err(format!(
+                "use `auto`, `shared` or a number of threads from 1 to {MAX_CONNECTION_THREADS}"
+            )),
+        },
+    }
+}
+
 fn parse_public_url(text: &str) -> Result<String, String> {
     let url = reqwest::Url::parse(text).map_err(|e| format!("not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
@@ -377,19 +406,20 @@ pub fn serve_command(args: &ServeArgs) -> Exit {
         println!("traces: exporting over otlp to {url}");
     }
     let threads = match args.connection_threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
+        ConnectionThreads::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ConnectionThreads::Count(n) => n,
+        ConnectionThreads::Shared => 0,
     };
-    let workers = match WorkerThreads::start(threads) {
+    let threads = match WorkerThreads::start(threads) {
         Ok(w) => w,
         Err(e) => {
             eprintln!("error: cannot start the connection threads: {e}");
             return Exit::Failure;
         }
     };
-    let exit = runtime.block_on(run(args, workers.workers()));
+    let exit = runtime.block_on(run(args, threads.workers()));
     // Calls cut off by the drain time end with their threads.
-    workers.stop();
+    threads.stop();
     // The runtime still runs: the last batch of spans is sent before it stops.
     telemetry.shutdown();
     exit
@@ -740,4 +770,26 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {},
     }
     tracing::info!("shutdown requested; draining in-flight calls");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ConnectionThreads, parse_connection_threads};
+
+    #[test]
+    fn connection_threads_take_auto_shared_or_a_bounded_count() {
+        let cases: [(&str, Option<ConnectionThreads>); 8] = [
+            ("auto", Some(ConnectionThreads::Auto)),
+            ("shared", Some(ConnectionThreads::Shared)),
+            ("1", Some(ConnectionThreads::Count(1))),
+            ("1024", Some(ConnectionThreads::Count(1024))),
+            ("0", None),
+            ("1025", None),
+            ("-1", None),
+            ("two", None),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_connection_threads(text).ok(), expected, "{text}");
+        }
+    }
 }

@@ -674,3 +674,22 @@ fn connections_spread_over_the_connection_threads_and_each_serves_calls() {
     );
     assert_eq!(events["events"].as_array().unwrap().len(), 120, "{events}");
 }
+
+#[test]
+fn shared_connection_threads_serve_on_the_main_runtime() {
+    let server = Server::start_with(Start {
+        args: vec!["--connection-threads".into(), "shared".into()],
+        ..Start::default()
+    });
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let (code, body) = server.call(
+        "research_agent",
+        &run,
+        "research",
+        "case_lookup",
+        json!({}),
+        json!({"case_id": "C-1001"}),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(connection_threads(server.pid()).is_empty());
+}
