@@ -26,6 +26,9 @@ use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+/// How long a stopping connection thread waits for its blocking-pool tasks.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Where connections are served: a cloneable handle on the connection threads.
 #[derive(Clone, Default)]
 pub struct Workers {
@@ -75,6 +78,8 @@ impl WorkerThreads {
                 .spawn(move || {
                     // The runtime runs its tasks only while `block_on` runs: until stopped.
                     let _ = runtime.block_on(stopped);
+                    // A blocking task that never returns must not hold the exit.
+                    runtime.shutdown_timeout(STOP_WAIT);
                 })?;
             stops.push(stop);
             threads.push(thread);
@@ -247,6 +252,28 @@ mod tests {
             .map(|s| s.open.load(Ordering::Relaxed))
             .sum();
         assert_eq!(left, 0);
+    }
+
+    #[test]
+    fn a_blocking_task_that_never_returns_does_not_hold_the_stop() {
+        let threads = WorkerThreads::start(1).unwrap();
+        let (_never, wait) = std::sync::mpsc::channel::<()>();
+        let (started, running) = std::sync::mpsc::channel::<()>();
+        threads.workers().slots[0].handle.spawn_blocking(move || {
+            let _ = started.send(());
+            let _ = wait.recv();
+        });
+        running.recv().unwrap();
+        let (stopped, done) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            threads.stop();
+            let _ = stopped.send(());
+        });
+        // STOP_WAIT is 1 s; a stop that waited for the task would never come.
+        assert!(
+            done.recv_timeout(std::time::Duration::from_secs(30))
+                .is_ok()
+        );
     }
 
     #[tokio::test]
