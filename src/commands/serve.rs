@@ -406,7 +406,9 @@ pub fn serve_command(args: &ServeArgs) -> Exit {
         println!("traces: exporting over otlp to {url}");
     }
     let threads = match args.connection_threads {
-        ConnectionThreads::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ConnectionThreads::Auto => std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_CONNECTION_THREADS),
         ConnectionThreads::Count(n) => n,
         ConnectionThreads::Shared => 0,
     };
