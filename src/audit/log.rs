@@ -9,14 +9,25 @@
 //! and the in-memory chain state (worked on a copy) stays as it was, so seqs stay
 //! gapless.
 //!
+//! Quiet commits (issue 19): when an append finds the log quiet (no other append in
+//! progress, the writer idle and not wanting its between-commits WAL copy), with
+//! NORMAL durability and an in-process signer, the appending thread takes the writer
+//! and commits its own events with the same code, instead of handing them over and
+//! waiting for the answer. One client's call then wakes no other thread for its two
+//! events (four thread wake-ups fewer per call). Everything else goes to the writer
+//! thread: FULL (a commit waits for the disk, and a connection thread must not), a
+//! socket signer (it waits for another process), and any append that meets another,
+//! so group commit still gathers concurrent appends.
+//!
 //! INVARIANT: a waiter is answered Ok only after the COMMIT that holds its events
 //! returned, and that commit also holds a checkpoint over every event signed by the
-//! log's [`Signer`] (the signed head); the writer is the only code that writes events.
+//! log's [`Signer`] (the signed head); only the holder of the [`Writer`] (the writer
+//! thread, or a quiet appender) writes events, and one holds it at a time.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -70,6 +81,15 @@ pub type BatchObserver = Arc<dyn Fn(usize, Duration) + Send + Sync>;
 
 struct Inner {
     sender: Sender<Request>,
+    /// The writer's state: held by the writer thread while it gathers and commits a
+    /// batch, and by a quiet append that commits on its own thread (module docs).
+    /// `None` once the log is closed.
+    writer: Arc<Mutex<Option<Writer>>>,
+    /// Appends in progress (prepared, not yet answered).
+    appenders: AtomicUsize,
+    /// Whether quiet appends may commit on their own thread: NORMAL durability and an
+    /// in-process signer.
+    quiet_commits: bool,
     /// Set once by [`AuditLog::observe_batches`]; read by the writer after each commit.
     batch_observer: Arc<OnceLock<BatchObserver>>,
     closed: AtomicBool,
@@ -228,9 +248,12 @@ impl AuditLog {
             linger_target: 0,
             wal,
         };
+        let quiet_commits = options.durability == Durability::Normal && keys.signer.in_process();
+        let writer = Arc::new(Mutex::new(Some(writer)));
+        let thread_writer = writer.clone();
         std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || writer.run(receiver))
+            .spawn(move || run_writer(&thread_writer, receiver))
             .map_err(|e| AuditError::Io {
                 path: path.clone(),
                 what: format!("cannot start the audit writer thread: {e}"),
@@ -238,6 +261,9 @@ impl AuditLog {
         Ok(AuditLog {
             inner: Arc::new(Inner {
                 sender,
+                writer,
+                appenders: AtomicUsize::new(0),
+                quiet_commits,
                 batch_observer,
                 closed: AtomicBool::new(false),
                 head,
@@ -279,6 +305,10 @@ impl AuditLog {
             return Err(AuditError::Closed);
         }
         let prepared = events.iter().map(prepare).collect::<Result<Vec<_>, _>>()?;
+        let appending = Appending::enter(&self.inner.appenders);
+        if let Some(result) = self.commit_if_quiet(&prepared, appending.others) {
+            return result;
+        }
         let timeout = self.inner.append_timeout;
         let timed_out = || AuditError::Timeout {
             waited_ms: timeout.as_millis() as u64,
@@ -312,6 +342,29 @@ impl AuditLog {
             Ok(Err(_)) => Err(AuditError::Closed),
             Ok(Ok(result)) => result,
         }
+    }
+
+    /// Commits `prepared` on this thread when the log is quiet (module docs); None
+    /// hands it to the writer thread. `others`: the appends in progress besides this.
+    fn commit_if_quiet(
+        &self,
+        prepared: &[Prepared],
+        others: usize,
+    ) -> Option<Result<Vec<Appended>, AuditError>> {
+        if !self.inner.quiet_commits || others > 0 {
+            return None;
+        }
+        // Never waits: a writer held by its thread is busy, and the events join its
+        // next batch instead.
+        // A poisoned writer is recovered by the writer thread (`lock_writer`).
+        let mut guard = self.inner.writer.try_lock().ok()?;
+        let writer = guard.as_mut()?;
+        if writer.wal.restart_wanted() {
+            // The writer thread runs the WAL copy this wants right after its commit.
+            return None;
+        }
+        let result = writer.commit_timed(&[prepared], prepared.len());
+        Some(result.and_then(|mut appended| appended.pop().ok_or(AuditError::Closed)))
     }
 
     /// The SHA-256 and the keyed HMAC-SHA256 of the canonical arguments.
@@ -777,104 +830,96 @@ struct Committed {
 }
 
 impl Writer {
-    fn run(mut self, receiver: Receiver<Request>) {
-        loop {
-            let wait = (self.last_cp_at + self.interval).saturating_duration_since(Instant::now());
-            let first = match receiver.recv_timeout(wait) {
-                Ok(request) => request,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.timed_checkpoint();
-                    continue;
+    /// How long until the next timed checkpoint is due (zero: due now).
+    fn until_checkpoint(&self) -> Duration {
+        (self.last_cp_at + self.interval).saturating_duration_since(Instant::now())
+    }
+
+    /// Gathers a batch starting with `first` (and whatever else is queued, lingering
+    /// in a busy streak), commits it and answers it. Returns the reply of a `Close`
+    /// met on the way, which the caller carries out.
+    fn serve(&mut self, first: Request, receiver: &Receiver<Request>) -> Option<Reply<()>> {
+        let mut batch = Vec::new();
+        let mut count = 0;
+        let mut close = None;
+        let mut next = Some(first);
+        // INVARIANT: lingering is bounded by MAX_LINGER per batch.
+        // A crowded streak (many appenders, issue 19) aims for twice the last batch
+        // and may wait a few commit times for it; otherwise the batch aims for the
+        // appenders the last commit answered, for at most one commit time.
+        let crowded = self.last_batch >= CROWDED_BATCH;
+        let (linger, target) = if crowded {
+            (
+                self.last_commit * CROWDED_LINGER_FACTOR,
+                (self.last_batch * 2).min(MAX_CROWDED_TARGET),
+            )
+        } else {
+            (self.last_commit, self.last_batch)
+        };
+        self.linger_until = Instant::now() + linger.clamp(MIN_LINGER, MAX_LINGER);
+        self.linger_target = target;
+        while let Some(request) = next.take() {
+            match request {
+                Request::Append {
+                    events,
+                    reply,
+                    _permit,
+                } => {
+                    count += events.len();
+                    batch.push((events, reply, _permit));
                 }
-                Err(RecvTimeoutError::Disconnected) => {
-                    // Every handle is gone: shut down as `close` would.
-                    if let Err(e) = self.shutdown() {
-                        tracing::error!(error = %e, "audit log shutdown failed");
-                    }
-                    return;
-                }
-            };
-            let mut batch = Vec::new();
-            let mut count = 0;
-            let mut close = None;
-            let mut next = Some(first);
-            // INVARIANT: lingering is bounded by MAX_LINGER per batch.
-            // A crowded streak (many appenders, issue 19) aims for twice the last batch
-            // and may wait a few commit times for it; otherwise the batch aims for the
-            // appenders the last commit answered, for at most one commit time.
-            let crowded = self.last_batch >= CROWDED_BATCH;
-            let (linger, target) = if crowded {
-                (
-                    self.last_commit * CROWDED_LINGER_FACTOR,
-                    (self.last_batch * 2).min(MAX_CROWDED_TARGET),
-                )
-            } else {
-                (self.last_commit, self.last_batch)
-            };
-            self.linger_until = Instant::now() + linger.clamp(MIN_LINGER, MAX_LINGER);
-            self.linger_target = target;
-            while let Some(request) = next.take() {
-                match request {
-                    Request::Append {
-                        events,
-                        reply,
-                        _permit,
-                    } => {
-                        count += events.len();
-                        batch.push((events, reply, _permit));
-                    }
-                    Request::Close { reply } => {
-                        close = Some(reply);
-                        break;
-                    }
-                }
-                if count >= MAX_BATCH_EVENTS {
+                Request::Close { reply } => {
+                    close = Some(reply);
                     break;
                 }
-                next = receiver.try_recv().ok();
-                if next.is_none() && self.should_linger(count) {
-                    // Busy streak: the appenders answered by the last commit are
-                    // coming back; wait briefly so they share this commit.
-                    let left = self.linger_until.saturating_duration_since(Instant::now());
-                    if crowded {
-                        // Appenders arrive every few microseconds: sleep a slice and
-                        // take what came, instead of being woken by each of them.
-                        std::thread::sleep(left.min(LINGER_SLICE));
-                        next = receiver.try_recv().ok();
-                    } else {
-                        next = receiver.recv_timeout(left).ok();
+            }
+            if count >= MAX_BATCH_EVENTS {
+                break;
+            }
+            next = receiver.try_recv().ok();
+            if next.is_none() && self.should_linger(count) {
+                // Busy streak: the appenders answered by the last commit are
+                // coming back; wait briefly so they share this commit.
+                let left = self.linger_until.saturating_duration_since(Instant::now());
+                if crowded {
+                    // Appenders arrive every few microseconds: sleep a slice and
+                    // take what came, instead of being woken by each of them.
+                    std::thread::sleep(left.min(LINGER_SLICE));
+                    next = receiver.try_recv().ok();
+                } else {
+                    next = receiver.recv_timeout(left).ok();
+                }
+            }
+        }
+        if !batch.is_empty() {
+            let requests: Vec<&[Prepared]> = batch
+                .iter()
+                .map(|(events, _, _)| events.as_slice())
+                .collect();
+            let result = self.commit_timed(&requests, count);
+            match result {
+                Ok(appended) => {
+                    for ((_, reply, permit), appended) in batch.into_iter().zip(appended) {
+                        let _ = reply.send(Ok(appended));
+                        drop(permit);
+                    }
+                }
+                Err(error) => {
+                    for (_, reply, _) in batch {
+                        let _ = reply.send(Err(error.clone()));
                     }
                 }
             }
-            if !batch.is_empty() {
-                let started = Instant::now();
-                self.commit(batch, count as u64);
-                self.last_batch = count;
-                self.last_commit = started.elapsed();
-                self.last_commit_end = Instant::now();
-                if let Some(observe) = self.batch_observer.get() {
-                    observe(count, self.last_commit);
-                }
-                // The batch is answered; the WAL thread may have asked for the copy
-                // that lets the next commit start the WAL over (see `wal.rs`).
-                if self.wal.restart_wanted() {
-                    super::wal::checkpoint_between_commits(
-                        &self.conn,
-                        &self.path,
-                        self.wal.state(),
-                    );
-                }
-            }
-            if let Some(reply) = close {
-                drop(receiver);
-                let result = self.shutdown();
-                let _ = reply.send(result);
-                return;
-            }
-            if Instant::now() >= self.last_cp_at + self.interval {
-                self.timed_checkpoint();
+            // The batch is answered; the WAL thread may have asked for the copy
+            // that lets the next commit start the WAL over (see `wal.rs`).
+            if self.wal.restart_wanted() {
+                super::wal::checkpoint_between_commits(&self.conn, &self.path, self.wal.state());
             }
         }
+        if close.is_none() && self.until_checkpoint().is_zero() {
+            self.timed_checkpoint();
+        }
+        close
     }
 
     /// Whether to wait for more requests before committing `count` events: only in a
@@ -887,26 +932,38 @@ impl Writer {
             && Instant::now() < self.linger_until
     }
 
+    /// Commits one batch and keeps the group-commit figures (`should_linger`) and the
+    /// batch observer up to date; the caller answers the appenders.
+    fn commit_timed(
+        &mut self,
+        requests: &[&[Prepared]],
+        count: usize,
+    ) -> Result<Vec<Vec<Appended>>, AuditError> {
+        let started = Instant::now();
+        let result = self.commit(requests, count as u64);
+        self.last_batch = count;
+        self.last_commit = started.elapsed();
+        self.last_commit_end = Instant::now();
+        if let Some(observe) = self.batch_observer.get() {
+            observe(count, self.last_commit);
+        }
+        result
+    }
+
+    /// Commits one batch: each request's events in order, with contiguous seqs.
     fn commit(
         &mut self,
-        batch: Vec<(Vec<Prepared>, Reply<Vec<Appended>>, OwnedSemaphorePermit)>,
+        requests: &[&[Prepared]],
         count: u64,
-    ) {
+    ) -> Result<Vec<Vec<Appended>>, AuditError> {
         if self.needs_segment
             && let Err(error) = self.open_next_segment()
         {
             tracing::error!(error = %error, "cannot open the next audit segment");
-            for (_, reply, _) in batch {
-                let _ = reply.send(Err(error.clone()));
-            }
-            return;
+            return Err(error);
         }
         let with_checkpoint = self.frontier.size() + count - self.last_cp_size >= self.every;
-        let requests: Vec<&[Prepared]> = batch
-            .iter()
-            .map(|(events, _, _)| events.as_slice())
-            .collect();
-        match self.write_batch(&requests, with_checkpoint) {
+        match self.write_batch(requests, with_checkpoint) {
             Ok(committed) => {
                 self.frontier = committed.frontier;
                 self.prev = committed.prev;
@@ -924,17 +981,12 @@ impl Writer {
                 {
                     tracing::error!(error = %error, "cannot seal the audit segment");
                 }
-                for ((_, reply, permit), appended) in batch.into_iter().zip(committed.appended) {
-                    let _ = reply.send(Ok(appended));
-                    drop(permit);
-                }
+                Ok(committed.appended)
             }
             Err(error) => {
                 tracing::error!(error = %error, "audit batch commit failed");
-                for (_, reply, _) in batch {
-                    let _ = reply.send(Err(error.clone()));
-                }
                 self.reload();
+                Err(error)
             }
         }
     }
@@ -1235,6 +1287,86 @@ impl Writer {
     }
 }
 
+/// The writer thread: waits for requests without holding the writer (a quiet append
+/// may take it meanwhile, see the module docs), then holds it while it gathers a
+/// batch, commits it and answers it.
+fn run_writer(cell: &Mutex<Option<Writer>>, receiver: Receiver<Request>) {
+    loop {
+        let wait = match lock_writer(cell).as_ref() {
+            Some(writer) => writer.until_checkpoint(),
+            None => return,
+        };
+        let received = receiver.recv_timeout(wait);
+        let mut guard = lock_writer(cell);
+        let Some(writer) = guard.as_mut() else {
+            return;
+        };
+        let close = match received {
+            Ok(first) => writer.serve(first, &receiver),
+            Err(RecvTimeoutError::Timeout) => {
+                // A quiet append's commit may have signed a checkpoint meanwhile.
+                if writer.until_checkpoint().is_zero() {
+                    writer.timed_checkpoint();
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                // Every handle is gone: shut down as `close` would.
+                if let Some(writer) = guard.take()
+                    && let Err(e) = writer.shutdown()
+                {
+                    tracing::error!(error = %e, "audit log shutdown failed");
+                }
+                return;
+            }
+        };
+        if let Some(reply) = close {
+            drop(receiver);
+            let result = guard.take().map_or(Ok(()), Writer::shutdown);
+            let _ = reply.send(result);
+            return;
+        }
+    }
+}
+
+/// Takes the writer, waiting for its holder. If a holder panicked, the chain state is
+/// still the last committed one (a batch is adopted only once committed), and it is
+/// checked against the database again, as after a failed commit.
+fn lock_writer(cell: &Mutex<Option<Writer>>) -> MutexGuard<'_, Option<Writer>> {
+    match cell.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => {
+            cell.clear_poison();
+            let mut guard = poisoned.into_inner();
+            if let Some(writer) = guard.as_mut() {
+                writer.reload();
+            }
+            guard
+        }
+    }
+}
+
+/// An append in progress, counted for as long as it lives (also when the appending
+/// future is dropped before its answer).
+struct Appending<'a> {
+    count: &'a AtomicUsize,
+    /// Appends in progress when this one began.
+    others: usize,
+}
+
+impl<'a> Appending<'a> {
+    fn enter(count: &'a AtomicUsize) -> Appending<'a> {
+        let others = count.fetch_add(1, Ordering::AcqRel);
+        Appending { count, others }
+    }
+}
+
+impl Drop for Appending<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Signs a checkpoint over `frontier`; returns (size, note). Fails closed when the
 /// signer cannot sign (the batch is rolled back and its callers get the error).
 fn sign_head(
@@ -1311,6 +1443,98 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    /// Signs with a key in this process but says it does not, as the socket signer.
+    #[derive(Debug)]
+    struct OutOfProcess(crate::audit::keys::SignerKey);
+
+    impl Signer for OutOfProcess {
+        fn verifier(&self) -> &VerifierKey {
+            Signer::verifier(&self.0)
+        }
+
+        fn sign(&self, message: &[u8]) -> Result<[u8; 64], AuditError> {
+            Ok(self.0.sign(message))
+        }
+    }
+
+    /// An append dropped while it waits for the writer no longer counts as in
+    /// progress, so it never keeps later appends from committing quietly.
+    #[test]
+    fn a_dropped_append_is_no_longer_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = AuditOptions::new(dir.path());
+        options.durability = Durability::Full;
+        let log = AuditLog::open(options).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let event = NewEvent::new(crate::audit::EventType::ToolRequested);
+        // Polled once (the events go to the writer thread), then dropped.
+        let waited = runtime
+            .block_on(async { tokio::time::timeout(Duration::ZERO, log.append(event)).await });
+        assert!(waited.is_err(), "{waited:?}");
+        assert_eq!(log.inner.appenders.load(Ordering::Acquire), 0);
+        runtime.block_on(log.close()).unwrap();
+    }
+
+    /// Which thread commits an append (module docs, "Quiet commits"): the appending
+    /// one only with NORMAL durability, an in-process signer and no other append in
+    /// progress; every other append is handed to the writer thread.
+    #[test]
+    fn only_a_quiet_append_commits_on_its_own_thread() {
+        let cases = [
+            // (durability, in-process signer, other appends in progress, on the caller)
+            (Durability::Normal, true, 0, true),
+            (Durability::Normal, true, 1, false),
+            (Durability::Normal, true, 3, false),
+            (Durability::Normal, false, 0, false),
+            (Durability::Full, true, 0, false),
+            (Durability::Full, false, 0, false),
+        ];
+        let caller = std::thread::current().name().unwrap().to_string();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for (durability, in_process, others, on_caller) in cases {
+            let case = format!("{durability:?}, in process {in_process}, others {others}");
+            let dir = tempfile::tempdir().unwrap();
+            let mut options = AuditOptions::new(dir.path());
+            options.durability = durability;
+            if !in_process {
+                let key = crate::audit::keys::SignerKey::from_seed(&options.origin, [7; 32]);
+                options.signer = Some(Arc::new(OutOfProcess(key)));
+            }
+            let log = AuditLog::open(options).unwrap();
+            let threads = Arc::new(Mutex::new(Vec::new()));
+            let seen = threads.clone();
+            log.observe_batches(Arc::new(move |events, _| {
+                let name = std::thread::current().name().unwrap_or("").to_string();
+                seen.lock().unwrap().push((name, events));
+            }));
+            log.inner.appenders.fetch_add(others, Ordering::AcqRel);
+            for n in 1..=3u64 {
+                let mut event = NewEvent::new(crate::audit::EventType::ToolRequested);
+                event.call_id = Some(format!("call-{n}"));
+                let appended = runtime.block_on(log.append(event)).unwrap();
+                assert_eq!(appended.seq, n, "{case}");
+            }
+            log.inner.appenders.fetch_sub(others, Ordering::AcqRel);
+            let expected = if on_caller { &caller } else { "audit-writer" };
+            let threads = threads.lock().unwrap().clone();
+            assert_eq!(threads.len(), 3, "{case}: {threads:?}");
+            for (name, events) in threads {
+                assert_eq!((name.as_str(), events), (expected, 1), "{case}");
+            }
+            // No append left counted as in progress.
+            assert_eq!(log.inner.appenders.load(Ordering::Acquire), 0, "{case}");
+            runtime.block_on(log.close()).unwrap();
+            let events = read_segment_events(&dir.path().join("audit.db"), &EventFilter::default());
+            assert_eq!(events.unwrap().len(), 3, "{case}");
+        }
+    }
 
     /// Events with these timestamps from seq `first` on (seq `skip` left out, as a
     /// database may have a gap).

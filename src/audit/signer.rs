@@ -52,6 +52,12 @@ pub trait Signer: Send + Sync + std::fmt::Debug {
     fn verifier(&self) -> &VerifierKey;
     /// The Ed25519 signature of `message`, or why there is none (fail closed).
     fn sign(&self, message: &[u8]) -> Result<[u8; 64], AuditError>;
+    /// Whether signing is pure computation in this process (no I/O, no waiting on
+    /// another process). Only then may a commit run on the appending thread
+    /// (`log.rs`, "Quiet commits").
+    fn in_process(&self) -> bool {
+        false
+    }
 }
 
 impl Signer for SignerKey {
@@ -61,6 +67,10 @@ impl Signer for SignerKey {
 
     fn sign(&self, message: &[u8]) -> Result<[u8; 64], AuditError> {
         Ok(SignerKey::sign(self, message))
+    }
+
+    fn in_process(&self) -> bool {
+        true
     }
 }
 

@@ -693,3 +693,77 @@ fn shared_connection_threads_serve_on_the_main_runtime() {
     assert_eq!(code, 200, "{body}");
     assert!(connection_threads(server.pid()).is_empty());
 }
+
+/// Voluntary context switches of the server's `audit-writer` thread
+/// (`/proc/<pid>/task/<tid>/status`): each time it parked and was woken again.
+fn audit_writer_switches(pid: u32) -> u64 {
+    let mut switches = None;
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let name = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if name.trim() == "audit-writer" {
+            let status = fs::read_to_string(task.path().join("status")).unwrap();
+            let line = status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .unwrap();
+            assert!(switches.is_none(), "two audit-writer threads");
+            switches = Some(line.trim().parse().unwrap());
+        }
+    }
+    switches.expect("no audit-writer thread")
+}
+
+/// One client's calls, one after another: with NORMAL durability the appending thread
+/// commits each event itself (the log is quiet), so the writer thread is not woken for
+/// them; with FULL (a commit waits for the disk) every commit is handed to it. Either
+/// way every call is recorded once and the log verifies.
+#[test]
+fn a_quiet_log_commits_on_the_calling_thread_only_with_normal_durability() {
+    const CALLS: u64 = 60;
+    for (durability, quiet) in [("normal", true), ("full", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start_with(Start {
+            args: vec!["--durability".into(), durability.into()],
+            data_dir: Some(dir.path().to_path_buf()),
+            ..Start::default()
+        });
+        let run = server.create_run(json!({"case_id": "C-1001"}));
+        let before = audit_writer_switches(server.pid());
+        for _ in 0..CALLS {
+            let (code, body) = server.call(
+                "research_agent",
+                &run,
+                "research",
+                "case_lookup",
+                json!({}),
+                json!({"case_id": "C-1001"}),
+            );
+            assert_eq!(code, 200, "{body}");
+        }
+        let woken = audit_writer_switches(server.pid()) - before;
+        if quiet {
+            // Timed checkpoints and WAL upkeep may still wake it a few times.
+            assert!(woken < CALLS / 4, "{durability}: woken {woken} times");
+        } else {
+            // Two commits per call, each handed over.
+            assert!(woken >= 2 * CALLS, "{durability}: woken {woken} times");
+        }
+        let (_, events) = server.get(
+            &format!("/v1/audit/events?run_id={run}&type=tool_executed&limit=1000"),
+            Some(ADMIN),
+        );
+        assert_eq!(
+            events["events"].as_array().unwrap().len() as u64,
+            CALLS,
+            "{durability}"
+        );
+        let db = server.db();
+        assert!(server.stop().success());
+        let verified = std::process::Command::new(common::BIN)
+            .args(["audit", "verify", "--db"])
+            .arg(&db)
+            .output()
+            .unwrap();
+        assert!(verified.status.success(), "{durability}: {verified:?}");
+    }
+}
