@@ -358,12 +358,7 @@ impl AuditLog {
         // next batch instead.
         // A poisoned writer is recovered by the writer thread (`lock_writer`).
         let mut guard = self.inner.writer.try_lock().ok()?;
-        let writer = guard.as_mut()?;
-        if writer.wal.restart_wanted() {
-            // The writer thread runs the WAL copy this wants right after its commit.
-            return None;
-        }
-        let result = writer.commit_timed(&[prepared], prepared.len());
+        let result = guard.as_mut()?.commit_quietly(prepared)?;
         Some(result.and_then(|mut appended| appended.pop().ok_or(AuditError::Closed)))
     }
 
@@ -896,7 +891,7 @@ impl Writer {
                 .iter()
                 .map(|(events, _, _)| events.as_slice())
                 .collect();
-            let result = self.commit_timed(&requests, count);
+            let result = self.commit_timed(&requests, count, Lock::Take);
             match result {
                 Ok(appended) => {
                     for ((_, reply, permit), appended) in batch.into_iter().zip(appended) {
@@ -932,15 +927,47 @@ impl Writer {
             && Instant::now() < self.linger_until
     }
 
+    /// A quiet append's commit, on the appending thread (module docs). None hands the
+    /// events to the writer thread instead: it wants its between-commits WAL copy, the
+    /// next segment is not open yet, or another connection holds the database's write
+    /// lock. A quiet commit never waits for that lock (a connection thread must not
+    /// stall on another process); the writer thread waits for it, within
+    /// `busy_timeout`, and reports what it finds.
+    fn commit_quietly(
+        &mut self,
+        prepared: &[Prepared],
+    ) -> Option<Result<Vec<Vec<Appended>>, AuditError>> {
+        if self.needs_segment || self.wal.restart_wanted() {
+            return None;
+        }
+        self.conn.busy_timeout(Duration::ZERO).ok()?;
+        let began = self
+            .conn
+            .prepare_cached("BEGIN IMMEDIATE")
+            .and_then(|mut begin| begin.execute([]));
+        let restored = self.conn.busy_timeout(self.busy_timeout);
+        match (began, restored) {
+            (Ok(_), Ok(())) => Some(self.commit_timed(&[prepared], prepared.len(), Lock::Held)),
+            (Ok(_), Err(e)) => {
+                // Not left without its busy timeout: give the lock back, hand over.
+                tracing::warn!(error = %e, "cannot restore the audit writer's busy timeout");
+                drop(BatchTransaction::adopt(&self.conn));
+                None
+            }
+            (Err(_), _) => None,
+        }
+    }
+
     /// Commits one batch and keeps the group-commit figures (`should_linger`) and the
     /// batch observer up to date; the caller answers the appenders.
     fn commit_timed(
         &mut self,
         requests: &[&[Prepared]],
         count: usize,
+        lock: Lock,
     ) -> Result<Vec<Vec<Appended>>, AuditError> {
         let started = Instant::now();
-        let result = self.commit(requests, count as u64);
+        let result = self.commit(requests, count as u64, lock);
         self.last_batch = count;
         self.last_commit = started.elapsed();
         self.last_commit_end = Instant::now();
@@ -955,6 +982,7 @@ impl Writer {
         &mut self,
         requests: &[&[Prepared]],
         count: u64,
+        lock: Lock,
     ) -> Result<Vec<Vec<Appended>>, AuditError> {
         if self.needs_segment
             && let Err(error) = self.open_next_segment()
@@ -963,7 +991,7 @@ impl Writer {
             return Err(error);
         }
         let with_checkpoint = self.frontier.size() + count - self.last_cp_size >= self.every;
-        match self.write_batch(requests, with_checkpoint) {
+        match self.write_batch(requests, with_checkpoint, lock) {
             Ok(committed) => {
                 self.frontier = committed.frontier;
                 self.prev = committed.prev;
@@ -997,6 +1025,7 @@ impl Writer {
         &mut self,
         requests: &[&[Prepared]],
         with_checkpoint: bool,
+        lock: Lock,
     ) -> Result<Committed, AuditError> {
         let mut frontier = self.frontier.clone();
         let mut prev = self.prev;
@@ -1008,7 +1037,10 @@ impl Writer {
         };
         let path = self.path.clone();
         let map = |e: rusqlite::Error| map_sqlite(&e, &path);
-        let tx = BatchTransaction::begin(&self.conn).map_err(map)?;
+        let tx = match lock {
+            Lock::Take => BatchTransaction::begin(&self.conn).map_err(map)?,
+            Lock::Held => BatchTransaction::adopt(&self.conn),
+        };
         let mut appended = Vec::with_capacity(requests.len());
         {
             let mut insert = tx.prepare_cached(INSERT_EVENT).map_err(map)?;
@@ -1389,10 +1421,23 @@ struct BatchTransaction<'c> {
     conn: &'c Connection,
 }
 
+/// Whether a commit takes the database's write lock (`BEGIN IMMEDIATE`, waiting up to
+/// the busy timeout) or finds it held already (a quiet commit took it without waiting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lock {
+    Take,
+    Held,
+}
+
 impl<'c> BatchTransaction<'c> {
     fn begin(conn: &'c Connection) -> rusqlite::Result<BatchTransaction<'c>> {
         conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         Ok(BatchTransaction { conn })
+    }
+
+    /// The transaction the caller just began on `conn` (rolled back if dropped).
+    fn adopt(conn: &'c Connection) -> BatchTransaction<'c> {
+        BatchTransaction { conn }
     }
 
     fn commit(self) -> rusqlite::Result<()> {
@@ -1456,6 +1501,50 @@ mod tests {
         fn sign(&self, message: &[u8]) -> Result<[u8; 64], AuditError> {
             Ok(self.0.sign(message))
         }
+    }
+
+    /// An insider's process holds the database's write lock: a quiet append does not
+    /// wait for it on its own thread but hands over to the writer thread, which waits
+    /// up to the busy timeout and fails closed; once the lock is free, appends commit
+    /// quietly again.
+    #[test]
+    fn a_quiet_append_never_waits_for_a_lock_another_process_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = AuditOptions::new(dir.path());
+        options.durability = Durability::Normal;
+        options.busy_timeout = Duration::from_millis(50);
+        let db = options.db_path.clone();
+        let log = AuditLog::open(options).unwrap();
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let seen = threads.clone();
+        log.observe_batches(Arc::new(move |_, _| {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            seen.lock().unwrap().push(name);
+        }));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let event = || NewEvent::new(crate::audit::EventType::ToolRequested);
+
+        let holder = Connection::open(&db).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let refused = runtime.block_on(log.append(event()));
+        assert!(
+            matches!(refused, Err(AuditError::Locked { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(*threads.lock().unwrap(), ["audit-writer"]);
+
+        holder.execute_batch("ROLLBACK").unwrap();
+        let appended = runtime.block_on(log.append(event())).unwrap();
+        assert_eq!(appended.seq, 1);
+        let caller = std::thread::current().name().unwrap().to_string();
+        assert_eq!(
+            *threads.lock().unwrap(),
+            ["audit-writer".to_string(), caller]
+        );
+        runtime.block_on(log.close()).unwrap();
     }
 
     /// An append dropped while it waits for the writer no longer counts as in

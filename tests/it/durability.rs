@@ -133,12 +133,18 @@ fn sigkill_while_32_clients_call_leaves_a_log_that_verifies_with_every_answered_
     assert_eq!(code, 0, "{report}");
 }
 
-#[test]
-fn a_locked_audit_log_refuses_calls_and_runs_nothing() {
+/// Both durabilities: with NORMAL a lone call's commits would run on its connection
+/// thread (docs/audit.md, "Quiet commits"); a held lock sends them to the writer thread,
+/// which waits within its busy timeout and refuses.
+#[rstest::rstest]
+#[case::full("full")]
+#[case::normal("normal")]
+fn a_locked_audit_log_refuses_calls_and_runs_nothing(#[case] durability: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let data_dir = tmp.path().join("var");
     let server = Server::start_with(Start {
         data_dir: Some(data_dir.clone()),
+        args: vec!["--durability".into(), durability.into()],
         ..Start::default()
     });
     let run = server.create_run(json!({"case_id": "C-1001"}));
