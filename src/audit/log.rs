@@ -1554,17 +1554,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut options = AuditOptions::new(dir.path());
         options.durability = Durability::Full;
+        options.busy_timeout = Duration::from_secs(60);
+        let db = options.db_path.clone();
         let log = AuditLog::open(options).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
+        // The writer cannot commit while another connection holds the write lock.
+        let holder = Connection::open(&db).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         let event = NewEvent::new(crate::audit::EventType::ToolRequested);
         // Polled once (the events go to the writer thread), then dropped.
         let waited = runtime
             .block_on(async { tokio::time::timeout(Duration::ZERO, log.append(event)).await });
         assert!(waited.is_err(), "{waited:?}");
         assert_eq!(log.inner.appenders.load(Ordering::Acquire), 0);
+        holder.execute_batch("ROLLBACK").unwrap();
         runtime.block_on(log.close()).unwrap();
     }
 
