@@ -929,15 +929,18 @@ impl Writer {
 
     /// A quiet append's commit, on the appending thread (module docs). None hands the
     /// events to the writer thread instead: it wants its between-commits WAL copy, the
-    /// next segment is not open yet, or another connection holds the database's write
-    /// lock. A quiet commit never waits for that lock (a connection thread must not
-    /// stall on another process); the writer thread waits for it, within
-    /// `busy_timeout`, and reports what it finds.
+    /// active segment is due for its seal or the next one is not open yet, or another
+    /// connection holds the database's write lock. A quiet commit never waits for that
+    /// lock (a connection thread must not stall on another process; the writer thread
+    /// waits for it, within `busy_timeout`, and reports what it finds), and never seals
+    /// a segment (the seal moves the WAL thread, which first syncs and publishes to the
+    /// checkpoint sinks): the append that fills a segment returns at once, and the next
+    /// one goes to the writer thread, which seals it after that commit.
     fn commit_quietly(
         &mut self,
         prepared: &[Prepared],
     ) -> Option<Result<Vec<Vec<Appended>>, AuditError>> {
-        if self.needs_segment || self.wal.restart_wanted() {
+        if self.needs_segment || self.wal.restart_wanted() || self.segment_due() {
             return None;
         }
         self.conn.busy_timeout(Duration::ZERO).ok()?;
@@ -1003,8 +1006,10 @@ impl Writer {
                     self.wal.publish(note, self.durability == Durability::Full);
                 }
                 // Sealed before the batch is answered: an append that fills a segment
-                // returns once that segment is sealed (a few ms, once per segment).
-                if self.segment_due()
+                // returns once that segment is sealed (a few ms, once per segment). Not
+                // by a quiet commit: the next append goes to the writer thread for it.
+                if lock == Lock::Take
+                    && self.segment_due()
                     && let Err(error) = self.seal()
                 {
                     tracing::error!(error = %error, "cannot seal the audit segment");
@@ -1544,6 +1549,51 @@ mod tests {
             *threads.lock().unwrap(),
             ["audit-writer".to_string(), caller]
         );
+        runtime.block_on(log.close()).unwrap();
+    }
+
+    /// A quiet commit never seals: the append that fills the segment returns at once,
+    /// the next one goes to the writer thread, which commits it into the full segment
+    /// and seals it before answering; the append after that is quiet again, in the new
+    /// segment.
+    #[test]
+    fn a_quiet_commit_leaves_the_seal_to_the_writer_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = AuditOptions::new(dir.path());
+        options.durability = Durability::Normal;
+        // Due for its seal as soon as it holds an event.
+        options.segment_max_bytes = Some(1);
+        let base = options.db_path.clone();
+        let log = AuditLog::open(options).unwrap();
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let seen = threads.clone();
+        log.observe_batches(Arc::new(move |_, _| {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            seen.lock().unwrap().push(name);
+        }));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let caller = std::thread::current().name().unwrap().to_string();
+        let segments = || {
+            crate::audit::segments::list_in(&base, Some(dir.path()))
+                .unwrap()
+                .len()
+        };
+        let mut expected = Vec::new();
+        for (n, on, after) in [
+            (1, caller.as_str(), 1),
+            (2, "audit-writer", 2),
+            (3, caller.as_str(), 2),
+        ] {
+            let event = NewEvent::new(crate::audit::EventType::ToolRequested);
+            let appended = runtime.block_on(log.append(event)).unwrap();
+            assert_eq!(appended.seq, n);
+            expected.push(on.to_string());
+            assert_eq!(*threads.lock().unwrap(), expected, "append {n}");
+            assert_eq!(segments(), after, "segments after append {n}");
+        }
         runtime.block_on(log.close()).unwrap();
     }
 

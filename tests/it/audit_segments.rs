@@ -18,9 +18,20 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/audit/verify_export.p
 const SEGMENT_BYTES: &str = "65536";
 
 fn serve(data: &Path) -> Server {
+    serve_with(data, "full")
+}
+
+/// With `--durability normal` a lone client's commits run on its connection thread,
+/// which never seals: the writer thread seals at the next append (docs/audit.md).
+fn serve_with(data: &Path, durability: &str) -> Server {
     Server::start_with(Start {
         data_dir: Some(data.to_path_buf()),
-        args: vec!["--audit-segment-bytes".into(), SEGMENT_BYTES.into()],
+        args: vec![
+            "--audit-segment-bytes".into(),
+            SEGMENT_BYTES.into(),
+            "--durability".into(),
+            durability.into(),
+        ],
         ..Start::default()
     })
 }
@@ -150,11 +161,13 @@ fn segmented_log(data: &Path, min: usize) -> String {
     run
 }
 
-#[test]
-fn calls_span_sealed_segments_that_verify_and_export_as_one_log() {
+#[rstest::rstest]
+#[case::full("full")]
+#[case::normal("normal")]
+fn calls_span_sealed_segments_that_verify_and_export_as_one_log(#[case] durability: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("var");
-    let server = serve(&data);
+    let server = serve_with(&data, durability);
     let run = traffic(&server, 40);
     let live = segment_files(&data);
     assert!(live.len() >= 3, "only {} segments: {live:?}", live.len());
@@ -171,7 +184,7 @@ fn calls_span_sealed_segments_that_verify_and_export_as_one_log() {
 
     // Each sealed segment ends where the next starts; a restart continues the chain,
     // and the run (created in segment 1) is rebuilt from the segments.
-    let server = serve(&data);
+    let server = serve_with(&data, durability);
     let (status, body) = server.call(
         "research_agent",
         &run,
