@@ -10,10 +10,10 @@
 //! gapless.
 //!
 //! Quiet commits (issue 19): when an append finds the log quiet (no other append in
-//! progress, the writer idle and not wanting its between-commits WAL copy), with
-//! NORMAL durability and an in-process signer, the appending thread takes the writer
-//! and commits its own events with the same code, instead of handing them over and
-//! waiting for the answer. One client's call then wakes no other thread for its two
+//! progress, the writer idle, no between-commits WAL copy or segment seal due, the
+//! database's write lock free), with NORMAL durability and an in-process signer, the
+//! appending thread takes the writer and commits its own events with the same code,
+//! instead of handing them over and waiting for the answer. One client's call then wakes no other thread for its two
 //! events (four thread wake-ups fewer per call). Everything else goes to the writer
 //! thread: FULL (a commit waits for the disk, and a connection thread must not), a
 //! socket signer (it waits for another process), and any append that meets another,
@@ -355,8 +355,8 @@ impl AuditLog {
             return None;
         }
         // Never waits: a writer held by its thread is busy, and the events join its
-        // next batch instead.
-        // A poisoned writer is recovered by the writer thread (`lock_writer`).
+        // next batch instead. A poisoned writer is recovered by the writer thread
+        // (`lock_writer`).
         let mut guard = self.inner.writer.try_lock().ok()?;
         let result = guard.as_mut()?.commit_quietly(prepared)?;
         Some(result.and_then(|mut appended| appended.pop().ok_or(AuditError::Closed)))
