@@ -1494,6 +1494,25 @@ mod tests {
 
     use super::*;
 
+    /// The names of the threads that committed each batch of `log`, in order.
+    fn committing_threads(log: &AuditLog) -> Arc<Mutex<Vec<String>>> {
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let seen = threads.clone();
+        log.observe_batches(Arc::new(move |_, _| {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            seen.lock().unwrap().push(name);
+        }));
+        threads
+    }
+
+    /// A runtime on the test's own thread, so that a quiet commit runs there.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
     /// Signs with a key in this process but says it does not, as the socket signer.
     #[derive(Debug)]
     struct OutOfProcess(crate::audit::keys::SignerKey);
@@ -1520,16 +1539,8 @@ mod tests {
         options.busy_timeout = Duration::from_millis(50);
         let db = options.db_path.clone();
         let log = AuditLog::open(options).unwrap();
-        let threads = Arc::new(Mutex::new(Vec::new()));
-        let seen = threads.clone();
-        log.observe_batches(Arc::new(move |_, _| {
-            let name = std::thread::current().name().unwrap_or("").to_string();
-            seen.lock().unwrap().push(name);
-        }));
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let threads = committing_threads(&log);
+        let runtime = runtime();
         let event = || NewEvent::new(crate::audit::EventType::ToolRequested);
 
         let holder = Connection::open(&db).unwrap();
@@ -1565,16 +1576,8 @@ mod tests {
         options.segment_max_bytes = Some(1);
         let base = options.db_path.clone();
         let log = AuditLog::open(options).unwrap();
-        let threads = Arc::new(Mutex::new(Vec::new()));
-        let seen = threads.clone();
-        log.observe_batches(Arc::new(move |_, _| {
-            let name = std::thread::current().name().unwrap_or("").to_string();
-            seen.lock().unwrap().push(name);
-        }));
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let threads = committing_threads(&log);
+        let runtime = runtime();
         let caller = std::thread::current().name().unwrap().to_string();
         let segments = || {
             crate::audit::segments::list_in(&base, Some(dir.path()))
@@ -1607,10 +1610,7 @@ mod tests {
         options.busy_timeout = Duration::from_secs(60);
         let db = options.db_path.clone();
         let log = AuditLog::open(options).unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = runtime();
         // The writer cannot commit while another connection holds the write lock.
         let holder = Connection::open(&db).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -1639,10 +1639,7 @@ mod tests {
             (Durability::Full, false, 0, false),
         ];
         let caller = std::thread::current().name().unwrap().to_string();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = runtime();
         for (durability, in_process, others, on_caller) in cases {
             let case = format!("{durability:?}, in process {in_process}, others {others}");
             let dir = tempfile::tempdir().unwrap();
@@ -1653,12 +1650,7 @@ mod tests {
                 options.signer = Some(Arc::new(OutOfProcess(key)));
             }
             let log = AuditLog::open(options).unwrap();
-            let threads = Arc::new(Mutex::new(Vec::new()));
-            let seen = threads.clone();
-            log.observe_batches(Arc::new(move |events, _| {
-                let name = std::thread::current().name().unwrap_or("").to_string();
-                seen.lock().unwrap().push((name, events));
-            }));
+            let threads = committing_threads(&log);
             log.inner.appenders.fetch_add(others, Ordering::AcqRel);
             for n in 1..=3u64 {
                 let mut event = NewEvent::new(crate::audit::EventType::ToolRequested);
@@ -1668,11 +1660,7 @@ mod tests {
             }
             log.inner.appenders.fetch_sub(others, Ordering::AcqRel);
             let expected = if on_caller { &caller } else { "audit-writer" };
-            let threads = threads.lock().unwrap().clone();
-            assert_eq!(threads.len(), 3, "{case}: {threads:?}");
-            for (name, events) in threads {
-                assert_eq!((name.as_str(), events), (expected, 1), "{case}");
-            }
+            assert_eq!(*threads.lock().unwrap(), [expected; 3], "{case}");
             // No append left counted as in progress.
             assert_eq!(log.inner.appenders.load(Ordering::Acquire), 0, "{case}");
             runtime.block_on(log.close()).unwrap();

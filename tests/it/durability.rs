@@ -119,14 +119,7 @@ fn sigkill_while_32_clients_call_leaves_a_log_that_verifies_with_every_answered_
         data_dir: Some(data_dir.clone()),
         ..Start::default()
     });
-    let (code, body) = server.call(
-        "research_agent",
-        &run,
-        "research",
-        "case_lookup",
-        json!({}),
-        json!({"case_id": "C-1001"}),
-    );
+    let (code, body) = server.look_up_case(&run);
     assert_eq!(code, 200, "{body}");
     assert!(server.stop().success());
     let (code, report) = verify(&db);

@@ -469,26 +469,12 @@ fn runs_and_the_safety_lock_survive_a_restart() {
     });
     let (code, got) = server.get(&format!("/v1/runs/{run}"), Some(ADMIN));
     assert_eq!(code, 200, "{got}");
-    let (code, body) = server.call(
-        "research_agent",
-        &run,
-        "research",
-        "case_lookup",
-        json!({}),
-        json!({"case_id": "C-1001"}),
-    );
+    let (code, body) = server.look_up_case(&run);
     assert_eq!(code, 403, "the lock must still be engaged: {body}");
     assert_eq!(body["diagnostic"]["reason"], "safety_lock_engaged");
     assert_eq!(body["diagnostic"]["details"]["lock_reason"], "incident 7");
     server.post("/v1/safety-lock", Some(ADMIN), &json!({"engaged": false}));
-    let (code, body) = server.call(
-        "research_agent",
-        &run,
-        "research",
-        "case_lookup",
-        json!({}),
-        json!({"case_id": "C-1001"}),
-    );
+    let (code, body) = server.look_up_case(&run);
     assert_eq!(code, 200, "{body}");
 }
 
@@ -584,14 +570,7 @@ fn every_malformed_input_gets_a_structured_answer() {
 fn sigterm_shuts_down_cleanly() {
     let server = Server::start();
     let run = server.create_run(json!({"case_id": "C-1001"}));
-    let (code, _) = server.call(
-        "research_agent",
-        &run,
-        "research",
-        "case_lookup",
-        json!({}),
-        json!({"case_id": "C-1001"}),
-    );
+    let (code, _) = server.look_up_case(&run);
     assert_eq!(code, 200);
     let status = server.stop();
     assert!(status.success(), "{status:?}");
@@ -682,14 +661,7 @@ fn shared_connection_threads_serve_on_the_main_runtime() {
         ..Start::default()
     });
     let run = server.create_run(json!({"case_id": "C-1001"}));
-    let (code, body) = server.call(
-        "research_agent",
-        &run,
-        "research",
-        "case_lookup",
-        json!({}),
-        json!({"case_id": "C-1001"}),
-    );
+    let (code, body) = server.look_up_case(&run);
     assert_eq!(code, 200, "{body}");
     assert!(connection_threads(server.pid()).is_empty());
 }
@@ -730,14 +702,7 @@ fn a_quiet_log_commits_on_the_calling_thread_only_with_normal_durability() {
         let run = server.create_run(json!({"case_id": "C-1001"}));
         let before = audit_writer_switches(server.pid());
         for _ in 0..CALLS {
-            let (code, body) = server.call(
-                "research_agent",
-                &run,
-                "research",
-                "case_lookup",
-                json!({}),
-                json!({"case_id": "C-1001"}),
-            );
+            let (code, body) = server.look_up_case(&run);
             assert_eq!(code, 200, "{body}");
         }
         let woken = audit_writer_switches(server.pid()) - before;

@@ -290,14 +290,7 @@ fn safety_lock_race_audited_order_is_enforced_order_also_after_restart() {
     }
     // Enforced on calls too: the state decides a call as it says.
     let run = server.create_run(json!({"case_id": "C-1001"}));
-    let (_, resp) = server.call(
-        "research_agent",
-        &run,
-        "research",
-        "case_lookup",
-        json!({}),
-        json!({"case_id": "C-1001"}),
-    );
+    let (_, resp) = server.look_up_case(&run);
     let engaged = last.as_ref().unwrap().0;
     assert_eq!(
         resp["diagnostic"]["reason"] == "safety_lock_engaged",
@@ -624,14 +617,7 @@ fn a_closed_run_is_still_refused_as_not_active_and_its_id_stays_taken() {
         &json!({"status": "closed"}),
     );
     assert_eq!(code, 200);
-    let (code, resp) = server.call(
-        "research_agent",
-        &run,
-        "research",
-        "case_lookup",
-        json!({}),
-        json!({"case_id": "C-1001"}),
-    );
+    let (code, resp) = server.look_up_case(&run);
     assert_eq!(
         (code, resp["diagnostic"]["reason"].as_str()),
         (403, Some("run_not_active")),

@@ -297,6 +297,19 @@ impl Server {
         body["run_id"].as_str().unwrap().to_string()
     }
 
+    /// The demo's gated call: `research_agent` looks up case C-1001 in `run`
+    /// (created with that case in scope).
+    pub fn look_up_case(&self, run_id: &str) -> (u16, Value) {
+        self.call(
+            "research_agent",
+            run_id,
+            "research",
+            "case_lookup",
+            json!({}),
+            json!({"case_id": "C-1001"}),
+        )
+    }
+
     /// Makes a tool call as `role` (with that role's demo token).
     pub fn call(
         &self,
