@@ -38,19 +38,27 @@ fn verify(db: &std::path::Path) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
-#[test]
-fn sigkill_while_32_clients_call_leaves_a_log_that_verifies_with_every_answered_call() {
+/// 32 clients with FULL (group commit on the writer thread), and one client with
+/// NORMAL, whose commits are quiet ones on its connection thread (docs/audit.md).
+#[rstest::rstest]
+#[case::full_32_clients("full", 32)]
+#[case::normal_1_client("normal", 1)]
+fn sigkill_mid_call_leaves_a_log_that_verifies_with_every_answered_call(
+    #[case] durability: &str,
+    #[case] callers: usize,
+) {
     let tmp = tempfile::tempdir().unwrap();
     let data_dir = tmp.path().join("var");
     let server = Arc::new(Server::start_with(Start {
         data_dir: Some(data_dir.clone()),
+        args: vec!["--durability".into(), durability.into()],
         ..Start::default()
     }));
     let run = server.create_run(json!({"case_id": "C-1001"}));
     let answered = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = Vec::new();
-    for i in 0..32 {
+    for i in 0..callers {
         let (server, run, answered, stop) =
             (server.clone(), run.clone(), answered.clone(), stop.clone());
         clients.push(std::thread::spawn(move || {
