@@ -710,8 +710,10 @@ fn a_quiet_log_commits_on_the_calling_thread_only_with_normal_durability() {
             // Timed checkpoints and WAL upkeep may still wake it a few times.
             assert!(woken < CALLS / 4, "{durability}: woken {woken} times");
         } else {
-            // Two commits per call, each handed over.
-            assert!(woken >= 2 * CALLS, "{durability}: woken {woken} times");
+            // Two commits per call, each handed over (and each fsync a wait of its
+            // own); at least one wake-up per call even if a second request sometimes
+            // arrives before the writer parks.
+            assert!(woken >= CALLS, "{durability}: woken {woken} times");
         }
         let (_, events) = server.get(
             &format!("/v1/audit/events?run_id={run}&type=tool_executed&limit=1000"),
