@@ -249,11 +249,12 @@ impl AuditLog {
             wal,
         };
         let quiet_commits = options.durability == Durability::Normal && keys.signer.in_process();
+        let first_wait = writer.until_checkpoint();
         let writer = Arc::new(Mutex::new(Some(writer)));
         let thread_writer = writer.clone();
         std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || run_writer(&thread_writer, receiver))
+            .spawn(move || run_writer(&thread_writer, receiver, first_wait))
             .map_err(|e| AuditError::Io {
                 path: path.clone(),
                 what: format!("cannot start the audit writer thread: {e}"),
@@ -1327,12 +1328,12 @@ impl Writer {
 /// The writer thread: waits for requests without holding the writer (a quiet append
 /// may take it meanwhile, see the module docs), then holds it while it gathers a
 /// batch, commits it and answers it.
-fn run_writer(cell: &Mutex<Option<Writer>>, receiver: Receiver<Request>) {
+///
+/// `wait`: how long until the first timed checkpoint. Each next wait is taken while the
+/// writer is held, so the thread never takes it just to wait; a quiet commit can only
+/// move the due time later, so a stale wait at worst wakes the thread early.
+fn run_writer(cell: &Mutex<Option<Writer>>, receiver: Receiver<Request>, mut wait: Duration) {
     loop {
-        let wait = match lock_writer(cell).as_ref() {
-            Some(writer) => writer.until_checkpoint(),
-            None => return,
-        };
         let received = receiver.recv_timeout(wait);
         let mut guard = lock_writer(cell);
         let Some(writer) = guard.as_mut() else {
@@ -1345,7 +1346,7 @@ fn run_writer(cell: &Mutex<Option<Writer>>, receiver: Receiver<Request>) {
                 if writer.until_checkpoint().is_zero() {
                     writer.timed_checkpoint();
                 }
-                continue;
+                None
             }
             Err(RecvTimeoutError::Disconnected) => {
                 // Every handle is gone: shut down as `close` would.
@@ -1363,6 +1364,7 @@ fn run_writer(cell: &Mutex<Option<Writer>>, receiver: Receiver<Request>) {
             let _ = reply.send(result);
             return;
         }
+        wait = writer.until_checkpoint();
     }
 }
 
@@ -1505,6 +1507,13 @@ mod tests {
         threads
     }
 
+    /// Returns once the writer thread has let go of the writer: it answers a batch
+    /// before it does, so an append right after that answer could find it still held
+    /// (and rightly hand its events over).
+    fn writer_released(log: &AuditLog) {
+        drop(log.inner.writer.lock().unwrap());
+    }
+
     /// A runtime on the test's own thread, so that a quiet commit runs there.
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
@@ -1553,6 +1562,7 @@ mod tests {
         assert_eq!(*threads.lock().unwrap(), ["audit-writer"]);
 
         holder.execute_batch("ROLLBACK").unwrap();
+        writer_released(&log);
         let appended = runtime.block_on(log.append(event())).unwrap();
         assert_eq!(appended.seq, 1);
         let caller = std::thread::current().name().unwrap().to_string();
@@ -1592,6 +1602,7 @@ mod tests {
         ] {
             let event = NewEvent::new(crate::audit::EventType::ToolRequested);
             let appended = runtime.block_on(log.append(event)).unwrap();
+            writer_released(&log);
             assert_eq!(appended.seq, n);
             expected.push(on.to_string());
             assert_eq!(*threads.lock().unwrap(), expected, "append {n}");
