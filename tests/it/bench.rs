@@ -50,12 +50,20 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
                 row["server_cpu_us_per_call"].as_f64().unwrap() >= 0.0,
                 "{row}"
             );
-            // Its context switches per call: every call parks at least one thread
-            // (the audit writer waits for the next append between commits).
-            assert!(
-                row["server_switches_per_call"].as_f64().unwrap() > 0.0,
-                "{row}"
-            );
+            // Its context switches per call. With FULL and one client every commit is
+            // handed to the audit writer, which then waits for the next one (it cannot
+            // come before this one is answered), so two calls in the window move the
+            // count; with NORMAL a lone client's commits are quiet and may park no
+            // thread at all in a short window on a loaded machine.
+            let switches = row["server_switches_per_call"].as_f64().unwrap();
+            if row["durability"] == "full"
+                && row["clients"] == 1
+                && row["calls"].as_u64() >= Some(2)
+            {
+                assert!(switches > 0.0, "{row}");
+            } else {
+                assert!(switches >= 0.0, "{row}");
+            }
         }
     }
     for durability in ["full", "normal"] {
