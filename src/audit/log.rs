@@ -1086,19 +1086,13 @@ impl Writer {
         }
         // INVARIANT: every commit carries a signed checkpoint over all of its events
         // (the signed head), so no acknowledged event is ever unsigned.
-        let (size, head) = sign_head(self.signer.as_ref(), &self.origin, &frontier)?;
+        let head = sign_head(self.signer.as_ref(), &self.origin, &frontier)?;
         tx.prepare_cached(UPSERT_HEAD)
-            .and_then(|mut s| {
-                s.execute(params![
-                    size as i64,
-                    crate::canonical::to_hex(frontier.root()),
-                    head
-                ])
-            })
+            .and_then(|mut s| s.execute(params![head.size as i64, head.root, head.note]))
             .map_err(map)?;
         let note = if with_checkpoint {
-            insert_checkpoint(&tx, &head, &frontier, &ts, "events").map_err(map)?;
-            Some((size, head))
+            insert_checkpoint(&tx, &head, &ts, "events").map_err(map)?;
+            Some((head.size, head.note))
         } else {
             None
         };
@@ -1122,12 +1116,13 @@ impl Writer {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(map)?;
-        let (size, note) = sign_head(self.signer.as_ref(), &self.origin, &self.frontier)?;
-        insert_checkpoint(&tx, &note, &self.frontier, &ts, reason).map_err(map)?;
+        let head = sign_head(self.signer.as_ref(), &self.origin, &self.frontier)?;
+        insert_checkpoint(&tx, &head, &ts, reason).map_err(map)?;
         tx.commit().map_err(map)?;
-        self.last_cp_size = size;
+        self.last_cp_size = head.size;
         self.last_cp_at = Instant::now();
-        self.wal.publish(note, self.durability == Durability::Full);
+        self.wal
+            .publish(head.note, self.durability == Durability::Full);
         Ok(())
     }
 
@@ -1207,27 +1202,28 @@ impl Writer {
         let path = self.path.clone();
         let map = |e: rusqlite::Error| map_sqlite(&e, &path);
         let ts = format_timestamp(OffsetDateTime::now_utc());
-        let (size, note) = sign_head(self.signer.as_ref(), &self.origin, &self.frontier)?;
+        let head = sign_head(self.signer.as_ref(), &self.origin, &self.frontier)?;
         let record = SealRecord {
             segment: self.start.segment,
             first_seq: self.start.size + 1,
-            last_seq: size,
+            last_seq: head.size,
             last_hash: crate::canonical::to_hex(self.prev),
-            root: crate::canonical::to_hex(self.frontier.root()),
+            root: head.root.clone(),
             frontier: self.frontier.nodes().iter().map(hex::encode).collect(),
             last_ts: self.last_ts.clone(),
-            note: note.clone(),
+            note: head.note.clone(),
         };
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(map)?;
-        insert_checkpoint(&tx, &note, &self.frontier, &ts, "seal").map_err(map)?;
+        insert_checkpoint(&tx, &head, &ts, "seal").map_err(map)?;
         super::segments::write_seal(&tx, &record).map_err(map)?;
         tx.commit().map_err(map)?;
-        self.last_cp_size = size;
+        self.last_cp_size = head.size;
         self.last_cp_at = Instant::now();
-        self.wal.publish(note, self.durability == Durability::Full);
+        self.wal
+            .publish(head.note, self.durability == Durability::Full);
         self.needs_segment = true;
         tracing::info!(
             segment = record.segment,
@@ -1406,19 +1402,32 @@ impl Drop for Appending<'_> {
     }
 }
 
-/// Signs a checkpoint over `frontier`; returns (size, note). Fails closed when the
-/// signer cannot sign (the batch is rolled back and its callers get the error).
+/// A signed checkpoint over the tree as a commit stores it.
+struct SignedHead {
+    size: u64,
+    /// The tree's root in hex, computed once per checkpoint (it takes one hash per
+    /// level of the tree).
+    root: String,
+    note: String,
+}
+
+/// Signs a checkpoint over `frontier`. Fails closed when the signer cannot sign (the
+/// batch is rolled back and its callers get the error).
 fn sign_head(
     signer: &dyn Signer,
     origin: &str,
     frontier: &Frontier,
-) -> Result<(u64, String), AuditError> {
+) -> Result<SignedHead, AuditError> {
     let checkpoint = Checkpoint {
         origin: origin.to_string(),
         size: frontier.size(),
         root: frontier.root(),
     };
-    Ok((checkpoint.size, checkpoint.sign_with(signer)?))
+    Ok(SignedHead {
+        size: checkpoint.size,
+        root: crate::canonical::to_hex(checkpoint.root),
+        note: checkpoint.sign_with(signer)?,
+    })
 }
 
 /// The transaction of a commit batch: rusqlite's `Transaction` parses its BEGIN and
@@ -1472,18 +1481,17 @@ impl Drop for BatchTransaction<'_> {
     }
 }
 
-/// Inserts the signed `note` over `frontier` as a checkpoint row.
+/// Inserts a signed checkpoint (the head just signed) as a checkpoint row.
 fn insert_checkpoint(
     tx: &Connection,
-    note: &str,
-    frontier: &Frontier,
+    head: &SignedHead,
     ts: &str,
     reason: &str,
 ) -> rusqlite::Result<()> {
     tx.prepare_cached(INSERT_CHECKPOINT)?.execute(params![
-        frontier.size() as i64,
-        crate::canonical::to_hex(frontier.root()),
-        note,
+        head.size as i64,
+        head.root,
+        head.note,
         ts,
         reason
     ])?;
