@@ -273,6 +273,20 @@ struct Ratio {
     pub overhead_p50_ms: f64,
 }
 
+/// How far the bare echo moved during one run, at one number of clients: it is
+/// measured again before each gated row, so on a machine whose speed changes under the
+/// benchmark (a shared VM) the spread shows how much of a difference between rows the
+/// machine alone can make.
+#[derive(Debug, Clone, Serialize)]
+struct EchoDrift {
+    pub clients: usize,
+    pub measurements: usize,
+    pub min_calls_per_s: f64,
+    pub max_calls_per_s: f64,
+    /// `max_calls_per_s / min_calls_per_s`: 1.0 on a steady machine.
+    pub spread: f64,
+}
+
 /// One of the issue's targets, checked against this run.
 #[derive(Debug, Clone, Serialize)]
 struct TargetCheck {
@@ -298,6 +312,9 @@ struct Report {
     pub warmup: f64,
     pub rows: Vec<Row>,
     pub ratios: Vec<Ratio>,
+    /// The bare echo's spread during the run, per number of clients measured more than
+    /// once.
+    pub echo_drift: Vec<EchoDrift>,
     /// The median time of one commit-sized sync on the data directory's file system
     /// (16 KiB written over a file, then `fdatasync`), in ms: the unit of the FULL
     /// one-client target. None when no FULL row was measured.
@@ -525,6 +542,7 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         None
     };
     let targets = targets(&rows, &ratios, fsync_p50_ms);
+    let echo_drift = echo_drift(&rows);
     Ok(Report {
         machine: machine(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -532,6 +550,7 @@ async fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         warmup: args.warmup,
         rows,
         ratios,
+        echo_drift,
         fsync_p50_ms,
         targets,
     })
@@ -1398,6 +1417,33 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
     out
 }
 
+/// The bare echo's lowest and highest calls/s at each number of clients it was measured
+/// at more than once, in client order.
+fn echo_drift(rows: &[Row]) -> Vec<EchoDrift> {
+    let mut by_clients: std::collections::BTreeMap<usize, Vec<f64>> = Default::default();
+    for r in rows
+        .iter()
+        .filter(|r| r.path == "direct" && r.tool == BenchTool::Echo)
+    {
+        by_clients.entry(r.clients).or_default().push(r.calls_per_s);
+    }
+    by_clients
+        .into_iter()
+        .filter(|(_, all)| all.len() > 1)
+        .map(|(clients, all)| {
+            let min = all.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = all.iter().copied().fold(0.0, f64::max);
+            EchoDrift {
+                clients,
+                measurements: all.len(),
+                min_calls_per_s: min,
+                max_calls_per_s: max,
+                spread: round(max / min.max(1e-9), 2),
+            }
+        })
+        .collect()
+}
+
 /// The issues' targets for this machine class (2 cores, load generator alongside):
 /// issue 7's on the `builtin` tool, issue 19's on the demo's gated call (`case`) against
 /// the bare echo. A target whose rows were not measured is "not measured".
@@ -1589,6 +1635,17 @@ fn print_report(report: &Report) {
             r.overhead_p50_ms
         );
     }
+    if !report.echo_drift.is_empty() {
+        println!(
+            "\nthe bare echo during this run (measured before each gated row; a spread well above 1 is the machine's speed moving)"
+        );
+        for d in &report.echo_drift {
+            println!(
+                "  {:>3} clients: {:.0} to {:.0} calls/s over {} measurements, spread x{:.2}",
+                d.clients, d.min_calls_per_s, d.max_calls_per_s, d.measurements, d.spread
+            );
+        }
+    }
     println!("\ntargets");
     for t in &report.targets {
         let verdict = match t.met {
@@ -1682,6 +1739,40 @@ mod tests {
             (BenchTool::Dryrun, 0.5)
         );
         assert_eq!(ratios[1].overhead_p50_ms, 0.3);
+    }
+
+    #[test]
+    fn the_echo_drift_spans_each_client_count_measured_twice() {
+        let row = |tool, path, clients, calls_per_s: f64| Row {
+            calls_per_s,
+            ..Measured {
+                latencies: vec![1],
+                errors: 0,
+                seconds: 1.0,
+                server_cpu_us: None,
+                server_switches: None,
+            }
+            .row(tool, path, None, clients)
+        };
+        let rows = [
+            row(BenchTool::Echo, "direct", 64, 60_000.0),
+            row(BenchTool::Case, "gateway", 64, 9_000.0),
+            row(BenchTool::Echo, "direct", 1, 5_000.0),
+            row(BenchTool::Echo, "direct", 64, 20_000.0),
+            row(BenchTool::Echo, "direct", 64, 40_000.0),
+            row(BenchTool::Http, "direct", 8, 1.0),
+            row(BenchTool::Http, "direct", 8, 100.0),
+        ];
+        let drift = echo_drift(&rows);
+        // One client was measured once, the HTTP upstream is not the echo: only 64.
+        assert_eq!(drift.len(), 1);
+        assert_eq!(drift[0].clients, 64);
+        assert_eq!(drift[0].measurements, 3);
+        assert_eq!(
+            (drift[0].min_calls_per_s, drift[0].max_calls_per_s),
+            (20_000.0, 60_000.0)
+        );
+        assert_eq!(drift[0].spread, 3.0);
     }
 
     #[test]

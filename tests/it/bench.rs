@@ -76,6 +76,23 @@ fn a_short_bench_measures_every_path_and_writes_its_report() {
             );
         }
     }
+    // The echo, measured before each of the 4 case and dryrun rows at each client
+    // count, has its spread reported per client count.
+    let drift = report["echo_drift"].as_array().unwrap();
+    assert_eq!(drift.len(), 2, "{drift:?}");
+    for (d, clients) in drift.iter().zip([1, 2]) {
+        assert_eq!(
+            (d["clients"].as_u64(), d["measurements"].as_u64()),
+            (Some(clients), Some(4))
+        );
+        let (min, max) = (
+            d["min_calls_per_s"].as_f64().unwrap(),
+            d["max_calls_per_s"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= max, "{d}");
+        assert!(d["spread"].as_f64().unwrap() >= 1.0, "{d}");
+    }
+    assert!(stdout.contains("the bare echo during this run"), "{stdout}");
     let ratios = report["ratios"].as_array().unwrap();
     assert_eq!(ratios.len(), 16);
     // A demo row's ratio is over the echo measured just before it, at its clients.
