@@ -1704,9 +1704,16 @@ mod tests {
         assert_eq!(percentile(&[], 0.5), 0);
     }
 
-    #[test]
-    fn each_ratio_is_over_the_echo_measured_last_before_it() {
-        let row = |tool, path, durability, calls_per_s: f64, p50_ms| Row {
+    /// A row of one measured call, with the given clients, calls/s and p50.
+    fn measured_row(
+        tool: BenchTool,
+        path: &'static str,
+        durability: Option<BenchDurability>,
+        clients: usize,
+        calls_per_s: f64,
+        p50_ms: f64,
+    ) -> Row {
+        Row {
             calls_per_s,
             p50_ms,
             ..Measured {
@@ -1716,7 +1723,14 @@ mod tests {
                 server_cpu_us: None,
                 server_switches: None,
             }
-            .row(tool, path, durability, 8)
+            .row(tool, path, durability, clients)
+        }
+    }
+
+    #[test]
+    fn each_ratio_is_over_the_echo_measured_last_before_it() {
+        let row = |tool, path, durability, calls_per_s, p50_ms| {
+            measured_row(tool, path, durability, 8, calls_per_s, p50_ms)
         };
         let normal = Some(BenchDurability::Normal);
         let rows = [
@@ -1743,16 +1757,8 @@ mod tests {
 
     #[test]
     fn the_echo_drift_spans_each_client_count_measured_twice() {
-        let row = |tool, path, clients, calls_per_s: f64| Row {
-            calls_per_s,
-            ..Measured {
-                latencies: vec![1],
-                errors: 0,
-                seconds: 1.0,
-                server_cpu_us: None,
-                server_switches: None,
-            }
-            .row(tool, path, None, clients)
+        let row = |tool, path, clients, calls_per_s| {
+            measured_row(tool, path, None, clients, calls_per_s, 1.0)
         };
         let rows = [
             row(BenchTool::Echo, "direct", 64, 60_000.0),
