@@ -113,7 +113,7 @@ fn main() {
 fn sign_cost_us() -> f64 {
     use toolgate::audit::checkpoint::Checkpoint;
     use toolgate::audit::keys::SignerKey;
-    let key = SignerKey::from_seed("toolgate/audit", [7; 32]);
+    let key = SignerKey::from_seed("toolgate/audit", [7; 32]).expect("a signing key");
     let rounds = 2000u64;
     let started = Instant::now();
     let mut bytes = 0;

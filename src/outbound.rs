@@ -1,7 +1,7 @@
 //! The one outgoing HTTP client stack: every request toolgate sends (the http adapter and
 //! the builtins that call out, checkpoint webhooks, OTLP trace export, the MCP client)
 //! goes through a reqwest client made by [`builder`] or [`builder_trusting`], over rustls
-//! with the ring crypto provider (docs/decisions.md says why).
+//! with the AWS-LC crypto provider (docs/decisions.md says why).
 //!
 //! INVARIANT: no redirect is followed and no proxy is used, so a request goes to the
 //! host its caller checked and to no other; server certificates are always verified
@@ -42,10 +42,10 @@ impl fmt::Display for OutboundError {
 
 impl std::error::Error for OutboundError {}
 
-/// The crypto provider of every TLS connection: ring (no C toolchain beyond `cc`, no
-/// cmake; the same provider everywhere).
+/// The crypto provider of every TLS connection: AWS-LC, the one crypto library of the
+/// binary (TLS, JWT signatures, the audit log's signatures; docs/decisions.md).
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 /// TLS trusting the operating system's roots (`/etc/ssl/certs`, or `SSL_CERT_FILE` /

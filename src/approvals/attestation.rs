@@ -102,12 +102,12 @@ mod tests {
 
     #[test]
     fn a_signed_grant_verifies_and_any_change_or_another_key_fails() {
-        let fleet = SignerKey::from_seed("toolgate/fleet", [5; 32]);
+        let fleet = SignerKey::from_seed("toolgate/fleet", [5; 32]).unwrap();
         let mut record = approved();
         assert!(verify(&record, &fleet.verifier).is_err(), "unsigned");
         record.attestation = Some(sign(&record, &fleet));
         verify(&record, &fleet.verifier).unwrap();
-        let other = SignerKey::from_seed("toolgate/fleet", [6; 32]);
+        let other = SignerKey::from_seed("toolgate/fleet", [6; 32]).unwrap();
         assert!(verify(&record, &other.verifier).is_err(), "another key");
         type Change = fn(&mut ApprovalRecord);
         let changes: [Change; 5] = [

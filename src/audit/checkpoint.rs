@@ -237,7 +237,7 @@ mod tests {
     use crate::audit::merkle::leaf_hash;
 
     fn signer(name: &str, seed: u8) -> SignerKey {
-        SignerKey::from_seed(name, [seed; 32])
+        SignerKey::from_seed(name, [seed; 32]).unwrap()
     }
 
     #[test]

@@ -1665,7 +1665,8 @@ mod tests {
             let mut options = AuditOptions::new(dir.path());
             options.durability = durability;
             if !in_process {
-                let key = crate::audit::keys::SignerKey::from_seed(&options.origin, [7; 32]);
+                let key =
+                    crate::audit::keys::SignerKey::from_seed(&options.origin, [7; 32]).unwrap();
                 options.signer = Some(Arc::new(OutOfProcess(key)));
             }
             let log = AuditLog::open(options).unwrap();

@@ -287,7 +287,7 @@ mod tests {
     fn the_socket_signer_signs_checkpoints_and_refuses_anything_else() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("signer.sock");
-        let key = SignerKey::from_seed("toolgate/audit", [5; 32]);
+        let key = SignerKey::from_seed("toolgate/audit", [5; 32]).unwrap();
         let expected = key.verifier.clone();
         let served = socket.clone();
         std::thread::spawn(move || serve(key, &served));

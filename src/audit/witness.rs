@@ -891,7 +891,7 @@ mod tests {
 
     #[test]
     fn cosignatures_verify_and_count_toward_a_quorum() {
-        let log = SignerKey::from_seed("toolgate/audit", [1; 32]);
+        let log = SignerKey::from_seed("toolgate/audit", [1; 32]).unwrap();
         let w1 = SigningKey::from_bytes(&[2; 32]);
         let w2 = SigningKey::from_bytes(&[3; 32]);
         let k1 = WitnessKey::new("w1.example", w1.verifying_key());
@@ -942,7 +942,7 @@ mod tests {
         assert!(WitnessConfig::parse("http://127.0.0.1:9/w").is_err());
         assert!(WitnessConfig::parse(&format!("ftp://h+{}", k.to_vkey())).is_err());
         // A log key (type 0x01) is not a cosignature key.
-        let log = SignerKey::from_seed("w.example/a", [9; 32]);
+        let log = SignerKey::from_seed("w.example/a", [9; 32]).unwrap();
         assert!(WitnessConfig::parse(&format!("http://h+{}", log.verifier.to_vkey())).is_err());
     }
 }

@@ -162,7 +162,7 @@ fn a_recomputed_chain_without_the_key_is_caught() {
 
     // Replacing the checkpoints with ones signed by another key fails on the signature,
     conn.execute("DELETE FROM checkpoints", []).unwrap();
-    let other = toolgate::audit::keys::SignerKey::from_seed("toolgate/audit", [9; 32]);
+    let other = toolgate::audit::keys::SignerKey::from_seed("toolgate/audit", [9; 32]).unwrap();
     let note = toolgate::audit::checkpoint::Checkpoint {
         origin: "toolgate/audit".into(),
         size: N,

@@ -685,7 +685,7 @@ fn one_fleet_key_signs_every_fleet_checkpoint_and_another_key_is_refused() {
             .unwrap();
         let (seq, note): (i64, String) = (row.get(0), row.get(1));
         let checkpoint = verify_note(&note, &bound).unwrap();
-        let forger = toolgate::audit::keys::SignerKey::from_seed(&bound.name, [9u8; 32]);
+        let forger = toolgate::audit::keys::SignerKey::from_seed(&bound.name, [9u8; 32]).unwrap();
         let forged = checkpoint.sign(&forger);
         assert_ne!(forged, note);
         client

@@ -58,7 +58,7 @@ struct TlsServer {
 
 fn tls_server(pki: &Pki, answer: fn(&[u8]) -> Value) -> TlsServer {
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
