@@ -200,10 +200,21 @@ fn to_skey(verifier: &VerifierKey, seed: &[u8; 32]) -> String {
 
 /// Both secrets: the checkpoint signer (the key file, or another process holding it)
 /// and the HMAC key, loaded from (or created in) a key directory.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Keys {
     pub signer: Arc<dyn CheckpointSigner>,
     pub hmac_key: [u8; 32],
+}
+
+/// Shows the signer's public key; never the HMAC key (it would let anyone who reads a
+/// log line confirm guessed arguments against their commitments).
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keys")
+            .field("signer", &self.signer.verifier())
+            .field("hmac_key", &"(redacted)")
+            .finish()
+    }
 }
 
 /// Refuses a key directory (or key file in it) that anyone but its owner can write:
@@ -519,6 +530,33 @@ mod tests {
             assert_eq!(hex::encode(signed), signature);
             assert!(signer.verifier.verify(&message, &signed));
             assert!(!signer.verifier.verify(b"another message", &signed));
+        }
+    }
+
+    /// Keys are printed in errors and traces by `{:?}`: never a secret, in any of the
+    /// forms it could take (bytes, hex, base64).
+    #[test]
+    fn keys_never_print_their_secrets() {
+        let seed = [0x5a_u8; 32];
+        let hmac_key = [0x77_u8; 32];
+        let signer = SignerKey::from_seed("a.example/log", seed).unwrap();
+        let keys = Keys {
+            signer: Arc::new(signer.clone()),
+            hmac_key,
+        };
+        let printed = format!("{signer:?} {keys:?}");
+        assert!(printed.contains("a.example/log"), "{printed}");
+        for secret in [seed, hmac_key] {
+            let forms = [
+                hex::encode(secret),
+                format!("{}, {}, {}", secret[0], secret[0], secret[0]),
+                B64.encode(secret)[..16].to_string(),
+            ];
+            let printed = printed.to_lowercase();
+            for form in forms {
+                let form = form[..form.len().min(16)].to_lowercase();
+                assert!(!printed.contains(&form), "{form} in {printed}");
+            }
         }
     }
 
