@@ -22,7 +22,7 @@ import sys
 # The steps of a gated call, matched against demangled frame names, innermost first.
 # Order matters only when two patterns match the same frame.
 STEPS = [
-    ("signing (ed25519)", re.compile(r"ed25519|curve25519|Checkpoint.*sign|sign_head")),
+    ("signing (ed25519)", re.compile(r"ed25519|ED25519|curve25519|edwards25519|Checkpoint.*sign|sign_head")),
     ("SQLite writer", re.compile(r"sqlite3|rusqlite|write_batch|audit::store")),
     ("audit line: canonical JSON + hashing", re.compile(
         r"canonical|audit::line|merkle|leaf_hash|sha2::|Sha256|hmac|commit_arguments|write_portable")),
