@@ -9,27 +9,26 @@
 //! there first) and the task starts again from that size with a proof from it; a
 //! cosignature already stored (witness, size) is not stored twice. A witness that has
 //! seen another fleet log (a fork) refuses with a 409 at the same size or a 422, and
-//! nothing is stored.
+//! nothing is stored. The task itself is the one of a single log
+//! (`audit::witness::submit`); this file is where the fleet log keeps what it reads and
+//! stores ([`FleetLog`]).
 //!
 //! INVARIANT: as for a single log, witnessing never delays or refuses a call: the
 //! tasks read the hub over the shipper's pool and share nothing with the writer.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::fleet::FleetError;
 use super::{HubError, db_error, pool_error};
-use crate::audit::checkpoint::verify_note;
 use crate::audit::keys::VerifierKey;
-use crate::audit::merkle::{Frontier, Hash, consistency_proof_extending, leaf_hash};
+use crate::audit::merkle::{Frontier, Hash, leaf_hash};
+use crate::audit::witness::submit::{self, Unread, WitnessedLog};
 use crate::audit::witness::{
-    Answer, CONNECT_TIMEOUT, MAX_LEAVES_PER_SUBMISSION, REQUEST_TIMEOUT, WitnessConfig, WitnessKey,
-    WitnessProblem, WitnessReport, WitnessStatus, add_checkpoint, check_cosignatures,
+    WitnessConfig, WitnessKey, WitnessProblem, WitnessReport, WitnessStatus, check_cosignatures,
 };
-use crate::outbound::{self, error_chain};
 
 /// The cosignatures of fleet checkpoints (a versioned migration of the cluster
 /// database): per witness (its cosignature vkey) and fleet size, the witness's
@@ -68,203 +67,84 @@ pub fn start(
     pool: deadpool_postgres::Pool,
     options: FleetWitnessOptions,
 ) -> Result<Vec<Arc<WitnessStatus>>, String> {
-    let client = outbound::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .map_err(|e| format!("cannot build the witness client: {}", error_chain(&e)))?;
-    let mut statuses = Vec::new();
-    for witness in &options.witnesses {
-        let status = Arc::new(WitnessStatus::new(&witness.key.name));
-        statuses.push(status.clone());
-        let task = Submitter {
-            pool: pool.clone(),
-            witness: witness.clone(),
-            options: options.clone(),
-            client: client.clone(),
-            status,
-            frontier: None,
-        };
-        tokio::spawn(task.run());
-    }
-    Ok(statuses)
+    let log = FleetLog {
+        pool,
+        fleet_key: options.fleet_key,
+        origin: options.origin,
+    };
+    submit::start(Arc::new(log), &options.witnesses, options.interval)
 }
 
-struct Submitter {
+/// The fleet log in the hub: its leaves and checkpoints in `hub_fleet`, the
+/// cosignatures in `hub_fleet_cosignatures`.
+struct FleetLog {
     pool: deadpool_postgres::Pool,
-    witness: WitnessConfig,
-    options: FleetWitnessOptions,
-    client: reqwest::Client,
-    status: Arc<WitnessStatus>,
-    /// The fleet tree's right edge at the size the witness stands at (as far as known).
-    frontier: Option<Frontier>,
+    fleet_key: VerifierKey,
+    /// This sidecar's origin, stored with the cosignatures it stores.
+    origin: String,
 }
 
-enum Outcome {
-    Cosigned,
-    /// The witness stands at another size: start again from there.
-    Resync(u64),
-    Failed(String),
-}
+impl WitnessedLog for FleetLog {
+    const NAME: &'static str = "fleet log";
+    const SHARED: bool = true;
 
-impl Submitter {
-    async fn run(mut self) {
-        let mut ticker = tokio::time::interval(self.options.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut failing = false;
-        loop {
-            ticker.tick().await;
-            match self.round().await {
-                Ok(()) => {
-                    if failing {
-                        tracing::info!(witness = %self.witness.key.name, "witness cosigns the fleet checkpoint again");
-                    }
-                    failing = false;
-                }
-                Err(error) => {
-                    self.status.failures.fetch_add(1, Ordering::Relaxed);
-                    if !failing {
-                        tracing::warn!(witness = %self.witness.key.name, error = %error, "fleet witness submission failed; offered again next round");
-                    }
-                    failing = true;
-                    *self
-                        .status
-                        .last_error
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = Some(error);
-                }
-            }
-        }
+    fn log_key(&self) -> &VerifierKey {
+        &self.fleet_key
     }
 
-    /// Offers the newest fleet checkpoint, catching the witness up first if needed.
-    async fn round(&mut self) -> Result<(), String> {
-        let Some((size, note)) = fleet_note(&self.pool, None).await? else {
-            return Ok(());
-        };
-        self.status.checkpoint_size.store(size, Ordering::Relaxed);
-        if self.frontier.is_none() {
-            let from = self.stored_position().await?;
-            self.resync(from).await?;
-        }
-        // Bounded: each resync answer moves the start; give up after a few.
-        for _ in 0..4 {
-            let have = self.frontier.as_ref().map_or(0, Frontier::size);
-            if have >= size {
-                return Ok(());
-            }
-            let (target, target_note) = if size - have > MAX_LEAVES_PER_SUBMISSION {
-                let at = have + MAX_LEAVES_PER_SUBMISSION;
-                fleet_note(&self.pool, Some(at))
-                    .await?
-                    .ok_or_else(|| format!("the hub holds no fleet checkpoint at size {at}"))?
-            } else {
-                (size, note.clone())
-            };
-            match self.submit(target, &target_note).await? {
-                Outcome::Cosigned => continue,
-                Outcome::Resync(at) => self.resync(at).await?,
-                Outcome::Failed(error) => return Err(error),
-            }
-        }
-        Ok(())
+    async fn newest(&self) -> Result<Option<(u64, String)>, String> {
+        fleet_note(&self.pool, None).await
     }
 
-    /// The largest fleet size this witness cosigned, per the hub (0: none).
-    async fn stored_position(&self) -> Result<u64, String> {
+    /// Every fleet size has its checkpoint: the one at `limit`.
+    async fn checkpoint_towards(
+        &self,
+        _have: u64,
+        limit: u64,
+        _newest: &(u64, String),
+    ) -> Result<(u64, String), String> {
+        fleet_note(&self.pool, Some(limit))
+            .await?
+            .ok_or_else(|| format!("the hub holds no fleet checkpoint at size {limit}"))
+    }
+
+    async fn stored_position(&self, witness: &WitnessKey) -> Result<u64, String> {
         let client = connection(&self.pool).await?;
         let row = client
             .query_one(
                 "SELECT coalesce(max(size), 0) FROM hub_fleet_cosignatures WHERE witness = $1",
-                &[&self.witness.key.to_vkey()],
+                &[&witness.to_vkey()],
             )
             .await
             .map_err(|e| db_error(&e).to_string())?;
         Ok(row.get::<_, i64>(0).max(0) as u64)
     }
 
-    /// Rebuilds the fleet tree's right edge at `size` from the hub.
-    async fn resync(&mut self, size: u64) -> Result<(), String> {
+    async fn frontier_at(&self, size: u64) -> Result<Frontier, Unread> {
         let mut frontier = Frontier::new();
-        for leaf in fleet_leaves(&self.pool, 0, size).await.map_err(|e| match e {
-            Leaves::Short(what) => {
-                self.status.conflicts.fetch_add(1, Ordering::Relaxed);
-                format!(
-                    "witness `{}` stands at fleet size {size}: {what} (the fleet log was cut, or the witness saw another fleet log)",
-                    self.witness.key.name
-                )
-            }
-            Leaves::Unavailable(what) => what,
-        })? {
+        for leaf in fleet_leaves(&self.pool, 0, size).await? {
             frontier.push(leaf);
         }
-        self.status.cosigned_size.fetch_max(size, Ordering::Relaxed);
-        self.frontier = Some(frontier);
-        Ok(())
+        Ok(frontier)
     }
 
-    /// One add-checkpoint request for the fleet checkpoint `note` of `size` leaves.
-    async fn submit(&mut self, size: u64, note: &str) -> Result<Outcome, String> {
-        let Some(old) = self.frontier.clone() else {
-            return Ok(Outcome::Resync(0));
-        };
-        let from = old.size();
-        let appended = fleet_leaves(&self.pool, from, size)
-            .await
-            .map_err(Leaves::into_message)?;
-        let mut new = old.clone();
-        for leaf in &appended {
-            new.push(*leaf);
-        }
-        let checkpoint = verify_note(note, &self.options.fleet_key)
-            .map_err(|e| format!("the fleet checkpoint does not verify with the fleet key: {e}"))?;
-        if checkpoint.size != size || new.root() != checkpoint.root {
-            return Err(format!(
-                "the fleet leaves do not hash to the fleet checkpoint at size {size}: not offered"
-            ));
-        }
-        let proof = consistency_proof_extending(&old, &appended);
-        let name = &self.witness.key.name;
-        match add_checkpoint(&self.client, &self.witness, from, &proof, note).await? {
-            Answer::Cosigned { lines, .. } => {
-                self.store(size, &lines).await?;
-                self.status.cosigned_size.fetch_max(size, Ordering::Relaxed);
-                self.frontier = Some(new);
-                Ok(Outcome::Cosigned)
-            }
-            // Another sidecar moved the witness (or it restarted): from there.
-            Answer::Conflict(Some(at)) if at != from => Ok(Outcome::Resync(at)),
-            Answer::Conflict(theirs) => {
-                self.status.conflicts.fetch_add(1, Ordering::Relaxed);
-                Ok(Outcome::Failed(format!(
-                    "witness `{name}` refuses the fleet checkpoint at size {size} as conflicting with the one it cosigned (size {}): the fleet log forked",
-                    theirs.map_or_else(|| "unknown".to_string(), |s| s.to_string())
-                )))
-            }
-            Answer::Refused(422, _) => {
-                self.status.conflicts.fetch_add(1, Ordering::Relaxed);
-                Ok(Outcome::Failed(format!(
-                    "witness `{name}` refuses the consistency proof from fleet size {from} to {size}: it saw another fleet log (a fork)"
-                )))
-            }
-            Answer::Refused(code, text) => Ok(Outcome::Failed(format!(
-                "witness `{name}` answered {code}: {text}"
-            ))),
-        }
+    async fn leaves_between(&self, from: u64, to: u64) -> Result<Vec<Hash>, Unread> {
+        fleet_leaves(&self.pool, from, to).await
     }
 
-    /// Stores the witness's signature lines on the fleet checkpoint at `size`, once.
-    async fn store(&self, size: u64, lines: &str) -> Result<(), String> {
+    /// Stores the witness's lines on the fleet checkpoint at `size`, once.
+    async fn store(
+        &self,
+        witness: &WitnessKey,
+        size: u64,
+        _note: &str,
+        lines: &str,
+    ) -> Result<(), String> {
         let client = connection(&self.pool).await?;
         client
             .execute(
                 "INSERT INTO hub_fleet_cosignatures (witness, size, cosignature, stored_by) VALUES ($1, $2, $3, $4) ON CONFLICT (witness, size) DO NOTHING",
-                &[
-                    &self.witness.key.to_vkey(),
-                    &(size as i64),
-                    &lines,
-                    &self.options.origin,
-                ],
+                &[&witness.to_vkey(), &(size as i64), &lines, &self.origin],
             )
             .await
             .map_err(|e| format!("cannot store the cosignature: {}", db_error(&e)))?;
@@ -308,29 +188,13 @@ async fn fleet_note(
     Ok(row.map(|r| (r.get::<_, i64>(0).max(0) as u64, r.get(1))))
 }
 
-/// Why the fleet leaves could not be read.
-enum Leaves {
-    /// The hub could not be read (retried next round).
-    Unavailable(String),
-    /// The hub holds fewer leaves, or a gap.
-    Short(String),
-}
-
-impl Leaves {
-    fn into_message(self) -> String {
-        match self {
-            Leaves::Unavailable(what) | Leaves::Short(what) => what,
-        }
-    }
-}
-
 /// The fleet leaf hashes of seq `from + 1 ..= to`, page by page.
 async fn fleet_leaves(
     pool: &deadpool_postgres::Pool,
     from: u64,
     to: u64,
-) -> Result<Vec<Hash>, Leaves> {
-    let client = connection(pool).await.map_err(Leaves::Unavailable)?;
+) -> Result<Vec<Hash>, Unread> {
+    let client = connection(pool).await.map_err(Unread::Unavailable)?;
     let mut out = Vec::with_capacity(to.saturating_sub(from).min(1 << 16) as usize);
     let mut next = from;
     while next < to {
@@ -340,14 +204,14 @@ async fn fleet_leaves(
                 &[&(next as i64), &(to as i64), &PAGE],
             )
             .await
-            .map_err(|e| Leaves::Unavailable(db_error(&e).to_string()))?;
+            .map_err(|e| Unread::Unavailable(db_error(&e).to_string()))?;
         if rows.is_empty() {
             break;
         }
         for r in &rows {
             let seq = r.get::<_, i64>(0).max(0) as u64;
             if seq != next + 1 {
-                return Err(Leaves::Short(format!(
+                return Err(Unread::Short(format!(
                     "fleet leaf {} is missing from the hub",
                     next + 1
                 )));
@@ -358,7 +222,7 @@ async fn fleet_leaves(
         }
     }
     if next < to {
-        return Err(Leaves::Short(format!(
+        return Err(Unread::Short(format!(
             "the hub holds the fleet log up to size {next}, not {to}"
         )));
     }

@@ -545,6 +545,17 @@ fn a_forked_log_under_the_same_key_is_refused_by_the_witness() {
         (series(&m, "toolgate_witness_conflicts_total", "w.example/fork") > 0).then_some(m)
     })
     .expect("the sidecar never counted the witness's refusals");
+    // Every round after the first sends the proof from the size the witness holds and
+    // gets a 422: each is counted as a conflict, not only the first 409.
+    assert!(
+        common::poll_until(Duration::from_secs(30), || series(
+            &scrape(&server),
+            "toolgate_witness_conflicts_total",
+            "w.example/fork"
+        ) >= 3),
+        "the 422 refusals of the forked log were not counted: {}",
+        scrape(&server)
+    );
     assert_eq!(
         series(&metrics, "toolgate_witness_cosigned_size", "w.example/fork"),
         cosigned.0,

@@ -10,15 +10,23 @@
 //! its local checkpoints can no longer produce a checkpoint the witnesses sign, and the
 //! cosignatures already given prove what the log held.
 //!
+//! The parts: this file holds the protocol (the cosignature key and its checks, one
+//! add-checkpoint request, the quorum check of stored cosignatures); `submit.rs` the
+//! task that offers a log's checkpoints to one witness, shared with the fleet log of
+//! the audit hub (`hub::witness`); `local.rs` the sidecar's own log as that task reads
+//! it (its segments and the cosignature file).
+//!
 //! INVARIANT: witnessing never delays or refuses a call: one task per witness reads
 //! committed checkpoints and leaf hashes over its own read-only connections; a witness
 //! that is down or refuses is retried at the next round and counted in its status
 //! (`/metrics`), never blocking the writer.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+mod local;
+pub(crate) mod submit;
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use base64::Engine;
@@ -29,9 +37,10 @@ use sha2::{Digest, Sha256};
 use super::AuditError;
 use super::checkpoint::{Checkpoint, split_notes, verify_note};
 use super::keys::{VerifierKey, valid_key_name};
-use super::merkle::{Frontier, Hash, consistency_proof_extending};
-use super::store::{self, decode_hash, map_sqlite};
-use crate::outbound::{self, error_chain};
+use super::merkle::Hash;
+use crate::outbound::error_chain;
+
+pub use local::{WitnessOptions, default_cosignature_file, start};
 
 /// The file, next to the audit database, holding every cosigned checkpoint.
 pub const COSIGNATURE_FILE: &str = "cosigned-checkpoints.log";
@@ -47,9 +56,6 @@ const MAX_RESPONSE_BYTES: usize = 16 * 1024;
 /// The most leaves one submission may span: a witness further behind is brought up in
 /// several submissions, each through a stored checkpoint (bounded memory).
 pub(crate) const MAX_LEAVES_PER_SUBMISSION: u64 = 1 << 20;
-/// The most bytes of the cosignature file read (from its end) to find where a witness
-/// stands after a restart.
-const MAX_TAIL_BYTES: u64 = 4 * 1024 * 1024;
 /// The largest cosignature file `audit verify` reads.
 const MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
 
@@ -239,233 +245,6 @@ impl WitnessStatus {
     }
 }
 
-/// How the witness client runs.
-#[derive(Debug, Clone)]
-pub struct WitnessOptions {
-    /// The log's first segment (the audit database).
-    pub db_path: PathBuf,
-    /// The log's checkpoint key (cosigned notes are checked against it before they
-    /// are stored).
-    pub log_key: VerifierKey,
-    pub witnesses: Vec<WitnessConfig>,
-    /// How often each witness is offered the newest checkpoint.
-    pub interval: Duration,
-    /// Where cosigned checkpoints are appended.
-    pub cosignature_file: PathBuf,
-}
-
-/// The default cosignature file for a database.
-pub fn default_cosignature_file(db_path: &Path) -> PathBuf {
-    db_path
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join(COSIGNATURE_FILE)
-}
-
-/// Starts one task per witness (on the current tokio runtime); returns their status.
-pub fn start(options: WitnessOptions) -> Result<Vec<Arc<WitnessStatus>>, AuditError> {
-    let client = outbound::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .map_err(|e| AuditError::Config {
-            what: format!("cannot build the witness client: {}", error_chain(&e)),
-        })?;
-    let file = Arc::new(Mutex::new(()));
-    let mut statuses = Vec::new();
-    for witness in &options.witnesses {
-        let status = Arc::new(WitnessStatus::new(&witness.key.name));
-        statuses.push(status.clone());
-        let task = Submitter {
-            witness: witness.clone(),
-            options: options.clone(),
-            client: client.clone(),
-            status,
-            state: None,
-            file: file.clone(),
-        };
-        tokio::spawn(task.run());
-    }
-    Ok(statuses)
-}
-
-/// Where a witness stands: the size it last cosigned and the tree's right edge there.
-struct Position {
-    frontier: Frontier,
-}
-
-struct Submitter {
-    witness: WitnessConfig,
-    options: WitnessOptions,
-    client: reqwest::Client,
-    status: Arc<WitnessStatus>,
-    state: Option<Position>,
-    /// One append to the cosignature file at a time.
-    file: Arc<Mutex<()>>,
-}
-
-/// How one submission ended.
-enum Outcome {
-    Cosigned,
-    /// The witness stands at another size: start again from there.
-    Resync(u64),
-    Failed(String),
-}
-
-impl Submitter {
-    async fn run(mut self) {
-        let mut ticker = tokio::time::interval(self.options.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut failing = false;
-        loop {
-            ticker.tick().await;
-            match self.round().await {
-                Ok(()) => {
-                    if failing {
-                        tracing::info!(witness = %self.witness.key.name, "witness cosigns again");
-                    }
-                    failing = false;
-                }
-                Err(error) => {
-                    self.status.failures.fetch_add(1, Ordering::Relaxed);
-                    if !failing {
-                        tracing::warn!(witness = %self.witness.key.name, error = %error, "witness submission failed; the checkpoint stays signed locally and is offered again");
-                    }
-                    failing = true;
-                    *self
-                        .status
-                        .last_error
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = Some(error);
-                }
-            }
-        }
-    }
-
-    /// Offers the newest checkpoint, catching the witness up first if needed.
-    async fn round(&mut self) -> Result<(), String> {
-        let db = self.options.db_path.clone();
-        let Some((size, note)) = blocking(move || newest_checkpoint(&db)).await? else {
-            return Ok(());
-        };
-        self.status.checkpoint_size.store(size, Ordering::Relaxed);
-        if self.state.is_none() {
-            let from = self.stored_position().await?;
-            self.resync(from).await?;
-        }
-        // Bounded: a resync answer moves the start; give up after a few.
-        for _ in 0..4 {
-            let have = self.state.as_ref().map_or(0, |p| p.frontier.size());
-            if have >= size {
-                return Ok(());
-            }
-            let (target, target_note) = if size - have > MAX_LEAVES_PER_SUBMISSION {
-                let db = self.options.db_path.clone();
-                let limit = have + MAX_LEAVES_PER_SUBMISSION;
-                blocking(move || checkpoint_at_most(&db, have, limit))
-                    .await?
-                    .unwrap_or((size, note.clone()))
-            } else {
-                (size, note.clone())
-            };
-            match self.submit(target, &target_note).await? {
-                Outcome::Cosigned => continue,
-                Outcome::Resync(at) => self.resync(at).await?,
-                Outcome::Failed(error) => return Err(error),
-            }
-        }
-        Ok(())
-    }
-
-    /// The size this witness last cosigned, per the cosignature file (0: none).
-    async fn stored_position(&self) -> Result<u64, String> {
-        let path = self.options.cosignature_file.clone();
-        let key = self.witness.key.clone();
-        let log_key = self.options.log_key.clone();
-        blocking(move || {
-            let notes = read_tail(&path)?;
-            let mut best = 0u64;
-            for note in notes {
-                let Ok(checkpoint) = verify_note(&note, &log_key) else {
-                    continue;
-                };
-                if matches!(key.check_note(&note), Ok(Some(_))) {
-                    best = best.max(checkpoint.size);
-                }
-            }
-            Ok(best)
-        })
-        .await
-    }
-
-    /// Rebuilds the tree's right edge at `size` from the log.
-    async fn resync(&mut self, size: u64) -> Result<(), String> {
-        let db = self.options.db_path.clone();
-        let frontier = blocking(move || frontier_at(&db, size)).await?;
-        self.status
-            .cosigned_size
-            .fetch_max(frontier.size(), Ordering::Relaxed);
-        self.state = Some(Position { frontier });
-        Ok(())
-    }
-
-    /// One add-checkpoint request for the checkpoint `note` of `size` events.
-    async fn submit(&mut self, size: u64, note: &str) -> Result<Outcome, String> {
-        let Some(position) = &self.state else {
-            return Ok(Outcome::Resync(0));
-        };
-        let old = position.frontier.clone();
-        let db = self.options.db_path.clone();
-        let from = old.size();
-        let appended = blocking(move || leaves_between(&db, from, size)).await?;
-        let mut new = old.clone();
-        for leaf in &appended {
-            new.push(*leaf);
-        }
-        let checkpoint = verify_note(note, &self.options.log_key)
-            .map_err(|e| format!("the newest checkpoint does not verify: {e}"))?;
-        if checkpoint.size != size || new.root() != checkpoint.root {
-            return Err(format!(
-                "the log's leaves do not hash to its checkpoint at size {size}: not offered"
-            ));
-        }
-        let proof = consistency_proof_extending(&old, &appended);
-        let name = &self.witness.key.name;
-        match add_checkpoint(&self.client, &self.witness, from, &proof, note).await? {
-            Answer::Cosigned { lines, timestamp } => {
-                let stored = format!("{note}{lines}");
-                let path = self.options.cosignature_file.clone();
-                let lock = self.file.clone();
-                blocking(move || {
-                    let _one = lock.lock().unwrap_or_else(|p| p.into_inner());
-                    append_note(&path, &stored)
-                })
-                .await?;
-                tracing::debug!(witness = %name, size, timestamp, "checkpoint cosigned");
-                self.status.cosigned_size.fetch_max(size, Ordering::Relaxed);
-                self.state = Some(Position { frontier: new });
-                Ok(Outcome::Cosigned)
-            }
-            Answer::Conflict(theirs) => {
-                self.status.conflicts.fetch_add(1, Ordering::Relaxed);
-                match theirs {
-                    Some(at) if at != from && at < size => Ok(Outcome::Resync(at)),
-                    Some(at) if at > size => Ok(Outcome::Failed(format!(
-                        "witness `{name}` has cosigned {at} events of this log, more than the {size} it holds: the log was cut"
-                    ))),
-                    _ => Ok(Outcome::Failed(format!(
-                        "witness `{name}` refuses the checkpoint at size {size} as conflicting with what it cosigned (size {}): the log forked",
-                        theirs.map_or_else(|| "unknown".to_string(), |s| s.to_string())
-                    ))),
-                }
-            }
-            Answer::Refused(code, text) => Ok(Outcome::Failed(format!(
-                "witness `{name}` answered {code}: {text}"
-            ))),
-        }
-    }
-}
-
 /// What a witness answered to one add-checkpoint request (c2sp.org/tlog-witness).
 pub(crate) enum Answer {
     /// 200 with a cosignature by the witness's key: its signature lines and timestamp.
@@ -522,15 +301,6 @@ pub(crate) async fn add_checkpoint(
     })
 }
 
-/// Runs blocking work (SQLite, files) off the runtime's workers.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| format!("the witness worker stopped: {e}"))?
-}
-
 pub(crate) async fn read_limited(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     while let Some(chunk) = response
@@ -566,59 +336,6 @@ pub(crate) fn lines_of(answer: &str, key: &WitnessKey) -> String {
         }
     }
     out
-}
-
-/// Appends a note and a blank line to the cosignature file and syncs it.
-fn append_note(path: &Path, note: &str) -> Result<(), String> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("`{}`: {e}", dir.display()))?;
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| format!("cannot open `{}`: {e}", path.display()))?;
-    file.write_all(note.as_bytes())
-        .and_then(|()| file.write_all(b"\n"))
-        .and_then(|()| file.sync_data())
-        .map_err(|e| format!("cannot append to `{}`: {e}", path.display()))
-}
-
-/// The notes in the last [`MAX_TAIL_BYTES`] of the cosignature file (none if absent).
-fn read_tail(path: &Path) -> Result<Vec<String>, String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = match std::fs::File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("cannot read `{}`: {e}", path.display())),
-    };
-    let len = file
-        .metadata()
-        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?
-        .len();
-    let start = len.saturating_sub(MAX_TAIL_BYTES);
-    file.seek(SeekFrom::Start(start))
-        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_TAIL_BYTES)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-    let text = String::from_utf8_lossy(&bytes);
-    // Mid-file: skip to the first note's start (a line after a blank line that is not
-    // a signature line).
-    let from = if start == 0 {
-        0
-    } else {
-        let mut at = 0;
-        loop {
-            match text[at..].find("\n\n") {
-                Some(i) if !text[at + i + 2..].starts_with('\u{2014}') => break at + i + 2,
-                Some(i) => at += i + 2,
-                None => return Ok(Vec::new()),
-            }
-        }
-    };
-    split_notes(&text[from..]).map_err(|e| format!("`{}` is malformed: {e}", path.display()))
 }
 
 /// Reads every cosigned note of a cosignature file (for `audit verify`).
@@ -737,128 +454,6 @@ pub fn check_cosignatures(
         )));
     }
     Ok((report, checkpoints))
-}
-
-// ---- Reading the log (read-only connections; never the writer's).
-
-fn open(path: &Path) -> Result<rusqlite::Connection, String> {
-    store::open_reader(path, Duration::from_millis(2000)).map_err(|e| e.to_string())
-}
-
-/// The newest stored checkpoint (size, note) of the log, newest segment first.
-fn newest_checkpoint(base: &Path) -> Result<Option<(u64, String)>, String> {
-    use rusqlite::OptionalExtension;
-    let segments = super::segments::list(base).map_err(|e| e.to_string())?;
-    for (_, path) in segments.iter().rev() {
-        let conn = open(path)?;
-        let row: Option<(i64, String)> = conn
-            .query_row(
-                "SELECT size, note FROM checkpoints ORDER BY id DESC LIMIT 1",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(|e| map_sqlite(&e, path).to_string())?;
-        if let Some((size, note)) = row {
-            return Ok(Some((size.max(0) as u64, note)));
-        }
-    }
-    Ok(None)
-}
-
-/// The largest stored checkpoint with a size in (`above`, `limit`].
-fn checkpoint_at_most(
-    base: &Path,
-    above: u64,
-    limit: u64,
-) -> Result<Option<(u64, String)>, String> {
-    use rusqlite::OptionalExtension;
-    let mut best: Option<(u64, String)> = None;
-    for (_, path) in super::segments::list(base).map_err(|e| e.to_string())? {
-        let conn = open(&path)?;
-        let row: Option<(i64, String)> = conn
-            .query_row(
-                "SELECT size, note FROM checkpoints WHERE size > ?1 AND size <= ?2 ORDER BY size DESC LIMIT 1",
-                rusqlite::params![above as i64, limit as i64],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(|e| map_sqlite(&e, &path).to_string())?;
-        if let Some((size, note)) = row
-            && best.as_ref().is_none_or(|b| b.0 < size as u64)
-        {
-            best = Some((size as u64, note));
-        }
-    }
-    Ok(best)
-}
-
-/// The segments with their start records, oldest first.
-fn starts(base: &Path) -> Result<Vec<(PathBuf, super::segments::StartRecord)>, String> {
-    let mut out = Vec::new();
-    for (number, path) in super::segments::list(base).map_err(|e| e.to_string())? {
-        let conn = open(&path)?;
-        let start = match super::segments::read_start(&conn, &path).map_err(|e| e.to_string())? {
-            Some(start) => start,
-            None if number == 1 => super::segments::StartRecord::genesis(0),
-            None => return Err(format!("`{}` has no start record", path.display())),
-        };
-        out.push((path, start));
-    }
-    Ok(out)
-}
-
-/// The leaf hashes of seq `from + 1 ..= to`, across segments.
-pub fn leaves_between(base: &Path, from: u64, to: u64) -> Result<Vec<Hash>, String> {
-    let mut out = Vec::with_capacity(to.saturating_sub(from).min(1 << 20) as usize);
-    for (path, start) in starts(base)? {
-        if start.size >= to {
-            break;
-        }
-        let conn = open(&path)?;
-        let mut stmt = conn
-            .prepare("SELECT seq, hash FROM events WHERE seq > ?1 AND seq <= ?2 ORDER BY seq")
-            .map_err(|e| map_sqlite(&e, &path).to_string())?;
-        let mut rows = stmt
-            .query(rusqlite::params![from as i64, to as i64])
-            .map_err(|e| map_sqlite(&e, &path).to_string())?;
-        while let Some(row) = rows.next().map_err(|e| map_sqlite(&e, &path).to_string())? {
-            let seq: i64 = row.get(0).map_err(|e| e.to_string())?;
-            let hash: String = row.get(1).map_err(|e| e.to_string())?;
-            if seq as u64 != from + out.len() as u64 + 1 {
-                return Err(format!(
-                    "seq {} is missing from the log",
-                    from + out.len() as u64 + 1
-                ));
-            }
-            out.push(decode_hash(&hash).ok_or_else(|| format!("seq {seq}: a malformed hash"))?);
-        }
-    }
-    if (out.len() as u64) != to - from.min(to) {
-        return Err(format!(
-            "the log holds seq {}..{} but not up to {to}",
-            from + 1,
-            from + out.len() as u64
-        ));
-    }
-    Ok(out)
-}
-
-/// The right edge of the log's tree at `size` (from the nearest segment start).
-pub fn frontier_at(base: &Path, size: u64) -> Result<Frontier, String> {
-    let starts = starts(base)?;
-    let Some((_, start)) = starts.iter().rev().find(|(_, s)| s.size <= size) else {
-        return Err(format!(
-            "the segments holding seq 1..{size} are not here (archived): cannot rebuild the tree at size {size}"
-        ));
-    };
-    let (mut frontier, _) = start
-        .state()
-        .ok_or_else(|| "a segment start record is malformed".to_string())?;
-    for leaf in leaves_between(base, start.size, size)? {
-        frontier.push(leaf);
-    }
-    Ok(frontier)
 }
 
 #[cfg(test)]
