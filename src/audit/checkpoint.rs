@@ -11,6 +11,8 @@
 //!
 //! The signature covers the note text: the three lines, each ending in a newline.
 
+use std::path::Path;
+
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 
@@ -191,6 +193,41 @@ fn parse_body(body: &str) -> Result<Checkpoint, NoteError> {
     })
 }
 
+/// The largest file of notes read whole (a checkpoint sink's file, the cosignature
+/// file).
+pub const MAX_NOTES_FILE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Why a file of notes could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotesFileError {
+    /// It cannot be read, or holds more than [`MAX_NOTES_FILE_BYTES`].
+    Io(String),
+    /// Text in it does not form a note.
+    Malformed(String),
+}
+
+/// Reads a file of notes whole (at most [`MAX_NOTES_FILE_BYTES`], however large it
+/// grows while being read); `what` names it in the errors (`the checkpoint file`).
+pub fn read_notes_file(path: &Path, what: &str) -> Result<Vec<String>, NotesFileError> {
+    read_notes_within(path, what, MAX_NOTES_FILE_BYTES)
+}
+
+fn read_notes_within(path: &Path, what: &str, max: u64) -> Result<Vec<String>, NotesFileError> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| NotesFileError::Io(format!("cannot read {what}: {e}"));
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(cannot)?
+        .take(max.saturating_add(1))
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    if text.len() as u64 > max {
+        return Err(NotesFileError::Io(format!("{what} is too large")));
+    }
+    split_notes(&text)
+        .map_err(|why| NotesFileError::Malformed(format!("`{}`: {why}", path.display())))
+}
+
 /// Splits a file of notes, each followed by a blank line (the sink file format), into
 /// notes. Text that does not form a note is returned as an error with its line number.
 pub fn split_notes(text: &str) -> Result<Vec<String>, String> {
@@ -238,6 +275,41 @@ mod tests {
 
     fn signer(name: &str, seed: u8) -> SignerKey {
         SignerKey::from_seed(name, [seed; 32]).unwrap()
+    }
+
+    #[test]
+    fn a_notes_file_is_read_whole_within_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = signer("toolgate/audit", 1);
+        let notes: Vec<String> = (1..=3)
+            .map(|size| {
+                Checkpoint {
+                    origin: "toolgate/audit".into(),
+                    size,
+                    root: leaf_hash(&size.to_be_bytes()),
+                }
+                .sign(&key)
+            })
+            .collect();
+        let file = dir.path().join("checkpoints.log");
+        let text: String = notes.iter().map(|n| format!("{n}\n")).collect();
+        std::fs::write(&file, &text).unwrap();
+        assert_eq!(read_notes_file(&file, "the file").unwrap(), notes);
+        let len = text.len() as u64;
+        assert_eq!(read_notes_within(&file, "the file", len).unwrap(), notes);
+        assert_eq!(
+            read_notes_within(&file, "the file", len - 1),
+            Err(NotesFileError::Io("the file is too large".into()))
+        );
+        std::fs::write(&file, "not a note\n").unwrap();
+        assert!(matches!(
+            read_notes_file(&file, "the file"),
+            Err(NotesFileError::Malformed(_))
+        ));
+        assert!(matches!(
+            read_notes_file(&dir.path().join("missing"), "the file"),
+            Err(NotesFileError::Io(what)) if what.starts_with("cannot read the file")
+        ));
     }
 
     #[test]

@@ -50,6 +50,59 @@ pub fn valid_key_name(name: &str) -> bool {
             .any(|c| c.is_whitespace() || c == '+' || c.is_control())
 }
 
+/// The text form of every key file and key flag (Go's golang.org/x/mod/sumdb/note and
+/// C2SP signed-note): `<name>+<key id hex>+<base64(type byte || 32 key bytes)>`. The
+/// log's keys use type 0x01 (Ed25519), a witness's cosignature key 0x04.
+pub(crate) fn key_text(name: &str, key_id: [u8; 4], key_type: u8, key: &[u8; 32]) -> String {
+    let mut typed = vec![key_type];
+    typed.extend_from_slice(key);
+    format!(
+        "{name}+{}+{}",
+        crate::canonical::to_hex(key_id),
+        B64.encode(typed)
+    )
+}
+
+/// A key's text form taken apart: the name, the key id as written (the caller checks
+/// it against the key) and the 32 key bytes. No Debug: for a private key file those
+/// bytes are the seed.
+pub(crate) struct KeyText<'a> {
+    pub name: &'a str,
+    pub key_id: &'a str,
+    pub key: [u8; 32],
+}
+
+/// Reads [`key_text`]'s form of a key of type `key_type`; `what` names the key in the
+/// errors (`key`, `witness key`).
+pub(crate) fn parse_key_text<'a>(
+    text: &'a str,
+    key_type: u8,
+    what: &str,
+) -> Result<KeyText<'a>, String> {
+    let mut parts = text.trim().splitn(3, '+');
+    let (Some(name), Some(key_id), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err("expected `<name>+<key id>+<base64 key>`".into());
+    };
+    if !valid_key_name(name) {
+        return Err(format!("invalid {what} name `{name}`"));
+    }
+    let raw = B64
+        .decode(key)
+        .map_err(|_| format!("the {what} is not valid base64"))?;
+    let Some((&found, key)) = raw.split_first() else {
+        return Err(format!("the {what} is empty"));
+    };
+    if found != key_type {
+        return Err(format!(
+            "the {what} has type byte {found:#04x}, not {key_type:#04x} (Ed25519)"
+        ));
+    }
+    let key: [u8; 32] = key
+        .try_into()
+        .map_err(|_| format!("the {what} does not hold the 32 bytes of an Ed25519 key"))?;
+    Ok(KeyText { name, key_id, key })
+}
+
 /// A public key that verifies checkpoint signatures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifierKey {
@@ -74,40 +127,20 @@ impl VerifierKey {
 
     /// The `<name>+<key id hex>+<base64(0x01 || public key)>` form.
     pub fn to_vkey(&self) -> String {
-        let mut typed = vec![ED25519_TYPE];
-        typed.extend_from_slice(self.key.as_bytes());
-        format!(
-            "{}+{}+{}",
-            self.name,
-            crate::canonical::to_hex(self.key_id),
-            B64.encode(typed)
-        )
+        key_text(&self.name, self.key_id, ED25519_TYPE, self.key.as_bytes())
     }
 
     /// Parses the `vkey` form, checking that the key id matches the key.
     pub fn parse_vkey(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        let mut parts = text.splitn(3, '+');
-        let (Some(name), Some(id), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err("expected `<name>+<key id>+<base64 key>`".into());
-        };
-        let raw = B64
-            .decode(key)
-            .map_err(|_| "the key is not valid base64".to_string())?;
-        let [ED25519_TYPE, rest @ ..] = raw.as_slice() else {
-            return Err("the key is not an Ed25519 key (type byte 0x01)".into());
-        };
-        let bytes: [u8; 32] = rest
-            .try_into()
-            .map_err(|_| "an Ed25519 public key has 32 bytes".to_string())?;
-        let key = VerifyingKey::from_bytes(&bytes)
+        let text = parse_key_text(text, ED25519_TYPE, "key")?;
+        let key = VerifyingKey::from_bytes(&text.key)
             .map_err(|_| "the public key is not a valid Ed25519 point".to_string())?;
-        if !valid_key_name(name) {
-            return Err(format!("invalid key name `{name}`"));
-        }
-        let verifier = VerifierKey::new(name, key);
-        if crate::canonical::to_hex(verifier.key_id) != id {
-            return Err(format!("the key id `{id}` does not match the key"));
+        let verifier = VerifierKey::new(text.name, key);
+        if crate::canonical::to_hex(verifier.key_id) != text.key_id {
+            return Err(format!(
+                "the key id `{}` does not match the key",
+                text.key_id
+            ));
         }
         Ok(verifier)
     }
@@ -161,26 +194,14 @@ impl SignerKey {
         let rest = text
             .trim()
             .strip_prefix("PRIVATE+KEY+")
-            .ok_or("expected `PRIVATE+KEY+...`")?;
-        let mut parts = rest.splitn(3, '+');
-        let (Some(name), Some(id), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err("expected `PRIVATE+KEY+<name>+<key id>+<base64 key>`".into());
-        };
-        let raw = B64
-            .decode(key)
-            .map_err(|_| "the key is not valid base64".to_string())?;
-        let [ED25519_TYPE, rest @ ..] = raw.as_slice() else {
-            return Err("the key is not an Ed25519 key (type byte 0x01)".into());
-        };
-        let seed: [u8; 32] = rest
-            .try_into()
-            .map_err(|_| "an Ed25519 private key has 32 bytes".to_string())?;
-        if !valid_key_name(name) {
-            return Err(format!("invalid key name `{name}`"));
-        }
-        let signer = SignerKey::from_seed(name, seed)?;
-        if crate::canonical::to_hex(signer.verifier.key_id) != id {
-            return Err(format!("the key id `{id}` does not match the key"));
+            .ok_or("expected `PRIVATE+KEY+<name>+<key id>+<base64 key>`")?;
+        let text = parse_key_text(rest, ED25519_TYPE, "key")?;
+        let signer = SignerKey::from_seed(text.name, text.key)?;
+        if crate::canonical::to_hex(signer.verifier.key_id) != text.key_id {
+            return Err(format!(
+                "the key id `{}` does not match the key",
+                text.key_id
+            ));
         }
         Ok(signer)
     }
@@ -188,14 +209,8 @@ impl SignerKey {
 
 /// The `PRIVATE+KEY+<name>+<key id hex>+<base64(0x01 || seed)>` form of a new key.
 fn to_skey(verifier: &VerifierKey, seed: &[u8; 32]) -> String {
-    let mut typed = vec![ED25519_TYPE];
-    typed.extend_from_slice(seed);
-    format!(
-        "PRIVATE+KEY+{}+{}+{}",
-        verifier.name,
-        crate::canonical::to_hex(verifier.key_id),
-        B64.encode(typed)
-    )
+    let key = key_text(&verifier.name, verifier.key_id, ED25519_TYPE, seed);
+    format!("PRIVATE+KEY+{key}")
 }
 
 /// Both secrets: the checkpoint signer (the key file, or another process holding it)
@@ -568,5 +583,47 @@ mod tests {
         let mut parts: Vec<&str> = vkey.split('+').collect();
         parts[1] = "00000000";
         assert!(VerifierKey::parse_vkey(&parts.join("+")).is_err());
+    }
+
+    /// The one reader of every key's text form: what it takes apart, and each thing it
+    /// refuses (a key of the other type among them: a witness's cosignature key is no
+    /// log key, nor the reverse).
+    #[test]
+    fn the_key_text_form_round_trips_and_refuses_what_is_not_a_key_of_its_type() {
+        let key = [5u8; 32];
+        let text = key_text("a.example/log", [1, 2, 3, 4], ED25519_TYPE, &key);
+        assert!(text.starts_with("a.example/log+01020304+"), "{text}");
+        let padded = format!(" {text}\n");
+        let parsed = parse_key_text(&padded, ED25519_TYPE, "key").unwrap();
+        assert_eq!(
+            (parsed.name, parsed.key_id, parsed.key),
+            ("a.example/log", "01020304", key)
+        );
+        let typed = |bytes: &[u8]| format!("n+01020304+{}", B64.encode(bytes));
+        let short = typed(&[ED25519_TYPE; 32]);
+        let long = typed(&[ED25519_TYPE; 34]);
+        let cases: [(&str, &str); 8] = [
+            ("no parts", "expected"),
+            ("n+01020304", "expected"),
+            ("bad name+01020304+AQ==", "invalid key name"),
+            ("+01020304+AQ==", "invalid key name"),
+            ("n+01020304+not base64!", "not valid base64"),
+            ("n+01020304+", "is empty"),
+            (&short, "32 bytes"),
+            (&long, "32 bytes"),
+        ];
+        for (text, why) in cases {
+            let error = parse_key_text(text, ED25519_TYPE, "key").err();
+            assert!(
+                error.as_deref().is_some_and(|e| e.contains(why)),
+                "{text}: {error:?}"
+            );
+        }
+        let other = key_text("n", [0; 4], 0x04, &key);
+        // KeyText has no Debug (a private key file's seed passes through it).
+        let error = parse_key_text(&other, ED25519_TYPE, "key")
+            .err()
+            .unwrap_or_default();
+        assert!(error.contains("type byte 0x04, not 0x01"), "{error}");
     }
 }

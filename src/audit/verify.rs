@@ -14,7 +14,7 @@ use rusqlite::{Connection, OptionalExtension};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::checkpoint::{Checkpoint, NoteError, split_notes, verify_note};
+use super::checkpoint::{Checkpoint, NoteError, NotesFileError, read_notes_file, verify_note};
 use super::keys::{VerifierKey, load_verifier};
 use super::line::{GENESIS_PREV, MAX_SAFE_INTEGER, event_id};
 use super::merkle::{Frontier, Hash, leaf_hash};
@@ -1032,29 +1032,13 @@ fn check_note(
     })
 }
 
-/// The most bytes read from a checkpoint file.
-const MAX_CHECKPOINT_FILE_BYTES: u64 = 256 * 1024 * 1024;
-
+/// The notes of a checkpoint file (a sink's, or the one given with `--checkpoints`).
 fn read_notes(file: &Path) -> Result<Vec<String>, VerifyError> {
-    let io = |what: String| {
-        VerifyError::Open(AuditError::Io {
+    read_notes_file(file, "the checkpoint file").map_err(|e| match e {
+        NotesFileError::Io(what) => VerifyError::Open(AuditError::Io {
             path: file.to_path_buf(),
             what,
-        })
-    };
-    let len = std::fs::metadata(file)
-        .map_err(|e| io(format!("cannot read the checkpoint file: {e}")))?
-        .len();
-    if len > MAX_CHECKPOINT_FILE_BYTES {
-        return Err(io("the checkpoint file is too large".into()));
-    }
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| io(format!("cannot read the checkpoint file: {e}")))?;
-    split_notes(&text).map_err(|what| {
-        problem(
-            ProblemKind::Malformed,
-            None,
-            format!("`{}`: {what}", file.display()),
-        )
+        }),
+        NotesFileError::Malformed(what) => problem(ProblemKind::Malformed, None, what),
     })
 }

@@ -35,8 +35,8 @@ use ed25519_dalek::{Signature, VerifyingKey};
 use sha2::{Digest, Sha256};
 
 use super::AuditError;
-use super::checkpoint::{Checkpoint, split_notes, verify_note};
-use super::keys::{VerifierKey, valid_key_name};
+use super::checkpoint::{Checkpoint, NotesFileError, read_notes_file, verify_note};
+use super::keys::{VerifierKey, key_text, parse_key_text};
 use super::merkle::Hash;
 use crate::outbound::error_chain;
 
@@ -56,8 +56,6 @@ const MAX_RESPONSE_BYTES: usize = 16 * 1024;
 /// The most leaves one submission may span: a witness further behind is brought up in
 /// several submissions, each through a stored checkpoint (bounded memory).
 pub(crate) const MAX_LEAVES_PER_SUBMISSION: u64 = 1 << 20;
-/// The largest cosignature file `audit verify` reads.
-const MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
 
 /// A witness's public key: `<name>+<key id hex>+<base64(0x04 || Ed25519 key)>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,42 +91,26 @@ impl WitnessKey {
 
     /// Parses the vkey form, checking the type byte (0x04) and the key id.
     pub fn parse_vkey(text: &str) -> Result<Self, String> {
-        let mut parts = text.trim().splitn(3, '+');
-        let (Some(name), Some(id), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err("expected `<name>+<key id>+<base64 key>`".into());
-        };
-        if !valid_key_name(name) {
-            return Err(format!("invalid witness key name `{name}`"));
-        }
-        let raw = B64
-            .decode(key)
-            .map_err(|_| "the witness key is not valid base64".to_string())?;
-        let [COSIGNATURE_TYPE, rest @ ..] = raw.as_slice() else {
-            return Err(
-                "the witness key is not an Ed25519 cosignature key (type byte 0x04)".into(),
-            );
-        };
-        let bytes: [u8; 32] = rest
-            .try_into()
-            .map_err(|_| "an Ed25519 public key has 32 bytes".to_string())?;
-        let key = VerifyingKey::from_bytes(&bytes)
+        let text = parse_key_text(text, COSIGNATURE_TYPE, "witness key")?;
+        let key = VerifyingKey::from_bytes(&text.key)
             .map_err(|_| "the witness key is not a valid Ed25519 point".to_string())?;
-        let parsed = WitnessKey::new(name, key);
-        if crate::canonical::to_hex(parsed.key_id) != id {
-            return Err(format!("the key id `{id}` does not match the witness key"));
+        let parsed = WitnessKey::new(text.name, key);
+        if crate::canonical::to_hex(parsed.key_id) != text.key_id {
+            return Err(format!(
+                "the key id `{}` does not match the witness key",
+                text.key_id
+            ));
         }
         Ok(parsed)
     }
 
     /// The vkey form.
     pub fn to_vkey(&self) -> String {
-        let mut typed = vec![COSIGNATURE_TYPE];
-        typed.extend_from_slice(self.key.as_bytes());
-        format!(
-            "{}+{}+{}",
-            self.name,
-            crate::canonical::to_hex(self.key_id),
-            B64.encode(typed)
+        key_text(
+            &self.name,
+            self.key_id,
+            COSIGNATURE_TYPE,
+            self.key.as_bytes(),
         )
     }
 
@@ -340,21 +322,12 @@ pub(crate) fn lines_of(answer: &str, key: &WitnessKey) -> String {
 
 /// Reads every cosigned note of a cosignature file (for `audit verify`).
 pub fn read_cosigned(path: &Path) -> Result<Vec<String>, AuditError> {
-    let io = |what: String| AuditError::Io {
-        path: path.to_path_buf(),
-        what,
-    };
-    let len = std::fs::metadata(path)
-        .map_err(|e| io(format!("cannot read the cosignature file: {e}")))?
-        .len();
-    if len > MAX_FILE_BYTES {
-        return Err(io("the cosignature file is too large".into()));
-    }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| io(format!("cannot read the cosignature file: {e}")))?;
-    split_notes(&text).map_err(|what| AuditError::Corrupt {
-        seq: 0,
-        what: format!("`{}`: {what}", path.display()),
+    read_notes_file(path, "the cosignature file").map_err(|e| match e {
+        NotesFileError::Io(what) => AuditError::Io {
+            path: path.to_path_buf(),
+            what,
+        },
+        NotesFileError::Malformed(what) => AuditError::Corrupt { seq: 0, what },
     })
 }
 
