@@ -230,11 +230,19 @@ impl WitnessStatus {
 /// What a witness answered to one add-checkpoint request (c2sp.org/tlog-witness).
 pub(crate) enum Answer {
     /// 200 with a cosignature by the witness's key: its signature lines and timestamp.
-    Cosigned { lines: String, timestamp: u64 },
+    Cosigned {
+        lines: String,
+        timestamp: u64,
+    },
+    Refused(Refusal),
+}
+
+/// A witness's refusal of a checkpoint.
+pub(crate) enum Refusal {
     /// 409: the size the witness stands at, when it said one.
     Conflict(Option<u64>),
     /// Any other status, with the start of the body.
-    Refused(u16, String),
+    Status(u16, String),
 }
 
 /// One add-checkpoint request: the checkpoint `note`, with the consistency proof from
@@ -278,8 +286,11 @@ pub(crate) async fn add_checkpoint(
                 timestamp,
             }
         }
-        409 => Answer::Conflict(text.trim().parse::<u64>().ok()),
-        code => Answer::Refused(code, text.trim().chars().take(200).collect()),
+        409 => Answer::Refused(Refusal::Conflict(text.trim().parse::<u64>().ok())),
+        code => Answer::Refused(Refusal::Status(
+            code,
+            text.trim().chars().take(200).collect(),
+        )),
     })
 }
 

@@ -26,8 +26,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{
-    Answer, CONNECT_TIMEOUT, MAX_LEAVES_PER_SUBMISSION, REQUEST_TIMEOUT, WitnessConfig, WitnessKey,
-    WitnessStatus, add_checkpoint,
+    Answer, CONNECT_TIMEOUT, MAX_LEAVES_PER_SUBMISSION, REQUEST_TIMEOUT, Refusal, WitnessConfig,
+    WitnessKey, WitnessStatus, add_checkpoint,
 };
 use crate::audit::checkpoint::verify_note;
 use crate::audit::keys::VerifierKey;
@@ -254,51 +254,56 @@ impl<L: WitnessedLog> Submitter<L> {
             ));
         }
         let proof = consistency_proof_extending(&old, &appended);
-        let name = &self.witness.key.name;
-        let status = self.status.clone();
-        let conflict = move || {
-            status.conflicts.fetch_add(1, Ordering::Relaxed);
+        let answer = add_checkpoint(&self.client, &self.witness, from, &proof, note).await?;
+        let (lines, timestamp) = match answer {
+            Answer::Cosigned { lines, timestamp } => (lines, timestamp),
+            Answer::Refused(refusal) => return Ok(self.refused(refusal, from, size)),
         };
-        Ok(
-            match add_checkpoint(&self.client, &self.witness, from, &proof, note).await? {
-                Answer::Cosigned { lines, timestamp } => {
-                    self.log
-                        .store(&self.witness.key, size, note, &lines)
-                        .await?;
-                    tracing::debug!(witness = %name, log, size, timestamp, "checkpoint cosigned");
-                    self.status.cosigned_size.fetch_max(size, Ordering::Relaxed);
-                    self.frontier = Some(new);
-                    Outcome::Cosigned
-                }
-                Answer::Conflict(Some(at)) if at != from && (L::SHARED || at < size) => {
-                    if !L::SHARED {
-                        conflict();
-                    }
-                    Outcome::Resync(at)
-                }
-                Answer::Conflict(Some(at)) if at > size => {
+        self.log
+            .store(&self.witness.key, size, note, &lines)
+            .await?;
+        tracing::debug!(witness = %self.witness.key.name, log, size, timestamp, "checkpoint cosigned");
+        self.status.cosigned_size.fetch_max(size, Ordering::Relaxed);
+        self.frontier = Some(new);
+        Ok(Outcome::Cosigned)
+    }
+
+    /// What a refusal of the checkpoint of `size` leaves, proven from `from`, means
+    /// (module docs); a conflict is counted in the witness's status.
+    fn refused(&self, refusal: Refusal, from: u64, size: u64) -> Outcome {
+        let (name, log) = (&self.witness.key.name, L::NAME);
+        let conflict = || {
+            self.status.conflicts.fetch_add(1, Ordering::Relaxed);
+        };
+        match refusal {
+            Refusal::Conflict(Some(at)) if at != from && (L::SHARED || at < size) => {
+                if !L::SHARED {
                     conflict();
-                    Outcome::Failed(format!(
-                        "witness `{name}` has cosigned {at} leaves of this {log}, more than the {size} it holds: the {log} was cut"
-                    ))
                 }
-                Answer::Conflict(theirs) => {
-                    conflict();
-                    Outcome::Failed(format!(
-                        "witness `{name}` refuses the {log} checkpoint at size {size} as conflicting with the one it cosigned (size {}): the {log} forked",
-                        theirs.map_or_else(|| "unknown".to_string(), |s| s.to_string())
-                    ))
-                }
-                Answer::Refused(422, _) => {
-                    conflict();
-                    Outcome::Failed(format!(
-                        "witness `{name}` refuses the consistency proof from {log} size {from} to {size}: it saw another {log} (a fork)"
-                    ))
-                }
-                Answer::Refused(code, text) => {
-                    Outcome::Failed(format!("witness `{name}` answered {code}: {text}"))
-                }
-            },
-        )
+                Outcome::Resync(at)
+            }
+            Refusal::Conflict(Some(at)) if at > size => {
+                conflict();
+                Outcome::Failed(format!(
+                    "witness `{name}` has cosigned {at} leaves of this {log}, more than the {size} it holds: the {log} was cut"
+                ))
+            }
+            Refusal::Conflict(theirs) => {
+                conflict();
+                Outcome::Failed(format!(
+                    "witness `{name}` refuses the {log} checkpoint at size {size} as conflicting with the one it cosigned (size {}): the {log} forked",
+                    theirs.map_or_else(|| "unknown".to_string(), |s| s.to_string())
+                ))
+            }
+            Refusal::Status(422, _) => {
+                conflict();
+                Outcome::Failed(format!(
+                    "witness `{name}` refuses the consistency proof from {log} size {from} to {size}: it saw another {log} (a fork)"
+                ))
+            }
+            Refusal::Status(code, text) => {
+                Outcome::Failed(format!("witness `{name}` answered {code}: {text}"))
+            }
+        }
     }
 }
