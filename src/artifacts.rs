@@ -12,11 +12,15 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::adapter::HARD_CAP_CEILING;
 use crate::call::ArtifactRef;
 use crate::canonical::sha256_hex;
+use crate::localfile::{self, ReadError};
 
 /// The most owner records read for one (artifact, run) pair.
 const MAX_OWNER_RECORDS: usize = 1000;
+/// The largest owner record read (one is a few hundred bytes).
+const MAX_OWNER_RECORD_BYTES: u64 = 64 * 1024;
 
 /// Who produced an artifact: one record per producing call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,12 +82,31 @@ impl ArtifactStore {
         })
     }
 
-    /// Reads an artifact; `sha256` must be 64 lowercase hex digits.
+    /// Reads an artifact; `sha256` must be 64 lowercase hex digits. Its bytes must hash
+    /// to that name: an artifact edited or replaced in the data directory is refused
+    /// (InvalidData), never served, and no more than the largest output any tool may
+    /// produce is read.
     pub async fn get(&self, sha256: &str) -> io::Result<Vec<u8>> {
         if !is_sha256(sha256) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a sha256"));
         }
-        tokio::fs::read(self.dir.join(sha256)).await
+        let path = self.dir.join(sha256);
+        let expected = sha256.to_string();
+        tokio::task::spawn_blocking(move || {
+            let bytes = localfile::read(&path, HARD_CAP_CEILING).map_err(|e| match e {
+                ReadError::Io(e) => e,
+                other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+            })?;
+            if sha256_hex(&bytes) != expected {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the artifact does not hash to its name",
+                ));
+            }
+            Ok(bytes)
+        })
+        .await
+        .map_err(io::Error::other)?
     }
 
     /// The directory of the owner records of `sha256` in `run_id`: named by the sha256
@@ -136,10 +159,13 @@ impl ArtifactStore {
                 if path.extension().is_none_or(|e| e != "json") {
                     continue;
                 }
-                let bytes = std::fs::read(&path)?;
-                if bytes.len() > 64 * 1024 {
-                    continue;
-                }
+                // A record too large or not a file was not written by us: skipped,
+                // like one that does not parse.
+                let bytes = match localfile::read(&path, MAX_OWNER_RECORD_BYTES) {
+                    Ok(bytes) => bytes,
+                    Err(ReadError::Io(e)) => return Err(e),
+                    Err(ReadError::TooLarge { .. } | ReadError::NotAFile) => continue,
+                };
                 if let Ok(owner) = serde_json::from_slice::<ArtifactOwner>(&bytes) {
                     owners.push(owner);
                 }
@@ -148,5 +174,60 @@ impl ArtifactStore {
         })
         .await
         .map_err(io::Error::other)?
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn owner(call_id: &str) -> ArtifactOwner {
+        ArtifactOwner {
+            run_id: "run-1".into(),
+            role_id: "research_agent".into(),
+            lane_id: "research".into(),
+            tool_name: "read_document".into(),
+            call_id: call_id.into(),
+        }
+    }
+
+    /// What an insider with the data directory can do to a stored artifact and its
+    /// owner records, and what a reader then gets.
+    #[tokio::test]
+    async fn an_artifact_edited_in_the_data_directory_is_refused_not_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ArtifactStore::new(dir.path().to_path_buf());
+        let stored = store.put(b"{\"a\":1}".to_vec()).await.unwrap();
+        assert_eq!(store.get(&stored.sha256).await.unwrap(), b"{\"a\":1}");
+
+        let path = dir.path().join(&stored.sha256);
+        std::fs::write(&path, b"{\"a\":2}").unwrap();
+        let edited = store.get(&stored.sha256).await.unwrap_err();
+        assert_eq!(edited.kind(), io::ErrorKind::InvalidData, "{edited}");
+
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        let device = store.get(&stored.sha256).await.unwrap_err();
+        assert_eq!(device.kind(), io::ErrorKind::InvalidData, "{device}");
+
+        // Owner records: a real one is read; one of a terabyte (sparse) and one that
+        // is a FIFO are skipped at once.
+        store
+            .record_owner(&stored.sha256, &owner("call-1"))
+            .await
+            .unwrap();
+        let owners = store.owners_dir(&stored.sha256, "run-1");
+        std::fs::File::create(owners.join("huge.json"))
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        let fifo = std::ffi::CString::new(owners.join("fifo.json").to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path; mkfifo only reads it.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert_eq!(
+            store.owners(&stored.sha256, "run-1").await.unwrap(),
+            vec![owner("call-1")]
+        );
     }
 }

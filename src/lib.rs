@@ -48,6 +48,7 @@ pub mod hub;
 pub mod idempotency;
 pub mod identity;
 pub mod limits;
+pub mod localfile;
 pub mod mcp;
 pub mod observe;
 pub mod outbound;

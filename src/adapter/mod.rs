@@ -109,7 +109,8 @@ pub const MAX_TOOL_ERROR_BYTES: usize = 2048;
 /// Largest output an adapter accepts from a tool, whatever its `max_output_bytes`:
 /// larger outputs are turned into artifacts by the pipeline, up to this hard cap.
 const HARD_CAP_FLOOR: u64 = 16 * 1024 * 1024;
-const HARD_CAP_CEILING: u64 = 256 * 1024 * 1024;
+/// No output of any tool is larger: the most bytes an artifact may hold.
+pub const HARD_CAP_CEILING: u64 = 256 * 1024 * 1024;
 
 /// The most bytes an adapter reads from a tool's output:
 /// `max(max_output_bytes * 16, 16 MiB)`, never more than 256 MiB.

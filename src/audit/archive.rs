@@ -240,7 +240,13 @@ async fn archive_with(
     let vkey = to.join(VERIFIER_KEY_FILE);
     if !vkey.exists() {
         let source = options.key_dir.join(VERIFIER_KEY_FILE);
-        let text = std::fs::read(&source).map_err(|e| io(&source, "cannot read", e))?;
+        let text =
+            crate::localfile::read(&source, super::keys::MAX_KEY_FILE_BYTES).map_err(|e| {
+                ArchiveError::Audit(AuditError::Io {
+                    path: source.clone(),
+                    what: format!("cannot read the key file: {e}"),
+                })
+            })?;
         write_synced(&vkey, &text)?;
     }
 

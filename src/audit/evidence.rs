@@ -307,17 +307,20 @@ fn read_bundle(
         if name == "cosignatures.txt" && !path.exists() {
             continue;
         }
-        let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        total += size;
-        if total > max_bytes {
-            return Err(BundleError::TooLarge { max_bytes });
-        }
-        let text = fs::read_to_string(&path).map_err(|e| {
-            BundleError::Export(ExportError::Audit(AuditError::Io {
-                path: path.clone(),
-                what: e.to_string(),
-            }))
-        })?;
+        // Read within what is left of the bound, so no file is held beyond it.
+        let text = match crate::localfile::read_to_string(&path, max_bytes - total) {
+            Ok(text) => text,
+            Err(crate::localfile::ReadError::TooLarge { .. }) => {
+                return Err(BundleError::TooLarge { max_bytes });
+            }
+            Err(e) => {
+                return Err(BundleError::Export(ExportError::Audit(AuditError::Io {
+                    path: path.clone(),
+                    what: e.to_string(),
+                })));
+            }
+        };
+        total += text.len() as u64;
         files.insert(name.to_string(), text);
     }
     Ok(Bundle {

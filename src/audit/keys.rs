@@ -30,7 +30,7 @@ pub const HMAC_KEY_FILE: &str = "audit-hmac.key";
 /// The C2SP signed-note signature type byte of Ed25519.
 const ED25519_TYPE: u8 = 0x01;
 /// Key files are tiny; refuse to read anything larger.
-const MAX_KEY_FILE_BYTES: u64 = 4096;
+pub(crate) const MAX_KEY_FILE_BYTES: u64 = 4096;
 
 /// key ID = SHA-256(key name || 0x0A || 0x01 || 32-byte public key)[:4].
 pub fn key_id(name: &str, public_key: &[u8; 32]) -> [u8; 4] {
@@ -270,12 +270,8 @@ fn key_error(path: &Path, what: impl Into<String>) -> AuditError {
 }
 
 fn read_small(path: &Path) -> Result<String, AuditError> {
-    let meta = fs::metadata(path)
-        .map_err(|e| key_error(path, format!("cannot read the key file: {e}")))?;
-    if meta.len() > MAX_KEY_FILE_BYTES {
-        return Err(key_error(path, "the key file is too large"));
-    }
-    fs::read_to_string(path).map_err(|e| key_error(path, format!("cannot read the key file: {e}")))
+    crate::localfile::read_to_string(path, MAX_KEY_FILE_BYTES)
+        .map_err(|e| key_error(path, format!("cannot read the key file: {e}")))
 }
 
 fn random_32(path: &Path) -> Result<[u8; 32], AuditError> {

@@ -637,7 +637,18 @@ impl Gateway {
             };
             event.details.insert("produced_by".into(), json!(owner));
         }
-        self.artifacts.get(sha256).await.map_err(|_| not_found())
+        self.artifacts.get(sha256).await.map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                // The reader may see it, and it exists, but it is not what was stored:
+                // recorded as such, never served.
+                Refusal::new(
+                    Reason::ArtifactStoreFailed,
+                    format!("the stored artifact was changed after it was written: {e}"),
+                )
+            } else {
+                not_found()
+            }
+        })
     }
 
     /// `GET /v1/runs` (admin): runs in run-id order, optionally of one status, a page of

@@ -763,6 +763,47 @@ fn serve_refuses_a_key_directory_others_can_write() {
     assert!(stderr.contains("writable by group or others"), "{stderr}");
 }
 
+/// An insider puts something else where a key file was: a symlink to a device that
+/// never ends, a FIFO nobody writes, a file of a terabyte. serve refuses each at once,
+/// naming the key file, instead of hanging or filling its memory.
+#[test]
+fn serve_refuses_key_files_replaced_by_a_device_a_fifo_or_a_huge_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Deployment::new();
+    d.start(&[]).stop();
+    let keys = d.data.join("keys");
+    let fifo = |p: &Path| {
+        let name = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path; mkfifo only reads it.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    };
+    let zeros = |p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap();
+    let huge = |p: &Path| std::fs::File::create(p).unwrap().set_len(1 << 40).unwrap();
+    type Replace<'a> = &'a dyn Fn(&Path);
+    let cases: [(&str, Replace, &str); 3] = [
+        ("a symlink to /dev/zero", &zeros, "symbolic link"),
+        ("a FIFO", &fifo, "cannot read the key file"),
+        ("a sparse terabyte", &huge, "cannot read the key file"),
+    ];
+    for name in ["audit-signing.key", "audit-hmac.key"] {
+        let path = keys.join(name);
+        let original = std::fs::read(&path).unwrap();
+        for (what, replace, why) in cases {
+            std::fs::remove_file(&path).unwrap();
+            replace(&path);
+            let (exit, stderr) = d.serve_exit(&[]);
+            assert_eq!(exit, 3, "{name} as {what}: {stderr}");
+            assert!(
+                stderr.contains(why) && stderr.contains(name),
+                "{name} as {what}: {stderr}"
+            );
+        }
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, original).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+}
+
 /// A webhook sink that never answers does not slow the gateway down, and every
 /// acknowledged event is still signed locally.
 #[test]

@@ -851,6 +851,39 @@ fn an_artifact_is_served_only_in_its_run_and_every_read_is_audited() {
     assert_eq!(allowed["role_id"], "tester");
 }
 
+/// An insider edits a stored artifact in the data directory: its reader gets a refusal
+/// (`artifact_store_failed`), never the edited bytes, and the read is audited as such.
+#[test]
+fn an_artifact_edited_in_the_data_directory_is_refused_and_the_read_audited() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = Server::start_with(lab(tmp.path()));
+    let run = server.create_run(json!({}));
+    let (code, body) = common::lab::call(&server, &run, "big_output", json!({}), json!({}));
+    assert_eq!(code, 200, "{body}");
+    let sha256 = body["artifact"]["sha256"].as_str().unwrap().to_string();
+    let path = format!("/v1/artifacts/{sha256}?run_id={run}&role_id=tester");
+    let (code, original) = get_raw(&server, &path, Some("demo-tester"));
+    assert_eq!(code, 200);
+
+    let mut edited = original.clone();
+    edited[0] ^= 0x20;
+    fs::write(server.data_dir.join("artifacts").join(&sha256), &edited).unwrap();
+    let (code, body) = get_raw(&server, &path, Some("demo-tester"));
+    assert_eq!(code, 500, "{}", String::from_utf8_lossy(&body));
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        body["diagnostic"]["reason"], "artifact_store_failed",
+        "{body}"
+    );
+    let (_, all) = server.get(
+        "/v1/audit/events?type=artifact_read&limit=1000",
+        Some(ADMIN),
+    );
+    let last = all["events"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["details"]["allowed"], false, "{last}");
+    assert_eq!(last["reason"], "artifact_store_failed", "{last}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Authentication before revealing policy
 

@@ -41,19 +41,8 @@ fn read_token(source: &TokenSource) -> Result<String, String> {
         TokenSource::Env(name) => std::env::var(name).map_err(|_| {
             format!("the environment variable `{name}` holding the token is not set")
         })?,
-        TokenSource::File(path) => {
-            let len = std::fs::metadata(path)
-                .map_err(|e| format!("cannot read the token file `{}`: {e}", path.display()))?
-                .len();
-            if len > MAX_TOKEN_BYTES {
-                return Err(format!(
-                    "the token file `{}` is larger than {MAX_TOKEN_BYTES} bytes",
-                    path.display()
-                ));
-            }
-            std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read the token file `{}`: {e}", path.display()))?
-        }
+        TokenSource::File(path) => crate::localfile::read_to_string(path, MAX_TOKEN_BYTES)
+            .map_err(|e| format!("cannot read the token file `{}`: {e}", path.display()))?,
     };
     let token = token.trim().to_string();
     if token.is_empty() || token.chars().any(|c| c.is_control() || c == ' ') {

@@ -334,6 +334,9 @@ pub fn start(
     Ok(Shipper { stop, tasks })
 }
 
+/// A cursor file holds one number: anything longer is not one.
+const MAX_CURSOR_BYTES: u64 = 64;
+
 /// A sink's durable cursor: the seq of the last event delivered.
 struct Cursor {
     path: PathBuf,
@@ -341,14 +344,15 @@ struct Cursor {
 
 impl Cursor {
     fn load(&self) -> Result<u64, String> {
-        match std::fs::read_to_string(&self.path) {
+        use crate::localfile::{ReadError, read_to_string};
+        match read_to_string(&self.path, MAX_CURSOR_BYTES) {
             Ok(text) => text.trim().parse().map_err(|_| {
                 format!(
                     "the cursor file `{}` is not a number; remove it to ship from seq 1",
                     self.path.display()
                 )
             }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
             Err(e) => Err(format!("cannot read `{}`: {e}", self.path.display())),
         }
     }
