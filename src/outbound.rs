@@ -150,16 +150,8 @@ impl CaBundle {
             path: path.to_path_buf(),
             what,
         };
-        let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(
-            &mut std::io::Read::take(file, MAX_CA_FILE_BYTES + 1),
-            &mut bytes,
-        )
-        .map_err(|e| fail(format!("cannot read: {e}")))?;
-        if bytes.len() as u64 > MAX_CA_FILE_BYTES {
-            return Err(fail(format!("larger than {MAX_CA_FILE_BYTES} bytes")));
-        }
+        let bytes = crate::localfile::read(path, MAX_CA_FILE_BYTES)
+            .map_err(|e| fail(format!("cannot read: {e}")))?;
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(&bytes) {
             let cert = cert.map_err(|e| fail(format!("not a PEM certificate file: {e}")))?;

@@ -548,20 +548,8 @@ async fn fetch_uri(http: &reqwest::Client, uri: &str) -> Result<Vec<u8>, String>
 }
 
 fn read_bounded_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path)
-        .map_err(|e| format!("reading `{}` failed: {e}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_JWKS_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("reading `{}` failed: {e}", path.display()))?;
-    if bytes.len() > MAX_JWKS_BYTES {
-        return Err(format!(
-            "`{}` is larger than {MAX_JWKS_BYTES} bytes",
-            path.display()
-        ));
-    }
-    Ok(bytes)
+    crate::localfile::read(path, MAX_JWKS_BYTES as u64)
+        .map_err(|e| format!("reading `{}` failed: {e}", path.display()))
 }
 
 /// The usable keys of a JWK Set document. Keys that are not for signatures, have no
