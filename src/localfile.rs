@@ -3,9 +3,10 @@
 //! put anything in its place (a symlink to `/dev/zero`, a FIFO, a file of gigabytes),
 //! and the reader must still answer at once, with a bounded amount of memory.
 //!
-//! INVARIANT: [`read`] never blocks on a FIFO or device, reads only a regular file
-//! (symlinks to one are followed: secret volumes are mounted that way), and never
-//! holds more than `max + 1` bytes of it, however large it is or grows while read.
+//! INVARIANT: [`read`] and [`open`] never block on a FIFO or device and accept only a
+//! regular file (symlinks to one are followed: secret volumes are mounted that way);
+//! [`read`] never holds more than `max + 1` bytes of it, however large it is or grows
+//! while read.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -33,8 +34,9 @@ impl std::fmt::Display for ReadError {
     }
 }
 
-/// The whole file at `path`, at most `max` bytes.
-pub fn read(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
+/// Opens `path` for reading if it is a regular file, without blocking whatever it is;
+/// for a caller that reads only part of it (bound that read too).
+pub fn open(path: &Path) -> Result<File, ReadError> {
     // O_NONBLOCK: opening a FIFO for reading waits for a writer otherwise. It does not
     // change reads of a regular file.
     let file: File = OpenOptions::new()
@@ -45,6 +47,12 @@ pub fn read(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
     if !file.metadata().map_err(ReadError::Io)?.is_file() {
         return Err(ReadError::NotAFile);
     }
+    Ok(file)
+}
+
+/// The whole file at `path`, at most `max` bytes.
+pub fn read(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
+    let file = open(path)?;
     let mut bytes = Vec::new();
     file.take(max.saturating_add(1))
         .read_to_end(&mut bytes)
@@ -100,6 +108,9 @@ mod tests {
         ));
         assert!(matches!(read(&zeros, 4096), Err(ReadError::NotAFile)));
         assert!(matches!(read(&fifo, 4096), Err(ReadError::NotAFile)));
+        assert!(matches!(open(&fifo), Err(ReadError::NotAFile)));
+        assert!(matches!(open(&zeros), Err(ReadError::NotAFile)));
+        assert!(open(&link).is_ok());
         assert!(matches!(read(dir.path(), 4096), Err(ReadError::NotAFile)));
         assert!(matches!(
             read(&huge, 4096),

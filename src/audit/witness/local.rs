@@ -16,6 +16,7 @@ use crate::audit::keys::VerifierKey;
 use crate::audit::merkle::{Frontier, Hash};
 use crate::audit::segments::{self, StartRecord};
 use crate::audit::store::{self, decode_hash, map_sqlite};
+use crate::localfile::ReadError;
 
 /// The most bytes of the cosignature file read (from its end) to find where a witness
 /// stands after a restart.
@@ -173,9 +174,11 @@ fn append_note(path: &Path, note: &str) -> Result<(), String> {
 /// The notes in the last [`MAX_TAIL_BYTES`] of the cosignature file (none if absent).
 fn read_tail(path: &Path) -> Result<Vec<String>, String> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut file = match std::fs::File::open(path) {
+    let mut file = match crate::localfile::open(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Vec::new());
+        }
         Err(e) => return Err(format!("cannot read `{}`: {e}", path.display())),
     };
     let len = file
