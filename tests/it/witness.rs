@@ -5,7 +5,8 @@
 //! Covers: checkpoints get cosigned and verify offline with a quorum; a forked log
 //! with the same key is refused by the witness and cannot reach a quorum; a witness
 //! that is down never stops calls and its gap shows in /metrics and verify; a restart
-//! resumes from the stored cosignatures; an edited cosignature fails verify. In a
+//! resumes from the stored cosignatures; a cosignature lost before it was stored is
+//! collected again, not taken for a fork; an edited cosignature fails verify. In a
 //! fleet (real PostgreSQL): three sidecars submit the fleet checkpoint, its
 //! cosignatures are stored in the hub and reach a quorum in `audit verify
 //! --cluster-db` and the offline verifier, and a witness that saw a fork of the fleet
@@ -256,15 +257,43 @@ fn calls(server: &Server, n: usize) {
     }
 }
 
-/// The newest stored checkpoint size of the log.
+/// The newest checkpoint of the log once it covers every event (the timed checkpoint
+/// over the last calls is written up to `--checkpoint-interval-ms` after them), so no
+/// newer checkpoint reaches a witness after this returns unless more events come.
 fn newest_checkpoint(db: &Path) -> u64 {
+    common::poll_for(Duration::from_secs(30), || {
+        let (checkpoint, events) = sizes(db);
+        (checkpoint == events).then_some(checkpoint)
+    })
+    .unwrap_or_else(|| panic!("no checkpoint covered every event: {:?}", sizes(db)))
+}
+
+/// The size of the newest stored checkpoint and the number of events.
+fn sizes(db: &Path) -> (u64, u64) {
     let conn =
         rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .unwrap();
-    conn.query_row("SELECT coalesce(max(size), 0) FROM checkpoints", [], |r| {
-        r.get::<_, i64>(0)
-    })
-    .unwrap() as u64
+    conn.query_row(
+        "SELECT (SELECT coalesce(max(size), 0) FROM checkpoints), \
+                (SELECT coalesce(max(seq), 0) FROM events)",
+        [],
+        |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+    )
+    .unwrap()
+}
+
+/// Waits until the sidecar stored `witness`'s cosignature of `size` (its own count;
+/// the witness holds its cosignature before the sidecar has read the answer).
+fn wait_stored(server: &Server, witness: &TestWitness, size: u64) {
+    assert!(
+        common::poll_until(Duration::from_secs(30), || series(
+            &scrape(server),
+            "toolgate_witness_cosigned_size",
+            &witness.key.name
+        ) >= size),
+        "{}",
+        scrape(server)
+    );
 }
 
 fn scrape(server: &Server) -> String {
@@ -346,20 +375,8 @@ fn checkpoints_are_cosigned_verified_with_a_quorum_and_resumed_after_a_restart()
             w.answers()
         );
     }
-    // The witness holds its cosignature before the sidecar has read the answer: wait
-    // for the sidecar's own count.
-    let cosigned = || {
-        series(
-            &scrape(&server),
-            "toolgate_witness_cosigned_size",
-            "w1.example/witness",
-        )
-    };
-    assert!(
-        common::poll_until(Duration::from_secs(30), || cosigned() >= target),
-        "{}",
-        scrape(&server)
-    );
+    wait_stored(&server, &w1, target);
+    wait_stored(&server, &w2, target);
     server.stop();
     let (code, report) = verify(tmp.path(), &db, &[&w1.key, &w2.key], 2);
     assert_eq!(code, 0, "{report}");
@@ -427,6 +444,98 @@ fn checkpoints_are_cosigned_verified_with_a_quorum_and_resumed_after_a_restart()
     let (code, report) = verify(tmp.path(), &db, &[&w1.key, &w2.key], 2);
     assert_eq!(code, 3, "{report}");
     assert_eq!(report["kind"], "witness");
+}
+
+/// The sidecar stopped between the witness's answer and the store (here: the
+/// cosignature file is gone, as after a crash at that moment or an older copy put
+/// back): at the restart the witness stands beyond what the log stored. That is not a
+/// fork, and nothing is counted as a conflict:
+/// - the witness at the newest checkpoint: the task rebuilds the edge at its size and
+///   offers the same checkpoint with an empty proof, which the witness cosigns again
+///   only because its root is the log's;
+/// - the witness behind the newest checkpoint: the proof starts from its size.
+#[test]
+fn a_cosignature_lost_before_it_was_stored_is_collected_again_without_a_conflict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("var");
+    let w = TestWitness::start(
+        "lost.example/w",
+        41,
+        "toolgate/audit",
+        data.join("keys/audit-signing.vkey"),
+    );
+    let file = data.join("cosigned-checkpoints.log");
+    let server = start(&data, &[w.flag()]);
+    calls(&server, 5);
+    let target = newest_checkpoint(&server.db());
+    wait_stored(&server, &w, target);
+    let db = server.db();
+    server.stop();
+    assert_eq!(w.latest().map(|l| l.0), Some(target));
+    std::fs::remove_file(&file).unwrap();
+
+    // The start's own event (`policy_loaded`) stays out of any checkpoint for a
+    // minute: the newest checkpoint is the one the witness holds.
+    let mut slow = args(&[w.flag()]);
+    for (flag, value) in [
+        ("--checkpoint-every-events", "1000"),
+        ("--checkpoint-interval-ms", "60000"),
+    ] {
+        let at = slow.iter().position(|a| a == flag).unwrap();
+        slow[at + 1] = value.into();
+    }
+    let before = w.answers().len();
+    let server = Server::start_with(Start {
+        data_dir: Some(data.clone()),
+        args: slow,
+        ..Start::default()
+    });
+    assert_eq!(sizes(&db), (target, target + 1));
+    wait_stored(&server, &w, target);
+    let metrics = scrape(&server);
+    server.stop();
+    assert_eq!(
+        series(
+            &metrics,
+            "toolgate_witness_conflicts_total",
+            "lost.example/w"
+        ),
+        0,
+        "{metrics}"
+    );
+    // One 409 naming the witness's size, then the same checkpoint cosigned again.
+    assert_eq!(w.answers()[before..], [409, 200]);
+    assert_eq!(w.latest().map(|l| l.0), Some(target));
+    let (code, report) = verify(tmp.path(), &db, &[&w.key], 1);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["witnesses"]["witnessed_size"].as_u64(), Some(target));
+
+    // Lost again; this time the log has grown past the witness (the events of the
+    // starts are checkpointed at once).
+    std::fs::remove_file(&file).unwrap();
+    let before = w.answers().len();
+    let server = start(&data, &[w.flag()]);
+    let newest = newest_checkpoint(&server.db());
+    assert!(newest > target, "{newest} {target}");
+    wait_stored(&server, &w, newest);
+    let metrics = scrape(&server);
+    server.stop();
+    assert_eq!(
+        series(
+            &metrics,
+            "toolgate_witness_conflicts_total",
+            "lost.example/w"
+        ),
+        0,
+        "{metrics}"
+    );
+    // One 409, then cosignatures (one per checkpoint the rounds saw).
+    let answers = &w.answers()[before..];
+    assert_eq!(answers[0], 409, "{answers:?}");
+    assert!(answers[1..].iter().all(|&a| a == 200), "{answers:?}");
+    let (code, report) = verify(tmp.path(), &db, &[&w.key], 1);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["witnesses"]["witnessed_size"].as_u64(), Some(newest));
 }
 
 #[test]

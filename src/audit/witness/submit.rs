@@ -13,9 +13,14 @@
 //!   submission starts from that size.
 //! - 409 naming another size than the proof starts from: the task rebuilds the tree's
 //!   right edge at that size and sends again. In a fleet that is routine (another
-//!   sidecar moved the witness); for one log it is counted as a conflict (the witness
-//!   lost what it cosigned, or the cosignature file was replaced), and a size beyond
-//!   the log means the log was cut.
+//!   sidecar moved the witness). For one log, a witness behind the cosignatures the
+//!   log stored is counted as a conflict (it lost what it cosigned); a witness ahead
+//!   of them is not, as the log's store lost its newest cosignatures (the sidecar
+//!   stopped between the witness's answer and the store, or the file was replaced by
+//!   an older copy): the proof from the witness's size shows any other history (a
+//!   422), and a witness standing at the newest checkpoint is offered it again with an
+//!   empty proof, which it cosigns again only if its root is ours. A size beyond the
+//!   log means the log was cut.
 //! - 409 at the same size, or 422 (the proof does not verify): the witness saw another
 //!   history, a fork. Counted, nothing stored, offered again next round.
 //! - Anything else: a failure, retried next round.
@@ -123,6 +128,7 @@ pub(crate) fn start<L: WitnessedLog>(
             status,
             interval,
             frontier: None,
+            stored: 0,
         };
         tokio::spawn(task.run());
     }
@@ -137,6 +143,9 @@ struct Submitter<L> {
     interval: Duration,
     /// The tree's right edge at the size the witness stands at (as far as known).
     frontier: Option<Frontier>,
+    /// The largest size whose cosignature by this witness the log holds (as far as
+    /// known; a fleet's is stored by whichever sidecar got it).
+    stored: u64,
 }
 
 /// How one submission ended.
@@ -187,11 +196,15 @@ impl<L: WitnessedLog> Submitter<L> {
         if self.frontier.is_none() {
             let from = self.log.stored_position(&self.witness.key).await?;
             self.resync(from).await?;
+            self.stored = from;
         }
         // Bounded: each resync answer moves the start; give up after a few.
         for _ in 0..4 {
             let have = self.frontier.as_ref().map_or(0, Frontier::size);
-            if have >= size {
+            // A witness already at the newest checkpoint whose cosignature this log
+            // lost is offered it again (an empty proof) to store its cosignature.
+            let lost = !L::SHARED && have == size && self.stored < size;
+            if have >= size && !lost {
                 return Ok(());
             }
             let (target, note) = if size - have > MAX_LEAVES_PER_SUBMISSION {
@@ -265,6 +278,7 @@ impl<L: WitnessedLog> Submitter<L> {
         tracing::debug!(witness = %self.witness.key.name, log, size, timestamp, "checkpoint cosigned");
         self.status.cosigned_size.fetch_max(size, Ordering::Relaxed);
         self.frontier = Some(new);
+        self.stored = size;
         Ok(Outcome::Cosigned)
     }
 
@@ -276,9 +290,11 @@ impl<L: WitnessedLog> Submitter<L> {
             self.status.conflicts.fetch_add(1, Ordering::Relaxed);
         };
         match refusal {
-            Refusal::Conflict(Some(at)) if at != from && (L::SHARED || at < size) => {
-                if !L::SHARED {
+            Refusal::Conflict(Some(at)) if at != from && (L::SHARED || at <= size) => {
+                if !L::SHARED && at < self.stored {
                     conflict();
+                } else if !L::SHARED && at > self.stored {
+                    tracing::warn!(witness = %name, log, at, stored = self.stored, "the witness stands beyond the cosignatures this log stored; offering from its size");
                 }
                 Outcome::Resync(at)
             }
