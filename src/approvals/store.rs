@@ -42,6 +42,55 @@ pub(crate) fn encode(record: &ApprovalRecord) -> Result<String, StoreError> {
     serde_json::to_string(record).map_err(|e| StoreError(e.to_string()))
 }
 
+/// How one database names what a page of approvals is read with.
+pub(crate) struct PageSql {
+    pub table: &'static str,
+    /// The row-number column (the cursor's).
+    pub row: &'static str,
+    /// The record column as text.
+    pub record: &'static str,
+    /// Placeholder `n` (1: cursor, 2: now in ms, 3: run id or NULL, 4: rows to fetch),
+    /// with the type the database needs to bind it where it stands alone.
+    pub param: fn(u8) -> String,
+}
+
+/// The query behind `list`, the same filters for SQLite and PostgreSQL: rows after the
+/// cursor (0 starts at either end) in the order they were requested, of one status as
+/// of "now" (pending and approved ones past their expiry are expired), of one run if
+/// given. Every placeholder appears whatever the filters, as both drivers want every
+/// bound parameter used.
+pub(crate) fn page_query(
+    sql: &PageSql,
+    status: Option<ApprovalStatus>,
+    newest_first: bool,
+) -> String {
+    let PageSql {
+        table, row, record, ..
+    } = sql;
+    let [cursor, now, run, fetch] = [1, 2, 3, 4].map(sql.param);
+    let status = match status {
+        None => format!("{now} = {now}"),
+        Some(ApprovalStatus::Pending) => format!("(status = 'pending' AND expires_at_ms > {now})"),
+        Some(ApprovalStatus::Approved) => {
+            format!("(status = 'approved' AND expires_at_ms > {now})")
+        }
+        Some(ApprovalStatus::Expired) => format!(
+            "(status = 'expired' OR (status IN ('pending', 'approved') AND expires_at_ms <= {now}))"
+        ),
+        Some(ApprovalStatus::Denied) => format!("(status = 'denied' AND {now} = {now})"),
+        Some(ApprovalStatus::Used) => format!("(status = 'used' AND {now} = {now})"),
+    };
+    let (after, order) = if newest_first {
+        (format!("({cursor} = 0 OR {row} < {cursor})"), "DESC")
+    } else {
+        (format!("{row} > {cursor}"), "ASC")
+    };
+    format!(
+        "SELECT {row}, {record} FROM {table} WHERE {after} AND {status} \
+         AND ({run} IS NULL OR run_id = {run}) ORDER BY {row} {order} LIMIT {fetch}"
+    )
+}
+
 /// The approvals database. Operations block (they write with `synchronous=FULL`):
 /// async callers run them on the blocking pool.
 pub struct ApprovalStore {
@@ -193,30 +242,15 @@ impl ApprovalStore {
         limit: usize,
         now_ms: i64,
     ) -> Result<(Vec<(i64, ApprovalRecord)>, bool), StoreError> {
-        let status_sql = match status {
-            None => "1",
-            Some(ApprovalStatus::Pending) => "(status = 'pending' AND expires_at_ms > ?2)",
-            Some(ApprovalStatus::Approved) => "(status = 'approved' AND expires_at_ms > ?2)",
-            Some(ApprovalStatus::Expired) => {
-                "(status = 'expired' OR (status IN ('pending', 'approved') AND expires_at_ms <= ?2))"
-            }
-            Some(ApprovalStatus::Denied) => "(status = 'denied' AND ?2 = ?2)",
-            Some(ApprovalStatus::Used) => "(status = 'used' AND ?2 = ?2)",
-        };
-        let status_sql = if status.is_none() {
-            "?2 = ?2"
-        } else {
-            status_sql
-        };
-        // The cursor is the last row of the previous page; 0 starts at either end.
-        let (after, order) = if newest_first {
-            ("(?1 = 0 OR rowid < ?1)", "DESC")
-        } else {
-            ("rowid > ?1", "ASC")
-        };
-        let sql = format!(
-            "SELECT rowid, record FROM approvals WHERE {after} AND {status_sql}
-             AND (?3 IS NULL OR run_id = ?3) ORDER BY rowid {order} LIMIT ?4"
+        let sql = page_query(
+            &PageSql {
+                table: "approvals",
+                row: "rowid",
+                record: "record",
+                param: |n| format!("?{n}"),
+            },
+            status,
+            newest_first,
         );
         self.with(|c| {
             let mut stmt = c.prepare(&sql).map_err(map)?;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use tokio::runtime::Handle;
 
 use super::{ClusterDb, QUERY_TIMEOUT, bounded};
-use crate::approvals::store::{decode, encode};
+use crate::approvals::store::{PageSql, decode, encode, page_query};
 use crate::approvals::{ApprovalBackend, ApprovalRecord, ApprovalStatus, StoreError};
 use crate::diagnostic::Refusal;
 
@@ -202,25 +202,18 @@ impl ApprovalBackend for PgApprovals {
         limit: usize,
         now_ms: i64,
     ) -> Result<(Vec<(i64, ApprovalRecord)>, bool), StoreError> {
-        let status_sql = match status {
-            None => "$2::bigint = $2::bigint",
-            Some(ApprovalStatus::Pending) => "(status = 'pending' AND expires_at_ms > $2)",
-            Some(ApprovalStatus::Approved) => "(status = 'approved' AND expires_at_ms > $2)",
-            Some(ApprovalStatus::Expired) => {
-                "(status = 'expired' OR (status IN ('pending', 'approved') AND expires_at_ms <= $2))"
-            }
-            Some(ApprovalStatus::Denied) => "(status = 'denied' AND $2::bigint = $2::bigint)",
-            Some(ApprovalStatus::Used) => "(status = 'used' AND $2::bigint = $2::bigint)",
-        };
-        // The cursor is the last row of the previous page; 0 starts at either end.
-        let (after, order) = if newest_first {
-            ("($1::bigint = 0 OR seq < $1)", "DESC")
-        } else {
-            ("seq > $1", "ASC")
-        };
-        let sql = format!(
-            "SELECT seq, record::text FROM toolgate_approvals WHERE {after} AND {status_sql} \
-             AND ($3::text IS NULL OR run_id = $3) ORDER BY seq {order} LIMIT $4"
+        let sql = page_query(
+            &PageSql {
+                table: "toolgate_approvals",
+                row: "seq",
+                record: "record::text",
+                param: |n| match n {
+                    3 => "$3::text".to_string(),
+                    n => format!("${n}::bigint"),
+                },
+            },
+            status,
+            newest_first,
         );
         let run = run_id.map(str::to_string);
         let fetch = (limit as i64).saturating_add(1);

@@ -150,3 +150,99 @@ fn an_approval_row_edited_to_approved_without_the_fleet_key_is_refused_on_the_re
         "approved"
     );
 }
+
+/// The approvals list reads the same through SQLite (one sidecar) and PostgreSQL (a
+/// fleet): the same approvals requested and decided on each, then every status filter
+/// in both orders, for all runs and for one, walked two at a time.
+#[test]
+fn the_approvals_list_reads_the_same_on_sqlite_and_on_postgresql() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let single = {
+        let dir = tmp.path().join("single");
+        let mut start = approval_policy(&dir, 1, 600);
+        start.data_dir = Some(dir.join("var"));
+        Server::start_with(start)
+    };
+    let fleet = sidecar(&pg, &tmp.path().join("fleet"), 600, None);
+    let statuses = ["", "pending", "approved", "denied", "used", "expired"];
+    let mut listings = Vec::new();
+    for server in [&single, &fleet] {
+        let a = server.create_run(json!({"case_id": "C-1001"}));
+        let b = server.create_run(json!({"case_id": "C-1001"}));
+        let mut ids = std::collections::HashMap::new();
+        for (run, title) in [
+            (&a, "a0"),
+            (&b, "b0"),
+            (&a, "a1"),
+            (&a, "a2"),
+            (&b, "b1"),
+            (&a, "a3"),
+            (&a, "a4"),
+        ] {
+            ids.insert(title, request(server, &draft_call(run, title)));
+        }
+        for (title, decision) in [("a1", "approve"), ("a2", "deny"), ("a3", "approve")] {
+            let (code, body) = decide(server, Some(SUPERVISOR), &ids[title], decision, "ok");
+            assert_eq!(code, 200, "{body}");
+        }
+        let (code, body) = send(server, &with_approval(&draft_call(&a, "a1"), &ids["a1"]));
+        assert_eq!(code, 200, "{body}");
+        let mut listing = Vec::new();
+        for status in statuses {
+            for order in ["oldest", "newest"] {
+                for run in [None, Some(&a)] {
+                    let mut titles = Vec::new();
+                    let mut cursor = String::new();
+                    loop {
+                        let mut path = format!("/v1/approvals?limit=2&order={order}{cursor}");
+                        if !status.is_empty() {
+                            path.push_str(&format!("&status={status}"));
+                        }
+                        if let Some(run) = run {
+                            path.push_str(&format!("&run_id={run}"));
+                        }
+                        let (code, page) = server.get(&path, Some(ADMIN));
+                        assert_eq!(code, 200, "{path}: {page}");
+                        let approvals = page["approvals"].as_array().unwrap();
+                        assert!(approvals.len() <= 2, "{page}");
+                        for approval in approvals {
+                            let title = approval["arguments"]["title"].as_str().unwrap();
+                            let shown = approval["status"].as_str().unwrap();
+                            assert!(status.is_empty() || shown == status, "{approval}");
+                            titles.push(format!("{title}:{shown}"));
+                        }
+                        match page["next_cursor"].as_str() {
+                            Some(next) => cursor = format!("&cursor={next}"),
+                            None => break,
+                        }
+                    }
+                    listing.push((status, order, run.is_some(), titles.join(" ")));
+                }
+            }
+        }
+        listings.push(listing);
+    }
+    assert_eq!(listings[0], listings[1]);
+    // And what they agree on is right (a few rows by hand).
+    let row = |status: &str, order: &str, one_run: bool| {
+        listings[0]
+            .iter()
+            .find(|r| r.0 == status && r.1 == order && r.2 == one_run)
+            .unwrap()
+            .3
+            .clone()
+    };
+    assert_eq!(
+        row("", "oldest", false),
+        "a0:pending b0:pending a1:used a2:denied b1:pending a3:approved a4:pending"
+    );
+    assert_eq!(
+        row("pending", "newest", false),
+        "a4:pending b1:pending b0:pending a0:pending"
+    );
+    assert_eq!(row("pending", "oldest", true), "a0:pending a4:pending");
+    assert_eq!(row("approved", "oldest", false), "a3:approved");
+    assert_eq!(row("used", "newest", true), "a1:used");
+    assert_eq!(row("expired", "oldest", false), "");
+}
