@@ -1,7 +1,8 @@
 //! Approvals shared by a fleet (real PostgreSQL, real sidecars), the insider cases:
 //! two sidecars' sweepers racing for one expiry write exactly one `approval_expired`,
 //! and a row edited to `approved` in PostgreSQL without the fleet key is refused on the
-//! retry with a structured reason.
+//! retry with a structured reason. Also: the approvals list reads the same on SQLite
+//! and on PostgreSQL (one query built for both).
 
 use std::path::Path;
 use std::time::Duration;
