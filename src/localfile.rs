@@ -3,8 +3,8 @@
 //! put anything in its place (a symlink to `/dev/zero`, a FIFO, a file of gigabytes),
 //! and the reader must still answer at once, with a bounded amount of memory.
 //!
-//! INVARIANT: [`read`] and [`open`] never block on a FIFO or device and accept only a
-//! regular file (symlinks to one are followed: secret volumes are mounted that way);
+//! INVARIANT: [`read`], [`open`] and [`open_append`] never block on a FIFO or device
+//! and accept only a regular file (symlinks to one are followed: secret volumes are mounted that way);
 //! [`read`] never holds more than `max + 1` bytes of it, however large it is or grows
 //! while read.
 
@@ -44,6 +44,34 @@ pub fn open(path: &Path) -> Result<File, ReadError> {
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(ReadError::Io)?;
+    if !file.metadata().map_err(ReadError::Io)?.is_file() {
+        return Err(ReadError::NotAFile);
+    }
+    Ok(file)
+}
+
+/// Opens `path` for appending, creating it if missing, if it is a regular file:
+/// without blocking whatever stands there (opening a FIFO for writing otherwise waits
+/// for a reader). For the files the log appends to (a checkpoint sink's file, the
+/// cosignature file) and its lock file.
+pub fn open_append(path: &Path) -> Result<File, ReadError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => return Err(ReadError::NotAFile),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(ReadError::Io(e)),
+    }
+    // Put in place between the look and the open: a FIFO without a reader is ENXIO
+    // with O_NONBLOCK, one with a reader is caught by the look at the descriptor.
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => ReadError::NotAFile,
+            _ => ReadError::Io(e),
+        })?;
     if !file.metadata().map_err(ReadError::Io)?.is_file() {
         return Err(ReadError::NotAFile);
     }
@@ -122,5 +150,20 @@ mod tests {
         ));
         std::fs::write(&small, [0xff, 0xfe]).unwrap();
         assert!(matches!(read_to_string(&small, 16), Err(ReadError::Io(_))));
+
+        // Appending: created when missing, added to when a file, refused otherwise.
+        let log = dir.path().join("log");
+        for line in [&b"one\n"[..], b"two\n"] {
+            std::io::Write::write_all(&mut open_append(&log).unwrap(), line).unwrap();
+        }
+        assert_eq!(std::fs::read(&log).unwrap(), b"one\ntwo\n");
+        std::io::Write::write_all(&mut open_append(&link).unwrap(), b"!").unwrap();
+        assert_eq!(std::fs::read(&small).unwrap(), [0xff, 0xfe, b'!']);
+        for other in [&fifo, &zeros, &dir.path().to_path_buf()] {
+            assert!(
+                matches!(open_append(other), Err(ReadError::NotAFile)),
+                "{other:?}"
+            );
+        }
     }
 }

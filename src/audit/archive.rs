@@ -106,6 +106,16 @@ fn io(path: &Path, what: &str, e: std::io::Error) -> ArchiveError {
     })
 }
 
+/// Opens a file of the log to read it, refusing at once what is not a regular file.
+fn open(path: &Path) -> Result<File, ArchiveError> {
+    crate::localfile::open(path).map_err(|e| {
+        ArchiveError::Audit(AuditError::Io {
+            path: path.to_path_buf(),
+            what: format!("cannot read: {e}"),
+        })
+    })
+}
+
 /// Archives the chosen sealed segments (see the module docs for the order of steps).
 pub async fn archive(options: &ArchiveOptions) -> Result<ArchiveSummary, ArchiveError> {
     let data_dir = options
@@ -347,7 +357,7 @@ fn flush_wal(path: &Path) -> Result<(), ArchiveError> {
 
 /// Copies `from` to a new file `to` in bounded chunks, fsyncs it, returns the SHA-256.
 fn copy_synced(from: &Path, to: &Path) -> Result<String, ArchiveError> {
-    let mut source = File::open(from).map_err(|e| io(from, "cannot read", e))?;
+    let mut source = open(from)?;
     let mut target = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -372,7 +382,7 @@ fn copy_synced(from: &Path, to: &Path) -> Result<String, ArchiveError> {
 }
 
 fn sha256_of(path: &Path) -> Result<String, ArchiveError> {
-    let mut file = File::open(path).map_err(|e| io(path, "cannot read", e))?;
+    let mut file = open(path)?;
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 64 * 1024];
     loop {

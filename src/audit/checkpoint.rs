@@ -213,17 +213,11 @@ pub fn read_notes_file(path: &Path, what: &str) -> Result<Vec<String>, NotesFile
 }
 
 fn read_notes_within(path: &Path, what: &str, max: u64) -> Result<Vec<String>, NotesFileError> {
-    use std::io::Read;
-    let cannot = |e: std::io::Error| NotesFileError::Io(format!("cannot read {what}: {e}"));
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .map_err(cannot)?
-        .take(max.saturating_add(1))
-        .read_to_string(&mut text)
-        .map_err(cannot)?;
-    if text.len() as u64 > max {
-        return Err(NotesFileError::Io(format!("{what} is too large")));
-    }
+    use crate::localfile::ReadError;
+    let text = crate::localfile::read_to_string(path, max).map_err(|e| match e {
+        ReadError::TooLarge { .. } => NotesFileError::Io(format!("{what} is too large")),
+        e => NotesFileError::Io(format!("cannot read {what}: {e}")),
+    })?;
     split_notes(&text)
         .map_err(|why| NotesFileError::Malformed(format!("`{}`: {why}", path.display())))
 }

@@ -544,20 +544,19 @@ fn take_writer_lock(base: &std::path::Path, wait: Duration) -> Result<std::fs::F
     let mut name = base.as_os_str().to_owned();
     name.push(".lock");
     let lock_path = PathBuf::from(name);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::PermissionDenied => AuditError::ReadOnly {
+    // Opened for appending (nothing is written to it) through localfile: a FIFO put in
+    // its place is refused at once instead of waiting for a reader.
+    let file = crate::localfile::open_append(&lock_path).map_err(|e| match e {
+        crate::localfile::ReadError::Io(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            AuditError::ReadOnly {
                 path: lock_path.clone(),
-            },
-            _ => AuditError::Io {
-                path: lock_path.clone(),
-                what: format!("cannot open the writer lock: {e}"),
-            },
-        })?;
+            }
+        }
+        e => AuditError::Io {
+            path: lock_path.clone(),
+            what: format!("cannot open the writer lock: {e}"),
+        },
+    })?;
     let deadline = Instant::now() + wait;
     loop {
         match file.try_lock() {

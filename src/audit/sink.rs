@@ -15,7 +15,7 @@
 //! one); a webhook POST takes at most [`WEBHOOK_TIMEOUT`]; closing waits at most
 //! [`CLOSE_GRACE`] for the last note to go out.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::{AuditError, CheckpointSink};
+use crate::localfile::ReadError;
 use crate::outbound::{self, CaBundle, error_chain};
 
 /// The longest one webhook POST may take, connecting included.
@@ -93,18 +94,14 @@ impl Sinks {
         for sink in sinks {
             match sink {
                 CheckpointSink::File { path } => {
-                    let io = |e: std::io::Error| AuditError::Io {
+                    let io = |e: &dyn std::fmt::Display| AuditError::Io {
                         path: path.clone(),
                         what: format!("cannot open the checkpoint file: {e}"),
                     };
                     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                        std::fs::create_dir_all(dir).map_err(io)?;
+                        std::fs::create_dir_all(dir).map_err(|e| io(&e))?;
                     }
-                    let file = OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(path)
-                        .map_err(io)?;
+                    let file = crate::localfile::open_append(path).map_err(|e| io(&e))?;
                     files.push((path.clone(), file));
                 }
                 CheckpointSink::Webhook { url } => {
@@ -261,10 +258,16 @@ pub(crate) fn newest_note(path: &Path) -> Result<Option<String>, AuditError> {
         path: path.to_path_buf(),
         what: format!("cannot read the checkpoint file: {e}"),
     };
-    let mut file = match File::open(path) {
+    let mut file = match crate::localfile::open(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io(e)),
+        Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(ReadError::Io(e)) => return Err(io(e)),
+        Err(e) => {
+            return Err(AuditError::Io {
+                path: path.to_path_buf(),
+                what: format!("cannot read the checkpoint file: {e}"),
+            });
+        }
     };
     let len = file.metadata().map_err(io)?.len();
     let start = len.saturating_sub(TAIL_BYTES);

@@ -114,11 +114,19 @@ pub(crate) fn map_sqlite(err: &rusqlite::Error, path: &Path) -> AuditError {
 /// Fails with [`AuditError::NotSqlite`] if `path` exists, is not empty, and does not
 /// start with the SQLite header.
 pub(crate) fn check_header(path: &Path) -> Result<(), AuditError> {
-    let mut file = match std::fs::File::open(path) {
+    use crate::localfile::ReadError;
+    // Through localfile: a FIFO or a device in the database's place is refused at
+    // once, not waited on.
+    let mut file = match crate::localfile::open(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+        Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             return Err(AuditError::ReadOnly {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(ReadError::NotAFile) => {
+            return Err(AuditError::NotSqlite {
                 path: path.to_path_buf(),
             });
         }
@@ -129,11 +137,6 @@ pub(crate) fn check_header(path: &Path) -> Result<(), AuditError> {
             });
         }
     };
-    if path.is_dir() {
-        return Err(AuditError::NotSqlite {
-            path: path.to_path_buf(),
-        });
-    }
     let mut header = Vec::with_capacity(16);
     file.by_ref()
         .take(16)

@@ -454,7 +454,23 @@ fn verify_command(args: &VerifyArgs) -> Exit {
         }
         Err(VerifyError::Open(error)) => {
             print_error(&error, error.help());
-            exit_for_error(&error)
+            let exit = exit_for_error(&error);
+            // A pipeline reading JSON gets JSON for this outcome too: the log could not
+            // be read as an audit log, so nothing was verified.
+            if args.format == Format::Json {
+                let value = serde_json::json!({
+                    "status": "error",
+                    "kind": "open",
+                    "seq": null,
+                    "message": error.to_string(),
+                    "exit_code": exit as u8,
+                });
+                say!(
+                    "{}",
+                    serde_json::to_string_pretty(&value).unwrap_or_default()
+                );
+            }
+            exit
         }
     }
 }

@@ -804,6 +804,95 @@ fn serve_refuses_key_files_replaced_by_a_device_a_fifo_or_a_huge_file() {
     }
 }
 
+/// `audit verify --format json` that must answer within 20 s: (exit code, report);
+/// (-1, null) when it was still running.
+fn verify_json_bounded(db: &Path) -> (i32, Value) {
+    let mut child = Command::new(common::BIN)
+        .args(["audit", "verify", "--db", s(db), "--format", "json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    match common::poll_for(Duration::from_secs(20), || child.try_wait().unwrap()) {
+        Some(status) => {
+            let out = child.wait_with_output().unwrap();
+            let report = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            (status.code().unwrap_or(-1), report)
+        }
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            (-1, Value::Null)
+        }
+    }
+}
+
+/// An insider puts a FIFO or a directory where one of the log's files is (the
+/// database, its writer lock, a checkpoint sink's file): `serve` refuses to start and
+/// `audit verify` refuses to verify, at once, each with an answer naming the file.
+/// Neither waits on the FIFO (before, each of these hung).
+#[test]
+fn a_fifo_or_a_directory_in_place_of_a_log_file_is_refused_at_once() {
+    let d = Deployment::new();
+    let server = d.start(&[]);
+    traffic(&server, 2);
+    server.stop();
+    // The sink file next to the database is the one verify reads by default.
+    let local_sink = d.data.join("checkpoints.log");
+    std::fs::copy(&d.offbox, &local_sink).unwrap();
+    let fifo = |p: &Path| {
+        let name = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path; mkfifo only reads it.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    };
+    let directory = |p: &Path| std::fs::create_dir(p).unwrap();
+    type Replace<'a> = &'a dyn Fn(&Path);
+    let replacements: [(&str, Replace); 2] = [("a FIFO", &fifo), ("a directory", &directory)];
+    // The file, whether serve reads it, whether verify reads it.
+    let rows = [
+        (d.db(), true, true),
+        (d.data.join("audit.db.lock"), true, false),
+        (d.offbox.clone(), true, false),
+        (local_sink, false, true),
+    ];
+    for (path, serve_reads, verify_reads) in rows {
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let saved = path.with_extension("saved");
+        std::fs::rename(&path, &saved).unwrap();
+        for (what, replace) in replacements {
+            replace(&path);
+            if serve_reads {
+                let (exit, stderr) = d.serve_exit(&[]);
+                assert!(exit > 0, "{name} as {what}: serve exited {exit}: {stderr}");
+                assert!(stderr.contains(&name), "{name} as {what}: {stderr}");
+            }
+            let (exit, report) = verify_json_bounded(&d.db());
+            if verify_reads {
+                assert_eq!(exit, 4, "{name} as {what}: {report}");
+                assert_eq!(report["status"], "error", "{name} as {what}: {report}");
+                assert_eq!(report["kind"], "open", "{report}");
+                assert_eq!(report["exit_code"], 4, "{report}");
+                assert!(
+                    report["message"].as_str().unwrap().contains(&name),
+                    "{name} as {what}: {report}"
+                );
+            } else {
+                assert_eq!(exit, 0, "{name} as {what}: {report}");
+            }
+            if path.is_dir() {
+                std::fs::remove_dir(&path).unwrap();
+            } else {
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+        std::fs::rename(&saved, &path).unwrap();
+    }
+    // Put back, the log verifies and the gateway starts on it.
+    let (exit, report) = verify_json_bounded(&d.db());
+    assert_eq!((exit, &report["status"]), (0, &json!("ok")), "{report}");
+    d.start(&[]).stop();
+}
+
 /// A webhook sink that never answers does not slow the gateway down, and every
 /// acknowledged event is still signed locally.
 #[test]

@@ -160,10 +160,7 @@ fn append_note(path: &Path, note: &str) -> Result<(), String> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("`{}`: {e}", dir.display()))?;
     }
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
+    let mut file = crate::localfile::open_append(path)
         .map_err(|e| format!("cannot open `{}`: {e}", path.display()))?;
     file.write_all(note.as_bytes())
         .and_then(|()| file.write_all(b"\n"))
