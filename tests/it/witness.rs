@@ -650,9 +650,20 @@ fn a_forked_log_under_the_same_key_is_refused_by_the_witness() {
         "the 422 refusals of the forked log were not counted: {}",
         scrape(&server)
     );
+    // The forked log holds no cosignature: the size the witness stands at is the
+    // other history's, and the whole forked log shows as the gap.
     assert_eq!(
         series(&metrics, "toolgate_witness_cosigned_size", "w.example/fork"),
-        cosigned.0,
+        0,
+        "{metrics}"
+    );
+    assert_eq!(
+        series(&metrics, "toolgate_witness_lag_events", "w.example/fork"),
+        series(
+            &metrics,
+            "toolgate_witness_checkpoint_size",
+            "w.example/fork"
+        ),
         "{metrics}"
     );
     // Calls go on.

@@ -195,8 +195,8 @@ impl<L: WitnessedLog> Submitter<L> {
         self.status.checkpoint_size.store(size, Ordering::Relaxed);
         if self.frontier.is_none() {
             let from = self.log.stored_position(&self.witness.key).await?;
-            self.resync(from).await?;
             self.stored = from;
+            self.resync(from).await?;
         }
         // Bounded: each resync answer moves the start; give up after a few.
         for _ in 0..4 {
@@ -235,9 +235,14 @@ impl<L: WitnessedLog> Submitter<L> {
             }
             Err(Unread::Unavailable(what)) => return Err(what),
         };
-        self.status
-            .cosigned_size
-            .fetch_max(frontier.size(), Ordering::Relaxed);
+        // The gauge counts cosignatures the log holds: a fleet's witness was moved by a
+        // sidecar that stored its cosignature in the hub; a witness standing beyond what
+        // this one log stored counts once its cosignature is stored again.
+        if L::SHARED || frontier.size() <= self.stored {
+            self.status
+                .cosigned_size
+                .fetch_max(frontier.size(), Ordering::Relaxed);
+        }
         self.frontier = Some(frontier);
         Ok(())
     }
