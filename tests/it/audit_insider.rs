@@ -123,26 +123,10 @@ impl Deployment {
         args.extend_from_slice(extra);
         let tools = repo().join("tools/tool_registry.yaml");
         args.extend_from_slice(&["--tools", s(&tools)]);
-        let mut child = Command::new(common::BIN)
-            .args(&args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
         // A refusal exits at once; a server that starts is stopped after 10 s.
-        match common::poll_for(Duration::from_secs(10), || child.try_wait().unwrap()) {
-            Some(status) => {
-                let out = child.wait_with_output().unwrap();
-                (
-                    status.code().unwrap_or(-1),
-                    String::from_utf8_lossy(&out.stderr).into_owned(),
-                )
-            }
-            None => {
-                let _ = child.kill();
-                let _ = child.wait();
-                (-1, "the server started".into())
-            }
+        match run_within(&args, Duration::from_secs(10)) {
+            Some((code, out)) => (code, String::from_utf8_lossy(&out.stderr).into_owned()),
+            None => (-1, "the server started".into()),
         }
     }
 
@@ -807,22 +791,34 @@ fn serve_refuses_key_files_replaced_by_a_device_a_fifo_or_a_huge_file() {
 /// `audit verify --format json` that must answer within 20 s: (exit code, report);
 /// (-1, null) when it was still running.
 fn verify_json_bounded(db: &Path) -> (i32, Value) {
+    let args = ["audit", "verify", "--db", s(db), "--format", "json"];
+    match run_within(&args, Duration::from_secs(20)) {
+        Some((code, out)) => (
+            code,
+            serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        ),
+        None => (-1, Value::Null),
+    }
+}
+
+/// Runs the binary with `args`: its exit code and output, or None when it was still
+/// running after `within` (it is killed then).
+fn run_within(args: &[&str], within: Duration) -> Option<(i32, std::process::Output)> {
     let mut child = Command::new(common::BIN)
-        .args(["audit", "verify", "--db", s(db), "--format", "json"])
+        .args(args)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    match common::poll_for(Duration::from_secs(20), || child.try_wait().unwrap()) {
-        Some(status) => {
-            let out = child.wait_with_output().unwrap();
-            let report = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-            (status.code().unwrap_or(-1), report)
-        }
+    match common::poll_for(within, || child.try_wait().unwrap()) {
+        Some(status) => Some((
+            status.code().unwrap_or(-1),
+            child.wait_with_output().unwrap(),
+        )),
         None => {
             let _ = child.kill();
             let _ = child.wait();
-            (-1, Value::Null)
+            None
         }
     }
 }
