@@ -253,6 +253,45 @@ fn exit_for_error(error: &AuditError) -> Exit {
     }
 }
 
+/// The one JSON answer of `audit verify` and `audit archive` when they do not end `ok`:
+/// `status` is `failed` (the log did not verify; `kind` names the problem) or `error`
+/// (`kind: "open"`: the log could not be read, nothing was checked).
+fn say_json_outcome(
+    status: &str,
+    kind: impl serde::Serialize,
+    seq: Option<u64>,
+    message: &str,
+    exit: Exit,
+) {
+    let value = serde_json::json!({
+        "status": status,
+        "kind": kind,
+        "seq": seq,
+        "message": message,
+        "exit_code": exit as u8,
+    });
+    say!(
+        "{}",
+        serde_json::to_string_pretty(&value).unwrap_or_default()
+    );
+}
+
+/// Refuses before anything was checked: the error on stderr and, with `--format json`,
+/// the JSON answer on stdout (`status: "error"`, `kind`).
+fn refuse(
+    format: Format,
+    kind: &str,
+    error: &dyn std::fmt::Display,
+    help: Option<&str>,
+    exit: Exit,
+) -> Exit {
+    print_error(error, help);
+    if format == Format::Json {
+        say_json_outcome("error", kind, None, &error.to_string(), exit);
+    }
+    exit
+}
+
 pub(super) fn print_error(error: &dyn std::fmt::Display, help: Option<&str>) {
     eprintln!("error: {error}");
     if let Some(help) = help {
@@ -303,11 +342,13 @@ fn verify_command(args: &VerifyArgs) -> Exit {
         return super::audit_fleet::fleet_verify_command(url, args);
     }
     if log_missing(&args.db) {
-        print_error(
+        return refuse(
+            args.format,
+            "open",
             &format!("no audit database at `{}`", args.db.display()),
             Some("pass --db PATH"),
+            Exit::InvalidConfig,
         );
-        return Exit::InvalidConfig;
     }
     let cosignatures = args
         .cosignatures
@@ -338,17 +379,9 @@ fn verify_command(args: &VerifyArgs) -> Exit {
                 Ok(witnessed) => witnessed,
                 Err(message) => {
                     match args.format {
-                        Format::Json => say!(
-                            "{}",
-                            serde_json::to_string_pretty(&serde_json::json!({
-                                "status": "failed",
-                                "kind": "witness",
-                                "seq": null,
-                                "message": message,
-                                "exit_code": 3,
-                            }))
-                            .unwrap_or_default()
-                        ),
+                        Format::Json => {
+                            say_json_outcome("failed", "witness", None, &message, Exit::Signature)
+                        }
                         Format::Text => say!("FAILED: witness: {message}"),
                     }
                     return Exit::Signature;
@@ -434,44 +467,24 @@ fn verify_command(args: &VerifyArgs) -> Exit {
             Exit::Ok
         }
         Err(VerifyError::Problem(problem)) => {
+            let exit = exit_for_problem(&problem);
             match args.format {
                 Format::Json => {
-                    let value = serde_json::json!({
-                        "status": "failed",
-                        "kind": problem.kind,
-                        "seq": problem.seq,
-                        "message": problem.message,
-                        "exit_code": problem.kind.exit_code(),
-                    });
-                    say!(
-                        "{}",
-                        serde_json::to_string_pretty(&value).unwrap_or_default()
-                    );
+                    say_json_outcome("failed", problem.kind, problem.seq, &problem.message, exit)
                 }
                 Format::Text => say!("FAILED: {problem}"),
             }
-            exit_for_problem(&problem)
-        }
-        Err(VerifyError::Open(error)) => {
-            print_error(&error, error.help());
-            let exit = exit_for_error(&error);
-            // A pipeline reading JSON gets JSON for this outcome too: the log could not
-            // be read as an audit log, so nothing was verified.
-            if args.format == Format::Json {
-                let value = serde_json::json!({
-                    "status": "error",
-                    "kind": "open",
-                    "seq": null,
-                    "message": error.to_string(),
-                    "exit_code": exit as u8,
-                });
-                say!(
-                    "{}",
-                    serde_json::to_string_pretty(&value).unwrap_or_default()
-                );
-            }
             exit
         }
+        // A pipeline reading JSON gets JSON for this outcome too: the log could not be
+        // read as an audit log, so nothing was verified.
+        Err(VerifyError::Open(error)) => refuse(
+            args.format,
+            "open",
+            &error,
+            error.help(),
+            exit_for_error(&error),
+        ),
     }
 }
 
@@ -512,21 +525,25 @@ fn log_missing(db: &Path) -> bool {
 fn archive_command(args: &ArchiveArgs) -> Exit {
     use crate::audit::archive::{ArchiveError, ArchiveOptions, Selection, archive};
     if log_missing(&args.db) {
-        print_error(
+        return refuse(
+            args.format,
+            "open",
             &format!("no audit database at `{}`", args.db.display()),
             Some("pass --db PATH"),
+            Exit::InvalidConfig,
         );
-        return Exit::InvalidConfig;
     }
     let selection = match (args.before_seq, args.keep_segments) {
         (Some(seq), None) => Selection::BeforeSeq(seq),
         (None, Some(keep)) => Selection::KeepSegments(keep),
         _ => {
-            print_error(
+            return refuse(
+                args.format,
+                "arguments",
                 &"give exactly one of --before-seq and --keep-segments",
                 None,
+                Exit::InvalidConfig,
             );
-            return Exit::InvalidConfig;
         }
     };
     let signer: Option<std::sync::Arc<dyn crate::audit::signer::Signer>> = match &args.signer_socket
@@ -535,8 +552,7 @@ fn archive_command(args: &ArchiveArgs) -> Exit {
         Some(socket) => match crate::audit::signer::SocketSigner::connect(socket) {
             Ok(signer) => Some(std::sync::Arc::new(signer)),
             Err(error) => {
-                print_error(&error, error.help());
-                return Exit::Signature;
+                return refuse(args.format, "signer", &error, error.help(), Exit::Signature);
             }
         },
     };
@@ -587,15 +603,27 @@ fn archive_command(args: &ArchiveArgs) -> Exit {
                 &ArchiveError::Verify(problem.clone()),
                 Some("run `toolgate audit verify` for details"),
             );
-            exit_for_problem(&problem)
+            let exit = exit_for_problem(&problem);
+            if args.format == Format::Json {
+                say_json_outcome("failed", problem.kind, problem.seq, &problem.message, exit);
+            }
+            exit
         }
         Err(ArchiveError::Audit(error)) => {
-            print_error(&error, error.help());
-            exit_for_error(&error)
+            let kind = match error {
+                AuditError::Locked { .. } => "locked",
+                _ => "open",
+            };
+            refuse(
+                args.format,
+                kind,
+                &error,
+                error.help(),
+                exit_for_error(&error),
+            )
         }
         Err(error @ ArchiveError::Refused(_)) => {
-            print_error(&error, None);
-            Exit::Failure
+            refuse(args.format, "refused", &error, None, Exit::Failure)
         }
     }
 }

@@ -285,6 +285,27 @@ fn archived_segments_leave_a_log_that_verifies_from_its_start() {
     assert_eq!(exit, 4, "{text}");
     assert!(text.contains("locked"), "{text}");
     assert!(!to.join("audit.db").exists());
+    // With --format json the refusal is JSON on stdout too.
+    let out = toolgate(&[
+        "audit",
+        "archive",
+        "--db",
+        db.to_str().unwrap(),
+        "--to",
+        to.to_str().unwrap(),
+        "--keep-segments",
+        "1",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code(&out), 4);
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&answer["status"], &answer["kind"], &answer["exit_code"]),
+        (&json!("error"), &json!("locked"), &json!(4)),
+        "{answer}"
+    );
+    assert!(!to.join("audit.db").exists());
     server.stop();
 
     let (exit, text) = archive(&data, &to, &["--keep-segments", "1"]);
