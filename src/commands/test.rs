@@ -30,13 +30,7 @@ pub fn test_command(args: &TestArgs) -> Exit {
         Path::new("var"),
     ) {
         Ok(l) => l,
-        Err(problems) => {
-            eprintln!("error: the policy did not load");
-            for p in &problems {
-                eprintln!("{p}");
-            }
-            return Exit::InvalidConfig;
-        }
+        Err(problems) => return not_loaded(args.format, "policy", &problems),
     };
     let dir = args
         .dir
@@ -44,13 +38,7 @@ pub fn test_command(args: &TestArgs) -> Exit {
         .unwrap_or_else(|| args.location.policy_dir.join("tests"));
     let cases = match load_cases(&dir) {
         Ok(c) => c,
-        Err(problems) => {
-            eprintln!("error: the test cases did not load");
-            for p in &problems {
-                eprintln!("{p}");
-            }
-            return Exit::InvalidConfig;
-        }
+        Err(problems) => return not_loaded(args.format, "cases", &problems),
     };
     let results: Vec<CaseResult> = cases
         .iter()
@@ -99,6 +87,7 @@ pub fn test_command(args: &TestArgs) -> Exit {
         }
         Format::Json => {
             let body = json!({
+                "ok": failed == 0,
                 "passed": passed,
                 "failed": failed,
                 "results": results.iter().map(|r| json!({"file": r.file, "name": r.name, "ok": r.failure.is_none(), "failure": r.failure})).collect::<Vec<Value>>(),
@@ -108,4 +97,27 @@ pub fn test_command(args: &TestArgs) -> Exit {
         }
     }
     if failed == 0 { Exit::Ok } else { Exit::Failure }
+}
+
+/// The policy (`what`: `policy`) or the test cases (`cases`) did not load: nothing was
+/// run. The problems go to stderr and, with `--format json`, as JSON to stdout
+/// (`"ok": false`, `"not_loaded"`, `"problems"`), so a pipeline reading JSON gets an
+/// answer too.
+fn not_loaded(format: Format, what: &str, problems: &[crate::policy::Problem]) -> Exit {
+    let named = if what == "policy" {
+        "the policy"
+    } else {
+        "the test cases"
+    };
+    eprintln!("error: {named} did not load");
+    for p in problems {
+        eprintln!("{p}");
+    }
+    if format == Format::Json {
+        println!(
+            "{}",
+            json!({"ok": false, "not_loaded": what, "problems": problems})
+        );
+    }
+    Exit::InvalidConfig
 }

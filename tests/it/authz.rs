@@ -649,6 +649,54 @@ fn explain_test_and_diff_know_conditions() {
         out.contains("expected condition `case_of_the_run` to deny, got condition `limit_ceiling`"),
         "{out}"
     );
+    // The same as JSON, and JSON too when the cases or the policy do not load.
+    let json_of = |args: &[&str]| -> (i32, Value) {
+        let (code, out, err) = run(root, args);
+        let value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out}{err}"));
+        (code, value)
+    };
+    let (code, report) = json_of(&["policy", "test", "cases", "--format", "json"]);
+    assert_eq!(
+        (code, &report["ok"], &report["failed"]),
+        (1, &json!(false), &json!(1))
+    );
+    assert_eq!(report["results"][0]["ok"], false, "{report}");
+    fs::write(cases.join("c.yaml"), case("limit_ceiling")).unwrap();
+    let (code, report) = json_of(&["policy", "test", "cases", "--format", "json"]);
+    assert_eq!(
+        (code, &report["ok"], &report["passed"]),
+        (0, &json!(true), &json!(1))
+    );
+    fs::write(cases.join("c.yaml"), "tests:\n  - name: no request\n").unwrap();
+    let (code, report) = json_of(&["policy", "test", "cases", "--format", "json"]);
+    assert_eq!(code, 4, "{report}");
+    assert_eq!(
+        (&report["ok"], &report["not_loaded"]),
+        (&json!(false), &json!("cases"))
+    );
+    assert!(
+        report["problems"][0]["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("c.yaml"),
+        "{report}"
+    );
+    let (code, report) = json_of(&[
+        "policy",
+        "test",
+        "cases",
+        "--format",
+        "json",
+        "--policy-dir",
+        "nowhere",
+    ]);
+    assert_eq!(code, 4, "{report}");
+    assert_eq!(report["not_loaded"], "policy", "{report}");
+    assert!(
+        !report["problems"].as_array().unwrap().is_empty(),
+        "{report}"
+    );
+    fs::write(cases.join("c.yaml"), case("case_of_the_run")).unwrap();
 
     // policy diff: added narrows, removed and changed widen.
     let (old, new) = (root.join("old"), root.join("new"));
