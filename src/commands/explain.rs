@@ -6,7 +6,7 @@ use std::path::Path;
 use clap::Args;
 use serde_json::{Value, json};
 
-use crate::commands::{Exit, Format, PolicyLocation};
+use crate::commands::{Exit, Format, PolicyLocation, not_loaded};
 use crate::gateway::Loaded;
 use crate::pipeline::{Explanation, explain};
 use crate::policy::RunStatus;
@@ -80,13 +80,7 @@ pub fn explain_command(args: &ExplainArgs) -> Exit {
         Path::new("var"),
     ) {
         Ok(l) => l,
-        Err(problems) => {
-            eprintln!("error: the policy did not load");
-            for p in &problems {
-                eprintln!("{p}");
-            }
-            return Exit::InvalidConfig;
-        }
+        Err(problems) => return not_loaded(args.format, "policy", "the policy", &problems),
     };
     let mut run = offline_run(&scope, args.run_status.into(), &loaded.policy.versions);
     if let Some(run_scope) = &args.run_scope {

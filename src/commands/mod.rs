@@ -107,6 +107,30 @@ pub enum Format {
     Json,
 }
 
+/// Files a command needs did not load (`what`: `policy`, `candidate_policy`, `cases`;
+/// `named` says it in the message), so it ran nothing: the problems go to stderr and,
+/// with `--format json`, one object to stdout (`"ok": false`, `"not_loaded": what`,
+/// `"problems"` as `policy check` gives them), so a pipeline reading JSON gets an
+/// answer too. Exit 4.
+pub(crate) fn not_loaded(
+    format: Format,
+    what: &str,
+    named: &str,
+    problems: &[crate::policy::Problem],
+) -> Exit {
+    eprintln!("error: {named} did not load");
+    for p in problems {
+        eprintln!("{p}");
+    }
+    if format == Format::Json {
+        println!(
+            "{}",
+            serde_json::json!({"ok": false, "not_loaded": what, "problems": problems})
+        );
+    }
+    Exit::InvalidConfig
+}
+
 #[derive(Debug, Args)]
 pub struct PolicyCheckArgs {
     #[command(flatten)]

@@ -9,7 +9,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::audit::{AuditError, AuditReader};
-use crate::commands::{Exit, Format};
+use crate::commands::{Exit, Format, not_loaded};
 use crate::gateway::Loaded;
 use crate::review::replay::render::{render_json, render_text};
 use crate::review::replay::replay_db;
@@ -50,11 +50,12 @@ pub fn replay_command(args: &ReplayArgs) -> Exit {
     let candidate = match Loaded::load(&args.policy_dir, &args.tools, Path::new("var")) {
         Ok(l) => l,
         Err(problems) => {
-            eprintln!("error: the candidate policy did not load");
-            for p in &problems {
-                eprintln!("{p}");
-            }
-            return Exit::InvalidConfig;
+            return not_loaded(
+                args.format,
+                "candidate_policy",
+                "the candidate policy",
+                &problems,
+            );
         }
     };
     let report = AuditReader::open(&args.db).and_then(|reader| {

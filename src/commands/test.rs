@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde_json::{Value, json};
 
-use crate::commands::{Exit, Format, PolicyLocation};
+use crate::commands::{Exit, Format, PolicyLocation, not_loaded};
 use crate::gateway::Loaded;
 use crate::policy::load_cases;
 use crate::review::test::{CaseResult, run_case, triples};
@@ -30,7 +30,7 @@ pub fn test_command(args: &TestArgs) -> Exit {
         Path::new("var"),
     ) {
         Ok(l) => l,
-        Err(problems) => return not_loaded(args.format, "policy", &problems),
+        Err(problems) => return not_loaded(args.format, "policy", "the policy", &problems),
     };
     let dir = args
         .dir
@@ -38,7 +38,7 @@ pub fn test_command(args: &TestArgs) -> Exit {
         .unwrap_or_else(|| args.location.policy_dir.join("tests"));
     let cases = match load_cases(&dir) {
         Ok(c) => c,
-        Err(problems) => return not_loaded(args.format, "cases", &problems),
+        Err(problems) => return not_loaded(args.format, "cases", "the test cases", &problems),
     };
     let results: Vec<CaseResult> = cases
         .iter()
@@ -97,27 +97,4 @@ pub fn test_command(args: &TestArgs) -> Exit {
         }
     }
     if failed == 0 { Exit::Ok } else { Exit::Failure }
-}
-
-/// The policy (`what`: `policy`) or the test cases (`cases`) did not load: nothing was
-/// run. The problems go to stderr and, with `--format json`, as JSON to stdout
-/// (`"ok": false`, `"not_loaded"`, `"problems"`), so a pipeline reading JSON gets an
-/// answer too.
-fn not_loaded(format: Format, what: &str, problems: &[crate::policy::Problem]) -> Exit {
-    let named = if what == "policy" {
-        "the policy"
-    } else {
-        "the test cases"
-    };
-    eprintln!("error: {named} did not load");
-    for p in problems {
-        eprintln!("{p}");
-    }
-    if format == Format::Json {
-        println!(
-            "{}",
-            json!({"ok": false, "not_loaded": what, "problems": problems})
-        );
-    }
-    Exit::InvalidConfig
 }

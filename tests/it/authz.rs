@@ -696,6 +696,22 @@ fn explain_test_and_diff_know_conditions() {
         !report["problems"].as_array().unwrap().is_empty(),
         "{report}"
     );
+    let (code, report) = json_of(&[
+        "policy",
+        "explain",
+        "--role",
+        "r",
+        "--lane",
+        "l",
+        "--tool",
+        "t",
+        "--format",
+        "json",
+        "--policy-dir",
+        "nowhere",
+    ]);
+    assert_eq!(code, 4, "{report}");
+    assert_eq!(report["not_loaded"], "policy", "{report}");
     fs::write(cases.join("c.yaml"), case("case_of_the_run")).unwrap();
 
     // policy diff: added narrows, removed and changed widen.
