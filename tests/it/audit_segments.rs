@@ -134,6 +134,14 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 fn archive(data: &Path, to: &Path, extra: &[&str]) -> (i32, String) {
+    let out = archive_output(data, to, extra);
+    (
+        code(&out),
+        format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr)),
+    )
+}
+
+fn archive_output(data: &Path, to: &Path, extra: &[&str]) -> std::process::Output {
     let db = data.join("audit.db");
     let mut args = vec![
         "audit",
@@ -144,11 +152,7 @@ fn archive(data: &Path, to: &Path, extra: &[&str]) -> (i32, String) {
         to.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let out = toolgate(&args);
-    (
-        code(&out),
-        format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr)),
-    )
+    toolgate(&args)
 }
 
 /// A stopped server's data directory whose log spans at least `min` segments.
@@ -286,18 +290,7 @@ fn archived_segments_leave_a_log_that_verifies_from_its_start() {
     assert!(text.contains("locked"), "{text}");
     assert!(!to.join("audit.db").exists());
     // With --format json the refusal is JSON on stdout too.
-    let out = toolgate(&[
-        "audit",
-        "archive",
-        "--db",
-        db.to_str().unwrap(),
-        "--to",
-        to.to_str().unwrap(),
-        "--keep-segments",
-        "1",
-        "--format",
-        "json",
-    ]);
+    let out = archive_output(&data, &to, &["--keep-segments", "1", "--format", "json"]);
     assert_eq!(code(&out), 4);
     let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(

@@ -681,37 +681,22 @@ fn explain_test_and_diff_know_conditions() {
             .ends_with("c.yaml"),
         "{report}"
     );
-    let (code, report) = json_of(&[
-        "policy",
-        "test",
-        "cases",
-        "--format",
-        "json",
-        "--policy-dir",
-        "nowhere",
-    ]);
-    assert_eq!(code, 4, "{report}");
-    assert_eq!(report["not_loaded"], "policy", "{report}");
-    assert!(
-        !report["problems"].as_array().unwrap().is_empty(),
-        "{report}"
-    );
-    let (code, report) = json_of(&[
-        "policy",
-        "explain",
-        "--role",
-        "r",
-        "--lane",
-        "l",
-        "--tool",
-        "t",
-        "--format",
-        "json",
-        "--policy-dir",
-        "nowhere",
-    ]);
-    assert_eq!(code, 4, "{report}");
-    assert_eq!(report["not_loaded"], "policy", "{report}");
+    let nowhere: [&[&str]; 2] = [
+        &["policy", "test", "cases"],
+        &[
+            "policy", "explain", "--role", "r", "--lane", "l", "--tool", "t",
+        ],
+    ];
+    for command in nowhere {
+        let args = [command, &["--format", "json", "--policy-dir", "nowhere"]].concat();
+        let (code, report) = json_of(&args);
+        assert_eq!(code, 4, "{report}");
+        assert_eq!(report["not_loaded"], "policy", "{report}");
+        assert!(
+            !report["problems"].as_array().unwrap().is_empty(),
+            "{report}"
+        );
+    }
     fs::write(cases.join("c.yaml"), case("case_of_the_run")).unwrap();
 
     // policy diff: added narrows, removed and changed widen.
