@@ -770,13 +770,13 @@ fn key_command(args: &KeyArgs) -> Exit {
             }
             Exit::Ok
         }
-        Err(error) => {
-            print_error(
-                &error,
-                Some("the key is created when the gateway first opens the audit log"),
-            );
-            Exit::Signature
-        }
+        Err(error) => refuse(
+            args.format,
+            "key",
+            &error,
+            Some("the key is created when the gateway first opens the audit log"),
+            Exit::Signature,
+        ),
     }
 }
 

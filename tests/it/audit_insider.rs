@@ -887,6 +887,16 @@ fn a_fifo_or_a_directory_in_place_of_a_log_file_is_refused_at_once() {
     let (exit, report) = verify_json_bounded(&d.db());
     assert_eq!((exit, &report["status"]), (0, &json!("ok")), "{report}");
     d.start(&[]).stop();
+    // A key directory with no key: `audit key --format json` answers JSON too.
+    let none = d.data.join("no-keys");
+    let out = toolgate(&["audit", "key", "--key-dir", s(&none), "--format", "json"]);
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(code(&out), 3);
+    assert_eq!(
+        (&answer["status"], &answer["kind"], &answer["exit_code"]),
+        (&json!("error"), &json!("key"), &json!(3)),
+        "{answer}"
+    );
 }
 
 /// A webhook sink that never answers does not slow the gateway down, and every
