@@ -254,26 +254,22 @@ const TAIL_BYTES: u64 = 1024 * 1024;
 /// most the last [`TAIL_BYTES`], so a years-long sink file costs nothing at start.
 pub(crate) fn newest_note(path: &Path) -> Result<Option<String>, AuditError> {
     use std::io::{Read, Seek, SeekFrom};
-    let io = |e: std::io::Error| AuditError::Io {
+    let io = |e: &dyn std::fmt::Display| AuditError::Io {
         path: path.to_path_buf(),
         what: format!("cannot read the checkpoint file: {e}"),
     };
     let mut file = match crate::localfile::open(path) {
         Ok(file) => file,
         Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(ReadError::Io(e)) => return Err(io(e)),
-        Err(e) => {
-            return Err(AuditError::Io {
-                path: path.to_path_buf(),
-                what: format!("cannot read the checkpoint file: {e}"),
-            });
-        }
+        Err(e) => return Err(io(&e)),
     };
-    let len = file.metadata().map_err(io)?.len();
+    let len = file.metadata().map_err(|e| io(&e))?.len();
     let start = len.saturating_sub(TAIL_BYTES);
-    file.seek(SeekFrom::Start(start)).map_err(io)?;
+    file.seek(SeekFrom::Start(start)).map_err(|e| io(&e))?;
     let mut bytes = Vec::new();
-    file.take(TAIL_BYTES).read_to_end(&mut bytes).map_err(io)?;
+    file.take(TAIL_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io(&e))?;
     let text = String::from_utf8_lossy(&bytes);
     // Mid-file, skip to the start of a note: after a blank line that is not the one
     // between a note's text and its signatures.
