@@ -5,7 +5,7 @@
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use super::{Exit, Format};
+use super::{Exit, Format, refuse};
 
 #[derive(Debug, Subcommand)]
 pub enum ApprovalsCommand {
@@ -65,7 +65,10 @@ pub struct DecideArgs {
 }
 
 /// Runs an approvals command: 0 on success, 1 when the server refused or could not be
-/// reached (the refusal is printed), 4 for bad arguments.
+/// reached (the refusal is printed), 4 when the token variable is unset. With `--format
+/// json` every outcome is one JSON object on stdout: the server's answer (its
+/// `diagnostic` for a refusal), or for a failure here `{"status": "error", "kind":
+/// "token" | "unreachable" | "answer", ...}`.
 pub fn approvals_command(command: &ApprovalsCommand) -> Exit {
     let (server, request) = match command {
         ApprovalsCommand::List(a) => {
@@ -100,11 +103,13 @@ pub fn approvals_command(command: &ApprovalsCommand) -> Exit {
         }
     };
     let Ok(token) = std::env::var(&server.token_env) else {
-        eprintln!(
-            "error: set the bearer token (an approver's or admin's) in ${}",
-            server.token_env
+        return refuse(
+            server.format,
+            "token",
+            &format!("${} is not set", server.token_env),
+            Some("set the bearer token (an approver's or admin's) in that variable"),
+            Exit::InvalidConfig,
         );
-        return Exit::InvalidConfig;
     };
     let runtime = match super::runtime(tokio::runtime::Builder::new_current_thread().enable_all()) {
         Ok(r) => r,
@@ -113,9 +118,8 @@ pub fn approvals_command(command: &ApprovalsCommand) -> Exit {
     let answer = runtime.block_on(send(&server.server, &token, request));
     let (status, body) = match answer {
         Ok(answer) => answer,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return Exit::Failure;
+        Err(Unanswered { kind, message }) => {
+            return refuse(server.format, kind, &message, None, Exit::Failure);
         }
     };
     if !(200..300).contains(&status) {
@@ -155,11 +159,25 @@ enum Request {
     Post(String, Value),
 }
 
-async fn send(base: &str, token: &str, request: Request) -> Result<(u16, Value), String> {
+/// Why there is no answer from the server to show: `kind` is `unreachable` (no answer
+/// at all, or none within 30 s) or `answer` (an answer that is not the API's JSON).
+struct Unanswered {
+    kind: &'static str,
+    message: String,
+}
+
+fn unreachable(message: String) -> Unanswered {
+    Unanswered {
+        kind: "unreachable",
+        message,
+    }
+}
+
+async fn send(base: &str, token: &str, request: Request) -> Result<(u16, Value), Unanswered> {
     let client = crate::outbound::builder()
         .timeout(std::time::Duration::from_secs(30))
         .build()
-        .map_err(|e| format!("cannot set up the HTTP client: {e}"))?;
+        .map_err(|e| unreachable(format!("cannot set up the HTTP client: {e}")))?;
     let base = base.trim_end_matches('/');
     let builder = match request {
         Request::Get(path) => client.get(format!("{base}{path}")),
@@ -168,18 +186,21 @@ async fn send(base: &str, token: &str, request: Request) -> Result<(u16, Value),
             .header("content-type", "application/json")
             .body(body.to_string()),
     };
-    let response = builder
-        .bearer_auth(token)
-        .send()
-        .await
-        .map_err(|e| format!("cannot reach {base}: {}", crate::outbound::error_chain(&e)))?;
+    let response = builder.bearer_auth(token).send().await.map_err(|e| {
+        unreachable(format!(
+            "cannot reach {base}: {}",
+            crate::outbound::error_chain(&e)
+        ))
+    })?;
     let status = response.status().as_u16();
     let bytes = response
         .bytes()
         .await
-        .map_err(|e| format!("cannot read the answer: {e}"))?;
-    let body = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("the answer ({status}) is not JSON: {e}"))?;
+        .map_err(|e| unreachable(format!("cannot read the answer: {e}")))?;
+    let body = serde_json::from_slice(&bytes).map_err(|e| Unanswered {
+        kind: "answer",
+        message: format!("the answer ({status}) is not JSON: {e}"),
+    })?;
     Ok((status, body))
 }
 

@@ -19,7 +19,7 @@ use crate::audit::export::{ExportError, ExportFormat, ExportOptions, export};
 use crate::audit::keys::{default_key_dir, load_verifier};
 use crate::audit::verify::{Problem, Progress, VerifyError, VerifyOptions, verify_db};
 use crate::audit::{AuditError, DEFAULT_SINK_FILE};
-use crate::commands::{Exit, Format};
+use crate::commands::{Exit, Format, print_error, refuse, say_json_outcome};
 
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
@@ -250,52 +250,6 @@ fn exit_for_error(error: &AuditError) -> Exit {
         AuditError::Diverged { .. } => Exit::Truncated,
         AuditError::Corrupt { .. } => Exit::Failure,
         _ => Exit::InvalidConfig,
-    }
-}
-
-/// The one JSON answer of `audit verify` and `audit archive` when they do not end `ok`:
-/// `status` is `failed` (the log did not verify; `kind` names the problem) or `error`
-/// (`kind: "open"`: the log could not be read, nothing was checked).
-fn say_json_outcome(
-    status: &str,
-    kind: impl serde::Serialize,
-    seq: Option<u64>,
-    message: &str,
-    exit: Exit,
-) {
-    let value = serde_json::json!({
-        "status": status,
-        "kind": kind,
-        "seq": seq,
-        "message": message,
-        "exit_code": exit as u8,
-    });
-    say!(
-        "{}",
-        serde_json::to_string_pretty(&value).unwrap_or_default()
-    );
-}
-
-/// Refuses before anything was checked: the error on stderr and, with `--format json`,
-/// the JSON answer on stdout (`status: "error"`, `kind`).
-fn refuse(
-    format: Format,
-    kind: &str,
-    error: &dyn std::fmt::Display,
-    help: Option<&str>,
-    exit: Exit,
-) -> Exit {
-    print_error(error, help);
-    if format == Format::Json {
-        say_json_outcome("error", kind, None, &error.to_string(), exit);
-    }
-    exit
-}
-
-pub(super) fn print_error(error: &dyn std::fmt::Display, help: Option<&str>) {
-    eprintln!("error: {error}");
-    if let Some(help) = help {
-        eprintln!("help: {help}");
     }
 }
 

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::audit::{VerifyArgs, print_error};
+use super::audit::VerifyArgs;
+use super::print_error;
 use crate::commands::{Exit, Format};
 
 /// Prints a line to stdout; a closed pipe (`| head`) is not an error worth a panic.

@@ -131,6 +131,56 @@ pub(crate) fn not_loaded(
     Exit::InvalidConfig
 }
 
+/// The one JSON answer of a command that does not end `ok` (`audit verify`, `audit
+/// archive`, `audit key`, `approvals`): `status` is `failed` (what was checked did not
+/// hold; `kind` names the problem) or `error` (nothing was checked; `kind` says why),
+/// with `seq` where one event is at fault, the message and the exit code.
+fn say_json_outcome(
+    status: &str,
+    kind: impl serde::Serialize,
+    seq: Option<u64>,
+    message: &str,
+    exit: Exit,
+) {
+    let value = serde_json::json!({
+        "status": status,
+        "kind": kind,
+        "seq": seq,
+        "message": message,
+        "exit_code": exit as u8,
+    });
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stdout().lock(),
+        "{}",
+        serde_json::to_string_pretty(&value).unwrap_or_default()
+    );
+}
+
+/// Refuses before anything was checked: the error on stderr and, with `--format json`,
+/// the JSON answer on stdout (`status: "error"`, `kind`).
+fn refuse(
+    format: Format,
+    kind: &str,
+    error: &dyn std::fmt::Display,
+    help: Option<&str>,
+    exit: Exit,
+) -> Exit {
+    print_error(error, help);
+    if format == Format::Json {
+        say_json_outcome("error", kind, None, &error.to_string(), exit);
+    }
+    exit
+}
+
+/// An error (and what to do about it) on stderr.
+fn print_error(error: &dyn std::fmt::Display, help: Option<&str>) {
+    eprintln!("error: {error}");
+    if let Some(help) = help {
+        eprintln!("help: {help}");
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct PolicyCheckArgs {
     #[command(flatten)]

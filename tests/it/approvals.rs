@@ -802,6 +802,72 @@ fn the_cli_lists_shows_and_decides() {
     stop_and_verify(server);
 }
 
+/// With `--format json`, a failure before any answer (no token, nothing listening, an
+/// answer that is not the API's JSON) is one JSON object on stdout too, as a refusal is.
+#[test]
+fn the_cli_answers_json_when_there_is_no_answer_to_show() {
+    let json_outcome = |out: &str| -> Value {
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let (code, out, err) = cli(&server, None, &["list", "--format", "json"]);
+    assert_eq!(code, 4, "{err}");
+    let outcome = json_outcome(&out);
+    assert_eq!(
+        (&outcome["status"], &outcome["kind"], &outcome["exit_code"]),
+        (&json!("error"), &json!("token"), &json!(4)),
+        "{outcome}"
+    );
+    assert!(err.contains("TOOLGATE_TOKEN"), "{err}");
+    // A refusal by the server is its own JSON diagnostic.
+    let (code, out, _) = cli(&server, Some("wrong"), &["list", "--format", "json"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        json_outcome(&out)["diagnostic"]["reason"],
+        "credential_invalid"
+    );
+    stop_and_verify(server);
+
+    // Nothing listening: a port that was just closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    // Something listening that does not speak the API: a plain-text answer.
+    let text = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let text_base = format!("http://{}", text.local_addr().unwrap());
+    let answering = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut stream, _) = text.accept().unwrap();
+        let mut request = [0u8; 4096];
+        let _ = stream.read(&mut request).unwrap();
+        stream
+            .write_all(
+                b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 5\r\nconnection: close\r\n\r\noops\n",
+            )
+            .unwrap();
+    });
+    for (base, kind) in [(&base, "unreachable"), (&text_base, "answer")] {
+        let out = std::process::Command::new(BIN)
+            .args(["approvals", "list", "--format", "json", "--server", base])
+            .env("TOOLGATE_TOKEN", SUPERVISOR)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let outcome = json_outcome(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(
+            (&outcome["status"], &outcome["kind"], &outcome["exit_code"]),
+            (&json!("error"), &json!(kind), &json!(1)),
+            "{outcome}"
+        );
+        assert!(
+            !outcome["message"].as_str().unwrap().is_empty(),
+            "{outcome}"
+        );
+    }
+    answering.join().unwrap();
+}
+
 #[test]
 fn pending_approvals_per_run_are_bounded() {
     let dir = tempfile::tempdir().unwrap();
