@@ -17,6 +17,9 @@ pub use trace::{ApprovalRequirement, ConditionResult, LimitClaim, Trace};
 const MAX_ID_LEN: usize = 128;
 /// Longest idempotency key accepted.
 const MAX_KEY_LEN: usize = 256;
+/// Unknown fields named one by one in a refusal; the rest are counted, so what a caller
+/// who has not proved anything can make the log record stays small.
+const MAX_NAMED_UNKNOWN: usize = 10;
 /// Deepest nesting accepted in `scope` and in `arguments` (the object itself is level
 /// 1). Deeper values are refused at step 1, well inside what the audit line accepts.
 pub const MAX_DEPTH: usize = 32;
@@ -222,6 +225,36 @@ pub fn depth(value: &Value) -> usize {
     deepest
 }
 
+/// The largest integer a JSON number carries exactly everywhere (2^53 - 1, ECMAScript's
+/// `Number.MAX_SAFE_INTEGER`). The audit log's canonical form (RFC 8785) writes a
+/// larger integer as the double nearest to it, so two such integers can hash the same.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+/// Whether `value` holds an integer beyond +-[`MAX_SAFE_INTEGER`]: such a number's
+/// hash (the arguments' hash, an approval's binding, an idempotency key's fingerprint)
+/// would not tell it apart from its neighbours.
+pub fn has_inexact_integer(value: &Value) -> bool {
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Number(n) => {
+                let beyond = match (n.as_u64(), n.as_i64()) {
+                    (Some(u), _) => u > MAX_SAFE_INTEGER,
+                    (None, Some(i)) => i.unsigned_abs() > MAX_SAFE_INTEGER,
+                    (None, None) => false,
+                };
+                if beyond {
+                    return true;
+                }
+            }
+            Value::Array(items) => stack.extend(items.iter()),
+            Value::Object(map) => stack.extend(map.values()),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// The size of a value as compact JSON, counted without building it and stopping
 /// once past `limit` (so the answer is exact up to `limit`, and `> limit` beyond).
 pub fn json_size(value: &Value, limit: usize) -> usize {
@@ -257,8 +290,14 @@ pub fn parse_request_value(value: Value) -> Received {
 /// [`CallBody::into_request`]: every problem at once, in the order of the fields.
 fn check_call(body: CallBody) -> Received {
     let mut problems = Vec::new();
-    for key in body.unknown.keys() {
+    for key in body.unknown.keys().take(MAX_NAMED_UNKNOWN) {
         problems.push(format!("unknown field `{}`", truncate(key, 64)));
+    }
+    if body.unknown.len() > MAX_NAMED_UNKNOWN {
+        problems.push(format!(
+            "{} more unknown fields",
+            body.unknown.len() - MAX_NAMED_UNKNOWN
+        ));
     }
     let id = |name: &str, value: &Option<Value>, problems: &mut Vec<String>| -> Option<String> {
         match value {
@@ -381,6 +420,13 @@ fn check_call(body: CallBody) -> Received {
         partial
             .received
             .insert("arguments".into(), digest_value(arguments, false));
+    }
+    for (name, value) in [("arguments", &arguments), ("scope", &scope)] {
+        if value.as_ref().is_some_and(has_inexact_integer) {
+            problems.push(format!(
+                "`{name}` holds an integer beyond +-{MAX_SAFE_INTEGER} (send it as a string)"
+            ));
+        }
     }
     let scope = match scope {
         Some(Value::Object(m)) => Some(m),
@@ -624,6 +670,70 @@ impl Verdict {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn unknown_fields_are_named_up_to_a_bound_and_the_rest_counted() {
+        let fields: Vec<String> = (0..5000).map(|i| format!("\"u{i:05}\": 0")).collect();
+        let body = format!("{{{}}}", fields.join(","));
+        let (refusal, _) = *parse_request(body.as_bytes()).unwrap_err();
+        let problems: Vec<String> =
+            serde_json::from_value(refusal.details["problems"].clone()).unwrap();
+        let named = problems
+            .iter()
+            .filter(|p| p.starts_with("unknown field"))
+            .count();
+        assert_eq!(named, MAX_NAMED_UNKNOWN, "{problems:?}");
+        assert!(
+            problems.contains(&format!("{} more unknown fields", 5000 - MAX_NAMED_UNKNOWN)),
+            "{problems:?}"
+        );
+        assert!(
+            refusal.details.to_string().len() < 2048,
+            "{}",
+            refusal.details
+        );
+    }
+
+    #[test]
+    fn integers_a_hash_cannot_tell_apart_are_refused() {
+        let call = |arguments: &str, scope: &str| {
+            let body = format!(
+                r#"{{"role_id": "r", "run_id": "u", "lane_id": "l", "tool_name": "t", "arguments": {arguments}, "scope": {scope}}}"#
+            );
+            parse_request(body.as_bytes()).map_err(|e| e.0.message)
+        };
+        for (arguments, scope, refused) in [
+            (r#"{"n": 9007199254740991}"#, "{}", None),
+            (r#"{"n": -9007199254740991}"#, "{}", None),
+            (r#"{"n": 1.5e300, "m": 0.25}"#, "{}", None),
+            (
+                r#"{"n": 9007199254740992}"#,
+                "{}",
+                Some("`arguments` holds an integer"),
+            ),
+            (
+                r#"{"n": [{"m": -9007199254740993}]}"#,
+                "{}",
+                Some("`arguments` holds"),
+            ),
+            (
+                r#"{"n": 18446744073709551615}"#,
+                "{}",
+                Some("`arguments` holds"),
+            ),
+            (
+                "{}",
+                r#"{"case": 9007199254740993}"#,
+                Some("`scope` holds an integer"),
+            ),
+        ] {
+            match (call(arguments, scope), refused) {
+                (Ok(_), None) => {}
+                (Err(message), Some(needle)) => assert!(message.contains(needle), "{message}"),
+                (answer, _) => panic!("{arguments} {scope}: {answer:?}"),
+            }
+        }
+    }
 
     #[test]
     fn every_problem_is_listed_at_once() {

@@ -552,14 +552,33 @@ impl Gateway {
                     Claim::First(guard) => Some(guard),
                     Claim::Replay(first) => return self.close_replay(call, first).await,
                     Claim::Wait(mut outcome) => {
-                        let first = outcome
-                            .wait_for(Option::is_some)
-                            .await
-                            .ok()
-                            .and_then(|f| f.clone());
-                        return match first {
-                            Some(first) => self.close_replay(call, first).await,
-                            None => self.close(call, Err(Refusal::new(Reason::InternalError, "the first call with this idempotency key ended without an outcome"))).await,
+                        // The repeat waits within its own deadline, and no longer than
+                        // its caller does.
+                        let (timeout_ms, deadline) = call_deadline(&allowed, &call);
+                        let waited = tokio::select! {
+                            first = outcome.wait_for(Option::is_some) => {
+                                first.ok().and_then(|f| f.clone()).ok_or_else(|| Refusal::new(
+                                    Reason::InternalError,
+                                    "the first call with this idempotency key ended without an outcome",
+                                ))
+                            }
+                            () = tokio::time::sleep_until(deadline) => {
+                                let refusal = Adapter::classify_error(allowed.tool, &ExecError::Timeout);
+                                Err(Refusal {
+                                    message: format!(
+                                        "the first call with this idempotency key did not finish within this call's {timeout_ms} ms"
+                                    ),
+                                    ..refusal
+                                }
+                                .with_details(json!({ "timeout_ms": timeout_ms, "reached_tool": false })))
+                            }
+                            () = signals.cancel.cancelled() => {
+                                Err(Adapter::classify_error(allowed.tool, &ExecError::Cancelled))
+                            }
+                        };
+                        return match waited {
+                            Ok(first) => self.close_replay(call, first).await,
+                            Err(refusal) => self.close(call, Err(refusal)).await,
                         };
                     }
                     Claim::Conflict => {
@@ -692,6 +711,13 @@ impl Gateway {
             // The caller was not told of the prepared call: nobody can commit it.
             self.abandon_prepared(&call_id).await;
         }
+        // An outcome the log could not record is never the key's answer when the
+        // caller is told to retry: the retry must run (or record) again, not replay it.
+        let keep = keep
+            && !response
+                .diagnostic
+                .as_ref()
+                .is_some_and(|d| d.reason == Reason::AuditUnavailable && d.retryable);
         if let Some(guard) = guard {
             guard.complete(self.stored_outcome(&response).await, keep);
         }
@@ -866,13 +892,8 @@ impl Gateway {
         signals: &CallSignals,
     ) -> Result<(Value, u64), Refusal> {
         let tool = allowed.tool;
-        let timeout_ms = allowed
-            .request
-            .timeout_ms
-            .unwrap_or(tool.timeout_default_ms)
-            .min(tool.limits.timeout_ms_max);
+        let (timeout_ms, deadline) = call_deadline(allowed, call);
         let started = Instant::now();
-        let deadline = call.started + Duration::from_millis(timeout_ms);
         let ctx = ExecContext {
             call_id: &call.call_id,
             run_id: &allowed.run.run_id,
@@ -1205,6 +1226,18 @@ impl Gateway {
         trace::record_outcome(&call.span, &response);
         response
     }
+}
+
+/// A call's timeout (the request's `timeout_ms`, else the tool's default, capped by its
+/// `timeout_ms_max`) and the deadline it sets, counted from the call's receipt.
+fn call_deadline(allowed: &Allowed<'_>, call: &Call) -> (u64, Instant) {
+    let tool = allowed.tool;
+    let timeout_ms = allowed
+        .request
+        .timeout_ms
+        .unwrap_or(tool.timeout_default_ms)
+        .min(tool.limits.timeout_ms_max);
+    (timeout_ms, call.started + Duration::from_millis(timeout_ms))
 }
 
 impl Call {

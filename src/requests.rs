@@ -327,7 +327,14 @@ fn run_id<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
 }
 
 fn scope<'de, D: Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
-    match Value::deserialize(d)? {
+    let value = Value::deserialize(d)?;
+    if crate::call::has_inexact_integer(&value) {
+        return Err(D::Error::custom(format!(
+            "`scope` holds an integer beyond +-{} (send it as a string)",
+            crate::call::MAX_SAFE_INTEGER
+        )));
+    }
+    match value {
         Value::Null => Ok(Map::new()),
         Value::Object(m) => Ok(m),
         _ => Err(D::Error::custom("`scope` must be an object")),

@@ -313,12 +313,22 @@ async fn route(
         Ok(body) => body,
         Err(refusal) => {
             if (method, segments.as_slice()) == (Method::POST, ["v1", "tool-calls"].as_slice()) {
-                // A refused tool call is still a tool call: it gets its audit record.
+                // A refused tool call is still a tool call: it gets its audit record,
+                // in a task of its own like every call, so a client that goes away
+                // (a JWT's identity provider can take seconds) cannot cut it short.
                 let request = Err(Box::new((refusal, Default::default())));
-                let response = gateway
-                    .handle_traced(token.as_deref(), request, parent.as_ref())
-                    .await;
-                return Ok(call_response(&response));
+                let gw = gateway.clone();
+                let handle = tokio::spawn(async move {
+                    gw.handle_traced(token.as_deref(), request, parent.as_ref())
+                        .await
+                });
+                return Ok(match handle.await {
+                    Ok(response) => call_response(&response),
+                    Err(_) => refusal_response(&Refusal::new(
+                        Reason::InternalError,
+                        "the call task failed",
+                    )),
+                });
             }
             return Ok(refusal_response(&refusal));
         }

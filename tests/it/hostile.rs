@@ -145,7 +145,7 @@ fn deep_nesting_flood_leaves_one_bounded_closing_event_per_request() {
         assert!(event["details"]["received"].is_object(), "{event}");
     }
     let grown = stopped_db_bytes(&data) - before;
-    let per_request = grown / (requests as u64 + 1);
+    let per_request = grown / (requests as u64 + 2);
     assert!(
         per_request < 10 * 1024,
         "{per_request} bytes per refused request"
@@ -187,12 +187,29 @@ fn one_megabyte_scope_wrong_token_flood_stays_bounded() {
         (401, Some("credential_invalid")),
         "{resp}"
     );
+    // 100,000 unknown fields in a body under 1 MiB: ten named, the rest counted.
+    let fields: Vec<String> = (0..100_000).map(|i| format!("\"{i:x}\":0")).collect();
+    let many = format!("{{{}}}", fields.join(","));
+    assert!(many.len() < 1024 * 1024);
+    let (code, resp) = server.post_raw("/v1/tool-calls", None, many.as_bytes());
+    assert_eq!(code, 400, "{resp}");
+    assert!(resp["audit_event_id"].is_string(), "{resp}");
+    assert!(
+        resp["diagnostic"]["details"]["problems"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("99990 more unknown fields")),
+        "{resp}"
+    );
     assert!(server.stop().success());
     let lines = closing_lines(&data.join("audit.db"));
-    assert_eq!(lines.len(), requests + 1);
+    assert_eq!(lines.len(), requests + 2);
     for (_, line) in &lines {
         assert!(line.len() < 4096, "{} bytes", line.len());
         let event: Value = serde_json::from_str(line).unwrap();
+        if event["details"]["received"]["scope"].is_null() {
+            continue; // the body of unknown fields had no scope
+        }
         assert!(
             event["details"]["scope"].is_null(),
             "no raw scope kept: {event}"
@@ -626,4 +643,226 @@ fn a_closed_run_is_still_refused_as_not_active_and_its_id_stays_taken() {
     // Its id cannot be taken again.
     let (code, resp) = server.post("/v1/runs", Some(ADMIN), &json!({"run_id": run}));
     assert_eq!(code, 400, "{resp}");
+}
+
+/// A repeat of an idempotency key still in flight waits for the first call's outcome,
+/// but within its own deadline and only while its caller waits: it closes as
+/// `tool_timeout` when its own `timeout_ms` runs out and as `cancelled` when its caller
+/// goes away, each with its own event, and the first call's outcome is unchanged.
+#[test]
+fn a_repeat_waiting_on_its_key_keeps_its_own_deadline_and_its_callers_patience() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    std::fs::create_dir(&gate).unwrap();
+    let held = format!(
+        "touch {0}/started; while [ ! -e {0}/go ]; do sleep 0.02; done",
+        gate.display()
+    );
+    let tools = crate::budgets::TOOLS.replace("sleep 0.3", &held);
+    let start = crate::budgets::write_policy(dir.path(), &tools);
+    let server = Server::start_with(Start {
+        data_dir: Some(dir.path().join("data")),
+        ..start
+    });
+    let run = server.create_run(json!({}));
+    let body = |timeout_ms: u64| {
+        json!({
+            "role_id": "tester", "run_id": run, "lane_id": "ops", "tool_name": "slow_limited",
+            "arguments": {"n": 1}, "scope": {}, "idempotency_key": "k-held",
+            "timeout_ms": timeout_ms,
+        })
+    };
+    let post_in_thread = |timeout_ms: u64| {
+        let (base, body) = (server.base.clone(), body(timeout_ms));
+        let (sent, answer) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut resp = ureq::post(format!("{base}/v1/tool-calls"))
+                .header("Authorization", &format!("Bearer {}", token("tester")))
+                .config()
+                .http_status_as_error(false)
+                .build()
+                .send(body.to_string().as_bytes())
+                .unwrap();
+            let code = resp.status().as_u16();
+            let body: Value =
+                serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+            let _ = sent.send((code, body));
+        });
+        answer
+    };
+    let release = || std::fs::write(gate.join("go"), b"").unwrap();
+    let first = post_in_thread(15_000);
+    assert!(
+        common::poll_until(Duration::from_secs(10), || gate.join("started").exists()),
+        "the first call never reached its tool"
+    );
+
+    // A repeat with a 300 ms budget: refused when its own deadline passes, not when
+    // the first call ends.
+    let waited = post_in_thread(300).recv_timeout(Duration::from_secs(10));
+    let Ok((code, resp)) = waited else {
+        release();
+        panic!("the repeat waited past its own deadline");
+    };
+    assert_eq!(code, 504, "{resp}");
+    assert_eq!(resp["diagnostic"]["reason"], "tool_timeout", "{resp}");
+    assert_eq!(resp["replayed"], false, "{resp}");
+    assert!(resp["audit_event_id"].is_string(), "{resp}");
+    let timed_out_call = resp["call_id"].as_str().unwrap().to_string();
+
+    // A repeat whose caller goes away: closed as cancelled at once.
+    let request = body(15_000).to_string();
+    let addr = server.base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST /v1/tool-calls HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{request}",
+        token("tester"),
+        request.len()
+    )
+    .unwrap();
+    let failed = |server: &Server| {
+        let (_, page) = server.get(
+            &format!("/v1/audit/events?run_id={run}&type=tool_failed&limit=100"),
+            Some(ADMIN),
+        );
+        page["events"].as_array().unwrap().clone()
+    };
+    // The server holds the request once two calls are in flight; then the caller leaves.
+    let accepted = common::poll_until(Duration::from_secs(10), || {
+        server
+            .metrics()
+            .lines()
+            .any(|l| l.starts_with("toolgate_calls_in_flight ") && l.ends_with(" 2"))
+    });
+    assert!(accepted, "{}", server.metrics());
+    drop(stream);
+    let cancelled = common::poll_for(Duration::from_secs(10), || {
+        let events = failed(&server);
+        (!events.is_empty()).then_some(events)
+    });
+    release();
+    let cancelled =
+        cancelled.expect("the abandoned repeat was not closed while the first call ran");
+    assert_eq!(cancelled.len(), 1, "{cancelled:?}");
+    assert_eq!(cancelled[0]["reason"], "cancelled", "{cancelled:?}");
+
+    let (code, resp) = first.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!((code, &resp["replayed"]), (200, &json!(false)), "{resp}");
+    let (code, again) = server.post("/v1/tool-calls", Some(&token("tester")), &body(15_000));
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["replay_of"], resp["call_id"], "{again}");
+
+    let (_, page) = server.get(
+        &format!("/v1/audit/events?run_id={run}&limit=100"),
+        Some(ADMIN),
+    );
+    let events = page["events"].as_array().unwrap();
+    let of = |kind: &str| events.iter().filter(|e| e["type"] == kind).count();
+    assert_eq!(
+        of("tool_requested"),
+        1,
+        "only the first call ran: {events:?}"
+    );
+    assert_eq!(of("tool_timeout"), 1, "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "tool_timeout" && e["call_id"] == timed_out_call.as_str()),
+        "{events:?}"
+    );
+}
+
+/// An idempotent call whose tool ran but whose closing event the log could not take
+/// (the signer went away) is answered `audit_unavailable`, retryable; the retry with
+/// the same key must run again once the log is back, not replay that failure.
+#[test]
+fn an_outcome_the_log_could_not_record_is_not_replayed_to_the_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    std::fs::create_dir(&gate).unwrap();
+    let held = format!(
+        "touch {0}/started; while [ ! -e {0}/go ]; do sleep 0.02; done",
+        gate.display()
+    );
+    let tools = crate::budgets::TOOLS.replace("sleep 0.3", &held);
+    let start = crate::budgets::write_policy(dir.path(), &tools);
+    let (signer_keys, socket) = (
+        dir.path().join("signer-keys"),
+        dir.path().join("signer.sock"),
+    );
+    let start_signer = || {
+        let mut child = std::process::Command::new(common::BIN)
+            .arg("signer")
+            .arg("--key-dir")
+            .arg(&signer_keys)
+            .arg("--socket")
+            .arg(&socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let listening = common::poll_until(Duration::from_secs(20), || {
+            assert!(child.try_wait().unwrap().is_none(), "the signer exited");
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        });
+        assert!(listening, "the signer did not start");
+        child
+    };
+    let mut signer = start_signer();
+    let server = Server::start_with(Start {
+        data_dir: Some(dir.path().join("data")),
+        args: vec![
+            "--signer-socket".into(),
+            socket.display().to_string(),
+            "--key-dir".into(),
+            dir.path().join("gateway-keys").display().to_string(),
+        ],
+        ..start
+    });
+    let run = server.create_run(json!({}));
+    let body = json!({
+        "role_id": "tester", "run_id": run, "lane_id": "ops", "tool_name": "slow_limited",
+        "arguments": {"n": 1}, "scope": {}, "idempotency_key": "k-unrecorded",
+    });
+    let (base, first_body) = (server.base.clone(), body.clone());
+    let first = std::thread::spawn(move || {
+        let mut resp = ureq::post(format!("{base}/v1/tool-calls"))
+            .header("Authorization", &format!("Bearer {}", token("tester")))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .send(first_body.to_string().as_bytes())
+            .unwrap();
+        let code = resp.status().as_u16();
+        let body: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+        (code, body)
+    });
+    assert!(
+        common::poll_until(Duration::from_secs(10), || gate.join("started").exists()),
+        "the first call never reached its tool"
+    );
+    // The tool is running: the signer goes away, then the tool finishes.
+    signer.kill().unwrap();
+    signer.wait().unwrap();
+    std::fs::write(gate.join("go"), b"").unwrap();
+    let (code, resp) = first.join().unwrap();
+    assert_eq!(code, 503, "{resp}");
+    assert_eq!(resp["diagnostic"]["reason"], "audit_unavailable", "{resp}");
+    assert_eq!(resp["diagnostic"]["retryable"], true, "{resp}");
+
+    // The log is back: the retry runs the (idempotent) tool again.
+    let mut signer = start_signer();
+    std::fs::remove_file(gate.join("started")).unwrap();
+    let (code, retry) = server.post("/v1/tool-calls", Some(&token("tester")), &body);
+    assert_eq!(code, 200, "{retry}");
+    assert_eq!(retry["replayed"], false, "{retry}");
+    assert!(
+        gate.join("started").exists(),
+        "the retry did not run the tool"
+    );
+    assert_eq!(server.stop().code(), Some(0));
+    signer.kill().unwrap();
+    signer.wait().unwrap();
 }
