@@ -79,7 +79,6 @@ pub async fn serve(
     gateway: Arc<Gateway>,
     options: ServerOptions,
     shutdown: impl std::future::Future<Output = ()>,
-    drain: Duration,
 ) {
     let graceful = GracefulShutdown::new();
     let limits = ClientLimits::new(options.limits);
@@ -134,16 +133,31 @@ pub async fn serve(
             });
     }
     drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    // The drain time of the policy loaded now: a reload may have raised a tool's limits.
+    let drain = gateway.drain_time();
+    let finished = graceful.shutdown();
+    tokio::pin!(finished);
+    if tokio::time::timeout(drain, &mut finished).await.is_err() {
+        // Calls still running are cancelled, not cut off: each closes as `cancelled`
+        // with its closing event, and only then may the log close.
         tracing::warn!(
             drain_ms = drain.as_millis() as u64,
-            "in-flight requests did not finish in time"
+            "in-flight requests did not finish in time; cancelling them"
         );
+        gateway.cancel_in_flight();
+        if tokio::time::timeout(CANCEL_GRACE, finished).await.is_err() {
+            tracing::error!(
+                grace_ms = CANCEL_GRACE.as_millis() as u64,
+                "cancelled requests did not close in time"
+            );
+        }
     }
 }
+
+/// How long a shutdown waits for cancelled calls to write their closing events once
+/// the drain time has run out (a command's process group is killed at once; an MCP
+/// cancellation is one notification).
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 /// An overflow connection: reads one request head (bounded in bytes and time),
 /// answers `GET /healthz` and `GET /readyz`, refuses anything else with a 429, and
@@ -340,7 +354,7 @@ async fn route(
             // call runs to its closing audit event. A dropped connection drops this
             // future, and the guard cancels the call (closed as `cancelled`).
             let gw = gateway.clone();
-            let signals = crate::call::CallSignals::default();
+            let signals = gateway.call_signals();
             let cancel_on_disconnect = signals.cancel.clone().drop_guard();
             let handle = tokio::spawn(async move {
                 // A body that does not parse is still a tool call: refused at step 1

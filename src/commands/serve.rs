@@ -420,7 +420,8 @@ pub fn serve_command(args: &ServeArgs) -> Exit {
         }
     };
     let exit = runtime.block_on(run(args, threads.workers()));
-    // Calls cut off by the drain time end with their threads.
+    // Calls still running past the drain time were cancelled and closed (server.rs);
+    // what is left ends with its threads.
     threads.stop();
     // The runtime still runs: the last batch of spans is sent before it stops.
     telemetry.shutdown();
@@ -535,7 +536,6 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
     };
     let fingerprint = audit.verifier_key().fingerprint();
     let env = adapter_env(&args.location.tools, &args.data_dir);
-    let drain = drain_time(&loaded);
     let source = PolicySourcePaths {
         policy_dir: args.location.policy_dir.clone(),
         tools_file: args.location.tools.clone(),
@@ -677,14 +677,7 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
             short(&v.registry.sha256),
         );
     }
-    server::serve(
-        listener,
-        gateway.clone(),
-        server_options,
-        shutdown_signal(),
-        drain,
-    )
-    .await;
+    server::serve(listener, gateway.clone(), server_options, shutdown_signal()).await;
     // Every divergence seen so far is recorded before the log closes.
     gateway.flush_shadow().await;
     // What the sinks have not confirmed is sent after the next start (their cursors).
@@ -698,18 +691,6 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
     };
     println!("toolgate stopped");
     exit
-}
-
-/// In-flight calls may run up to the largest tool deadline; give them that and a second.
-fn drain_time(loaded: &Loaded) -> Duration {
-    let max_ms = loaded
-        .policy
-        .tools
-        .values()
-        .map(|t| t.limits.timeout_ms_max)
-        .max()
-        .unwrap_or(0);
-    Duration::from_millis(max_ms + 1000)
 }
 
 /// Raises the soft limit of open files to the hard limit: every connection, admitted

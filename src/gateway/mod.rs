@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
@@ -19,6 +20,7 @@ use crate::adapter::{Adapter, AdapterEnv, Adapters};
 use crate::artifacts::ArtifactStore;
 use crate::audit::{AuditError, AuditLog, EventFilter, EventType, NewEvent};
 use crate::authz;
+use crate::call::CallSignals;
 use crate::capacity::{AuditCapacity, CapacityOptions};
 use crate::diagnostic::{Reason, Refusal};
 use crate::idempotency::Idempotency;
@@ -191,6 +193,10 @@ pub struct Gateway {
     cluster: Option<Arc<crate::cluster::ClusterDb>>,
     /// The fleet key (`serve --fleet-key-dir`): signs and checks approval decisions.
     fleet_key: Option<Arc<crate::audit::keys::SignerKey>>,
+    /// The parent of every call's cancellation: cancelled when a shutdown's drain time
+    /// has run out, so the calls still running close as `cancelled` before the log
+    /// does.
+    in_flight: tokio_util::sync::CancellationToken,
 }
 
 impl Gateway {
@@ -240,7 +246,44 @@ impl Gateway {
             counters,
             cluster: None,
             fleet_key: None,
+            in_flight: tokio_util::sync::CancellationToken::new(),
         })
+    }
+
+    /// The signals of a new call: its cancellation is a child of the gateway's, so
+    /// [`Gateway::cancel_in_flight`] reaches it as a disconnect does.
+    pub fn call_signals(&self) -> CallSignals {
+        CallSignals {
+            cancel: self.in_flight.child_token(),
+            ..CallSignals::default()
+        }
+    }
+
+    /// Cancels every call still running (the end of a shutdown's drain): each stops
+    /// executing and closes as `cancelled`, with its closing event.
+    pub fn cancel_in_flight(&self) {
+        self.in_flight.cancel();
+    }
+
+    /// How long a shutdown waits for the calls in flight, read from the policy loaded
+    /// now (a reload may have raised a tool's limits): the longest a call may take
+    /// (`timeout_ms_max`) or a commit or rollback (`phases.max_attempts` times
+    /// `phases.timeout_ms`), plus a second.
+    pub fn drain_time(&self) -> Duration {
+        let loaded = self.current();
+        let longest = loaded
+            .policy
+            .tools
+            .values()
+            .map(|t| {
+                let phases = t.phases.as_ref().map_or(0, |p| {
+                    p.timeout_ms.saturating_mul(u64::from(p.max_attempts))
+                });
+                t.limits.timeout_ms_max.max(phases)
+            })
+            .max()
+            .unwrap_or(0);
+        Duration::from_millis(longest.saturating_add(1000))
     }
 
     /// Turns shadow mode on: `shadow` decides every call beside the active policy.

@@ -24,6 +24,7 @@ mod bench;
 mod budgets;
 mod console;
 mod contract;
+mod drain;
 mod durability;
 mod fleet;
 mod fleet_approvals;
