@@ -24,6 +24,22 @@ use crate::diagnostic::{Reason, Refusal};
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 /// Headroom kept for refusals' events and admin changes once new calls are refused.
 pub const RESERVE_BYTES: u64 = 4 * 1024 * 1024;
+/// Under this much headroom (the lower half of the reserve, kept for admin changes) a
+/// refused call is no longer recorded one by one: it is refused in front of the
+/// pipeline and counted (`toolgate_calls_unrecorded_total`), so that callers who prove
+/// nothing cannot use up the room the operator needs.
+pub const RECORDED_REFUSALS_FLOOR: u64 = RESERVE_BYTES / 2;
+/// What one recorded refusal is counted as until the next sample measures it: a
+/// one-event commit's WAL pages, more than its line takes. Between two samples the
+/// refusals recorded can thus not outgrow their half of the reserve.
+const REFUSAL_CHARGE: u64 = 8 * 1024;
+/// The WAL counted at its bound: the database may grow only as far as leaves room for
+/// a WAL at its largest (the WAL thread truncates it past this size), so the
+/// database and its WAL together stay within `--max-audit-bytes`.
+pub const WAL_ALLOWANCE: u64 = crate::audit::WAL_TRUNCATE_BYTES;
+/// The smallest `--max-audit-bytes` accepted: the WAL's allowance, the reserve twice
+/// and 8 MiB for the database.
+pub const MIN_MAX_AUDIT_BYTES: u64 = WAL_ALLOWANCE + 2 * RESERVE_BYTES + 8 * 1024 * 1024;
 
 /// The configured bounds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -39,8 +55,11 @@ pub struct CapacityOptions {
 pub struct AuditCapacity {
     options: CapacityOptions,
     db_path: PathBuf,
-    /// Bytes of the database and its WAL at the last sample.
+    /// Bytes of the database and its WAL at the last sample, plus the refusals
+    /// recorded since (each [`REFUSAL_CHARGE`]).
     used: AtomicU64,
+    /// Bytes of the active WAL at the last sample.
+    wal: AtomicU64,
     /// Free bytes on the file system at the last sample (u64::MAX: not sampled).
     free: AtomicU64,
 }
@@ -61,6 +80,7 @@ impl AuditCapacity {
             options,
             db_path: db_path.to_path_buf(),
             used: AtomicU64::new(0),
+            wal: AtomicU64::new(0),
             free: AtomicU64::new(u64::MAX),
         });
         capacity.sample();
@@ -91,6 +111,12 @@ impl AuditCapacity {
     pub fn sample(&self) {
         // Every segment still in the data directory counts (archived ones do not).
         let used = crate::audit::segments::total_bytes(&self.db_path);
+        let (_, active) = crate::audit::segments::newest(&self.db_path)
+            .unwrap_or_else(|_| (1, self.db_path.clone()));
+        let mut wal = active.into_os_string();
+        wal.push("-wal");
+        let wal = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        self.wal.store(wal, Ordering::Relaxed);
         self.used.store(used, Ordering::Relaxed);
         if self.options.min_free_disk_bytes.is_some() {
             let dir = self
@@ -108,10 +134,11 @@ impl AuditCapacity {
     pub fn headroom(&self) -> Headroom {
         let used = self.used.load(Ordering::Relaxed);
         let free = self.free.load(Ordering::Relaxed);
-        let by_cap = self
-            .options
-            .max_audit_bytes
-            .map_or(u64::MAX, |max| max.saturating_sub(used));
+        // The WAL counts at its allowance until it is larger.
+        let wal_room = WAL_ALLOWANCE.saturating_sub(self.wal.load(Ordering::Relaxed));
+        let by_cap = self.options.max_audit_bytes.map_or(u64::MAX, |max| {
+            max.saturating_sub(used.saturating_add(wal_room))
+        });
         let by_disk = self
             .options
             .min_free_disk_bytes
@@ -123,14 +150,33 @@ impl AuditCapacity {
         }
     }
 
-    /// The refusal of a new call when the headroom is under the reserve.
+    /// The refusal of a new call when the headroom is under the reserve; a refusal
+    /// that will be recorded is counted against the headroom at once.
     pub fn refusal(&self) -> Option<Refusal> {
         let h = self.headroom();
         if h.headroom_bytes >= RESERVE_BYTES {
             return None;
         }
-        Some(
-            Refusal::new(
+        self.used.fetch_add(REFUSAL_CHARGE, Ordering::Relaxed);
+        Some(self.exhausted(h))
+    }
+
+    /// The refusal of a call that is not recorded: the headroom is under
+    /// [`RECORDED_REFUSALS_FLOOR`] (`details.recorded` is false).
+    pub fn unrecorded_refusal(&self) -> Option<Refusal> {
+        let h = self.headroom();
+        if h.headroom_bytes >= RECORDED_REFUSALS_FLOOR {
+            return None;
+        }
+        let mut refusal = self.exhausted(h);
+        if let serde_json::Value::Object(details) = &mut refusal.details {
+            details.insert("recorded".into(), json!(false));
+        }
+        Some(refusal)
+    }
+
+    fn exhausted(&self, h: Headroom) -> Refusal {
+        Refusal::new(
                 Reason::AuditCapacityExhausted,
                 format!(
                     "the audit log has {} bytes of headroom left, under the {RESERVE_BYTES} bytes kept in reserve; new calls are refused until an operator makes room",
@@ -143,8 +189,7 @@ impl AuditCapacity {
                 "free_disk_bytes": (h.free_disk_bytes != u64::MAX).then_some(h.free_disk_bytes),
                 "min_free_disk_bytes": self.options.min_free_disk_bytes,
                 "headroom_bytes": h.headroom_bytes,
-            })),
-        )
+            }))
     }
 }
 
@@ -172,30 +217,41 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
+    fn capped(db: &Path, max: u64) -> Arc<AuditCapacity> {
+        AuditCapacity::new(
+            db,
+            CapacityOptions {
+                max_audit_bytes: Some(max),
+                min_free_disk_bytes: None,
+            },
+        )
+    }
+
     #[test]
     fn calls_are_refused_once_the_headroom_is_under_the_reserve() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("audit.db");
         std::fs::write(&db, vec![0u8; 1024 * 1024]).unwrap();
-        let roomy = AuditCapacity::new(
-            &db,
-            CapacityOptions {
-                max_audit_bytes: Some(RESERVE_BYTES * 4),
-                min_free_disk_bytes: None,
-            },
-        );
+        // No WAL yet: it counts at its allowance.
+        let roomy = capped(&db, WAL_ALLOWANCE + RESERVE_BYTES * 4);
         assert!(roomy.refusal().is_none());
         assert_eq!(
             roomy.headroom().headroom_bytes,
             RESERVE_BYTES * 4 - 1024 * 1024
         );
-        let tight = AuditCapacity::new(
-            &db,
-            CapacityOptions {
-                max_audit_bytes: Some(RESERVE_BYTES + 1024),
-                min_free_disk_bytes: None,
-            },
+        // A WAL larger than its allowance counts as it is.
+        let mut wal = db.clone().into_os_string();
+        wal.push("-wal");
+        std::fs::write(&wal, vec![0u8; 1024]).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&wal).unwrap();
+        file.set_len(WAL_ALLOWANCE + 2 * RESERVE_BYTES).unwrap();
+        roomy.sample();
+        assert_eq!(
+            roomy.headroom().headroom_bytes,
+            RESERVE_BYTES * 2 - 1024 * 1024
         );
+        std::fs::remove_file(&wal).unwrap();
+        let tight = capped(&db, WAL_ALLOWANCE + 1024 * 1024 + RESERVE_BYTES - 1);
         let refusal = tight.refusal().unwrap();
         assert_eq!(refusal.reason, Reason::AuditCapacityExhausted);
         // A free-space floor larger than any disk refuses too.
@@ -208,5 +264,27 @@ mod tests {
         );
         assert!(floor.refusal().is_some());
         assert!(floor.headroom().free_disk_bytes > 0);
+    }
+
+    #[test]
+    fn recorded_refusals_stop_at_the_half_of_the_reserve_kept_for_admins() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("audit.db");
+        std::fs::write(&db, vec![0u8; 1024 * 1024]).unwrap();
+        // Room for three recorded refusals above the floor.
+        let max = WAL_ALLOWANCE + 1024 * 1024 + RECORDED_REFUSALS_FLOOR + 3 * REFUSAL_CHARGE - 1;
+        let capacity = capped(&db, max);
+        let mut recorded = 0;
+        while capacity.unrecorded_refusal().is_none() {
+            assert!(capacity.refusal().is_some());
+            recorded += 1;
+            assert!(recorded < 100, "refusals never stopped being recorded");
+        }
+        assert_eq!(recorded, 3);
+        let refusal = capacity.unrecorded_refusal().unwrap();
+        assert_eq!(refusal.details["recorded"], false, "{}", refusal.details);
+        // A new sample measures what was really written (nothing here).
+        capacity.sample();
+        assert!(capacity.unrecorded_refusal().is_none());
     }
 }

@@ -327,6 +327,9 @@ async fn route(
         Ok(body) => body,
         Err(refusal) => {
             if (method, segments.as_slice()) == (Method::POST, ["v1", "tool-calls"].as_slice()) {
+                if let Some(unrecorded) = gateway.unrecorded_refusal() {
+                    return Ok(refusal_response(&unrecorded));
+                }
                 // A refused tool call is still a tool call: it gets its audit record,
                 // in a task of its own like every call, so a client that goes away
                 // (a JWT's identity provider can take seconds) cannot cut it short.
@@ -348,6 +351,15 @@ async fn route(
         }
     };
 
+    // With the audit log down to the reserve kept for admin changes, calls and
+    // commits are refused here, unrecorded (docs/operations.md, "Audit capacity"),
+    // once their bodies are read (so the answer arrives).
+    if method == Method::POST
+        && matches!(segments.as_slice(), ["v1", "tool-calls", ..])
+        && let Some(refusal) = gateway.unrecorded_refusal()
+    {
+        return Ok(refusal_response(&refusal));
+    }
     let response = match (&method, segments.as_slice()) {
         (&Method::POST, ["v1", "tool-calls"]) => {
             // Spawned so a client that disconnects cannot cut a call halfway: every

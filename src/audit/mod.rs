@@ -60,6 +60,7 @@ use crate::policy::{PolicyVersions, Redaction};
 
 pub use log::{AuditLog, BatchObserver};
 pub use reader::AuditReader;
+pub use wal::WAL_TRUNCATE_BYTES;
 
 /// The kinds of event the log records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]

@@ -301,7 +301,7 @@ pub fn total_bytes(base: &Path) -> u64 {
 }
 
 /// The active segment's number and path: the newest present (segment 1 when none).
-pub(crate) fn newest(base: &Path) -> Result<(u64, PathBuf), AuditError> {
+pub fn newest(base: &Path) -> Result<(u64, PathBuf), AuditError> {
     Ok(list(base)?.pop().unwrap_or_else(|| (1, base.to_path_buf())))
 }
 

@@ -303,7 +303,7 @@ const CATCH_UP_ROUNDS: usize = 8;
 /// The fallback: a WAL file larger than this is truncated with a TRUNCATE checkpoint,
 /// which waits for a gap between commits and holds the write lock for its copy (a
 /// reader that keeps the WAL from starting over, or a writer faster than the copy).
-pub(crate) const WAL_TRUNCATE_BYTES: u64 = 3 * WAL_RESTART_BYTES;
+pub const WAL_TRUNCATE_BYTES: u64 = 3 * WAL_RESTART_BYTES;
 /// How long a TRUNCATE checkpoint waits for the writer's commit (and readers) to let
 /// it in; the writer's transactions are short, so this is ample.
 const TRUNCATE_WAIT: Duration = Duration::from_millis(500);

@@ -53,8 +53,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0)]
     pub max_requests_per_second_per_client: u32,
     /// The most bytes the audit database and its WAL may take (every segment still in
-    /// the data directory, with `--audit-segment-bytes`); new calls are refused
-    /// (`audit_capacity_exhausted`) once less than 4 MiB of it is left.
+    /// the data directory, with `--audit-segment-bytes`; the WAL counted at its 48 MiB
+    /// bound; at least 64 MiB); new calls are refused (`audit_capacity_exhausted`)
+    /// once less than 4 MiB of it is left.
     #[arg(long)]
     pub max_audit_bytes: Option<u64>,
     /// The least free space to leave on the disk holding the audit database; new calls
@@ -501,8 +502,18 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         }
     }
     if let Some(max) = args.max_audit_bytes {
-        // The hard stop beneath the refusal: SQLite itself refuses to grow past it.
-        options.max_db_bytes = Some(max);
+        if max < crate::capacity::MIN_MAX_AUDIT_BYTES {
+            eprintln!(
+                "error: --max-audit-bytes {max} is under the least accepted, {} (the WAL's allowance of {} bytes, twice the {}-byte reserve, and 8 MiB for the database)",
+                crate::capacity::MIN_MAX_AUDIT_BYTES,
+                crate::capacity::WAL_ALLOWANCE,
+                crate::capacity::RESERVE_BYTES,
+            );
+            return Exit::InvalidConfig;
+        }
+        // The hard stop beneath the refusal: SQLite itself refuses to grow the
+        // database past what leaves room for the WAL.
+        options.max_db_bytes = Some(max - crate::capacity::WAL_ALLOWANCE);
     }
     options.segment_max_bytes = args.audit_segment_bytes;
     options.segment_max_age = args.audit_segment_max_age_s.map(Duration::from_secs);

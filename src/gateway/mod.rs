@@ -304,6 +304,15 @@ impl Gateway {
         self.capacity.as_ref().and_then(|c| c.refusal())
     }
 
+    /// The refusal of a call in front of the pipeline, unrecorded, once the audit
+    /// log's headroom is down to the half of the reserve kept for admin changes
+    /// (`capacity::RECORDED_REFUSALS_FLOOR`); counted in `/metrics`.
+    pub fn unrecorded_refusal(&self) -> Option<Refusal> {
+        let refusal = self.capacity.as_ref()?.unrecorded_refusal()?;
+        self.metrics.count_unrecorded();
+        Some(refusal)
+    }
+
     /// The audit log's headroom, when it is bounded.
     pub fn audit_headroom(&self) -> Option<(crate::capacity::Headroom, CapacityOptions)> {
         self.capacity

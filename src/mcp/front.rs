@@ -218,6 +218,11 @@ impl ServerHandler for Front {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        // The audit log at the reserve kept for admin changes: refused unrecorded, as
+        // the HTTP API does (docs/operations.md, "Audit capacity").
+        if let Some(refusal) = self.gateway.unrecorded_refusal() {
+            return Err(refused(&refusal));
+        }
         let token = bearer_token(headers(&context)?);
         let _ = self.gateway.fleet_token(token).await;
         let caller = Caller::read_for(&self.gateway, headers(&context)?);

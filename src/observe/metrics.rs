@@ -159,6 +159,7 @@ pub struct Metrics {
     overhead: Histogram,
     tool_execution: Family<ToolLabels, Histogram>,
     in_flight: Gauge,
+    unrecorded: Counter,
     audit_append: Family<AppendLabels, Histogram>,
     audit_batch_events: Histogram,
     audit_batch_commit: Histogram,
@@ -238,6 +239,12 @@ impl Metrics {
             "Tool calls received and not yet answered",
             in_flight.clone(),
         );
+        let unrecorded = Counter::default();
+        registry.register(
+            "calls_unrecorded",
+            "Calls refused in front of the pipeline, unrecorded, because the audit log was at the admin half of its reserve",
+            unrecorded.clone(),
+        );
         let audit_append =
             Family::<AppendLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
         registry.register_with_unit(
@@ -289,6 +296,7 @@ impl Metrics {
             overhead,
             tool_execution,
             in_flight,
+            unrecorded,
             audit_append,
             audit_batch_events,
             audit_batch_commit,
@@ -330,6 +338,12 @@ impl Metrics {
     }
 
     /// Counts a call in flight until the returned guard is dropped.
+    /// Counts a call refused unrecorded (the audit log at the admin half of its
+    /// reserve; see `capacity::RECORDED_REFUSALS_FLOOR`).
+    pub fn count_unrecorded(&self) {
+        self.unrecorded.inc();
+    }
+
     pub fn in_flight(&self) -> InFlight<'_> {
         self.in_flight.inc();
         InFlight(&self.in_flight)

@@ -574,16 +574,42 @@ fn every_malformed_transport_case_answers_json() {
     assert_eq!(server.get("/healthz", None).0, 200);
 }
 
+/// The cap holds the database and its WAL together (the WAL counted at its bound), and
+/// the reserve under it is shared: callers who prove nothing can fill the refusals'
+/// half of it with recorded refusals, never the half kept for admin changes. Past that
+/// point calls are refused unrecorded, and counted.
 #[test]
 fn audit_capacity_refuses_new_calls_before_the_cap() {
-    let server = Server::start_with(Start {
-        // Under the 4 MiB reserve from the start: every call is refused.
-        args: vec!["--max-audit-bytes".into(), (5 * 1024 * 1024).to_string()],
-        ..Start::default()
-    });
+    const MIN_CAP: u64 = 64 * 1024 * 1024;
+    // Under the least accepted cap, `serve` refuses to start.
+    let scratch = tempfile::tempdir().unwrap();
+    let mut serve = std::process::Command::new(common::BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--max-audit-bytes"])
+        .arg((MIN_CAP - 1).to_string())
+        .arg("--data-dir")
+        .arg(scratch.path())
+        .current_dir(common::repo())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = common::poll_for(Duration::from_secs(10), || serve.try_wait().unwrap());
+    if exited.is_none() {
+        let _ = serve.kill();
+    }
+    let out = serve.wait_with_output().unwrap();
+    assert_eq!(exited.and_then(|s| s.code()), Some(4), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--max-audit-bytes"),
+        "{out:?}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("var");
+    let server = start_in(&data, &["--max-audit-bytes", &MIN_CAP.to_string()]);
     let run = server.create_run(json!({"case_id": "C-1001"}));
     // Grow the log past the point where less than the reserve is left.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
     let mut refused = None;
     let pad = "p".repeat(8000);
     while Instant::now() < deadline {
@@ -611,17 +637,68 @@ fn audit_capacity_refuses_new_calls_before_the_cap() {
         .unwrap();
     assert!(headroom < 4 * 1024 * 1024 && headroom > 0, "{resp}");
     // /metrics shows the headroom.
-    let mut stream = TcpStream::connect(server.base.trim_start_matches("http://")).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    let _ = stream.read_to_string(&mut text);
+    let text = server.metrics();
     assert!(text.contains("toolgate_audit_headroom_bytes "), "{text}");
-    assert!(text.contains("toolgate_audit_max_bytes 5242880"), "{text}");
-    // Admin changes still fit in the reserve: the lock can be engaged.
+    assert!(
+        text.contains(&format!("toolgate_audit_max_bytes {MIN_CAP}")),
+        "{text}"
+    );
+
+    // A flood of calls with a wrong token: recorded refusals until the admin half of
+    // the reserve, then refused unrecorded.
+    let body = json!({"role_id": "research_agent", "run_id": run, "lane_id": "research",
+        "tool_name": "case_lookup", "arguments": {}, "scope": {"case_id": "C-1001"}});
+    let mut recorded = 0;
+    let mut unrecorded = None;
+    for _ in 0..30_000 {
+        let (code, resp) = server.post("/v1/tool-calls", Some("not-a-token"), &body);
+        assert_eq!(code, 503, "{resp}");
+        if resp["audit_event_id"].is_string() {
+            recorded += 1;
+        } else {
+            unrecorded = Some(resp);
+            break;
+        }
+    }
+    let unrecorded = unrecorded.expect("refusals were recorded past the admin reserve");
+    assert_eq!(
+        unrecorded["diagnostic"]["details"]["recorded"], false,
+        "{unrecorded}"
+    );
+    assert_eq!(
+        unrecorded["diagnostic"]["reason"], "audit_capacity_exhausted",
+        "{unrecorded}"
+    );
+    eprintln!("{recorded} refusals recorded before the admin reserve");
+    for _ in 0..200 {
+        let (code, _) = server.post("/v1/tool-calls", Some("not-a-token"), &body);
+        assert_eq!(code, 503);
+    }
+    let counted = server
+        .metrics()
+        .lines()
+        .find_map(|l| l.strip_prefix("toolgate_calls_unrecorded_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(counted >= 1, "{}", server.metrics());
+    // Admin changes still fit in the reserve: a run, and the lock.
+    let (code, body) = server.post("/v1/runs", Some(ADMIN), &json!({"scope": {}}));
+    assert_eq!(code, 201, "{body}");
     let (code, body) = server.post("/v1/safety-lock", Some(ADMIN), &json!({"engaged": true}));
     assert_eq!(code, 200, "{body}");
+    assert!(server.stop().success());
+    // The database and its WAL stayed within the cap, and the log verifies.
+    let used = stopped_db_bytes(&data);
+    assert!(
+        used <= MIN_CAP,
+        "{used} bytes on disk over a {MIN_CAP}-byte cap"
+    );
+    let out = std::process::Command::new(common::BIN)
+        .args(["audit", "verify", "--db"])
+        .arg(data.join("audit.db"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
 }
 
 #[test]
