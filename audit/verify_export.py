@@ -546,12 +546,6 @@ def verify_fleet(directory, manifest, raw_manifest, fingerprints, fleet_fingerpr
         raise Failure(INTEGRITY, None, "a fleet export is the export of one run, never a full export: use --expect-run")
     if expect_run is not None and (run_id != expect_run or manifest.get("complete") is not True):
         raise Failure(INTEGRITY, None, f"you expect the complete export of run {expect_run} but the signed manifest is of run {run_id}")
-    required = ["fleet-checkpoint.txt"]
-    for sidecar in manifest.get("sidecars") or []:
-        required += [f"{sidecar.get('dir')}/{name}" for name in ("events.jsonl", "proofs.jsonl", "checkpoint.txt")]
-    if os.path.exists(os.path.join(directory, "fleet-cosignatures.txt")):
-        required.append("fleet-cosignatures.txt")
-    check_files(directory, manifest, required)
     listed_dirs = {s.get("dir") for s in manifest.get("sidecars") or []}
     sidecars_dir = os.path.join(directory, "sidecars")
     for entry in sorted(os.listdir(sidecars_dir)) if os.path.isdir(sidecars_dir) else []:
@@ -615,6 +609,14 @@ def verify_fleet(directory, manifest, raw_manifest, fingerprints, fleet_fingerpr
         if len(lines) != sidecar.get("events"):
             raise Failure(INTEGRITY, None, f"{where}: the manifest counts {sidecar.get('events')} events but events.jsonl has {len(lines)}")
         total += len(lines)
+    # Last, so that a line dropped or edited is named by its sidecar and seq above;
+    # this catches whatever else changed in a file the manifest vouches for.
+    required = ["fleet-checkpoint.txt"]
+    for sidecar in manifest.get("sidecars") or []:
+        required += [f"{sidecar.get('dir')}/{name}" for name in ("events.jsonl", "proofs.jsonl", "checkpoint.txt")]
+    if os.path.exists(os.path.join(directory, "fleet-cosignatures.txt")):
+        required.append("fleet-cosignatures.txt")
+    check_files(directory, manifest, required)
     if trusted_note is not None:
         check_fleet_trusted(trusted_note, fleet, signer_key, fleet_size, fleet_root, checked)
     witnessed = ""
