@@ -4,6 +4,9 @@
     python3 verify_export.py EXPORT_DIR_OR_BUNDLE --key-fingerprint HEX
         [--trusted-checkpoint FILE] [--expect-full | --expect-run RUN_ID]
         [--witness-key VKEY ... [--quorum N]]
+    python3 verify_export.py FLEET_EXPORT_DIR --fleet --fleet-key-fingerprint HEX
+        --key-fingerprint ORIGIN=HEX ... [--expect-run RUN_ID]
+        [--trusted-checkpoint FILE] [--witness-key VKEY ... [--quorum N]]
 
 EXPORT_DIR_OR_BUNDLE is an export directory, or a single-file bundle of one (the JSON
 object the console downloads from GET /v1/runs/{id}/export: {"format":
@@ -27,20 +30,27 @@ event matches the signed filter, and that every tool_requested has its closing e
 the export (or is listed as still open in the signed manifest). Since the manifest
 signs the sha256 of events.jsonl, a dropped, added or changed line is detected. With
 --trusted-checkpoint, the export must extend the checkpoint you kept (a fork or a cut
-exits 2).
+exits 2); a trusted checkpoint file that cannot be read is an error.
 
 A fleet export (`toolgate audit export --cluster-db URL --run RUN_ID`, manifest format
-toolgate-fleet-export/1) is checked the same way per sidecar: each sidecar's checkpoint
-signature (its key, pinned with --key-fingerprint, repeatable), each event line's
-canonical bytes, run and inclusion proof against that checkpoint, and each checkpoint's
-inclusion proof in the fleet tree whose signed fleet checkpoint (toolgate/fleet) is
-fleet-checkpoint.txt (signed with the fleet key; give its fingerprint among the
---key-fingerprint to pin it). Its manifest is signed with the fleet key too
-(manifest.sig) and lists every seq and leaf hash of the run per sidecar: the
-sidecars' events.jsonl must hold exactly those (--expect-run RUN_ID checks the run). The first bad sidecar and seq are named. With
---witness-key, fleet-cosignatures.txt must hold fleet checkpoints cosigned by --quorum
-of the keys, and the exported fleet checkpoint must extend the largest such one (its
-consistency proof in the manifest; a fork exits 2).
+toolgate-fleet-export/1) is verified only with --fleet (and any other export only
+without it), so an export cannot choose which checks apply. It is checked the same way
+per sidecar: each sidecar's checkpoint signature (its key, pinned with
+--key-fingerprint HEX for any one sidecar or ORIGIN=HEX for that sidecar only;
+repeatable; a sidecar key equal to the fleet key, or shared by two origins, is
+refused), each event line's canonical bytes, run and inclusion proof against that
+checkpoint, and each checkpoint's inclusion proof in the fleet tree whose signed fleet
+checkpoint (toolgate/fleet) is fleet-checkpoint.txt (signed with the fleet key, pinned
+with --fleet-key-fingerprint). Its manifest is signed with the fleet key too
+(manifest.sig), holds the sha256 of every file it vouches for, and lists every seq and
+leaf hash of the run per sidecar: the sidecars' events.jsonl (each ending with a
+newline) must hold exactly those (--expect-run RUN_ID checks the run). The first bad
+sidecar and seq are named. --trusted-checkpoint is a fleet checkpoint the exported one
+must extend (the same, or a consistency proof in the manifest) or a sidecar's
+checkpoint at the size of its exported one; anything the export cannot show exits 2.
+With --witness-key, fleet-cosignatures.txt must hold fleet checkpoints cosigned by
+--quorum of the keys, and the exported fleet checkpoint must extend the largest such one
+(its consistency proof in the manifest; a fork exits 2).
 
 With --witness-key (a witness's cosignature key, `name+keyid+base64`, type 0x04;
 repeatable), cosignatures.txt must hold checkpoints of checkpoints.txt cosigned
@@ -399,8 +409,11 @@ def check_witnesses(directory, manifest, key, roots, witness_keys, quorum):
 
 # ---- A fleet export.
 
+FLEET_FORMAT = "toolgate-fleet-export/1"
+FLEET_ORIGIN = "toolgate/fleet"
 
-def parse_vkey(text, fingerprints, what):
+
+def parse_vkey(text, what):
     try:
         name, key_id, key = text.strip().split("+", 2)
         raw = base64.b64decode(key, validate=True)
@@ -412,10 +425,41 @@ def parse_vkey(text, fingerprints, what):
     expected_id = sha256(name.encode() + b"\n\x01" + public)[:4]
     if expected_id.hex() != key_id:
         raise Failure(SIGNATURE, None, f"{what}: the key id does not match the key")
-    fingerprint = hashlib.sha256(public).hexdigest()
-    if fingerprints and fingerprint not in fingerprints:
-        raise Failure(SIGNATURE, None, f"{what}: its key (fingerprint {fingerprint}) is not one of the fingerprints you gave")
     return name, expected_id, public
+
+
+def key_fingerprint(key):
+    return hashlib.sha256(key[2]).hexdigest()
+
+
+def parse_pins(values):
+    """--key-fingerprint values of a fleet export: HEX (any one sidecar) or ORIGIN=HEX
+    (that sidecar only). Returns (unbound fingerprints, {origin: fingerprints})."""
+    unbound, bound = set(), {}
+    for value in values or []:
+        origin, sep, hex_ = value.rpartition("=")
+        if sep:
+            bound.setdefault(origin, set()).add(hex_.strip().lower())
+        else:
+            unbound.add(hex_.strip().lower())
+    return unbound, bound
+
+
+def check_sidecar_key(where, origin, key, fleet_fp, pins, used):
+    """A sidecar's key: never the fleet key, never another sidecar's, and pinned (for its
+    origin when an ORIGIN=HEX names it, else among the plain fingerprints)."""
+    unbound, bound = pins
+    fingerprint = key_fingerprint(key)
+    if fingerprint == fleet_fp:
+        raise Failure(SIGNATURE, None, f"{where}: its key is the fleet key (fingerprint {fingerprint}): a sidecar signs with its own key")
+    if used.get(fingerprint, origin) != origin:
+        raise Failure(SIGNATURE, None, f"{where}: its key (fingerprint {fingerprint}) also signs for sidecar {used[fingerprint]}: each sidecar has its own key")
+    used[fingerprint] = origin
+    if origin in bound:
+        if fingerprint not in bound[origin]:
+            raise Failure(SIGNATURE, None, f"{where}: its key (fingerprint {fingerprint}) is not the one you pinned for it")
+    elif (unbound or bound) and fingerprint not in unbound:
+        raise Failure(SIGNATURE, None, f"{where}: its key (fingerprint {fingerprint}) is not one of the fingerprints you gave")
 
 
 def check_fleet_witnesses(directory, fleet, signer_key, fleet_size, fleet_root, witness_keys, quorum):
@@ -428,7 +472,7 @@ def check_fleet_witnesses(directory, fleet, signer_key, fleet_size, fleet_root, 
         notes = split_notes(f.read())
     witnessed = {}
     for note in notes:
-        if not note.startswith("toolgate/fleet\n"):
+        if not note.startswith(f"{FLEET_ORIGIN}\n"):
             raise Failure(INTEGRITY, None, "fleet-cosignatures.txt holds a note that is not a toolgate/fleet checkpoint")
         size, root = verify_note(note, signer_key)
         signers = cosigners(note, witness_keys)
@@ -440,21 +484,62 @@ def check_fleet_witnesses(directory, fleet, signer_key, fleet_size, fleet_root, 
     if not sizes:
         raise Failure(SIGNATURE, None, f"no fleet checkpoint is cosigned by {quorum} of the {len(witness_keys)} witness keys")
     size = max(sizes)
-    proofs = {p.get("size"): p for p in fleet.get("cosigned") or []}
-    proof = proofs.get(size)
-    hashes = [bytes.fromhex(h) for h in proof.get("consistency") or []] if proof else None
-    if hashes is None or not verify_consistency(size, fleet_size, hashes, witnessed[size][0], fleet_root):
+    if not fleet_extends(fleet, fleet_size, fleet_root, size, witnessed[size][0]):
         raise Failure(TRUNCATION, None, f"the exported fleet checkpoint (size {fleet_size}) does not extend the fleet checkpoint the witnesses cosigned at size {size}: fork")
     return size
 
 
-def verify_fleet(directory, manifest, raw_manifest, fingerprints, witness_keys=None, quorum=None, expect_full=False, expect_run=None):
-    pinned = {f.strip().lower() for f in fingerprints}
-    if not pinned:
+def fleet_extends(fleet, fleet_size, fleet_root, size, root):
+    """Whether the manifest's consistency proof shows that the exported fleet
+    checkpoint extends the fleet checkpoint (size, root)."""
+    proofs = {p.get("size"): p for p in fleet.get("cosigned") or []}
+    proof = proofs.get(size)
+    hashes = [bytes.fromhex(h) for h in proof.get("consistency") or []] if proof else None
+    return hashes is not None and verify_consistency(size, fleet_size, hashes, root, fleet_root)
+
+
+def check_fleet_trusted(note, fleet, fleet_key, fleet_size, fleet_root, sidecars):
+    """The auditor's trusted checkpoint against a fleet export: a fleet checkpoint (the
+    exported one extends it: the same one, or one the manifest holds a consistency
+    proof from), or a sidecar's (its checkpoint in the export is at that size, with
+    that root). Anything the export cannot show is a failure (2), never skipped.
+    `sidecars` maps origin to (key, size, root)."""
+    origin = note.split("\n", 1)[0]
+    if origin == FLEET_ORIGIN:
+        size, root = verify_note(note, fleet_key)
+        if size > fleet_size:
+            raise Failure(TRUNCATION, None, f"your trusted fleet checkpoint covers {size} sidecar checkpoints but the export's fleet log has {fleet_size}: the fleet log was cut")
+        if size == fleet_size:
+            if root != fleet_root:
+                raise Failure(TRUNCATION, None, f"the export's fleet checkpoint at size {size} differs from your trusted one: fork")
+            return
+        if not fleet_extends(fleet, fleet_size, fleet_root, size, root):
+            raise Failure(TRUNCATION, None, f"the export holds no consistency proof from your trusted fleet checkpoint (size {size}) to its own: it cannot show that it extends it")
+        return
+    if origin not in sidecars:
+        raise Failure(TRUNCATION, None, f"your trusted checkpoint is of `{origin}`, neither the fleet log nor a sidecar of this export: it cannot show that it extends it")
+    key, exported_size, exported_root = sidecars[origin]
+    size, root = verify_note(note, key)
+    if size > exported_size:
+        raise Failure(TRUNCATION, exported_size + 1, f"sidecar {origin}: your trusted checkpoint covers {size} events but the export's checkpoint {exported_size}: seq {exported_size + 1}..{size} were cut")
+    if size < exported_size:
+        raise Failure(TRUNCATION, None, f"sidecar {origin}: the export holds no checkpoint at the size of your trusted one ({size}): it cannot show that it extends it")
+    if root != exported_root:
+        raise Failure(TRUNCATION, None, f"sidecar {origin}: the export's checkpoint at size {size} differs from your trusted one: fork")
+
+
+def verify_fleet(directory, manifest, raw_manifest, fingerprints, fleet_fingerprint=None, trusted_note=None, witness_keys=None, quorum=None, expect_full=False, expect_run=None):
+    pins = parse_pins(fingerprints)
+    if not pins[0] and not pins[1]:
         print("WARNING: no --key-fingerprint given: the sidecars' keys in the export are trusted as found")
     run_id = manifest.get("run_id")
     fleet = manifest.get("fleet") or {}
-    signer_key = parse_vkey(fleet.get("signer_vkey") or "", pinned, f"the fleet signer {fleet.get('signer')}")
+    signer_key = parse_vkey(fleet.get("signer_vkey") or "", f"the fleet signer {fleet.get('signer')}")
+    fleet_fp = key_fingerprint(signer_key)
+    if fleet_fingerprint is None:
+        print(f"WARNING: no --fleet-key-fingerprint given: trusting the export's own fleet key, fingerprint {fleet_fp}; a forger can ship their own key, so compare it with the one `toolgate audit fleet-key` printed")
+    elif fleet_fp != fleet_fingerprint.strip().lower():
+        raise Failure(SIGNATURE, None, f"the fleet signer's key (fingerprint {fleet_fp}) is not the --fleet-key-fingerprint you gave")
     # The manifest is the fleet key's signed statement of every event of the run.
     check_manifest_signature(directory, raw_manifest, signer_key, FLEET_MANIFEST_DOMAIN)
     if expect_full:
@@ -468,28 +553,34 @@ def verify_fleet(directory, manifest, raw_manifest, fingerprints, witness_keys=N
             raise Failure(INTEGRITY, None, f"sidecars/{entry} is not in the signed manifest")
     with open(os.path.join(directory, "fleet-checkpoint.txt"), encoding="utf-8") as f:
         fleet_note = f.read()
-    if not fleet_note.startswith("toolgate/fleet\n"):
+    if not fleet_note.startswith(f"{FLEET_ORIGIN}\n"):
         raise Failure(INTEGRITY, None, "fleet-checkpoint.txt is not a toolgate/fleet checkpoint")
     fleet_size, fleet_root = verify_note(fleet_note, signer_key)
     if fleet_size != fleet.get("size") or fleet_root.hex() != fleet.get("root"):
         raise Failure(INTEGRITY, None, "the manifest names another fleet checkpoint than fleet-checkpoint.txt")
-    total = 0
+    total, used, checked = 0, {}, {}
     for sidecar in manifest.get("sidecars") or []:
         origin = sidecar.get("origin")
         where = f"sidecar {origin}"
-        key = parse_vkey(sidecar.get("vkey") or "", pinned, where)
+        if origin in checked:
+            raise Failure(INTEGRITY, None, f"{where} is listed twice in the signed manifest")
+        key = parse_vkey(sidecar.get("vkey") or "", where)
+        check_sidecar_key(where, origin, key, fleet_fp, pins, used)
         base = os.path.join(directory, sidecar["dir"])
         with open(os.path.join(base, "checkpoint.txt"), encoding="utf-8") as f:
             note = f.read()
         if not note.startswith(f"{origin}\n"):
             raise Failure(INTEGRITY, None, f"{where}: its checkpoint is of another origin")
         size, root = verify_note(note, key)
+        checked[origin] = (key, size, root)
         path = [bytes.fromhex(h) for h in sidecar.get("fleet_path") or []]
         if not verify_inclusion(sidecar.get("fleet_leaf_index", -1), fleet_size, leaf_hash(note.encode()), path, fleet_root):
             raise Failure(INTEGRITY, None, f"{where}: its checkpoint is not in the signed fleet checkpoint")
         proofs = {p["seq"]: p for p in read_jsonl(os.path.join(base, "proofs.jsonl"))}
         with open(os.path.join(base, "events.jsonl"), "rb") as f:
             raw = f.read()
+        if raw and not raw.endswith(b"\n"):
+            raise Failure(INTEGRITY, None, f"{where}: {sidecar['dir']}/events.jsonl does not end with a newline: bytes were added after its last line")
         lines = raw.split(b"\n")[:-1] if raw else []
         last = 0
         for number, line in enumerate(lines, start=1):
@@ -518,6 +609,16 @@ def verify_fleet(directory, manifest, raw_manifest, fingerprints, witness_keys=N
         if len(lines) != sidecar.get("events"):
             raise Failure(INTEGRITY, None, f"{where}: the manifest counts {sidecar.get('events')} events but events.jsonl has {len(lines)}")
         total += len(lines)
+    # Last, so that a line dropped or edited is named by its sidecar and seq above;
+    # this catches whatever else changed in a file the manifest vouches for.
+    required = ["fleet-checkpoint.txt"]
+    for sidecar in manifest.get("sidecars") or []:
+        required += [f"{sidecar.get('dir')}/{name}" for name in ("events.jsonl", "proofs.jsonl", "checkpoint.txt")]
+    if os.path.exists(os.path.join(directory, "fleet-cosignatures.txt")):
+        required.append("fleet-cosignatures.txt")
+    check_files(directory, manifest, required)
+    if trusted_note is not None:
+        check_fleet_trusted(trusted_note, fleet, signer_key, fleet_size, fleet_root, checked)
     witnessed = ""
     if witness_keys:
         keys = [load_witness_key(k) for k in witness_keys]
@@ -537,11 +638,16 @@ def read_jsonl(path):
         return [json.loads(line) for line in f.read().splitlines()]
 
 
-def check_files(directory, manifest):
-    files = manifest.get("files", {})
-    for required in ("events.jsonl", "checkpoints.txt", "public-key.vkey", "proofs/inclusion.jsonl", "proofs/consistency.jsonl"):
-        if required not in files:
-            raise Failure(INTEGRITY, None, f"manifest.json lists no {required}")
+EXPORT_FILES = ("events.jsonl", "checkpoints.txt", "public-key.vkey", "proofs/inclusion.jsonl", "proofs/consistency.jsonl")
+
+
+def check_files(directory, manifest, required=EXPORT_FILES):
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise Failure(INTEGRITY, None, "manifest.json lists no files with their sha256")
+    for name in required:
+        if name not in files:
+            raise Failure(INTEGRITY, None, f"manifest.json lists no {name}")
     for name, digest in sorted(files.items()):
         if os.path.isabs(name) or ".." in name.split("/"):
             raise Failure(INTEGRITY, None, f"manifest.json names a file outside the export: {name}")
@@ -575,33 +681,47 @@ def check_expectations(manifest, expect_full, expect_run):
             raise Failure(INTEGRITY, None, f"you expect the complete export of run {expect_run} but the signed manifest's filter is {json.dumps(flt)}")
 
 
-def read_trusted(path, key):
+def read_trusted(path):
+    """The newest note of the trusted checkpoint file; a file that cannot be read or
+    holds no note is an error, whatever the export."""
     try:
         with open(path, encoding="utf-8") as f:
             notes = split_notes(f.read())
-    except OSError as e:
-        raise Failure(INTEGRITY, None, f"the trusted checkpoint is unreadable: {e}")
+    except (OSError, ValueError) as e:
+        raise Failure(INTEGRITY, None, f"the trusted checkpoint `{path}` is unreadable: {e}")
     if not notes:
-        raise Failure(INTEGRITY, None, "the trusted checkpoint file holds no checkpoint")
-    return verify_note(notes[-1], key)
+        raise Failure(INTEGRITY, None, f"the trusted checkpoint file `{path}` holds no checkpoint")
+    return notes[-1]
 
 
-def verify(directory, fingerprint, trusted_path=None, expect_full=False, expect_run=None, witness_keys=None, quorum=None):
+def verify(directory, fingerprint, trusted_path=None, expect_full=False, expect_run=None, witness_keys=None, quorum=None, fleet=False, fleet_fingerprint=None):
+    if isinstance(fingerprint, str):
+        fingerprint = [fingerprint]
+    fingerprint = fingerprint or []
+    trusted_note = read_trusted(trusted_path) if trusted_path else None
     try:
         with open(os.path.join(directory, "manifest.json"), "rb") as f:
             raw_manifest = f.read()
         manifest = json.loads(raw_manifest.decode("utf-8"))
     except (OSError, ValueError) as e:
         raise Failure(INTEGRITY, None, f"manifest.json is unreadable: {e}")
-    if manifest.get("format") == "toolgate-fleet-export/1":
-        return verify_fleet(directory, manifest, raw_manifest, fingerprint if isinstance(fingerprint, list) else [fingerprint] if fingerprint else [], witness_keys, quorum, expect_full, expect_run)
-    if isinstance(fingerprint, list):
-        fingerprint = fingerprint[-1] if fingerprint else None
-    key = load_key(os.path.join(directory, "public-key.vkey"), fingerprint)
+    # The auditor says which kind of export they verify; the manifest does not choose.
+    is_fleet = manifest.get("format") == FLEET_FORMAT
+    if is_fleet and not fleet:
+        raise Failure(INTEGRITY, None, f"manifest.json says {FLEET_FORMAT}: verify a fleet export with --fleet (and pin its key with --fleet-key-fingerprint)")
+    if fleet and not is_fleet:
+        raise Failure(INTEGRITY, None, f"you expect a fleet export (--fleet) but manifest.json's format is {manifest.get('format')!r}")
+    if fleet:
+        return verify_fleet(directory, manifest, raw_manifest, fingerprint, fleet_fingerprint, trusted_note, witness_keys, quorum, expect_full, expect_run)
+    if fleet_fingerprint is not None:
+        raise Failure(INTEGRITY, None, "--fleet-key-fingerprint applies to a fleet export only (--fleet)")
+    if any("=" in f for f in fingerprint):
+        raise Failure(INTEGRITY, None, "--key-fingerprint ORIGIN=HEX applies to a fleet export only (--fleet)")
+    key = load_key(os.path.join(directory, "public-key.vkey"), fingerprint[-1] if fingerprint else None)
     check_manifest_signature(directory, raw_manifest, key)
     check_expectations(manifest, expect_full, expect_run)
     check_files(directory, manifest)
-    trusted = read_trusted(trusted_path, key) if trusted_path else None
+    trusted = verify_note(trusted_note, key) if trusted_note is not None else None
 
     # Checkpoints: every signature, then consistency between neighbours.
     with open(os.path.join(directory, "checkpoints.txt"), encoding="utf-8") as f:
@@ -751,7 +871,9 @@ def unpack_bundle(path, directory):
 def main():
     parser = argparse.ArgumentParser(description="Verify a toolgate audit export (a directory or a bundle file).")
     parser.add_argument("export_dir")
-    parser.add_argument("--key-fingerprint", action="append", help="hex sha256 of the raw Ed25519 public key (get it from the operator, not from the export)")
+    parser.add_argument("--key-fingerprint", action="append", help="hex sha256 of the raw Ed25519 public key (get it from the operator, not from the export); for a fleet export, a sidecar's key, repeatable, or ORIGIN=HEX to bind it to that sidecar")
+    parser.add_argument("--fleet", action="store_true", help="verify a fleet export (toolgate audit export --cluster-db); refused without it, and a non-fleet export is refused with it")
+    parser.add_argument("--fleet-key-fingerprint", metavar="HEX", help="with --fleet: the fleet key's fingerprint (toolgate audit fleet-key); no sidecar may use that key")
     parser.add_argument("--trusted-checkpoint", help="a checkpoint note you kept; the export must extend it")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--expect-full", action="store_true", help="fail unless the signed manifest says this is a full export")
@@ -763,9 +885,9 @@ def main():
         if os.path.isfile(args.export_dir):
             with tempfile.TemporaryDirectory(prefix="toolgate-bundle-") as directory:
                 unpack_bundle(args.export_dir, directory)
-                print(verify(directory, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run, args.witness_key, args.quorum))
+                print(verify(directory, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run, args.witness_key, args.quorum, args.fleet, args.fleet_key_fingerprint))
         else:
-            print(verify(args.export_dir, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run, args.witness_key, args.quorum))
+            print(verify(args.export_dir, args.key_fingerprint, args.trusted_checkpoint, args.expect_full, args.expect_run, args.witness_key, args.quorum, args.fleet, args.fleet_key_fingerprint))
         return INTACT
     except Failure as f:
         where = f" at seq {f.seq}" if f.seq is not None else ""

@@ -42,8 +42,8 @@ use super::merkle::Tree;
 use super::signer::{MANIFEST_DOMAIN, Signer};
 use super::store::{INSERT_CHECKPOINT, map_sqlite};
 use super::verify::{
-    Problem, Progress, VerifyError, VerifyOptions, open_segments, read_checkpoint_files,
-    verify_segments,
+    Problem, Progress, VerifyError, VerifyOptions, check_signed, open_segments,
+    read_checkpoint_files, verify_segments,
 };
 use super::{AuditError, DEFAULT_ORIGIN};
 
@@ -302,6 +302,14 @@ pub fn export(
         .map_err(verify_error)?;
     let mut warnings = verified.report.warnings.clone();
     let tree_size = verified.report.events;
+    // INVARIANT: the export checkpoint signs only events some signature already
+    // covers, so it never launders events added or rewritten by hand.
+    check_signed(
+        &verified.checkpoints,
+        verified.report.first_seq - 1,
+        tree_size,
+    )
+    .map_err(verify_error)?;
     let tree = Tree::new(verified.leaves);
     let origin =
         checkpoint_origin(&verified.checkpoints).unwrap_or_else(|| DEFAULT_ORIGIN.to_string());

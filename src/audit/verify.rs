@@ -54,7 +54,8 @@ pub enum ProblemKind {
     Inserted,
     /// Events are out of order.
     Reordered,
-    /// A line is not a well-formed event.
+    /// A line is not a well-formed event, or a part of the log's format is missing or
+    /// unusable (a start record, the `signed_head` table, a checkpoint row).
     Malformed,
     /// The events under a signed checkpoint do not hash to its root.
     RootMismatch,
@@ -341,7 +342,6 @@ pub fn verify_segments(
     // (origin, note, checkpoint, stored in a segment present)
     let mut notes: Vec<(String, String, Checkpoint, bool)> = Vec::new();
     let mut seen: HashMap<String, Checkpoint> = HashMap::new();
-    let mut has_head = false;
     for segment in segments {
         let conn = &segment.conn;
         let path = &segment.path;
@@ -373,35 +373,24 @@ pub fn verify_segments(
             notes.push((origin, note, checkpoint, true));
         }
         // The signed head: a checkpoint over every committed event, stored by each commit.
-        let head_table: bool = conn
-            .query_row(
-                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'signed_head')",
-                [],
-                |r| r.get(0),
-            )
+        check_head_table(segment)?;
+        let head: Option<(i64, String, String)> = conn
+            .query_row("SELECT size, root, note FROM signed_head", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
             .map_err(map)?;
-        has_head |= head_table;
-        if head_table {
-            let head: Option<(i64, String, String)> = conn
-                .query_row("SELECT size, root, note FROM signed_head", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })
-                .optional()
-                .map_err(map)?;
-            if let Some((size, root, note)) = head {
-                let origin = format!("the signed head in segment {}", segment.number);
-                let checkpoint = checked(&mut seen, &note, key, &origin)?;
-                if checkpoint.size != size as u64
-                    || crate::canonical::to_hex(checkpoint.root) != root
-                {
-                    return Err(problem(
-                        ProblemKind::Malformed,
-                        None,
-                        format!("{origin}: the size or root column disagrees with the signed note"),
-                    ));
-                }
-                notes.push((origin, note, checkpoint, true));
+        if let Some((size, root, note)) = head {
+            let origin = format!("the signed head in segment {}", segment.number);
+            let checkpoint = checked(&mut seen, &note, key, &origin)?;
+            if checkpoint.size != size as u64 || crate::canonical::to_hex(checkpoint.root) != root {
+                return Err(problem(
+                    ProblemKind::Malformed,
+                    None,
+                    format!("{origin}: the size or root column disagrees with the signed note"),
+                ));
             }
+            notes.push((origin, note, checkpoint, true));
         }
         if let Some(seal) = super::segments::read_seal(conn, path)? {
             let origin = format!("the seal of segment {}", segment.number);
@@ -787,23 +776,28 @@ pub fn verify_segments(
             ));
         }
         if trusted.size < start_size {
-            warnings.push(format!(
-                "{origin} (size {}) predates the oldest segment here (which starts after seq {start_size}): check it against the archive",
-                trusted.size
+            // The events under it are not here: a forged log could start above it and
+            // claim the older segments were archived. Only the archive can show it.
+            return Err(problem(
+                ProblemKind::Truncated,
+                None,
+                format!(
+                    "{origin} (size {}) predates the oldest segment here (which starts after seq {start_size}): cannot show that the log extends the trusted checkpoint; give the archived segments with --archive",
+                    trusted.size
+                ),
             ));
-        } else {
-            if roots.get(&trusted.size) != Some(&trusted.root) {
-                return Err(problem(
-                    ProblemKind::Fork,
-                    None,
-                    format!(
-                        "the log does not extend {origin} (size {}): the root over its events differs, the history was rewritten",
-                        trusted.size
-                    ),
-                ));
-            }
-            trusted_size = Some(trusted.size);
         }
+        if roots.get(&trusted.size) != Some(&trusted.root) {
+            return Err(problem(
+                ProblemKind::Fork,
+                None,
+                format!(
+                    "the log does not extend {origin} (size {}): the root over its events differs, the history was rewritten",
+                    trusted.size
+                ),
+            ));
+        }
+        trusted_size = Some(trusted.size);
     }
 
     // Every signed checkpoint, smallest first.
@@ -864,31 +858,9 @@ pub fn verify_segments(
             start_size + 1
         ));
     }
-    let covered = verified.last().map_or(0, |c| c.size).max(start_size);
-    if covered < size && has_head {
-        // Each commit stores a signed head over all of its events, in the same
-        // transaction: unsigned events were added (or the head removed) by hand.
-        return Err(problem(
-            ProblemKind::Unsigned,
-            Some(covered + 1),
-            format!(
-                "seq {}..{size} are covered by no signed checkpoint: every commit signs its events, so they were added or rewritten outside the gateway",
-                covered + 1
-            ),
-        ));
-    }
-    match verified.last() {
-        None if size > start_size => warnings.push(
-            "no signed checkpoint covers the log: a cut tail could not be detected".to_string(),
-        ),
-        Some(latest) if latest.size < size => {
-            warnings.push(format!(
-                "seq {}..{size} are not yet covered by a signed checkpoint",
-                latest.size + 1
-            ));
-        }
-        _ => {}
-    }
+    // Each commit stores a signed head over all of its events, in the same
+    // transaction: unsigned events were added (or the head removed) by hand.
+    check_signed(&verified, start_size, size)?;
     if options.key_fingerprint.is_none() {
         warnings.push(format!(
             "no --key-fingerprint given: the key in `{}` (fingerprint {}) was trusted as found; an insider who replaced it could have re-signed a rewritten log",
@@ -917,6 +889,59 @@ pub fn verify_segments(
         checkpoints: verified,
         key: key.clone(),
     })
+}
+
+/// Fails unless the `signed_head` table of `segment` is there as a table. The writer
+/// creates it with the schema of every `toolgate-audit/1` segment and stores the head
+/// of each commit in it; without it (dropped, renamed, replaced by a view) the newest
+/// events would be covered by no signature and could be rewritten unseen.
+fn check_head_table(segment: &OpenSegment) -> Result<(), VerifyError> {
+    let kind: Option<String> = segment
+        .conn
+        .query_row(
+            "SELECT type FROM sqlite_master WHERE name = 'signed_head'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| VerifyError::Open(map_sqlite(&e, &segment.path)))?;
+    let what = match kind.as_deref() {
+        Some("table") => return Ok(()),
+        Some(other) => format!("`signed_head` is a {other}, not the table"),
+        None => "it has no `signed_head` table (dropped or renamed)".to_string(),
+    };
+    Err(problem(
+        ProblemKind::Malformed,
+        None,
+        format!(
+            "segment {} (`{}`): {what}: every commit stores its signed head there, so the newest events were left unsigned by hand",
+            segment.number,
+            segment.path.display()
+        ),
+    ))
+}
+
+/// Fails with `unsigned` unless the signed checkpoints (sorted by size) cover every
+/// event from `start_size + 1` to `size`. Every commit signs its events (the signed
+/// head), so an intact log never has any left over; export checks it again before it
+/// signs a checkpoint of its own.
+pub fn check_signed(
+    checkpoints: &[VerifiedCheckpoint],
+    start_size: u64,
+    size: u64,
+) -> Result<(), VerifyError> {
+    let covered = checkpoints.last().map_or(0, |c| c.size).max(start_size);
+    if covered >= size {
+        return Ok(());
+    }
+    Err(problem(
+        ProblemKind::Unsigned,
+        Some(covered + 1),
+        format!(
+            "seq {}..{size} are covered by no signed checkpoint: every commit signs its events, so they were added or rewritten outside the gateway",
+            covered + 1
+        ),
+    ))
 }
 
 /// Reads the claim of an `audit_segments_archived` event (`details.through_segment`,

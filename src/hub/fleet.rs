@@ -20,6 +20,7 @@ use crate::audit::line::GENESIS_PREV;
 use crate::audit::merkle::{Frontier, Hash, Tree, leaf_hash};
 use crate::audit::verify::ProblemKind;
 use base64::Engine as _;
+use sha2::{Digest, Sha256};
 
 /// How many rows one query reads.
 const PAGE: i64 = 5000;
@@ -551,6 +552,8 @@ pub async fn export(
     let map = |e: tokio_postgres::Error| FleetError::Hub(db_error(&e));
     std::fs::create_dir_all(out.join("sidecars")).map_err(output)?;
     let mut manifest_sidecars = Vec::new();
+    // The sha256 of every file the manifest vouches for, by its path in the export.
+    let mut files: BTreeMap<String, String> = BTreeMap::new();
     let mut summary = Vec::new();
     let mut warnings = Vec::new();
     for (n, (origin, (leaf_index, size, note))) in newest.iter().enumerate() {
@@ -590,9 +593,9 @@ pub async fn export(
             proofs.push('\n');
             count += 1;
         }
-        write(out, &format!("{dir}/events.jsonl"), &events)?;
-        write(out, &format!("{dir}/proofs.jsonl"), &proofs)?;
-        write(out, &format!("{dir}/checkpoint.txt"), note)?;
+        write_hashed(out, &format!("{dir}/events.jsonl"), &events, &mut files)?;
+        write_hashed(out, &format!("{dir}/proofs.jsonl"), &proofs, &mut files)?;
+        write_hashed(out, &format!("{dir}/checkpoint.txt"), note, &mut files)?;
         let key = verified
             .keys
             .get(origin)
@@ -614,7 +617,7 @@ pub async fn export(
         }));
         summary.push((origin.clone(), count));
     }
-    write(out, "fleet-checkpoint.txt", fleet_note)?;
+    write_hashed(out, "fleet-checkpoint.txt", fleet_note, &mut files)?;
     // The cosigned fleet checkpoints (the newest ones), each with its consistency
     // proof to the exported fleet checkpoint.
     let notes: Vec<&str> = verified.fleet.iter().map(|f| f.3.as_str()).collect();
@@ -634,7 +637,7 @@ pub async fn export(
         }));
     }
     if !cosigned.is_empty() {
-        write(out, "fleet-cosignatures.txt", &cosigned_text)?;
+        write_hashed(out, "fleet-cosignatures.txt", &cosigned_text, &mut files)?;
     }
     let manifest = json!({
         "format": "toolgate-fleet-export/1",
@@ -648,6 +651,7 @@ pub async fn export(
             "cosigned": cosigned_proofs,
         },
         "sidecars": manifest_sidecars,
+        "files": files,
     });
     let manifest_text = serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n";
     let mut statement = FLEET_MANIFEST_DOMAIN.as_bytes().to_vec();
@@ -678,6 +682,19 @@ fn write(out: &Path, name: &str, text: &str) -> Result<(), FleetError> {
     let path: PathBuf = out.join(name);
     std::fs::write(&path, text)
         .map_err(|e| FleetError::Output(format!("`{}`: {e}", path.display())))
+}
+
+/// [`write`], recording the file's sha256 in `files` for the signed manifest.
+fn write_hashed(
+    out: &Path,
+    name: &str,
+    text: &str,
+    files: &mut BTreeMap<String, String>,
+) -> Result<(), FleetError> {
+    write(out, name, text)?;
+    let digest = crate::canonical::to_hex(Sha256::digest(text));
+    files.insert(name.to_string(), digest);
+    Ok(())
 }
 
 /// The structured form of a fleet error.

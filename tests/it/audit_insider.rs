@@ -374,6 +374,108 @@ fn acknowledged_events_rewritten_after_sigkill_are_caught_without_the_key() {
     );
 }
 
+/// The signed checkpoints of a notes file, keeping only those below `size`.
+fn keep_notes_below(file: &Path, size: u64) {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let mut kept = String::new();
+    for note in split_notes(&text).unwrap() {
+        let note_size: u64 = note.lines().nth(1).unwrap().parse().unwrap();
+        if note_size < size {
+            kept.push_str(&note);
+            kept.push('\n');
+        }
+    }
+    std::fs::write(file, kept).unwrap();
+}
+
+/// Attack 2b: after a SIGKILL the insider (without the key) removes the signed head
+/// itself, not just its row: the `signed_head` table is dropped, renamed or replaced by
+/// a view, the checkpoints over the newest events are deleted (table and local sink)
+/// and those events rewritten and re-chained. The head is part of the log's format, so
+/// its absence is a failure, never a warning; and `audit export` must not sign a fresh
+/// checkpoint over the rewritten tail (which would launder it for verify_export.py).
+#[test]
+fn a_signed_head_table_dropped_after_sigkill_is_a_failure_and_export_signs_nothing() {
+    let d = Deployment::new();
+    let server = d.start(&[]);
+    traffic(&server, 3);
+    server.kill9();
+    let fp = fingerprint(&d.data.join("keys"));
+    let size = lines(&d.db()).len() as i64;
+    assert!(size >= 8, "{size} events");
+    // The rewrite: seq size-1 and size, with every signature over them removed.
+    let from = size - 1;
+    let conn = tamper(&d.db());
+    conn.execute("DELETE FROM checkpoints WHERE size >= ?1", [from])
+        .unwrap();
+    audit_support::rewrite_chain_from(&conn, from);
+    drop_wal(conn);
+    keep_notes_below(&d.data.join("checkpoints.log"), from as u64);
+    let forged = d.data.parent().unwrap().join("forged.db");
+    std::fs::copy(d.db(), &forged).unwrap();
+
+    for (name, attack) in [
+        (
+            "replaced by a view",
+            "DROP TABLE signed_head; CREATE VIEW signed_head AS \
+             SELECT 1 AS id, size, root, note FROM checkpoints ORDER BY checkpoints.id DESC LIMIT 1",
+        ),
+        (
+            "renamed",
+            "ALTER TABLE signed_head RENAME TO signed_head_old",
+        ),
+        // Last: what export and serve meet below.
+        ("dropped", "DROP TABLE signed_head"),
+    ] {
+        std::fs::copy(&forged, d.db()).unwrap();
+        let conn = rusqlite::Connection::open(d.db()).unwrap();
+        conn.execute_batch(attack).unwrap();
+        drop_wal(conn);
+        let (exit, report) = verify_json(&d.db(), &["--key-fingerprint", &fp]);
+        assert_eq!(exit, 1, "signed_head {name}: {report}");
+        assert!(
+            ["unsigned", "malformed"].contains(&report["kind"].as_str().unwrap_or("")),
+            "signed_head {name}: {report}"
+        );
+    }
+
+    // Export refuses, stores no checkpoint over the forged tail and writes no export.
+    let out = d.data.parent().unwrap().join("export");
+    let output = toolgate(&[
+        "audit",
+        "export",
+        "--db",
+        s(&d.db()),
+        "--format",
+        "jsonl",
+        "--out",
+        s(&out),
+    ]);
+    assert_ne!(
+        code(&output),
+        0,
+        "{}{}",
+        stdout(&output),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let covering: i64 = rusqlite::Connection::open(d.db())
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM checkpoints WHERE size >= ?1",
+            [from],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        covering, 0,
+        "export signed a checkpoint over the forged tail"
+    );
+    assert!(!out.join("manifest.json").exists());
+    // serve refuses to continue it too.
+    let (exit, stderr) = d.serve_exit(&[]);
+    assert_ne!(exit, 0, "{stderr}");
+}
+
 /// Attack 5 and the SIGKILL cut: the tail is cut after a SIGKILL. The signed head
 /// shows it (exit 2); cutting the head and checkpoints too, the off-box sink and the
 /// auditor's trusted checkpoint show it (exit 2, in both verifiers); serve refuses to

@@ -597,3 +597,95 @@ fn verify_passes_while_the_server_seals_segments_under_load() {
     let (exit, report) = verify_json(&db, &[]);
     assert_eq!(exit, 0, "{report}");
 }
+
+/// The signed seal note of a sealed segment file.
+fn seal_note(path: &Path) -> String {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let text: String = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'segment_seal'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    serde_json::from_str::<Value>(&text).unwrap()["note"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A trusted checkpoint below the oldest segment present cannot be checked from what
+/// is here: a key thief could forge a log whose oldest segment starts above it and
+/// claim the older ones were archived. That is a failure (2) unless `--archive`
+/// brings the segments that show it, never a warning.
+#[test]
+fn a_trusted_checkpoint_below_the_oldest_segment_needs_the_archive() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("var");
+    segmented_log(&data, 4);
+    let db = data.join("audit.db");
+    // The auditor kept the seal of segment 1; a forged one has another root there.
+    let kept = seal_note(&db);
+    let size: u64 = kept.lines().nth(1).unwrap().parse().unwrap();
+    let key = toolgate::audit::keys::load_signer(&data.join("keys")).unwrap();
+    let forged = toolgate::audit::checkpoint::Checkpoint {
+        origin: kept.lines().next().unwrap().to_string(),
+        size,
+        root: [7u8; 32],
+    }
+    .sign(&key);
+    let trusted = tmp.path().join("trusted.note");
+    let other = tmp.path().join("other.note");
+    std::fs::write(&trusted, &kept).unwrap();
+    std::fs::write(&other, &forged).unwrap();
+    let to = tmp.path().join("archive");
+    let (exit, text) = archive(&data, &to, &["--keep-segments", "1"]);
+    assert_eq!(exit, 0, "{text}");
+    let (exit, report) = verify_json(&db, &[]);
+    assert_eq!(exit, 0, "{report}");
+    assert!(report["first_seq"].as_u64().unwrap() > size + 1, "{report}");
+
+    // Without the archive, neither can be shown: both fail, the truth included.
+    for note in [&trusted, &other] {
+        let (exit, report) = verify_json(&db, &["--trusted-checkpoint", note.to_str().unwrap()]);
+        assert_eq!(
+            (exit, report["kind"].clone()),
+            (2, json!("truncated")),
+            "{report}"
+        );
+        assert!(
+            report["message"]
+                .as_str()
+                .unwrap()
+                .contains("cannot show that the log extends"),
+            "{report}"
+        );
+    }
+    // With it, the kept one passes and the other is a fork.
+    let archive_dir = to.to_str().unwrap();
+    let (exit, report) = verify_json(
+        &db,
+        &[
+            "--trusted-checkpoint",
+            trusted.to_str().unwrap(),
+            "--archive",
+            archive_dir,
+        ],
+    );
+    assert_eq!(exit, 0, "{report}");
+    assert_eq!(report["trusted_checkpoint_size"], json!(size), "{report}");
+    let (exit, report) = verify_json(
+        &db,
+        &[
+            "--trusted-checkpoint",
+            other.to_str().unwrap(),
+            "--archive",
+            archive_dir,
+        ],
+    );
+    assert_eq!(
+        (exit, report["kind"].clone()),
+        (2, json!("fork")),
+        "{report}"
+    );
+}

@@ -217,10 +217,12 @@ fn python(dir: &Path) -> (i32, String) {
     python_with(dir, &[])
 }
 
+/// verify_export.py on a fleet export (`--fleet`).
 fn python_with(dir: &Path, args: &[&str]) -> (i32, String) {
     let out = std::process::Command::new("python3")
         .arg(SCRIPT)
         .arg(dir)
+        .arg("--fleet")
         .args(args)
         .output()
         .unwrap();
@@ -280,15 +282,25 @@ fn sidecars_ship_the_hub_verifies_and_a_run_exports_across_them() {
         3,
         "{summary}"
     );
-    // Every key pinned: the three sidecars' and the fleet key.
-    let mut pins: Vec<String> = report["sidecars"]
+    // Every key pinned: the fleet key, and each sidecar's bound to its origin.
+    let pins: Vec<String> = report["sidecars"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| s["key_fingerprint"].as_str().unwrap().to_string())
+        .map(|s| {
+            format!(
+                "{}={}",
+                s["origin"].as_str().unwrap(),
+                s["key_fingerprint"].as_str().unwrap()
+            )
+        })
         .collect();
-    pins.push(fingerprint.clone());
-    let mut args = vec!["--expect-run", run.as_str()];
+    let mut args = vec![
+        "--expect-run",
+        run.as_str(),
+        "--fleet-key-fingerprint",
+        fingerprint.as_str(),
+    ];
     for pin in &pins {
         args.extend(["--key-fingerprint", pin.as_str()]);
     }

@@ -30,6 +30,7 @@ mod fleet;
 mod fleet_approvals;
 mod fleet_audit;
 mod fleet_claims;
+mod fleet_export_offline;
 mod gateway;
 mod hostile;
 mod identity;

@@ -312,11 +312,13 @@ fn series(text: &str, name: &str, witness: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Runs audit/verify_export.py on an export with witness keys and a quorum.
-fn python(dir: &Path, keys: &[&WitnessKey], quorum: usize) -> (i32, String) {
+/// Runs audit/verify_export.py on an export with witness keys and a quorum (and
+/// `extra` flags, `--fleet` for a fleet export).
+fn python(dir: &Path, keys: &[&WitnessKey], quorum: usize, extra: &[&str]) -> (i32, String) {
     let mut cmd = std::process::Command::new("python3");
     cmd.arg(common::repo().join("audit/verify_export.py"))
         .arg(dir)
+        .args(extra)
         .args(["--quorum", &quorum.to_string()]);
     for key in keys {
         cmd.args(["--witness-key", &key.to_vkey()]);
@@ -403,14 +405,14 @@ fn checkpoints_are_cosigned_verified_with_a_quorum_and_resumed_after_a_restart()
         ],
     );
     assert_eq!(code, 0, "{stdout}{stderr}");
-    let (code, text) = python(&out, &[&w1.key, &w2.key], 2);
+    let (code, text) = python(&out, &[&w1.key, &w2.key], 2, &[]);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("witnessed up to size"), "{text}");
     let stranger = WitnessKey::new(
         "stranger.example/w",
         SigningKey::from_bytes(&[99; 32]).verifying_key(),
     );
-    let (code, text) = python(&out, &[&w1.key, &stranger], 2);
+    let (code, text) = python(&out, &[&w1.key, &stranger], 2, &[]);
     assert_eq!(code, 3, "{text}");
 
     // A restart resumes from the stored cosignatures: no 409 (a resync) is needed.
@@ -821,10 +823,10 @@ fn fleet_checkpoints_are_cosigned_by_a_quorum_across_three_sidecars_and_a_forked
     let out = tmp.path().join("export");
     let (code, _, text) = crate::fleet_audit::export(&url, &run, &out, Some(&fleet_dir));
     assert_eq!(code, 0, "{text}");
-    let (code, text) = python(&out, &[&w1.key, &w2.key], 2);
+    let (code, text) = python(&out, &[&w1.key, &w2.key], 2, &["--fleet"]);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("witnessed up to fleet size"), "{text}");
-    let (code, text) = python(&out, &[&w1.key, &w2.key, &w3], 3);
+    let (code, text) = python(&out, &[&w1.key, &w2.key, &w3], 3, &["--fleet"]);
     assert_eq!(code, 3, "{text}");
 
     // A fork of the fleet log (another hub database, the same fleet key and
