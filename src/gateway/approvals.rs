@@ -226,6 +226,18 @@ impl Gateway {
             )
             .with_details(json!({ "approval_id": approval_id, "mismatch": field })));
         }
+        // The store is an index, open to whoever holds the data directory: the call
+        // itself must hash to the digest the approval was requested and granted for.
+        let digest = binding.digest();
+        if record.call_digest != digest || record.binding.digest() != digest {
+            return Err(Refusal::new(
+                Reason::ApprovalStoreUnavailable,
+                format!(
+                    "approval `{approval_id}` in the approval store does not hash to this call; it is not used"
+                ),
+            )
+            .with_details(json!({ "approval_id": approval_id })));
+        }
         let now = approvals::now_ms();
         let claimed = match record.status_at(now) {
             ApprovalStatus::Approved => {
@@ -235,7 +247,7 @@ impl Gateway {
                 // this one's: the cluster database (no data directory can edit it) is
                 // the record, and the hub reconciles (docs/deployment.md).
                 let shared = self.approvals.shared();
-                if !shared && !self.grants_in_log(&record).await? {
+                if !shared && !self.grants_in_log(&record, &digest).await? {
                     return Err(Refusal::new(
                         Reason::ApprovalStoreUnavailable,
                         format!(
@@ -256,6 +268,8 @@ impl Gateway {
                     )
                     .with_details(json!({ "approval_id": approval_id })));
                 }
+                // The log scan took time: the expiry is checked as of the claim.
+                let now = approvals::now_ms();
                 let (id, call) = (approval_id.to_string(), call_id.to_string());
                 let used_at = approvals::rfc3339_ms(now);
                 self.approval_store(move |s| s.claim(&id, &call, now, &used_at))
@@ -518,6 +532,8 @@ impl Gateway {
         event.details.insert("status".into(), json!(decided.status));
         self.audit.append(event).await.map_err(audit_refusal)?;
         let stored = decided.clone();
+        // The append took time: the expiry is checked as of the update.
+        let now = approvals::now_ms();
         let written = self
             .approval_store(move |s| s.update_decided(&stored, ApprovalStatus::Pending, now))
             .await?;
@@ -579,22 +595,39 @@ impl Gateway {
         Ok(expired)
     }
 
-    /// Whether the audit log's `approval_granted` events of `record` meet its quorum.
-    async fn grants_in_log(&self, record: &ApprovalRecord) -> Result<bool, Refusal> {
+    /// Whether the audit log holds what `record` claims, for the call whose digest is
+    /// `digest`: its `approval_requested` for that digest, and `approval_granted`
+    /// events for that digest meeting the quorum the request logged (not the one the
+    /// store holds now).
+    async fn grants_in_log(&self, record: &ApprovalRecord, digest: &str) -> Result<bool, Refusal> {
         let events = self
             .audit
             .events(EventFilter {
                 run_id: Some(record.binding.run_id.clone()),
-                event_types: vec![EventType::ApprovalGranted],
+                event_types: vec![EventType::ApprovalRequested, EventType::ApprovalGranted],
                 ..EventFilter::default()
             })
             .await
             .map_err(audit_refusal)?;
+        let id = json!(record.approval_id);
+        let requested = events.iter().find_map(|e| {
+            let approval = &e.value["details"]["approval"];
+            (e.value["type"] == "approval_requested"
+                && approval["approval_id"] == id
+                && approval["call_digest"] == json!(digest))
+            .then(|| serde_json::from_value(approval["requirements"].clone()).ok())
+            .flatten()
+        });
+        let Some(requirements) = requested else {
+            return Ok(false);
+        };
         let mut from_log = record.clone();
+        from_log.requirements = requirements;
         from_log.decisions = events
             .iter()
+            .filter(|e| e.value["type"] == "approval_granted")
             .map(|e| &e.value["details"])
-            .filter(|d| d["approval_id"] == json!(record.approval_id))
+            .filter(|d| d["approval_id"] == id && d["call_digest"] == json!(digest))
             .map(|d| Decision {
                 approver: d["by"].as_str().unwrap_or_default().to_string(),
                 subject: d["subject"].as_str().map(str::to_string),

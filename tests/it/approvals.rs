@@ -966,3 +966,84 @@ fn an_insider_editing_the_approval_store_cannot_grant() {
     assert!(of_type(&all, "tool_executed", &id).is_empty());
     stop_and_verify(server);
 }
+
+/// An approval granted for one call, pointed by an insider at another (its binding and
+/// digest copied from that call's own pending approval) or given a lower quorum in
+/// approvals.db, is not honoured: the log holds what was requested and granted.
+#[test]
+fn an_insider_cannot_retarget_a_granted_approval_or_lower_its_quorum() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 2, 600);
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let granted_call = draft_call(&run, "Motion");
+    let granted = request(&server, &granted_call);
+    let (code, body) = decide(&server, Some(SUPERVISOR), &granted, "approve", "one of two");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = decide(&server, Some(ADMIN), &granted, "approve", "two of two");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "approved", "{body}");
+    let other_call = draft_call(&run, "Another motion");
+    let other = request(&server, &other_call);
+
+    let conn = rusqlite::Connection::open(server.data_dir.join("approvals.db")).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    let record_of = |id: &str| -> Value {
+        let text: String = conn
+            .query_row(
+                "SELECT record FROM approvals WHERE approval_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    // Retarget: the granted approval now carries the other call's binding and digest.
+    let target = record_of(&other);
+    let changed = conn
+        .execute(
+            "UPDATE approvals SET record = json_set(record, '$.binding', json(?2), '$.call_digest', ?3)
+             WHERE approval_id = ?1",
+            rusqlite::params![
+                granted,
+                target["binding"].to_string(),
+                target["call_digest"].as_str().unwrap()
+            ],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    let (code, refused) = send(&server, &with_approval(&other_call, &granted));
+    assert_eq!(code, 503, "{refused}");
+    assert_eq!(
+        refused["diagnostic"]["reason"], "approval_store_unavailable",
+        "{refused}"
+    );
+
+    // A quorum lowered to one: the other call's approval, granted once, and marked
+    // approved in the store.
+    let (code, body) = decide(&server, Some(SUPERVISOR), &other, "approve", "one of two");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "pending", "{body}");
+    let changed = conn
+        .execute(
+            "UPDATE approvals SET status = 'approved',
+                 record = json_set(record, '$.status', 'approved', '$.requirements[0].quorum', 1)
+             WHERE approval_id = ?1",
+            rusqlite::params![other],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(conn);
+    let (code, refused) = send(&server, &with_approval(&other_call, &other));
+    assert_eq!(code, 503, "{refused}");
+    assert_eq!(
+        refused["diagnostic"]["reason"], "approval_store_unavailable",
+        "{refused}"
+    );
+    let all = events(&server);
+    assert!(
+        all.iter()
+            .all(|e| e["type"] != "tool_requested" || e["tool_name"] != "draft_document"),
+        "nothing ran"
+    );
+    stop_and_verify(server);
+}
