@@ -259,7 +259,9 @@ impl Gateway {
 
     /// The checks of a commit request, in order: the caller proves the role it names
     /// (and a run token its run), the call and commit id are known, the role and run
-    /// are the call's, and the call is still pending within its deadline. Claims it.
+    /// are the call's, the safety lock is released, the run's status, the role, lane
+    /// and tool still permit the call under the loaded policy, and the call is still
+    /// pending within its deadline. Claims it.
     fn decide_commit(
         &self,
         token: Option<&str>,
@@ -294,6 +296,27 @@ impl Gateway {
                 "the call was prepared by another run or role; only they may commit it",
             ));
         }
+        // The commit is where the side effect happens: what refuses a call now refuses
+        // its commit too (the lock, the run's status for the lane, the role, lane and
+        // tool as the loaded policy has them).
+        let lock = self.safety_lock();
+        if lock.engaged {
+            return Err(Refusal::new(
+                Reason::SafetyLockEngaged,
+                "the safety lock is engaged; no commit is executed",
+            )
+            .with_details(json!({ "lock_reason": lock.reason })));
+        }
+        let Some(run) = self.runs.get(&entry.run_id) else {
+            return Err(Refusal::new(
+                Reason::RunNotFound,
+                format!("run `{}` does not exist", entry.run_id),
+            ));
+        };
+        let role = authz::find_role(policy, &entry.role_id)?;
+        let lane = authz::authorize_lane(policy, role, &entry.lane_id, &run)?;
+        let tool = authz::find_tool(policy, &entry.tool_name)?;
+        authz::lane_permits(lane, tool)?;
         let now = now_ms();
         let mut table = self.two_phase.lock()?;
         let Some(current) = table.get_mut(call_id) else {

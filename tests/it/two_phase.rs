@@ -684,3 +684,60 @@ fn a_command_tool_commits_through_its_commit_program_with_the_kept_token() {
     no_token_in_log(&lab.server, prepared["call_id"].as_str().unwrap());
     verify(&lab.server.db());
 }
+
+/// The commit is where the side effect happens: the safety lock and a run no longer
+/// active for the lane refuse it as they refuse a call; each refusal is audited, nothing reaches the upstream, and the prepared call
+/// can be committed once nothing refuses it any more.
+#[test]
+fn a_commit_is_refused_under_the_safety_lock_or_while_its_run_is_suspended() {
+    let lab = lab();
+    let run = lab.server.create_run(json!({}));
+    let prepared = prepare(&lab.server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let admin = Some(common::ADMIN);
+    let set_lock = |engaged: bool| {
+        let (status, body) = lab.server.post(
+            "/v1/safety-lock",
+            admin,
+            &json!({"engaged": engaged, "reason": "incident"}),
+        );
+        assert_eq!(status, 200, "{body}");
+    };
+    let set_status = |status: &str| {
+        let (code, body) = lab.server.post(
+            &format!("/v1/runs/{run}/status"),
+            admin,
+            &json!({ "status": status }),
+        );
+        assert_eq!(code, 200, "{body}");
+    };
+
+    set_lock(true);
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(reason(&body), "safety_lock_engaged", "{status} {body}");
+    set_lock(false);
+    set_status("suspended");
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(reason(&body), "run_not_active", "{status} {body}");
+    assert_eq!(lab.court.filing(&filing)["status"], "prepared");
+    assert_eq!(lab.court.filing(&filing)["commits"], 0);
+
+    set_status("active");
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(lab.court.filing(&filing)["commits"], 1);
+    let call_id = prepared["call_id"].as_str().unwrap();
+    let events = events_of(&lab.server, call_id);
+    assert_eq!(
+        types(&events),
+        [
+            "tool_requested",
+            "tool_executed",
+            "tool_commit_refused",
+            "tool_commit_refused",
+            "tool_committed"
+        ],
+        "{events:?}"
+    );
+    verify(&lab.server.db());
+}
