@@ -30,6 +30,17 @@ pub const MAX_REASON_BYTES: usize = 1000;
 /// is refused (`approval_limit_reached`) rather than queued without end.
 pub const MAX_PENDING_PER_RUN: u64 = 32;
 pub const MAX_PENDING_TOTAL: u64 = 1000;
+/// Pending approvals one role may hold across all runs: a quarter of the total, so one
+/// role (one agent's credential) cannot use up the budget every other role needs.
+pub const MAX_PENDING_PER_ROLE: u64 = MAX_PENDING_TOTAL / 4;
+
+/// Pending (unexpired) approvals: of one run, of one role, and in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingCounts {
+    pub run: u64,
+    pub role: u64,
+    pub total: u64,
+}
 /// Largest page of `GET /v1/approvals`, and the default.
 pub const MAX_PAGE: usize = 200;
 pub const DEFAULT_PAGE: usize = 50;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{ApprovalRecord, ApprovalStatus};
+use super::{ApprovalRecord, ApprovalStatus, PendingCounts};
 
 /// A failed store operation (the database is unreadable, unwritable or corrupt).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,22 +210,29 @@ impl ApprovalStore {
     }
 
     /// Unexpired pending approvals: of `run_id`, and in total.
-    pub fn pending_counts(&self, run_id: &str, now_ms: i64) -> Result<(u64, u64), StoreError> {
+    pub fn pending_counts(
+        &self,
+        run_id: &str,
+        role_id: &str,
+        now_ms: i64,
+    ) -> Result<PendingCounts, StoreError> {
         self.with(|c| {
-            let count = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> Result<u64, StoreError> {
-                c.query_row(sql, p, |r| r.get::<_, i64>(0))
-                    .map(|n| n.max(0) as u64)
-                    .map_err(map)
-            };
-            let run = count(
-                "SELECT COUNT(*) FROM approvals WHERE run_id = ?1 AND status = 'pending' AND expires_at_ms > ?2",
-                &[&run_id, &now_ms],
-            )?;
-            let total = count(
-                "SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at_ms > ?1",
-                &[&now_ms],
-            )?;
-            Ok((run, total))
+            c.query_row(
+                "SELECT COUNT(*) FILTER (WHERE run_id = ?1),
+                        COUNT(*) FILTER (WHERE json_extract(record, '$.binding.role_id') = ?2),
+                        COUNT(*)
+                 FROM approvals WHERE status = 'pending' AND expires_at_ms > ?3",
+                rusqlite::params![run_id, role_id, now_ms],
+                |r| {
+                    let get = |i: usize| r.get::<_, i64>(i).map(|n| n.max(0) as u64);
+                    Ok(PendingCounts {
+                        run: get(0)?,
+                        role: get(1)?,
+                        total: get(2)?,
+                    })
+                },
+            )
+            .map_err(map)
         })
     }
 
@@ -428,7 +435,12 @@ pub trait ApprovalBackend: Send + Sync {
         call_digest: &str,
         now_ms: i64,
     ) -> Result<Option<ApprovalRecord>, StoreError>;
-    fn pending_counts(&self, run_id: &str, now_ms: i64) -> Result<(u64, u64), StoreError>;
+    fn pending_counts(
+        &self,
+        run_id: &str,
+        role_id: &str,
+        now_ms: i64,
+    ) -> Result<PendingCounts, StoreError>;
     fn list(
         &self,
         status: Option<ApprovalStatus>,
@@ -487,8 +499,13 @@ impl ApprovalBackend for ApprovalStore {
     ) -> Result<Option<ApprovalRecord>, StoreError> {
         ApprovalStore::pending_for(self, call_digest, now_ms)
     }
-    fn pending_counts(&self, run_id: &str, now_ms: i64) -> Result<(u64, u64), StoreError> {
-        ApprovalStore::pending_counts(self, run_id, now_ms)
+    fn pending_counts(
+        &self,
+        run_id: &str,
+        role_id: &str,
+        now_ms: i64,
+    ) -> Result<PendingCounts, StoreError> {
+        ApprovalStore::pending_counts(self, run_id, role_id, now_ms)
     }
     fn list(
         &self,

@@ -18,7 +18,9 @@ use tokio::runtime::Handle;
 
 use super::{ClusterDb, QUERY_TIMEOUT, bounded};
 use crate::approvals::store::{PageSql, decode, encode, page_query};
-use crate::approvals::{ApprovalBackend, ApprovalRecord, ApprovalStatus, StoreError};
+use crate::approvals::{
+    ApprovalBackend, ApprovalRecord, ApprovalStatus, PendingCounts, StoreError,
+};
 use crate::diagnostic::Refusal;
 
 /// How long a sidecar's claim to audit an approval's expiry holds: a sidecar that
@@ -175,20 +177,30 @@ impl ApprovalBackend for PgApprovals {
         })
     }
 
-    fn pending_counts(&self, run_id: &str, now_ms: i64) -> Result<(u64, u64), StoreError> {
-        let run = run_id.to_string();
+    fn pending_counts(
+        &self,
+        run_id: &str,
+        role_id: &str,
+        now_ms: i64,
+    ) -> Result<PendingCounts, StoreError> {
+        let (run, role) = (run_id.to_string(), role_id.to_string());
         self.wait(move |db| {
             Box::pin(async move {
                 let rows = query(
                     &db,
-                    "SELECT count(*) FILTER (WHERE run_id = $1), count(*) FROM toolgate_approvals \
-                     WHERE status = 'pending' AND expires_at_ms > $2",
-                    &[&run, &now_ms],
+                    "SELECT count(*) FILTER (WHERE run_id = $1), \
+                     count(*) FILTER (WHERE record->'binding'->>'role_id' = $2), count(*) \
+                     FROM toolgate_approvals WHERE status = 'pending' AND expires_at_ms > $3",
+                    &[&run, &role, &now_ms],
                 )
                 .await?;
                 let row = rows.first();
                 let get = |i: usize| row.map(|r| r.get::<_, i64>(i).max(0) as u64).unwrap_or(0);
-                Ok((get(0), get(1)))
+                Ok(PendingCounts {
+                    run: get(0),
+                    role: get(1),
+                    total: get(2),
+                })
             })
         })
     }

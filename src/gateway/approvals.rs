@@ -130,23 +130,35 @@ impl Gateway {
         if let Some(existing) = self.approval_store(move |s| s.pending_for(&d, now)).await? {
             return Ok(self.fleet_sidecar(required(&existing, true)));
         }
-        let run_id = request.binding.run_id.clone();
-        let (of_run, total) = self
-            .approval_store(move |s| s.pending_counts(&run_id, now))
+        let (run_id, role_id) = (
+            request.binding.run_id.clone(),
+            request.binding.role_id.clone(),
+        );
+        let pending = self
+            .approval_store(move |s| s.pending_counts(&run_id, &role_id, now))
             .await?;
-        if of_run >= approvals::MAX_PENDING_PER_RUN || total >= approvals::MAX_PENDING_TOTAL {
+        if pending.run >= approvals::MAX_PENDING_PER_RUN
+            || pending.role >= approvals::MAX_PENDING_PER_ROLE
+            || pending.total >= approvals::MAX_PENDING_TOTAL
+        {
             return Err(Refusal::new(
                 Reason::ApprovalLimitReached,
                 format!(
-                    "{of_run} approvals are pending for this run and {total} in total (limits {} and {})",
+                    "{} approvals are pending for this run, {} for this role and {} in total (limits {}, {} and {})",
+                    pending.run,
+                    pending.role,
+                    pending.total,
                     approvals::MAX_PENDING_PER_RUN,
+                    approvals::MAX_PENDING_PER_ROLE,
                     approvals::MAX_PENDING_TOTAL
                 ),
             )
             .with_details(json!({
-                "pending_for_run": of_run,
-                "pending_total": total,
+                "pending_for_run": pending.run,
+                "pending_for_role": pending.role,
+                "pending_total": pending.total,
                 "max_pending_per_run": approvals::MAX_PENDING_PER_RUN,
+                "max_pending_per_role": approvals::MAX_PENDING_PER_ROLE,
                 "max_pending_total": approvals::MAX_PENDING_TOTAL,
                 "retry_after_ms": 1000,
             })));

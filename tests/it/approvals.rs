@@ -1047,3 +1047,37 @@ fn an_insider_cannot_retarget_a_granted_approval_or_lower_its_quorum() {
     );
     stop_and_verify(server);
 }
+
+/// One role (one agent's credential) cannot fill the whole pending budget: past a
+/// quarter of it, its requests are refused, and another role still gets its approval.
+#[test]
+fn one_role_cannot_use_up_the_pending_approvals_of_every_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = started(dir.path(), 1, 600);
+    let mut refused = None;
+    'runs: for r in 0..9 {
+        let run = server.create_run(json!({"case_id": "C-1001"}));
+        for i in 0..32 {
+            let (code, body) = send(&server, &draft_call(&run, &format!("Motion {r}-{i}")));
+            if code == 429 {
+                refused = Some((r * 32 + i, body));
+                break 'runs;
+            }
+            assert_eq!(code, 409, "{body}");
+        }
+    }
+    let (requested, body) = refused.expect("one role filled more than a quarter");
+    assert_eq!(requested, 250, "{body}");
+    let d = &body["diagnostic"];
+    assert_eq!(d["reason"], "approval_limit_reached", "{body}");
+    assert_eq!(d["details"]["pending_for_role"], 250, "{body}");
+    assert_eq!(d["details"]["max_pending_per_role"], 250, "{body}");
+    // Another role is not held up by the first one's requests.
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let mut call = draft_call(&run, "The supervisor's motion");
+    call["role_id"] = json!("supervisor");
+    let (code, body) = send(&server, &call);
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(body["diagnostic"]["reason"], "approval_required", "{body}");
+    stop_and_verify(server);
+}
