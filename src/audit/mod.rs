@@ -99,6 +99,9 @@ pub enum EventType {
     ApprovalDenied,
     /// An approval expired undecided or unused (recorded once, by the sweeper).
     ApprovalExpired,
+    /// A proven credential's decision on an approval was refused: not an approver of
+    /// it, or its requester (nothing about the approval changed).
+    ApprovalDecisionRefused,
     /// A two-phase tool's prepared call was committed upstream.
     ToolCommitted,
     /// A commit request was refused by the gateway (nothing was sent upstream).
@@ -113,7 +116,7 @@ pub enum EventType {
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 27] = [
+    pub const ALL: [EventType; 28] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -136,6 +139,7 @@ impl EventType {
         EventType::ApprovalGranted,
         EventType::ApprovalDenied,
         EventType::ApprovalExpired,
+        EventType::ApprovalDecisionRefused,
         EventType::ToolCommitted,
         EventType::ToolCommitRefused,
         EventType::ToolCommitFailed,
@@ -167,6 +171,7 @@ impl EventType {
             EventType::ApprovalGranted => "approval_granted",
             EventType::ApprovalDenied => "approval_denied",
             EventType::ApprovalExpired => "approval_expired",
+            EventType::ApprovalDecisionRefused => "approval_decision_refused",
             EventType::ToolCommitted => "tool_committed",
             EventType::ToolCommitRefused => "tool_commit_refused",
             EventType::ToolCommitFailed => "tool_commit_failed",

@@ -460,11 +460,14 @@ impl Gateway {
                     .iter()
                     .flat_map(|r| &r.approvers)
                     .collect();
-                return Err(Refusal::new(
+                let refusal = Refusal::new(
                     Reason::ApproverNotAllowed,
                     format!("this credential is not an approver of approval `{approval_id}`"),
                 )
-                .with_details(json!({ "approval_id": approval_id, "approvers": approvers })));
+                .with_details(json!({ "approval_id": approval_id, "approvers": approvers }));
+                return Err(self
+                    .refused_decision(&record, &principal, decision, refusal)
+                    .await);
             }
         };
         // Never the requester: not its role, not its JWT subject.
@@ -475,11 +478,14 @@ impl Gateway {
             || principal.roles.contains(&record.requester.role_id)
             || same_subject
         {
-            return Err(Refusal::new(
+            let refusal = Refusal::new(
                 Reason::SelfApprovalRefused,
                 format!("the requester of approval `{approval_id}` may not decide it"),
             )
-            .with_details(json!({ "approval_id": approval_id, "requester": record.requester })));
+            .with_details(json!({ "approval_id": approval_id, "requester": record.requester }));
+            return Err(self
+                .refused_decision(&record, &principal, decision, refusal)
+                .await);
         }
         let now = approvals::now_ms();
         match record.status_at(now) {
@@ -605,6 +611,35 @@ impl Gateway {
             expired += 1;
         }
         Ok(expired)
+    }
+
+    /// Records a proven credential's refused decision (`approval_decision_refused`:
+    /// who tried, what, and why it was refused) and gives back the refusal; if the log
+    /// cannot take it, the caller is told so instead.
+    async fn refused_decision(
+        &self,
+        record: &ApprovalRecord,
+        principal: &Principal,
+        decision: Verdict,
+        refusal: Refusal,
+    ) -> Refusal {
+        let mut event = approval_event(EventType::ApprovalDecisionRefused, record);
+        event.details.insert(
+            "by".into(),
+            json!({
+                "admin": principal.admin,
+                "roles": principal.roles,
+                "subject": principal.subject,
+            }),
+        );
+        event.details.insert("decision".into(), json!(decision));
+        event
+            .details
+            .insert("refused".into(), json!(refusal.reason.as_str()));
+        match self.audit.append(event).await {
+            Ok(_) => refusal,
+            Err(e) => audit_refusal(e),
+        }
     }
 
     /// Whether the audit log holds what `record` claims, for the call whose digest is

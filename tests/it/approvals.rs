@@ -426,6 +426,13 @@ fn the_requester_never_approves_its_own_call() {
     assert_eq!(early["diagnostic"]["reason"], "approval_pending");
     let all = events(&server);
     assert!(of_type(&all, "approval_granted", &id).is_empty());
+    // The attempt is evidence: who tried, what, and why it was refused.
+    let tried = of_type(&all, "approval_decision_refused", &id);
+    assert_eq!(tried.len(), 1, "{all:?}");
+    let d = &tried[0]["details"];
+    assert_eq!(d["refused"], "self_approval_refused", "{d}");
+    assert_eq!(d["decision"], "approve", "{d}");
+    assert_eq!(d["by"]["roles"], json!(["drafting_agent"]), "{d}");
     stop_and_verify(server);
 }
 
@@ -578,6 +585,16 @@ fn hostile_decisions_and_ids_get_structured_refusals() {
         (code, &body["diagnostic"]["reason"]),
         (403, &json!("approver_not_allowed")),
         "{body}"
+    );
+    let tried = of_type(&events(&server), "approval_decision_refused", &id)
+        .into_iter()
+        .cloned()
+        .collect::<Vec<_>>();
+    assert_eq!(tried.len(), 1, "{tried:?}");
+    assert_eq!(tried[0]["details"]["refused"], "approver_not_allowed");
+    assert_eq!(
+        tried[0]["details"]["by"]["roles"],
+        json!(["research_agent"])
     );
     let (code, body) = server.get(&format!("/v1/approvals/{id}"), Some(&research));
     assert_eq!(
