@@ -572,6 +572,9 @@ impl Gateway {
                                 }
                                 .with_details(json!({ "timeout_ms": timeout_ms, "reached_tool": false })))
                             }
+                            () = self.shutting_down() => {
+                                Err(Adapter::classify_error(allowed.tool, &ExecError::Cancelled))
+                            }
                             () = signals.cancel.cancelled() => {
                                 Err(Adapter::classify_error(allowed.tool, &ExecError::Cancelled))
                             }
@@ -902,7 +905,7 @@ impl Gateway {
         };
         // INVARIANT: nothing starts once the deadline has passed (e.g. a slow audit
         // append in step 9 used the whole budget).
-        let result = if signals.cancel.is_cancelled() {
+        let result = if signals.cancel.is_cancelled() || self.is_shutting_down() {
             Err(ExecError::Cancelled)
         } else if started >= deadline {
             Err(ExecError::Timeout)
@@ -919,6 +922,7 @@ impl Gateway {
                     Err(_) => Err(ExecError::Timeout),
                 },
                 () = signals.cancel.cancelled() => Err(ExecError::Cancelled),
+                () = self.shutting_down() => Err(ExecError::Cancelled),
             }
         };
         let tool_ms = started.elapsed().as_millis() as u64;

@@ -366,7 +366,7 @@ async fn route(
             // call runs to its closing audit event. A dropped connection drops this
             // future, and the guard cancels the call (closed as `cancelled`).
             let gw = gateway.clone();
-            let signals = gateway.call_signals();
+            let signals = crate::call::CallSignals::default();
             let cancel_on_disconnect = signals.cancel.clone().drop_guard();
             let handle = tokio::spawn(async move {
                 // A body that does not parse is still a tool call: refused at step 1

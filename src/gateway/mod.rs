@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
@@ -20,8 +19,7 @@ use crate::adapter::{Adapter, AdapterEnv, Adapters};
 use crate::artifacts::ArtifactStore;
 use crate::audit::{AuditError, AuditLog, EventFilter, EventType, NewEvent};
 use crate::authz;
-use crate::call::CallSignals;
-use crate::capacity::{AuditCapacity, CapacityOptions};
+use crate::capacity::AuditCapacity;
 use crate::diagnostic::{Reason, Refusal};
 use crate::idempotency::Idempotency;
 use crate::observe::Metrics;
@@ -34,6 +32,8 @@ mod approvals;
 mod evidence;
 pub use evidence::{EvidencePage, MAX_BUNDLE_BYTES};
 mod budgets;
+mod capacity;
+mod drain;
 mod fleet;
 pub(crate) use fleet::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX};
 mod jwt;
@@ -193,10 +193,11 @@ pub struct Gateway {
     cluster: Option<Arc<crate::cluster::ClusterDb>>,
     /// The fleet key (`serve --fleet-key-dir`): signs and checks approval decisions.
     fleet_key: Option<Arc<crate::audit::keys::SignerKey>>,
-    /// The parent of every call's cancellation: cancelled when a shutdown's drain time
-    /// has run out, so the calls still running close as `cancelled` before the log
-    /// does.
-    in_flight: tokio_util::sync::CancellationToken,
+    /// Cancelled when a shutdown's drain time has run out: every call still running
+    /// stops as if its caller had gone, and closes as `cancelled` before the log does.
+    /// Calls wait on it beside their own cancellation (a child token per call would
+    /// take this token's lock twice a call).
+    shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl Gateway {
@@ -246,44 +247,8 @@ impl Gateway {
             counters,
             cluster: None,
             fleet_key: None,
-            in_flight: tokio_util::sync::CancellationToken::new(),
+            shutdown: tokio_util::sync::CancellationToken::new(),
         })
-    }
-
-    /// The signals of a new call: its cancellation is a child of the gateway's, so
-    /// [`Gateway::cancel_in_flight`] reaches it as a disconnect does.
-    pub fn call_signals(&self) -> CallSignals {
-        CallSignals {
-            cancel: self.in_flight.child_token(),
-            ..CallSignals::default()
-        }
-    }
-
-    /// Cancels every call still running (the end of a shutdown's drain): each stops
-    /// executing and closes as `cancelled`, with its closing event.
-    pub fn cancel_in_flight(&self) {
-        self.in_flight.cancel();
-    }
-
-    /// How long a shutdown waits for the calls in flight, read from the policy loaded
-    /// now (a reload may have raised a tool's limits): the longest a call may take
-    /// (`timeout_ms_max`) or a commit or rollback (`phases.max_attempts` times
-    /// `phases.timeout_ms`), plus a second.
-    pub fn drain_time(&self) -> Duration {
-        let loaded = self.current();
-        let longest = loaded
-            .policy
-            .tools
-            .values()
-            .map(|t| {
-                let phases = t.phases.as_ref().map_or(0, |p| {
-                    p.timeout_ms.saturating_mul(u64::from(p.max_attempts))
-                });
-                t.limits.timeout_ms_max.max(phases)
-            })
-            .max()
-            .unwrap_or(0);
-        Duration::from_millis(longest.saturating_add(1000))
     }
 
     /// Turns shadow mode on: `shadow` decides every call beside the active policy.
@@ -297,27 +262,6 @@ impl Gateway {
     pub fn with_capacity(mut self, capacity: Arc<AuditCapacity>) -> Gateway {
         self.capacity = Some(capacity);
         self
-    }
-
-    /// The refusal of a new call when the audit log has no headroom left.
-    pub fn capacity_refusal(&self) -> Option<Refusal> {
-        self.capacity.as_ref().and_then(|c| c.refusal())
-    }
-
-    /// The refusal of a call in front of the pipeline, unrecorded, once the audit
-    /// log's headroom is down to the half of the reserve kept for admin changes
-    /// (`capacity::RECORDED_REFUSALS_FLOOR`); counted in `/metrics`.
-    pub fn unrecorded_refusal(&self) -> Option<Refusal> {
-        let refusal = self.capacity.as_ref()?.unrecorded_refusal()?;
-        self.metrics.count_unrecorded();
-        Some(refusal)
-    }
-
-    /// The audit log's headroom, when it is bounded.
-    pub fn audit_headroom(&self) -> Option<(crate::capacity::Headroom, CapacityOptions)> {
-        self.capacity
-            .as_ref()
-            .map(|c| (c.headroom(), c.options().clone()))
     }
 
     /// The shadow policy, when shadow mode is on.

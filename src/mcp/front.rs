@@ -244,9 +244,9 @@ impl ServerHandler for Front {
             .and_then(|t| serde_json::from_value::<ProgressToken>(t.clone()).ok());
         let (progress, mut heard) = tokio::sync::watch::channel(None);
         let signals = CallSignals {
+            cancel: tokio_util::sync::CancellationToken::new(),
             progress: progress_token.is_some().then_some(progress),
             mcp_method: Some("tools/call"),
-            ..self.gateway.call_signals()
         };
         let _registered = InFlightCalls::register(key, &signals);
         // Spawned so a client that disconnects cannot cut a call halfway: every call
