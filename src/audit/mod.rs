@@ -98,6 +98,9 @@ pub enum EventType {
     ApprovalDenied,
     /// An approval expired undecided or unused (recorded once, by the sweeper).
     ApprovalExpired,
+    /// A commit of a two-phase tool's prepared call is about to be sent upstream
+    /// (written ahead: the upstream commit runs only once this is durable).
+    ToolCommitRequested,
     /// A two-phase tool's prepared call was committed upstream.
     ToolCommitted,
     /// A commit request was refused by the gateway (nothing was sent upstream).
@@ -112,7 +115,7 @@ pub enum EventType {
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 27] = [
+    pub const ALL: [EventType; 28] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -135,6 +138,7 @@ impl EventType {
         EventType::ApprovalGranted,
         EventType::ApprovalDenied,
         EventType::ApprovalExpired,
+        EventType::ToolCommitRequested,
         EventType::ToolCommitted,
         EventType::ToolCommitRefused,
         EventType::ToolCommitFailed,
@@ -166,6 +170,7 @@ impl EventType {
             EventType::ApprovalGranted => "approval_granted",
             EventType::ApprovalDenied => "approval_denied",
             EventType::ApprovalExpired => "approval_expired",
+            EventType::ToolCommitRequested => "tool_commit_requested",
             EventType::ToolCommitted => "tool_committed",
             EventType::ToolCommitRefused => "tool_commit_refused",
             EventType::ToolCommitFailed => "tool_commit_failed",
