@@ -1030,3 +1030,52 @@ fn a_commit_outcome_owed_at_a_stop_is_recorded_at_the_next_start() {
     assert_eq!(server.stop().code(), Some(0));
     lab.verify();
 }
+
+#[test]
+fn a_commit_is_refused_and_audited_when_the_audit_log_has_no_room() {
+    let tmp = tempfile::tempdir().unwrap();
+    let court = Court::start();
+    let data_dir = tmp.path().join("var");
+    let start = |args: Vec<String>| Start {
+        data_dir: Some(data_dir.clone()),
+        args,
+        ..policy(tmp.path(), &court)
+    };
+    let server = Server::start_with(start(Vec::new()));
+    let run = server.create_run(json!({}));
+    let prepared = prepare(&server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let call_id = prepared["call_id"].as_str().unwrap();
+    assert_eq!(server.stop().code(), Some(0));
+
+    // Back with a cap that leaves less than the 4 MiB reserve (but room to write).
+    let used: u64 = fs::read_dir(&data_dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    let cap = (used + 2 * 1024 * 1024).to_string();
+    let server = Server::start_with(start(vec!["--max-audit-bytes".into(), cap]));
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!(
+        (status, reason(&body)),
+        (503, "audit_capacity_exhausted"),
+        "{body}"
+    );
+    assert_eq!(
+        court.filing(&filing)["commits"],
+        0,
+        "the court saw no commit"
+    );
+    let events = events_of(&server, call_id);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "tool_commit_refused", "{events:?}");
+    assert_eq!(last["reason"], "audit_capacity_exhausted", "{last}");
+    assert_eq!(server.stop().code(), Some(0));
+
+    // With room again, the refusal consumed nothing: the same commit goes through.
+    let server = Server::start_with(start(Vec::new()));
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(court.filing(&filing)["commits"], 1);
+    verify(&server.db());
+}
