@@ -13,7 +13,11 @@ Standard-library Python only. It serves, on 127.0.0.1:
   GET  /filings            every filing: [{"filing_id", "status", "call_id", ...}]
   GET  /filings/<id>       one filing
   POST /control            test hooks: {"fail_next": "commit"|"rollback", "count": N,
-                           "status": 503} makes the next N such requests fail
+                           "status": 503} makes the next N such requests fail;
+                           {"hold_next": "commit"|"rollback"} makes the next such
+                           request wait, before it takes effect, until
+                           {"release": "commit"|"rollback"}
+  GET  /control            {"held": {"commit": N, "rollback": N}}: requests waiting
 
 Usage: court.py [--port 8799]. With --port 0 it picks a free port. It prints
 "court listening on http://127.0.0.1:PORT" once it accepts connections.
@@ -35,6 +39,9 @@ LOCK = threading.Lock()
 FILINGS = {}  # filing_id -> record
 BY_TOKEN = {}  # commit_token -> filing_id
 FAILURES = {"commit": [0, 503], "rollback": [0, 503]}
+HOLD_NEXT = {"commit": False, "rollback": False}  # the next request of the phase waits
+HELD = {"commit": 0, "rollback": 0}  # requests waiting now
+RELEASE = {"commit": threading.Event(), "rollback": threading.Event()}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -65,6 +72,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         parts = [p for p in self.path.split("?")[0].split("/") if p]
         with LOCK:
+            if parts == ["control"]:
+                return self.answer(200, {"held": dict(HELD)})
             if parts == ["filings"]:
                 return self.answer(200, {"filings": list(FILINGS.values())})
             if len(parts) == 2 and parts[0] == "filings" and parts[1] in FILINGS:
@@ -77,6 +86,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(400, {"error": "the body must be one JSON object"})
         path = self.path.split("?")[0].rstrip("/")
         call_id = self.headers.get("x-toolgate-call-id", "")
+        phase = path.rsplit("/", 1)[1]
+        if path in ("/filings/commit", "/filings/rollback"):
+            self.wait_if_held(phase)
         with LOCK:
             if path == "/filings":
                 filing_id = "f-" + secrets.token_hex(8)
@@ -110,12 +122,31 @@ class Handler(BaseHTTPRequestHandler):
                 record["status"] = done
                 return self.answer(200, {"filing_id": filing_id, "status": done})
             if path == "/control":
+                if body.get("hold_next") in HOLD_NEXT:
+                    RELEASE[body["hold_next"]].clear()
+                    HOLD_NEXT[body["hold_next"]] = True
+                    return self.answer(200, {"ok": True})
+                if body.get("release") in RELEASE:
+                    RELEASE[body["release"]].set()
+                    return self.answer(200, {"ok": True})
                 phase = body.get("fail_next")
                 if phase not in FAILURES:
                     return self.answer(400, {"error": "fail_next must be commit or rollback"})
                 FAILURES[phase] = [int(body.get("count", 1)), int(body.get("status", 503))]
                 return self.answer(200, {"ok": True})
         self.answer(404, {"error": "not found"})
+
+    def wait_if_held(self, phase):
+        """Waits (outside the lock) for a release when this request was to be held."""
+        with LOCK:
+            held = HOLD_NEXT[phase]
+            HOLD_NEXT[phase] = False
+            if held:
+                HELD[phase] += 1
+        if held:
+            RELEASE[phase].wait()
+            with LOCK:
+                HELD[phase] -= 1
 
 
 def main():

@@ -102,6 +102,9 @@ pub enum EventType {
     /// A proven credential's decision on an approval was refused: not an approver of
     /// it, or its requester (nothing about the approval changed).
     ApprovalDecisionRefused,
+    /// A commit of a two-phase tool's prepared call is about to be sent upstream
+    /// (written ahead: the upstream commit runs only once this is durable).
+    ToolCommitRequested,
     /// A two-phase tool's prepared call was committed upstream.
     ToolCommitted,
     /// A commit request was refused by the gateway (nothing was sent upstream).
@@ -116,7 +119,7 @@ pub enum EventType {
 
 impl EventType {
     /// Every event type, in declaration order.
-    pub const ALL: [EventType; 28] = [
+    pub const ALL: [EventType; 29] = [
         EventType::ToolRequested,
         EventType::ToolAllowed,
         EventType::ToolDenied,
@@ -140,6 +143,7 @@ impl EventType {
         EventType::ApprovalDenied,
         EventType::ApprovalExpired,
         EventType::ApprovalDecisionRefused,
+        EventType::ToolCommitRequested,
         EventType::ToolCommitted,
         EventType::ToolCommitRefused,
         EventType::ToolCommitFailed,
@@ -172,6 +176,7 @@ impl EventType {
             EventType::ApprovalDenied => "approval_denied",
             EventType::ApprovalExpired => "approval_expired",
             EventType::ApprovalDecisionRefused => "approval_decision_refused",
+            EventType::ToolCommitRequested => "tool_commit_requested",
             EventType::ToolCommitted => "tool_committed",
             EventType::ToolCommitRefused => "tool_commit_refused",
             EventType::ToolCommitFailed => "tool_commit_failed",

@@ -7,9 +7,14 @@
 //! is durable before the upstream is called. A commit is never replayed. The commit
 //! token stays in the state store: no response, audit event or log line carries it
 //! (only its sha256).
+//! INVARIANT: the upstream commit runs only once its `tool_commit_requested` is durable
+//! in the audit log (written ahead, like a call's `tool_requested`).
 //! INVARIANT: every phase leaves an audit event (`tool_committed`,
 //! `tool_commit_refused`, `tool_commit_failed`, `tool_rolled_back`,
-//! `tool_rollback_failed`).
+//! `tool_rollback_failed`). An outcome event is owed before it is appended: the new
+//! state and the event are durable together in the state store, then appended; one the
+//! log cannot take stays owed and is appended by the reaper's next round or at the next
+//! start, never by running the phase again.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -26,7 +31,9 @@ use crate::canonical::sha256_hex;
 use crate::diagnostic::{Reason, Refusal};
 use crate::requests::Commit;
 use crate::state::StateError;
-use crate::state::phases::{CommitState, PendingCommit, PhaseStore};
+use crate::state::phases::{CommitState, PendingCommit, PhaseStore, UnrecordedEvent};
+
+mod owed;
 
 /// Undecided prepared calls the gateway holds at most; a prepare beyond is refused.
 pub const MAX_PENDING: usize = 10_000;
@@ -37,6 +44,8 @@ const KEEP_DECIDED_MS: i64 = 7 * 24 * 3600 * 1000;
 const MAX_DECIDED: usize = 50_000;
 /// The reaper looks at the table at least this often.
 const REAPER_IDLE: Duration = Duration::from_secs(30);
+/// While an outcome event is owed, the reaper tries to record it this often.
+const OWED_RETRY: Duration = Duration::from_secs(1);
 
 /// The pending commits of the running gateway.
 pub struct TwoPhase {
@@ -48,9 +57,26 @@ pub struct TwoPhase {
     table: Mutex<HashMap<String, PendingCommit>>,
     /// Wakes the reaper when a call is prepared.
     wake: tokio::sync::Notify,
+    /// Held while outcome events are made owed and appended, so that each is appended
+    /// once and a call's events keep their order.
+    recording: tokio::sync::Mutex<()>,
     /// When this process started (unix ms): a deadline before it passed while the
     /// gateway was down.
     started_ms: i64,
+    /// The calls a stop interrupted mid-phase (their state when the store was loaded):
+    /// the only ones resumed at start, never a phase this process has begun since.
+    interrupted: std::collections::HashSet<String>,
+}
+
+/// The states a stop can leave a call in mid-phase (resumed at start).
+fn is_unfinished(state: CommitState) -> bool {
+    matches!(
+        state,
+        CommitState::Committing
+            | CommitState::RollingBack
+            | CommitState::CommitFailed
+            | CommitState::RollbackFailed
+    )
 }
 
 /// The identifiers of a call being prepared.
@@ -75,11 +101,18 @@ impl TwoPhase {
             }
             Ok(Arc::new(store))
         });
+        let interrupted = table
+            .values()
+            .filter(|e| is_unfinished(e.state))
+            .map(|e| e.call_id.clone())
+            .collect();
         TwoPhase {
             store: store.map_err(|e| e.to_string()),
             table: Mutex::new(table),
             wake: tokio::sync::Notify::new(),
+            recording: tokio::sync::Mutex::new(()),
             started_ms: now,
+            interrupted,
         }
     }
 
@@ -123,18 +156,32 @@ impl TwoPhase {
     }
 
     fn set(&self, call_id: &str, state: CommitState) {
+        self.set_owing(call_id, state, None);
+    }
+
+    /// Sets the call's state and adds `owed` to the events it owes; returns them all.
+    fn set_owing(
+        &self,
+        call_id: &str,
+        state: CommitState,
+        owed: Option<UnrecordedEvent>,
+    ) -> Vec<UnrecordedEvent> {
+        let mut all = Vec::new();
         if let Ok(mut table) = self.table.lock() {
             if let Some(entry) = table.get_mut(call_id) {
                 entry.state = state;
                 if state.is_final() {
                     entry.token.clear();
                 }
+                entry.unrecorded.extend(owed);
+                all = entry.unrecorded.clone();
             }
             if table.len() > MAX_PENDING + MAX_DECIDED {
-                // Forget the decided calls whose deadline is oldest.
+                // Forget the decided calls whose deadline is oldest (never one that
+                // still owes an event).
                 let mut decided: Vec<(i64, String)> = table
                     .values()
-                    .filter(|e| e.state.is_final())
+                    .filter(|e| e.state.is_final() && e.unrecorded.is_empty())
                     .map(|e| (e.deadline_ms, e.call_id.clone()))
                     .collect();
                 decided.sort();
@@ -144,6 +191,38 @@ impl TwoPhase {
                 }
             }
         }
+        all
+    }
+
+    /// The call as the table holds it.
+    fn entry(&self, call_id: &str) -> Option<PendingCommit> {
+        self.table.lock().ok()?.get(call_id).cloned()
+    }
+
+    /// Notes that the event `outcome_id` of the call is in the log; returns the events
+    /// it still owes.
+    fn recorded(&self, call_id: &str, outcome_id: &str) -> Vec<UnrecordedEvent> {
+        let Ok(mut table) = self.table.lock() else {
+            return Vec::new();
+        };
+        let Some(entry) = table.get_mut(call_id) else {
+            return Vec::new();
+        };
+        entry.unrecorded.retain(|e| e.outcome_id() != outcome_id);
+        entry.unrecorded.clone()
+    }
+
+    /// The calls that owe outcome events.
+    fn owing(&self) -> Vec<String> {
+        self.table
+            .lock()
+            .map(|t| {
+                t.values()
+                    .filter(|e| !e.unrecorded.is_empty())
+                    .map(|e| e.call_id.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -178,6 +257,7 @@ impl Gateway {
             token,
             deadline_ms,
             state: CommitState::Pending,
+            unrecorded: Vec::new(),
         };
         let stored = row.clone();
         let inserted = blocking(store, move |s| s.insert(&stored, now)).await;
@@ -254,6 +334,22 @@ impl Gateway {
                 .map_err(super::audit_refusal)?;
             return Err(refusal);
         }
+        // Written ahead: the upstream commit runs only once its request is recorded.
+        let mut requested = phase_event(EventType::ToolCommitRequested, &entry, "request", 0);
+        requested.details.remove("attempts");
+        if let Err(e) = self.audit.append(requested).await {
+            // Nothing was sent upstream: the call is pending again, and the same commit
+            // may be retried.
+            self.persist(&entry.call_id, CommitState::Pending).await;
+            return Err(Refusal::new(
+                Reason::AuditUnavailable,
+                format!(
+                    "the commit request could not be recorded, so nothing was sent upstream; \
+                     the call is still pending and the commit may be retried: {e}"
+                ),
+            )
+            .with_retryable(true));
+        }
         self.finish_commit(entry, "request").await
     }
 
@@ -295,6 +391,10 @@ impl Gateway {
                 Reason::CommitNotAllowed,
                 "the call was prepared by another run or role; only they may commit it",
             ));
+        }
+        // The audit log must have room for the commit's events, as for a call's.
+        if let Some(refusal) = self.capacity_refusal() {
+            return Err(refusal);
         }
         // The commit is where the side effect happens: what refuses a call now refuses
         // its commit too (the lock, the run's status for the lane, the role, lane and
@@ -359,7 +459,6 @@ impl Gateway {
         let attempts = outcome.attempts;
         match outcome.result {
             Ok(mut answer) => {
-                self.persist(&entry.call_id, CommitState::Committed).await;
                 let token_field = self.token_field(&entry.tool_name);
                 if let Some(o) = answer.as_object_mut() {
                     o.remove(&token_field);
@@ -367,14 +466,21 @@ impl Gateway {
                 let mut event = phase_event(EventType::ToolCommitted, &entry, trigger, attempts);
                 event.output_hash_sha256 =
                     Some(sha256_hex(&crate::canonical::to_canonical_bytes(&answer)));
-                let appended = self.audit.append(event).await.map_err(|e| {
-                    Refusal::new(
-                        Reason::AuditUnavailable,
-                        format!("the call was committed, but the audit log could not record it; no output is returned: {e}"),
-                    )
-                    .at_step(12)
-                    .with_retryable(false)
-                })?;
+                let appended = self
+                    .record_outcome(&entry.call_id, CommitState::Committed, event)
+                    .await
+                    .map_err(|e| {
+                        Refusal::new(
+                            Reason::AuditUnavailable,
+                            format!(
+                                "the call was committed, but the audit log could not record it yet; \
+                                 its tool_committed is recorded once the log takes it; no output \
+                                 is returned: {e}"
+                            ),
+                        )
+                        .at_step(12)
+                        .with_retryable(false)
+                    })?;
                 Ok(json!({
                     "call_id": entry.call_id,
                     "commit_id": entry.commit_id,
@@ -386,8 +492,6 @@ impl Gateway {
                 }))
             }
             Err(error) => {
-                self.persist(&entry.call_id, CommitState::CommitFailed)
-                    .await;
                 let mut refusal = phase_refusal(
                     Reason::CommitFailed,
                     &entry,
@@ -397,7 +501,9 @@ impl Gateway {
                 );
                 let mut event = phase_event(EventType::ToolCommitFailed, &entry, trigger, attempts);
                 add_refusal(&mut event, &refusal);
-                let recorded = self.audit.append(event).await;
+                let recorded = self
+                    .record_outcome(&entry.call_id, CommitState::CommitFailed, event)
+                    .await;
                 let rolled = self
                     .roll_back(
                         &entry.call_id,
@@ -450,9 +556,8 @@ impl Gateway {
                 (CommitState::RollbackFailed, event)
             }
         };
-        self.persist(call_id, state).await;
-        if let Err(e) = self.audit.append(event).await {
-            tracing::error!(call_id, error = %e, "the audit log could not record a rollback");
+        if let Err(e) = self.record_outcome(call_id, state, event).await {
+            tracing::error!(call_id, error = %e, "the audit log could not record a rollback yet; it is recorded at the next chance");
         }
         state
     }
@@ -501,11 +606,23 @@ impl Gateway {
     /// upstream), and a restart resumes from the last durable state.
     async fn persist(&self, call_id: &str, state: CommitState) {
         self.two_phase.set(call_id, state);
+        let id = call_id.to_string();
+        self.store_write(call_id, move |s| s.set_state(&id, state, now_ms()))
+            .await;
+    }
+
+    /// Writes to the state store; a store that cannot be written is logged (the
+    /// in-memory state already changed, and a restart resumes from the last durable
+    /// state).
+    async fn store_write(
+        &self,
+        call_id: &str,
+        write: impl FnOnce(&PhaseStore) -> Result<(), StateError> + Send + 'static,
+    ) {
         let Ok(store) = self.two_phase.store() else {
             return;
         };
-        let id = call_id.to_string();
-        if let Err(e) = blocking(store, move |s| s.set_state(&id, state, now_ms())).await {
+        if let Err(e) = blocking(store, write).await {
             tracing::error!(call_id, error = %e, "the two-phase state could not be written");
         }
     }
@@ -519,11 +636,15 @@ impl Gateway {
         tokio::spawn(async move {
             gateway.resume_phases().await;
             loop {
+                let owing = gateway.record_owed().await;
                 let next = gateway.roll_back_expired().await;
-                let wait = next.map_or(REAPER_IDLE, |deadline| {
+                let mut wait = next.map_or(REAPER_IDLE, |deadline| {
                     Duration::from_millis(u64::try_from(deadline - now_ms()).unwrap_or(0))
                         .min(REAPER_IDLE)
                 });
+                if owing {
+                    wait = wait.min(OWED_RETRY);
+                }
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     () = gateway.two_phase.wake.notified() => {}
@@ -533,25 +654,22 @@ impl Gateway {
     }
 
     async fn resume_phases(&self) {
+        // What the log could not take before the stop comes first, in order.
+        self.record_owed().await;
+        // Only what the stop interrupted: a commit a request began since the start (the
+        // reaper may run after the first requests) is that request's to finish.
         let unfinished: Vec<PendingCommit> = match self.two_phase.table.lock() {
             Ok(t) => t
                 .values()
-                .filter(|e| {
-                    matches!(
-                        e.state,
-                        CommitState::Committing
-                            | CommitState::RollingBack
-                            | CommitState::CommitFailed
-                            | CommitState::RollbackFailed
-                    )
-                })
+                .filter(|e| self.two_phase.interrupted.contains(&e.call_id))
+                .filter(|e| is_unfinished(e.state))
                 .cloned()
                 .collect(),
             Err(_) => Vec::new(),
         };
         for entry in unfinished {
             if entry.state == CommitState::Committing {
-                let _ = self.finish_commit(entry, "resumed").await;
+                self.resume_commit(entry).await;
             } else {
                 let from = [
                     CommitState::RollingBack,
@@ -559,6 +677,21 @@ impl Gateway {
                     CommitState::RollbackFailed,
                 ];
                 self.roll_back(&entry.call_id, &from, "resumed").await;
+            }
+        }
+    }
+
+    /// A commit a stop interrupted: run again if its `tool_commit_requested` is in the
+    /// log (the upstream may have seen it; its idempotence makes the repeat safe);
+    /// otherwise it was never sent upstream and the call is pending again.
+    async fn resume_commit(&self, entry: PendingCommit) {
+        match self.commit_request_in_log(&entry).await {
+            Ok(true) => {
+                let _ = self.finish_commit(entry, "resumed").await;
+            }
+            Ok(false) => self.persist(&entry.call_id, CommitState::Pending).await,
+            Err(e) => {
+                tracing::error!(call_id = %entry.call_id, error = %e, "the audit log could not be read; the interrupted commit is resumed at the next start");
             }
         }
     }

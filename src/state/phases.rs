@@ -2,11 +2,18 @@
 //! upstream's commit token (never in the audit log), the commit deadline and the
 //! state. Rows of decided calls keep their state (so a late commit is refused with the
 //! right reason) with the token erased.
+//!
+//! A row also keeps the outcome events of its phases that the audit log has not taken
+//! yet (`unrecorded`, a JSON array): the phase happened upstream, its event is owed,
+//! and the gateway appends it at its next chance without running the phase again.
+//! Such a row is never pruned.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use rusqlite::params;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use super::{StateError, sqlite_error};
 
@@ -23,9 +30,15 @@ CREATE TABLE IF NOT EXISTS pending_commits (
     token_sha256 TEXT NOT NULL,
     deadline_ms  INTEGER NOT NULL,
     state        TEXT NOT NULL,
-    updated_ms   INTEGER NOT NULL
+    updated_ms   INTEGER NOT NULL,
+    unrecorded   TEXT NOT NULL DEFAULT '[]'
 );
 ";
+
+/// The column added after the first release of the table: a store created before it
+/// gets it at open (its rows owe no event).
+const ADD_UNRECORDED: &str =
+    "ALTER TABLE pending_commits ADD COLUMN unrecorded TEXT NOT NULL DEFAULT '[]'";
 
 /// Where a prepared call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +90,35 @@ impl CommitState {
     }
 }
 
+/// The outcome event of a phase that happened upstream, kept until the audit log holds
+/// it. The call's identifiers come from its row; this holds the rest of the event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnrecordedEvent {
+    /// The event type's name (`tool_committed`, `tool_rolled_back`, ...).
+    pub event_type: String,
+    #[serde(default)]
+    pub output_hash_sha256: Option<String>,
+    #[serde(default)]
+    pub error_code: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub failed_step: Option<u8>,
+    /// The event's `details`, `outcome_id` included (unique per outcome: the gateway
+    /// finds with it whether the log took the event after all).
+    pub details: Map<String, Value>,
+}
+
+impl UnrecordedEvent {
+    /// The `details.outcome_id` of the event.
+    pub fn outcome_id(&self) -> &str {
+        self.details
+            .get("outcome_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+}
+
 /// One prepared call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingCommit {
@@ -95,6 +137,8 @@ pub struct PendingCommit {
     /// Unix milliseconds after which the call is rolled back.
     pub deadline_ms: i64,
     pub state: CommitState,
+    /// Outcome events owed to the audit log, oldest first.
+    pub unrecorded: Vec<UnrecordedEvent>,
 }
 
 /// The table of pending commits in `<data_dir>/phases.db`.
@@ -114,6 +158,14 @@ impl std::fmt::Debug for PhaseStore {
 impl PhaseStore {
     pub fn open(path: &Path) -> Result<PhaseStore, StateError> {
         let conn = super::open(path, SCHEMA)?;
+        let has_unrecorded = conn
+            .prepare("SELECT 1 FROM pragma_table_info('pending_commits') WHERE name = 'unrecorded'")
+            .and_then(|mut stmt| stmt.exists([]))
+            .map_err(|e| sqlite_error(path, &e))?;
+        if !has_unrecorded {
+            conn.execute_batch(ADD_UNRECORDED)
+                .map_err(|e| sqlite_error(path, &e))?;
+        }
         Ok(PhaseStore {
             path: path.to_path_buf(),
             conn: Mutex::new(conn),
@@ -136,7 +188,8 @@ impl PhaseStore {
         let rows = self.with(|c| {
             let mut stmt = c.prepare(
                 "SELECT call_id, commit_id, run_id, role_id, lane_id, tool_name, tool_version,
-                        token, token_sha256, deadline_ms, state FROM pending_commits",
+                        token, token_sha256, deadline_ms, state, unrecorded
+                 FROM pending_commits",
             )?;
             let rows = stmt.query_map([], |r| {
                 Ok((
@@ -152,23 +205,31 @@ impl PhaseStore {
                         token_sha256: r.get(8)?,
                         deadline_ms: r.get(9)?,
                         state: CommitState::Pending,
+                        unrecorded: Vec::new(),
                     },
                     r.get::<_, String>(10)?,
+                    r.get::<_, String>(11)?,
                 ))
             })?;
             rows.collect::<rusqlite::Result<Vec<_>>>()
         })?;
         rows.into_iter()
-            .map(|(mut row, state)| match CommitState::parse(&state) {
-                Some(s) => {
-                    row.state = s;
-                    Ok(row)
-                }
-                None => Err(StateError(format!(
-                    "state store `{}`: call `{}` has an unknown state `{state}`",
-                    self.path.display(),
-                    row.call_id
-                ))),
+            .map(|(mut row, state, unrecorded)| {
+                row.state = CommitState::parse(&state).ok_or_else(|| {
+                    StateError(format!(
+                        "state store `{}`: call `{}` has an unknown state `{state}`",
+                        self.path.display(),
+                        row.call_id
+                    ))
+                })?;
+                row.unrecorded = serde_json::from_str(&unrecorded).map_err(|e| {
+                    StateError(format!(
+                        "state store `{}`: call `{}` has unreadable unrecorded events: {e}",
+                        self.path.display(),
+                        row.call_id
+                    ))
+                })?;
+                Ok(row)
             })
             .collect()
     }
@@ -177,8 +238,9 @@ impl PhaseStore {
         self.with(|c| {
             c.execute(
                 "INSERT INTO pending_commits (call_id, commit_id, run_id, role_id, lane_id,
-                    tool_name, tool_version, token, token_sha256, deadline_ms, state, updated_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                    tool_name, tool_version, token, token_sha256, deadline_ms, state, updated_ms,
+                    unrecorded)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 params![
                     row.call_id,
                     row.commit_id,
@@ -191,7 +253,8 @@ impl PhaseStore {
                     row.token_sha256,
                     row.deadline_ms,
                     row.state.as_str(),
-                    now_ms
+                    now_ms,
+                    unrecorded_json(&row.unrecorded)?
                 ],
             )
             .map(|_| ())
@@ -216,16 +279,62 @@ impl PhaseStore {
         })
     }
 
-    /// Deletes decided rows last changed before `before_ms`; returns how many.
+    /// Sets a row's state and the outcome events it owes in one write; a final state
+    /// erases the token.
+    pub fn set_outcome(
+        &self,
+        call_id: &str,
+        state: CommitState,
+        unrecorded: &[UnrecordedEvent],
+        now_ms: i64,
+    ) -> Result<(), StateError> {
+        let events = unrecorded_json(unrecorded).map_err(|e| sqlite_error(&self.path, &e))?;
+        self.with(|c| {
+            let sql = if state.is_final() {
+                "UPDATE pending_commits SET state = ?2, updated_ms = ?3, unrecorded = ?4,
+                    token = '' WHERE call_id = ?1"
+            } else {
+                "UPDATE pending_commits SET state = ?2, updated_ms = ?3, unrecorded = ?4
+                 WHERE call_id = ?1"
+            };
+            c.execute(sql, params![call_id, state.as_str(), now_ms, events])
+                .map(|_| ())
+        })
+    }
+
+    /// Sets the outcome events a row owes (after some were recorded).
+    pub fn set_unrecorded(
+        &self,
+        call_id: &str,
+        unrecorded: &[UnrecordedEvent],
+        now_ms: i64,
+    ) -> Result<(), StateError> {
+        let events = unrecorded_json(unrecorded).map_err(|e| sqlite_error(&self.path, &e))?;
+        self.with(|c| {
+            c.execute(
+                "UPDATE pending_commits SET unrecorded = ?2, updated_ms = ?3 WHERE call_id = ?1",
+                params![call_id, events, now_ms],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// Deletes decided rows last changed before `before_ms` that owe no event; returns
+    /// how many.
     pub fn prune(&self, before_ms: i64) -> Result<usize, StateError> {
         self.with(|c| {
             c.execute(
                 "DELETE FROM pending_commits WHERE state IN ('committed', 'rolled_back')
-                 AND updated_ms < ?1",
+                 AND unrecorded = '[]' AND updated_ms < ?1",
                 params![before_ms],
             )
         })
     }
+}
+
+/// The `unrecorded` column's text.
+fn unrecorded_json(unrecorded: &[UnrecordedEvent]) -> rusqlite::Result<String> {
+    serde_json::to_string(unrecorded).map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))
 }
 
 #[cfg(test)]
@@ -250,6 +359,7 @@ mod tests {
             token_sha256: "abc".into(),
             deadline_ms: 5,
             state: CommitState::Pending,
+            unrecorded: Vec::new(),
         };
         store.insert(&row, 1).unwrap();
         assert!(store.insert(&row, 1).is_err(), "a call is prepared once");
@@ -264,5 +374,55 @@ mod tests {
         assert_eq!(loaded[0].token, "");
         assert_eq!(store.prune(3).unwrap(), 1);
         assert!(store.load().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_store_of_the_first_schema_opens_and_owed_events_keep_a_row_from_pruning() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("phases.db");
+        {
+            let old = rusqlite::Connection::open(&path).unwrap();
+            old.execute_batch(
+                &SCHEMA.replace(",\n    unrecorded   TEXT NOT NULL DEFAULT '[]'", ""),
+            )
+            .unwrap();
+            old.execute(
+                "INSERT INTO pending_commits VALUES ('call-1', 'commit-1', 'run', 'role',
+                 'lane', 'tool', '1.0.0', 'secret', 'abc', 5, 'pending', 1)",
+                [],
+            )
+            .unwrap();
+        }
+        let store = PhaseStore::open(&path).unwrap();
+        let rows = store.load().unwrap();
+        assert_eq!(rows.len(), 1);
+        assert!(rows[0].unrecorded.is_empty());
+
+        let mut details = Map::new();
+        details.insert("outcome_id".into(), Value::from("o-1"));
+        let owed = UnrecordedEvent {
+            event_type: "tool_committed".into(),
+            output_hash_sha256: Some("def".into()),
+            error_code: None,
+            reason: None,
+            failed_step: None,
+            details,
+        };
+        store
+            .set_outcome(
+                "call-1",
+                CommitState::Committed,
+                std::slice::from_ref(&owed),
+                2,
+            )
+            .unwrap();
+        assert_eq!(store.prune(3).unwrap(), 0, "a row owing an event stays");
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded[0].state, CommitState::Committed);
+        assert_eq!(loaded[0].token, "");
+        assert_eq!(loaded[0].unrecorded, vec![owed]);
+        assert_eq!(loaded[0].unrecorded[0].outcome_id(), "o-1");
+        store.set_unrecorded("call-1", &[], 2).unwrap();
+        assert_eq!(store.prune(3).unwrap(), 1);
     }
 }

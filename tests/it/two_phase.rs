@@ -2,12 +2,14 @@
 //! (`demo/court.py`): prepare -> commit, prepare -> deadline -> rollback, a commit is
 //! never replayed (twice, concurrently), refused commits (another run, another role,
 //! unknown or forged ids, after a rollback), a failing commit upstream, and the
-//! rollback of a deadline that passed while the gateway was down. Every test ends with
+//! rollback of a deadline that passed while the gateway was down, the commit's
+//! write-ahead event (no upstream commit the log could not record first) and an outcome
+//! the log could not take recorded later, once. Every test ends with
 //! `toolgate audit verify` on the log.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -161,6 +163,36 @@ impl Court {
             .call()
             .unwrap();
         serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap()
+    }
+
+    /// Makes the next request of `phase` wait, before it takes effect, until
+    /// [`Court::release`].
+    fn hold_next(&self, phase: &str) {
+        self.control(json!({ "hold_next": phase }));
+    }
+
+    fn release(&self, phase: &str) {
+        self.control(json!({ "release": phase }));
+    }
+
+    /// How many requests of `phase` are waiting now.
+    fn held(&self, phase: &str) -> u64 {
+        let mut resp = self
+            .agent
+            .get(format!("http://{}/control", self.host))
+            .call()
+            .unwrap();
+        let body: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+        body["held"][phase].as_u64().unwrap()
+    }
+
+    fn control(&self, body: Value) {
+        let resp = self
+            .agent
+            .post(format!("http://{}/control", self.host))
+            .send(body.to_string().as_bytes())
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
     }
 
     /// Makes the next `count` requests of `phase` fail with a 503.
@@ -357,12 +389,18 @@ fn prepare_then_commit_commits_upstream_once_and_audits_each_phase() {
     let events = events_of(&lab.server, call_id);
     assert_eq!(
         types(&events),
-        ["tool_requested", "tool_executed", "tool_committed"],
+        [
+            "tool_requested",
+            "tool_executed",
+            "tool_commit_requested",
+            "tool_committed"
+        ],
         "{events:?}"
     );
     assert_eq!(events[1]["details"]["phase"], "prepared");
     assert_eq!(events[2]["details"]["trigger"], "request");
-    assert_eq!(events[2]["details"]["attempts"], 1);
+    assert_eq!(events[3]["details"]["trigger"], "request");
+    assert_eq!(events[3]["details"]["attempts"], 1);
     no_token_in_log(&lab.server, call_id);
     verify(&lab.server.db());
 }
@@ -685,6 +723,397 @@ fn a_command_tool_commits_through_its_commit_program_with_the_kept_token() {
     verify(&lab.server.db());
 }
 
+/// A `toolgate signer` process holding the audit log's key, on a socket; killed on drop.
+struct SignerProcess {
+    child: Option<Child>,
+    keys: PathBuf,
+    socket: PathBuf,
+}
+
+impl SignerProcess {
+    fn start(dir: &Path) -> SignerProcess {
+        let mut signer = SignerProcess {
+            child: None,
+            keys: dir.join("signer-keys"),
+            socket: dir.join("signer.sock"),
+        };
+        signer.restart();
+        signer
+    }
+
+    /// Starts the signer (again) and waits until it accepts connections.
+    fn restart(&mut self) {
+        let mut child = Command::new(BIN)
+            .arg("signer")
+            .arg("--key-dir")
+            .arg(&self.keys)
+            .arg("--socket")
+            .arg(&self.socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let listening = poll_until(Duration::from_secs(20), || {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the signer exited: {status}");
+            }
+            std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+        });
+        assert!(listening, "the signer did not start");
+        self.child = Some(child);
+    }
+
+    /// Kills the signer: the audit log cannot sign, so it takes no event.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for SignerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A gateway whose audit log is signed by a separate signer process, on a data
+/// directory that survives restarts.
+struct SignedLab {
+    signer: SignerProcess,
+    court: Court,
+    tmp: tempfile::TempDir,
+}
+
+impl SignedLab {
+    fn new() -> SignedLab {
+        let tmp = tempfile::tempdir().unwrap();
+        SignedLab {
+            signer: SignerProcess::start(tmp.path()),
+            court: Court::start(),
+            tmp,
+        }
+    }
+
+    fn gateway_keys(&self) -> PathBuf {
+        self.tmp.path().join("gateway-keys")
+    }
+
+    fn start(&self) -> Server {
+        Server::start_with(Start {
+            data_dir: Some(self.tmp.path().join("var")),
+            args: vec![
+                "--signer-socket".into(),
+                self.signer.socket.display().to_string(),
+                "--key-dir".into(),
+                self.gateway_keys().display().to_string(),
+            ],
+            ..policy(self.tmp.path(), &self.court)
+        })
+    }
+
+    /// `toolgate audit verify` passes on the stopped gateway's log.
+    fn verify(&self) {
+        let out = Command::new(BIN)
+            .args(["audit", "verify", "--db"])
+            .arg(self.tmp.path().join("var/audit.db"))
+            .arg("--key-dir")
+            .arg(self.gateway_keys())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "audit verify failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_commit_is_recorded_before_it_is_sent_upstream_and_not_sent_when_it_cannot_be() {
+    let mut lab = SignedLab::new();
+    let server = lab.start();
+    let run = server.create_run(json!({}));
+    let prepared = prepare(&server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let call_id = prepared["call_id"].as_str().unwrap();
+
+    // The log cannot take the commit's write-ahead event: nothing reaches the court.
+    lab.signer.kill();
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!(
+        (status, reason(&body)),
+        (503, "audit_unavailable"),
+        "{body}"
+    );
+    assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
+    assert_eq!(
+        lab.court.filing(&filing)["commits"],
+        0,
+        "the court saw no commit"
+    );
+    assert_eq!(lab.court.filing(&filing)["status"], "prepared");
+
+    // The signer is back: the same commit goes through, recorded before it ran.
+    lab.signer.restart();
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["phase"], "committed", "{body}");
+    assert_eq!(lab.court.filing(&filing)["commits"], 1);
+    let events = events_of(&server, call_id);
+    assert_eq!(
+        types(&events),
+        [
+            "tool_requested",
+            "tool_executed",
+            "tool_commit_requested",
+            "tool_committed"
+        ],
+        "{events:?}"
+    );
+    let requested = &events[2];
+    assert_eq!(requested["run_id"], run.as_str());
+    assert_eq!(requested["role_id"], "clerk");
+    assert_eq!(requested["tool_name"], "court_file");
+    assert_eq!(requested["details"]["trigger"], "request");
+    assert_eq!(
+        requested["details"]["commit_id"],
+        prepared["details"]["commit"]["commit_id"]
+    );
+    no_token_in_log(&server, call_id);
+    assert_eq!(server.stop().code(), Some(0));
+    lab.verify();
+}
+
+#[test]
+fn a_commit_outcome_the_log_could_not_take_is_recorded_later_exactly_once() {
+    let mut lab = SignedLab::new();
+    let server = lab.start();
+    let run = server.create_run(json!({}));
+    let prepared = prepare(&server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let call_id = prepared["call_id"].as_str().unwrap().to_string();
+
+    // The commit reaches the court and waits there; the signer dies meanwhile.
+    lab.court.hold_next("commit");
+    let answer = std::thread::scope(|s| {
+        let committing = s.spawn(|| commit(&server, &prepared, "clerk", &run));
+        assert!(
+            poll_until(Duration::from_secs(20), || lab.court.held("commit") == 1),
+            "the commit never reached the court"
+        );
+        lab.signer.kill();
+        lab.court.release("commit");
+        committing.join().unwrap()
+    });
+    let (status, body) = answer;
+    assert_eq!(
+        (status, reason(&body)),
+        (503, "audit_unavailable"),
+        "{body}"
+    );
+    assert_eq!(body["diagnostic"]["retryable"], false, "{body}");
+    assert!(body.get("output").is_none(), "{body}");
+    assert_eq!(lab.court.filing(&filing)["status"], "committed");
+    let committed = |server: &Server| {
+        events_of(server, &call_id)
+            .into_iter()
+            .filter(|e| e["type"] == "tool_committed")
+            .collect::<Vec<_>>()
+    };
+    assert!(committed(&server).is_empty(), "the log could not take it");
+
+    // The signer is back: the owed tool_committed is recorded without a second commit.
+    lab.signer.restart();
+    let late = poll_for(Duration::from_secs(20), || committed(&server).pop())
+        .expect("the owed tool_committed is recorded once the log takes it");
+    assert_eq!(late["details"]["recorded_late"], true, "{late}");
+    assert_eq!(late["details"]["trigger"], "request", "{late}");
+    assert!(late["output_hash_sha256"].is_string(), "{late}");
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!(
+        (status, reason(&body)),
+        (409, "commit_already_used"),
+        "{body}"
+    );
+    assert_eq!(
+        body["diagnostic"]["details"]["state"], "committed",
+        "{body}"
+    );
+
+    // A restart neither records it again nor commits again.
+    assert_eq!(server.stop().code(), Some(0));
+    let server = lab.start();
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!(
+        (status, reason(&body)),
+        (409, "commit_already_used"),
+        "{body}"
+    );
+    let events = events_of(&server, &call_id);
+    assert_eq!(
+        types(&events),
+        [
+            "tool_requested",
+            "tool_executed",
+            "tool_commit_requested",
+            "tool_committed",
+            "tool_commit_refused",
+            "tool_commit_refused"
+        ],
+        "{events:?}"
+    );
+    assert_eq!(
+        lab.court.filing(&filing)["commits"],
+        1,
+        "the court saw one commit"
+    );
+    no_token_in_log(&server, &call_id);
+    assert_eq!(server.stop().code(), Some(0));
+    lab.verify();
+}
+
+#[test]
+fn a_commit_outcome_owed_at_a_stop_is_recorded_at_the_next_start() {
+    let mut lab = SignedLab::new();
+    let server = lab.start();
+    let run = server.create_run(json!({}));
+    let prepared = prepare(&server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let call_id = prepared["call_id"].as_str().unwrap().to_string();
+
+    lab.court.hold_next("commit");
+    let (status, body) = std::thread::scope(|s| {
+        let committing = s.spawn(|| commit(&server, &prepared, "clerk", &run));
+        assert!(
+            poll_until(Duration::from_secs(20), || lab.court.held("commit") == 1),
+            "the commit never reached the court"
+        );
+        lab.signer.kill();
+        lab.court.release("commit");
+        committing.join().unwrap()
+    });
+    assert_eq!(
+        (status, reason(&body)),
+        (503, "audit_unavailable"),
+        "{body}"
+    );
+    // Killed while it still owes the event; the signer is back before it starts.
+    server.kill9();
+    lab.signer.restart();
+    let server = lab.start();
+    let late = poll_for(Duration::from_secs(20), || {
+        events_of(&server, &call_id)
+            .into_iter()
+            .find(|e| e["type"] == "tool_committed")
+    })
+    .expect("the owed tool_committed is recorded at start");
+    assert_eq!(late["details"]["recorded_late"], true, "{late}");
+    let events = events_of(&server, &call_id);
+    assert_eq!(
+        types(&events),
+        [
+            "tool_requested",
+            "tool_executed",
+            "tool_commit_requested",
+            "tool_committed"
+        ],
+        "{events:?}"
+    );
+    assert_eq!(
+        lab.court.filing(&filing)["commits"],
+        1,
+        "the court saw one commit"
+    );
+    assert_eq!(server.stop().code(), Some(0));
+    lab.verify();
+}
+
+#[test]
+fn a_commit_is_refused_and_audited_when_the_audit_log_has_no_room() {
+    let tmp = tempfile::tempdir().unwrap();
+    let court = Court::start();
+    let data_dir = tmp.path().join("var");
+    let start = |args: Vec<String>| Start {
+        data_dir: Some(data_dir.clone()),
+        args,
+        ..policy(tmp.path(), &court)
+    };
+    let server = Server::start_with(start(Vec::new()));
+    let run = server.create_run(json!({}));
+    let prepared = prepare(&server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let call_id = prepared["call_id"].as_str().unwrap();
+    // The least cap `serve` accepts is 64 MiB, 48 of them the WAL's allowance: grow the
+    // log past 13 MiB so that a cap 3 MiB over what it holds is accepted.
+    let log_bytes = || -> u64 {
+        ["audit.db", "audit.db-wal"]
+            .iter()
+            .map(|f| fs::metadata(data_dir.join(f)).map_or(0, |m| m.len()))
+            .sum()
+    };
+    let pad = "p".repeat(100_000);
+    let pad_run = server.create_run(json!({}));
+    let db_bytes = || fs::metadata(data_dir.join("audit.db")).map_or(0, |m| m.len());
+    while db_bytes() < 14 * 1024 * 1024 {
+        let (status, body) = server.call(
+            "clerk",
+            &pad_run,
+            "filing",
+            "court_quick",
+            json!({ "title": pad }),
+            json!({}),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(server.stop().code(), Some(0));
+
+    // Back with a cap that leaves less than the 4 MiB reserve (but more than the half
+    // kept for admin changes, so the refusal is recorded).
+    let cap = (log_bytes() + 48 * 1024 * 1024 + 3 * 1024 * 1024).to_string();
+    let server = Server::start_with(start(vec!["--max-audit-bytes".into(), cap]));
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!(
+        (status, reason(&body)),
+        (503, "audit_capacity_exhausted"),
+        "{body}"
+    );
+    assert_eq!(
+        court.filing(&filing)["commits"],
+        0,
+        "the court saw no commit"
+    );
+    // The events of this call's run only: the padding run's are large.
+    let (_, page) = server.get(
+        &format!("/v1/audit/events?run_id={run}&limit=100"),
+        Some(common::ADMIN),
+    );
+    let events: Vec<&Value> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["call_id"] == call_id)
+        .collect();
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "tool_commit_refused", "{events:?}");
+    assert_eq!(last["reason"], "audit_capacity_exhausted", "{last}");
+    assert_eq!(server.stop().code(), Some(0));
+
+    // With room again, the refusal consumed nothing: the same commit goes through.
+    let server = Server::start_with(start(Vec::new()));
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        court.filing(&filing)["commits"],
+        1,
+        "{} {body}",
+        court.filing(&filing)
+    );
+    verify(&server.db());
+}
+
 /// The commit is where the side effect happens: the safety lock and a run no longer
 /// active for the lane refuse it as they refuse a call; each refusal is audited, nothing reaches the upstream, and the prepared call
 /// can be committed once nothing refuses it any more.
@@ -735,6 +1164,7 @@ fn a_commit_is_refused_under_the_safety_lock_or_while_its_run_is_suspended() {
             "tool_executed",
             "tool_commit_refused",
             "tool_commit_refused",
+            "tool_commit_requested",
             "tool_committed"
         ],
         "{events:?}"
