@@ -362,14 +362,7 @@ pub fn verify_segments(
         for row in rows {
             let (id, size, root, note) = row.map_err(map)?;
             let origin = format!("checkpoint #{id} in segment {}", segment.number);
-            let checkpoint = checked(&mut seen, &note, key, &origin)?;
-            if checkpoint.size != size as u64 || crate::canonical::to_hex(checkpoint.root) != root {
-                return Err(problem(
-                    ProblemKind::Malformed,
-                    None,
-                    format!("{origin}: the size or root column disagrees with the signed note"),
-                ));
-            }
+            let checkpoint = stored_note(&mut seen, key, &origin, &note, size, &root)?;
             notes.push((origin, note, checkpoint, true));
         }
         // The signed head: a checkpoint over every committed event, stored by each commit.
@@ -382,14 +375,7 @@ pub fn verify_segments(
             .map_err(map)?;
         if let Some((size, root, note)) = head {
             let origin = format!("the signed head in segment {}", segment.number);
-            let checkpoint = checked(&mut seen, &note, key, &origin)?;
-            if checkpoint.size != size as u64 || crate::canonical::to_hex(checkpoint.root) != root {
-                return Err(problem(
-                    ProblemKind::Malformed,
-                    None,
-                    format!("{origin}: the size or root column disagrees with the signed note"),
-                ));
-            }
+            let checkpoint = stored_note(&mut seen, key, &origin, &note, size, &root)?;
             notes.push((origin, note, checkpoint, true));
         }
         if let Some(seal) = super::segments::read_seal(conn, path)? {
@@ -1028,6 +1014,27 @@ fn integers_only(value: &Value, depth: usize) -> bool {
 }
 
 /// [`check_note`], remembering the notes already verified.
+/// A stored checkpoint row: its signed note checked, and its `size` and `root` columns
+/// the note's own.
+fn stored_note(
+    seen: &mut HashMap<String, Checkpoint>,
+    key: &VerifierKey,
+    origin: &str,
+    note: &str,
+    size: i64,
+    root: &str,
+) -> Result<Checkpoint, VerifyError> {
+    let checkpoint = checked(seen, note, key, origin)?;
+    if checkpoint.size != size as u64 || crate::canonical::to_hex(checkpoint.root) != root {
+        return Err(problem(
+            ProblemKind::Malformed,
+            None,
+            format!("{origin}: the size or root column disagrees with the signed note"),
+        ));
+    }
+    Ok(checkpoint)
+}
+
 fn checked(
     seen: &mut HashMap<String, Checkpoint>,
     note: &str,

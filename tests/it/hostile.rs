@@ -722,6 +722,39 @@ fn a_closed_run_is_still_refused_as_not_active_and_its_id_stays_taken() {
     assert_eq!(code, 400, "{resp}");
 }
 
+/// The call-budget policy (`budgets.rs`) whose `slow_limited` tool, once started,
+/// touches `<gate>/started` and runs until `<gate>/go` exists; returns the gate folder.
+fn held_tool_policy(dir: &Path) -> (std::path::PathBuf, Start) {
+    let gate = dir.join("gate");
+    std::fs::create_dir(&gate).unwrap();
+    let held = format!(
+        "touch {0}/started; while [ ! -e {0}/go ]; do sleep 0.02; done",
+        gate.display()
+    );
+    let tools = crate::budgets::TOOLS.replace("sleep 0.3", &held);
+    (gate, crate::budgets::write_policy(dir, &tools))
+}
+
+/// Posts `body` as the `tester` role on a thread of its own; the answer (status and
+/// JSON) arrives on the returned channel.
+fn post_as_tester(server: &Server, body: Value) -> std::sync::mpsc::Receiver<(u16, Value)> {
+    let base = server.base.clone();
+    let (sent, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut resp = ureq::post(format!("{base}/v1/tool-calls"))
+            .header("Authorization", &format!("Bearer {}", token("tester")))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .send(body.to_string().as_bytes())
+            .unwrap();
+        let code = resp.status().as_u16();
+        let body: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+        let _ = sent.send((code, body));
+    });
+    answer
+}
+
 /// A repeat of an idempotency key still in flight waits for the first call's outcome,
 /// but within its own deadline and only while its caller waits: it closes as
 /// `tool_timeout` when its own `timeout_ms` runs out and as `cancelled` when its caller
@@ -729,14 +762,7 @@ fn a_closed_run_is_still_refused_as_not_active_and_its_id_stays_taken() {
 #[test]
 fn a_repeat_waiting_on_its_key_keeps_its_own_deadline_and_its_callers_patience() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = dir.path().join("gate");
-    std::fs::create_dir(&gate).unwrap();
-    let held = format!(
-        "touch {0}/started; while [ ! -e {0}/go ]; do sleep 0.02; done",
-        gate.display()
-    );
-    let tools = crate::budgets::TOOLS.replace("sleep 0.3", &held);
-    let start = crate::budgets::write_policy(dir.path(), &tools);
+    let (gate, start) = held_tool_policy(dir.path());
     let server = Server::start_with(Start {
         data_dir: Some(dir.path().join("data")),
         ..start
@@ -749,24 +775,7 @@ fn a_repeat_waiting_on_its_key_keeps_its_own_deadline_and_its_callers_patience()
             "timeout_ms": timeout_ms,
         })
     };
-    let post_in_thread = |timeout_ms: u64| {
-        let (base, body) = (server.base.clone(), body(timeout_ms));
-        let (sent, answer) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut resp = ureq::post(format!("{base}/v1/tool-calls"))
-                .header("Authorization", &format!("Bearer {}", token("tester")))
-                .config()
-                .http_status_as_error(false)
-                .build()
-                .send(body.to_string().as_bytes())
-                .unwrap();
-            let code = resp.status().as_u16();
-            let body: Value =
-                serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
-            let _ = sent.send((code, body));
-        });
-        answer
-    };
+    let post_in_thread = |timeout_ms: u64| post_as_tester(&server, body(timeout_ms));
     let release = || std::fs::write(gate.join("go"), b"").unwrap();
     let first = post_in_thread(15_000);
     assert!(
@@ -857,14 +866,7 @@ fn a_repeat_waiting_on_its_key_keeps_its_own_deadline_and_its_callers_patience()
 #[test]
 fn an_outcome_the_log_could_not_record_is_not_replayed_to_the_retry() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = dir.path().join("gate");
-    std::fs::create_dir(&gate).unwrap();
-    let held = format!(
-        "touch {0}/started; while [ ! -e {0}/go ]; do sleep 0.02; done",
-        gate.display()
-    );
-    let tools = crate::budgets::TOOLS.replace("sleep 0.3", &held);
-    let start = crate::budgets::write_policy(dir.path(), &tools);
+    let (gate, start) = held_tool_policy(dir.path());
     let (signer_keys, socket) = (
         dir.path().join("signer-keys"),
         dir.path().join("signer.sock"),
@@ -903,19 +905,7 @@ fn an_outcome_the_log_could_not_record_is_not_replayed_to_the_retry() {
         "role_id": "tester", "run_id": run, "lane_id": "ops", "tool_name": "slow_limited",
         "arguments": {"n": 1}, "scope": {}, "idempotency_key": "k-unrecorded",
     });
-    let (base, first_body) = (server.base.clone(), body.clone());
-    let first = std::thread::spawn(move || {
-        let mut resp = ureq::post(format!("{base}/v1/tool-calls"))
-            .header("Authorization", &format!("Bearer {}", token("tester")))
-            .config()
-            .http_status_as_error(false)
-            .build()
-            .send(first_body.to_string().as_bytes())
-            .unwrap();
-        let code = resp.status().as_u16();
-        let body: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
-        (code, body)
-    });
+    let first = post_as_tester(&server, body.clone());
     assert!(
         common::poll_until(Duration::from_secs(10), || gate.join("started").exists()),
         "the first call never reached its tool"
@@ -924,7 +914,7 @@ fn an_outcome_the_log_could_not_record_is_not_replayed_to_the_retry() {
     signer.kill().unwrap();
     signer.wait().unwrap();
     std::fs::write(gate.join("go"), b"").unwrap();
-    let (code, resp) = first.join().unwrap();
+    let (code, resp) = first.recv_timeout(Duration::from_secs(20)).unwrap();
     assert_eq!(code, 503, "{resp}");
     assert_eq!(resp["diagnostic"]["reason"], "audit_unavailable", "{resp}");
     assert_eq!(resp["diagnostic"]["retryable"], true, "{resp}");
