@@ -259,8 +259,8 @@ fn event_count(path: &Path) -> i64 {
         .unwrap()
 }
 
-/// The last seq of a sealed segment file.
-fn seal_end(path: &Path) -> u64 {
+/// The seal record of a sealed segment file.
+fn seal(path: &Path) -> Value {
     let conn = rusqlite::Connection::open(path).unwrap();
     let text: String = conn
         .query_row(
@@ -269,9 +269,12 @@ fn seal_end(path: &Path) -> u64 {
             |r| r.get(0),
         )
         .unwrap();
-    serde_json::from_str::<Value>(&text).unwrap()["last_seq"]
-        .as_u64()
-        .unwrap()
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The last seq of a sealed segment file.
+fn seal_end(path: &Path) -> u64 {
+    seal(path)["last_seq"].as_u64().unwrap()
 }
 
 #[test]
@@ -600,18 +603,7 @@ fn verify_passes_while_the_server_seals_segments_under_load() {
 
 /// The signed seal note of a sealed segment file.
 fn seal_note(path: &Path) -> String {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    let text: String = conn
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'segment_seal'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    serde_json::from_str::<Value>(&text).unwrap()["note"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    seal(path)["note"].as_str().unwrap().to_string()
 }
 
 /// A trusted checkpoint below the oldest segment present cannot be checked from what

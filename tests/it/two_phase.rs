@@ -340,9 +340,15 @@ fn types(events: &[Value]) -> Vec<String> {
 /// `toolgate audit verify` passes on the server's log, and the log never holds a
 /// commit token.
 fn verify(db: &Path) {
+    verify_with(db, &[]);
+}
+
+/// `toolgate audit verify --db DB` with `extra` arguments passes.
+fn verify_with(db: &Path, extra: &[&std::ffi::OsStr]) {
     let out = Command::new(BIN)
         .args(["audit", "verify", "--db"])
         .arg(db)
+        .args(extra)
         .output()
         .unwrap();
     assert!(
@@ -815,18 +821,10 @@ impl SignedLab {
 
     /// `toolgate audit verify` passes on the stopped gateway's log.
     fn verify(&self) {
-        let out = Command::new(BIN)
-            .args(["audit", "verify", "--db"])
-            .arg(self.tmp.path().join("var/audit.db"))
-            .arg("--key-dir")
-            .arg(self.gateway_keys())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "audit verify failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        let keys = self.gateway_keys();
+        verify_with(
+            &self.tmp.path().join("var/audit.db"),
+            &["--key-dir".as_ref(), keys.as_os_str()],
         );
     }
 }
