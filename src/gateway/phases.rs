@@ -304,7 +304,19 @@ impl Gateway {
             .get(call_id)
             .filter(|e| e.commit_id == request.commit_id)
             .cloned();
-        let decided = self.decide_commit(token, call_id, &request, known.as_ref());
+        // In a fleet the run, the run token and the safety lock are read from the cluster
+        // database first, as for a call: a run suspended or closed, or a token revoked,
+        // through another sidecar refuses the commit here, and a database that cannot
+        // be asked refuses it too.
+        let fleet_checked = match self.cluster {
+            Some(_) => self
+                .fleet_preflight(token, &request.run_id)
+                .await
+                .map(|_| ()),
+            None => Ok(()),
+        };
+        let decided = fleet_checked
+            .and_then(|()| self.decide_commit(token, call_id, &request, known.as_ref()));
         let entry = match decided {
             Ok(entry) => entry,
             Err(refusal) => {

@@ -1169,3 +1169,97 @@ fn a_commit_is_refused_under_the_safety_lock_or_while_its_run_is_suspended() {
     );
     verify(&lab.server.db());
 }
+
+/// In a fleet a sidecar keeps a copy of the runs and run tokens, refreshed when a
+/// request names them. A commit is where the side effect happens, so it reads them
+/// from the cluster database first: a run suspended, or a run token revoked, through
+/// another sidecar refuses the commit at once, and the court sees nothing.
+#[test]
+fn in_a_fleet_a_commit_reads_its_run_and_token_from_the_cluster_database() {
+    let pg = crate::common::postgres::Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let court = Court::start();
+    let start = || {
+        let mut start = policy(tmp.path(), &court);
+        start.args = vec!["--cluster-db".into(), pg.url()];
+        Server::start_with(start)
+    };
+    let (a, b) = (start(), start());
+    let admin = Some(common::ADMIN);
+
+    // A run suspended through B: A's copy still says active, the database does not.
+    let run = a.create_run(json!({}));
+    let prepared = prepare(&a, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let set_status = |status: &str| {
+        let (code, body) = b.post(
+            &format!("/v1/runs/{run}/status"),
+            admin,
+            &json!({ "status": status }),
+        );
+        assert_eq!(code, 200, "{body}");
+    };
+    set_status("suspended");
+    let (status, body) = commit(&a, &prepared, "clerk", &run);
+    assert_eq!(
+        (status, reason(&body)),
+        (403, "run_not_active"),
+        "{status} {body}"
+    );
+    assert_eq!(court.filing(&filing)["commits"], 0);
+    set_status("active");
+    let (status, body) = commit(&a, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(court.filing(&filing)["commits"], 1);
+
+    // A run token revoked through B: A last saw it valid when the call was prepared.
+    let (code, created) = a.post(
+        "/v1/runs",
+        admin,
+        &json!({"scope": {}, "issue_tokens": [{"role_id": "clerk"}]}),
+    );
+    assert_eq!(code, 201, "{created}");
+    let token_run = created["run_id"].as_str().unwrap();
+    let token = created["tokens"][0]["token"].as_str().unwrap();
+    let token_id = created["tokens"][0]["token_id"].as_str().unwrap();
+    let (code, prepared) = a.post(
+        "/v1/tool-calls",
+        Some(token),
+        &json!({"tool_name": "court_file", "arguments": {"title": "motion"}}),
+    );
+    assert_eq!(code, 200, "{prepared}");
+    assert_eq!(prepared["details"]["phase"], "prepared", "{prepared}");
+    let filing = filing_id(&prepared);
+    let (code, revoked) = b.post(
+        &format!("/v1/runs/{token_run}/tokens/{token_id}/revoke"),
+        admin,
+        &json!({}),
+    );
+    assert_eq!(code, 200, "{revoked}");
+    let (status, body) = a.post(
+        &format!(
+            "/v1/tool-calls/{}/commit",
+            prepared["call_id"].as_str().unwrap()
+        ),
+        Some(token),
+        &json!({
+            "commit_id": prepared["details"]["commit"]["commit_id"],
+            "role_id": "clerk",
+            "run_id": token_run,
+        }),
+    );
+    assert_eq!(
+        (status, reason(&body)),
+        (401, "credential_expired"),
+        "{status} {body}"
+    );
+    assert_eq!(court.filing(&filing)["commits"], 0);
+
+    // Each refusal is A's audit event, and A's log verifies.
+    let call_id = prepared["call_id"].as_str().unwrap();
+    assert_eq!(
+        types(&events_of(&a, call_id)),
+        ["tool_requested", "tool_executed", "tool_commit_refused"]
+    );
+    verify(&a.db());
+}
