@@ -973,6 +973,153 @@ fn a_commit_outcome_the_log_could_not_take_is_recorded_later_exactly_once() {
     lab.verify();
 }
 
+/// A commit that fails upstream is rolled back; when the log cannot take either
+/// outcome, both are owed and recorded later, in order, once each, and neither phase is
+/// run again to record it.
+#[test]
+fn a_failed_commit_and_its_rollback_the_log_could_not_take_are_recorded_later_once() {
+    let mut lab = SignedLab::new();
+    let server = lab.start();
+    let run = server.create_run(json!({}));
+    let prepared = prepare(&server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let call_id = prepared["call_id"].as_str().unwrap().to_string();
+
+    // Every commit attempt fails; the first waits at the court while the signer dies.
+    lab.court.fail_next("commit", 100);
+    lab.court.hold_next("commit");
+    let (status, body) = std::thread::scope(|s| {
+        let committing = s.spawn(|| commit(&server, &prepared, "clerk", &run));
+        assert!(
+            poll_until(Duration::from_secs(20), || lab.court.held("commit") == 1),
+            "the commit never reached the court"
+        );
+        lab.signer.kill();
+        lab.court.release("commit");
+        committing.join().unwrap()
+    });
+    assert_eq!(
+        (status, reason(&body)),
+        (503, "audit_unavailable"),
+        "{body}"
+    );
+    let record = lab.court.filing(&filing);
+    assert_eq!(record["status"], "rolled_back", "{record}");
+    assert_eq!(record["rollbacks"], 1, "{record}");
+    let outcomes = |server: &Server| {
+        events_of(server, &call_id)
+            .into_iter()
+            .filter(|e| e["type"] == "tool_commit_failed" || e["type"] == "tool_rolled_back")
+            .collect::<Vec<_>>()
+    };
+    assert!(outcomes(&server).is_empty(), "the log could not take them");
+
+    // The signer is back: both are recorded, oldest first, marked late.
+    lab.signer.restart();
+    let late = poll_for(Duration::from_secs(20), || {
+        Some(outcomes(&server)).filter(|o| o.len() == 2)
+    })
+    .expect("both owed outcomes are recorded once the log takes them");
+    assert_eq!(
+        types(&late),
+        ["tool_commit_failed", "tool_rolled_back"],
+        "{late:?}"
+    );
+    for event in &late {
+        assert_eq!(event["details"]["recorded_late"], true, "{event}");
+    }
+    assert_eq!(late[0]["reason"], "commit_failed", "{late:?}");
+    assert_eq!(late[1]["details"]["trigger"], "commit_failed", "{late:?}");
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!((status, reason(&body)), (409, "commit_expired"), "{body}");
+
+    // A restart records neither again and runs no phase again.
+    assert_eq!(server.stop().code(), Some(0));
+    let server = lab.start();
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!((status, reason(&body)), (409, "commit_expired"), "{body}");
+    assert_eq!(
+        types(&events_of(&server, &call_id)),
+        [
+            "tool_requested",
+            "tool_executed",
+            "tool_commit_requested",
+            "tool_commit_failed",
+            "tool_rolled_back",
+            "tool_commit_refused",
+            "tool_commit_refused"
+        ]
+    );
+    let record = lab.court.filing(&filing);
+    assert_eq!(
+        (&record["commits"], &record["rollbacks"]),
+        (&json!(0), &json!(1)),
+        "{record}"
+    );
+    no_token_in_log(&server, &call_id);
+    assert_eq!(server.stop().code(), Some(0));
+    lab.verify();
+}
+
+/// The deadline's rollback, when the log cannot take its outcome: recorded later, once.
+#[test]
+fn a_deadline_rollback_the_log_could_not_take_is_recorded_later_once() {
+    let mut lab = SignedLab::new();
+    let server = lab.start();
+    let run = server.create_run(json!({}));
+    lab.court.hold_next("rollback");
+    let prepared = prepare(&server, &run, "court_quick");
+    let filing = filing_id(&prepared);
+    let call_id = prepared["call_id"].as_str().unwrap().to_string();
+    assert!(
+        poll_until(Duration::from_secs(20), || lab.court.held("rollback") == 1),
+        "the deadline's rollback never reached the court"
+    );
+    lab.signer.kill();
+    lab.court.release("rollback");
+    assert!(
+        poll_until(Duration::from_secs(20), || {
+            lab.court.filing(&filing)["status"] == "rolled_back"
+        }),
+        "the rollback never took effect"
+    );
+    let rolled = |server: &Server| {
+        events_of(server, &call_id)
+            .into_iter()
+            .filter(|e| e["type"] == "tool_rolled_back")
+            .collect::<Vec<_>>()
+    };
+    // The court has rolled back, but the gateway still owes the event: a commit now
+    // is refused, and since its refusal cannot be recorded either, it is answered
+    // `audit_unavailable`; nothing reaches the court.
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!(
+        (status, reason(&body)),
+        (503, "audit_unavailable"),
+        "{body}"
+    );
+    assert_eq!(lab.court.filing(&filing)["commits"], 0);
+
+    lab.signer.restart();
+    let late = poll_for(Duration::from_secs(20), || rolled(&server).pop())
+        .expect("the owed tool_rolled_back is recorded once the log takes it");
+    assert_eq!(late["details"]["recorded_late"], true, "{late}");
+    assert_eq!(late["details"]["trigger"], "deadline", "{late}");
+    let (status, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!((status, reason(&body)), (409, "commit_expired"), "{body}");
+    assert_eq!(server.stop().code(), Some(0));
+    let server = lab.start();
+    assert_eq!(rolled(&server).len(), 1, "recorded once");
+    let record = lab.court.filing(&filing);
+    assert_eq!(
+        (&record["commits"], &record["rollbacks"]),
+        (&json!(0), &json!(1)),
+        "{record}"
+    );
+    assert_eq!(server.stop().code(), Some(0));
+    lab.verify();
+}
+
 #[test]
 fn a_commit_outcome_owed_at_a_stop_is_recorded_at_the_next_start() {
     let mut lab = SignedLab::new();
