@@ -1,8 +1,9 @@
 //! `toolgate policy check`: load the policy (and build its adapters) and report.
 //!
-//! Text output is for people: the three files with their versions and hashes, or every
-//! problem as `file:line:col: error: message` with a `help:` line. `--format json`
-//! prints one JSON object for machines. Both go to stdout; the exit code says which.
+//! Text output is for people: the three files with their versions and hashes and the
+//! policy's notes (`file: note: message`, a `help:` line; they do not change the exit
+//! code), or every problem as `file:line:col: error: message` with a `help:` line.
+//! `--format json` prints one JSON object for machines. Both go to stdout; the exit code says which.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::commands::{Exit, Format, PolicyCheckArgs};
-use crate::policy::{Policy, Problem, load, sort_problems, tools_dir};
+use crate::policy::{Policy, Problem, load, notes, sort_problems, tools_dir};
 use crate::review::diff::{DiffError, Violation, base_violations};
 
 /// Runs the check; `Exit::Ok` when the policy loads and its adapters build,
@@ -115,6 +116,10 @@ fn render_text(outcome: &Result<Policy, Vec<Problem>>) -> String {
                 count(policy.lanes.len(), "lane"),
                 count(policy.tools.len(), "tool"),
             ));
+            for note in notes(policy) {
+                out.push_str(&format!("{}: note: {}\n", note.file, note.message));
+                out.push_str(&format!("  help: {}\n", note.help));
+            }
         }
         Err(problems) => {
             for problem in problems {
@@ -161,6 +166,7 @@ fn render_json(outcome: &Result<Policy, Vec<Problem>>, base: Option<Value>) -> S
                 "tools_enabled": policy.tools.values().filter(|t| t.enabled).count(),
             },
             "problems": [],
+            "notes": notes(policy),
         }),
         Err(problems) => json!({
             "ok": false,
@@ -168,6 +174,7 @@ fn render_json(outcome: &Result<Policy, Vec<Problem>>, base: Option<Value>) -> S
             "source": null,
             "counts": null,
             "problems": problems,
+            "notes": [],
         }),
     };
     if let (Some(base), Some(object)) = (base, value.as_object_mut()) {

@@ -12,6 +12,7 @@
 //! - `schema`: tool input/output JSON Schemas (paths, meta-schema, compilation).
 //! - `git`: the commit a policy was loaded from.
 //! - `flags`: which flags a call raises and which prohibitions they hit.
+//! - `notes`: what a valid policy allows that its reviewers should still see.
 //!
 //! INVARIANT: only this module knows YAML. A policy that fails to load is never
 //! returned, so it can never replace one that works.
@@ -21,6 +22,7 @@ mod flags;
 pub(crate) mod git;
 mod identity;
 mod model;
+mod notes;
 mod raw;
 mod read;
 mod schema;
@@ -28,6 +30,7 @@ mod validate;
 
 pub use flags::{ProhibitedBy, Prohibition, prohibitions, raised_flags};
 pub use model::*;
+pub use notes::{Note, notes};
 pub use read::{MAX_FILE_BYTES, MAX_YAML_DEPTH};
 pub use validate::is_id;
 

@@ -659,7 +659,7 @@ fn hostile_decisions_and_ids_get_structured_refusals() {
 }
 
 #[test]
-fn the_demo_court_filing_needs_a_supervisor() {
+fn the_demo_court_filing_needs_the_attorney() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_with(Start {
         data_dir: Some(dir.path().join("var")),
@@ -682,12 +682,19 @@ fn the_demo_court_filing_needs_a_supervisor() {
         "scope": {"case_id": "C-1001", "matter_id": "M-1"},
     });
     let id = request(&server, &call);
-    // The filing agent itself is no approver.
-    let (code, body) = decide(&server, Some(&token("filing_agent")), &id, "approve", "me");
-    assert_eq!(code, 403, "{body}");
+    // The filing agent itself is no approver, and neither is the supervisor's agent:
+    // the demo's approvers are people (the attorney) and the admin.
+    for agent in ["filing_agent", "supervisor"] {
+        let (code, body) = decide(&server, Some(&token(agent)), &id, "approve", "me");
+        assert_eq!(code, 403, "{agent}: {body}");
+        assert_eq!(
+            body["diagnostic"]["reason"], "approver_not_allowed",
+            "{agent}: {body}"
+        );
+    }
     let (code, body) = decide(
         &server,
-        Some(SUPERVISOR),
+        Some(&token("attorney")),
         &id,
         "approve",
         "reviewed the filing",

@@ -410,13 +410,13 @@ fn idempotent_repeats_are_audited_scoped_and_released_when_nothing_ran() {
         "arguments": {"draft_id": draft}, "scope": {"case_id": "C-1001", "matter_id": "M-1"},
         "idempotency_key": "file-1",
     });
-    // The filing needs a supervisor's approval first (docs/api.md, "Approvals").
+    // The filing needs the attorney's approval first (docs/api.md, "Approvals").
     let (code, resp) = server.post("/v1/tool-calls", Some(&token("filing_agent")), &filing);
     assert_eq!(code, 409, "{resp}");
     let approval_id = resp["diagnostic"]["details"]["approval_id"].clone();
     let (code, resp) = server.post(
         &format!("/v1/approvals/{}/decision", approval_id.as_str().unwrap()),
-        Some(&token("supervisor")),
+        Some(&token("attorney")),
         &json!({"decision": "approve", "reason": "file it"}),
     );
     assert_eq!(code, 200, "{resp}");

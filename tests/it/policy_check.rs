@@ -314,24 +314,28 @@ fn the_shipped_policy_passes_and_prints_versions_and_hashes() {
         "{out}{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    for file in [
-        "policy/roles.yaml",
-        "policy/lanes.yaml",
-        "tools/tool_registry.yaml",
+    for (file, version) in [
+        ("policy/roles.yaml", "2026.11.2"),
+        ("policy/lanes.yaml", "2026.11.1"),
+        ("tools/tool_registry.yaml", "2026.11.2"),
     ] {
         let line = out
             .lines()
             .find(|l| l.starts_with(file))
             .unwrap_or_else(|| panic!("{file} missing\n{out}"));
-        assert!(line.contains("version 2026.11.1"), "{line}");
+        assert!(line.contains(&format!("version {version}")), "{line}");
         assert!(
             line.contains(&format!("sha256 {}", sha256_file(&repo().join(file)))),
             "{line}"
         );
     }
     assert!(
-        out.contains("ok: 6 roles, 1 admin, 4 lanes, 7 tools (6 enabled)"),
+        out.contains("ok: 7 roles, 1 admin, 4 lanes, 7 tools (6 enabled)"),
         "{out}"
+    );
+    assert!(
+        !out.contains("note:"),
+        "the demo's approvers are people: {out}"
     );
 }
 
@@ -343,12 +347,13 @@ fn the_json_format_parses_for_success_and_failure() {
     assert_eq!(report["ok"], true);
     assert_eq!(report["problems"], serde_json::json!([]));
     assert_eq!(report["counts"]["tools"], 7);
-    for (key, file) in [
-        ("roles", "policy/roles.yaml"),
-        ("lanes", "policy/lanes.yaml"),
-        ("registry", "tools/tool_registry.yaml"),
+    assert_eq!(report["notes"], serde_json::json!([]));
+    for (key, file, version) in [
+        ("roles", "policy/roles.yaml", "2026.11.2"),
+        ("lanes", "policy/lanes.yaml", "2026.11.1"),
+        ("registry", "tools/tool_registry.yaml", "2026.11.2"),
     ] {
-        assert_eq!(report["versions"][key]["version"], "2026.11.1");
+        assert_eq!(report["versions"][key]["version"], version);
         assert_eq!(
             report["versions"][key]["sha256"],
             sha256_file(&repo().join(file)).as_str()
@@ -402,6 +407,60 @@ fn a_token_env_credential_loads_when_its_variable_is_set() {
     assert!(
         stdout(&unset).contains("environment variable `TOOLGATE_TEST_FILING_TOKEN` is not set")
     );
+}
+
+/// An approver that is a role with lanes is an agent's credential too: the policy is
+/// valid (exit 0), and both formats name the approver, the tool or lane, and its lanes.
+/// A role without lanes, an admin and a disabled role are not noted.
+#[test]
+fn an_approver_that_is_an_agent_role_is_noted() {
+    let dir = demo_copy();
+    let tools = dir.path().join("tools/tool_registry.yaml");
+    let text = fs::read_to_string(&tools).unwrap();
+    assert!(
+        text.contains("approvers: [ops, attorney]"),
+        "the demo's approvers moved"
+    );
+    fs::write(
+        &tools,
+        text.replace(
+            "approvers: [ops, attorney]",
+            "approvers: [ops, attorney, supervisor, intake_agent]",
+        ),
+    )
+    .unwrap();
+    let roles = dir.path().join("policy/roles.yaml");
+    let text = fs::read_to_string(&roles).unwrap();
+    let intake = "  - role_id: intake_agent\n    description: Opens new matters and runs conflict checks for prospective clients.\n    enabled: true";
+    assert!(text.contains(intake), "intake_agent's entry moved");
+    fs::write(
+        &roles,
+        text.replace(intake, &intake.replace("enabled: true", "enabled: false")),
+    )
+    .unwrap();
+
+    let output = toolgate(dir.path(), &["policy", "check"], &[]);
+    let out = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    let notes: Vec<&str> = out.lines().filter(|l| l.contains(": note: ")).collect();
+    assert_eq!(notes.len(), 1, "{out}");
+    assert!(
+        notes[0].starts_with(
+            "tools/tool_registry.yaml: note: approver `supervisor` of `tool:file_with_court` \
+             is a role that also acts in lanes `drafting`, `filing`, `intake`, `research`"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("  help: give approvals to an admin"), "{out}");
+
+    let output = toolgate(dir.path(), &["policy", "check", "--format", "json"], &[]);
+    assert_eq!(output.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    let notes = report["notes"].as_array().unwrap();
+    assert_eq!(notes.len(), 1, "{report}");
+    assert_eq!(notes[0]["owner"], "tool:file_with_court", "{report}");
+    assert_eq!(notes[0]["file"], "tools/tool_registry.yaml", "{report}");
 }
 
 #[test]

@@ -447,7 +447,7 @@ fn text_and_markdown_show_the_same_changes() {
         "  narrowing  lane `intake` now prohibits flag `urgent`",
         "  neutral    tool `case_lookup`: output schema changed (breaking)",
         "/properties/opened: property `opened` removed (breaking)",
-        "roles.yaml     2026.11.1 (content changed, version not bumped)",
+        "roles.yaml     2026.11.2 (content changed, version not bumped)",
     ] {
         assert!(text.contains(line), "`{line}` not in\n{text}");
     }
