@@ -1594,6 +1594,21 @@ async fn http_tool_refuses_url_arguments_outside_its_allowlist() {
         gate.validate("echo", json!({"links": ["file:///etc/passwd"]}), json!({})),
         "/links/0",
     );
+    // Forms a URL parser reads as a URL to the metadata address though they have no
+    // `scheme://` at their start (a hostile review's list).
+    for sneaky in [
+        "http:169.254.169.254/latest",
+        "http:\\\\169.254.169.254/latest",
+        "//169.254.169.254/latest",
+        "ht\ttp://169.254.169.254/",
+        "\u{1}http://169.254.169.254/",
+        "see http://169.254.169.254/latest",
+    ] {
+        assert_unsafe(
+            gate.validate("echo", json!({"url": sneaky}), json!({})),
+            "/url",
+        );
+    }
     let own = format!("http://{addr}/echo");
     gate.validate("echo", json!({"url": own}), json!({}))
         .unwrap();
