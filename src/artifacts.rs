@@ -60,7 +60,19 @@ impl ArtifactStore {
         .map_err(io::Error::other)?;
         let path = self.dir.join(&sha256);
         let len = bytes.len() as u64;
-        if tokio::fs::metadata(&path).await.is_err() {
+        // An artifact already stored under this hash is kept only if it holds these
+        // bytes: a file planted or damaged under the name is replaced, so a call never
+        // answers with an artifact that cannot be read back.
+        let (bytes, intact) = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || {
+                let intact = holds(&path, &bytes);
+                (bytes, intact)
+            }
+        })
+        .await
+        .map_err(io::Error::other)?;
+        if !intact {
             tokio::fs::create_dir_all(&self.dir).await?;
             let tmp = self.dir.join(format!(".{sha256}.{}", uuid::Uuid::new_v4()));
             let file_path = tmp.clone();
@@ -177,6 +189,12 @@ impl ArtifactStore {
     }
 }
 
+/// Whether the file at `path` holds exactly `bytes` (a missing, larger, different or
+/// unreadable file does not).
+fn holds(path: &std::path::Path, bytes: &[u8]) -> bool {
+    localfile::read(path, bytes.len() as u64).is_ok_and(|stored| stored == bytes)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -210,6 +228,20 @@ mod tests {
         std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
         let device = store.get(&stored.sha256).await.unwrap_err();
         assert_eq!(device.kind(), io::ErrorKind::InvalidData, "{device}");
+
+        // The next call that produces these bytes replaces what was planted under
+        // their name (a symlink, then junk of the same length), so its answer's
+        // artifact can be read back.
+        for planted in [None, Some(b"{\"a\":9}".as_slice())] {
+            if let Some(junk) = planted {
+                std::fs::remove_file(&path).unwrap();
+                std::fs::write(&path, junk).unwrap();
+            }
+            let again = store.put(b"{\"a\":1}".to_vec()).await.unwrap();
+            assert_eq!(again.sha256, stored.sha256);
+            assert_eq!(store.get(&stored.sha256).await.unwrap(), b"{\"a\":1}");
+            assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
+        }
 
         // Owner records: a real one is read; one of a terabyte (sparse) and one that
         // is a FIFO are skipped at once.

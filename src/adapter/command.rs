@@ -178,9 +178,11 @@ impl CommandAdapter {
             .env("TOOLGATE_RUN_ID", ctx.run_id)
             .env("TOOLGATE_SCOPE", scope_json(ctx.scope));
 
-        let mut child = command
-            .spawn()
-            .map_err(|e| ExecError::Failed(format!("could not start `{}`: {e}", self.argv0)))?;
+        // A program that could not start ran nothing: a retry cannot repeat an effect,
+        // and the call's idempotency key is not spent on it.
+        let mut child = command.spawn().map_err(|e| {
+            ExecError::Unreachable(format!("could not start `{}`: {e}", self.argv0))
+        })?;
         // Declared after `child`, so it is dropped first. On the deadline and
         // cancellation paths the group is killed before the leader is reaped, so its
         // pid (the group id) cannot have been reused; after a normal exit the kill

@@ -1409,6 +1409,54 @@ async fn command_failure_carries_the_exit_status_and_stderr_tail() {
     );
 }
 
+/// A program that cannot start (removed after the policy loaded, or a script whose
+/// interpreter is missing) ran nothing: `dependency_down` with `reached_tool: false`,
+/// so a retry is safe and an idempotency key is not spent on it.
+#[tokio::test]
+async fn a_command_that_cannot_start_reached_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        path
+    };
+    let removed = script("removed.sh", "#!/bin/sh\necho '{}'\n");
+    let bad = script("bad.sh", "#!/nonexistent/interpreter\necho '{}'\n");
+    let (gate, _data) = gate_with(vec![
+        tool(
+            "removed",
+            command(&[removed.to_str().unwrap()], &[]),
+            any_object(),
+            any_object(),
+        ),
+        tool(
+            "bad_interpreter",
+            command(&[bad.to_str().unwrap()], &[]),
+            any_object(),
+            any_object(),
+        ),
+    ]);
+    std::fs::remove_file(&removed).unwrap();
+    for name in ["removed", "bad_interpreter"] {
+        let refusal = gate
+            .call(name, json!({}), json!({}), 5000)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refusal.reason,
+            Reason::DependencyDown,
+            "{name}: {refusal:?}"
+        );
+        assert_eq!(
+            refusal.details["reached_tool"], false,
+            "{name}: {refusal:?}"
+        );
+        assert!(refusal.diagnostic().retryable, "{name}");
+    }
+}
+
 #[tokio::test]
 async fn command_output_must_be_one_json_value() {
     let (gate, _dir) = gate_with(vec![
