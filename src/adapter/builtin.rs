@@ -357,11 +357,14 @@ impl BuiltinAdapter {
         let content = format!("# {title}\n\n{body}\n").into_bytes();
         let sha256 = sha256_hex(&content);
         let size = content.len();
-        let dir = self.data_dir.join("drafts").join(case_id);
+        let data_dir = self.data_dir.clone();
+        let case = case_id.to_string();
         let file_name = format!("{draft_id}.md");
-        tokio::task::spawn_blocking(move || write_atomically(&dir, &file_name, &content))
-            .await
-            .map_err(|e| ExecError::Failed(format!("writing the draft failed: {e}")))??;
+        tokio::task::spawn_blocking(move || {
+            write_atomically(&data_dir, &["drafts", &case], &file_name, &content)
+        })
+        .await
+        .map_err(|e| ExecError::Failed(format!("writing the draft failed: {e}")))??;
         Ok(json!({
             "draft_id": draft_id,
             "case_id": case_id,

@@ -1131,6 +1131,52 @@ async fn draft_document_writes_atomically_and_is_idempotent() {
     );
 }
 
+/// An insider with the data directory plants a symlink where a case's drafts folder
+/// (or the drafts folder itself) would be: the draft is refused, never written through
+/// it to a place outside the data directory that the audit record would not name.
+#[tokio::test]
+async fn a_draft_is_never_written_through_a_symlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let gate = Gate::demo(&demo_env(dir.path()));
+    let args = json!({"title": "Motion", "body": "The defendant moves."});
+    let draft = |case: &str| {
+        gate.call(
+            "draft_document",
+            args.clone(),
+            json!({"case_id": case}),
+            2000,
+        )
+    };
+
+    std::fs::create_dir_all(dir.path().join("drafts")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("drafts/C-1001")).unwrap();
+    let refused = draft("C-1001").await.unwrap_err();
+    assert_eq!(refused.reason, Reason::ToolError, "{refused:?}");
+    assert!(
+        refused.details["tool_error"]
+            .as_str()
+            .unwrap()
+            .contains("a symlink on its path is refused"),
+        "{refused:?}"
+    );
+
+    std::fs::remove_dir_all(dir.path().join("drafts")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("drafts")).unwrap();
+    let refused = draft("C-1002").await.unwrap_err();
+    assert_eq!(refused.reason, Reason::ToolError, "{refused:?}");
+    assert_eq!(
+        std::fs::read_dir(outside.path()).unwrap().count(),
+        0,
+        "nothing was written outside the data directory"
+    );
+
+    // With the folders real again, the same draft is written where it says.
+    std::fs::remove_file(dir.path().join("drafts")).unwrap();
+    let written = draft("C-1002").await.unwrap();
+    assert!(dir.path().join(written["path"].as_str().unwrap()).is_file());
+}
+
 #[tokio::test]
 async fn file_with_court_posts_the_draft_upstream() {
     let (addr, seen) = start_upstream().await;

@@ -234,25 +234,100 @@ fn open_by_walk(dir: BorrowedFd<'_>, rel: &str) -> std::io::Result<std::fs::File
     current.map(std::fs::File::from).ok_or_else(invalid)
 }
 
-/// Writes `dir/name` atomically: a temporary file in the same folder, synced, then
-/// renamed over the target. Blocking.
-pub(super) fn write_atomically(dir: &Path, name: &str, content: &[u8]) -> Result<(), ExecError> {
+/// Writes `root/<folders...>/name` atomically: each folder beneath `root` is made if
+/// missing and opened with `O_NOFOLLOW` (a symlink planted at any of them is refused,
+/// never followed out of `root`), then a temporary file is created in the last one
+/// with `O_EXCL | O_NOFOLLOW`, synced, and renamed over `name` relative to that same
+/// folder's descriptor. Blocking.
+pub(super) fn write_atomically(
+    root: &Path,
+    folders: &[&str],
+    name: &str,
+    content: &[u8],
+) -> Result<(), ExecError> {
     use std::io::Write;
-    let failed =
-        |e: std::io::Error| ExecError::Failed(format!("writing draft `{name}` failed: {e}"));
-    std::fs::create_dir_all(dir).map_err(failed)?;
-    let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
-    let result = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        file.write_all(content)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, dir.join(name))
-    })();
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let failed = |e: std::io::Error| {
+        if is_symlink_refusal(&e) {
+            ExecError::Failed(format!(
+                "writing draft `{name}` failed: a symlink on its path is refused"
+            ))
+        } else {
+            ExecError::Failed(format!("writing draft `{name}` failed: {e}"))
+        }
+    };
+    let c = |part: &str| {
+        std::ffi::CString::new(part).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+    };
+    let mut dir = open_folder(root).map_err(failed)?;
+    for folder in folders {
+        if folder.is_empty() || *folder == "." || *folder == ".." || folder.contains('/') {
+            return Err(failed(std::io::Error::from_raw_os_error(libc::EINVAL)));
+        }
+        let c_folder = c(folder).map_err(failed)?;
+        // SAFETY: a valid directory descriptor and a NUL-terminated name.
+        if unsafe { libc::mkdirat(dir.as_raw_fd(), c_folder.as_ptr(), 0o755) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(failed(e));
+            }
+        }
+        let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_DIRECTORY;
+        // SAFETY: as above.
+        let fd = unsafe { libc::openat(dir.as_raw_fd(), c_folder.as_ptr(), flags) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            // O_NOFOLLOW | O_DIRECTORY on a symlink is ENOTDIR.
+            if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) {
+                return Err(ExecError::Failed(format!(
+                    "writing draft `{name}` failed: a symlink on its path is refused \
+                     (`{folder}` is not a folder)"
+                )));
+            }
+            return Err(failed(e));
+        }
+        // SAFETY: openat returned a new descriptor that nothing else owns.
+        dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    }
+    let tmp = format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple());
+    let (c_tmp, c_name) = (c(&tmp).map_err(failed)?, c(name).map_err(failed)?);
+    let flags = libc::O_WRONLY | libc::O_CLOEXEC | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+    // SAFETY: as above; the mode is read only with O_CREAT.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c_tmp.as_ptr(),
+            flags,
+            0o644 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(failed(std::io::Error::last_os_error()));
+    }
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let result = file
+        .write_all(content)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| {
+            // SAFETY: valid descriptors and NUL-terminated names.
+            let renamed = unsafe {
+                libc::renameat(
+                    dir.as_raw_fd(),
+                    c_tmp.as_ptr(),
+                    dir.as_raw_fd(),
+                    c_name.as_ptr(),
+                )
+            };
+            if renamed == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
     if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        // SAFETY: as above.
+        unsafe { libc::unlinkat(dir.as_raw_fd(), c_tmp.as_ptr(), 0) };
     }
     result.map_err(failed)
 }
