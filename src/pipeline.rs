@@ -954,40 +954,28 @@ impl Gateway {
         tool_ms: u64,
     ) -> Result<Captured, Refusal> {
         let tool = allowed.tool;
-        // The validator's fast path first; the violations are listed only for an
-        // output that does not match.
-        if !tool.output_validator.is_valid(&output) {
-            let violations: Vec<Value> = tool
-                .output_validator
-                .iter_errors(&output)
-                .take(50)
-                .map(|e| json!({ "pointer": e.instance_path().as_str(), "message": e.masked().to_string() }))
-                .collect();
-            return Err(Refusal::new(
+        // A large output is validated, canonicalized and hashed on the blocking pool,
+        // never on a connection thread that other calls are waiting for.
+        let checked = if crate::call::json_size(&output, MAX_INLINE_OUTPUT_BYTES)
+            > MAX_INLINE_OUTPUT_BYTES
+        {
+            let validator = tool.output_validator.clone();
+            tokio::task::spawn_blocking(move || check_output(&validator, output))
+                .await
+                .map_err(|_| Refusal::new(Reason::InternalError, "checking the output failed"))?
+        } else {
+            check_output(&tool.output_validator, output)
+        };
+        let (output, bytes, output_hash) = checked.map_err(|violations| {
+            Refusal::new(
                 Reason::OutputSchemaViolation,
                 format!(
                     "the output of `{}` does not match its output schema; it was withheld",
                     tool.tool_name
                 ),
             )
-            .with_details(json!({ "violations": violations })));
-        }
-        // A large output is canonicalized and hashed on the blocking pool, never on an
-        // async worker that other calls are waiting for.
-        let (output, bytes, output_hash) =
-            if crate::call::json_size(&output, MAX_INLINE_OUTPUT_BYTES) > MAX_INLINE_OUTPUT_BYTES {
-                tokio::task::spawn_blocking(move || {
-                    let bytes = to_canonical_bytes(&output);
-                    let hash = sha256_hex(&bytes);
-                    (output, bytes, hash)
-                })
-                .await
-                .map_err(|_| Refusal::new(Reason::InternalError, "hashing the output failed"))?
-            } else {
-                let bytes = to_canonical_bytes(&output);
-                let hash = sha256_hex(&bytes);
-                (output, bytes, hash)
-            };
+            .with_details(json!({ "violations": violations }))
+        })?;
         if bytes.len() as u64 <= tool.limits.max_output_bytes {
             return Ok(Captured {
                 output: Some(output),
@@ -1230,6 +1218,25 @@ impl Gateway {
         trace::record_outcome(&call.span, &response);
         response
     }
+}
+
+/// Step 11's checks of an output: it matches the output schema (the validator's fast
+/// path first; the violations, at most 50, are listed only for an output that does not),
+/// then its canonical bytes and their sha256.
+fn check_output(
+    validator: &jsonschema::Validator,
+    output: Value,
+) -> Result<(Value, Vec<u8>, String), Vec<Value>> {
+    if !validator.is_valid(&output) {
+        return Err(validator
+            .iter_errors(&output)
+            .take(50)
+            .map(|e| json!({ "pointer": e.instance_path().as_str(), "message": e.masked().to_string() }))
+            .collect());
+    }
+    let bytes = to_canonical_bytes(&output);
+    let hash = sha256_hex(&bytes);
+    Ok((output, bytes, hash))
 }
 
 /// A call's timeout (the request's `timeout_ms`, else the tool's default, capped by its

@@ -18,8 +18,8 @@ use serde_json::{Map, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::{
-    AdapterEnv, ExecContext, ExecError, SettingProblem, output_hard_cap, strings_with_pointers,
-    unsafe_argument,
+    AdapterEnv, ExecContext, ExecError, SettingProblem, output_hard_cap, parse_output,
+    strings_with_pointers, unsafe_argument,
 };
 use crate::canonical::{to_canonical_bytes, to_canonical_string};
 use crate::diagnostic::Refusal;
@@ -260,12 +260,16 @@ impl CommandAdapter {
                 self.argv0
             )));
         }
-        serde_json::from_slice(&stdout).map_err(|e| {
-            ExecError::OutputNotJson(format!(
-                "stdout of `{}` is not one json value: {e}",
-                self.argv0
-            ))
-        })
+        // The program has exited; a large output's parse still ends at the deadline.
+        match tokio::time::timeout_at(ctx.deadline, parse_output(stdout)).await {
+            Ok(parsed) => parsed.map_err(|e| {
+                ExecError::OutputNotJson(format!(
+                    "stdout of `{}` is not one json value: {e}",
+                    self.argv0
+                ))
+            }),
+            Err(_) => Err(ExecError::Timeout),
+        }
     }
 }
 

@@ -19,8 +19,8 @@ use hyper::{StatusCode, Uri};
 use serde_json::Value;
 
 use super::{
-    ExecContext, ExecError, SettingProblem, output_hard_cap, strings_with_pointers, truncate,
-    unsafe_argument,
+    ExecContext, ExecError, SettingProblem, output_hard_cap, parse_output, strings_with_pointers,
+    truncate, unsafe_argument,
 };
 use crate::canonical::to_canonical_bytes;
 use crate::diagnostic::Refusal;
@@ -285,7 +285,16 @@ impl Upstream {
                     }
                 }
             }
-            self.answer(status, &bytes)
+            if status.is_success() {
+                // Parsed within the deadline (a large answer on the blocking pool).
+                return parse_output(Vec::from(bytes.freeze())).await.map_err(|e| {
+                    ExecError::OutputNotJson(format!(
+                        "upstream `{}` answered {status} with a body that is not one json value: {e}",
+                        self.label
+                    ))
+                });
+            }
+            Err(self.failure(status, &bytes))
         };
         match tokio::time::timeout_at(ctx.deadline, exchange).await {
             Ok(result) => result,
@@ -312,24 +321,14 @@ impl Upstream {
         ))
     }
 
-    fn answer(&self, status: StatusCode, body: &[u8]) -> Result<Value, ExecError> {
+    /// The error of an answer whose status is not a success.
+    fn failure(&self, status: StatusCode, body: &[u8]) -> ExecError {
         let label = &self.label;
-        if status.is_success() {
-            return serde_json::from_slice(body).map_err(|e| {
-                ExecError::OutputNotJson(format!(
-                    "upstream `{label}` answered {status} with a body that is not one json value: {e}"
-                ))
-            });
-        }
         let excerpt = truncate(String::from_utf8_lossy(body).trim(), ERROR_BODY_BYTES);
         if status.is_server_error() {
-            Err(ExecError::DependencyDown(format!(
-                "upstream `{label}` answered {status}: {excerpt}"
-            )))
+            ExecError::DependencyDown(format!("upstream `{label}` answered {status}: {excerpt}"))
         } else {
-            Err(ExecError::Failed(format!(
-                "upstream `{label}` answered {status}: {excerpt}"
-            )))
+            ExecError::Failed(format!("upstream `{label}` answered {status}: {excerpt}"))
         }
     }
 }

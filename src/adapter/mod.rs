@@ -112,6 +112,26 @@ const HARD_CAP_FLOOR: u64 = 16 * 1024 * 1024;
 /// No output of any tool is larger: the most bytes an artifact may hold.
 pub const HARD_CAP_CEILING: u64 = 256 * 1024 * 1024;
 
+/// A tool's output at most this large is parsed on the calling task; a larger one on the
+/// blocking pool ([`parse_output`]).
+const INLINE_PARSE_BYTES: usize = 64 * 1024;
+
+/// Parses a tool's output as one JSON value. A large one (16 MiB takes about a second)
+/// is parsed on the blocking pool: the call's deadline can still end the wait, and the
+/// other calls on the same connection thread are not held up meanwhile.
+pub(crate) async fn parse_output(bytes: Vec<u8>) -> Result<Value, serde_json::Error> {
+    if bytes.len() <= INLINE_PARSE_BYTES {
+        return serde_json::from_slice(&bytes);
+    }
+    tokio::task::spawn_blocking(move || serde_json::from_slice(&bytes))
+        .await
+        .unwrap_or_else(|e| {
+            Err(serde::de::Error::custom(format!(
+                "the parsing task failed: {e}"
+            )))
+        })
+}
+
 /// The most bytes an adapter reads from a tool's output:
 /// `max(max_output_bytes * 16, 16 MiB)`, never more than 256 MiB.
 pub fn output_hard_cap(tool: &Tool) -> usize {

@@ -1503,6 +1503,32 @@ async fn a_command_that_cannot_start_reached_nothing() {
     }
 }
 
+/// A program that writes a large output at once and exits: parsing it takes longer than
+/// the call's deadline (seconds for 16 MiB of small objects in a test build), and the
+/// deadline still holds: `tool_timeout`, not a success answered seconds late.
+#[tokio::test]
+async fn a_large_output_is_parsed_within_the_deadline() {
+    let script = r#"
+import sys
+sys.stdout.write("[" + ",".join(['{"k":1}'] * 2_000_000) + "]")
+"#;
+    let mut big = tool(
+        "big",
+        command(&["python3", "-c", script], &[]),
+        any_object(),
+        json!({"type": "array"}),
+    );
+    big.limits.max_output_bytes = 1024 * 1024;
+    let (gate, _dir) = gate_with(vec![big]);
+    match gate.call("big", json!({}), json!({}), 1500).await {
+        Ok(output) => panic!(
+            "answered a success past the deadline ({} elements)",
+            output.as_array().map_or(0, Vec::len)
+        ),
+        Err(refusal) => assert_eq!(refusal.reason, Reason::ToolTimeout, "{refusal:?}"),
+    }
+}
+
 #[tokio::test]
 async fn command_output_must_be_one_json_value() {
     let (gate, _dir) = gate_with(vec![
