@@ -123,6 +123,9 @@ enum Kind {
     Fails,
     /// HTTP that answers 200 with garbage.
     Garbage,
+    /// HEC that refuses (413) a batch holding any event larger than 12 KiB, as a
+    /// receiver with a size limit does.
+    HecSmall,
 }
 
 /// A receiver on a fixed loopback port that can be taken down and brought back.
@@ -135,6 +138,8 @@ struct Receiver {
 }
 
 const HEC_TOKEN: &str = "hec-test-token-0123";
+/// Added to the seq a receiver records for a stub (a record sent as its seq and hash).
+const STUB: u64 = 1 << 40;
 
 fn seq_of_syslog(message: &str) -> Option<u64> {
     let at = message.find(" seq=\"")? + 6;
@@ -172,6 +177,10 @@ impl Receiver {
             Kind::Hec | Kind::Fails => {
                 format!("hec+http://{a}?token_file={}", token_file.display())
             }
+            Kind::HecSmall => format!(
+                "hec+http://{a}?token_file={}&max_record_bytes=8192",
+                token_file.display()
+            ),
             Kind::Otlp | Kind::Garbage => format!("otlp+http://{a}"),
         }
     }
@@ -301,12 +310,28 @@ fn serve_connection(kind: Kind, mut stream: TcpStream, seqs: &Seqs, up: &AtomicB
         let body = buf[head_end + 4..head_end + 4 + length].to_vec();
         buf.drain(..head_end + 4 + length);
         let (status, content_type, answer): (&str, &str, Vec<u8>) = match kind {
-            Kind::Hec => {
+            Kind::HecSmall
+                if String::from_utf8_lossy(&body)
+                    .lines()
+                    .any(|l| l.len() > 12 * 1024) =>
+            {
+                (
+                    "413 Payload Too Large",
+                    "application/json",
+                    br#"{"text":"Content too large","code":27}"#.to_vec(),
+                )
+            }
+            Kind::Hec | Kind::HecSmall => {
                 assert!(head.contains(&format!("Splunk {HEC_TOKEN}")), "{head}");
                 for line in String::from_utf8(body).unwrap().lines() {
                     let item: Value = serde_json::from_str(line).unwrap();
                     let seq = item["fields"]["seq"].as_u64().unwrap();
-                    // The OCSF record inside names the same seq.
+                    // The OCSF record inside names the same seq (a stub: its seq).
+                    if item["event"]["truncated"] == json!(true) {
+                        assert_eq!(item["event"]["seq"], json!(seq), "{item}");
+                        seqs.lock().unwrap().push(seq + STUB);
+                        continue;
+                    }
                     assert_eq!(item["event"]["metadata"]["sequence"], json!(seq));
                     seqs.lock().unwrap().push(seq);
                 }
@@ -452,6 +477,46 @@ fn wait_complete(receivers: &[&Receiver], head: u64, within: Duration) {
         })
         .collect();
     assert!(ok, "not every receiver has every event: {report:?}");
+}
+
+/// An agent's call whose event is too large for the receiver (it answers 413 to it,
+/// every time) cannot stop the sink: a record over `max_record_bytes` goes as a stub
+/// naming its seq and leaf hash, and every event after it still arrives.
+#[test]
+fn one_event_too_large_for_the_receiver_does_not_stop_the_sink() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token_file = tmp.path().join("hec.token");
+    std::fs::write(&token_file, format!("{HEC_TOKEN}\n")).unwrap();
+    let receiver = Receiver::start(Kind::HecSmall);
+    let server = start_shipping(
+        tmp.path(),
+        &tmp.path().join("var"),
+        &[receiver.spec(&token_file)],
+    );
+    let run = server.create_run(json!({}));
+    let (code, body) = lab::call(
+        &server,
+        &run,
+        "echo_cmd",
+        json!({"text": "x".repeat(20_000)}),
+        json!({}),
+    );
+    assert_eq!(code, 200, "{body}");
+    let big = closing_seq(&body);
+    let (_, _, head) = calls_for(&server, &run, Duration::ZERO, 3);
+    let arrived = common::poll_until(Duration::from_secs(30), || {
+        receiver.seqs().iter().any(|&s| s == head)
+    });
+    let seqs = receiver.seqs();
+    assert!(arrived, "the sink stopped before seq {head}: {seqs:?}");
+    // The large call's two events went as stubs, every other event whole.
+    assert!(seqs.contains(&(big + STUB)), "{seqs:?}");
+    assert!(seqs.contains(&(big - 1 + STUB)), "{seqs:?}");
+    for seq in 1..=head {
+        if seq != big && seq != big - 1 {
+            assert!(seqs.contains(&seq), "seq {seq} missing: {seqs:?}");
+        }
+    }
 }
 
 #[test]

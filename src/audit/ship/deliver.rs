@@ -168,10 +168,7 @@ impl Delivery {
                 for (event, record) in events.iter().zip(records) {
                     let mut message = syslog_message(event, record);
                     if message.len() > MAX_DATAGRAM_BYTES {
-                        let stub = json!({"seq": event.seq, "event_id": event_text(event, "event_id"),
-                            "type": event_text(event, "type"), "leaf_hash_sha256": leaf_hex(event),
-                            "truncated": true, "bytes": record.len()});
-                        message = syslog_message(event, &stub.to_string());
+                        message = syslog_message(event, &stub(event, record.len()).to_string());
                     }
                     let sent = tokio::time::timeout(IO_TIMEOUT, s.send(message.as_bytes())).await;
                     if let Err(e) = sent

@@ -46,6 +46,12 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 /// The largest syslog datagram sent; a larger record goes as a stub naming its seq.
 const MAX_DATAGRAM_BYTES: usize = 65_000;
+/// The largest record a sink is sent by default (`max_record_bytes`); a larger one goes
+/// as a stub naming its seq, so one event a receiver refuses for its size cannot stop
+/// the sink. The bounds of the option.
+const DEFAULT_MAX_RECORD_BYTES: u64 = 64 * 1024;
+const MIN_RECORD_BYTES: u64 = 1024;
+const MAX_RECORD_BYTES: u64 = 16 * 1024 * 1024;
 /// The kernel send buffer of a syslog TCP/TLS connection.
 const SEND_BUFFER_BYTES: u32 = 256 * 1024;
 /// A token file larger than this is refused.
@@ -112,13 +118,15 @@ pub struct ShipSpec {
     pub name: String,
     pub target: ShipTarget,
     pub format: ShipFormat,
+    /// A record larger than this is sent as a stub (`max_record_bytes`).
+    pub max_record_bytes: usize,
 }
 
 impl ShipSpec {
     /// Parses `file:PATH`, `syslog+udp://HOST:PORT`, `syslog+tcp://HOST:PORT`,
     /// `syslog+tls://HOST:PORT`, `hec+http(s)://HOST:PORT[/PATH]` or
     /// `otlp+http(s)://HOST:PORT[/PATH]`, each with options after `?`: `format=ocsf`
-    /// (default) or `native`; file: `max_bytes=N`, `keep=N`; tls: `ca=FILE`; hec:
+    /// (default) or `native`, `max_record_bytes=N` (1024 to 16 MiB, default 64 KiB); file: `max_bytes=N`, `keep=N`; tls: `ca=FILE`; hec:
     /// `token_file=FILE` or `token_env=NAME` (one is required; a token itself is refused).
     pub fn parse(text: &str) -> Result<ShipSpec, String> {
         let bad = |what: &str| format!("ship sink `{text}`: {what}");
@@ -152,6 +160,16 @@ impl ShipSpec {
                     .map_err(|_| bad(&format!("{key} must be a whole number"))),
             }
         };
+        let max_record_bytes = number(
+            take("max_record_bytes"),
+            "max_record_bytes",
+            DEFAULT_MAX_RECORD_BYTES,
+        )?;
+        if !(MIN_RECORD_BYTES..=MAX_RECORD_BYTES).contains(&max_record_bytes) {
+            return Err(bad(&format!(
+                "max_record_bytes must be {MIN_RECORD_BYTES} to {MAX_RECORD_BYTES}"
+            )));
+        }
         let target = if let Some(path) = body.strip_prefix("file:") {
             if path.is_empty() {
                 return Err(bad("file: needs a path"));
@@ -251,6 +269,7 @@ impl ShipSpec {
             name: text.to_string(),
             target,
             format,
+            max_record_bytes: max_record_bytes as usize,
         })
     }
 
@@ -440,7 +459,14 @@ impl Sink {
                 let checkpoint = signed_head(&self.log).await;
                 let records = events
                     .iter()
-                    .map(|e| render(self.spec.format, e, checkpoint.as_ref()))
+                    .map(|e| {
+                        let record = render(self.spec.format, e, checkpoint.as_ref());
+                        if record.len() > self.spec.max_record_bytes {
+                            stub(e, record.len()).to_string()
+                        } else {
+                            record
+                        }
+                    })
                     .collect();
                 pending = Some((events, records));
             }
@@ -544,9 +570,40 @@ fn render(format: ShipFormat, event: &StoredEvent, checkpoint: Option<&Checkpoin
                 checkpoint: checkpoint.filter(|c| c.size >= event.seq),
                 inclusion_proof: None,
             };
-            siem::ocsf(&event.line, &evidence).to_string()
+            escape_line_separators(siem::ocsf(&event.line, &evidence).to_string())
         }
     }
+}
+
+/// JSON keeps U+0085, U+2028 and U+2029 raw inside strings, and a receiver that splits
+/// lines on them (JavaScript, Python's `str.splitlines`) would cut a record in two. An
+/// OCSF record has them escaped: the same JSON value, ASCII line breaks only. (A native
+/// record is the exact hashed line and is sent as it is.)
+fn escape_line_separators(record: String) -> String {
+    if !record.contains(['\u{85}', '\u{2028}', '\u{2029}']) {
+        return record;
+    }
+    record
+        .replace('\u{85}', "\\u0085")
+        .replace('\u{2028}', "\\u2028")
+        .replace('\u{2029}', "\\u2029")
+}
+
+/// What a sink is sent instead of a record too large for it: the event's seq, id, type
+/// and leaf hash (it is whole in the log and in an export, and verifiable there), its
+/// run, call and tool, and the record's size.
+fn stub(event: &StoredEvent, bytes: usize) -> Value {
+    serde_json::json!({
+        "seq": event.seq,
+        "event_id": event_text(event, "event_id"),
+        "type": event_text(event, "type"),
+        "run_id": event_text(event, "run_id"),
+        "call_id": event_text(event, "call_id"),
+        "tool_name": event_text(event, "tool_name"),
+        "leaf_hash_sha256": leaf_hex(event),
+        "truncated": true,
+        "bytes": bytes,
+    })
 }
 
 fn leaf_hex(event: &StoredEvent) -> String {
@@ -603,9 +660,25 @@ mod tests {
             "file:/x?format=xml",
             "file:/x?color=red",
             "syslog+udp://h:1?ca=/x",
+            "file:/x?max_record_bytes=1023",
+            "file:/x?max_record_bytes=16777217",
         ] {
             assert!(ShipSpec::parse(bad).is_err(), "{bad}");
         }
+        assert_eq!(file.max_record_bytes, 64 * 1024);
+        let capped = ShipSpec::parse("otlp+http://h:1?max_record_bytes=4096").unwrap();
+        assert_eq!(capped.max_record_bytes, 4096);
+    }
+
+    /// A record with U+0085, U+2028 or U+2029 in a string (an agent's argument) has them
+    /// escaped: the same JSON value, and no line separator a receiver could split on.
+    #[test]
+    fn ocsf_records_escape_unicode_line_separators() {
+        let value = json!({"args": "a\u{85}b\u{2028}c\u{2029}d\n"});
+        let escaped = escape_line_separators(value.to_string());
+        assert!(!escaped.contains(['\u{85}', '\u{2028}', '\u{2029}']), "{escaped}");
+        assert_eq!(escaped.lines().count(), 1);
+        assert_eq!(serde_json::from_str::<Value>(&escaped).unwrap(), value);
     }
 
     #[test]
