@@ -504,9 +504,7 @@ fn one_event_too_large_for_the_receiver_does_not_stop_the_sink() {
     assert_eq!(code, 200, "{body}");
     let big = closing_seq(&body);
     let (_, _, head) = calls_for(&server, &run, Duration::ZERO, 3);
-    let arrived = common::poll_until(Duration::from_secs(30), || {
-        receiver.seqs().iter().any(|&s| s == head)
-    });
+    let arrived = common::poll_until(Duration::from_secs(30), || receiver.seqs().contains(&head));
     let seqs = receiver.seqs();
     assert!(arrived, "the sink stopped before seq {head}: {seqs:?}");
     // The large call's two events went as stubs, every other event whole.

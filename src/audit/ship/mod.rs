@@ -676,7 +676,10 @@ mod tests {
     fn ocsf_records_escape_unicode_line_separators() {
         let value = json!({"args": "a\u{85}b\u{2028}c\u{2029}d\n"});
         let escaped = escape_line_separators(value.to_string());
-        assert!(!escaped.contains(['\u{85}', '\u{2028}', '\u{2029}']), "{escaped}");
+        assert!(
+            !escaped.contains(['\u{85}', '\u{2028}', '\u{2029}']),
+            "{escaped}"
+        );
         assert_eq!(escaped.lines().count(), 1);
         assert_eq!(serde_json::from_str::<Value>(&escaped).unwrap(), value);
     }
