@@ -518,3 +518,87 @@ fn sides_that_cannot_be_read_or_loaded_exit_4() {
     assert_eq!(code, 4);
     assert!(err.contains("is not inside a git work tree"), "{err}");
 }
+
+/// A pull request on the demo policy that widens access (research_agent may also act in
+/// intake) and commits, beside it, whatever `plant` puts in the work tree. The base
+/// branch is `origin/main` (the demo policy), as in the documented CI job.
+fn pull_request(plant: impl FnOnce(&Path)) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    git(root, &["init", "-q"]);
+    demo_into(root);
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "demo policy"]);
+    git(root, &["update-ref", "refs/remotes/origin/main", "HEAD"]);
+    edit(
+        &root.join("policy/roles.yaml"),
+        "lanes: [research]\n",
+        "lanes: [research, intake]\n",
+    );
+    plant(root);
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "widen research_agent"]);
+    tmp
+}
+
+/// The CI gate of docs/policy-review.md, run in the pull request's own checkout.
+fn gate(dir: &Path, old: &str, new: &str) -> (i32, String, String) {
+    run(dir, &["policy", "diff", old, new, "--fail-on", "widening"])
+}
+
+#[test]
+fn a_committed_directory_cannot_stand_for_the_base_of_the_gate() {
+    // The pull request commits `origin/main/` holding a copy of its own (widened)
+    // policy: read as a directory, OLD would equal NEW and nothing would widen.
+    let tmp = pull_request(|root| {
+        copy_dir(&root.join("policy"), &root.join("origin/main/policy"));
+        copy_dir(&root.join("tools"), &root.join("origin/main/tools"));
+    });
+    let dir = tmp.path();
+    let (code, out, err) = gate(dir, "origin/main", "HEAD");
+    assert_eq!(code, 4, "refused, not compared: {out}{err}");
+    assert!(
+        err.contains("error: OLD: `origin/main` names both a directory (`./origin/main`) and a git revision (commit "),
+        "{err}"
+    );
+    assert!(
+        err.contains("help: write `./origin/main` for the directory, or `"),
+        "{err}"
+    );
+    // Said explicitly, the directory is compared (and this one widens nothing).
+    let (code, out, _) = gate(dir, "./origin/main", "HEAD");
+    assert_eq!(code, 0, "{out}");
+    // The real base is still reachable under a name no directory shadows.
+    let (code, out, _) = gate(dir, "refs/remotes/origin/main", "HEAD");
+    assert_eq!(code, 1, "the change widens: {out}");
+    // A base that was not fetched: the bare name is a directory of the work tree
+    // only, which does not stand for OLD.
+    git(dir, &["update-ref", "-d", "refs/remotes/origin/main"]);
+    let (code, out, err) = gate(dir, "origin/main", "HEAD");
+    assert_eq!(code, 4, "{out}{err}");
+    assert!(
+        err.contains("error: OLD: `origin/main` is a directory inside the git work tree"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_committed_directory_cannot_stand_for_head() {
+    // The pull request commits `HEAD/` holding the old policy: read as a directory,
+    // NEW would be the old policy and nothing would widen.
+    let tmp = pull_request(|root| {
+        copy_dir(&repo().join("policy"), &root.join("HEAD/policy"));
+        copy_dir(&repo().join("tools"), &root.join("HEAD/tools"));
+    });
+    let dir = tmp.path();
+    let (code, out, err) = gate(dir, "origin/main", "HEAD");
+    assert_eq!(code, 4, "refused, not compared: {out}{err}");
+    assert!(
+        err.contains("error: NEW: `HEAD` names both a directory (`./HEAD`) and a git revision"),
+        "{err}"
+    );
+    // A path that is not a directory is never tried as a revision.
+    let (code, _, err) = gate(dir, "origin/main", "./no-such-dir");
+    assert_eq!(code, 4);
+    assert!(err.contains("`./no-such-dir` is not a directory"), "{err}");
+}
