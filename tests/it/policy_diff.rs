@@ -816,3 +816,47 @@ fn credential_changes_that_let_more_callers_in_widen() {
         );
     }
 }
+
+#[test]
+fn a_renamed_anchored_definition_is_not_an_annotation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    git(root, &["init", "-q"]);
+    demo_into(root);
+    let input = root.join("tools/legal_search/schema/input.json");
+    edit_json(&input, |s| {
+        s["properties"]["limit"] = serde_json::json!({"$ref": "#limit"});
+        s["$defs"] = serde_json::json!({
+            "Limit": {"$anchor": "limit", "type": "integer", "minimum": 1, "maximum": 50}
+        });
+    });
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "anchored limit"]);
+    // Renamed, and the maximum dropped: `#limit` now resolves to the looser one.
+    edit_json(&input, |s| {
+        s["$defs"] = serde_json::json!({
+            "Limit2": {"$anchor": "limit", "type": "integer", "minimum": 1}
+        });
+    });
+    git(root, &["commit", "-q", "-a", "-m", "rename the definition"]);
+    let (code, out, err) = run(
+        root,
+        &["policy", "diff", "HEAD~1", "HEAD", "--format", "json"],
+    );
+    assert_eq!(code, 5, "a version rule violation: {out}{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let input = find(
+        &report,
+        &[("kind", "input_schema_changed"), ("tool", "legal_search")],
+    );
+    assert_eq!(input["effect"], "widening", "{input}");
+    assert_eq!(input["schema"]["class"], "breaking");
+    let (code, out, _) = run(root, &["policy", "check", "--base", "HEAD~1"]);
+    assert_eq!(code, 5, "{out}");
+    assert!(
+        out.contains(
+            "error: tool `legal_search`: a breaking schema change needs a major version bump"
+        ),
+        "{out}"
+    );
+}

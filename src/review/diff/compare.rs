@@ -1814,4 +1814,31 @@ mod tests {
         );
         assert_eq!(old.roles.len(), 7, "the demo's roles");
     }
+
+    #[test]
+    fn removing_a_property_of_an_open_object_widens() {
+        let demo = demo();
+        let open = with_schema(&demo, "legal_search", "1.0.0", |s| {
+            s.as_object_mut().unwrap().remove("additionalProperties");
+        });
+        let removed = with_schema(&open, "legal_search", "2.0.0", |s| {
+            s["properties"].as_object_mut().unwrap().remove("limit");
+        });
+        let c = changes(&open, &removed);
+        let input = c
+            .iter()
+            .find(|c| c.kind == Kind::InputSchemaChanged)
+            .unwrap();
+        assert_eq!(input.effect, Effect::Widening, "{input:?}");
+        // With unknown properties refused, the removal only refuses more.
+        let closed = with_schema(&demo, "legal_search", "2.0.0", |s| {
+            s["properties"].as_object_mut().unwrap().remove("limit");
+        });
+        let c = changes(&demo, &closed);
+        let input = c
+            .iter()
+            .find(|c| c.kind == Kind::InputSchemaChanged)
+            .unwrap();
+        assert_eq!(input.effect, Effect::Narrowing, "{input:?}");
+    }
 }
