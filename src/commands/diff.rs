@@ -16,7 +16,8 @@ use crate::review::diff::{Layout, PolicyDiff, diff, render};
 #[derive(Debug, Args)]
 pub struct DiffArgs {
     /// The old policy: a git revision (`main`, `HEAD~1`) or a directory holding policy/
-    /// and tools/.
+    /// and tools/ (inside a git work tree, written as a path: `./DIR`). A name that is
+    /// both a directory and a revision is refused.
     pub old: String,
     /// The new policy: a git revision or a directory.
     pub new: String,

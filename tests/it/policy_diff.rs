@@ -518,3 +518,345 @@ fn sides_that_cannot_be_read_or_loaded_exit_4() {
     assert_eq!(code, 4);
     assert!(err.contains("is not inside a git work tree"), "{err}");
 }
+
+/// A pull request on the demo policy that widens access (research_agent may also act in
+/// intake) and commits, beside it, whatever `plant` puts in the work tree. The base
+/// branch is `origin/main` (the demo policy), as in the documented CI job.
+fn pull_request(plant: impl FnOnce(&Path)) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    git(root, &["init", "-q"]);
+    demo_into(root);
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "demo policy"]);
+    git(root, &["update-ref", "refs/remotes/origin/main", "HEAD"]);
+    edit(
+        &root.join("policy/roles.yaml"),
+        "lanes: [research]\n",
+        "lanes: [research, intake]\n",
+    );
+    plant(root);
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "widen research_agent"]);
+    tmp
+}
+
+/// The CI gate of docs/policy-review.md, run in the pull request's own checkout.
+fn gate(dir: &Path, old: &str, new: &str) -> (i32, String, String) {
+    run(dir, &["policy", "diff", old, new, "--fail-on", "widening"])
+}
+
+#[test]
+fn a_committed_directory_cannot_stand_for_the_base_of_the_gate() {
+    // The pull request commits `origin/main/` holding a copy of its own (widened)
+    // policy: read as a directory, OLD would equal NEW and nothing would widen.
+    let tmp = pull_request(|root| {
+        copy_dir(&root.join("policy"), &root.join("origin/main/policy"));
+        copy_dir(&root.join("tools"), &root.join("origin/main/tools"));
+    });
+    let dir = tmp.path();
+    let (code, out, err) = gate(dir, "origin/main", "HEAD");
+    assert_eq!(code, 4, "refused, not compared: {out}{err}");
+    assert!(
+        err.contains("error: OLD: `origin/main` names both a directory (`./origin/main`) and a git revision (commit "),
+        "{err}"
+    );
+    assert!(
+        err.contains("help: write `./origin/main` for the directory, or `"),
+        "{err}"
+    );
+    // Said explicitly, the directory is compared (and this one widens nothing).
+    let (code, out, _) = gate(dir, "./origin/main", "HEAD");
+    assert_eq!(code, 0, "{out}");
+    // The real base is still reachable under a name no directory shadows.
+    let (code, out, _) = gate(dir, "refs/remotes/origin/main", "HEAD");
+    assert_eq!(code, 1, "the change widens: {out}");
+    // A base that was not fetched: the bare name is a directory of the work tree
+    // only, which does not stand for OLD.
+    git(dir, &["update-ref", "-d", "refs/remotes/origin/main"]);
+    let (code, out, err) = gate(dir, "origin/main", "HEAD");
+    assert_eq!(code, 4, "{out}{err}");
+    assert!(
+        err.contains("error: OLD: `origin/main` is a directory inside the git work tree"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_committed_directory_cannot_stand_for_head() {
+    // The pull request commits `HEAD/` holding the old policy: read as a directory,
+    // NEW would be the old policy and nothing would widen.
+    let tmp = pull_request(|root| {
+        copy_dir(&repo().join("policy"), &root.join("HEAD/policy"));
+        copy_dir(&repo().join("tools"), &root.join("HEAD/tools"));
+    });
+    let dir = tmp.path();
+    let (code, out, err) = gate(dir, "origin/main", "HEAD");
+    assert_eq!(code, 4, "refused, not compared: {out}{err}");
+    assert!(
+        err.contains("error: NEW: `HEAD` names both a directory (`./HEAD`) and a git revision"),
+        "{err}"
+    );
+    // A path that is not a directory is never tried as a revision.
+    let (code, _, err) = gate(dir, "origin/main", "./no-such-dir");
+    assert_eq!(code, 4);
+    assert!(err.contains("`./no-such-dir` is not a directory"), "{err}");
+}
+
+/// The demo policy with an identity provider `corp` and a role `workload_drafter`
+/// proven by its JWTs (`groups: drafters`, one subject), in `root`.
+fn demo_with_identity(root: &Path) {
+    demo_into(root);
+    let roles = root.join("policy/roles.yaml");
+    let text = fs::read_to_string(&roles).unwrap();
+    let text = text
+        .replacen(
+            "\nroles:\n",
+            "\nidentity_providers:\n  - id: corp\n    issuer: \"https://idp.example\"\n    audience: toolgate\n    jwks_uri: \"https://idp.example/jwks\"\n    algorithms: [RS256]\n    leeway_s: 30\n\nroles:\n",
+            1,
+        )
+        .replacen(
+            "\nadmins:\n",
+            "\n  - role_id: workload_drafter\n    description: Drafts as a platform workload.\n    enabled: true\n    lanes: [drafting]\n    credential:\n      jwt: {provider: corp, claim: groups, value: drafters, subject: \"system:serviceaccount:legal:drafter\"}\n\nadmins:\n",
+            1,
+        );
+    fs::write(&roles, text).unwrap();
+}
+
+/// `policy diff old new --format json` in `dir` (not a repository), with its exit code.
+fn diff_dirs(dir: &Path) -> (i32, Value) {
+    let (code, out, err) = run(dir, &["policy", "diff", "old", "new", "--format", "json"]);
+    assert!(code == 0 || code == 1, "{out}{err}");
+    (code, serde_json::from_str(&out).unwrap())
+}
+
+#[test]
+fn identity_provider_changes_are_compared_and_gated() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (old, new) = (tmp.path().join("old"), tmp.path().join("new"));
+    demo_with_identity(&old);
+    demo_with_identity(&new);
+    let roles = new.join("policy/roles.yaml");
+    // The attack: the provider's keys now come from the attacker, more algorithms,
+    // more clock skew; run tokens may live 30 days.
+    edit(
+        &roles,
+        "https://idp.example/jwks",
+        "https://attacker.example/jwks",
+    );
+    edit(&roles, "algorithms: [RS256]", "algorithms: [ES256, RS256]");
+    edit(&roles, "leeway_s: 30", "leeway_s: 300");
+    edit(
+        &roles,
+        "\nroles:\n",
+        "\nrun_tokens:\n  max_ttl_s: 2592000\n\nroles:\n",
+    );
+    let (code, out, _) = run(
+        tmp.path(),
+        &["policy", "diff", "old", "new", "--fail-on", "widening"],
+    );
+    assert_eq!(code, 1, "the gate sees it: {out}");
+    for line in [
+        "identity providers and run tokens:",
+        "  widening   identity provider `corp` changed (jwks_uri changed from `https://idp.example/jwks` to `https://attacker.example/jwks`, algorithm `ES256` added, leeway_s raised from 30 to 300)",
+        "  widening   run tokens: `max_ttl_s` raised from 86400 to 2592000",
+    ] {
+        assert!(out.contains(line), "`{line}` not in\n{out}");
+    }
+    let (_, report) = diff_dirs(tmp.path());
+    let provider = find(&report, &[("kind", "identity_provider_changed")]);
+    assert_eq!(provider["section"], "identity");
+    assert_eq!(provider["effect"], "widening");
+    assert_eq!(provider["before"]["jwks_uri"], "https://idp.example/jwks");
+    assert_eq!(
+        provider["after"]["jwks_uri"],
+        "https://attacker.example/jwks"
+    );
+    let ttl = find(&report, &[("kind", "run_token_max_ttl_changed")]);
+    assert_eq!(ttl["effect"], "widening");
+    let (_, md, _) = run(
+        tmp.path(),
+        &["policy", "diff", "old", "new", "--format", "markdown"],
+    );
+    assert!(
+        md.contains("| identity providers and run tokens | 2 | 0 | 0 |"),
+        "{md}"
+    );
+
+    // A changed issuer or audience widens; a tighter provider narrows.
+    fs::remove_dir_all(&new).unwrap();
+    demo_with_identity(&new);
+    let roles = new.join("policy/roles.yaml");
+    edit(
+        &roles,
+        "issuer: \"https://idp.example\"",
+        "issuer: \"https://evil.example\"",
+    );
+    edit(&roles, "audience: toolgate", "audience: anything");
+    let (code, report) = diff_dirs(tmp.path());
+    assert_eq!(code, 0);
+    let provider = find(&report, &[("kind", "identity_provider_changed")]);
+    assert_eq!(provider["effect"], "widening");
+    let message = provider["message"].as_str().unwrap();
+    assert!(message.contains("issuer changed"), "{message}");
+    assert!(message.contains("audience changed"), "{message}");
+    fs::remove_dir_all(&new).unwrap();
+    demo_with_identity(&new);
+    edit(
+        &new.join("policy/roles.yaml"),
+        "leeway_s: 30",
+        "leeway_s: 5",
+    );
+    let (_, report) = diff_dirs(tmp.path());
+    let provider = find(&report, &[("kind", "identity_provider_changed")]);
+    assert_eq!(provider["effect"], "narrowing");
+
+    // A provider added that nothing names is neutral, and says so.
+    fs::remove_dir_all(&new).unwrap();
+    demo_with_identity(&new);
+    edit(
+        &new.join("policy/roles.yaml"),
+        "\nroles:\n",
+        "  - id: spare\n    issuer: \"https://spare.example\"\n    audience: toolgate\n    jwks_uri: \"https://spare.example/jwks\"\n\nroles:\n",
+    );
+    let (_, report) = diff_dirs(tmp.path());
+    let added = find(&report, &[("kind", "identity_provider_added")]);
+    assert_eq!(added["effect"], "neutral");
+    assert!(
+        added["message"]
+            .as_str()
+            .unwrap()
+            .contains("no role or admin names it"),
+        "{added}"
+    );
+}
+
+#[test]
+fn credential_changes_that_let_more_callers_in_widen() {
+    const INTAKE: &str =
+        "token_sha256: 8ae24a0b3740624043a86db83a36b9a5c6f5737a831bfdf70cb6b4fbad6b4018";
+    const OPS: &str =
+        "token_sha256: cce7a2cf1ae045989cfc914fb95a41526f167a838b3c7d33745143614abace7c";
+    const WORKLOAD: &str = "jwt: {provider: corp, claim: groups, value: drafters, subject: \"system:serviceaccount:legal:drafter\"}";
+    let other_token = format!("token_sha256: {}", "ab".repeat(32));
+    // (what is replaced, by what, the role or admin, the expected effect)
+    let cases: Vec<(&str, String, (&str, &str), &str)> = vec![
+        // To a JWT from a static token: every workload of the group proves the role.
+        (
+            INTAKE,
+            "jwt: {provider: corp, claim: groups, value: intake}".into(),
+            ("role", "intake_agent"),
+            "widening",
+        ),
+        // Run tokens only -> a static token that calls tools in any run.
+        (
+            "run_tokens_only: true",
+            other_token.clone(),
+            ("role", "paralegal_agent"),
+            "widening",
+        ),
+        // The subject dropped: any workload of the group, not one.
+        (
+            WORKLOAD,
+            "jwt: {provider: corp, claim: groups, value: drafters}".into(),
+            ("role", "workload_drafter"),
+            "widening",
+        ),
+        // Another group value.
+        (
+            WORKLOAD,
+            "jwt: {provider: corp, claim: groups, value: everyone, subject: \"system:serviceaccount:legal:drafter\"}".into(),
+            ("role", "workload_drafter"),
+            "widening",
+        ),
+        // An admin proven by a JWT.
+        (
+            OPS,
+            "jwt: {provider: corp, claim: groups, value: ops}".into(),
+            ("admin", "ops"),
+            "widening",
+        ),
+        // Static token rotations stay neutral.
+        (INTAKE, other_token.clone(), ("role", "intake_agent"), "neutral"),
+        (
+            INTAKE,
+            "token_env: INTAKE_TOKEN".into(),
+            ("role", "intake_agent"),
+            "neutral",
+        ),
+        (OPS, other_token.clone(), ("admin", "ops"), "neutral"),
+        // Tighter: run tokens only.
+        (
+            INTAKE,
+            "run_tokens_only: true".into(),
+            ("role", "intake_agent"),
+            "narrowing",
+        ),
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    let (old, new) = (tmp.path().join("old"), tmp.path().join("new"));
+    demo_with_identity(&old);
+    for (i, (from, to, (who, id), effect)) in cases.iter().enumerate() {
+        let _ = fs::remove_dir_all(&new);
+        demo_with_identity(&new);
+        edit(&new.join("policy/roles.yaml"), from, to);
+        let (code, report) = diff_dirs(tmp.path());
+        assert_eq!(code, 0, "case {i}");
+        let kind = if *who == "role" {
+            "role_credential_changed"
+        } else {
+            "admin_credential_changed"
+        };
+        let change = find(&report, &[("kind", kind), (*who, *id)]);
+        assert_eq!(change["effect"], *effect, "case {i}: {change}");
+        let message = change["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("{who} `{id}`: credential changed")),
+            "case {i}: {message}"
+        );
+    }
+}
+
+#[test]
+fn a_renamed_anchored_definition_is_not_an_annotation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    git(root, &["init", "-q"]);
+    demo_into(root);
+    let input = root.join("tools/legal_search/schema/input.json");
+    edit_json(&input, |s| {
+        s["properties"]["limit"] = serde_json::json!({"$ref": "#limit"});
+        s["$defs"] = serde_json::json!({
+            "Limit": {"$anchor": "limit", "type": "integer", "minimum": 1, "maximum": 50}
+        });
+    });
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "anchored limit"]);
+    // Renamed, and the maximum dropped: `#limit` now resolves to the looser one.
+    edit_json(&input, |s| {
+        s["$defs"] = serde_json::json!({
+            "Limit2": {"$anchor": "limit", "type": "integer", "minimum": 1}
+        });
+    });
+    git(root, &["commit", "-q", "-a", "-m", "rename the definition"]);
+    let (code, out, err) = run(
+        root,
+        &["policy", "diff", "HEAD~1", "HEAD", "--format", "json"],
+    );
+    assert_eq!(code, 5, "a version rule violation: {out}{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let input = find(
+        &report,
+        &[("kind", "input_schema_changed"), ("tool", "legal_search")],
+    );
+    assert_eq!(input["effect"], "widening", "{input}");
+    assert_eq!(input["schema"]["class"], "breaking");
+    let (code, out, _) = run(root, &["policy", "check", "--base", "HEAD~1"]);
+    assert_eq!(code, 5, "{out}");
+    assert!(
+        out.contains(
+            "error: tool `legal_search`: a breaking schema change needs a major version bump"
+        ),
+        "{out}"
+    );
+}

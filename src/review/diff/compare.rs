@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use super::fields::TOOL_FIELDS;
 use super::schema::{self, Class, SchemaChange};
 use crate::policy::{
-    Approval, Condition, Credential, FlagMatcher, FlagRule, Lane, Policy, Role, Tool,
+    Approval, Condition, Credential, FlagMatcher, FlagRule, IdentityProvider, JwksSource,
+    JwtCredential, Lane, Policy, Role, Tool,
 };
 
 /// Whether a change gives more access, less, or neither.
@@ -51,6 +52,11 @@ pub enum Kind {
     AdminRemoved,
     AdminCredentialChanged,
     AdminAccessChanged,
+    // identity providers and run tokens
+    IdentityProviderAdded,
+    IdentityProviderRemoved,
+    IdentityProviderChanged,
+    RunTokenMaxTtlChanged,
     // lanes
     LaneAdded,
     LaneRemoved,
@@ -109,15 +115,17 @@ pub enum Kind {
 pub enum Section {
     Access,
     Roles,
+    Identity,
     Lanes,
     Tools,
     Schemas,
 }
 
 impl Section {
-    pub const ALL: [Section; 5] = [
+    pub const ALL: [Section; 6] = [
         Section::Access,
         Section::Roles,
+        Section::Identity,
         Section::Lanes,
         Section::Tools,
         Section::Schemas,
@@ -127,6 +135,7 @@ impl Section {
         match self {
             Section::Access => "access (role / lane / tool)",
             Section::Roles => "roles and admins",
+            Section::Identity => "identity providers and run tokens",
             Section::Lanes => "lanes",
             Section::Tools => "tools",
             Section::Schemas => "schemas",
@@ -148,6 +157,10 @@ impl Kind {
             | AdminRemoved
             | AdminCredentialChanged
             | AdminAccessChanged => Section::Roles,
+            IdentityProviderAdded
+            | IdentityProviderRemoved
+            | IdentityProviderChanged
+            | RunTokenMaxTtlChanged => Section::Identity,
             LaneAdded
             | LaneRemoved
             | LaneScopeKeyAdded
@@ -212,6 +225,8 @@ pub struct Change {
     pub effect: Effect,
     pub role: Option<String>,
     pub admin: Option<String>,
+    /// The identity provider (`identity_providers[].id`) a change is about.
+    pub provider: Option<String>,
     pub lane: Option<String>,
     pub tool: Option<String>,
     /// One line, lowercase, names in backticks.
@@ -230,6 +245,7 @@ impl Change {
             effect,
             role: None,
             admin: None,
+            provider: None,
             lane: None,
             tool: None,
             message,
@@ -245,6 +261,10 @@ impl Change {
     }
     fn admin(mut self, id: &str) -> Change {
         self.admin = Some(id.to_string());
+        self
+    }
+    fn provider(mut self, id: &str) -> Change {
+        self.provider = Some(id.to_string());
         self
     }
     fn lane(mut self, id: &str) -> Change {
@@ -269,6 +289,7 @@ impl Change {
             self.lane.as_deref(),
             self.tool.as_deref(),
             self.admin.as_deref(),
+            self.provider.as_deref(),
             self.kind,
             self.message.as_str(),
         )
@@ -294,6 +315,7 @@ pub fn changes(old: &Policy, new: &Policy) -> Vec<Change> {
     triples(old, new, &mut out);
     roles(old, new, &mut out);
     admins(old, new, &mut out);
+    identity(old, new, &mut out);
     lanes(old, new, &mut out);
     tools(old, new, &mut out);
     out.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
@@ -388,6 +410,94 @@ fn same_credential(a: &Credential, b: &Credential) -> bool {
     }
 }
 
+/// Who a JWT credential admits, in words: `a jwt of `corp` whose `groups` is `x``, and
+/// its subject or `any subject`.
+fn jwt_words(jwt: &JwtCredential) -> String {
+    let subject = match &jwt.subject {
+        Some(s) => format!("subject `{s}`"),
+        None => "any subject".to_string(),
+    };
+    format!(
+        "a jwt of provider `{}` whose `{}` is `{}`, {subject}",
+        jwt.provider, jwt.claim, jwt.value
+    )
+}
+
+/// What a credential change does to who can prove the principal, and why (None for a
+/// plain rotation of a static token, which is neutral and needs no words).
+///
+/// Widening: a move to a `jwt` credential (every holder of a matching token proves
+/// it); a changed jwt provider, claim, value or subject, or a subject dropped; a move
+/// away from `jwt` (unclear, so reviewed as a widening); `run_tokens_only` dropped for
+/// a static token (which calls tools in any run). Narrowing: a subject added to an
+/// otherwise unchanged jwt; a static token replaced by `run_tokens_only`.
+fn credential_change(o: &Credential, n: &Credential) -> (Effect, Option<String>) {
+    use Credential::{Jwt, RunTokensOnly, TokenEnv, TokenSha256};
+    match (o, n) {
+        (Jwt(a), Jwt(b)) => {
+            let same_claim = a.provider == b.provider && a.claim == b.claim && a.value == b.value;
+            if same_claim && let (None, Some(subject)) = (&a.subject, &b.subject) {
+                return (
+                    Effect::Narrowing,
+                    Some(format!("now only subject `{subject}`")),
+                );
+            }
+            let mut parts = Vec::new();
+            if a.provider != b.provider {
+                parts.push(format!("jwt provider `{}` -> `{}`", a.provider, b.provider));
+            }
+            if a.claim != b.claim {
+                parts.push(format!("jwt claim `{}` -> `{}`", a.claim, b.claim));
+            }
+            if a.value != b.value {
+                parts.push(format!("jwt value `{}` -> `{}`", a.value, b.value));
+            }
+            match (&a.subject, &b.subject) {
+                (Some(_), None) => parts.push("subject dropped: any subject proves it".into()),
+                (x, y) if x != y => parts.push("jwt subject changed".into()),
+                _ => {}
+            }
+            (
+                Effect::Widening,
+                Some(format!("{}; now {}", parts.join(", "), jwt_words(b))),
+            )
+        }
+        (_, Jwt(b)) => (
+            Effect::Widening,
+            Some(format!("now proven by {}", jwt_words(b))),
+        ),
+        (Jwt(_), _) => (
+            Effect::Widening,
+            Some("no longer a jwt credential; reviewed as a widening".into()),
+        ),
+        (RunTokensOnly { .. }, TokenSha256(_) | TokenEnv { .. }) => (
+            Effect::Widening,
+            Some("`run_tokens_only` dropped: a static token now calls tools in any run".into()),
+        ),
+        (TokenSha256(_) | TokenEnv { .. }, RunTokensOnly { .. }) => (
+            Effect::Narrowing,
+            Some("now `run_tokens_only`: tools are called with run tokens only".into()),
+        ),
+        (
+            TokenSha256(_) | TokenEnv { .. } | RunTokensOnly { .. },
+            TokenSha256(_) | TokenEnv { .. } | RunTokensOnly { .. },
+        ) => (Effect::Neutral, None),
+    }
+}
+
+/// The change of a role's or admin's credential, when it changed.
+fn credential_message(who: &str, o: &Credential, n: &Credential) -> Option<(Effect, String)> {
+    if same_credential(o, n) {
+        return None;
+    }
+    let (effect, why) = credential_change(o, n);
+    let message = match why {
+        Some(why) => format!("{who}: credential changed ({why})"),
+        None => format!("{who}: credential changed"),
+    };
+    Some((effect, message))
+}
+
 fn credential_kind(c: &Credential) -> Value {
     match c {
         Credential::TokenSha256(_) => json!("token_sha256"),
@@ -439,18 +549,16 @@ fn role_fields(id: &str, o: &Role, n: &Role, out: &mut Vec<Change>) {
         };
         out.push(Change::new(kind, effect, format!("role `{id}` {word}")).role(id));
     }
-    if !same_credential(&o.credential, &n.credential) {
+    if let Some((effect, message)) =
+        credential_message(&format!("role `{id}`"), &o.credential, &n.credential)
+    {
         out.push(
-            Change::new(
-                Kind::RoleCredentialChanged,
-                Effect::Neutral,
-                format!("role `{id}`: credential changed"),
-            )
-            .role(id)
-            .values(
-                credential_kind(&o.credential),
-                credential_kind(&n.credential),
-            ),
+            Change::new(Kind::RoleCredentialChanged, effect, message)
+                .role(id)
+                .values(
+                    credential_kind(&o.credential),
+                    credential_kind(&n.credential),
+                ),
         );
     }
 }
@@ -481,16 +589,17 @@ fn admins(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
                 )
                 .admin(id),
             ),
-            (Some(a), Some(b)) if !same_credential(a, b) => out.push(
-                Change::new(
-                    Kind::AdminCredentialChanged,
-                    Effect::Neutral,
-                    format!("admin `{id}`: credential changed"),
-                )
-                .admin(id)
-                .values(credential_kind(a), credential_kind(b)),
-            ),
-            _ => {}
+            (Some(a), Some(b)) => {
+                if let Some((effect, message)) = credential_message(&format!("admin `{id}`"), a, b)
+                {
+                    out.push(
+                        Change::new(Kind::AdminCredentialChanged, effect, message)
+                            .admin(id)
+                            .values(credential_kind(a), credential_kind(b)),
+                    );
+                }
+            }
+            (None, None) => {}
         }
     }
     // `access`: `audit_read` -> `full` widens what the admin may do.
@@ -521,6 +630,194 @@ fn admins(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
             );
         }
     }
+}
+
+/// The providers' settings as JSON (nothing in them is secret).
+fn provider_json(p: &IdentityProvider) -> Value {
+    let (uri, file) = match &p.jwks {
+        JwksSource::Uri(u) => (json!(u), Value::Null),
+        JwksSource::File(f) => (Value::Null, json!(f.display().to_string())),
+    };
+    json!({
+        "issuer": p.issuer,
+        "audience": p.audience,
+        "jwks_uri": uri,
+        "jwks_file": file,
+        "algorithms": p.algorithms,
+        "leeway_s": p.leeway_s,
+        "jwks_refresh_s": p.jwks_refresh_s,
+        "jwks_cooldown_s": p.jwks_cooldown_s,
+    })
+}
+
+fn jwks_words(j: &JwksSource) -> String {
+    match j {
+        JwksSource::Uri(u) => format!("jwks_uri `{u}`"),
+        JwksSource::File(f) => format!("jwks_file `{}`", f.display()),
+    }
+}
+
+/// Whether some role or admin of `policy` is proven by a JWT of provider `id`.
+fn provider_named(policy: &Policy, id: &str) -> Vec<String> {
+    let named = |c: &Credential| matches!(c, Credential::Jwt(j) if j.provider == id);
+    let roles = policy
+        .roles
+        .values()
+        .filter(|r| named(&r.credential))
+        .map(|r| format!("role `{}`", r.role_id));
+    let admins = policy
+        .admins
+        .iter()
+        .filter(|a| named(&a.credential))
+        .map(|a| format!("admin `{}`", a.admin_id));
+    roles.chain(admins).collect()
+}
+
+/// roles.yaml's `identity_providers` (by id) and `run_tokens.max_ttl_s`.
+///
+/// A provider added is widening when a role or admin names it, else neutral (it proves
+/// nothing yet); removed narrows. A provider changed widens when any part of the change
+/// may admit a token it refused (another issuer, audience or key source; an algorithm
+/// added; more leeway; a longer refresh; a changed cooldown, whose effect on the keys
+/// trusted is unclear), else narrows (an algorithm removed, less leeway, a shorter
+/// refresh). A longer `max_ttl_s` widens, a shorter one narrows.
+fn identity(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
+    let (op, np) = (&old.identity.providers, &new.identity.providers);
+    for (id, o, n) in pair(op, np) {
+        match (o, n) {
+            (None, Some(p)) => {
+                let users = provider_named(new, id);
+                let (effect, who) = if users.is_empty() {
+                    (Effect::Neutral, "no role or admin names it".to_string())
+                } else {
+                    (Effect::Widening, format!("named by {}", users.join(", ")))
+                };
+                out.push(
+                    Change::new(
+                        Kind::IdentityProviderAdded,
+                        effect,
+                        format!(
+                            "identity provider `{id}` added (issuer `{}`; {who})",
+                            p.issuer
+                        ),
+                    )
+                    .provider(id)
+                    .values(Value::Null, provider_json(p)),
+                );
+            }
+            (Some(p), None) => out.push(
+                Change::new(
+                    Kind::IdentityProviderRemoved,
+                    Effect::Narrowing,
+                    format!("identity provider `{id}` removed"),
+                )
+                .provider(id)
+                .values(provider_json(p), Value::Null),
+            ),
+            (Some(o), Some(n)) => provider_fields(id, o, n, out),
+            (None, None) => {}
+        }
+    }
+    let (o, n) = (
+        old.identity.run_token_max_ttl_s,
+        new.identity.run_token_max_ttl_s,
+    );
+    if o != n {
+        let (effect, word) = if n > o {
+            (Effect::Widening, "raised")
+        } else {
+            (Effect::Narrowing, "lowered")
+        };
+        out.push(
+            Change::new(
+                Kind::RunTokenMaxTtlChanged,
+                effect,
+                format!("run tokens: `max_ttl_s` {word} from {o} to {n}"),
+            )
+            .values(json!(o), json!(n)),
+        );
+    }
+}
+
+fn provider_fields(id: &str, o: &IdentityProvider, n: &IdentityProvider, out: &mut Vec<Change>) {
+    if o == n {
+        return;
+    }
+    let mut wider = Vec::new();
+    let mut narrower = Vec::new();
+    if o.issuer != n.issuer {
+        wider.push(format!(
+            "issuer changed from `{}` to `{}`",
+            o.issuer, n.issuer
+        ));
+    }
+    if o.audience != n.audience {
+        wider.push(format!(
+            "audience changed from `{}` to `{}`",
+            o.audience, n.audience
+        ));
+    }
+    match (&o.jwks, &n.jwks) {
+        (a, b) if a == b => {}
+        (JwksSource::Uri(a), JwksSource::Uri(b)) => {
+            wider.push(format!("jwks_uri changed from `{a}` to `{b}`"))
+        }
+        (JwksSource::File(a), JwksSource::File(b)) => wider.push(format!(
+            "jwks_file changed from `{}` to `{}`",
+            a.display(),
+            b.display()
+        )),
+        (a, b) => wider.push(format!(
+            "keys now from {} instead of {}",
+            jwks_words(b),
+            jwks_words(a)
+        )),
+    }
+    let (added, removed) = set_diff(&o.algorithms, &n.algorithms);
+    for alg in added {
+        wider.push(format!("algorithm `{alg}` added"));
+    }
+    for alg in removed {
+        narrower.push(format!("algorithm `{alg}` removed"));
+    }
+    let mut number = |name: &str, a: u64, b: u64, raised_widens: bool| {
+        let (list, word) = match (b > a, raised_widens) {
+            (true, true) => (&mut wider, "raised"),
+            (false, true) => (&mut narrower, "lowered"),
+            (true, false) => (&mut narrower, "raised"),
+            (false, false) => (&mut wider, "lowered"),
+        };
+        if a != b {
+            list.push(format!("{name} {word} from {a} to {b}"));
+        }
+    };
+    number("leeway_s", o.leeway_s, n.leeway_s, true);
+    // A longer refresh keeps trusting a key the provider dropped for longer.
+    number("jwks_refresh_s", o.jwks_refresh_s, n.jwks_refresh_s, true);
+    if o.jwks_cooldown_s != n.jwks_cooldown_s {
+        wider.push(format!(
+            "jwks_cooldown_s changed from {} to {}",
+            o.jwks_cooldown_s, n.jwks_cooldown_s
+        ));
+    }
+    let effect = if !wider.is_empty() || narrower.is_empty() {
+        Effect::Widening
+    } else {
+        Effect::Narrowing
+    };
+    let mut parts: Vec<String> = wider.into_iter().chain(narrower).collect();
+    if parts.is_empty() {
+        parts.push("settings changed".into());
+    }
+    out.push(
+        Change::new(
+            Kind::IdentityProviderChanged,
+            effect,
+            format!("identity provider `{id}` changed ({})", parts.join(", ")),
+        )
+        .provider(id)
+        .values(provider_json(o), provider_json(n)),
+    );
 }
 
 fn lanes(old: &Policy, new: &Policy, out: &mut Vec<Change>) {
@@ -1516,5 +1813,32 @@ mod tests {
             old.roles.len()
         );
         assert_eq!(old.roles.len(), 7, "the demo's roles");
+    }
+
+    #[test]
+    fn removing_a_property_of_an_open_object_widens() {
+        let demo = demo();
+        let open = with_schema(&demo, "legal_search", "1.0.0", |s| {
+            s.as_object_mut().unwrap().remove("additionalProperties");
+        });
+        let removed = with_schema(&open, "legal_search", "2.0.0", |s| {
+            s["properties"].as_object_mut().unwrap().remove("limit");
+        });
+        let c = changes(&open, &removed);
+        let input = c
+            .iter()
+            .find(|c| c.kind == Kind::InputSchemaChanged)
+            .unwrap();
+        assert_eq!(input.effect, Effect::Widening, "{input:?}");
+        // With unknown properties refused, the removal only refuses more.
+        let closed = with_schema(&demo, "legal_search", "2.0.0", |s| {
+            s["properties"].as_object_mut().unwrap().remove("limit");
+        });
+        let c = changes(&demo, &closed);
+        let input = c
+            .iter()
+            .find(|c| c.kind == Kind::InputSchemaChanged)
+            .unwrap();
+        assert_eq!(input.effect, Effect::Narrowing, "{input:?}");
     }
 }

@@ -139,10 +139,10 @@ pub fn load_side(side: &Side, layout: &Layout, name: &'static str) -> Result<Pol
 
 /// Reads, loads and compares two sides.
 pub fn diff(old: &str, new: &str, cwd: &Path, layout: &Layout) -> Result<PolicyDiff, DiffError> {
-    let old_side =
-        source::open(old, cwd, layout).map_err(|error| DiffError::Source { side: "OLD", error })?;
-    let new_side =
-        source::open(new, cwd, layout).map_err(|error| DiffError::Source { side: "NEW", error })?;
+    let old_side = source::open(old, cwd, layout, source::Which::Old)
+        .map_err(|error| DiffError::Source { side: "OLD", error })?;
+    let new_side = source::open(new, cwd, layout, source::Which::New)
+        .map_err(|error| DiffError::Source { side: "NEW", error })?;
     let old_policy = load_side(&old_side, layout, "old")?;
     let new_policy = load_side(&new_side, layout, "new")?;
     Ok(PolicyDiff::compare(

@@ -61,11 +61,68 @@ pub struct SchemaChange {
 
 /// Every difference between `old` and `new`, sorted by pointer then message.
 pub fn compare(old: &Value, new: &Value) -> Vec<SchemaChange> {
+    let cx = Cx {
+        plain_refs: refs_name_definitions(old) && refs_name_definitions(new),
+    };
     let mut out = Vec::new();
-    node(old, new, "", 0, &mut out);
+    node(old, new, "", 0, &cx, &mut out);
     out.sort();
     out.dedup();
     out
+}
+
+/// What the whole comparison knows about the two schemas.
+struct Cx {
+    /// Whether every reference in both schemas names a definition by a plain pointer
+    /// (`#/$defs/NAME` or `#/definitions/NAME`) and neither uses `$id`, `$anchor` or
+    /// `$dynamicAnchor`: then a definition added or removed is one no `$ref` resolves
+    /// to, and changes no document's validity.
+    plain_refs: bool,
+}
+
+/// Keywords that let a `$ref` resolve to a schema by something other than the name of
+/// its definition (or move the base it resolves against).
+const REF_TARGETS: [&str; 6] = [
+    "$id",
+    "$anchor",
+    "$dynamicAnchor",
+    "$dynamicRef",
+    "$recursiveRef",
+    "$recursiveAnchor",
+];
+
+/// Whether `schema` uses no keyword of [`REF_TARGETS`] and each `$ref` is a plain
+/// pointer to one definition. Conservative: any key with such a name counts, wherever
+/// it is, and a schema nested deeper than [`MAX_DEPTH`] does not qualify.
+fn refs_name_definitions(schema: &Value) -> bool {
+    let plain = |r: &str| {
+        ["#/$defs/", "#/definitions/"].iter().any(|prefix| {
+            r.strip_prefix(prefix)
+                .is_some_and(|name| !name.is_empty() && !name.contains('/'))
+        })
+    };
+    let mut stack = vec![(schema, 0usize)];
+    while let Some((value, depth)) = stack.pop() {
+        if depth > MAX_DEPTH {
+            return false;
+        }
+        match value {
+            Value::Object(map) => {
+                for (key, v) in map {
+                    if REF_TARGETS.contains(&key.as_str()) {
+                        return false;
+                    }
+                    if key == "$ref" && !v.as_str().is_some_and(plain) {
+                        return false;
+                    }
+                    stack.push((v, depth + 1));
+                }
+            }
+            Value::Array(items) => stack.extend(items.iter().map(|v| (v, depth + 1))),
+            _ => {}
+        }
+    }
+    true
 }
 
 /// The most severe class among `changes` (None when there are none).
@@ -111,7 +168,7 @@ fn accepts_all(v: &Value) -> bool {
     matches!(v, Value::Bool(true)) || matches!(v, Value::Object(m) if m.is_empty())
 }
 
-fn node(old: &Value, new: &Value, ptr: &str, depth: usize, out: &mut Vec<SchemaChange>) {
+fn node(old: &Value, new: &Value, ptr: &str, depth: usize, cx: &Cx, out: &mut Vec<SchemaChange>) {
     if old == new || (accepts_all(old) && accepts_all(new)) {
         return;
     }
@@ -141,8 +198,8 @@ fn node(old: &Value, new: &Value, ptr: &str, depth: usize, out: &mut Vec<SchemaC
             true,
             "no longer constrains documents".into(),
         ),
-        (Value::Bool(true), Value::Object(n)) => keywords(&Map::new(), n, ptr, depth, out),
-        (Value::Object(o), Value::Object(n)) => keywords(o, n, ptr, depth, out),
+        (Value::Bool(true), Value::Object(n)) => keywords(&Map::new(), n, ptr, depth, cx, out),
+        (Value::Object(o), Value::Object(n)) => keywords(o, n, ptr, depth, cx, out),
         _ => unclassified(out, ptr, "not a schema object"),
     }
 }
@@ -185,6 +242,7 @@ fn keywords(
     n: &Map<String, Value>,
     ptr: &str,
     depth: usize,
+    cx: &Cx,
     out: &mut Vec<SchemaChange>,
 ) {
     let keys: BTreeSet<&String> = o.keys().chain(n.keys()).collect();
@@ -204,9 +262,9 @@ fn keywords(
                 format!("`{k}` {}", verb(ov, nv)),
             ),
             "type" => type_change(ov, nv, &at, out),
-            "properties" => properties(o, n, ptr, depth, out),
+            "properties" => properties(o, n, ptr, depth, cx, out),
             "required" => required(o, n, &at, out),
-            "additionalProperties" => additional(ov, nv, &at, depth, out),
+            "additionalProperties" => additional(ov, nv, &at, depth, cx, out),
             "items" => match (ov, nv) {
                 (Some(Value::Array(_)), _) | (_, Some(Value::Array(_))) => {
                     unclassified(out, &at, "`items` as an array")
@@ -216,6 +274,7 @@ fn keywords(
                     nv.unwrap_or(&Value::Bool(true)),
                     &at,
                     depth + 1,
+                    cx,
                     out,
                 ),
             },
@@ -283,7 +342,7 @@ fn keywords(
                     _ => {}
                 }
             }
-            "$defs" | "definitions" => definitions(ov, nv, &at, depth, out),
+            "$defs" | "definitions" => definitions(ov, nv, &at, depth, cx, out),
             _ => unclassified(out, &at, &format!("`{k}` {}", verb(ov, nv))),
         }
     }
@@ -388,6 +447,13 @@ fn required_set(m: &Map<String, Value>) -> Option<BTreeSet<String>> {
     }
 }
 
+/// Whether an object level refuses every property its `properties` do not name:
+/// `additionalProperties: false` and no `patternProperties`.
+fn refuses_unknown(m: &Map<String, Value>) -> bool {
+    m.get("additionalProperties") == Some(&Value::Bool(false))
+        && !m.contains_key("patternProperties")
+}
+
 fn props(m: &Map<String, Value>) -> Option<&Map<String, Value>> {
     m.get("properties").and_then(Value::as_object)
 }
@@ -397,6 +463,7 @@ fn properties(
     n: &Map<String, Value>,
     ptr: &str,
     depth: usize,
+    cx: &Cx,
     out: &mut Vec<SchemaChange>,
 ) {
     let empty = Map::new();
@@ -422,11 +489,13 @@ fn properties(
     for name in names {
         let at = child(ptr, &["properties", name]);
         match (op.get(name), np.get(name)) {
+            // Breaking (a document holding it may be refused), and loosening unless
+            // the level refuses unknown properties: the name may now hold any value.
             (Some(_), None) => push(
                 out,
                 &at,
                 Class::Breaking,
-                false,
+                !refuses_unknown(n),
                 format!("property `{name}` removed"),
             ),
             (None, Some(_)) if new_required.contains(name) => push(
@@ -443,7 +512,7 @@ fn properties(
                 true,
                 format!("optional property `{name}` added"),
             ),
-            (Some(a), Some(b)) => node(a, b, &at, depth + 1, out),
+            (Some(a), Some(b)) => node(a, b, &at, depth + 1, cx, out),
             (None, None) => {}
         }
     }
@@ -489,6 +558,7 @@ fn additional(
     nv: Option<&Value>,
     at: &str,
     depth: usize,
+    cx: &Cx,
     out: &mut Vec<SchemaChange>,
 ) {
     let open = Value::Bool(true);
@@ -508,7 +578,7 @@ fn additional(
             true,
             "`additionalProperties` opened: unknown properties are now accepted".into(),
         ),
-        (o, n) => node(o, n, at, depth + 1, out),
+        (o, n) => node(o, n, at, depth + 1, cx, out),
     }
 }
 
@@ -625,6 +695,7 @@ fn definitions(
     nv: Option<&Value>,
     at: &str,
     depth: usize,
+    cx: &Cx,
     out: &mut Vec<SchemaChange>,
 ) {
     let empty = Map::new();
@@ -639,6 +710,17 @@ fn definitions(
     for name in names {
         let here = child(at, &[name]);
         match (old.get(name), new.get(name)) {
+            // With `$anchor`, `$id` or a `$ref` that is not a plain pointer to a
+            // definition, what a `$ref` resolves to may change when a definition is
+            // added, removed or renamed.
+            (None, Some(_)) | (Some(_), None) if !cx.plain_refs => unclassified(
+                out,
+                &here,
+                &format!(
+                    "definition `{name}` {} (the schema resolves `$ref` by more than definition names)",
+                    verb(old.get(name), new.get(name))
+                ),
+            ),
             // Nothing referenced a definition before it existed, and nothing references
             // one that is gone (the schema compiled): a change of `$ref` shows itself.
             (None, Some(_)) => push(
@@ -655,7 +737,7 @@ fn definitions(
                 false,
                 format!("definition `{name}` removed"),
             ),
-            (Some(a), Some(b)) => node(a, b, &here, depth + 1, out),
+            (Some(a), Some(b)) => node(a, b, &here, depth + 1, cx, out),
             (None, None) => {}
         }
     }
@@ -947,6 +1029,96 @@ mod tests {
             let class = overall(&compare(&base(), &schema)).unwrap();
             let refused_now = samples.iter().any(|s| old.is_valid(s) && !new.is_valid(s));
             assert_eq!(refused_now, class == Class::Breaking, "edit {i}: {class:?}");
+        }
+    }
+
+    /// A definition renamed in a schema whose `$ref`s are not plain `#/$defs/NAME`
+    /// pointers may change what a `$ref` resolves to: never an annotation.
+    #[test]
+    fn definitions_are_unclassified_when_refs_do_not_name_them() {
+        let schema = |defs: Value, limit_ref: &str| {
+            json!({
+                "type": "object",
+                "properties": {"limit": {"$ref": limit_ref}},
+                "$defs": defs
+            })
+        };
+        let cases: Vec<(Value, Value, &str)> = vec![
+            (
+                json!({"A": {"$anchor": "lim", "maximum": 50}}),
+                json!({"B": {"$anchor": "lim"}}),
+                "#lim",
+            ),
+            (
+                json!({"A": {"$dynamicAnchor": "lim", "maximum": 50}}),
+                json!({"B": {"$dynamicAnchor": "lim"}}),
+                "#lim",
+            ),
+            (
+                json!({"A": {"$id": "urn:lim", "maximum": 50}}),
+                json!({"B": {"$id": "urn:lim"}}),
+                "urn:lim",
+            ),
+            (
+                json!({"A": {"maximum": 50}, "C": {"maximum": 5}}),
+                json!({"B": {"maximum": 50}, "C": {"maximum": 5}}),
+                "#/$defs/C/properties/x",
+            ),
+        ];
+        for (i, (old_defs, new_defs, r)) in cases.into_iter().enumerate() {
+            let changes = compare(&schema(old_defs, r), &schema(new_defs, r));
+            assert_eq!(
+                overall(&changes),
+                Some(Class::Breaking),
+                "case {i}: {changes:#?}"
+            );
+            assert!(changes.iter().all(|c| c.loosens), "case {i}: {changes:#?}");
+            assert!(
+                changes
+                    .iter()
+                    .all(|c| c.message.contains("unclassified change")),
+                "case {i}: {changes:#?}"
+            );
+        }
+        // Plain pointers name their definition: an unreferenced one is an annotation.
+        let changes = compare(
+            &schema(json!({"A": {"maximum": 50}, "C": {}}), "#/$defs/C"),
+            &schema(json!({"B": {"maximum": 50}, "C": {}}), "#/$defs/C"),
+        );
+        assert_eq!(overall(&changes), Some(Class::Annotation), "{changes:#?}");
+    }
+
+    /// A property removed from an object that accepts unknown properties may now hold
+    /// any value: the change loosens (widening for an input schema).
+    #[test]
+    fn a_removed_property_loosens_unless_unknown_properties_are_refused() {
+        let cases: Vec<(Value, bool)> = vec![
+            (json!({}), true),
+            (json!({"additionalProperties": true}), true),
+            (json!({"additionalProperties": {"type": "string"}}), true),
+            (
+                json!({"additionalProperties": false, "patternProperties": {"^l": {}}}),
+                true,
+            ),
+            (json!({"additionalProperties": false}), false),
+        ];
+        for (i, (level, loosens)) in cases.into_iter().enumerate() {
+            let mut old = level.clone();
+            old["properties"] = json!({"q": {"type": "string"}, "limit": {"maximum": 50}});
+            let mut new = level;
+            new["properties"] = json!({"q": {"type": "string"}});
+            let changes = compare(&old, &new);
+            let (pointer, class, message) = only(&changes);
+            assert_eq!(
+                (pointer, class, message),
+                (
+                    "/properties/limit",
+                    Class::Breaking,
+                    "property `limit` removed"
+                ),
+                "case {i}"
+            );
+            assert_eq!(changes[0].loosens, loosens, "case {i}");
         }
     }
 }

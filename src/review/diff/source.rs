@@ -28,6 +28,15 @@ pub enum SourceError {
     BadLayoutPath { flag: &'static str, path: String },
     /// Neither an existing directory nor something git can use as a revision.
     InvalidRevision { rev: String },
+    /// A bare name that is both an existing directory and a git revision: which one
+    /// was meant cannot be known, and a directory may come from the change under review.
+    Ambiguous { spec: String, commit: String },
+    /// OLD given as a bare name that is a directory inside a git work tree: the work
+    /// tree holds the change under review, so it does not stand for the old policy
+    /// unless written as a path.
+    OldInWorkTree { spec: String },
+    /// A spec written as a path (`./x`, `../x`, `/x`) that is not a directory.
+    NotADirectory { path: String },
     /// The current directory is not inside a git work tree (or git is missing).
     NotARepository { dir: String, what: String },
     /// git does not know the revision.
@@ -52,6 +61,16 @@ impl fmt::Display for SourceError {
             SourceError::InvalidRevision { rev } => {
                 write!(f, "`{rev}` is neither a directory nor a git revision")
             }
+            SourceError::Ambiguous { spec, commit } => write!(
+                f,
+                "`{spec}` names both a directory (`./{spec}`) and a git revision (commit {}); refusing to guess",
+                commit.get(..12).unwrap_or(commit)
+            ),
+            SourceError::OldInWorkTree { spec } => write!(
+                f,
+                "`{spec}` is a directory inside the git work tree, which holds the change under review, so it does not stand for the old policy"
+            ),
+            SourceError::NotADirectory { path } => write!(f, "`{path}` is not a directory"),
             SourceError::NotARepository { dir, what } => {
                 write!(f, "`{dir}` is not inside a git work tree: {what}")
             }
@@ -70,13 +89,26 @@ impl fmt::Display for SourceError {
 
 impl SourceError {
     /// What the user can do about it.
-    pub fn help(&self) -> &'static str {
-        match self {
+    pub fn help(&self) -> String {
+        let text = match self {
             SourceError::BadLayoutPath { .. } => {
                 "give paths relative to the repository root, e.g. `policy` and `tools/tool_registry.yaml`"
             }
             SourceError::InvalidRevision { .. } | SourceError::UnknownRevision { .. } => {
                 "name a commit, branch or tag (`main`, `HEAD~1`, `origin/main`), or a directory holding policy/ and tools/; in CI fetch the base branch first (`git fetch origin main`)"
+            }
+            SourceError::Ambiguous { spec, commit } => {
+                return format!(
+                    "write `./{spec}` for the directory, or `{commit}` for the revision; in CI a directory in the checkout holds whatever the pull request committed"
+                );
+            }
+            SourceError::OldInWorkTree { spec } => {
+                return format!(
+                    "name a git revision fetched before the diff (`git fetch origin main`), or write `./{spec}` to compare against the directory"
+                );
+            }
+            SourceError::NotADirectory { .. } => {
+                "a spec starting with `./`, `../` or `/` is always a directory; drop the prefix to name a git revision"
             }
             SourceError::NotARepository { .. } => {
                 "run the command inside the repository, or compare two directories"
@@ -84,7 +116,8 @@ impl SourceError {
             SourceError::Git { .. } => "check that git is installed and the repository is readable",
             SourceError::TooManyFiles { .. } => "compare two directories instead",
             SourceError::Io { .. } => "check that the temporary directory is writable",
-        }
+        };
+        text.to_string()
     }
 }
 
@@ -195,23 +228,77 @@ impl Side {
     }
 }
 
-/// Resolves `spec`: an existing directory is used as it is; anything else is a git
-/// revision of the repository holding `cwd`.
-pub fn open(spec: &str, cwd: &Path, layout: &Layout) -> Result<Side, SourceError> {
+/// Which side of the comparison a spec names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// The baseline the review trusts.
+    Old,
+    /// The change under review.
+    New,
+}
+
+/// Whether `spec` is written as a path: absolute, `.` or `..`, or starting with `./`
+/// or `../`. Such a spec is always a directory, never a git revision.
+pub fn written_as_path(spec: &str) -> bool {
+    spec == "."
+        || spec == ".."
+        || spec.starts_with('/')
+        || spec.starts_with("./")
+        || spec.starts_with("../")
+}
+
+/// Resolves `spec`, relative to `cwd`:
+///
+/// - written as a path (`./old`, `../x`, `/tmp/x`, `.`): that directory;
+/// - a bare name that is both a directory and a git revision: refused
+///   ([`SourceError::Ambiguous`]), whichever side it is;
+/// - a bare name that is a directory inside a git work tree, for OLD: refused
+///   ([`SourceError::OldInWorkTree`]): the base may simply not have been fetched, and
+///   the work tree holds the change under review;
+/// - another bare name that is a directory: that directory;
+/// - anything else: a git revision of the repository holding `cwd`.
+// INVARIANT: a bare name never silently stands for a directory when it also names a
+// revision, and never for OLD inside a work tree; a pull request cannot choose the
+// baseline it is compared against by committing a directory.
+pub fn open(spec: &str, cwd: &Path, layout: &Layout, which: Which) -> Result<Side, SourceError> {
     let as_dir = cwd.join(spec);
-    if as_dir.is_dir() {
-        return Ok(Side {
-            label: spec.to_string(),
-            commit: None,
-            root: as_dir,
-            _tmp: None,
-        });
-    }
+    let directory = || Side {
+        label: spec.to_string(),
+        commit: None,
+        root: as_dir.clone(),
+        _tmp: None,
+    };
     let here = if cwd.as_os_str().is_empty() {
         Path::new(".")
     } else {
         cwd
     };
+    if written_as_path(spec) {
+        if as_dir.is_dir() {
+            return Ok(directory());
+        }
+        return Err(SourceError::NotADirectory {
+            path: spec.to_string(),
+        });
+    }
+    if as_dir.is_dir() {
+        let Ok(top) = toplevel(here) else {
+            // Not in a work tree: no revision to confuse it with.
+            return Ok(directory());
+        };
+        if let Ok(commit) = resolve(&top, spec) {
+            return Err(SourceError::Ambiguous {
+                spec: spec.to_string(),
+                commit,
+            });
+        }
+        if which == Which::Old {
+            return Err(SourceError::OldInWorkTree {
+                spec: spec.to_string(),
+            });
+        }
+        return Ok(directory());
+    }
     let top = toplevel(here)?;
     materialize(&top, spec, layout)
 }
@@ -426,7 +513,7 @@ mod tests {
     #[test]
     fn outside_a_work_tree_is_reported() {
         let dir = tempfile::tempdir().unwrap();
-        let err = open("HEAD", dir.path(), &layout()).unwrap_err();
+        let err = open("HEAD", dir.path(), &layout(), Which::New).unwrap_err();
         assert!(matches!(err, SourceError::NotARepository { .. }), "{err}");
     }
 }
