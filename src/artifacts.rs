@@ -9,6 +9,7 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -39,14 +40,57 @@ pub fn is_sha256(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// The most bytes the artifact store holds by default (`serve --max-artifact-bytes`).
+pub const DEFAULT_MAX_ARTIFACT_BYTES: u64 = 1024 * 1024 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct ArtifactStore {
     dir: PathBuf,
+    /// The most bytes the artifacts may take together; a new one past it is refused.
+    limit: u64,
+    /// The bytes the artifacts take: counted from the folder at the first new
+    /// artifact, then kept up to date (None: not counted yet).
+    used: Arc<Mutex<Option<u64>>>,
 }
 
 impl ArtifactStore {
     pub fn new(dir: PathBuf) -> Self {
-        ArtifactStore { dir }
+        ArtifactStore {
+            dir,
+            limit: DEFAULT_MAX_ARTIFACT_BYTES,
+            used: Arc::default(),
+        }
+    }
+
+    /// The store with at most `limit` bytes of artifacts.
+    pub fn with_limit(self, limit: u64) -> Self {
+        ArtifactStore { limit, ..self }
+    }
+
+    /// Reserves room for a new artifact of `len` bytes, or says why there is none.
+    /// Blocking (the first one counts the folder).
+    fn reserve(&self, len: u64) -> io::Result<()> {
+        let mut used = self
+            .used
+            .lock()
+            .map_err(|_| io::Error::other("the artifact count's lock is poisoned"))?;
+        let now = match *used {
+            Some(n) => n,
+            None => folder_bytes(&self.dir)?,
+        };
+        if now.saturating_add(len) > self.limit {
+            *used = Some(now);
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!(
+                    "the artifact store is full: it holds {now} bytes, a new artifact of \
+                     {len} would pass its limit of {} (--max-artifact-bytes)",
+                    self.limit
+                ),
+            ));
+        }
+        *used = Some(now + len);
+        Ok(())
     }
 
     /// Stores `bytes` (written to a temporary file, synced, then renamed into place).
@@ -73,6 +117,10 @@ impl ArtifactStore {
         .await
         .map_err(io::Error::other)?;
         if !intact {
+            let store = self.clone();
+            tokio::task::spawn_blocking(move || store.reserve(len))
+                .await
+                .map_err(io::Error::other)??;
             tokio::fs::create_dir_all(&self.dir).await?;
             let tmp = self.dir.join(format!(".{sha256}.{}", uuid::Uuid::new_v4()));
             let file_path = tmp.clone();
@@ -187,6 +235,23 @@ impl ArtifactStore {
         .await
         .map_err(io::Error::other)?
     }
+}
+
+/// The bytes of the artifacts in `dir` (its regular files; a missing folder holds none).
+fn folder_bytes(dir: &std::path::Path) -> io::Result<u64> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut total = 0u64;
+    for entry in entries {
+        let meta = entry?.metadata()?;
+        if meta.is_file() {
+            total = total.saturating_add(meta.len());
+        }
+    }
+    Ok(total)
 }
 
 /// Whether the file at `path` holds exactly `bytes` (a missing, larger, different or

@@ -62,6 +62,12 @@ pub struct ServeArgs {
     /// are refused (`audit_capacity_exhausted`) 4 MiB before it is reached.
     #[arg(long)]
     pub min_free_disk_bytes: Option<u64>,
+    /// The most bytes the artifacts (outputs larger than a tool's `max_output_bytes`,
+    /// kept whole in `<data_dir>/artifacts`) may take together; a call whose output
+    /// would pass it fails with `artifact_store_failed` and its output withheld.
+    /// Default 1 GiB.
+    #[arg(long, default_value_t = crate::artifacts::DEFAULT_MAX_ARTIFACT_BYTES)]
+    pub max_artifact_bytes: u64,
     /// Seal the active audit segment once its database passes this many bytes
     /// (checked at each commit; at least 65536) and continue in a new segment file
     /// (`audit-000002.db`, ...); one chain and one Merkle tree span the segments
@@ -562,6 +568,7 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
     let gateway = match Gateway::start(loaded, audit.clone(), env, source).await {
         Ok(g) => g
             .with_capacity(capacity)
+            .with_artifact_limit(args.max_artifact_bytes)
             .with_public_url(args.public_url.clone()),
         Err(e) => {
             eprintln!("error: cannot start the gateway: {e}");

@@ -264,6 +264,12 @@ impl Gateway {
         self
     }
 
+    /// The most bytes the artifact store may hold (`serve --max-artifact-bytes`).
+    pub fn with_artifact_limit(mut self, limit: u64) -> Gateway {
+        self.artifacts = self.artifacts.clone().with_limit(limit);
+        self
+    }
+
     /// The shadow policy, when shadow mode is on.
     pub fn shadow(&self) -> Option<&shadow::Shadow> {
         self.shadow.as_ref()

@@ -146,3 +146,63 @@ fn over_max_concurrency_is_refused_with_retry_after() {
     let (code, body) = first.join().unwrap();
     assert_eq!(code, 200, "{body}");
 }
+
+/// An agent whose tool echoes what it is sent makes every call leave a new artifact.
+/// The artifacts are bounded together (`--max-artifact-bytes`): past the bound a call
+/// fails with `artifact_store_failed` and its output withheld, the same output again
+/// (already stored) still succeeds, and the bound holds across a restart.
+#[test]
+fn artifacts_are_bounded_on_disk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut start = lab(tmp.path());
+        start.data_dir = Some(tmp.path().join("var"));
+        start.args = vec!["--max-artifact-bytes".into(), "50000".into()];
+        Server::start_with(start)
+    };
+    let echo = |server: &Server, run: &str, fill: &str| {
+        call(
+            server,
+            run,
+            "echo_cmd",
+            json!({"text": fill.repeat(20_000)}),
+            json!({}),
+        )
+    };
+    let server = start();
+    let run = server.create_run(json!({}));
+    for fill in ["a", "b"] {
+        let (code, body) = echo(&server, &run, fill);
+        assert_eq!(code, 200, "{body}");
+        assert!(body["artifact"]["sha256"].is_string(), "{body}");
+    }
+    let (code, body) = echo(&server, &run, "c");
+    assert_eq!(
+        body["diagnostic"]["reason"], "artifact_store_failed",
+        "{code} {body}"
+    );
+    assert!(body["output"].is_null(), "{body}");
+    let message = body["error_message"].as_str().unwrap_or_default();
+    assert!(message.contains("--max-artifact-bytes"), "{body}");
+    let (code, body) = echo(&server, &run, "a");
+    assert_eq!(
+        code, 200,
+        "an artifact already stored takes no room: {body}"
+    );
+
+    assert_eq!(server.stop().code(), Some(0));
+    let server = start();
+    let run = server.create_run(json!({}));
+    let (_, body) = echo(&server, &run, "d");
+    assert_eq!(
+        body["diagnostic"]["reason"], "artifact_store_failed",
+        "{body}"
+    );
+    let stored: u64 = std::fs::read_dir(tmp.path().join("var/artifacts"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap())
+        .filter(std::fs::Metadata::is_file)
+        .map(|m| m.len())
+        .sum();
+    assert!(stored <= 50_000, "{stored} bytes of artifacts");
+}
