@@ -49,6 +49,9 @@ pub struct ArchiveOptions {
     pub selection: Selection,
     /// The archive directory (created if missing).
     pub to: PathBuf,
+    /// Archive even events a `--ship` sink has not confirmed yet (its cursor in
+    /// `<data-dir>/ship` is behind them).
+    pub ignore_ship_cursors: bool,
 }
 
 /// One archived segment, as written to `<to>/<segment file>.seal.json`.
@@ -190,6 +193,32 @@ async fn archive_with(
             sealed.into_iter().take(count).collect()
         }
     };
+    // A `--ship` sink reads the log in the data directory: events archived before it
+    // confirmed them would never reach it.
+    if let Some((_, _, last)) = chosen.last()
+        && !options.ignore_ship_cursors
+    {
+        let data_dir = options
+            .db_path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let behind: Vec<String> = super::ship::cursors(data_dir)
+            .map_err(ArchiveError::Refused)?
+            .into_iter()
+            .filter(|(_, seq)| *seq < last.last_seq)
+            .map(|(path, seq)| format!("`{}` at seq {seq}", path.display()))
+            .collect();
+        if !behind.is_empty() {
+            return Err(ArchiveError::Refused(format!(
+                "archiving through seq {} would remove events a --ship sink has not \
+                 confirmed ({}); let the sinks catch up (toolgate_ship_lag_events), or pass \
+                 --ignore-ship-cursors",
+                last.last_seq,
+                behind.join(", ")
+            )));
+        }
+    }
     let to = options.to.clone();
     if chosen.is_empty() {
         return Ok(ArchiveSummary {

@@ -63,6 +63,10 @@ pub struct ArchiveArgs {
     /// The archive directory (created if missing; not the data directory).
     #[arg(long)]
     pub to: PathBuf,
+    /// Archive even events a `serve --ship` sink has not confirmed yet (refused
+    /// otherwise: the sink reads the log in the data directory and would never get them).
+    #[arg(long)]
+    pub ignore_ship_cursors: bool,
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
 }
@@ -520,6 +524,7 @@ fn archive_command(args: &ArchiveArgs) -> Exit {
         checkpoint_files: checkpoint_files(&args.db, &[]),
         selection,
         to: args.to.clone(),
+        ignore_ship_cursors: args.ignore_ship_cursors,
     };
     let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_current_thread())
     {

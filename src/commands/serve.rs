@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::audit::{AuditError, AuditLog, AuditOptions, CheckpointSink, Durability};
 use crate::capacity::{AuditCapacity, CapacityOptions};
@@ -643,6 +644,10 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         .map(|a| a.to_string())
         .unwrap_or_default();
     let versions = gateway.current().policy.versions.clone();
+    // The handlers are installed before the server says it is listening: a SIGTERM or
+    // SIGHUP sent right away then drains or reloads instead of killing the process (the
+    // default action of both).
+    let signals = Signals::install();
     println!("toolgate listening on http://{addr}");
     println!(
         "policy: roles {} ({}), lanes {} ({}), registry {} ({})",
@@ -658,7 +663,7 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
     if let Some((db, url)) = &cluster {
         println!("cluster db: {url} (node {})", db.node_id);
     }
-    tokio::spawn(reload_on_sighup(gateway.clone()));
+    tokio::spawn(reload_on_sighup(gateway.clone(), signals.hup));
     // The shippers read the committed log on their own tasks; a call never waits on one.
     let shipper = match crate::audit::ship::start(&args.ships, &audit, &args.data_dir, |name| {
         gateway.metrics.ship_sink(name)
@@ -695,7 +700,13 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
             short(&v.registry.sha256),
         );
     }
-    server::serve(listener, gateway.clone(), server_options, shutdown_signal()).await;
+    server::serve(
+        listener,
+        gateway.clone(),
+        server_options,
+        shutdown_signal(signals.term, signals.int),
+    )
+    .await;
     // Every divergence seen so far is recorded before the log closes.
     gateway.flush_shadow().await;
     // What the sinks have not confirmed is sent after the next start (their cursors).
@@ -736,9 +747,25 @@ fn short(sha256: &str) -> &str {
 }
 
 /// Reloads the policy on every SIGHUP; a failed reload keeps the current policy.
-async fn reload_on_sighup(gateway: Arc<Gateway>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+/// The signals `serve` answers, each handler installed when this is made.
+struct Signals {
+    term: Option<Signal>,
+    int: Option<Signal>,
+    hup: Option<Signal>,
+}
+
+impl Signals {
+    fn install() -> Signals {
+        Signals {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
+            hup: signal(SignalKind::hangup()).ok(),
+        }
+    }
+}
+
+async fn reload_on_sighup(gateway: Arc<Gateway>, hup: Option<Signal>) {
+    let Some(mut hup) = hup else {
         tracing::warn!("cannot listen for SIGHUP; reload with POST /v1/policy/reload");
         return;
     };
@@ -756,19 +783,20 @@ async fn reload_on_sighup(gateway: Arc<Gateway>) {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C (SIGINT).
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// Resolves on SIGTERM or Ctrl-C (SIGINT); a signal whose handler could not be
+/// installed is not waited for.
+async fn shutdown_signal(term: Option<Signal>, int: Option<Signal>) {
+    async fn received(signal: Option<Signal>) {
+        match signal {
+            Some(mut s) => {
+                s.recv().await;
+            }
+            None => std::future::pending().await,
         }
-    };
+    }
     tokio::select! {
-        _ = term.recv() => {},
-        _ = tokio::signal::ctrl_c() => {},
+        () = received(term) => {},
+        () = received(int) => {},
     }
     tracing::info!("shutdown requested; draining in-flight calls");
 }

@@ -15,6 +15,7 @@
 //! - `policy_info{roles, lanes, registry, ...}` and `safety_lock_engaged`: state read
 //!   at scrape time.
 //! - `ship_delivered_total{sink}`, `ship_failures_total{sink}`, `ship_lag_events{sink}`,
+//!   `ship_skipped_events_total{sink}`,
 //!   `ship_lag_seconds{sink}`: `serve --ship` sinks (the sink label is the spec the
 //!   operator gave, so the set is bounded by the command line).
 //!
@@ -177,6 +178,7 @@ struct ShipFamilies {
     failures: Family<SinkLabels, Counter>,
     lag_events: Family<SinkLabels, Gauge>,
     lag_seconds: Family<SinkLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    skipped: Family<SinkLabels, Counter>,
 }
 
 /// What is read at scrape time of the audit log's copies elsewhere: the witnesses'
@@ -288,6 +290,11 @@ impl Metrics {
             Unit::Seconds,
             ship.lag_seconds.clone(),
         );
+        registry.register(
+            "ship_skipped_events",
+            "Audit events a --ship sink never received because they left the data directory first (archived)",
+            ship.skipped.clone(),
+        );
         Metrics {
             ship,
             registry,
@@ -334,6 +341,7 @@ impl Metrics {
             failures: self.ship.failures.get_or_create(&labels).clone(),
             lag_events: self.ship.lag_events.get_or_create(&labels).clone(),
             lag_seconds: self.ship.lag_seconds.get_or_create(&labels).clone(),
+            skipped: self.ship.skipped.get_or_create(&labels).clone(),
         }
     }
 

@@ -681,3 +681,39 @@ fn a_trusted_checkpoint_below_the_oldest_segment_needs_the_archive() {
         "{report}"
     );
 }
+
+/// A `--ship` sink reads the log in the data directory: archiving events it has not
+/// confirmed would mean it never gets them. `audit archive` refuses that, naming the
+/// sink's cursor, unless told `--ignore-ship-cursors`.
+#[test]
+fn archiving_events_a_ship_sink_has_not_confirmed_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("var");
+    segmented_log(&data, 3);
+    // A sink that never confirms anything: nothing listens on its port.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let server = Server::start_with(Start {
+        data_dir: Some(data.clone()),
+        args: vec!["--ship".into(), format!("otlp+http://{closed}")],
+        ..Start::default()
+    });
+    assert_eq!(server.stop().code(), Some(0));
+    let before = segment_files(&data).len();
+    let to = tmp.path().join("archive");
+    let (exit, text) = archive(&data, &to, &["--keep-segments", "1"]);
+    assert_ne!(exit, 0, "{text}");
+    assert!(text.contains("--ignore-ship-cursors"), "{text}");
+    assert!(text.contains("at seq 0"), "{text}");
+    assert_eq!(segment_files(&data).len(), before, "nothing was archived");
+
+    let (exit, text) = archive(
+        &data,
+        &to,
+        &["--keep-segments", "1", "--ignore-ship-cursors"],
+    );
+    assert_eq!(exit, 0, "{text}");
+    assert!(segment_files(&data).len() < before, "{text}");
+}

@@ -227,3 +227,27 @@ fn a_call_still_running_when_the_drain_time_ends_is_cancelled_and_closed() {
         ]
     );
 }
+
+/// A SIGTERM or SIGHUP sent the moment the server says it is listening is handled (a
+/// clean stop, exit 0; a reload), never the signal's default action, which kills the
+/// process before its log is closed. The handlers are installed before that line;
+/// before, a stop sent at once killed it now and then (exit by signal). A sink whose
+/// start takes a moment after the line (`--ship`) widened that window.
+#[test]
+fn a_signal_sent_as_soon_as_the_server_listens_is_handled() {
+    let tmp = tempfile::tempdir().unwrap();
+    for round in 0..10 {
+        let start = |data: &str| Start {
+            data_dir: Some(tmp.path().join(data)),
+            args: vec!["--ship".into(), "otlp+http://127.0.0.1:1".into()],
+            ..Start::default()
+        };
+        let server = Server::start_with(start(&format!("term-{round}")));
+        assert_eq!(server.stop().code(), Some(0), "round {round}: SIGTERM");
+        let server = Server::start_with(start(&format!("hup-{round}")));
+        crate::common::unsafe_free_kill(server.pid(), "HUP");
+        let (code, body) = server.get("/healthz", None);
+        assert_eq!(code, 200, "round {round}: alive after SIGHUP: {body}");
+        assert_eq!(server.stop().code(), Some(0), "round {round}");
+    }
+}

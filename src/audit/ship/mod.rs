@@ -286,6 +286,8 @@ pub struct ShipMetrics {
     pub failures: prometheus_client::metrics::counter::Counter,
     pub lag_events: prometheus_client::metrics::gauge::Gauge,
     pub lag_seconds: prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Events that left the data directory (archived) before the sink received them.
+    pub skipped: prometheus_client::metrics::counter::Counter,
 }
 
 /// The running shippers; dropping it stops them (a delivery in progress is abandoned,
@@ -340,6 +342,14 @@ pub fn start(
         let start_at = cursor
             .load()
             .map_err(|e| config(format!("ship sink `{}`: {e}", spec.name)))?;
+        // A new sink's cursor is written at once (0: nothing confirmed), so that
+        // `audit archive` sees a sink that has not delivered anything yet.
+        if start_at == 0 && !cursor.path.exists() {
+            cursor.store(0).map_err(|e| AuditError::Io {
+                path: cursor.path.clone(),
+                what: format!("cannot write the ship cursor: {e}"),
+            })?;
+        }
         let sink = Sink {
             spec: spec.clone(),
             log: log.clone(),
@@ -355,6 +365,30 @@ pub fn start(
 
 /// A cursor file holds one number: anything longer is not one.
 const MAX_CURSOR_BYTES: u64 = 64;
+
+/// The cursors of the sinks that shipped from `data_dir` (`<data_dir>/ship/*.cursor`):
+/// each file and the seq of the last event its sink confirmed. A cursor that cannot be
+/// read is an error: what it would say is not known.
+pub fn cursors(data_dir: &Path) -> Result<Vec<(PathBuf, u64)>, String> {
+    let dir = data_dir.join("ship");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("cannot read `{}`: {e}", dir.display())),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|e| format!("cannot read `{}`: {e}", dir.display()))?
+            .path();
+        if path.extension().is_some_and(|e| e == "cursor") {
+            let seq = Cursor { path: path.clone() }.load()?;
+            found.push((path, seq));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
 
 /// A sink's durable cursor: the seq of the last event delivered.
 struct Cursor {
@@ -456,6 +490,16 @@ impl Sink {
                         continue;
                     }
                 };
+                if let Some(first) = events.first()
+                    && first.seq > cursor + 1
+                {
+                    // Archived (`audit archive`) before this sink received them: they
+                    // are in the archive, not in the log it reads. Said loudly, never
+                    // passed over in silence.
+                    let missing = first.seq - cursor - 1;
+                    self.metrics.skipped.inc_by(missing);
+                    tracing::error!(sink = %name, from_seq = cursor + 1, to_seq = first.seq - 1, "audit events left the data directory before this sink received them (archived); send them from the archive (toolgate audit export --archive)");
+                }
                 let checkpoint = signed_head(&self.log).await;
                 let records = events
                     .iter()
