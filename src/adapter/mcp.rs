@@ -41,6 +41,7 @@ use rmcp::model::{
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::service::{PeerRequestOptions, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::{
     SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
     StreamableHttpPostResponse, StreamableHttpResponseLimits,
@@ -59,8 +60,11 @@ use crate::canonical::to_canonical_bytes;
 use crate::diagnostic::Refusal;
 use crate::policy::{AdapterConfig, Policy};
 
+mod bounded;
 mod listing;
 mod upcalls;
+pub use bounded::MAX_UPSTREAM_REQUESTS;
+use bounded::{Bounded, Tripwire};
 pub use listing::{Listing, RawListing, list_tools};
 use listing::{Tap, Tapped, TappedHttp};
 use upcalls::{InFlight, ProgressRoutes, Route, Upcalls};
@@ -80,6 +84,30 @@ const STDERR_TAIL_BYTES: usize = 2048;
 const STDERR_GRACE: Duration = Duration::from_millis(200);
 /// Longest upstream tool name accepted (MCP names are at most 128 characters).
 const MAX_TOOL_NAME: usize = 128;
+/// How long connecting to an HTTP upstream may take.
+pub const HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The shortest read timeout of an HTTP upstream (its tools' longest deadline, if
+/// longer): a read waiting longer fails, and an idle stream is reopened.
+pub const HTTP_READ_TIMEOUT_FLOOR: Duration = Duration::from_secs(60);
+
+/// What one upstream's connection accepts, from the registry entries of its tools.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    /// Largest response accepted from the upstream: the largest hard cap of its tools.
+    hard_cap: usize,
+    /// Longest wait for bytes from an HTTP upstream: its tools' longest deadline, at
+    /// least [`HTTP_READ_TIMEOUT_FLOOR`].
+    read_timeout: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            hard_cap: 0,
+            read_timeout: HTTP_READ_TIMEOUT_FLOOR,
+        }
+    }
+}
 
 /// The MCP adapter of one registry tool: a tool on a shared [`Session`].
 pub struct McpAdapter {
@@ -102,8 +130,7 @@ pub struct Session {
     /// How the server is named in messages: its `server_id`, or its command or url.
     label: String,
     upstream: Upstream,
-    /// Largest response accepted from the upstream: the largest hard cap of its tools.
-    hard_cap: usize,
+    bounds: Bounds,
     /// One permit per request in flight (the server's `max_concurrency`).
     slots: Arc<tokio::sync::Semaphore>,
     max_concurrency: u32,
@@ -115,8 +142,8 @@ pub struct Session {
 /// The sessions of one policy's MCP servers, while its adapters are built.
 pub(crate) struct Servers {
     sessions: BTreeMap<String, Arc<Session>>,
-    /// The largest hard cap of the tools of each server.
-    hard_caps: BTreeMap<String, usize>,
+    /// The largest hard cap and longest deadline of the tools of each server.
+    bounds: BTreeMap<String, Bounds>,
 }
 
 /// Which session a tool's adapter settings name: its `servers:` entry, or its inline
@@ -137,16 +164,19 @@ fn session_key(config: &AdapterConfig) -> Option<String> {
 
 impl Servers {
     pub(crate) fn new(policy: &Policy) -> Servers {
-        let mut hard_caps: BTreeMap<String, usize> = BTreeMap::new();
+        let mut bounds: BTreeMap<String, Bounds> = BTreeMap::new();
         for tool in policy.tools.values() {
             if let Some(key) = session_key(&tool.adapter) {
-                let cap = hard_caps.entry(key).or_default();
-                *cap = (*cap).max(output_hard_cap(tool));
+                let server = bounds.entry(key).or_default();
+                server.hard_cap = server.hard_cap.max(output_hard_cap(tool));
+                server.read_timeout = server
+                    .read_timeout
+                    .max(Duration::from_millis(tool.limits.timeout_ms_max));
             }
         }
         Servers {
             sessions: BTreeMap::new(),
-            hard_caps,
+            bounds,
         }
     }
 
@@ -186,8 +216,11 @@ impl Servers {
                     Some(id) => format!("`{id}`"),
                     None => upstream.describe(),
                 };
-                let hard_cap = self.hard_caps.get(&key).copied().unwrap_or(usize::MAX);
-                let session = Arc::new(Session::new(label, upstream, hard_cap, *max_concurrency));
+                let bounds = self.bounds.get(&key).copied().unwrap_or(Bounds {
+                    hard_cap: usize::MAX,
+                    ..Bounds::default()
+                });
+                let session = Arc::new(Session::new(label, upstream, bounds, *max_concurrency));
                 self.sessions.insert(key, session.clone());
                 session
             }),
@@ -330,13 +363,16 @@ struct Connection {
     client: RunningService<RoleClient, Upcalls>,
     /// The server process, for stdio upstreams. Dropped after `client`: the process
     /// group is killed, then the process is reaped by the runtime.
-    process: Option<Process>,
+    process: Option<Arc<Process>>,
+    /// The bound on the upstream's own requests; tripped, the connection is closed.
+    wire: Arc<Tripwire>,
 }
 
 impl Connection {
-    /// Whether the server process has exited (stdio), seen without waiting.
+    /// Whether the server process has exited (stdio), seen without waiting, or the
+    /// connection was closed for passing [`MAX_UPSTREAM_REQUESTS`].
     fn exited(&self) -> bool {
-        self.process.as_ref().is_some_and(Process::exited)
+        self.wire.is_tripped() || self.process.as_ref().is_some_and(|p| p.exited())
     }
 
     /// The end of the server's stderr (stdio), waiting briefly for its last lines.
@@ -365,6 +401,16 @@ impl Process {
             .lock()
             .map(|mut child| matches!(child.try_wait(), Ok(Some(_))))
             .unwrap_or(false)
+    }
+
+    /// Kills the process group, unless the process was already reaped (its id could
+    /// then belong to another process).
+    fn kill(&self) {
+        if let Ok(mut child) = self.child.lock()
+            && matches!(child.try_wait(), Ok(None))
+        {
+            self.group.kill();
+        }
     }
 
     async fn stderr_tail(&self, deadline: Instant) -> String {
@@ -440,7 +486,13 @@ impl McpAdapter {
                 let mut in_flight = InFlight {
                     handle: Some(handle),
                 };
-                match tokio::time::timeout_at(deadline, in_flight.response()).await {
+                let answered = async {
+                    tokio::select! {
+                        answer = in_flight.response() => answer,
+                        () = connection.wire.tripped() => Err(ServiceError::TransportClosed),
+                    }
+                };
+                match tokio::time::timeout_at(deadline, answered).await {
                     Ok(answer) => Ok(answer),
                     // Dropping `in_flight` sends the cancellation upstream.
                     Err(_) => Err(Some(in_flight)),
@@ -473,8 +525,11 @@ impl McpAdapter {
             ))),
             Err(ServiceError::Timeout { .. }) => Err(ExecError::Timeout),
             Err(error) => {
-                let tail = connection.stderr_tail(deadline).await;
                 session.retire(&connection).await;
+                if let Some(why) = connection.wire.why() {
+                    return Err(ExecError::DependencyDown(why));
+                }
+                let tail = connection.stderr_tail(deadline).await;
                 Err(ExecError::DependencyDown(with_stderr(
                     format!(
                         "the connection to mcp server {} failed during the call: {error}",
@@ -488,11 +543,11 @@ impl McpAdapter {
 }
 
 impl Session {
-    fn new(label: String, upstream: Upstream, hard_cap: usize, max_concurrency: u32) -> Session {
+    fn new(label: String, upstream: Upstream, bounds: Bounds, max_concurrency: u32) -> Session {
         Session {
             label,
             upstream,
-            hard_cap,
+            bounds,
             slots: Arc::new(tokio::sync::Semaphore::new(max_concurrency as usize)),
             max_concurrency,
             supervisor: tokio::sync::Mutex::new(Supervisor::default()),
@@ -509,6 +564,9 @@ impl Session {
         if let Some(current) = &supervisor.current {
             if !current.client.peer().is_transport_closed() && !current.exited() {
                 return Ok(current.clone());
+            }
+            if let Some(why) = current.wire.why() {
+                tracing::info!(server = %self.label, "opening a new connection: {why}");
             }
             // It died while idle: forget it (killing what is left of its group).
             supervisor.current = None;
@@ -529,7 +587,8 @@ impl Session {
         }
         let opened = open(
             &self.upstream,
-            self.hard_cap,
+            &self.label,
+            self.bounds,
             deadline,
             self.routes.clone(),
             None,
@@ -555,7 +614,7 @@ impl Session {
     async fn retire(&self, connection: &Arc<Connection>) {
         let mut supervisor = self.supervisor.lock().await;
         if let Some(process) = &connection.process {
-            process.group.kill();
+            process.kill();
         }
         if supervisor
             .current
@@ -571,12 +630,14 @@ impl Session {
 /// Starts the server (stdio) or connects (HTTP) and runs the MCP handshake.
 async fn open(
     upstream: &Upstream,
-    hard_cap: usize,
+    label: &str,
+    bounds: Bounds,
     deadline: Instant,
     routes: Arc<ProgressRoutes>,
     tap: Option<Tap>,
 ) -> Result<Connection, ExecError> {
     let upcalls = Upcalls { routes };
+    let wire = Tripwire::new(label.to_string());
     match upstream {
         Upstream::Stdio {
             argv0,
@@ -613,17 +674,25 @@ async fn open(
                 .stderr
                 .take()
                 .map(|pipe| tokio::spawn(keep_tail(pipe, stderr.clone())));
-            let process = Process {
+            let process = Arc::new(Process {
                 group,
                 child: Mutex::new(child),
                 stderr,
                 stderr_done: Mutex::new(reader),
-            };
+            });
+            let stopped = Arc::downgrade(&process);
+            wire.on_trip(Box::new(move || {
+                if let Some(process) = stopped.upgrade() {
+                    process.kill();
+                }
+            }));
             let stdout = Tapped { inner: stdout, tap };
-            match upcalls.serve((stdout, stdin)).await {
+            let transport = Bounded::new(AsyncRwTransport::new_client(stdout, stdin), wire.clone());
+            match upcalls.serve(transport).await {
                 Ok(client) => Ok(Connection {
                     client,
                     process: Some(process),
+                    wire,
                 }),
                 Err(e) => {
                     let tail = process.stderr_tail(deadline).await;
@@ -637,24 +706,24 @@ async fn open(
         Upstream::Http { url } => {
             let http = crate::outbound::builder()
                 .pool_max_idle_per_host(0)
+                .connect_timeout(HTTP_CONNECT_TIMEOUT)
+                .read_timeout(bounds.read_timeout)
                 .build()
                 .map_err(|e| {
                     ExecError::DependencyDown(format!("could not build an http client: {e}"))
                 })?;
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
-            config.max_json_response_size = hard_cap;
-            config.max_sse_event_size = hard_cap;
+            config.max_json_response_size = bounds.hard_cap;
+            config.max_sse_event_size = bounds.hard_cap;
             let served = match tap {
                 Some(tap) => {
                     let http = TappedHttp { inner: http, tap };
-                    upcalls
-                        .serve(StreamableHttpClientTransport::with_client(http, config))
-                        .await
+                    let inner = StreamableHttpClientTransport::with_client(http, config);
+                    upcalls.serve(Bounded::new(inner, wire.clone())).await
                 }
                 None => {
-                    upcalls
-                        .serve(StreamableHttpClientTransport::with_client(http, config))
-                        .await
+                    let inner = StreamableHttpClientTransport::with_client(http, config);
+                    upcalls.serve(Bounded::new(inner, wire.clone())).await
                 }
             };
             let client = served.map_err(|e| {
@@ -663,6 +732,7 @@ async fn open(
             Ok(Connection {
                 client,
                 process: None,
+                wire,
             })
         }
     }

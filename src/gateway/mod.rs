@@ -33,6 +33,7 @@ mod evidence;
 pub use evidence::{EvidencePage, MAX_BUNDLE_BYTES};
 mod budgets;
 mod capacity;
+mod catalog;
 mod drain;
 mod fleet;
 pub(crate) use fleet::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX};

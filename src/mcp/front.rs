@@ -10,7 +10,9 @@
 //!   (`Authorization: Bearer`, `X-Toolgate-Role`, `-Run`, `-Lane`, `-Scope`);
 //! - `initialize`, `server/discover`, `ping` and `tools/list` are refused with a
 //!   JSON-RPC error ([`REFUSED`], the diagnostic in `data`) unless the headers are
-//!   well-formed and the credential holds the role and the role may act in the lane;
+//!   well-formed, the credential holds the role, the role may act in the lane, and
+//!   the run exists, is the run token's (if the credential is one) and is open for the
+//!   lane;
 //! - `tools/list` is the gateway's tool catalog for that role and lane;
 //! - `tools/call` becomes a [`crate::call::CallRequest`] and goes through
 //!   [`Gateway::handle`]: a denial, failure or timeout is a tool result with
@@ -126,8 +128,9 @@ impl Front {
         Front { gateway }
     }
 
-    /// Checks the headers and the caller's right to the role and lane; returns the
-    /// catalog of tools the role may use in the lane.
+    /// Checks the headers, the caller's right to the role and lane, and the run (a run
+    /// token's own, existing, open for the lane); returns the catalog of tools the role
+    /// may use in the lane.
     async fn admit(&self, context: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
         let headers = headers(context)?;
         let fleet = self.gateway.fleet_token(bearer_token(headers)).await;
@@ -146,9 +149,11 @@ impl Front {
             return Err(refused(&refusal));
         }
         let role_id = caller.role_id.as_deref().unwrap_or_default();
+        let run_id = caller.run_id.as_deref().unwrap_or_default();
         let lane_id = caller.lane_id.as_deref().unwrap_or_default();
         self.gateway
-            .tool_catalog(caller.token.as_deref(), role_id, lane_id)
+            .run_catalog(caller.token.as_deref(), role_id, run_id, lane_id)
+            .await
             .map_err(|r| refused(&r))
     }
 }

@@ -138,8 +138,16 @@ pub fn render(
         } else {
             ("idempotent", true)
         };
+        // The server by its id (the raw name may hold `:` or control characters, which
+        // `policy check` refuses in a target), the tool by its upstream name unless
+        // that holds control characters.
+        let target_tool = if tool.name.chars().any(char::is_control) {
+            name.as_str()
+        } else {
+            &tool.name
+        };
         let write_targets = if cautious {
-            json!([format!("mcp:{server_name}/{}", tool.name)])
+            json!([format!("mcp:{server_id}/{target_tool}")])
         } else {
             json!([])
         };
@@ -332,6 +340,36 @@ mod tests {
                 .iter()
                 .any(|w| w.contains(r#""write_thing" requires task augmentation"#)),
             "{warned:?}"
+        );
+    }
+
+    #[test]
+    fn write_targets_name_the_server_by_its_id() {
+        // A server name with `:` and control characters, as a hostile server may send.
+        let listing = Listing {
+            server: Some(rmcp::model::Implementation::new(
+                "evil:srv\u{7}\nx",
+                "1.0.0",
+            )),
+            tools: serde_json::from_value(json!([
+                {"name": "write_thing", "inputSchema": {"type": "object"}},
+            ]))
+            .unwrap(),
+            raw: RawListing::Unseen,
+        };
+        let upstream = Upstream::Http {
+            url: "http://127.0.0.1:9/mcp".into(),
+        };
+        let text = render(&listing, &upstream, &[], None);
+        assert!(text.contains("  - server_id: evil_srv__x\n"), "{text}");
+        assert!(
+            text.contains(r#"write_targets: ["mcp:evil_srv__x/write_thing"]"#),
+            "{text}"
+        );
+        let named = render(&listing, &upstream, &[], Some("search"));
+        assert!(
+            named.contains(r#"write_targets: ["mcp:search/write_thing"]"#),
+            "{named}"
         );
     }
 }

@@ -37,6 +37,7 @@ mod identity;
 mod jwt;
 mod lab;
 mod mcp_adapter;
+mod mcp_adapter_flood;
 mod mcp_front;
 mod mcp_session;
 mod metrics;

@@ -359,16 +359,23 @@ fn an_error_result_is_a_tool_error_and_bad_output_is_withheld() {
     assert_eq!(body["diagnostic"]["reason"], "tool_error", "{body}");
 }
 
-/// A server built with the official Python SDK, serving Streamable HTTP; killed on drop.
-struct HttpUpstream {
-    child: Child,
-    url: String,
+/// A Streamable HTTP server run by the test's Python (by default tests/mcp/http_server.py,
+/// built with the official Python SDK); killed on drop.
+pub(crate) struct HttpUpstream {
+    pub(crate) child: Child,
+    pub(crate) url: String,
 }
 
 impl HttpUpstream {
     fn start() -> HttpUpstream {
+        HttpUpstream::script("http_server.py", &[])
+    }
+
+    /// Runs tests/mcp/`script` with `args`; it prints its port on its first line.
+    pub(crate) fn script(script: &str, args: &[&std::ffi::OsStr]) -> HttpUpstream {
         let mut child = Command::new(support::python())
-            .arg(support::scripts().join("http_server.py"))
+            .arg(support::scripts().join(script))
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

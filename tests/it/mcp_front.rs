@@ -581,3 +581,69 @@ fn mcp_calls_are_audited_exactly_like_http_calls() {
         }
     }
 }
+
+#[test]
+fn list_initialize_and_ping_check_the_run_as_a_call_does() {
+    let server = Server::start();
+    let scope = json!({"case_id": "C-1001"});
+    let (status, body) = server.post(
+        "/v1/runs",
+        Some(ADMIN),
+        &json!({"scope": scope, "issue_tokens": [{"role_id": "paralegal_agent"}]}),
+    );
+    assert_eq!(status, 201, "{body}");
+    let own_run = body["run_id"].as_str().unwrap().to_string();
+    let run_token = body["tokens"][0]["token"].as_str().unwrap().to_string();
+    let other_run = server.create_run(scope.clone());
+    let closed_run = server.create_run(scope.clone());
+    let (status, body) = server.post(
+        &format!("/v1/runs/{closed_run}/status"),
+        Some(ADMIN),
+        &json!({"status": "closed"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let rpc = Rpc::new(&server);
+    let with_token = |run: &str| {
+        json!({
+            "Authorization": format!("Bearer {run_token}"),
+            "X-Toolgate-Run": run,
+        })
+    };
+    let requests = [
+        ("tools/list", json!({})),
+        ("initialize", initialize("2025-11-25")),
+        ("ping", json!({})),
+    ];
+    let refused = |headers: &Value, reason: &str| {
+        for (method, params) in &requests {
+            let answer = rpc.call(headers, method, params.clone());
+            assert_eq!(answer["error"]["code"], -32040, "{method}: {answer}");
+            assert_eq!(
+                answer["error"]["data"]["reason"], reason,
+                "{method}: {answer}"
+            );
+            assert!(answer.get("result").is_none(), "{method}: {answer}");
+        }
+    };
+    // A run token names its own run; another run (existing or not) is refused, as
+    // tools/call refuses it.
+    refused(&with_token(&other_run), "credential_not_for_run");
+    refused(&with_token("run-nobody-created"), "credential_not_for_run");
+    let answer = rpc.call(&with_token(&own_run), "tools/list", json!({}));
+    assert!(answer["result"]["tools"].is_array(), "{answer}");
+    // A role's own credential: the run must exist and be open for the lane.
+    refused(
+        &headers("research_agent", "run-nobody-created", "research", &scope),
+        "run_not_found",
+    );
+    refused(
+        &headers("research_agent", &closed_run, "research", &scope),
+        "run_not_active",
+    );
+    let answer = rpc.call(
+        &headers("research_agent", &other_run, "research", &scope),
+        "tools/list",
+        json!({}),
+    );
+    assert!(answer["result"]["tools"].is_array(), "{answer}");
+}

@@ -16,7 +16,9 @@ request id to STATE_DIR/calls, then answers once STATE_DIR/go exists or after
 `notifications/cancelled` for it is written to STATE_DIR/cancelled as
 `<request id> <unix time>` and stops it), `progress` (three progress notifications
 for the request's progressToken, then a result), `flood` (`count` progress
-notifications as fast as it can write them, then a result).
+notifications as fast as it can write them, then a result). Two stop reading their
+input and write `count` `ping` requests instead, then write STATE_DIR/flood-done and
+hang: `ping_flood` after answering its call, `ping_flood_in_call` without answering.
 """
 
 import json
@@ -50,6 +52,8 @@ TOOLS = [
     {"name": "slow", "description": "Answers when told to.", "inputSchema": OBJECT},
     {"name": "progress", "description": "Reports three steps.", "inputSchema": OBJECT},
     {"name": "flood", "description": "Floods progress.", "inputSchema": OBJECT},
+    {"name": "ping_flood", "description": "Answers, then floods requests.", "inputSchema": OBJECT},
+    {"name": "ping_flood_in_call", "description": "Floods requests.", "inputSchema": OBJECT},
 ]
 
 write_lock = threading.Lock()
@@ -98,6 +102,20 @@ def flood(rid, token, args):
     result(rid, {"text": "flooded", "start": starts})
 
 
+def ping_flood(count):
+    # Runs on the message loop: nothing more is read while the requests are written.
+    batch = 10000
+    for first in range(0, count, batch):
+        lines = "".join(json.dumps({"jsonrpc": "2.0", "id": f"r{k}", "method": "ping"}) + "\n"
+                        for k in range(first, min(first + batch, count)))
+        with write_lock:
+            sys.stdout.write(lines)
+            sys.stdout.flush()
+    with open(os.path.join(state, "flood-done"), "w") as f:
+        f.write(str(count))
+    time.sleep(3600)
+
+
 for line in sys.stdin:
     message = json.loads(line)
     method = message.get("method")
@@ -139,6 +157,11 @@ for line in sys.stdin:
             os._exit(4)
         elif name == "hang":
             time.sleep(3600)
+        elif name == "ping_flood":
+            result(rid, {"text": "flooding", "start": starts})
+            ping_flood(int(args.get("count", 100000)))
+        elif name == "ping_flood_in_call":
+            ping_flood(int(args.get("count", 100000)))
         elif name in ("slow", "progress", "flood"):
             token = ((message["params"].get("_meta") or {}).get("progressToken"))
             stop = stopped.setdefault(json.dumps(rid), threading.Event())

@@ -36,7 +36,13 @@ pub async fn list_tools(upstream: &Upstream, deadline: Instant) -> Result<Listin
     let work = async {
         let connection = open(
             upstream,
-            usize::MAX,
+            &upstream.describe(),
+            Bounds {
+                hard_cap: usize::MAX,
+                read_timeout: deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(HTTP_READ_TIMEOUT_FLOOR),
+            },
             deadline,
             Arc::default(),
             Some(tap.clone()),
