@@ -24,6 +24,7 @@ use crate::call::{
 };
 use crate::canonical::{Portable, sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
+use crate::gateway::add_refusal;
 use crate::gateway::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX, Gateway, Loaded, SafetyLock};
 use crate::idempotency::{Claim, Key, MAX_INLINE_OUTPUT_BYTES, Outcome};
 use crate::observe::metrics::{AppendKind, CallRecord};
@@ -1142,18 +1143,7 @@ impl Gateway {
                 event.output_hash_sha256 = Some(captured.output_hash.clone());
                 event.details.extend(details.clone());
             }
-            (Err(_), Some(refusal)) => {
-                let diagnostic = refusal.diagnostic();
-                event.error_code = Some(diagnostic.error_code.as_str().to_string());
-                event.reason = Some(refusal.reason.as_str().to_string());
-                event.failed_step = Some(diagnostic.failed_step);
-                event
-                    .details
-                    .insert("message".into(), json!(refusal.message));
-                event
-                    .details
-                    .insert("diagnostic_details".into(), refusal.details.clone());
-            }
+            (Err(_), Some(refusal)) => add_refusal(&mut event, refusal),
             (Err(_), None) => {}
         }
         let appended = self.append_timed(event, AppendKind::Closing).await;

@@ -37,6 +37,7 @@ mod catalog;
 mod drain;
 mod fleet;
 pub(crate) use fleet::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX};
+pub(crate) use phases::add_refusal;
 mod jwt;
 pub mod phases;
 mod run_tokens;

@@ -36,7 +36,8 @@ use crate::state::phases::{CommitState, PendingCommit, PhaseStore, UnrecordedEve
 mod events;
 mod owed;
 
-use events::{add_refusal, phase_event, phase_refusal, prepared_details, refusal_event};
+pub(crate) use events::add_refusal;
+use events::{phase_event, phase_refusal, prepared_details, refusal_event};
 
 /// Undecided prepared calls the gateway holds at most; a prepare beyond is refused.
 pub const MAX_PENDING: usize = 10_000;

@@ -79,7 +79,9 @@ pub(super) fn refusal_event(
     event
 }
 
-pub(super) fn add_refusal(event: &mut NewEvent, refusal: &Refusal) {
+/// Writes a refusal into its closing event: the error code, reason and step of its
+/// diagnostic, its message and its details.
+pub(crate) fn add_refusal(event: &mut NewEvent, refusal: &Refusal) {
     let diagnostic = refusal.diagnostic();
     event.error_code = Some(diagnostic.error_code.as_str().to_string());
     event.reason = Some(refusal.reason.as_str().to_string());
