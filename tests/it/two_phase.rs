@@ -819,6 +819,27 @@ impl SignedLab {
         })
     }
 
+    /// Sends the commit of `prepared`; while the court holds it, kills the signer, so
+    /// the commit's outcome happens upstream but the log cannot take its event.
+    fn commit_while_the_signer_dies(
+        &mut self,
+        server: &Server,
+        prepared: &Value,
+        run: &str,
+    ) -> (u16, Value) {
+        self.court.hold_next("commit");
+        std::thread::scope(|s| {
+            let committing = s.spawn(|| commit(server, prepared, "clerk", run));
+            assert!(
+                poll_until(Duration::from_secs(20), || self.court.held("commit") == 1),
+                "the commit never reached the court"
+            );
+            self.signer.kill();
+            self.court.release("commit");
+            committing.join().unwrap()
+        })
+    }
+
     /// `toolgate audit verify` passes on the stopped gateway's log.
     fn verify(&self) {
         let keys = self.gateway_keys();
@@ -895,18 +916,7 @@ fn a_commit_outcome_the_log_could_not_take_is_recorded_later_exactly_once() {
     let call_id = prepared["call_id"].as_str().unwrap().to_string();
 
     // The commit reaches the court and waits there; the signer dies meanwhile.
-    lab.court.hold_next("commit");
-    let answer = std::thread::scope(|s| {
-        let committing = s.spawn(|| commit(&server, &prepared, "clerk", &run));
-        assert!(
-            poll_until(Duration::from_secs(20), || lab.court.held("commit") == 1),
-            "the commit never reached the court"
-        );
-        lab.signer.kill();
-        lab.court.release("commit");
-        committing.join().unwrap()
-    });
-    let (status, body) = answer;
+    let (status, body) = lab.commit_while_the_signer_dies(&server, &prepared, &run);
     assert_eq!(
         (status, reason(&body)),
         (503, "audit_unavailable"),
@@ -987,17 +997,7 @@ fn a_failed_commit_and_its_rollback_the_log_could_not_take_are_recorded_later_on
 
     // Every commit attempt fails; the first waits at the court while the signer dies.
     lab.court.fail_next("commit", 100);
-    lab.court.hold_next("commit");
-    let (status, body) = std::thread::scope(|s| {
-        let committing = s.spawn(|| commit(&server, &prepared, "clerk", &run));
-        assert!(
-            poll_until(Duration::from_secs(20), || lab.court.held("commit") == 1),
-            "the commit never reached the court"
-        );
-        lab.signer.kill();
-        lab.court.release("commit");
-        committing.join().unwrap()
-    });
+    let (status, body) = lab.commit_while_the_signer_dies(&server, &prepared, &run);
     assert_eq!(
         (status, reason(&body)),
         (503, "audit_unavailable"),
@@ -1129,17 +1129,7 @@ fn a_commit_outcome_owed_at_a_stop_is_recorded_at_the_next_start() {
     let filing = filing_id(&prepared);
     let call_id = prepared["call_id"].as_str().unwrap().to_string();
 
-    lab.court.hold_next("commit");
-    let (status, body) = std::thread::scope(|s| {
-        let committing = s.spawn(|| commit(&server, &prepared, "clerk", &run));
-        assert!(
-            poll_until(Duration::from_secs(20), || lab.court.held("commit") == 1),
-            "the commit never reached the court"
-        );
-        lab.signer.kill();
-        lab.court.release("commit");
-        committing.join().unwrap()
-    });
+    let (status, body) = lab.commit_while_the_signer_dies(&server, &prepared, &run);
     assert_eq!(
         (status, reason(&body)),
         (503, "audit_unavailable"),
