@@ -147,7 +147,7 @@ impl AuditLog {
             .parent()
             .filter(|d| !d.as_os_str().is_empty() && !d.exists())
         {
-            std::fs::create_dir_all(dir).map_err(|e| AuditError::Io {
+            crate::localfile::create_dir_all(dir).map_err(|e| AuditError::Io {
                 path: dir.to_path_buf(),
                 what: format!("cannot create the data directory: {e}"),
             })?;

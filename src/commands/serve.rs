@@ -467,7 +467,7 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
             }
         }
     };
-    if let Err(e) = std::fs::create_dir_all(&args.data_dir) {
+    if let Err(e) = crate::localfile::create_dir_all(&args.data_dir) {
         eprintln!(
             "error: cannot create data directory `{}`: {e}",
             args.data_dir.display()
@@ -494,6 +494,21 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
     {
         eprintln!("error: refusing the key directory: {e}");
         return Exit::Signature;
+    }
+    // What an older version, a copy or a `chmod` left readable by others is made
+    // owner-only before anything is opened, each entry named.
+    let found = crate::commands::owner_only(&[&args.data_dir, &options.key_dir]);
+    for (path, mode) in &found.tightened {
+        tracing::warn!(
+            path = %path.display(), mode = format!("{mode:o}"),
+            "a file in the data or key directory was open to group or others; made owner-only"
+        );
+    }
+    for (path, error) in &found.failed {
+        tracing::warn!(
+            path = %path.display(), %error,
+            "a file in the data or key directory could not be checked or made owner-only"
+        );
     }
     let fleet_key = match load_fleet_key(args) {
         Ok(key) => key,

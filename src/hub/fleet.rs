@@ -550,7 +550,7 @@ pub async fn export(
     }
     let client = client(pool).await?;
     let map = |e: tokio_postgres::Error| FleetError::Hub(db_error(&e));
-    std::fs::create_dir_all(out.join("sidecars")).map_err(output)?;
+    crate::localfile::create_dir_all(&out.join("sidecars")).map_err(output)?;
     let mut manifest_sidecars = Vec::new();
     // The sha256 of every file the manifest vouches for, by its path in the export.
     let mut files: BTreeMap<String, String> = BTreeMap::new();
@@ -570,7 +570,7 @@ pub async fn export(
         let leaves = verified.leaves.get(origin).cloned().unwrap_or_default();
         let tree = Tree::new(leaves);
         let dir = format!("sidecars/{:03}", n + 1);
-        std::fs::create_dir_all(out.join(&dir)).map_err(output)?;
+        crate::localfile::create_dir_all(&out.join(&dir)).map_err(output)?;
         let mut events = String::new();
         let mut proofs = String::new();
         let mut count = 0u64;
@@ -680,7 +680,7 @@ pub async fn export(
 
 fn write(out: &Path, name: &str, text: &str) -> Result<(), FleetError> {
     let path: PathBuf = out.join(name);
-    std::fs::write(&path, text)
+    crate::localfile::write(&path, text.as_bytes())
         .map_err(|e| FleetError::Output(format!("`{}`: {e}", path.display())))
 }
 
