@@ -340,4 +340,55 @@ mod tests {
             );
         }
     }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    /// What this module creates is owner-only; what it finds wider is tightened and
+    /// named, a symbolic link is neither followed nor changed.
+    #[test]
+    fn created_entries_are_owner_only_and_wider_ones_are_tightened() {
+        let dir = tempfile::tempdir().unwrap();
+        let nested = dir.path().join("a/b/c");
+        create_dir_all(&nested).unwrap();
+        for d in ["a", "a/b", "a/b/c"] {
+            assert_eq!(mode(&dir.path().join(d)), PRIVATE_DIR, "{d}");
+        }
+        let file = nested.join("f");
+        write(&file, b"x").unwrap();
+        assert_eq!(mode(&file), PRIVATE_FILE);
+        // An existing wider file rewritten through `create` is owner-only after.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write(&file, b"y").unwrap();
+        assert_eq!(mode(&file), PRIVATE_FILE);
+        let db = nested.join("x.db");
+        prepare_database(&db).unwrap();
+        assert_eq!(mode(&db), PRIVATE_FILE);
+        assert_eq!(std::fs::metadata(&db).unwrap().len(), 0);
+        let log = nested.join("log");
+        drop(open_append(&log).unwrap());
+        assert_eq!(mode(&log), PRIVATE_FILE);
+
+        // Widened: tightened and named; the link and what it points at are left alone.
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, b"z").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&outside, nested.join("link")).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o664)).unwrap();
+        std::fs::set_permissions(dir.path().join("a/b"), std::fs::Permissions::from_mode(0o2775))
+            .unwrap();
+        let done = tighten(&dir.path().join("a"));
+        let mut named: Vec<(PathBuf, u32)> = done.tightened.clone();
+        named.sort();
+        assert_eq!(
+            named,
+            vec![(dir.path().join("a/b"), 0o2775), (file.clone(), 0o664)]
+        );
+        assert!(done.failed.is_empty(), "{:?}", done.failed);
+        assert_eq!(mode(&dir.path().join("a/b")), PRIVATE_DIR);
+        assert_eq!(mode(&file), PRIVATE_FILE);
+        assert_eq!(mode(&outside), 0o644);
+        assert!(tighten(&dir.path().join("missing")).tightened.is_empty());
+    }
 }

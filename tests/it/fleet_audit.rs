@@ -218,7 +218,7 @@ fn python(dir: &Path) -> (i32, String) {
 }
 
 /// verify_export.py on a fleet export (`--fleet`).
-fn python_with(dir: &Path, args: &[&str]) -> (i32, String) {
+pub(crate) fn python_with(dir: &Path, args: &[&str]) -> (i32, String) {
     let out = std::process::Command::new("python3")
         .arg(SCRIPT)
         .arg(dir)
