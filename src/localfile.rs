@@ -342,7 +342,11 @@ mod tests {
     }
 
     fn mode(path: &Path) -> u32 {
-        std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
     }
 
     /// What this module creates is owner-only; what it finds wider is tightened and
@@ -376,8 +380,11 @@ mod tests {
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o644)).unwrap();
         std::os::unix::fs::symlink(&outside, nested.join("link")).unwrap();
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o664)).unwrap();
-        std::fs::set_permissions(dir.path().join("a/b"), std::fs::Permissions::from_mode(0o2775))
-            .unwrap();
+        std::fs::set_permissions(
+            dir.path().join("a/b"),
+            std::fs::Permissions::from_mode(0o2775),
+        )
+        .unwrap();
         let done = tighten(&dir.path().join("a"));
         let mut named: Vec<(PathBuf, u32)> = done.tightened.clone();
         named.sort();

@@ -424,7 +424,8 @@ fn sha256_of(path: &Path) -> Result<String, ArchiveError> {
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), ArchiveError> {
-    let mut file = crate::localfile::create(path, false).map_err(|e| io(path, "cannot create", e))?;
+    let mut file =
+        crate::localfile::create(path, false).map_err(|e| io(path, "cannot create", e))?;
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(|e| io(path, "cannot write", e))

@@ -379,10 +379,7 @@ fn load_hmac(dir: &Path, may_create: bool) -> Result<[u8; 32], AuditError> {
         ));
     } else {
         let key = random_32(&hmac_path)?;
-        write_new(
-            &hmac_path,
-            &format!("{}\n", crate::canonical::to_hex(key)),
-        )?;
+        write_new(&hmac_path, &format!("{}\n", crate::canonical::to_hex(key)))?;
         key
     };
     Ok(hmac_key)
@@ -439,10 +436,7 @@ pub fn create_signer(dir: &Path, name: &str) -> Result<SignerKey, AuditError> {
 fn new_signer(path: &Path, name: &str) -> Result<SignerKey, AuditError> {
     let seed = random_32(path)?;
     let signer = SignerKey::from_seed(name, seed).map_err(|e| key_error(path, e))?;
-    write_new(
-        path,
-        &format!("{}\n", to_skey(&signer.verifier, &seed)),
-    )?;
+    write_new(path, &format!("{}\n", to_skey(&signer.verifier, &seed)))?;
     Ok(signer)
 }
 

@@ -748,8 +748,8 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
             .get()
             .copied()
             .unwrap_or_else(tokio::time::Instant::now);
-        let deadline = (requested + gateway.drain_time())
-            .max(tokio::time::Instant::now() + FINAL_SHIP_FLOOR);
+        let deadline =
+            (requested + gateway.drain_time()).max(tokio::time::Instant::now() + FINAL_SHIP_FLOOR);
         let finished = hub_shipper.finish(deadline).await;
         match &finished.error {
             None => tracing::info!(

@@ -623,7 +623,7 @@ pub async fn export(
             let path = tree.inclusion_proof(seq - 1, *size).unwrap_or_default();
             seqs.push(seq);
             hashes.push(crate::canonical::to_hex(leaf_hash(line.as_bytes())));
-            events.push_str(&line);
+            events.push_str(line);
             events.push('\n');
             proofs.push_str(&json!({"seq": seq, "tree_size": size, "path": path.iter().map(hex::encode).collect::<Vec<_>>()}).to_string());
             proofs.push('\n');

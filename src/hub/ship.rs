@@ -157,8 +157,7 @@ impl HubShipper {
         let mut attempts = 0;
         let error = loop {
             let before = shipped;
-            match tokio::time::timeout_at(deadline, round(&self.pool, &self.options, local)).await
-            {
+            match tokio::time::timeout_at(deadline, round(&self.pool, &self.options, local)).await {
                 Ok(Ok(size)) => {
                     shipped = size;
                     self.status.shipped_seq.store(size, Ordering::Relaxed);
@@ -248,11 +247,7 @@ async fn run(
             let local = audit.head().map_or(0, |h| h.0);
             let before = status.shipped_seq.load(Ordering::Relaxed);
             let shipped = match round(&pool, &options, local).await {
-                Ok(shipped) => options
-                    .tail
-                    .settle(shipped, &audit)
-                    .await
-                    .map(|_| shipped),
+                Ok(shipped) => options.tail.settle(shipped, &audit).await.map(|_| shipped),
                 Err(error) => Err(error),
             };
             match shipped {
@@ -326,7 +321,7 @@ async fn mark_backlog(
     .map_err(|e| HubError::Unavailable(format!("cannot read the local audit log: {e}")))?;
     options
         .tail
-        .mark_backlog(runs.into_iter().collect(), hub.saturating_add(1))
+        .mark_backlog(runs.into_iter().collect(), hub.saturating_add(1), upto)
         .await
 }
 

@@ -152,17 +152,24 @@ impl Tail {
         marked(&self.state, runs, generation, result);
     }
 
-    /// Marks the runs of local events the hub does not hold yet (read by the
-    /// shipper from the local log at start): an earlier life of this sidecar may have
-    /// appended them while the database was unreachable.
-    pub async fn mark_backlog(&self, runs: Vec<String>, from_seq: u64) -> Result<(), HubError> {
+    /// Marks the runs of the local events from `from_seq` to `upto` (read by the
+    /// shipper from the local log at start, beyond what the hub holds): an earlier life
+    /// of this sidecar may have appended them while the database was unreachable. They
+    /// stay marked until the hub holds `upto`.
+    pub async fn mark_backlog(
+        &self,
+        runs: Vec<String>,
+        from_seq: u64,
+        upto: u64,
+    ) -> Result<(), HubError> {
         if runs.is_empty() {
             return Ok(());
         }
         let generation = {
             let mut state = self.state();
             for name in &runs {
-                state.runs.entry(name.clone()).or_default();
+                let run = state.runs.entry(name.clone()).or_default();
+                run.max_seq = run.max_seq.max(upto);
             }
             state.next_generation += 1;
             state.next_generation
@@ -317,7 +324,12 @@ impl RunMarks for Tail {
             let down = state.down_until.is_some_and(|until| Instant::now() < until);
             let mut to_mark = Vec::new();
             for name in runs {
-                let run = state.runs.entry(name.clone()).or_default();
+                if !state.runs.contains_key(name) {
+                    state.runs.insert(name.clone(), Run::default());
+                }
+                let Some(run) = state.runs.get_mut(name) else {
+                    continue;
+                };
                 run.in_flight += 1;
                 if run.marked.is_none() && !down {
                     to_mark.push(name.clone());

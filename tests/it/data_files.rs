@@ -132,7 +132,10 @@ fn every_file_a_run_with_every_feature_leaves_is_owner_only_under_a_permissive_u
     // A draft, written under an approval.
     let call = draft_call(&run, "motion");
     let approval = request(&server, &call);
-    assert_eq!(decide(&server, Some(ADMIN), &approval, "approve", "ok").0, 200);
+    assert_eq!(
+        decide(&server, Some(ADMIN), &approval, "approve", "ok").0,
+        200
+    );
     let (code, drafted) = send(&server, &with_approval(&call, &approval));
     assert_eq!(code, 200, "{drafted}");
     let draft_id = drafted["output"]["draft_id"].as_str().unwrap();
@@ -144,7 +147,10 @@ fn every_file_a_run_with_every_feature_leaves_is_owner_only_under_a_permissive_u
         "scope": {"case_id": "C-1001", "matter_id": "M-1"},
     });
     let approval = request(&server, &filing);
-    assert_eq!(decide(&server, Some(ADMIN), &approval, "approve", "file it").0, 200);
+    assert_eq!(
+        decide(&server, Some(ADMIN), &approval, "approve", "file it").0,
+        200
+    );
     let (code, prepared) = send(&server, &with_approval(&filing, &approval));
     assert_eq!(code, 200, "{prepared}");
     assert_eq!(prepared["details"]["phase"], "prepared", "{prepared}");
@@ -222,12 +228,18 @@ fn every_file_a_run_with_every_feature_leaves_is_owner_only_under_a_permissive_u
         "ship",
         "exports",
     ] {
-        assert!(made.iter().any(|m| m == expected), "no {expected} in {made:?}");
+        assert!(
+            made.iter().any(|m| m == expected),
+            "no {expected} in {made:?}"
+        );
     }
     let wal_files = made.iter().filter(|m| m.ends_with("-wal")).count();
     assert!(wal_files > 0, "no WAL file was left to check: {made:?}");
     let wrong = not_owner_only(&data);
-    assert!(wrong.is_empty(), "not owner-only under umask 000: {wrong:#?}");
+    assert!(
+        wrong.is_empty(),
+        "not owner-only under umask 000: {wrong:#?}"
+    );
 }
 
 #[test]

@@ -50,8 +50,7 @@ fn sidecar_shipping_every(
 /// The events of a fleet export, all sidecars together.
 fn exported_events(out: &Path) -> Vec<Value> {
     let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     let mut events = Vec::new();
     for sidecar in manifest["sidecars"].as_array().unwrap() {
         let path = out
@@ -68,8 +67,7 @@ fn exported_events(out: &Path) -> Vec<Value> {
 fn holds_call(out: &Path, call: &Value, name: &str) -> bool {
     let call_id = call["call_id"].as_str().unwrap();
     let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     let dir = manifest["sidecars"]
         .as_array()
         .unwrap()
@@ -85,8 +83,7 @@ fn holds_call(out: &Path, call: &Value, name: &str) -> bool {
 }
 
 #[test]
-fn two_sidecars_stopped_right_after_their_last_calls_ship_them_and_the_fleet_export_is_complete()
-{
+fn two_sidecars_stopped_right_after_their_last_calls_ship_them_and_the_fleet_export_is_complete() {
     let pg = Postgres::start();
     let url = pg.url();
     let tmp = tempfile::tempdir().unwrap();
@@ -165,8 +162,7 @@ fn a_sidecar_stopped_while_the_hub_is_down_leaves_the_export_incomplete_until_it
         "{summary}"
     );
     let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["complete"], json!(false), "{manifest}");
     assert_eq!(
         manifest["unshipped"][0]["origin"],

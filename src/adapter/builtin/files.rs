@@ -299,8 +299,12 @@ pub(super) fn write_atomically(
         // The umask may have taken bits from the mode asked for: set it exactly.
         // SAFETY: a valid descriptor.
         if created
-            && unsafe { libc::fchmod(dir.as_raw_fd(), crate::localfile::PRIVATE_DIR as libc::mode_t) }
-                != 0
+            && unsafe {
+                libc::fchmod(
+                    dir.as_raw_fd(),
+                    crate::localfile::PRIVATE_DIR as libc::mode_t,
+                )
+            } != 0
         {
             return Err(failed(std::io::Error::last_os_error()));
         }
