@@ -678,7 +678,10 @@ async fn mcp(
         Err(refusal) => return refusal_response(&refusal),
     };
     if let Some(refusal) = crate::mcp::transport::refusal(&parts.headers, &body) {
-        return refusal_response(&refusal);
+        return match crate::mcp::transport::jsonrpc_error(&refusal, &body) {
+            Some(error) => json_response(http_status(refusal.reason), &error),
+            None => refusal_response(&refusal),
+        };
     }
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
         // Not JSON at all: a JSON-RPC parse error (the transport would answer 415).
@@ -819,6 +822,11 @@ fn protected_resource_metadata(gateway: &Gateway, req: &Request<Incoming>) -> Op
 async fn mcp_unauthorized(gateway: &Gateway, req: &Request<Incoming>) -> Option<HttpResponse> {
     let loaded = gateway.current();
     if loaded.policy.identity.providers.is_empty() {
+        return None;
+    }
+    if req.headers().get_all(AUTHORIZATION).iter().nth(1).is_some() {
+        // Two credentials prove nothing: the front refuses the request as malformed
+        // (a `tools/call` through the pipeline, audited).
         return None;
     }
     let token = bearer_token(req);
