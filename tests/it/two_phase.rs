@@ -1419,7 +1419,7 @@ fn a_run_token_of_other_lanes_cannot_commit_a_call_of_the_filing_lane() {
     fs::write(
         &lanes,
         format!(
-            "{text}  - lane_id: records\n    description: Keeps records.\n    tools: []\n    required_scope_keys: []\n    prohibited_flags: []\n    run_statuses: [active]\n"
+            "{text}  - lane_id: records\n    description: Keeps records.\n    tools: []\n    required_scope_keys: []\n    prohibited_flags: []\n    run_statuses: [active]\n    write: false\n"
         ),
     )
     .unwrap();
