@@ -200,6 +200,31 @@ mod tests {
     }
 
     #[test]
+    fn an_unsupported_version_is_the_json_rpc_error_of_2026_07_28() {
+        let accept = ("accept", "application/json, text/event-stream");
+        let asked = headers(&[accept, ("mcp-protocol-version", "2024-11-05")]);
+        let body = br#"{"jsonrpc": "2.0", "id": "r-1", "method": "tools/list"}"#;
+        let refused = refusal(&asked, body).unwrap();
+        let error = jsonrpc_error(&refused, body).unwrap();
+        assert_eq!(error["id"], "r-1");
+        assert_eq!(error["error"]["code"], -32022);
+        let data = &error["error"]["data"];
+        assert_eq!(data["requested"], "2024-11-05");
+        assert_eq!(
+            data["supported"],
+            json!(["2025-06-18", "2025-11-25", "2026-07-28"])
+        );
+        assert_eq!(data["diagnostic"]["reason"], "protocol_version_unsupported");
+        assert_eq!(data["diagnostic"]["status"], "denied");
+        // Not JSON, or no id: the error's id is null.
+        let error = jsonrpc_error(&refused, b"{").unwrap();
+        assert_eq!(error["id"], Value::Null);
+        // The other transport refusals keep the HTTP API's body.
+        let batch = refusal(&headers(&[accept]), b"[]").unwrap();
+        assert_eq!(jsonrpc_error(&batch, b"[]"), None);
+    }
+
+    #[test]
     fn origins_are_checked_against_localhost_and_the_allowlist() {
         let allowed = vec!["https://app.example".to_string()];
         for ok in [
