@@ -957,8 +957,11 @@ fn authorization_twice(req: &Request<Incoming>) -> Option<Refusal> {
     req.headers().get_all(AUTHORIZATION).iter().nth(1)?;
     let problem = "header `Authorization` is given more than once";
     Some(
-        Refusal::new(Reason::RequestMalformed, format!("malformed request: {problem}"))
-            .with_details(json!({ "problems": [problem] })),
+        Refusal::new(
+            Reason::RequestMalformed,
+            format!("malformed request: {problem}"),
+        )
+        .with_details(json!({ "problems": [problem] })),
     )
 }
 

@@ -308,7 +308,11 @@ impl Gateway {
     ) -> Result<Value, Refusal> {
         let request = match request {
             Ok(r) => r,
-            Err(malformed) => return Err(self.refuse_malformed_commit(token, call_id, malformed).await),
+            Err(malformed) => {
+                return Err(self
+                    .refuse_malformed_commit(token, call_id, malformed)
+                    .await);
+            }
         };
         let known = self
             .two_phase

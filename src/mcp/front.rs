@@ -402,7 +402,12 @@ impl Caller {
             token: bearer_token(headers),
             ..Caller::default()
         };
-        if headers.get_all(hyper::header::AUTHORIZATION).iter().nth(1).is_some() {
+        if headers
+            .get_all(hyper::header::AUTHORIZATION)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
             caller
                 .problems
                 .push("header `Authorization` is given more than once".into());

@@ -696,7 +696,10 @@ fn an_unsupported_protocol_version_is_the_json_rpc_error_clients_pick_a_version_
         assert_eq!(answer["id"], id, "{answer}");
         let error = &answer["error"];
         assert_eq!(error["code"], -32022, "{answer}");
-        assert!(error["message"].as_str().unwrap().contains(requested), "{answer}");
+        assert!(
+            error["message"].as_str().unwrap().contains(requested),
+            "{answer}"
+        );
         let data = &error["data"];
         assert_eq!(data["requested"], requested, "{answer}");
         assert_eq!(
@@ -705,12 +708,22 @@ fn an_unsupported_protocol_version_is_the_json_rpc_error_clients_pick_a_version_
             "{answer}"
         );
         let diagnostic = &data["diagnostic"];
-        assert_eq!(diagnostic["reason"], "protocol_version_unsupported", "{answer}");
+        assert_eq!(
+            diagnostic["reason"], "protocol_version_unsupported",
+            "{answer}"
+        );
         assert_eq!(diagnostic["status"], "denied", "{answer}");
-        assert_eq!(diagnostic["details"]["supported"], data["supported"], "{answer}");
+        assert_eq!(
+            diagnostic["details"]["supported"], data["supported"],
+            "{answer}"
+        );
         assert!(diagnostic["suggested_fix"].is_string(), "{answer}");
     }
-    assert_eq!(last_seq(&server), before, "transport refusals are not audited");
+    assert_eq!(
+        last_seq(&server),
+        before,
+        "transport refusals are not audited"
+    );
 }
 
 /// Issue 38, finding 10: two `Authorization` headers on `/mcp` prove nothing; the
@@ -773,7 +786,10 @@ fn two_authorization_headers_on_mcp_are_refused_as_malformed() {
     assert_eq!(events[0]["reason"], "request_malformed");
     assert_eq!(events[0]["call_id"], d["call_id"]);
     // One header, the same request: allowed.
-    let (status, answer) = rpc.post(&headers("research_agent", &run, "research", &scope), &call.to_string());
+    let (status, answer) = rpc.post(
+        &headers("research_agent", &run, "research", &scope),
+        &call.to_string(),
+    );
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["result"]["isError"], false, "{answer}");
 }

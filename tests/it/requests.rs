@@ -188,7 +188,10 @@ fn two_authorization_headers_are_refused_as_malformed() {
         (status, serde_json::from_str::<Value>(&text).unwrap())
     };
     let malformed = |answer: &Value| {
-        assert_eq!(answer["diagnostic"]["reason"], "request_malformed", "{answer}");
+        assert_eq!(
+            answer["diagnostic"]["reason"], "request_malformed",
+            "{answer}"
+        );
         assert_eq!(
             problems(answer),
             ["header `Authorization` is given more than once"],
@@ -232,5 +235,9 @@ fn two_authorization_headers_are_refused_as_malformed() {
     }
     // One header: the same call runs.
     let (code, answer) = server.post("/v1/tool-calls", Some(&research), &call);
-    assert_eq!((code, &answer["status"]), (200, &json!("success")), "{answer}");
+    assert_eq!(
+        (code, &answer["status"]),
+        (200, &json!("success")),
+        "{answer}"
+    );
 }

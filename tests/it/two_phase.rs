@@ -1413,7 +1413,11 @@ fn a_run_token_of_other_lanes_cannot_commit_a_call_of_the_filing_lane() {
     // The clerk also keeps the records lane; the token below is limited to it.
     let roles = start.policy_dir.join("roles.yaml");
     let text = fs::read_to_string(&roles).unwrap();
-    fs::write(&roles, text.replacen("lanes: [filing]", "lanes: [filing, records]", 1)).unwrap();
+    fs::write(
+        &roles,
+        text.replacen("lanes: [filing]", "lanes: [filing, records]", 1),
+    )
+    .unwrap();
     let lanes = start.policy_dir.join("lanes.yaml");
     let text = fs::read_to_string(&lanes).unwrap();
     fs::write(
@@ -1432,7 +1436,10 @@ fn a_run_token_of_other_lanes_cannot_commit_a_call_of_the_filing_lane() {
     assert_eq!(code, 201, "{created}");
     let run = created["run_id"].as_str().unwrap().to_string();
     let records_token = created["tokens"][0]["token"].as_str().unwrap().to_string();
-    let token_id = created["tokens"][0]["token_id"].as_str().unwrap().to_string();
+    let token_id = created["tokens"][0]["token_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     // The clerk's own credential prepares a filing in the run.
     let prepared = prepare(&server, &run, "court_file");
@@ -1476,7 +1483,10 @@ fn a_run_token_of_other_lanes_cannot_commit_a_call_of_the_filing_lane() {
     let refused = events.last().unwrap();
     assert_eq!(refused["reason"], "lane_not_allowed_for_role", "{refused}");
     assert_eq!(refused["lane_id"], "filing", "{refused}");
-    assert_eq!(refused["details"]["caller"]["token_id"], token_id, "{refused}");
+    assert_eq!(
+        refused["details"]["caller"]["token_id"], token_id,
+        "{refused}"
+    );
 
     // The refusal consumed nothing: the clerk commits.
     let (code, body) = commit(&server, &prepared, "clerk", &run);
@@ -1581,7 +1591,11 @@ fn a_malformed_commit_by_an_authenticated_caller_is_audited_once() {
             "{answer}"
         );
         let refused = refusals();
-        assert_eq!(refused.len(), i + 1, "exactly one event per request: {refused:?}");
+        assert_eq!(
+            refused.len(),
+            i + 1,
+            "exactly one event per request: {refused:?}"
+        );
         let event = refused.last().unwrap();
         assert_eq!(event["reason"], "request_malformed", "{event}");
         assert_eq!(event["call_id"], call_id, "{event}");
