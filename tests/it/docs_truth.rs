@@ -11,15 +11,21 @@
 //! (`hub_fleet_key_mismatch`, `root_mismatch`, `tool_commit_refused`). So a word is held
 //! to the catalog in two ways:
 //! - **Named as a reason**, then it must be one: a backticked word right after an HTTP
-//!   status (`403 \`x\``) or right before one in parentheses (`\`x\` (403)`), after the
-//!   word "reason" (`reason \`x\``, `reasons: \`x\``), a cell of a table column headed
-//!   "reason", and the value of a JSON `"reason"` that is a snake_case identifier.
+//!   status ("403 x"), or right before one in parentheses ("x (403)"), or after the
+//!   word "reason" ("reason x", "reasons: x"); a cell of a table column headed
+//!   "reason"; the value of a JSON `"reason"` that is a snake_case identifier with an
+//!   `_` (MCP's cancellation `"reason": "stop"` is free text).
 //! - **Looks like a reason**, then it must be one or be a name the code knows: a
 //!   backticked word within two edits of a cataloged reason, or ending the way reasons
 //!   end (`_mismatch`, `_unavailable`, `_refused`, ...: the last word of each reason,
 //!   less the nouns `run`, `role`, `lane`, `flag`, `kid`, `timeout`). "The code knows
 //!   it" means the word, or a CamelCase name spelling it, is in src/ outside comment
-//!   lines: an event type, a diff kind, a field. An invented reason is in neither.
+//!   lines: an event type, a diff kind, a field, a CLI error kind. An invented reason
+//!   is in neither.
+//!
+//! Words after verbs ("refused with x", "answers x") are not taken as named reasons:
+//! the CLI's error kinds and the hub's and `audit verify`'s refusals are refused and
+//! answered too, in their own words (`hub_fleet_key_mismatch`, `root_mismatch`).
 //!
 //! Error codes: every `TOOL_*` word and every UPPER_SNAKE word ending like an error
 //! code (`_DENIED`, `_ERROR`, ...) is a cataloged error code or a `const`/`static`
@@ -33,7 +39,7 @@
 //! status. [`STATUS_EXCEPTIONS`] lists where the product itself answers a reason with
 //! another status.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -94,6 +100,10 @@ fn root() -> PathBuf {
 struct Catalog {
     status: BTreeMap<String, u16>,
     codes: BTreeSet<String>,
+    /// The endings that make a word look like a reason (`_mismatch`, ...).
+    endings: BTreeSet<String>,
+    /// The endings of error codes (`_DENIED`, `_ERROR`, ...).
+    code_endings: BTreeSet<String>,
 }
 
 impl Catalog {
@@ -108,35 +118,34 @@ impl Catalog {
             status.insert(reason, http);
             codes.insert(entry["error_code"].as_str().unwrap().to_string());
         }
-        Catalog { status, codes }
+        let endings = status
+            .keys()
+            .filter_map(|r| r.rsplit_once('_').map(|(_, last)| last))
+            .filter(|last| !NOUN_ENDINGS.contains(last))
+            .map(|last| format!("_{last}"))
+            .collect();
+        let code_endings = codes
+            .iter()
+            .filter_map(|c| c.rsplit_once('_').map(|(_, last)| format!("_{last}")))
+            .collect();
+        Catalog {
+            status,
+            codes,
+            endings,
+            code_endings,
+        }
     }
 
     fn is_reason(&self, word: &str) -> bool {
         self.status.contains_key(word)
     }
 
-    /// The endings that make a word look like a reason (`_mismatch`, ...).
-    fn endings(&self) -> BTreeSet<String> {
-        self.status
-            .keys()
-            .filter_map(|r| r.rsplit_once('_').map(|(_, last)| last))
-            .filter(|last| !NOUN_ENDINGS.contains(last))
-            .map(|last| format!("_{last}"))
-            .collect()
-    }
-
-    /// The endings of error codes (`_DENIED`, `_ERROR`, ...).
-    fn code_endings(&self) -> BTreeSet<String> {
-        self.codes
-            .iter()
-            .filter_map(|c| c.rsplit_once('_').map(|(_, last)| format!("_{last}")))
-            .collect()
-    }
-
-    /// The reason nearest in spelling to `word`, when within two edits.
+    /// The reason nearest in spelling to `word`, when within two edits (among the
+    /// reasons that, like `word`, have an `_` or, like `cancelled`, have none).
     fn near(&self, word: &str) -> Option<&str> {
         self.status
             .keys()
+            .filter(|r| r.contains('_') == word.contains('_'))
             .map(|r| (edits(word, r, 2), r))
             .filter(|(d, _)| *d <= 2)
             .min()
@@ -144,27 +153,27 @@ impl Catalog {
     }
 
     /// Whether `word` looks like a reason: near one in spelling, or ending like one.
-    fn looks_like_reason(&self, word: &str, endings: &BTreeSet<String>) -> bool {
-        self.near(word).is_some() || endings.iter().any(|e| word.ends_with(e.as_str()))
+    fn looks_like_reason(&self, word: &str) -> bool {
+        self.near(word).is_some() || self.endings.iter().any(|e| word.ends_with(e.as_str()))
     }
 }
 
-/// Levenshtein distance, or `bound + 1` when it is larger than `bound`.
+/// Levenshtein distance (of ASCII words), or `bound + 1` when it is larger than `bound`.
 fn edits(a: &str, b: &str, bound: usize) -> usize {
-    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let (a, b) = (a.as_bytes(), b.as_bytes());
     if a.len().abs_diff(b.len()) > bound {
         return bound + 1;
     }
     let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
     for (i, ca) in a.iter().enumerate() {
-        let mut cur = vec![i + 1];
+        cur[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
-            let best = (prev[j + 1] + 1)
+            cur[j + 1] = (prev[j + 1] + 1)
                 .min(cur[j] + 1)
                 .min(prev[j] + usize::from(ca != cb));
-            cur.push(best);
         }
-        prev = cur;
+        std::mem::swap(&mut prev, &mut cur);
     }
     prev[b.len()].min(bound + 1)
 }
@@ -172,7 +181,7 @@ fn edits(a: &str, b: &str, bound: usize) -> usize {
 /// The names the code knows: words of src/ outside comment lines (CamelCase names
 /// also spelled in snake_case), and the `const`/`static` items it declares.
 struct CodeNames {
-    words: BTreeSet<String>,
+    words: HashSet<String>,
     consts: BTreeSet<String>,
 }
 
@@ -180,34 +189,69 @@ impl CodeNames {
     fn read(root: &Path) -> CodeNames {
         let mut files = Vec::new();
         rust_files(&root.join("src"), &mut files);
-        let mut names = CodeNames {
-            words: BTreeSet::new(),
-            consts: BTreeSet::new(),
-        };
-        for file in files {
-            let text = std::fs::read_to_string(&file).unwrap();
-            for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
-                let words: Vec<&str> = line
-                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .filter(|w| !w.is_empty())
-                    .collect();
-                for pair in words.windows(2) {
-                    if matches!(pair[0], "const" | "static") {
-                        names.consts.insert(pair[1].to_string());
+        let texts: Vec<String> = files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap())
+            .collect();
+        // Each distinct word once (borrowed), then spelled as the docs would. A byte
+        // loop: the test profile does not optimize this crate.
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut consts = BTreeSet::new();
+        for text in &texts {
+            let bytes = text.as_bytes();
+            let mut comment = false;
+            let mut line_start = true;
+            let mut word_start = usize::MAX;
+            // Whether the word has an `_` or a capital after its first letter: only
+            // such words can spell a snake_case name with an `_`.
+            let mut compound = false;
+            let mut previous = "";
+            for i in 0..=bytes.len() {
+                let b = if i < bytes.len() { bytes[i] } else { b'\n' };
+                let part = b.is_ascii_alphanumeric() || b == b'_';
+                if part {
+                    if word_start == usize::MAX {
+                        word_start = i;
+                        compound = false;
+                    } else if b == b'_' || b.is_ascii_uppercase() {
+                        compound = true;
+                    }
+                } else if word_start != usize::MAX {
+                    let word = &text[word_start..i];
+                    word_start = usize::MAX;
+                    if !comment {
+                        if previous == "const" || previous == "static" {
+                            consts.insert(word.to_string());
+                        }
+                        if compound {
+                            seen.insert(word);
+                        }
+                        previous = word;
                     }
                 }
-                for word in words {
-                    if word.starts_with(|c: char| c.is_ascii_uppercase())
-                        && word.chars().any(|c| c.is_ascii_lowercase())
-                    {
-                        names.words.insert(snake(word));
-                    } else {
-                        names.words.insert(word.to_string());
-                    }
+                if b == b'\n' {
+                    comment = false;
+                    line_start = true;
+                } else if line_start && b == b'/' && bytes.get(i + 1) == Some(&b'/') {
+                    comment = true;
+                } else if b != b' ' && b != b'\t' {
+                    line_start = false;
                 }
             }
         }
-        names
+        let words = seen
+            .into_iter()
+            .map(|word| {
+                if word.starts_with(|c: char| c.is_ascii_uppercase())
+                    && word.bytes().any(|b| b.is_ascii_lowercase())
+                {
+                    snake(word)
+                } else {
+                    word.to_string()
+                }
+            })
+            .collect();
+        CodeNames { words, consts }
     }
 }
 
@@ -467,8 +511,7 @@ fn statuses(text: &str) -> Vec<(usize, usize, u16)> {
         if after.is_some_and(|c| c.is_ascii_alphanumeric() || "._-/%".contains(c)) {
             continue;
         }
-        if text[i..].starts_with(',') && text[i + 1..].starts_with(|c: char| c.is_ascii_digit())
-        {
+        if text[i..].starts_with(',') && text[i + 1..].starts_with(|c: char| c.is_ascii_digit()) {
             continue;
         }
         // One side of `a / b`: two measured counts.
@@ -567,6 +610,32 @@ fn named_as_reason(text: &str, start: usize, end: usize) -> Option<&'static str>
     None
 }
 
+/// The reason a status at `end` leads to through a list of statuses, as in "431 or 414
+/// `request_too_large`": each of them is that reason's.
+fn reason_named_after<'r>(
+    text: &str,
+    mut end: usize,
+    reasons: &[&'r (usize, usize, String)],
+) -> Option<&'r (usize, usize, String)> {
+    loop {
+        let rest = &text[end..];
+        let skipped = rest.len() - rest.trim_start().len();
+        let rest = rest.trim_start();
+        if rest.starts_with('`') {
+            let at = end + skipped + 1;
+            return reasons.iter().find(|(s, _, _)| *s == at).copied();
+        }
+        let joined = ["or ", "and ", ", ", "/ "]
+            .iter()
+            .find_map(|j| rest.strip_prefix(j))?;
+        let digits = joined.bytes().take_while(u8::is_ascii_digit).count();
+        if digits != 3 {
+            return None;
+        }
+        end = text.len() - joined.len() + digits;
+    }
+}
+
 /// The string values of a JSON key in `text`: (offset, value).
 fn json_values<'a>(text: &'a str, key: &str) -> Vec<(usize, &'a str)> {
     let needle = format!("\"{key}\"");
@@ -641,15 +710,20 @@ fn reason_cells(block: &Block) -> Vec<(usize, usize, String)> {
     out
 }
 
-/// The HTTP status of a row in its "http" (or "status") column.
+/// The HTTP status of a row in its "HTTP" (or "HTTP status") column.
 fn status_cell(block: &Block) -> Option<u16> {
     let header = block.header.as_ref()?;
-    let col = header.iter().position(|h| h == "http" || h == "http status")?;
+    let col = header
+        .iter()
+        .position(|h| h == "http" || h == "http status")?;
     cells(&block.text).get(col)?.trim().parse().ok()
 }
 
+#[derive(Default)]
 struct Findings {
+    /// `file:line: problem`, in the order found.
     problems: Vec<String>,
+    /// The [`STATUS_EXCEPTIONS`] some doc still needs.
     exceptions_used: BTreeSet<(String, u16)>,
 }
 
@@ -667,13 +741,14 @@ fn check_block(
     findings: &mut Findings,
 ) {
     let text = &block.text;
-    let endings = catalog.endings();
-    let code_endings = catalog.code_endings();
 
     // Error codes, everywhere (prose, tables and code).
     for (at, word) in upper_words(text) {
-        let code_like =
-            word.starts_with("TOOL_") || code_endings.iter().any(|e| word.ends_with(e.as_str()));
+        let code_like = word.starts_with("TOOL_")
+            || catalog
+                .code_endings
+                .iter()
+                .any(|e| word.ends_with(e.as_str()));
         if code_like && !catalog.codes.contains(word) && !code.consts.contains(word) {
             findings.add(
                 file,
@@ -692,9 +767,7 @@ fn check_block(
         }
     }
     for (at, value) in json_values(text, "reason") {
-        if is_snake(value) && (value.contains('_') || catalog.is_reason(value))
-            && !catalog.is_reason(value)
-        {
+        if is_snake(value) && value.contains('_') && !catalog.is_reason(value) {
             findings.add(
                 file,
                 block.line_at(at),
@@ -721,9 +794,11 @@ fn check_block(
             findings.add(
                 file,
                 line,
-                format!("`{word}` is named as a reason ({why}) but is not in contract/diagnostics.json"),
+                format!(
+                    "`{word}` is named as a reason ({why}) but is not in contract/diagnostics.json"
+                ),
             );
-        } else if catalog.looks_like_reason(word, &endings) && !code.words.contains(word) {
+        } else if !code.words.contains(word) && catalog.looks_like_reason(word) {
             let hint = catalog
                 .near(word)
                 .map(|r| format!(" (did you mean `{r}`?)"))
@@ -775,9 +850,15 @@ fn check_block(
         for (start, end, written) in statuses(&text[from..to]) {
             let (start, end) = (start + from, end + from);
             let distance = |(s, e, _): &&&(usize, usize, String)| {
-                if *s >= end { s - end } else { start.saturating_sub(*e) }
+                if *s >= end {
+                    s - end
+                } else {
+                    start.saturating_sub(*e)
+                }
             };
-            let Some((_, _, nearest)) = here.iter().min_by_key(distance) else {
+            let named = reason_named_after(text, end, &here);
+            let Some((_, _, nearest)) = named.or_else(|| here.iter().min_by_key(distance).copied())
+            else {
                 continue;
             };
             let status = catalog.status[nearest.as_str()];
@@ -788,9 +869,7 @@ fn check_block(
                 .iter()
                 .any(|(r, s, _)| r == nearest && *s == written)
             {
-                findings
-                    .exceptions_used
-                    .insert((nearest.clone(), written));
+                findings.exceptions_used.insert((nearest.clone(), written));
                 continue;
             }
             findings.add(
@@ -807,10 +886,7 @@ fn the_docs_name_only_cataloged_reasons_codes_and_statuses() {
     let root = root();
     let catalog = Catalog::read(&root);
     let code = CodeNames::read(&root);
-    let mut findings = Findings {
-        problems: Vec::new(),
-        exceptions_used: BTreeSet::new(),
-    };
+    let mut findings = Findings::default();
     for path in doc_files(&root) {
         let text = std::fs::read_to_string(&path).unwrap();
         let file = path
@@ -848,10 +924,7 @@ fn the_docs_checker_recognises_reasons_statuses_and_codes() {
     let catalog = Catalog::read(&root);
     let code = CodeNames::read(&root);
     let check = |doc: &str| -> Vec<String> {
-        let mut findings = Findings {
-            problems: Vec::new(),
-            exceptions_used: BTreeSet::new(),
-        };
+        let mut findings = Findings::default();
         for block in blocks(doc) {
             check_block("t.md", &block, &catalog, &code, &mut findings);
         }
@@ -863,8 +936,14 @@ fn the_docs_checker_recognises_reasons_statuses_and_codes() {
     assert_eq!(check("The call closes, reason `tool_failed`.").len(), 1);
     // Looks like one: a near miss, and an invented name with a reason's ending.
     let near = check("An `approval_expird` approval.");
-    assert!(near[0].contains("did you mean `approval_expired`"), "{near:?}");
-    assert_eq!(check("Refused (`approval_row_tampered_mismatch`).").len(), 1);
+    assert!(
+        near[0].contains("did you mean `approval_expired`"),
+        "{near:?}"
+    );
+    assert_eq!(
+        check("Refused (`approval_row_tampered_mismatch`).").len(),
+        1
+    );
     // Not reasons: an event type, a field, a diff kind the code knows.
     assert!(check("One `tool_failed` event; `approval_id`; `triple_denied`.").is_empty());
     // Statuses.
@@ -874,13 +953,29 @@ fn the_docs_checker_recognises_reasons_statuses_and_codes() {
     assert_eq!(check("`jwt_expired` (503); then stop.").len(), 1);
     assert!(check("`rate_limited` after 500 ms; 565 / 577 `rate_limited`.").is_empty());
     assert!(check("`rate_limited` first. Then 503 for the rest.").is_empty());
+    assert!(check("400 `request_malformed`, 413 or 431 `request_too_large`.").is_empty());
+    assert_eq!(
+        check("400 `request_malformed`, 409 or 413 `request_too_large`.").len(),
+        1
+    );
     let table = "| reason | HTTP | when |\n| --- | --- | --- |\n| approval_used | 409 | x |\n| approval_gone | 403 | y |\n";
     let got = check(table);
     assert_eq!(got.len(), 3, "{got:?}");
-    assert!(got.iter().any(|p| p.starts_with("t.md:4: `approval_gone`")), "{got:?}");
+    assert!(
+        got.iter().any(|p| p.starts_with("t.md:4: `approval_gone`")),
+        "{got:?}"
+    );
     // Error codes, in prose and in JSON.
-    assert_eq!(check("error code `INTERNAL_ERROR`, or `TOOL_ERROR`.").len(), 2);
+    assert_eq!(
+        check("error code `INTERNAL_ERROR`, or `TOOL_ERROR`.").len(),
+        2
+    );
     assert_eq!(check("    {\"error_code\": \"POLICY_DENIED\"}\n").len(), 2);
-    assert!(check("`TOOL_INTERNAL_ERROR`; `TOOL_FIELDS` and `QUERY_TIMEOUT` are consts.").is_empty());
-    assert_eq!(check("    {\"reason\": \"tool_failure\", \"x\": \"stop\"}\n").len(), 1);
+    assert!(
+        check("`TOOL_INTERNAL_ERROR`; `TOOL_FIELDS` and `QUERY_TIMEOUT` are consts.").is_empty()
+    );
+    assert_eq!(
+        check("    {\"reason\": \"tool_failure\"}\n    {\"reason\": \"stop\"}\n").len(),
+        1
+    );
 }
