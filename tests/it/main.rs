@@ -25,6 +25,8 @@ mod budgets;
 mod console;
 mod contract;
 mod data_files;
+// The docs name only the catalog's reasons, error codes and statuses.
+mod docs_truth;
 mod drain;
 mod durability;
 mod fleet;
