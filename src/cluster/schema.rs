@@ -89,6 +89,8 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE toolgate_approvals ADD COLUMN expiry_claimed_at_ms bigint;
     ALTER TABLE toolgate_approvals ADD COLUMN expiry_claimed_by text;
     "#,
+    // 8: the runs each sidecar holds events of that the hub does not (`hub::tail`).
+    crate::hub::tail::SCHEMA,
 ];
 
 /// The schema version this binary writes and reads.

@@ -6,7 +6,10 @@
 //! - `mod.rs`: the hub's tables, [`HubError`], and [`ingest`]: one batch (lines and
 //!   the signed checkpoint over their end) checked and stored in one transaction.
 //! - [`ship`]: the shipper task of a sidecar: reads committed lines and checkpoints
-//!   from its local log and ingests them, in order, resuming where the hub stands.
+//!   from its local log and ingests them, in order, resuming where the hub stands; at a
+//!   graceful stop it ships what is left.
+//! - [`tail`]: which runs a sidecar holds events of that the hub does not have yet
+//!   (`hub_unshipped`), marked before they are appended, so a fleet export knows.
 //! - [`fleet`]: `audit verify --cluster-db` and `audit export --cluster-db --run`.
 //! - [`witness`]: `serve --witness` in a fleet: the fleet checkpoint submitted to the
 //!   witnesses, their cosignatures stored in the hub.
@@ -34,6 +37,7 @@
 
 pub mod fleet;
 pub mod ship;
+pub mod tail;
 pub mod witness;
 
 use std::time::Duration;

@@ -123,15 +123,15 @@ tools:
 "#;
 
 /// The stand-in court, `demo/court.py`, on a free port; killed on drop.
-struct Court {
+pub(crate) struct Court {
     child: Child,
     /// `127.0.0.1:PORT`.
-    host: String,
+    pub(crate) host: String,
     agent: ureq::Agent,
 }
 
 impl Court {
-    fn start() -> Court {
+    pub(crate) fn start() -> Court {
         let mut child = Command::new("python3")
             .arg(common::repo().join("demo/court.py"))
             .args(["--port", "0"])
