@@ -716,6 +716,14 @@ const DECIDED_ELSEWHERE: [(Reason, &str); 27] = [
         "the approval gate in pipeline.rs, after the pure decision (the fleet key's attestation, gateway::approvals)",
     ),
     (
+        Reason::ApprovalStoreMismatch,
+        "the approval gate in pipeline.rs, after the pure decision (the store against the audit log's evidence, gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalEvidenceUnavailable,
+        "the approval gate in pipeline.rs, after the pure decision (the audit hub's evidence in a fleet, gateway::approvals)",
+    ),
+    (
         Reason::BudgetExhausted,
         "gateway::budgets claims the counters authz::limit_claims names, after the decision (state)",
     ),

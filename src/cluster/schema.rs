@@ -89,6 +89,8 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE toolgate_approvals ADD COLUMN expiry_claimed_at_ms bigint;
     ALTER TABLE toolgate_approvals ADD COLUMN expiry_claimed_by text;
     "#,
+    // 8: up to when the hub holds each sidecar's log (`hub::coverage`).
+    crate::hub::coverage::SCHEMA_COVERAGE,
 ];
 
 /// The schema version this binary writes and reads.

@@ -220,10 +220,12 @@ fn load_fleet_key(args: &ServeArgs) -> Result<Option<crate::audit::keys::SignerK
     }
 }
 
-/// The hub shipper's status and, with `--witness`, the fleet witness tasks' status.
+/// The hub shipper's status, with `--witness` the fleet witness tasks' status, and the
+/// hub's pool (where the gateway reads the fleet's approval evidence).
 type ShipperStarted = (
     Arc<crate::hub::ship::ShipStatus>,
     Option<Vec<Arc<crate::audit::witness::WitnessStatus>>>,
+    deadpool_postgres::Pool,
 );
 
 /// Starts shipping the audit log to the hub in the cluster database (items of
@@ -298,8 +300,9 @@ async fn start_shipper(
         }
     };
     Ok(Some((
-        crate::hub::ship::start(pool, audit.clone(), options),
+        crate::hub::ship::start(pool.clone(), audit.clone(), options),
         witnesses,
+        pool,
     )))
 }
 
@@ -584,7 +587,7 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         (Some(_), Some(key)) => gateway.with_fleet_key(Arc::new(key.clone())),
         _ => gateway,
     };
-    let gateway = match shadow {
+    let mut gateway = match shadow {
         Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
         None => gateway,
     };
@@ -600,8 +603,11 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         )
         .await
         {
-            Ok(Some((status, witnesses))) => {
+            Ok(Some((status, witnesses, pool))) => {
                 gateway.metrics.watch_shipper(status);
+                // Approvals in this fleet are checked against the hub's evidence of the
+                // other sidecars' decisions and uses.
+                gateway = gateway.with_hub(pool, audit_origin.clone());
                 if let Some(witnesses) = witnesses {
                     gateway.metrics.watch_witnesses(witnesses);
                     fleet_witnessed = true;

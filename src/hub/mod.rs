@@ -8,6 +8,9 @@
 //! - [`ship`]: the shipper task of a sidecar: reads committed lines and checkpoints
 //!   from its local log and ingests them, in order, resuming where the hub stands.
 //! - [`fleet`]: `audit verify --cluster-db` and `audit export --cluster-db --run`.
+//! - [`coverage`]: up to when the hub holds each sidecar's log (recorded by the
+//!   shippers), and the lines that name an approval: a sidecar's evidence of the other
+//!   sidecars' decisions and uses of an approval.
 //! - [`witness`]: `serve --witness` in a fleet: the fleet checkpoint submitted to the
 //!   witnesses, their cosignatures stored in the hub.
 //!
@@ -32,6 +35,7 @@
 //! check passed (one transaction, rolled back on any refusal); the sidecar's local log
 //! is written first and the hub never sits on a call's path.
 
+pub mod coverage;
 pub mod fleet;
 pub mod ship;
 pub mod witness;
