@@ -250,6 +250,13 @@ impl Evidence {
                 log: Value::Null,
             });
         };
+        if let Some(field) = store.row_disagrees {
+            return Err(Mismatch {
+                field,
+                store: json!("the row's column and its record disagree"),
+                log: Value::Null,
+            });
+        }
         if store.call_digest != requested.call_digest {
             return Err(Mismatch {
                 field: "call_digest",

@@ -245,9 +245,27 @@ pub struct ApprovalRecord {
     /// (`attestation`), verified by the sidecar that uses the approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attestation: Option<String>,
+    /// Set by the store when its row's own columns (which its conditional statements
+    /// act on) disagree with its record: the field, as `evidence::FIELDS` names it.
+    #[serde(skip)]
+    pub row_disagrees: Option<&'static str>,
 }
 
 impl ApprovalRecord {
+    /// Notes which of a row's columns, if any, disagree with its record.
+    pub fn check_row(mut self, status: &str, call_digest: &str, expires_at_ms: i64) -> Self {
+        self.row_disagrees = if status != self.status.as_str() {
+            Some("status")
+        } else if call_digest != self.call_digest {
+            Some("call_digest")
+        } else if expires_at_ms != self.expires_at_ms {
+            Some("expires_at")
+        } else {
+            None
+        };
+        self
+    }
+
     /// The status as of `now_ms`: a pending or approved approval past its expiry is
     /// expired even before the sweeper records it.
     pub fn status_at(&self, now_ms: i64) -> ApprovalStatus {

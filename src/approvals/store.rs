@@ -174,17 +174,22 @@ impl ApprovalStore {
         })
     }
 
+    /// The approval, with [`ApprovalRecord::row_disagrees`] set when the row's
+    /// columns disagree with its record.
     pub fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
         self.with(|c| {
-            let json: Option<String> = c
+            let row: Option<(String, String, i64, String)> = c
                 .query_row(
-                    "SELECT record FROM approvals WHERE approval_id = ?1",
+                    "SELECT status, call_digest, expires_at_ms, record FROM approvals WHERE approval_id = ?1",
                     [approval_id],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
                 )
                 .optional()
                 .map_err(map)?;
-            json.as_deref().map(decode).transpose()
+            row.map(|(status, digest, expires, json)| {
+                decode(&json).map(|r| r.check_row(&status, &digest, expires))
+            })
+            .transpose()
         })
     }
 

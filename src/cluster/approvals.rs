@@ -148,11 +148,21 @@ impl ApprovalBackend for PgApprovals {
             Box::pin(async move {
                 let rows = query(
                     &db,
-                    "SELECT record::text FROM toolgate_approvals WHERE approval_id = $1",
+                    "SELECT record::text, status, call_digest, expires_at_ms FROM toolgate_approvals WHERE approval_id = $1",
                     &[&id],
                 )
                 .await?;
-                Ok(decode_rows(&rows, 0)?.into_iter().next())
+                let Some(row) = rows.first() else {
+                    return Ok(None);
+                };
+                let record = decode_rows(&rows, 0)?.into_iter().next();
+                Ok(record.map(|r| {
+                    r.check_row(
+                        &row.get::<_, String>(1),
+                        &row.get::<_, String>(2),
+                        row.get::<_, i64>(3),
+                    )
+                }))
             })
         })
     }

@@ -201,6 +201,7 @@ impl Gateway {
             used_by_call_id: None,
             used_at: None,
             attestation: None,
+            row_disagrees: None,
         };
         let mut event = request.event;
         event.details.insert(

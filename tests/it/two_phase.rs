@@ -123,15 +123,15 @@ tools:
 "#;
 
 /// The stand-in court, `demo/court.py`, on a free port; killed on drop.
-struct Court {
+pub(crate) struct Court {
     child: Child,
     /// `127.0.0.1:PORT`.
-    host: String,
+    pub(crate) host: String,
     agent: ureq::Agent,
 }
 
 impl Court {
-    fn start() -> Court {
+    pub(crate) fn start() -> Court {
         let mut child = Command::new("python3")
             .arg(common::repo().join("demo/court.py"))
             .args(["--port", "0"])
@@ -154,6 +154,17 @@ impl Court {
             .build()
             .into();
         Court { child, host, agent }
+    }
+
+    /// Every filing the court holds.
+    pub(crate) fn filings(&self) -> Vec<Value> {
+        let mut resp = self
+            .agent
+            .get(format!("http://{}/filings", self.host))
+            .call()
+            .unwrap();
+        let body: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+        body["filings"].as_array().cloned().unwrap_or_default()
     }
 
     fn filing(&self, filing_id: &str) -> Value {

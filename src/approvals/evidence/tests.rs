@@ -228,6 +228,7 @@ fn every_edited_field_of_the_store_is_a_mismatch_naming_it() {
         r.requirements = serde_json::from_value(requirements(2)).unwrap();
         r
     };
+    let nothing = Evidence::default();
     type Edit = fn(&mut ApprovalRecord);
     let rows: Vec<(&str, &Evidence, ApprovalRecord, Edit, &str)> = vec![
         ("a used approval reset to approved", &used, base("used", &two, Some("c-1")),
@@ -257,7 +258,7 @@ fn every_edited_field_of_the_store_is_a_mismatch_naming_it() {
             |r| r.binding.arguments_sha256 = "a2".into(), "binding"),
         ("another requester", &pending, base("pending", &one, None),
             |r| r.requester.role_id = "filing_agent".into(), "requester"),
-        ("an id the log never requested", &Evidence::default(), base("approved", &two, None),
+        ("an id the log never requested", &nothing, base("approved", &two, None),
             |_| {}, "approval_id"),
     ];
     for (what, evidence, mut store, edit, field) in rows {
