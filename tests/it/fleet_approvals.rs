@@ -259,6 +259,11 @@ fn the_approvals_list_reads_the_same_on_sqlite_and_on_postgresql() {
 /// origin, with `start`'s policy and the fleet key in `fleet`.
 fn shipping(pg: &Postgres, start: Start, name: &str, fleet: &Path) -> Server {
     let mut start = start;
+    // Beside the policy, so the log outlives the server (`stop_and_verify`).
+    start.data_dir = start
+        .policy_dir
+        .parent()
+        .map(|dir| dir.join(format!("var-{name}")));
     start.args = vec![
         "--cluster-db".into(),
         pg.url(),
