@@ -1,5 +1,5 @@
 //! The gateway benchmark: `cargo bench --bench gateway` builds toolgate optimized and
-//! runs `toolgate-bench` (see src/bin/toolgate-bench.rs), which starts the real server and measures
+//! runs `toolgate-bench` (see src/bin/toolgate-bench/), which starts the real server and measures
 //! the same tool call made directly and through the gateway. Arguments after `--` go
 //! to `toolgate-bench` (e.g. `cargo bench --bench gateway -- --seconds 5`); the JSON
 //! report goes to target/bench/gateway.json.

@@ -1,7 +1,17 @@
 //! `toolgate-bench` end to end, shortened: it starts the real server, measures every
 //! path and writes a complete report. (Figures are not checked here: speed belongs in
 //! the benchmark itself, see docs/performance.md.)
+//!
+//! The benchmark's pure modules are compiled here with their unit tests (the binary
+//! itself has no test harness: `test = false` in Cargo.toml).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../src/bin/toolgate-bench/report.rs"]
+#[allow(dead_code)]
+mod report;
+#[path = "../../src/bin/toolgate-bench/stats.rs"]
+#[allow(dead_code)]
+mod stats;
 
 use crate::common;
 

@@ -25,6 +25,8 @@ mod bench;
 mod budgets;
 mod console;
 mod contract;
+// The docs name only the catalog's reasons, error codes and statuses.
+mod docs_truth;
 mod drain;
 mod durability;
 mod fleet;
