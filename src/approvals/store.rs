@@ -161,19 +161,6 @@ impl ApprovalStore {
         })
     }
 
-    /// Removes an approval that was never announced (its request could not be
-    /// audited).
-    pub fn remove(&self, approval_id: &str) -> Result<(), StoreError> {
-        self.with(|c| {
-            c.execute(
-                "DELETE FROM approvals WHERE approval_id = ?1",
-                [approval_id],
-            )
-            .map_err(map)?;
-            Ok(())
-        })
-    }
-
     /// The approval, with [`ApprovalRecord::row_disagrees`] set when the row's
     /// columns disagree with its record.
     pub fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
@@ -433,7 +420,6 @@ impl ApprovalStore {
 #[allow(clippy::type_complexity)]
 pub trait ApprovalBackend: Send + Sync {
     fn insert(&self, record: &ApprovalRecord) -> Result<(), StoreError>;
-    fn remove(&self, approval_id: &str) -> Result<(), StoreError>;
     fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError>;
     fn pending_for(
         &self,
@@ -490,9 +476,6 @@ pub trait ApprovalBackend: Send + Sync {
 impl ApprovalBackend for ApprovalStore {
     fn insert(&self, record: &ApprovalRecord) -> Result<(), StoreError> {
         ApprovalStore::insert(self, record)
-    }
-    fn remove(&self, approval_id: &str) -> Result<(), StoreError> {
-        ApprovalStore::remove(self, approval_id)
     }
     fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
         ApprovalStore::get(self, approval_id)

@@ -127,21 +127,6 @@ impl ApprovalBackend for PgApprovals {
         })
     }
 
-    fn remove(&self, approval_id: &str) -> Result<(), StoreError> {
-        let id = approval_id.to_string();
-        self.wait(move |db| {
-            Box::pin(async move {
-                execute(
-                    &db,
-                    "DELETE FROM toolgate_approvals WHERE approval_id = $1",
-                    &[&id],
-                )
-                .await
-                .map(|_| ())
-            })
-        })
-    }
-
     fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
         let id = approval_id.to_string();
         self.wait(move |db| {

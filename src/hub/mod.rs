@@ -33,7 +33,9 @@
 //!
 //! INVARIANT: only the hub knows the hub's tables; ingest writes nothing unless every
 //! check passed (one transaction, rolled back on any refusal); the sidecar's local log
-//! is written first and the hub never sits on a call's path.
+//! is written first and the hub never sits on a call's path, but for one read: a retry
+//! under an approval (and a decision on one) reads the other sidecars' evidence of that
+//! approval in the hub ([`coverage`]), bounded, and refuses when it is not there in time.
 
 pub mod coverage;
 pub mod fleet;
