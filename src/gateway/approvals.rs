@@ -242,33 +242,18 @@ impl Gateway {
             .approval_store(move |s| s.get(&id))
             .await?
             .ok_or_else(|| self.unknown_approval(approval_id))?;
-        // A fleet's shared row says approved only with the deciding sidecar's
-        // fleet-key signature over its id, digest, approvers and expiry.
-        let now = approvals::now_ms();
-        if self.approvals.shared()
-            && record.status_at(now) == ApprovalStatus::Approved
-            && let Some(key) = self.fleet_key()
-            && let Err(why) = approvals::attestation::verify(&record, &key.verifier)
-        {
-            return Err(Refusal::new(
-                Reason::ApprovalAttestationInvalid,
-                format!(
-                    "approval `{approval_id}` reads approved in the cluster database but {why}: it is not used"
-                ),
-            )
-            .with_details(json!({ "approval_id": approval_id })));
-        }
+        self.attested(&record)?;
         // The evidence: the store is an index; the log says what was requested,
         // granted, expired and used.
-        let evidence = self.approval_evidence(&record).await?;
+        let checked = self.checked_approval(record).await?;
+        let record = checked.record;
+        self.attested(&record)?;
         let now = approvals::now_ms();
-        let logged = match &evidence {
-            Some(evidence) => match evidence.compare(&record, now) {
-                Err(mismatch) => return Err(self.store_mismatch(approval_id, mismatch)),
-                Ok(Agreement::Behind) => return Err(not_usable(&record, now)),
-                Ok(Agreement::Same) => evidence.record(&record, now),
-            },
-            None => {
+        let logged = match (&checked.evidence, checked.agreement) {
+            (Some(_), Err(mismatch)) => return Err(self.store_mismatch(approval_id, mismatch)),
+            (Some(_), Ok(Agreement::Behind)) => return Err(not_usable(&record, now)),
+            (Some(evidence), Ok(Agreement::Same)) => evidence.record(&record, now),
+            (None, _) => {
                 // A fleet without the hub: the other sidecars' logs cannot be read
                 // here, this one's can (its own uses).
                 let own = self
@@ -330,6 +315,26 @@ impl Gateway {
             .await?
             .ok_or_else(|| self.unknown_approval(approval_id))?;
         Err(not_usable(&record, approvals::now_ms()))
+    }
+
+    /// A fleet's shared row says approved only with the deciding sidecar's fleet-key
+    /// signature over its id, digest, approvers and expiry.
+    fn attested(&self, record: &ApprovalRecord) -> Result<(), Refusal> {
+        let approval_id = &record.approval_id;
+        if self.approvals.shared()
+            && record.status_at(approvals::now_ms()) == ApprovalStatus::Approved
+            && let Some(key) = self.fleet_key()
+            && let Err(why) = approvals::attestation::verify(record, &key.verifier)
+        {
+            return Err(Refusal::new(
+                Reason::ApprovalAttestationInvalid,
+                format!(
+                    "approval `{approval_id}` reads approved in the cluster database but {why}: it is not used"
+                ),
+            )
+            .with_details(json!({ "approval_id": approval_id })));
+        }
+        Ok(())
     }
 
     /// The refusal of a store that disagrees with the audit log about an approval,
@@ -557,19 +562,18 @@ impl Gateway {
             .await?
             .ok_or_else(|| self.unknown_approval(approval_id))?;
         // The approval as the log has it: who may decide, who asked, who decided.
-        let evidence = self.approval_evidence(&stored).await?;
+        let checked = self.checked_approval(stored).await?;
+        let evidence = checked.evidence;
         let now = approvals::now_ms();
-        let record = match &evidence {
-            Some(evidence) => match evidence.compare(&stored, now) {
-                Err(mismatch) => {
-                    let refusal = self.store_mismatch(approval_id, mismatch);
-                    return Err(self
-                        .refused_decision(&stored, &principal, decision, refusal)
-                        .await);
-                }
-                Ok(_) => evidence.record(&stored, now),
-            },
-            None => stored.clone(),
+        let record = match (&evidence, checked.agreement) {
+            (Some(_), Err(mismatch)) => {
+                let refusal = self.store_mismatch(approval_id, mismatch);
+                return Err(self
+                    .refused_decision(&checked.record, &principal, decision, refusal)
+                    .await);
+            }
+            (Some(evidence), Ok(_)) => evidence.record(&checked.record, now),
+            (None, _) => checked.record,
         };
         // Who decides: an eligible admin, else an eligible role the credential proves.
         let admin = principal

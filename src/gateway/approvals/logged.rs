@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::approvals::ApprovalRecord;
-use crate::approvals::evidence::Evidence;
+use crate::approvals::evidence::{Agreement, Evidence, Mismatch};
 use crate::audit::{EventFilter, EventType};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, audit_refusal};
@@ -66,12 +66,70 @@ fn unavailable(message: String, details: Value) -> Refusal {
     Refusal::new(Reason::ApprovalEvidenceUnavailable, message).with_details(details)
 }
 
+/// What the store and the log say of one approval.
+pub(super) struct Checked {
+    /// The store's record (read again when it changed while the log was read).
+    pub record: ApprovalRecord,
+    /// The log's evidence (None in a fleet without the hub).
+    pub evidence: Option<Evidence>,
+    /// How the store stands against the log (always `Same` without evidence).
+    pub agreement: Result<Agreement, Mismatch>,
+}
+
+/// How many times the store is read again when it changed while the log was read.
+const REREADS: usize = 3;
+
 impl Gateway {
+    /// The store's record of an approval (`record`, just read) checked against the
+    /// log's evidence. The store and the log are read one after the other, not at one
+    /// instant: a claim or an expiry that lands in between is in the log the second read
+    /// sees but not in the store the first read saw (the store takes those first), and
+    /// would read as an edit. So a disagreement counts only when the store, read again,
+    /// is what it was before the log was read; otherwise the log is read again with the
+    /// newer record, a few times at most.
+    pub(super) async fn checked_approval(
+        &self,
+        mut record: ApprovalRecord,
+    ) -> Result<Checked, Refusal> {
+        let mut round = 0;
+        loop {
+            let Some(evidence) = self.approval_evidence(&record).await? else {
+                return Ok(Checked {
+                    record,
+                    evidence: None,
+                    agreement: Ok(Agreement::Same),
+                });
+            };
+            let agreement = evidence.compare(&record, crate::approvals::now_ms());
+            if agreement.is_ok() || round == REREADS {
+                return Ok(Checked {
+                    record,
+                    evidence: Some(evidence),
+                    agreement,
+                });
+            }
+            round += 1;
+            let id = record.approval_id.clone();
+            let again = self
+                .approval_store(move |s| s.get(&id))
+                .await?
+                .ok_or_else(|| self.unknown_approval(&record.approval_id))?;
+            if again == record {
+                return Ok(Checked {
+                    record,
+                    evidence: Some(evidence),
+                    agreement,
+                });
+            }
+            record = again;
+        }
+    }
+
     /// The evidence of `record`'s approval: this sidecar's log, and in a fleet that
     /// ships to the hub, the other sidecars' logs there. None in a fleet without the
     /// hub, where only this sidecar's own uses can be read
     /// ([`Gateway::own_approval_evidence`]).
-    pub(super) async fn approval_evidence(
+    async fn approval_evidence(
         &self,
         record: &ApprovalRecord,
     ) -> Result<Option<Evidence>, Refusal> {
