@@ -23,8 +23,7 @@
 use serde_json::{Value, json};
 
 use super::{
-    ApprovalRecord, ApprovalStatus, Binding, Decision, Requester, Verdict, quorum_met,
-    subject_key,
+    ApprovalRecord, ApprovalStatus, Binding, Decision, Requester, Verdict, quorum_met, subject_key,
 };
 use crate::call::ApprovalRequirement;
 
@@ -126,19 +125,20 @@ impl Evidence {
         for (seq, event) in events {
             let details = &event["details"];
             match event["type"].as_str().unwrap_or_default() {
-                "approval_requested" if details["approval"]["approval_id"] == id => {
-                    if evidence.requested.is_none() {
-                        evidence.requested = requested(seq, event);
-                    }
-                }
-                kind @ ("approval_granted" | "approval_denied")
-                    if details["approval_id"] == id =>
+                "approval_requested"
+                    if details["approval"]["approval_id"] == id && evidence.requested.is_none() =>
                 {
+                    evidence.requested = requested(seq, event);
+                }
+                kind @ ("approval_granted" | "approval_denied") if details["approval_id"] == id => {
                     let Some(by) = details["by"].as_str() else {
                         continue;
                     };
                     decided.push((
-                        details["call_digest"].as_str().unwrap_or_default().to_string(),
+                        details["call_digest"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
                         Decision {
                             approver: by.to_string(),
                             subject: details["subject"].as_str().map(str::to_string),
@@ -264,8 +264,7 @@ impl Evidence {
                 log: json!(requested.call_digest),
             });
         }
-        if store.binding != requested.binding || store.binding.digest() != requested.call_digest
-        {
+        if store.binding != requested.binding || store.binding.digest() != requested.call_digest {
             return Err(Mismatch {
                 field: "binding",
                 store: json!(store.binding.digest()),
@@ -284,7 +283,9 @@ impl Evidence {
         if store.requirements != requested.requirements {
             let quorums = |r: &[ApprovalRequirement]| -> Value {
                 r.iter()
-                    .map(|r| json!({"owner": r.owner, "approvers": r.approvers, "quorum": r.quorum}))
+                    .map(
+                        |r| json!({"owner": r.owner, "approvers": r.approvers, "quorum": r.quorum}),
+                    )
                     .collect()
             };
             return Err(Mismatch {
@@ -315,7 +316,13 @@ impl Evidence {
                 None => {
                     return Err(Mismatch {
                         field: "decisions",
-                        store: json!(store.decisions.iter().map(Decision::who).collect::<Vec<_>>()),
+                        store: json!(
+                            store
+                                .decisions
+                                .iter()
+                                .map(Decision::who)
+                                .collect::<Vec<_>>()
+                        ),
                         log: json!(self.decisions.iter().map(Decision::who).collect::<Vec<_>>()),
                     });
                 }
@@ -332,7 +339,11 @@ impl Evidence {
         match (store_status, log_status) {
             (ApprovalStatus::Used, ApprovalStatus::Used) => {
                 let used_by = store.used_by_call_id.as_deref();
-                if used_by.is_some() && self.uses.iter().any(|u| Some(u.call_id.as_str()) == used_by)
+                if used_by.is_some()
+                    && self
+                        .uses
+                        .iter()
+                        .any(|u| Some(u.call_id.as_str()) == used_by)
                 {
                     Ok(Agreement::Same)
                 } else {

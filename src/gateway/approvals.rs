@@ -19,10 +19,10 @@ use crate::approvals::{
     StoreError, Verdict,
 };
 use crate::audit::{EventFilter, EventType, NewEvent};
-use crate::identity::RunBinding;
 use crate::call::ApprovalRequirement;
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, audit_refusal};
+use crate::identity::RunBinding;
 use crate::policy::Policy;
 use crate::requests::{DecideApproval, ListApprovals};
 

@@ -37,12 +37,7 @@ pub(crate) fn approval_policy(dir: &Path, quorum: u32, ttl_s: u64) -> Start {
 
 /// [`approval_policy`] with `approvers` (a YAML flow list) as `draft_document`'s
 /// approvers.
-pub(crate) fn approval_policy_with(
-    dir: &Path,
-    approvers: &str,
-    quorum: u32,
-    ttl_s: u64,
-) -> Start {
+pub(crate) fn approval_policy_with(dir: &Path, approvers: &str, quorum: u32, ttl_s: u64) -> Start {
     let policy = dir.join("policy");
     let tools = dir.join("tools");
     copy_dir(&repo().join("policy"), &policy);

@@ -137,7 +137,13 @@ fn one_jwt_subject_proving_two_approver_roles_meets_a_quorum_of_two_only_once() 
     assert_eq!(code, 409, "{body}");
     assert_eq!(body["diagnostic"]["reason"], "approval_pending", "{body}");
     // A second person meets the quorum.
-    let (code, body) = decide(&server, Some(&jwt("bob", "approvers2")), &id, "approve", "two");
+    let (code, body) = decide(
+        &server,
+        Some(&jwt("bob", "approvers2")),
+        &id,
+        "approve",
+        "two",
+    );
     assert_eq!((code, &body["status"]), (200, &json!("approved")), "{body}");
     let (code, body) = send(&server, &with_approval(&call, &id));
     assert_eq!(code, 200, "{body}");
@@ -146,7 +152,10 @@ fn one_jwt_subject_proving_two_approver_roles_meets_a_quorum_of_two_only_once() 
     let subjects: Vec<&Value> = granted.iter().map(|e| &e["details"]["subject"]).collect();
     assert_eq!(
         subjects,
-        [&json!(format!("{ISSUER}#alice")), &json!(format!("{ISSUER}#bob"))]
+        [
+            &json!(format!("{ISSUER}#alice")),
+            &json!(format!("{ISSUER}#bob"))
+        ]
     );
     stop_and_verify(server);
 }
@@ -207,7 +216,10 @@ fn a_used_approval_reset_in_approvals_db_is_refused_and_the_filing_runs_once() {
     assert_eq!(code, 200, "{prepared}");
     assert_eq!(prepared["details"]["phase"], "prepared", "{prepared}");
     let (code, committed) = server.post(
-        &format!("/v1/tool-calls/{}/commit", prepared["call_id"].as_str().unwrap()),
+        &format!(
+            "/v1/tool-calls/{}/commit",
+            prepared["call_id"].as_str().unwrap()
+        ),
         Some(&token("filing_agent")),
         &json!({
             "commit_id": prepared["details"]["commit"]["commit_id"],
@@ -330,11 +342,17 @@ fn edited_approvers_of_a_pending_approval_do_not_let_a_drafting_agent_decide() {
     );
     assert_eq!(mismatch(code, &refused), "requirements");
     let all = events(&server);
-    assert!(of_type(&all, "approval_granted", &id).is_empty(), "{all:#?}");
+    assert!(
+        of_type(&all, "approval_granted", &id).is_empty(),
+        "{all:#?}"
+    );
     let logged = of_type(&all, "approval_decision_refused", &id);
     assert_eq!(logged.len(), 1, "{all:#?}");
     assert_eq!(logged[0]["details"]["refused"], "approval_store_mismatch");
-    assert_eq!(logged[0]["details"]["by"]["roles"], json!(["drafting_agent"]));
+    assert_eq!(
+        logged[0]["details"]["by"]["roles"],
+        json!(["drafting_agent"])
+    );
     let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
     assert_eq!(shown["status"], "pending", "{shown}");
     assert_eq!(shown["decisions"], json!([]), "{shown}");
@@ -509,7 +527,11 @@ fn a_run_token_polls_its_own_approvals_and_an_auditor_lists_them_but_neither_dec
         .collect();
     assert_eq!(ids, [own.as_str()], "{page}");
     let (code, shown) = server.get(&format!("/v1/approvals/{own}"), Some(&run_token));
-    assert_eq!((code, &shown["status"]), (200, &json!("pending")), "{shown}");
+    assert_eq!(
+        (code, &shown["status"]),
+        (200, &json!("pending")),
+        "{shown}"
+    );
     let (code, refused) = server.get(&format!("/v1/approvals/{other}"), Some(&run_token));
     assert_eq!(code, 403, "{refused}");
     assert_eq!(refused["diagnostic"]["reason"], "approver_not_allowed");
@@ -543,8 +565,16 @@ fn a_run_token_polls_its_own_approvals_and_an_auditor_lists_them_but_neither_dec
     let (code, body) = decide(&server, Some(SUPERVISOR), &own, "approve", "ok");
     assert_eq!(code, 200, "{body}");
     let (code, shown) = server.get(&format!("/v1/approvals/{own}"), Some(&run_token));
-    assert_eq!((code, &shown["status"]), (200, &json!("approved")), "{shown}");
-    let (code, body) = server.post("/v1/tool-calls", Some(&run_token), &with_approval(&call, &own));
+    assert_eq!(
+        (code, &shown["status"]),
+        (200, &json!("approved")),
+        "{shown}"
+    );
+    let (code, body) = server.post(
+        "/v1/tool-calls",
+        Some(&run_token),
+        &with_approval(&call, &own),
+    );
     assert_eq!(code, 200, "{body}");
     stop_and_verify(server);
 }

@@ -296,7 +296,11 @@ fn stop_and_verify(server: Server) {
 
 /// The `approval_store_mismatch` refusal; returns the field it names.
 fn mismatch(code: u16, body: &Value) -> String {
-    assert_eq!((code, reason(body)), (403, "approval_store_mismatch"), "{body}");
+    assert_eq!(
+        (code, reason(body)),
+        (403, "approval_store_mismatch"),
+        "{body}"
+    );
     assert_eq!(body["diagnostic"]["retryable"], false, "{body}");
     body["diagnostic"]["details"]["field"]
         .as_str()
@@ -333,7 +337,11 @@ fn a_used_approval_row_restored_with_its_attestation_is_refused_through_either_s
         "UPDATE toolgate_approvals SET status = 'approved', record = $${before_use}$$::jsonb WHERE approval_id = '{id}'"
     ));
     let (code, shown) = b.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
-    assert_eq!((code, &shown["status"]), (200, &json!("approved")), "{shown}");
+    assert_eq!(
+        (code, &shown["status"]),
+        (200, &json!("approved")),
+        "{shown}"
+    );
     for server in [&a, &b] {
         let (code, refused) = send(server, &with_approval(&call, &id));
         assert_eq!(mismatch(code, &refused), "status");
@@ -379,7 +387,11 @@ fn an_expired_approval_extended_in_the_cluster_database_is_refused() {
          WHERE approval_id = '{id}'"
     ));
     let (code, shown) = a.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
-    assert_eq!((code, &shown["status"]), (200, &json!("approved")), "{shown}");
+    assert_eq!(
+        (code, &shown["status"]),
+        (200, &json!("approved")),
+        "{shown}"
+    );
     for server in [&a, &b] {
         let (code, refused) = send(server, &with_approval(&call, &id));
         assert_eq!(
@@ -458,7 +470,10 @@ fn a_sidecar_gone_without_shipping_holds_the_approvals_it_could_have_used() {
         (503, "approval_evidence_unavailable"),
         "{refused}"
     );
-    assert!(started.elapsed() >= Duration::from_secs(4), "it did not wait");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "it did not wait"
+    );
     let d = &refused["diagnostic"];
     assert_eq!(d["retryable"], true, "{refused}");
     assert_eq!(d["details"]["waiting_for"], json!([c_origin]), "{refused}");

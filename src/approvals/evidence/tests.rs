@@ -35,7 +35,8 @@ fn requested_event(quorum: u32) -> Value {
 }
 
 fn decision(kind: &str, by: &str, subject: Option<&str>) -> Value {
-    let mut details = json!({"approval_id": ID, "call_digest": binding().digest(), "by": by, "reason": "ok"});
+    let mut details =
+        json!({"approval_id": ID, "call_digest": binding().digest(), "by": by, "reason": "ok"});
     if let Some(s) = subject {
         details["subject"] = json!(s);
     }
@@ -52,7 +53,10 @@ fn call_event(kind: &str, call_id: &str, released: bool) -> Value {
 }
 
 fn evidence(events: &[Value]) -> Evidence {
-    Evidence::from_events(ID, events.iter().enumerate().map(|(i, e)| (i as u64 + 1, e)))
+    Evidence::from_events(
+        ID,
+        events.iter().enumerate().map(|(i, e)| (i as u64 + 1, e)),
+    )
 }
 
 /// The store's record of the approval as the gateway writes it after `events`.
@@ -82,18 +86,30 @@ const NOW: i64 = EXPIRES_MS - 1_000_000;
 #[test]
 fn the_life_of_an_approval_reads_from_its_events() {
     let mut events = vec![requested_event(1)];
-    assert_eq!(evidence(&events).status_at(NOW), Some(ApprovalStatus::Pending));
+    assert_eq!(
+        evidence(&events).status_at(NOW),
+        Some(ApprovalStatus::Pending)
+    );
     events.push(decision("approval_granted", "role:attorney", None));
-    assert_eq!(evidence(&events).status_at(NOW), Some(ApprovalStatus::Approved));
+    assert_eq!(
+        evidence(&events).status_at(NOW),
+        Some(ApprovalStatus::Approved)
+    );
     // A refused retry names the approval but claims nothing.
     events.push(json!({"type": "tool_denied", "call_id": "c-x",
         "details": {"approval": {"approval_id": ID}}}));
-    assert_eq!(evidence(&events).status_at(NOW), Some(ApprovalStatus::Approved));
+    assert_eq!(
+        evidence(&events).status_at(NOW),
+        Some(ApprovalStatus::Approved)
+    );
     // Claimed, nothing reached the tool, given back.
     events.push(call_event("tool_requested", "c-1", false));
     assert_eq!(evidence(&events).status_at(NOW), Some(ApprovalStatus::Used));
     events.push(call_event("tool_failed", "c-1", true));
-    assert_eq!(evidence(&events).status_at(NOW), Some(ApprovalStatus::Approved));
+    assert_eq!(
+        evidence(&events).status_at(NOW),
+        Some(ApprovalStatus::Approved)
+    );
     // Used.
     events.push(call_event("tool_requested", "c-2", false));
     events.push(call_event("tool_executed", "c-2", false));
@@ -106,7 +122,10 @@ fn the_life_of_an_approval_reads_from_its_events() {
     assert_eq!(e.status_at(EXPIRES_MS), Some(ApprovalStatus::Expired));
     let mut expired = events[..2].to_vec();
     expired.push(json!({"type": "approval_expired", "details": {"approval_id": ID}}));
-    assert_eq!(evidence(&expired).status_at(NOW), Some(ApprovalStatus::Expired));
+    assert_eq!(
+        evidence(&expired).status_at(NOW),
+        Some(ApprovalStatus::Expired)
+    );
     // Nothing about another approval counts, whatever its text holds.
     let other: Vec<Value> = events
         .iter()
@@ -218,7 +237,8 @@ fn every_edited_field_of_the_store_is_a_mismatch_naming_it() {
         {"approver": "role:attorney", "decision": "approve", "reason": "ok", "at": "t"},
         {"approver": "admin:ops", "decision": "approve", "reason": "ok", "at": "t"},
     ]);
-    let one = json!([{"approver": "role:attorney", "decision": "approve", "reason": "ok", "at": "t"}]);
+    let one =
+        json!([{"approver": "role:attorney", "decision": "approve", "reason": "ok", "at": "t"}]);
     let and_denied = json!([
         {"approver": "role:attorney", "decision": "approve", "reason": "ok", "at": "t"},
         {"approver": "admin:ops", "decision": "deny", "reason": "no", "at": "t"},
@@ -231,35 +251,118 @@ fn every_edited_field_of_the_store_is_a_mismatch_naming_it() {
     let nothing = Evidence::default();
     type Edit = fn(&mut ApprovalRecord);
     let rows: Vec<(&str, &Evidence, ApprovalRecord, Edit, &str)> = vec![
-        ("a used approval reset to approved", &used, base("used", &two, Some("c-1")),
-            |r| { r.status = ApprovalStatus::Approved; r.used_by_call_id = None; }, "status"),
-        ("used by another call", &used, base("used", &two, Some("c-1")),
-            |r| r.used_by_call_id = Some("c-2".into()), "used_by_call_id"),
-        ("expiry extended", &approved, base("approved", &two, None),
-            |r| { r.expires_at_ms += 86_400_000; r.expires_at = "2026-01-02T01:00:00.000Z".into(); }, "expires_at"),
-        ("expiry extended in the column only", &approved, base("approved", &two, None),
-            |r| r.expires_at_ms += 86_400_000, "expires_at"),
-        ("quorum lowered", &pending, base("pending", &one, None),
-            |r| r.requirements[0].quorum = 1, "requirements"),
-        ("an approver added", &pending, base("pending", &one, None),
-            |r| r.requirements[0].approvers.push("drafting_agent".into()), "requirements"),
-        ("a forged decision", &pending, base("pending", &one, None),
-            |r| r.decisions.push(Decision { approver: "admin:ops".into(), subject: None,
-                decision: Verdict::Approve, reason: "forged".into(), at: "t".into() }), "decisions"),
-        ("a decision's subject changed", &pending, base("pending", &one, None),
-            |r| r.decisions[0].subject = Some("https://idp#mallory".into()), "decisions"),
-        ("status forged to approved", &pending, base("pending", &one, None),
-            |r| r.status = ApprovalStatus::Approved, "status"),
-        ("a denial undone", &denied, base("denied", &and_denied, None),
-            |r| r.status = ApprovalStatus::Pending, "status"),
-        ("retargeted to another call's digest", &approved, base("approved", &two, None),
-            |r| r.call_digest = "d2".into(), "call_digest"),
-        ("the binding changed under the same digest", &approved, base("approved", &two, None),
-            |r| r.binding.arguments_sha256 = "a2".into(), "binding"),
-        ("another requester", &pending, base("pending", &one, None),
-            |r| r.requester.role_id = "filing_agent".into(), "requester"),
-        ("an id the log never requested", &nothing, base("approved", &two, None),
-            |_| {}, "approval_id"),
+        (
+            "a used approval reset to approved",
+            &used,
+            base("used", &two, Some("c-1")),
+            |r| {
+                r.status = ApprovalStatus::Approved;
+                r.used_by_call_id = None;
+            },
+            "status",
+        ),
+        (
+            "used by another call",
+            &used,
+            base("used", &two, Some("c-1")),
+            |r| r.used_by_call_id = Some("c-2".into()),
+            "used_by_call_id",
+        ),
+        (
+            "expiry extended",
+            &approved,
+            base("approved", &two, None),
+            |r| {
+                r.expires_at_ms += 86_400_000;
+                r.expires_at = "2026-01-02T01:00:00.000Z".into();
+            },
+            "expires_at",
+        ),
+        (
+            "expiry extended in the column only",
+            &approved,
+            base("approved", &two, None),
+            |r| r.expires_at_ms += 86_400_000,
+            "expires_at",
+        ),
+        (
+            "quorum lowered",
+            &pending,
+            base("pending", &one, None),
+            |r| r.requirements[0].quorum = 1,
+            "requirements",
+        ),
+        (
+            "an approver added",
+            &pending,
+            base("pending", &one, None),
+            |r| r.requirements[0].approvers.push("drafting_agent".into()),
+            "requirements",
+        ),
+        (
+            "a forged decision",
+            &pending,
+            base("pending", &one, None),
+            |r| {
+                r.decisions.push(Decision {
+                    approver: "admin:ops".into(),
+                    subject: None,
+                    decision: Verdict::Approve,
+                    reason: "forged".into(),
+                    at: "t".into(),
+                })
+            },
+            "decisions",
+        ),
+        (
+            "a decision's subject changed",
+            &pending,
+            base("pending", &one, None),
+            |r| r.decisions[0].subject = Some("https://idp#mallory".into()),
+            "decisions",
+        ),
+        (
+            "status forged to approved",
+            &pending,
+            base("pending", &one, None),
+            |r| r.status = ApprovalStatus::Approved,
+            "status",
+        ),
+        (
+            "a denial undone",
+            &denied,
+            base("denied", &and_denied, None),
+            |r| r.status = ApprovalStatus::Pending,
+            "status",
+        ),
+        (
+            "retargeted to another call's digest",
+            &approved,
+            base("approved", &two, None),
+            |r| r.call_digest = "d2".into(),
+            "call_digest",
+        ),
+        (
+            "the binding changed under the same digest",
+            &approved,
+            base("approved", &two, None),
+            |r| r.binding.arguments_sha256 = "a2".into(),
+            "binding",
+        ),
+        (
+            "another requester",
+            &pending,
+            base("pending", &one, None),
+            |r| r.requester.role_id = "filing_agent".into(),
+            "requester",
+        ),
+        (
+            "an id the log never requested",
+            &nothing,
+            base("approved", &two, None),
+            |_| {},
+            "approval_id",
+        ),
     ];
     for (what, evidence, mut store, edit, field) in rows {
         assert!(
@@ -269,7 +372,11 @@ fn every_edited_field_of_the_store_is_a_mismatch_naming_it() {
         );
         edit(&mut store);
         let found = evidence.compare(&store, NOW);
-        assert_eq!(found.clone().map_err(|m| m.field), Err(field), "{what}: {found:?}");
+        assert_eq!(
+            found.clone().map_err(|m| m.field),
+            Err(field),
+            "{what}: {found:?}"
+        );
         assert!(FIELDS.contains(&field));
     }
 }

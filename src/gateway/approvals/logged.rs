@@ -260,7 +260,8 @@ impl Gateway {
                     }
                     continue;
                 }
-                let gone_before = requested_ms.is_some_and(|at| covered < at.saturating_sub(fresh_ms));
+                let gone_before =
+                    requested_ms.is_some_and(|at| covered < at.saturating_sub(fresh_ms));
                 if covered < asked && !gone_before {
                     waiting.push(origin.clone());
                 }
