@@ -161,6 +161,8 @@ pub enum Reason {
     SafetyLockUnconfirmed,
     IdempotencyInFlight,
     ApprovalAttestationInvalid,
+    ApprovalStoreMismatch,
+    ApprovalEvidenceUnavailable,
 }
 
 /// The catalog entry of one reason.
@@ -182,7 +184,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in catalog order.
-    pub const ALL: [Reason; 84] = [
+    pub const ALL: [Reason; 86] = [
         Reason::RequestMalformed,
         Reason::ProtocolVersionUnsupported,
         Reason::OriginNotAllowed,
@@ -267,6 +269,8 @@ impl Reason {
         Reason::SafetyLockUnconfirmed,
         Reason::IdempotencyInFlight,
         Reason::ApprovalAttestationInvalid,
+        Reason::ApprovalStoreMismatch,
+        Reason::ApprovalEvidenceUnavailable,
     ];
 
     /// The stable snake_case code, as it appears in responses and the audit log.
@@ -356,6 +360,8 @@ impl Reason {
             Reason::BudgetExhausted => "budget_exhausted",
             Reason::CounterStateUnavailable => "counter_state_unavailable",
             Reason::ApprovalAttestationInvalid => "approval_attestation_invalid",
+            Reason::ApprovalStoreMismatch => "approval_store_mismatch",
+            Reason::ApprovalEvidenceUnavailable => "approval_evidence_unavailable",
         }
     }
 
@@ -1205,6 +1211,26 @@ impl Reason {
                     "the approval reads approved in the fleet's shared store but carries no valid decision attestation signed with the fleet key, so it is not used",
                     "the approval's row was edited in the cluster database (an insider without the fleet key), or the deciding sidecar has no or another --fleet-key-dir",
                     "request a new approval and have it decided; operators: check toolgate_approvals in the cluster database and give every sidecar the same fleet key",
+                ),
+                Reason::ApprovalStoreMismatch => (
+                    E::Denied,
+                    C::Approval,
+                    8,
+                    false,
+                    S::Critical,
+                    "the approval store disagrees with the audit log about this approval (details.field names what), so the store is not honoured: the log is the evidence of an approval's life",
+                    "approvals.db or the cluster database's toolgate_approvals was edited (status, expiry, approvers, use, call digest or quorum) by someone with access to it",
+                    "do not retry with this approval; request a new approval (call again without approval_id); operators: investigate the edit (toolgate_approval_store_mismatches_total) and compare the store with the audit log's approval events",
+                ),
+                Reason::ApprovalEvidenceUnavailable => (
+                    E::InternalError,
+                    C::Approval,
+                    8,
+                    true,
+                    S::Critical,
+                    "in a fleet, the audit hub did not hold every sidecar's audit log up to now within the bounded wait, so whether the approval was already used elsewhere is not proven and it is not used",
+                    "a sidecar's shipping to the audit hub lags, fails or stopped (details.waiting_for names the sidecars), or this sidecar's own shipping does",
+                    "retry later; operators: check each sidecar's toolgate_hub_ship_* metrics and its connection to the cluster database",
                 ),
             };
         ReasonInfo {

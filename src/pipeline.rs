@@ -631,14 +631,17 @@ impl Gateway {
                 || r.reason == Reason::Cancelled
                 || (call.retry_safe && r.diagnostic().retryable));
         // Likewise an approval: used up only once something may have reached the tool.
-        if captured.is_err()
-            && !call.executed
-            && let Some(approval_id) = &allowed.request.approval_id
-            && self.release_approval(approval_id, &call.call_id).await
-            && let Some(Value::Object(approval)) = &mut call.approval
-        {
-            approval.insert("released".into(), json!(true));
-        }
+        // The closing event says it is given back before the store takes it back (the
+        // log leads the store in what an approval allows: approvals::evidence).
+        let release = match &mut call.approval {
+            Some(Value::Object(approval))
+                if captured.is_err() && !call.executed && approval.contains_key("approved_by") =>
+            {
+                approval.insert("released".into(), json!(true));
+                allowed.request.approval_id.clone()
+            }
+            _ => None,
+        };
         // A prepared call is held (durably) before its response says so.
         let (captured, prepared) = match (captured, commit_token, &allowed.tool.phases) {
             (Ok(captured), Some(token), Some(phases)) => {
@@ -669,6 +672,12 @@ impl Gateway {
         let response = self
             .close_executed(call, &allowed, captured, prepared)
             .await;
+        if let Some(approval_id) = release
+            && response.audit_event_id.is_some()
+        {
+            // Recorded as given back: the agent's retry may run under it.
+            self.release_approval(&approval_id, &call_id).await;
+        }
         if held && response.status != Status::Success {
             // The caller was not told of the prepared call: nobody can commit it.
             self.abandon_prepared(&call_id).await;

@@ -1085,6 +1085,8 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::ApprovalLimitReached => StatusCode::TOO_MANY_REQUESTS,
         Reason::ApprovalStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         Reason::ApprovalAttestationInvalid => StatusCode::FORBIDDEN,
+        Reason::ApprovalStoreMismatch => StatusCode::FORBIDDEN,
+        Reason::ApprovalEvidenceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         Reason::ApprovalDenied
         | Reason::ApprovalExpired
         | Reason::ApprovalUsed

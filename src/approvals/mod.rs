@@ -20,6 +20,7 @@ use crate::diagnostic::Reason;
 use crate::policy::PolicyVersions;
 
 pub mod attestation;
+pub mod evidence;
 pub mod store;
 
 pub use store::{ApprovalBackend, ApprovalStore, StoreError};
@@ -184,12 +185,29 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// The key quorum counts: the approver, and with a JWT the subject too.
+    /// The approver as decisions are shown and attested: the approver, and with a JWT
+    /// the subject too (`role:attorney/https://idp#alice`).
     pub fn who(&self) -> String {
         match &self.subject {
             Some(s) => format!("{}/{s}", self.approver),
             None => self.approver.clone(),
         }
+    }
+
+    /// The person quorum counts: [`subject_key`] of this decision.
+    pub fn subject_key(&self) -> String {
+        subject_key(&self.approver, self.subject.as_deref())
+    }
+}
+
+/// Who decided, as quorum counts them: a JWT's subject (`iss#sub`) whatever approver
+/// role or admin it decided as, so one person whose token proves two approver roles
+/// counts once; without a JWT, the static credential itself (`role:<id>` or
+/// `admin:<id>`: each static token belongs to exactly one role or admin).
+pub fn subject_key(approver: &str, subject: Option<&str>) -> String {
+    match subject {
+        Some(s) => format!("subject:{s}"),
+        None => approver.to_string(),
     }
 }
 
@@ -227,9 +245,27 @@ pub struct ApprovalRecord {
     /// (`attestation`), verified by the sidecar that uses the approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attestation: Option<String>,
+    /// Set by the store when its row's own columns (which its conditional statements
+    /// act on) disagree with its record: the field, as `evidence::FIELDS` names it.
+    #[serde(skip)]
+    pub row_disagrees: Option<&'static str>,
 }
 
 impl ApprovalRecord {
+    /// Notes which of a row's columns, if any, disagree with its record.
+    pub fn check_row(mut self, status: &str, call_digest: &str, expires_at_ms: i64) -> Self {
+        self.row_disagrees = if status != self.status.as_str() {
+            Some("status")
+        } else if call_digest != self.call_digest {
+            Some("call_digest")
+        } else if expires_at_ms != self.expires_at_ms {
+            Some("expires_at")
+        } else {
+            None
+        };
+        self
+    }
+
     /// The status as of `now_ms`: a pending or approved approval past its expiry is
     /// expired even before the sweeper records it.
     pub fn status_at(&self, now_ms: i64) -> ApprovalStatus {
@@ -248,24 +284,9 @@ impl ApprovalRecord {
         value
     }
 
-    /// Whether every requirement has its quorum of distinct approvals.
+    /// Whether every requirement has its quorum of approvals by distinct subjects.
     pub fn quorum_met(&self) -> bool {
-        self.requirements.iter().all(|req| {
-            let mut approvers: Vec<String> = self
-                .decisions
-                .iter()
-                .filter(|d| d.decision == Verdict::Approve)
-                .filter(|d| {
-                    d.approver
-                        .split_once(':')
-                        .is_some_and(|(_, id)| req.approvers.iter().any(|a| a == id))
-                })
-                .map(Decision::who)
-                .collect();
-            approvers.sort();
-            approvers.dedup();
-            approvers.len() >= req.quorum as usize
-        })
+        quorum_met(&self.requirements, &self.decisions)
     }
 
     /// Which approver ids of the requirements could decide this approval.
@@ -274,6 +295,27 @@ impl ApprovalRecord {
             .iter()
             .any(|r| r.approvers.iter().any(|a| a == id))
     }
+}
+
+/// Whether `decisions` meet every requirement's quorum: per requirement, approvals by
+/// approvers it names, counted by distinct subject ([`subject_key`]): one person
+/// approving as two approver roles counts once.
+pub fn quorum_met(requirements: &[ApprovalRequirement], decisions: &[Decision]) -> bool {
+    requirements.iter().all(|req| {
+        let mut subjects: Vec<String> = decisions
+            .iter()
+            .filter(|d| d.decision == Verdict::Approve)
+            .filter(|d| {
+                d.approver
+                    .split_once(':')
+                    .is_some_and(|(_, id)| req.approvers.iter().any(|a| a == id))
+            })
+            .map(Decision::subject_key)
+            .collect();
+        subjects.sort();
+        subjects.dedup();
+        subjects.len() >= req.quorum as usize
+    })
 }
 
 /// Milliseconds since the Unix epoch.

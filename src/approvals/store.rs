@@ -168,30 +168,22 @@ impl ApprovalStore {
         })
     }
 
-    /// Removes an approval that was never announced (its request could not be
-    /// audited).
-    pub fn remove(&self, approval_id: &str) -> Result<(), StoreError> {
-        self.with(|c| {
-            c.execute(
-                "DELETE FROM approvals WHERE approval_id = ?1",
-                [approval_id],
-            )
-            .map_err(map)?;
-            Ok(())
-        })
-    }
-
+    /// The approval, with [`ApprovalRecord::row_disagrees`] set when the row's
+    /// columns disagree with its record.
     pub fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
         self.with(|c| {
-            let json: Option<String> = c
+            let row: Option<(String, String, i64, String)> = c
                 .query_row(
-                    "SELECT record FROM approvals WHERE approval_id = ?1",
+                    "SELECT status, call_digest, expires_at_ms, record FROM approvals WHERE approval_id = ?1",
                     [approval_id],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
                 )
                 .optional()
                 .map_err(map)?;
-            json.as_deref().map(decode).transpose()
+            row.map(|(status, digest, expires, json)| {
+                decode(&json).map(|r| r.check_row(&status, &digest, expires))
+            })
+            .transpose()
         })
     }
 
@@ -435,7 +427,6 @@ impl ApprovalStore {
 #[allow(clippy::type_complexity)]
 pub trait ApprovalBackend: Send + Sync {
     fn insert(&self, record: &ApprovalRecord) -> Result<(), StoreError>;
-    fn remove(&self, approval_id: &str) -> Result<(), StoreError>;
     fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError>;
     fn pending_for(
         &self,
@@ -492,9 +483,6 @@ pub trait ApprovalBackend: Send + Sync {
 impl ApprovalBackend for ApprovalStore {
     fn insert(&self, record: &ApprovalRecord) -> Result<(), StoreError> {
         ApprovalStore::insert(self, record)
-    }
-    fn remove(&self, approval_id: &str) -> Result<(), StoreError> {
-        ApprovalStore::remove(self, approval_id)
     }
     fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
         ApprovalStore::get(self, approval_id)

@@ -782,6 +782,10 @@ fn events_query(
                 .map(|t| t.as_str().to_string().into()),
         );
     }
+    if let Some(text) = &filter.contains {
+        sql.push_str(" AND instr(line, ?) > 0");
+        args.push(text.clone().into());
+    }
     // The time bounds become seq bounds (no index on ts); the ts conditions stay, so
     // a row out of order (a database edited by hand) is still never returned.
     if let Some(since) = filter.since {

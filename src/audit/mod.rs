@@ -429,6 +429,9 @@ pub struct EventFilter {
     /// At most this many, oldest first; 0: every matching event (for rebuilding state
     /// from a few event types; operators' reads should always set a limit).
     pub limit: usize,
+    /// Only events whose line holds this text (a prefilter: the caller still checks
+    /// the fields it means, e.g. an approval id under `details`).
+    pub contains: Option<String>,
 }
 
 /// An event as stored.

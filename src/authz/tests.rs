@@ -614,7 +614,7 @@ fn the_denial_matrix_holds_row_by_row() {
 
 /// Reasons of steps 2-8 that are decided outside this file (not pure: they need the
 /// clock or the file system), with where.
-const DECIDED_ELSEWHERE: [(Reason, &str); 27] = [
+const DECIDED_ELSEWHERE: [(Reason, &str); 29] = [
     (
         Reason::JwtMalformed,
         "identity::jwt verifies a bearer JWT before the decision (signature, claims, keys)",
@@ -714,6 +714,14 @@ const DECIDED_ELSEWHERE: [(Reason, &str); 27] = [
     (
         Reason::ApprovalAttestationInvalid,
         "the approval gate in pipeline.rs, after the pure decision (the fleet key's attestation, gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalStoreMismatch,
+        "the approval gate in pipeline.rs, after the pure decision (the store against the audit log's evidence, gateway::approvals)",
+    ),
+    (
+        Reason::ApprovalEvidenceUnavailable,
+        "the approval gate in pipeline.rs, after the pure decision (the audit hub's evidence in a fleet, gateway::approvals)",
     ),
     (
         Reason::BudgetExhausted,

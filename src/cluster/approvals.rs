@@ -127,32 +127,27 @@ impl ApprovalBackend for PgApprovals {
         })
     }
 
-    fn remove(&self, approval_id: &str) -> Result<(), StoreError> {
-        let id = approval_id.to_string();
-        self.wait(move |db| {
-            Box::pin(async move {
-                execute(
-                    &db,
-                    "DELETE FROM toolgate_approvals WHERE approval_id = $1",
-                    &[&id],
-                )
-                .await
-                .map(|_| ())
-            })
-        })
-    }
-
     fn get(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
         let id = approval_id.to_string();
         self.wait(move |db| {
             Box::pin(async move {
                 let rows = query(
                     &db,
-                    "SELECT record::text FROM toolgate_approvals WHERE approval_id = $1",
+                    "SELECT record::text, status, call_digest, expires_at_ms FROM toolgate_approvals WHERE approval_id = $1",
                     &[&id],
                 )
                 .await?;
-                Ok(decode_rows(&rows, 0)?.into_iter().next())
+                let Some(row) = rows.first() else {
+                    return Ok(None);
+                };
+                let record = decode_rows(&rows, 0)?.into_iter().next();
+                Ok(record.map(|r| {
+                    r.check_row(
+                        &row.get::<_, String>(1),
+                        &row.get::<_, String>(2),
+                        row.get::<_, i64>(3),
+                    )
+                }))
             })
         })
     }

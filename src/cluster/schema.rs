@@ -91,6 +91,8 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // 8: the runs each sidecar holds events of that the hub does not (`hub::tail`).
     crate::hub::tail::SCHEMA,
+    // 9: up to when the hub holds each sidecar's log (`hub::coverage`).
+    crate::hub::coverage::SCHEMA_COVERAGE,
 ];
 
 /// The schema version this binary writes and reads.

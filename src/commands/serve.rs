@@ -220,10 +220,12 @@ fn load_fleet_key(args: &ServeArgs) -> Result<Option<crate::audit::keys::SignerK
     }
 }
 
-/// The hub shipper and, with `--witness`, the fleet witness tasks' status.
+/// The hub shipper's status, with `--witness` the fleet witness tasks' status, and the
+/// hub's pool (where the gateway reads the fleet's approval evidence).
 type ShipperStarted = (
     crate::hub::ship::HubShipper,
     Option<Vec<Arc<crate::audit::witness::WitnessStatus>>>,
+    deadpool_postgres::Pool,
 );
 
 /// Starts shipping the audit log to the hub in the cluster database (items of
@@ -303,8 +305,9 @@ async fn start_shipper(
         }
     };
     Ok(Some((
-        crate::hub::ship::start(pool, audit.clone(), options),
+        crate::hub::ship::start(pool.clone(), audit.clone(), options),
         witnesses,
+        pool,
     )))
 }
 
@@ -604,7 +607,7 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         (Some(_), Some(key)) => gateway.with_fleet_key(Arc::new(key.clone())),
         _ => gateway,
     };
-    let gateway = match shadow {
+    let mut gateway = match shadow {
         Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
         None => gateway,
     };
@@ -621,9 +624,12 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         )
         .await
         {
-            Ok(Some((shipper, witnesses))) => {
+            Ok(Some((shipper, witnesses, pool))) => {
                 gateway.metrics.watch_shipper(shipper.status());
                 hub_shipper = Some(shipper);
+                // Approvals in this fleet are checked against the hub's evidence of the
+                // other sidecars' decisions and uses.
+                gateway = gateway.with_hub(pool, audit_origin.clone());
                 if let Some(witnesses) = witnesses {
                     gateway.metrics.watch_witnesses(witnesses);
                     fleet_witnessed = true;

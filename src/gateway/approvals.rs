@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::approvals::evidence::{Agreement, Mismatch};
 use crate::approvals::{
     self, ApprovalBackend, ApprovalRecord, ApprovalStatus, Binding, Decision, Requester,
     StoreError, Verdict,
@@ -21,6 +22,7 @@ use crate::audit::{EventFilter, EventType, NewEvent};
 use crate::call::ApprovalRequirement;
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, audit_refusal};
+use crate::identity::RunBinding;
 use crate::policy::Policy;
 use crate::requests::{DecideApproval, ListApprovals};
 
@@ -37,28 +39,38 @@ pub struct ApprovalRequest {
     pub event: NewEvent,
 }
 
+mod logged;
+pub(crate) use logged::HubLink;
+
 /// Who is reading or deciding: the principals a credential proves.
 struct Principal {
-    /// `admin:<id>` when the credential is an admin's.
+    /// `admin:<id>` when the credential is an admin's with full access.
     admin: Option<String>,
+    /// `admin:<id>` when the credential is an `access: audit_read` admin's: it reads
+    /// every approval and decides none.
+    auditor: Option<String>,
     /// The roles the credential proves.
     roles: Vec<String>,
     /// `issuer#subject` of a JWT credential.
     subject: Option<String>,
+    /// A run token's binding: it reads the approvals its role requested in its run
+    /// (an agent polling its own approval) and decides none.
+    run: Option<RunBinding>,
 }
 
 impl Principal {
-    fn is_admin(&self) -> bool {
-        self.admin.is_some()
-    }
-
-    /// May read this approval: an admin, an eligible approver, or the requester's role.
+    /// May read this approval: an admin (either access), an eligible approver, the
+    /// requester's role, or a run token of the requester's role in the approval's run.
     fn may_read(&self, record: &ApprovalRecord) -> bool {
-        self.is_admin()
+        self.admin.is_some()
+            || self.auditor.is_some()
             || self
                 .roles
                 .iter()
                 .any(|r| record.eligible(r) || *r == record.requester.role_id)
+            || self.run.as_ref().is_some_and(|run| {
+                run.role_id == record.requester.role_id && run.run_id == record.binding.run_id
+            })
     }
 }
 
@@ -189,9 +201,8 @@ impl Gateway {
             used_by_call_id: None,
             used_at: None,
             attestation: None,
+            row_disagrees: None,
         };
-        let stored = record.clone();
-        self.approval_store(move |s| s.insert(&stored)).await?;
         let mut event = request.event;
         event.details.insert(
             "approval".into(),
@@ -203,21 +214,23 @@ impl Gateway {
                 "requirements": record.requirements,
             }),
         );
+        // The log first: the store never holds an approval the log does not (a
+        // request whose store write then fails is never announced, and expires).
         if let Err(e) = self.audit.append(event).await {
-            // Never announced: the approval must not exist either.
-            let id = record.approval_id.clone();
-            let _ = self.approval_store(move |s| s.remove(&id)).await;
             return Err(Refusal::new(
                 Reason::AuditUnavailable,
                 format!("the audit log could not record the approval request: {e}"),
             ));
         }
+        let stored = record.clone();
+        self.approval_store(move |s| s.insert(&stored)).await?;
         Ok(self.fleet_sidecar(required(&record, false)))
     }
 
     /// The approval gate, with `approval_id`: the approval must be bound to this exact
-    /// call and approved; it is claimed for `call_id` (once: a concurrent retry finds
-    /// it used).
+    /// call and approved, by the audit log's evidence (not the store's word); it is
+    /// claimed for `call_id` in the store (once: a concurrent retry finds it used).
+    /// Returns the approval as the log has it (its logged decisions).
     pub async fn use_approval(
         &self,
         approval_id: &str,
@@ -229,7 +242,40 @@ impl Gateway {
             .approval_store(move |s| s.get(&id))
             .await?
             .ok_or_else(|| self.unknown_approval(approval_id))?;
-        if let Some((reason, field)) = record.binding.mismatch(binding) {
+        self.attested(&record)?;
+        // The evidence: the store is an index; the log says what was requested,
+        // granted, expired and used.
+        let checked = self.checked_approval(record).await?;
+        let record = checked.record;
+        self.attested(&record)?;
+        let now = approvals::now_ms();
+        let logged = match (&checked.evidence, checked.agreement) {
+            (Some(_), Err(mismatch)) => return Err(self.store_mismatch(approval_id, mismatch)),
+            (Some(_), Ok(Agreement::Behind)) => return Err(not_usable(&record, now)),
+            (Some(evidence), Ok(Agreement::Same)) => evidence.record(&record, now),
+            (None, _) => {
+                // A fleet without the hub: the other sidecars' logs cannot be read
+                // here, this one's can (its own uses).
+                let own = self
+                    .own_approval_evidence(approval_id, &record.binding.run_id)
+                    .await?;
+                if let Some(used_by) = own.used_by()
+                    && record.used_by_call_id.as_deref() != Some(used_by)
+                {
+                    return Err(self.store_mismatch(
+                        approval_id,
+                        Mismatch {
+                            field: "status",
+                            store: json!({"status": record.status_at(now), "used_by_call_id": record.used_by_call_id}),
+                            log: json!({"status": ApprovalStatus::Used, "used_by_call_id": used_by}),
+                        },
+                    ));
+                }
+                record.clone()
+            }
+        };
+        // The call must be the one the approval was requested for.
+        if let Some((reason, field)) = logged.binding.mismatch(binding) {
             return Err(Refusal::new(
                 reason,
                 format!(
@@ -238,59 +284,29 @@ impl Gateway {
             )
             .with_details(json!({ "approval_id": approval_id, "mismatch": field })));
         }
-        // The store is an index, open to whoever holds the data directory: the call
-        // itself must hash to the digest the approval was requested and granted for.
         let digest = binding.digest();
-        if record.call_digest != digest || record.binding.digest() != digest {
-            return Err(Refusal::new(
-                Reason::ApprovalStoreUnavailable,
-                format!(
-                    "approval `{approval_id}` in the approval store does not hash to this call; it is not used"
-                ),
-            )
-            .with_details(json!({ "approval_id": approval_id })));
+        if logged.call_digest != digest || logged.binding.digest() != digest {
+            return Err(self.store_mismatch(
+                approval_id,
+                Mismatch {
+                    field: "call_digest",
+                    store: json!(logged.call_digest),
+                    log: json!(digest),
+                },
+            ));
         }
+        if logged.status_at(now) != ApprovalStatus::Approved {
+            return Err(not_usable(&logged, now));
+        }
+        // The reads took time: the expiry is checked as of the claim.
         let now = approvals::now_ms();
-        let claimed = match record.status_at(now) {
-            ApprovalStatus::Approved => {
-                // The store is an index; the signed audit log is the evidence. A grant
-                // the log does not hold (an edited approvals.db) is not honoured. In a
-                // fleet the grants are in the deciding sidecars' logs, not necessarily
-                // this one's: the cluster database (no data directory can edit it) is
-                // the record, and the hub reconciles (docs/deployment.md).
-                let shared = self.approvals.shared();
-                if !shared && !self.grants_in_log(&record, &digest).await? {
-                    return Err(Refusal::new(
-                        Reason::ApprovalStoreUnavailable,
-                        format!(
-                            "approval `{approval_id}` is approved in the approval store but the audit log does not hold approvals meeting its quorum; it is not used"
-                        ),
-                    )
-                    .with_details(json!({ "approval_id": approval_id })));
-                }
-                if shared
-                    && let Some(key) = self.fleet_key()
-                    && let Err(why) = approvals::attestation::verify(&record, &key.verifier)
-                {
-                    return Err(Refusal::new(
-                        Reason::ApprovalAttestationInvalid,
-                        format!(
-                            "approval `{approval_id}` reads approved in the cluster database but {why}: it is not used"
-                        ),
-                    )
-                    .with_details(json!({ "approval_id": approval_id })));
-                }
-                // The log scan took time: the expiry is checked as of the claim.
-                let now = approvals::now_ms();
-                let (id, call) = (approval_id.to_string(), call_id.to_string());
-                let used_at = approvals::rfc3339_ms(now);
-                self.approval_store(move |s| s.claim(&id, &call, now, &used_at))
-                    .await?
-            }
-            _ => false,
-        };
+        let (id, call) = (approval_id.to_string(), call_id.to_string());
+        let used_at = approvals::rfc3339_ms(now);
+        let claimed = self
+            .approval_store(move |s| s.claim(&id, &call, now, &used_at))
+            .await?;
         if claimed {
-            return Ok(record);
+            return Ok(logged);
         }
         // Not claimable: say why, as of now (a lost race reads `used`).
         let id = approval_id.to_string();
@@ -299,6 +315,54 @@ impl Gateway {
             .await?
             .ok_or_else(|| self.unknown_approval(approval_id))?;
         Err(not_usable(&record, approvals::now_ms()))
+    }
+
+    /// A fleet's shared row says approved only with the deciding sidecar's fleet-key
+    /// signature over its id, digest, approvers and expiry.
+    fn attested(&self, record: &ApprovalRecord) -> Result<(), Refusal> {
+        let approval_id = &record.approval_id;
+        if self.approvals.shared()
+            && record.status_at(approvals::now_ms()) == ApprovalStatus::Approved
+            && let Some(key) = self.fleet_key()
+            && let Err(why) = approvals::attestation::verify(record, &key.verifier)
+        {
+            return Err(Refusal::new(
+                Reason::ApprovalAttestationInvalid,
+                format!(
+                    "approval `{approval_id}` reads approved in the cluster database but {why}: it is not used"
+                ),
+            )
+            .with_details(json!({ "approval_id": approval_id })));
+        }
+        Ok(())
+    }
+
+    /// The refusal of a store that disagrees with the audit log about an approval,
+    /// counted by field (`toolgate_approval_store_mismatches_total`).
+    fn store_mismatch(&self, approval_id: &str, mismatch: Mismatch) -> Refusal {
+        self.metrics.count_approval_store_mismatch(mismatch.field);
+        tracing::error!(
+            approval_id,
+            field = mismatch.field,
+            store = %mismatch.store,
+            log = %mismatch.log,
+            "the approval store disagrees with the audit log: the store is not honoured"
+        );
+        self.fleet_sidecar(
+            Refusal::new(
+                Reason::ApprovalStoreMismatch,
+                format!(
+                    "approval `{approval_id}`: the approval store's {} disagrees with the audit log; the store is not honoured",
+                    mismatch.field
+                ),
+            )
+            .with_details(json!({
+                "approval_id": approval_id,
+                "field": mismatch.field,
+                "store": mismatch.store,
+                "log": mismatch.log,
+            })),
+        )
     }
 
     /// Gives back the approval a call claimed when nothing reached the tool (refused
@@ -312,23 +376,47 @@ impl Gateway {
             .unwrap_or(false)
     }
 
-    /// The principals a credential proves (admin, roles, JWT subject), or why none.
-    fn principal(&self, policy: &Policy, token: Option<&str>) -> Result<Principal, Refusal> {
+    /// The principals a credential proves (admin of either access, roles, JWT
+    /// subject, a run token's binding), or why none. In a fleet a run token is read
+    /// from the cluster database first.
+    async fn principal(&self, policy: &Policy, token: Option<&str>) -> Result<Principal, Refusal> {
+        if let Some(t) = token
+            && crate::identity::RunTokenStore::hash_of(t).is_some()
+        {
+            self.fleet_refresh(token, None).await?;
+            return match self.run_binding(t) {
+                Some(Ok(run)) => Ok(Principal {
+                    admin: None,
+                    auditor: None,
+                    roles: Vec::new(),
+                    subject: None,
+                    run: Some(run),
+                }),
+                Some(Err(refusal)) => Err(refusal),
+                None => Err(Refusal::new(
+                    Reason::CredentialInvalid,
+                    "the bearer token is not a valid run token",
+                )),
+            };
+        }
         let subject = token
             .and_then(|t| self.jwt.cached(policy, t))
             .and_then(Result::ok)
             .and_then(|identity| approvals::subject_of(&identity.caller_json()));
-        let admin = self
-            .admin_of(policy, token)
-            .ok()
-            .map(|a| format!("admin:{}", a.admin_id));
+        let (admin, auditor) = match self.auditor_of(policy, token) {
+            Ok(a) if a.access == crate::policy::AdminAccess::Full => {
+                (Some(format!("admin:{}", a.admin_id)), None)
+            }
+            Ok(a) => (None, Some(format!("admin:{}", a.admin_id))),
+            Err(_) => (None, None),
+        };
         let roles: Vec<String> = policy
             .roles
             .keys()
             .filter(|role_id| self.role_of(policy, role_id, token).is_ok())
             .cloned()
             .collect();
-        if admin.is_none() && roles.is_empty() {
+        if admin.is_none() && auditor.is_none() && roles.is_empty() {
             self.verify_any(token)?;
             return Err(Refusal::new(
                 Reason::CredentialInvalid,
@@ -337,8 +425,10 @@ impl Gateway {
         }
         Ok(Principal {
             admin,
+            auditor,
             roles,
             subject,
+            run: None,
         })
     }
 
@@ -350,7 +440,7 @@ impl Gateway {
         query: Result<ListApprovals, Refusal>,
     ) -> Result<Value, Refusal> {
         let loaded = self.current();
-        let principal = self.principal(&loaded.policy, token)?;
+        let principal = self.principal(&loaded.policy, token).await?;
         let ListApprovals {
             status,
             run_id,
@@ -404,7 +494,7 @@ impl Gateway {
         approval_id: &str,
     ) -> Result<Value, Refusal> {
         let loaded = self.current();
-        let principal = self.principal(&loaded.policy, token)?;
+        let principal = self.principal(&loaded.policy, token).await?;
         if !crate::call::is_approval_id(approval_id) {
             return Err(self.unknown_approval(approval_id));
         }
@@ -424,9 +514,11 @@ impl Gateway {
     }
 
     /// `POST /v1/approvals/{id}/decision`: an approver named by the approval approves
-    /// or denies it, with a reason. Never the requester itself; each approver once.
-    /// The decision is audited (`approval_granted` / `approval_denied`) before it
-    /// takes effect.
+    /// or denies it, with a reason. Never the requester itself; each subject once.
+    /// Who may decide, whether it is still pending and who already decided are read
+    /// from the audit log's evidence, not from the store (an edited store is refused,
+    /// `approval_store_mismatch`). The decision is audited (`approval_granted` /
+    /// `approval_denied`) before it takes effect.
     pub async fn decide_approval(
         &self,
         token: Option<&str>,
@@ -434,17 +526,55 @@ impl Gateway {
         request: Result<DecideApproval, Refusal>,
     ) -> Result<Value, Refusal> {
         let loaded = self.current();
-        let principal = self.principal(&loaded.policy, token)?;
+        let principal = self.principal(&loaded.policy, token).await?;
+        if principal.admin.is_none() && principal.roles.is_empty() {
+            // Authenticated, but a credential that never decides.
+            return Err(match (&principal.auditor, &principal.run) {
+                (Some(auditor), _) => Refusal::new(
+                    Reason::CredentialInvalid,
+                    format!(
+                        "{auditor} has `access: audit_read`: it reads approvals but never decides one; deciding needs an approver's credential (an admin with full access or a role the approval names)"
+                    ),
+                )
+                .with_details(json!({ "access": "audit_read", "needs": "full" })),
+                (None, Some(run)) => Refusal::new(
+                    Reason::CredentialInvalid,
+                    format!(
+                        "run token `{}` may read the approvals its role requested in run `{}` but never decides one; deciding needs an approver's credential",
+                        run.token_id, run.run_id
+                    ),
+                )
+                .with_details(json!({ "credential": "run_token", "needs": "approver" })),
+                (None, None) => Refusal::new(
+                    Reason::CredentialInvalid,
+                    "the bearer token is not a known credential",
+                ),
+            });
+        }
         let DecideApproval { decision, reason } = request?;
         if !crate::call::is_approval_id(approval_id) {
             return Err(self.unknown_approval(approval_id));
         }
         let _one_at_a_time = self.approval_changes.lock().await;
         let id = approval_id.to_string();
-        let record = self
+        let stored = self
             .approval_store(move |s| s.get(&id))
             .await?
             .ok_or_else(|| self.unknown_approval(approval_id))?;
+        // The approval as the log has it: who may decide, who asked, who decided.
+        let checked = self.checked_approval(stored).await?;
+        let evidence = checked.evidence;
+        let now = approvals::now_ms();
+        let record = match (&evidence, checked.agreement) {
+            (Some(_), Err(mismatch)) => {
+                let refusal = self.store_mismatch(approval_id, mismatch);
+                return Err(self
+                    .refused_decision(&checked.record, &principal, decision, refusal)
+                    .await);
+            }
+            (Some(evidence), Ok(_)) => evidence.record(&checked.record, now),
+            (None, _) => checked.record,
+        };
         // Who decides: an eligible admin, else an eligible role the credential proves.
         let admin = principal
             .admin
@@ -487,7 +617,6 @@ impl Gateway {
                 .refused_decision(&record, &principal, decision, refusal)
                 .await);
         }
-        let now = approvals::now_ms();
         match record.status_at(now) {
             ApprovalStatus::Pending => {}
             ApprovalStatus::Expired => return Err(not_usable(&record, now)),
@@ -509,12 +638,21 @@ impl Gateway {
             reason,
             at: approvals::rfc3339_ms(now),
         };
-        if record.decisions.iter().any(|d| d.who() == vote.who()) {
+        // Each subject once, whichever approver role it decides as: one person whose
+        // token proves two approver roles is one approver.
+        let already = match &evidence {
+            Some(evidence) => evidence.decided_by(&vote.approver, vote.subject.as_deref()),
+            None => record
+                .decisions
+                .iter()
+                .any(|d| d.subject_key() == vote.subject_key()),
+        };
+        if already {
             return Err(Refusal::new(
                 Reason::ApprovalAlreadyDecided,
                 format!(
-                    "{} already decided approval `{approval_id}`; each approver counts once",
-                    vote.approver
+                    "{} already decided approval `{approval_id}`; each approver counts once, whichever approver role it decides as",
+                    vote.who()
                 ),
             )
             .with_details(json!({ "approval_id": approval_id, "status": "pending" })));
@@ -528,6 +666,7 @@ impl Gateway {
         };
         // In a fleet with a fleet key, the grant is signed: the sidecar that uses it
         // checks the signature, not only the shared row.
+        decided.attestation = None;
         if decided.status == ApprovalStatus::Approved
             && let Some(key) = self.fleet_key()
         {
@@ -640,50 +779,6 @@ impl Gateway {
             Ok(_) => refusal,
             Err(e) => audit_refusal(e),
         }
-    }
-
-    /// Whether the audit log holds what `record` claims, for the call whose digest is
-    /// `digest`: its `approval_requested` for that digest, and `approval_granted`
-    /// events for that digest meeting the quorum the request logged (not the one the
-    /// store holds now).
-    async fn grants_in_log(&self, record: &ApprovalRecord, digest: &str) -> Result<bool, Refusal> {
-        let events = self
-            .audit
-            .events(EventFilter {
-                run_id: Some(record.binding.run_id.clone()),
-                event_types: vec![EventType::ApprovalRequested, EventType::ApprovalGranted],
-                ..EventFilter::default()
-            })
-            .await
-            .map_err(audit_refusal)?;
-        let id = json!(record.approval_id);
-        let requested = events.iter().find_map(|e| {
-            let approval = &e.value["details"]["approval"];
-            (e.value["type"] == "approval_requested"
-                && approval["approval_id"] == id
-                && approval["call_digest"] == json!(digest))
-            .then(|| serde_json::from_value(approval["requirements"].clone()).ok())
-            .flatten()
-        });
-        let Some(requirements) = requested else {
-            return Ok(false);
-        };
-        let mut from_log = record.clone();
-        from_log.requirements = requirements;
-        from_log.decisions = events
-            .iter()
-            .filter(|e| e.value["type"] == "approval_granted")
-            .map(|e| &e.value["details"])
-            .filter(|d| d["approval_id"] == id && d["call_digest"] == json!(digest))
-            .map(|d| Decision {
-                approver: d["by"].as_str().unwrap_or_default().to_string(),
-                subject: d["subject"].as_str().map(str::to_string),
-                decision: Verdict::Approve,
-                reason: String::new(),
-                at: String::new(),
-            })
-            .collect();
-        Ok(from_log.quorum_met())
     }
 
     /// Whether the audit log already holds the `approval_expired` of `record`.

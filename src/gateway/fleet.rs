@@ -126,6 +126,14 @@ impl Gateway {
         self
     }
 
+    /// Reads the other sidecars' approval decisions and uses from the audit hub
+    /// (`pool`), where this sidecar ships its own log under `origin`
+    /// (`gateway::approvals`, "evidence").
+    pub fn with_hub(mut self, pool: deadpool_postgres::Pool, origin: String) -> Gateway {
+        self.hub = Some(super::approvals::HubLink { pool, origin });
+        self
+    }
+
     /// The fleet key, when this sidecar has one.
     pub fn fleet_key(&self) -> Option<&crate::audit::keys::SignerKey> {
         self.fleet_key.as_deref()

@@ -197,10 +197,11 @@ pub struct Gateway {
     cluster: Option<Arc<crate::cluster::ClusterDb>>,
     /// The fleet key (`serve --fleet-key-dir`): signs and checks approval decisions.
     fleet_key: Option<Arc<crate::audit::keys::SignerKey>>,
-    /// Cancelled when a shutdown's drain time has run out: every call still running
-    /// stops as if its caller had gone, and closes as `cancelled` before the log does.
-    /// Calls wait on it beside their own cancellation (a child token per call would
-    /// take this token's lock twice a call).
+    /// The audit hub, where the other sidecars' approval decisions and uses are read.
+    hub: Option<approvals::HubLink>,
+    /// Cancelled when a shutdown's drain time has run out: every call still running stops
+    /// as if its caller had gone and closes as `cancelled` before the log does (calls wait
+    /// on it beside their own cancellation: a child token per call would lock it twice).
     shutdown: tokio_util::sync::CancellationToken,
 }
 
@@ -251,6 +252,7 @@ impl Gateway {
             counters,
             cluster: None,
             fleet_key: None,
+            hub: None,
             shutdown: tokio_util::sync::CancellationToken::new(),
         })
     }

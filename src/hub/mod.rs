@@ -11,6 +11,9 @@
 //! - [`tail`]: which runs a sidecar holds events of that the hub does not have yet
 //!   (`hub_unshipped`), marked before they are appended, so a fleet export knows.
 //! - [`fleet`]: `audit verify --cluster-db` and `audit export --cluster-db --run`.
+//! - [`coverage`]: up to when the hub holds each sidecar's log (recorded by the
+//!   shippers), and the lines that name an approval: a sidecar's evidence of the other
+//!   sidecars' decisions and uses of an approval.
 //! - [`witness`]: `serve --witness` in a fleet: the fleet checkpoint submitted to the
 //!   witnesses, their cosignatures stored in the hub.
 //!
@@ -33,8 +36,11 @@
 //!
 //! INVARIANT: only the hub knows the hub's tables; ingest writes nothing unless every
 //! check passed (one transaction, rolled back on any refusal); the sidecar's local log
-//! is written first and the hub never sits on a call's path.
+//! is written first and the hub never sits on a call's path, but for one read: a retry
+//! under an approval (and a decision on one) reads the other sidecars' evidence of that
+//! approval in the hub ([`coverage`]), bounded, and refuses when it is not there in time.
 
+pub mod coverage;
 pub mod fleet;
 pub mod ship;
 pub mod tail;

@@ -14,6 +14,9 @@
 //!   commits, as the audit log reports them.
 //! - `policy_info{roles, lanes, registry, ...}` and `safety_lock_engaged`: state read
 //!   at scrape time.
+//! - `approval_store_mismatches_total{field}`: approvals whose store disagreed with the
+//!   audit log (`approval_store_mismatch`), by the first field that differed (a fixed
+//!   set: `approvals::evidence::FIELDS`).
 //! - `ship_delivered_total{sink}`, `ship_failures_total{sink}`, `ship_lag_events{sink}`,
 //!   `ship_skipped_events_total{sink}`,
 //!   `ship_lag_seconds{sink}`: `serve --ship` sinks (the sink label is the spec the
@@ -66,6 +69,11 @@ struct ToolLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SinkLabels {
     sink: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MismatchLabels {
+    field: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -164,6 +172,7 @@ pub struct Metrics {
     audit_append: Family<AppendLabels, Histogram>,
     audit_batch_events: Histogram,
     audit_batch_commit: Histogram,
+    approval_store_mismatches: Family<MismatchLabels, Counter>,
     /// Serializes scrapes (each builds its scrape-time families afresh).
     scrape: Mutex<()>,
     /// The witnesses' and the hub shipper's progress, read at scrape time.
@@ -268,6 +277,12 @@ impl Metrics {
             Unit::Seconds,
             audit_batch_commit.clone(),
         );
+        let approval_store_mismatches = Family::<MismatchLabels, Counter>::default();
+        registry.register(
+            "approval_store_mismatches",
+            "Approvals refused because the approval store disagreed with the audit log, by the field that differed",
+            approval_store_mismatches.clone(),
+        );
         let ship = ShipFamilies::default();
         registry.register(
             "ship_delivered",
@@ -307,6 +322,7 @@ impl Metrics {
             audit_append,
             audit_batch_events,
             audit_batch_commit,
+            approval_store_mismatches,
             scrape: Mutex::new(()),
             audit_remote: std::sync::RwLock::new(AuditRemote::default()),
         }
@@ -345,13 +361,21 @@ impl Metrics {
         }
     }
 
-    /// Counts a call in flight until the returned guard is dropped.
+    /// Counts an approval refused with `approval_store_mismatch`, by the field of the
+    /// store that disagreed with the audit log (one of a fixed set).
+    pub fn count_approval_store_mismatch(&self, field: &'static str) {
+        self.approval_store_mismatches
+            .get_or_create(&MismatchLabels { field })
+            .inc();
+    }
+
     /// Counts a call refused unrecorded (the audit log at the admin half of its
     /// reserve; see `capacity::RECORDED_REFUSALS_FLOOR`).
     pub fn count_unrecorded(&self) {
         self.unrecorded.inc();
     }
 
+    /// Counts a call in flight until the returned guard is dropped.
     pub fn in_flight(&self) -> InFlight<'_> {
         self.in_flight.inc();
         InFlight(&self.in_flight)

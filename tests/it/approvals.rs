@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 pub(crate) const SUPERVISOR: &str = "demo-supervisor";
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     fs::create_dir_all(to).unwrap();
     for entry in fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
@@ -32,6 +32,12 @@ fn copy_dir(from: &Path, to: &Path) {
 /// `drafting_agent` (to try self-approval), the admin `ops` and `supervisor`, with
 /// `quorum` and `ttl_s`, and its `/body` argument redacted.
 pub(crate) fn approval_policy(dir: &Path, quorum: u32, ttl_s: u64) -> Start {
+    approval_policy_with(dir, "[drafting_agent, ops, supervisor]", quorum, ttl_s)
+}
+
+/// [`approval_policy`] with `approvers` (a YAML flow list) as `draft_document`'s
+/// approvers.
+pub(crate) fn approval_policy_with(dir: &Path, approvers: &str, quorum: u32, ttl_s: u64) -> Start {
     let policy = dir.join("policy");
     let tools = dir.join("tools");
     copy_dir(&repo().join("policy"), &policy);
@@ -44,7 +50,7 @@ pub(crate) fn approval_policy(dir: &Path, quorum: u32, ttl_s: u64) -> Start {
         "draft_document's write_targets line moved"
     );
     let block = format!(
-        "    approval: {{required: true, approvers: [drafting_agent, ops, supervisor], quorum: {quorum}, ttl_s: {ttl_s}}}\n    redaction: {{mode: fields, pointers: [/body]}}\n"
+        "    approval: {{required: true, approvers: {approvers}, quorum: {quorum}, ttl_s: {ttl_s}}}\n    redaction: {{mode: fields, pointers: [/body]}}\n"
     );
     fs::write(
         &registry,
@@ -114,13 +120,13 @@ pub(crate) fn decide(
     )
 }
 
-fn events(server: &Server) -> Vec<Value> {
+pub(crate) fn events(server: &Server) -> Vec<Value> {
     let (code, body) = server.get("/v1/audit/events?limit=1000", Some(ADMIN));
     assert_eq!(code, 200, "{body}");
     body["events"].as_array().unwrap().clone()
 }
 
-fn of_type<'a>(events: &'a [Value], kind: &str, approval_id: &str) -> Vec<&'a Value> {
+pub(crate) fn of_type<'a>(events: &'a [Value], kind: &str, approval_id: &str) -> Vec<&'a Value> {
     events
         .iter()
         .filter(|e| e["type"] == kind)
@@ -132,7 +138,7 @@ fn of_type<'a>(events: &'a [Value], kind: &str, approval_id: &str) -> Vec<&'a Va
 }
 
 /// Stops the server and checks the log it left with `toolgate audit verify`.
-fn stop_and_verify(server: Server) -> PathBuf {
+pub(crate) fn stop_and_verify(server: Server) -> PathBuf {
     let db = server.db();
     assert!(server.stop().success());
     let out = std::process::Command::new(BIN)
@@ -977,11 +983,9 @@ fn an_insider_editing_the_approval_store_cannot_grant() {
     let (_, shown) = server.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
     assert_eq!(shown["status"], "approved", "the edit took: {shown}");
     let (code, refused) = send(&server, &with_approval(&call, &id));
-    assert_eq!(code, 503, "{refused}");
-    assert_eq!(
-        refused["diagnostic"]["reason"],
-        "approval_store_unavailable"
-    );
+    assert_eq!(code, 403, "{refused}");
+    assert_eq!(refused["diagnostic"]["reason"], "approval_store_mismatch");
+    assert_eq!(refused["diagnostic"]["details"]["field"], "decisions");
     let all = events(&server);
     assert!(
         of_type(&all, "tool_requested", &id).is_empty(),
@@ -1036,11 +1040,12 @@ fn an_insider_cannot_retarget_a_granted_approval_or_lower_its_quorum() {
         .unwrap();
     assert_eq!(changed, 1);
     let (code, refused) = send(&server, &with_approval(&other_call, &granted));
-    assert_eq!(code, 503, "{refused}");
+    assert_eq!(code, 403, "{refused}");
     assert_eq!(
-        refused["diagnostic"]["reason"], "approval_store_unavailable",
+        refused["diagnostic"]["reason"], "approval_store_mismatch",
         "{refused}"
     );
+    assert_eq!(refused["diagnostic"]["details"]["field"], "call_digest");
 
     // A quorum lowered to one: the other call's approval, granted once, and marked
     // approved in the store.
@@ -1058,11 +1063,12 @@ fn an_insider_cannot_retarget_a_granted_approval_or_lower_its_quorum() {
     assert_eq!(changed, 1);
     drop(conn);
     let (code, refused) = send(&server, &with_approval(&other_call, &other));
-    assert_eq!(code, 503, "{refused}");
+    assert_eq!(code, 403, "{refused}");
     assert_eq!(
-        refused["diagnostic"]["reason"], "approval_store_unavailable",
+        refused["diagnostic"]["reason"], "approval_store_mismatch",
         "{refused}"
     );
+    assert_eq!(refused["diagnostic"]["details"]["field"], "requirements");
     let all = events(&server);
     assert!(
         all.iter()

@@ -1,8 +1,13 @@
 //! Approvals shared by a fleet (real PostgreSQL, real sidecars), the insider cases:
 //! two sidecars' sweepers racing for one expiry write exactly one `approval_expired`,
 //! and a row edited to `approved` in PostgreSQL without the fleet key is refused on the
-//! retry with a structured reason. Also: the approvals list reads the same on SQLite
-//! and on PostgreSQL (one query built for both).
+//! retry with a structured reason. With sidecars that ship to the audit hub (issue
+//! 38): a used approval's row restored to its pre-use state with its original, valid
+//! attestation is refused through either sidecar (the use is in the logs); an expired
+//! one extended is refused (the attestation covers the expiry); edited approvers let
+//! no drafting agent decide; and a sidecar that stopped without shipping holds the
+//! approvals it could have used (fail closed). Also: the approvals list reads the same
+//! on SQLite and on PostgreSQL (one query built for both).
 
 use std::path::Path;
 use std::time::Duration;
@@ -10,10 +15,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::approvals::{
-    SUPERVISOR, approval_policy, decide, draft_call, request, send, with_approval,
+    SUPERVISOR, approval_policy, approval_policy_with, decide, draft_call, request, send,
+    with_approval,
 };
 use crate::common::postgres::Postgres;
-use crate::common::{self, ADMIN, Server};
+use crate::common::{self, ADMIN, BIN, Server, Start, token};
+use crate::fleet_audit::{fleet_key, origin};
 
 fn events(server: &Server, run: &str, kind: &str) -> Vec<Value> {
     let (code, page) = server.get(
@@ -246,4 +253,231 @@ fn the_approvals_list_reads_the_same_on_sqlite_and_on_postgresql() {
     assert_eq!(row("approved", "oldest", false), "a3:approved");
     assert_eq!(row("used", "newest", true), "a1:used");
     assert_eq!(row("expired", "oldest", false), "");
+}
+
+/// A sidecar of the fleet on `pg` that ships its audit log to the hub under `name`'s
+/// origin, with `start`'s policy and the fleet key in `fleet`.
+fn shipping(pg: &Postgres, start: Start, name: &str, fleet: &Path) -> Server {
+    let mut start = start;
+    // Beside the policy, so the log outlives the server (`stop_and_verify`).
+    start.data_dir = start
+        .policy_dir
+        .parent()
+        .map(|dir| dir.join(format!("var-{name}")));
+    start.args = vec![
+        "--cluster-db".into(),
+        pg.url(),
+        "--fleet-key-dir".into(),
+        fleet.display().to_string(),
+        "--audit-origin".into(),
+        origin(name),
+        "--hub-ship-interval-ms".into(),
+        "100".into(),
+    ];
+    Server::start_with(start)
+}
+
+/// Stops a sidecar and checks the log it left with `toolgate audit verify`.
+fn stop_and_verify(server: Server) {
+    let db = server.db();
+    assert!(server.stop().success());
+    let out = std::process::Command::new(BIN)
+        .args(["audit", "verify", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "audit verify failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The `approval_store_mismatch` refusal; returns the field it names.
+fn mismatch(code: u16, body: &Value) -> String {
+    assert_eq!(
+        (code, reason(body)),
+        (403, "approval_store_mismatch"),
+        "{body}"
+    );
+    assert_eq!(body["diagnostic"]["retryable"], false, "{body}");
+    body["diagnostic"]["details"]["field"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Issue 38, finding 2 in a fleet: an approval decided through B (which attests it)
+/// and used through A; an insider restores its row to the state before the use, with
+/// the original, validly signed attestation. Through A (its own log holds the use) and
+/// through B (the hub holds A's use) the retry is refused, and it ran once.
+#[test]
+fn a_used_approval_row_restored_with_its_attestation_is_refused_through_either_sidecar() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (fleet_dir, _) = fleet_key(tmp.path());
+    let (a, b) = (
+        shipping(&pg, approval_policy(tmp.path(), 1, 600), "a", &fleet_dir),
+        shipping(&pg, approval_policy(tmp.path(), 1, 600), "b", &fleet_dir),
+    );
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&a, &call);
+    let (code, body) = decide(&b, Some(SUPERVISOR), &id, "approve", "checked");
+    assert_eq!((code, &body["status"]), (200, &json!("approved")), "{body}");
+    let before_use = pg.psql(&format!(
+        "SELECT record::text FROM toolgate_approvals WHERE approval_id = '{id}'"
+    ));
+    assert!(before_use.contains("\"attestation\""), "{before_use}");
+    let (code, body) = send(&a, &with_approval(&call, &id));
+    assert_eq!(code, 200, "{body}");
+
+    pg.psql(&format!(
+        "UPDATE toolgate_approvals SET status = 'approved', record = $${before_use}$$::jsonb WHERE approval_id = '{id}'"
+    ));
+    let (code, shown) = b.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
+    assert_eq!(
+        (code, &shown["status"]),
+        (200, &json!("approved")),
+        "{shown}"
+    );
+    for server in [&a, &b] {
+        let (code, refused) = send(server, &with_approval(&call, &id));
+        assert_eq!(mismatch(code, &refused), "status");
+        assert_eq!(refused["diagnostic"]["details"]["log"]["status"], "used");
+    }
+    let executed =
+        events(&a, &run, "tool_executed").len() + events(&b, &run, "tool_executed").len();
+    assert_eq!(executed, 1);
+    stop_and_verify(a);
+    stop_and_verify(b);
+}
+
+/// Issue 38, finding 3 in a fleet: an approval that expired is set approved again with
+/// a later expiry in the cluster database; its attestation covers the expiry, so the
+/// retry through either sidecar is refused.
+#[test]
+fn an_expired_approval_extended_in_the_cluster_database_is_refused() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (fleet_dir, _) = fleet_key(tmp.path());
+    let (a, b) = (
+        shipping(&pg, approval_policy(tmp.path(), 1, 3), "a", &fleet_dir),
+        shipping(&pg, approval_policy(tmp.path(), 1, 3), "b", &fleet_dir),
+    );
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&a, &call);
+    let (code, body) = decide(&b, Some(SUPERVISOR), &id, "approve", "checked");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        common::poll_until(Duration::from_secs(30), || {
+            events(&a, &run, "approval_expired").len() + events(&b, &run, "approval_expired").len()
+                == 1
+        }),
+        "the approval never expired"
+    );
+    pg.psql(&format!(
+        "UPDATE toolgate_approvals SET status = 'approved', \
+         expires_at_ms = (extract(epoch FROM now()) * 1000)::bigint + 3600000, \
+         record = record || jsonb_build_object('status', 'approved', \
+           'expires_at_ms', (extract(epoch FROM now()) * 1000)::bigint + 3600000, \
+           'expires_at', to_char((now() + interval '1 hour') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')) \
+         WHERE approval_id = '{id}'"
+    ));
+    let (code, shown) = a.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
+    assert_eq!(
+        (code, &shown["status"]),
+        (200, &json!("approved")),
+        "{shown}"
+    );
+    for server in [&a, &b] {
+        let (code, refused) = send(server, &with_approval(&call, &id));
+        assert_eq!(
+            (code, reason(&refused)),
+            (403, "approval_attestation_invalid"),
+            "{refused}"
+        );
+    }
+    assert!(events(&a, &run, "tool_executed").is_empty());
+    assert!(events(&b, &run, "tool_executed").is_empty());
+    stop_and_verify(a);
+    stop_and_verify(b);
+}
+
+/// Issue 38, finding 2's last part in a fleet: the approvers of a pending approval
+/// edited in the cluster database to name the drafting agent; its decision through the
+/// other sidecar is checked against the requirements the requester's log holds (read
+/// from the hub) and refused.
+#[test]
+fn edited_approvers_in_the_cluster_database_let_no_drafting_agent_decide() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (fleet_dir, _) = fleet_key(tmp.path());
+    let policy = || approval_policy_with(tmp.path(), "[ops, attorney]", 1, 600);
+    let (a, b) = (
+        shipping(&pg, policy(), "a", &fleet_dir),
+        shipping(&pg, policy(), "b", &fleet_dir),
+    );
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let mut call = draft_call(&run, "Motion");
+    call["role_id"] = json!("supervisor");
+    let id = request(&a, &call);
+    pg.psql(&format!(
+        "UPDATE toolgate_approvals SET record = jsonb_set(record, '{{requirements,0,approvers}}', \
+         '[\"attorney\", \"drafting_agent\", \"ops\"]') WHERE approval_id = '{id}'"
+    ));
+    let (code, refused) = decide(&b, Some(&token("drafting_agent")), &id, "approve", "fine");
+    assert_eq!(mismatch(code, &refused), "requirements");
+    assert!(events(&b, &run, "approval_granted").is_empty());
+    assert_eq!(events(&b, &run, "approval_decision_refused").len(), 1);
+    let (_, shown) = a.get(&format!("/v1/approvals/{id}"), Some(ADMIN));
+    assert_eq!(shown["status"], "pending", "{shown}");
+    stop_and_verify(a);
+    stop_and_verify(b);
+}
+
+/// A sidecar that stopped without a word (killed) could hold an unshipped use of any
+/// approval requested while it ran: the other sidecars wait for the hub within their
+/// bound, then refuse (`approval_evidence_unavailable`, retryable) rather than guess
+/// "unused".
+#[test]
+fn a_sidecar_gone_without_shipping_holds_the_approvals_it_could_have_used() {
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (fleet_dir, _) = fleet_key(tmp.path());
+    let (a, b, c) = (
+        shipping(&pg, approval_policy(tmp.path(), 1, 600), "a", &fleet_dir),
+        shipping(&pg, approval_policy(tmp.path(), 1, 600), "b", &fleet_dir),
+        shipping(&pg, approval_policy(tmp.path(), 1, 600), "c", &fleet_dir),
+    );
+    let c_origin = origin("c");
+    let registered = || {
+        pg.psql(&format!(
+            "SELECT count(*) FROM hub_logs WHERE origin = '{c_origin}' AND size > 0"
+        )) == "1"
+    };
+    assert!(common::poll_until(Duration::from_secs(30), registered));
+    c.kill9();
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let call = draft_call(&run, "Motion");
+    let id = request(&a, &call);
+    let started = std::time::Instant::now();
+    let (code, refused) = decide(&b, Some(SUPERVISOR), &id, "approve", "checked");
+    assert_eq!(
+        (code, reason(&refused)),
+        (503, "approval_evidence_unavailable"),
+        "{refused}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "it did not wait"
+    );
+    let d = &refused["diagnostic"];
+    assert_eq!(d["retryable"], true, "{refused}");
+    assert_eq!(d["details"]["waiting_for"], json!([c_origin]), "{refused}");
+    assert!(events(&b, &run, "approval_granted").is_empty());
+    stop_and_verify(a);
+    stop_and_verify(b);
 }

@@ -21,21 +21,21 @@ use serde_json::{Value, json};
 use crate::common::{self, ADMIN, Server, Start};
 use crate::mcp_support as support;
 
-const ISSUER: &str = "https://idp.lab.test";
-const AUDIENCE: &str = "toolgate-lab";
+pub(crate) const ISSUER: &str = "https://idp.lab.test";
+pub(crate) const AUDIENCE: &str = "toolgate-lab";
 
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(common::repo().join("tests/fixtures/jwt").join(name)).unwrap()
 }
 
 /// A fixture signing key: its encoding key, algorithm and kid.
-struct SigningKey {
+pub(crate) struct SigningKey {
     key: EncodingKey,
     alg: Algorithm,
     kid: &'static str,
 }
 
-fn rsa1() -> SigningKey {
+pub(crate) fn rsa1() -> SigningKey {
     SigningKey {
         key: EncodingKey::from_rsa_pem(&fixture("rsa1.pem")).unwrap(),
         alg: Algorithm::RS256,
@@ -76,7 +76,7 @@ fn public_jwk(key: &SigningKey) -> Value {
     value
 }
 
-fn jwks(keys: &[SigningKey]) -> String {
+pub(crate) fn jwks(keys: &[SigningKey]) -> String {
     json!({ "keys": keys.iter().map(public_jwk).collect::<Vec<_>>() }).to_string()
 }
 
@@ -88,7 +88,7 @@ fn now() -> i64 {
 }
 
 /// Claims of a valid drafter token; `edit` changes them.
-fn claims(subject: &str) -> Value {
+pub(crate) fn claims(subject: &str) -> Value {
     json!({
         "iss": ISSUER,
         "aud": AUDIENCE,
@@ -100,7 +100,7 @@ fn claims(subject: &str) -> Value {
     })
 }
 
-fn sign(key: &SigningKey, claims: &Value) -> String {
+pub(crate) fn sign(key: &SigningKey, claims: &Value) -> String {
     let mut header = Header::new(key.alg);
     header.kid = Some(key.kid.to_string());
     jsonwebtoken::encode(&header, claims, &key.key).unwrap()
@@ -112,7 +112,7 @@ fn b64(bytes: &[u8]) -> String {
 
 /// What the local key-set server answers.
 #[derive(Clone)]
-enum Jwks {
+pub(crate) enum Jwks {
     Serve(String),
     /// Closes every connection without an answer.
     Down,
@@ -124,14 +124,14 @@ enum Jwks {
 }
 
 /// A small real HTTP server for one JWK Set, on 127.0.0.1.
-struct JwksServer {
-    url: String,
+pub(crate) struct JwksServer {
+    pub(crate) url: String,
     mode: Arc<Mutex<Jwks>>,
     hits: Arc<Mutex<u32>>,
 }
 
 impl JwksServer {
-    fn start(mode: Jwks) -> JwksServer {
+    pub(crate) fn start(mode: Jwks) -> JwksServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
         let mode = Arc::new(Mutex::new(mode));

@@ -12,6 +12,7 @@ mod mcp_support;
 
 mod adapters;
 mod approvals;
+mod approvals_insider;
 mod architecture;
 mod audit_crash;
 mod audit_export;

@@ -156,6 +156,17 @@ impl Court {
         Court { child, host, agent }
     }
 
+    /// Every filing the court holds.
+    pub(crate) fn filings(&self) -> Vec<Value> {
+        let mut resp = self
+            .agent
+            .get(format!("http://{}/filings", self.host))
+            .call()
+            .unwrap();
+        let body: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+        body["filings"].as_array().cloned().unwrap_or_default()
+    }
+
     fn filing(&self, filing_id: &str) -> Value {
         let mut resp = self
             .agent

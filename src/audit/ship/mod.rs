@@ -472,6 +472,7 @@ impl Sink {
                     since: None,
                     until: None,
                     limit: BATCH_EVENTS,
+                    contains: None,
                 };
                 let events = match self.log.events(filter).await {
                     Ok(events) if !events.is_empty() => events,

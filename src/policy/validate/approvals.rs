@@ -164,6 +164,18 @@ pub(super) fn check_approvers(
         .iter()
         .map(|a| a.value.admin_id.value.as_str())
         .collect();
+    // An `access: audit_read` admin only reads: it can never decide an approval.
+    let read_only_admins: BTreeSet<&str> = roles
+        .admins
+        .iter()
+        .filter(|a| {
+            a.value
+                .access
+                .as_ref()
+                .is_some_and(|access| access.value == "audit_read")
+        })
+        .map(|a| a.value.admin_id.value.as_str())
+        .collect();
     let lanes = lanes_raw
         .into_iter()
         .flat_map(|l| &l.lanes)
@@ -196,6 +208,14 @@ pub(super) fn check_approvers(
                     approver,
                     format!("{owner}: approver `{id}` is neither a role nor an admin"),
                     "name a role_id or an admin_id of roles.yaml (identity-provider claims: a role with a `jwt` credential)",
+                ),
+                (false, true) if read_only_admins.contains(id) => report.spanned(
+                    file,
+                    approver,
+                    format!(
+                        "{owner}: approver `{id}` is an admin with `access: audit_read`, which can never decide an approval"
+                    ),
+                    "name an admin with full access or a role; an `audit_read` admin only reads the audit trail",
                 ),
                 _ => {}
             }

@@ -112,6 +112,7 @@ pub struct Server {
 const MAX_LOG_LINES: usize = 10_000;
 
 /// How to start a server.
+#[derive(Clone)]
 pub struct Start {
     pub policy_dir: PathBuf,
     pub tools: PathBuf,
