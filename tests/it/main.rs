@@ -35,6 +35,7 @@ mod fleet_claims;
 mod fleet_export_offline;
 mod gateway;
 mod hostile;
+mod http_adapter;
 mod identity;
 mod jwt;
 mod lab;
