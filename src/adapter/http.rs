@@ -13,7 +13,9 @@
 use std::time::Duration;
 
 use bytes::BytesMut;
-use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER, USER_AGENT};
+use hyper::header::{
+    ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER, USER_AGENT,
+};
 use hyper::http::uri::{Authority, Scheme};
 use hyper::{StatusCode, Uri};
 use serde_json::Value;
@@ -24,15 +26,15 @@ use super::{
     ExecContext, ExecError, SettingProblem, output_hard_cap, parse_output, strings_with_pointers,
     truncate, unsafe_argument,
 };
+use crate::canonical::to_canonical_bytes;
 use crate::diagnostic::Reason;
+use crate::diagnostic::Refusal;
+use crate::outbound::error_chain;
+use crate::policy::Tool;
 use crate::policy::template::{
     PlaceholderSource, Template, TemplatePart, encode_component, parse_url_template,
 };
 use crate::policy::{HttpBody, HttpMethod, HttpRequestModel};
-use crate::canonical::to_canonical_bytes;
-use crate::diagnostic::Refusal;
-use crate::outbound::error_chain;
-use crate::policy::Tool;
 
 /// How long connecting may take before the upstream counts as down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -793,9 +795,18 @@ fn expected_matches(url: &reqwest::Url, text: &str) -> Result<(), String> {
 /// Maps an upstream's answer: 2xx JSON (or text as `{"text": ...}`), 3xx never followed,
 /// 429 retryable with its `Retry-After`, other 4xx the tool's error, 5xx the upstream
 /// down.
-async fn map_answer(label: &str, answer: Answer, ctx: &ExecContext<'_>) -> Result<Value, ExecError> {
+async fn map_answer(
+    label: &str,
+    answer: Answer,
+    ctx: &ExecContext<'_>,
+) -> Result<Value, ExecError> {
     let status = answer.status;
-    let excerpt = || truncate(String::from_utf8_lossy(&answer.body).trim(), ERROR_BODY_BYTES);
+    let excerpt = || {
+        truncate(
+            String::from_utf8_lossy(&answer.body).trim(),
+            ERROR_BODY_BYTES,
+        )
+    };
     if status.is_success() {
         let content_type = answer
             .headers

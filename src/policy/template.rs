@@ -59,7 +59,9 @@ impl Template {
                 return Err("a `}` without its `{`".to_string());
             }
             let after = &rest[i + 1..];
-            let Some(end) = after.find(['{', '}']).filter(|&j| after[j..].starts_with('}'))
+            let Some(end) = after
+                .find(['{', '}'])
+                .filter(|&j| after[j..].starts_with('}'))
             else {
                 return Err("a `{` without its `}`".to_string());
             };
@@ -191,7 +193,10 @@ mod tests {
 
     #[test]
     fn encoding_keeps_only_unreserved() {
-        assert_eq!(encode_component("a/b?c#d@e\\f %"), "a%2Fb%3Fc%23d%40e%5Cf%20%25");
+        assert_eq!(
+            encode_component("a/b?c#d@e\\f %"),
+            "a%2Fb%3Fc%23d%40e%5Cf%20%25"
+        );
         assert_eq!(encode_component("\u{e9}"), "%C3%A9");
         assert_eq!(encode_component("A-z_0.9~"), "A-z_0.9~");
     }

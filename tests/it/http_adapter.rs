@@ -237,15 +237,21 @@ async fn each_method_sends_its_path_query_headers_and_body() {
         ),
         (
             "replace_item",
-            format!("method: PUT, url: \"http://{addr}/items/{{args.id}}\", {hosts}, body: arguments"),
+            format!(
+                "method: PUT, url: \"http://{addr}/items/{{args.id}}\", {hosts}, body: arguments"
+            ),
         ),
         (
             "patch_item",
-            format!("method: PATCH, url: \"http://{addr}/items/{{args.id}}\", {hosts}, headers: {{content-type: application/merge-patch+json}}"),
+            format!(
+                "method: PATCH, url: \"http://{addr}/items/{{args.id}}\", {hosts}, headers: {{content-type: application/merge-patch+json}}"
+            ),
         ),
         (
             "delete_item",
-            format!("method: DELETE, url: \"http://{addr}/items/{{run.scope.matter_id}}/{{args.id}}\", {hosts}"),
+            format!(
+                "method: DELETE, url: \"http://{addr}/items/{{run.scope.matter_id}}/{{args.id}}\", {hosts}"
+            ),
         ),
     ]);
     let scope = json!({"tenant": "north", "matter_id": "M-7", "other": "kept back"});
@@ -280,16 +286,26 @@ async fn each_method_sends_its_path_query_headers_and_body() {
         .await
         .unwrap();
     let seen = log.lock().unwrap().last().cloned().unwrap();
-    assert_eq!((seen.method.as_str(), seen.target.as_str()), ("POST", "/items"));
+    assert_eq!(
+        (seen.method.as_str(), seen.target.as_str()),
+        ("POST", "/items")
+    );
     assert_eq!(serde_json::from_slice::<Value>(&seen.body).unwrap(), args);
     assert_eq!(seen.header("content-type"), Some("application/json"));
     assert_eq!(seen.header("toolgate-scope"), None, "forwarding is opt-in");
 
-    gate.call("replace_item", json!({"id": 42, "name": "w"}), scope.clone())
-        .await
-        .unwrap();
+    gate.call(
+        "replace_item",
+        json!({"id": 42, "name": "w"}),
+        scope.clone(),
+    )
+    .await
+    .unwrap();
     let seen = log.lock().unwrap().last().cloned().unwrap();
-    assert_eq!((seen.method.as_str(), seen.target.as_str()), ("PUT", "/items/42"));
+    assert_eq!(
+        (seen.method.as_str(), seen.target.as_str()),
+        ("PUT", "/items/42")
+    );
     assert_eq!(
         serde_json::from_slice::<Value>(&seen.body).unwrap(),
         json!({"id": 42, "name": "w"})
@@ -299,7 +315,10 @@ async fn each_method_sends_its_path_query_headers_and_body() {
         .await
         .unwrap();
     let seen = log.lock().unwrap().last().cloned().unwrap();
-    assert_eq!((seen.method.as_str(), seen.target.as_str()), ("PATCH", "/items/a"));
+    assert_eq!(
+        (seen.method.as_str(), seen.target.as_str()),
+        ("PATCH", "/items/a")
+    );
     assert_eq!(
         seen.header("content-type"),
         Some("application/merge-patch+json")
@@ -418,15 +437,18 @@ fn percent_decode(s: &str) -> String {
 #[tokio::test]
 async fn answers_are_mapped_and_redirects_are_not_followed() {
     let (addr, log) = start_upstream().await;
-    let gate = Gate::new(&[(
-        "get",
-        format!(
-            "method: GET, url: \"http://{addr}/{{args.path}}/{{args.code}}\", allowed_hosts: [\"{addr}\"]"
+    let gate = Gate::new(&[
+        (
+            "get",
+            format!(
+                "method: GET, url: \"http://{addr}/{{args.path}}/{{args.code}}\", allowed_hosts: [\"{addr}\"]"
+            ),
         ),
-    ), (
-        "text",
-        format!("method: GET, url: \"http://{addr}/text\", allowed_hosts: [\"{addr}\"]"),
-    )]);
+        (
+            "text",
+            format!("method: GET, url: \"http://{addr}/text\", allowed_hosts: [\"{addr}\"]"),
+        ),
+    ]);
     let out = gate.call("text", json!({}), json!({})).await.unwrap();
     assert_eq!(out, json!({"text": "plain words"}));
 
@@ -442,7 +464,11 @@ async fn answers_are_mapped_and_redirects_are_not_followed() {
     let message = r.details["tool_error"].as_str().unwrap();
     assert!(message.contains("evil.example"), "{message}");
     assert!(message.contains("not followed"), "{message}");
-    assert_eq!(log.lock().unwrap().len(), sent + 1, "the redirect was not followed");
+    assert_eq!(
+        log.lock().unwrap().len(),
+        sent + 1,
+        "the redirect was not followed"
+    );
 
     let r = gate.call("get", status(404), json!({})).await.unwrap_err();
     assert_eq!(r.reason, Reason::ToolError, "{r:?}");
@@ -478,7 +504,10 @@ fn bad_http_settings_are_refused_at_load_with_a_position() {
             format!("url: \"http://127.0.0.1:9/{{input.f}}\", {ok}"),
             "is not `{args.NAME}`",
         ),
-        (format!("url: \"http://127.0.0.1:9/{{args.f\", {ok}"), "without its"),
+        (
+            format!("url: \"http://127.0.0.1:9/{{args.f\", {ok}"),
+            "without its",
+        ),
         (
             format!("url: \"http://127.0.0.1:9/\", {ok}, method: TRACE"),
             "method",
@@ -509,16 +538,13 @@ fn bad_http_settings_are_refused_at_load_with_a_position() {
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let problems = load(dir.path(), &[("t", adapter.clone())])
-            .expect_err(&format!("{adapter} loaded"));
+        let problems =
+            load(dir.path(), &[("t", adapter.clone())]).expect_err(&format!("{adapter} loaded"));
         let problem = problems
             .iter()
             .find(|p| p.message.contains(expected))
             .unwrap_or_else(|| panic!("{adapter}: no `{expected}` in {problems:?}"));
-        assert!(
-            problem.file.ends_with("tool_registry.yaml"),
-            "{problem:?}"
-        );
+        assert!(problem.file.ends_with("tool_registry.yaml"), "{problem:?}");
         assert!(
             problem.line.is_some() && problem.column.is_some(),
             "{adapter}: {problem:?}"

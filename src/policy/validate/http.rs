@@ -104,10 +104,7 @@ pub(super) fn check_http_request(
             report.spanned(
                 file,
                 value,
-                format!(
-                    "{owner}: `{}` is not a header name",
-                    name.escape_debug()
-                ),
+                format!("{owner}: `{}` is not a header name", name.escape_debug()),
                 "a header name is letters, digits and `-`",
             );
         } else if MANAGED_HEADERS.contains(&lower.as_str()) {
@@ -133,7 +130,11 @@ pub(super) fn check_http_request(
                 "header values are printable ASCII on one line",
             );
         }
-        if model.headers.insert(lower.clone(), value.value.clone()).is_some() {
+        if model
+            .headers
+            .insert(lower.clone(), value.value.clone())
+            .is_some()
+        {
             report.spanned(
                 file,
                 value,
