@@ -89,7 +89,8 @@ pub use phases::{MAX_TOKEN_BYTES, Phase, PhaseOutcome, PhaseRunner, take_token};
 pub enum Adapter {
     Builtin(builtin::BuiltinAdapter),
     Command(command::CommandAdapter),
-    Http(http::HttpAdapter),
+    /// Boxed: its request model makes it the largest adapter by far.
+    Http(Box<http::HttpAdapter>),
     Mcp(mcp::McpAdapter),
     /// An adapter kind this build cannot execute: the tool loads, and every call to
     /// it fails with `adapter_not_implemented`.
@@ -192,7 +193,8 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                 url,
                 allowed_hosts,
                 request,
-            } => http::HttpAdapter::build(url, allowed_hosts, request).map(Adapter::Http),
+            } => http::HttpAdapter::build(url, allowed_hosts, request)
+                .map(|h| Adapter::Http(Box::new(h))),
             AdapterConfig::Mcp {
                 tool: upstream_tool,
                 ..
