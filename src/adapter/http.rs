@@ -13,19 +13,28 @@
 use std::time::Duration;
 
 use bytes::BytesMut;
-use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderValue, USER_AGENT};
+use hyper::header::{
+    ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER, USER_AGENT,
+};
 use hyper::http::uri::{Authority, Scheme};
 use hyper::{StatusCode, Uri};
 use serde_json::Value;
+
+use serde_json::{Map, json};
 
 use super::{
     ExecContext, ExecError, SettingProblem, output_hard_cap, parse_output, strings_with_pointers,
     truncate, unsafe_argument,
 };
 use crate::canonical::to_canonical_bytes;
+use crate::diagnostic::Reason;
 use crate::diagnostic::Refusal;
 use crate::outbound::error_chain;
 use crate::policy::Tool;
+use crate::policy::template::{
+    PlaceholderSource, Template, TemplatePart, encode_component, parse_url_template,
+};
+use crate::policy::{HttpBody, HttpMethod, HttpRequestModel};
 
 /// How long connecting may take before the upstream counts as down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -33,6 +42,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const ERROR_BODY_BYTES: usize = 1024;
 /// Idle pooled connections are closed after this long.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An upstream's answer, read in full (up to the cap).
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Vec<u8>,
+}
+
+/// `work`, or `ExecError::Timeout` at the call's deadline (dropping the work aborts the
+/// request and its connection).
+async fn within<T>(
+    ctx: &ExecContext<'_>,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, ExecError> {
+    tokio::time::timeout_at(ctx.deadline, work)
+        .await
+        .map_err(|_| ExecError::Timeout)
+}
 
 /// One allowed host, `host` (any port) or `host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,9 +281,31 @@ impl Upstream {
         }
         let request = request.body(to_canonical_bytes(body));
 
+        let answer = self.exchange(request, ctx, cap).await?;
+        if answer.status.is_success() {
+            // Parsed within the deadline (a large answer on the blocking pool).
+            return within(ctx, parse_output(answer.body)).await?.map_err(|e| {
+                ExecError::OutputNotJson(format!(
+                    "upstream `{}` answered {} with a body that is not one json value: {e}",
+                    self.label, answer.status
+                ))
+            });
+        }
+        Err(self.failure(answer.status, &answer.body))
+    }
+
+    /// Sends `request` and reads its answer (status, headers, body up to `cap` bytes),
+    /// within `ctx.deadline`.
+    async fn exchange(
+        &self,
+        request: reqwest::RequestBuilder,
+        ctx: &ExecContext<'_>,
+        cap: usize,
+    ) -> Result<Answer, ExecError> {
         let exchange = async {
             let mut response = request.send().await.map_err(|e| self.request_error(e))?;
             let status = response.status();
+            let headers = response.headers().clone();
             let too_large = || {
                 ExecError::Failed(format!(
                     "upstream `{}` answered more than {cap} bytes",
@@ -285,22 +334,13 @@ impl Upstream {
                     }
                 }
             }
-            if status.is_success() {
-                // Parsed within the deadline (a large answer on the blocking pool).
-                return parse_output(Vec::from(bytes.freeze())).await.map_err(|e| {
-                    ExecError::OutputNotJson(format!(
-                        "upstream `{}` answered {status} with a body that is not one json value: {e}",
-                        self.label
-                    ))
-                });
-            }
-            Err(self.failure(status, &bytes))
+            Ok(Answer {
+                status,
+                headers,
+                body: Vec::from(bytes.freeze()),
+            })
         };
-        match tokio::time::timeout_at(ctx.deadline, exchange).await {
-            Ok(result) => result,
-            // Dropping the exchange future aborts the request and its connection.
-            Err(_) => Err(ExecError::Timeout),
-        }
+        within(ctx, exchange).await?
     }
 
     fn request_error(&self, e: reqwest::Error) -> ExecError {
@@ -467,19 +507,180 @@ fn reference_problem(reference: &str, allowed: &HostAllowlist) -> Option<String>
     }
 }
 
-/// The http adapter of one tool.
+/// The value of the `Toolgate-Scope` header.
+const SCOPE_HEADER: &str = "toolgate-scope";
+
+/// Template-expansion failure: nothing was sent.
+fn nothing_sent(problem: String) -> ExecError {
+    ExecError::Failed(format!("{problem}; nothing was sent"))
+}
+
+/// The http adapter of one tool: its URL template, request model and upstream.
 #[derive(Debug)]
 pub struct HttpAdapter {
     upstream: Upstream,
+    template: Template,
+    query: Vec<(String, Template)>,
+    headers: HeaderMap,
+    request: HttpRequestModel,
+    method: reqwest::Method,
 }
 
 impl HttpAdapter {
-    pub(super) fn build(url: &str, allowed_hosts: &[String]) -> Result<Self, Vec<SettingProblem>> {
-        Upstream::build(url, allowed_hosts).map(|upstream| HttpAdapter { upstream })
+    pub(super) fn build(
+        url: &str,
+        allowed_hosts: &[String],
+        request: &HttpRequestModel,
+    ) -> Result<Self, Vec<SettingProblem>> {
+        let template = parse_url_template(url)
+            .map_err(|e| vec![SettingProblem::new(format!("url `{url}`: {e}"))])?;
+        // The URL's shape is checked with every placeholder standing for one plain
+        // segment; the client must read its path and query exactly as written, so an
+        // expanded URL can be compared with what was built.
+        let sample = template.sample("x");
+        let upstream = Upstream::build(&sample, allowed_hosts)?;
+        let mut problems = Vec::new();
+        if let Err(e) = expected_matches(&upstream.url, &sample) {
+            problems.push(
+                SettingProblem::new(format!("url `{url}` is read differently by the http client: {e}"))
+                    .help("percent-encode the url's fixed text (RFC 3986) and write no `.` or `..` segment"),
+            );
+        }
+        let mut query = Vec::new();
+        for (name, value) in &request.query {
+            match Template::parse(value) {
+                Ok(t) => query.push((name.clone(), t)),
+                Err(e) => problems.push(SettingProblem::new(format!("query `{name}`: {e}"))),
+            }
+        }
+        let mut headers = HeaderMap::new();
+        for (name, value) in &request.headers {
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                (Ok(n), Ok(v)) => {
+                    headers.insert(n, v);
+                }
+                _ => problems.push(SettingProblem::new(format!(
+                    "header `{name}` is not a valid header"
+                ))),
+            }
+        }
+        let method = match request.method {
+            HttpMethod::Get => reqwest::Method::GET,
+            HttpMethod::Post => reqwest::Method::POST,
+            HttpMethod::Put => reqwest::Method::PUT,
+            HttpMethod::Patch => reqwest::Method::PATCH,
+            HttpMethod::Delete => reqwest::Method::DELETE,
+        };
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(HttpAdapter {
+            upstream,
+            template,
+            query,
+            headers,
+            request: request.clone(),
+            method,
+        })
     }
 
-    pub(super) fn validate(&self, arguments: &Value) -> Result<(), Refusal> {
-        check_url_arguments(arguments, self.upstream.allowed())
+    pub(super) fn validate(
+        &self,
+        arguments: &Value,
+        scope: &Map<String, Value>,
+    ) -> Result<(), Refusal> {
+        check_url_arguments(arguments, self.upstream.allowed())?;
+        match self.expand(arguments, scope) {
+            Ok(_) => Ok(()),
+            Err(ExecError::ArgumentUnsafe { pointer, problem }) => {
+                Err(unsafe_argument(&pointer, &problem))
+            }
+            Err(ExecError::Failed(m)) => Err(Refusal::new(
+                Reason::ArgumentUnsafe,
+                format!("the tool's url cannot be made from the arguments: {m}"),
+            )
+            .with_details(json!({ "location": "arguments", "pointer": "", "problem": m }))),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// The request URL: the template with every placeholder's value percent-encoded,
+    /// then the `query` parameters. Checked against the allowlist, and against the
+    /// client's own reading of it (the path and query it sends are the ones built).
+    fn expand(
+        &self,
+        arguments: &Value,
+        scope: &Map<String, Value>,
+    ) -> Result<reqwest::Url, ExecError> {
+        let mut text = String::new();
+        for part in &self.template.parts {
+            match part {
+                TemplatePart::Literal(s) => text.push_str(s),
+                TemplatePart::Placeholder { .. } => match lookup(part, arguments, scope)? {
+                    Some(v) => text.push_str(&encode_component(&v)),
+                    None => {
+                        return Err(nothing_sent(format!(
+                            "placeholder `{{{}}}` of the url has no value",
+                            placeholder_name(part)
+                        )));
+                    }
+                },
+            }
+        }
+        let mut pairs = Vec::new();
+        for (name, template) in &self.query {
+            let mut value = String::new();
+            let mut missing = false;
+            for part in &template.parts {
+                match part {
+                    TemplatePart::Literal(s) => value.push_str(s),
+                    TemplatePart::Placeholder { .. } => match lookup(part, arguments, scope)? {
+                        Some(v) => value.push_str(&v),
+                        None => missing = true,
+                    },
+                }
+            }
+            if missing {
+                if template.parts.len() == 1 {
+                    // `name: "{args.x}"` with no `x`: the parameter is left out.
+                    continue;
+                }
+                return Err(nothing_sent(format!(
+                    "query parameter `{name}` has a placeholder without a value"
+                )));
+            }
+            pairs.push(format!(
+                "{}={}",
+                encode_component(name),
+                encode_component(&value)
+            ));
+        }
+        if !pairs.is_empty() {
+            text.push(if text.contains('?') { '&' } else { '?' });
+            text.push_str(&pairs.join("&"));
+        }
+        let url = reqwest::Url::parse(&text)
+            .map_err(|e| nothing_sent(format!("the expanded url does not parse: {e}")))?;
+        // INVARIANT: the host and port are the template's (no value can change them),
+        // and in the allowlist; the path and query are exactly the ones built (no value
+        // made a dot segment the client would remove).
+        let same_origin = url.host_str() == self.upstream.url.host_str()
+            && url.port_or_known_default() == self.upstream.url.port_or_known_default()
+            && url.scheme() == self.upstream.url.scheme();
+        if !same_origin || !self.upstream.allowed.allows_url(&url) {
+            return Err(nothing_sent(
+                "the expanded url points at another host".to_string(),
+            ));
+        }
+        expected_matches(&url, &text).map_err(|e| {
+            nothing_sent(format!(
+                "a value would change the url's path (a `.` or `..` segment): {e}"
+            ))
+        })?;
+        Ok(url)
     }
 
     pub(super) async fn execute(
@@ -488,10 +689,211 @@ impl HttpAdapter {
         arguments: &Value,
         ctx: ExecContext<'_>,
     ) -> Result<Value, ExecError> {
-        self.upstream
-            .post_json(arguments, &ctx, output_hard_cap(tool))
-            .await
+        if self.request.is_default() && !self.template.has_placeholders() {
+            // Today's adapter: a JSON POST of the arguments to a fixed URL.
+            return self
+                .upstream
+                .post_json(arguments, &ctx, output_hard_cap(tool))
+                .await;
+        }
+        let url = self.expand(arguments, ctx.scope)?;
+        let label = &self.upstream.label;
+        let mut request = self
+            .upstream
+            .client
+            .request(self.method.clone(), url)
+            .header(ACCEPT, "application/json")
+            .header(USER_AGENT, concat!("toolgate/", env!("CARGO_PKG_VERSION")));
+        for (name, value) in [
+            ("x-toolgate-call-id", ctx.call_id),
+            ("x-toolgate-run-id", ctx.run_id),
+        ] {
+            if let Ok(v) = HeaderValue::from_str(value) {
+                request = request.header(name, v);
+            }
+        }
+        if !self.request.forward_scope.is_empty() {
+            let forwarded: Map<String, Value> = self
+                .request
+                .forward_scope
+                .iter()
+                .filter_map(|k| ctx.scope.get(k).map(|v| (k.clone(), v.clone())))
+                .collect();
+            let value = HeaderValue::from_bytes(&to_canonical_bytes(&Value::Object(forwarded)))
+                .map_err(|_| nothing_sent("the forwarded scope is not a header value".into()))?;
+            request = request.header(SCOPE_HEADER, value);
+        }
+        if self.request.body == HttpBody::Arguments {
+            request = request
+                .header(CONTENT_TYPE, "application/json")
+                .body(to_canonical_bytes(arguments));
+        }
+        // The registry's headers last: they may set `accept` and `content-type`.
+        request = request.headers(self.headers.clone());
+        let answer = self
+            .upstream
+            .exchange(request, &ctx, output_hard_cap(tool))
+            .await?;
+        map_answer(label, answer, &ctx).await
     }
+}
+
+/// The placeholder as written (for messages).
+fn placeholder_name(part: &TemplatePart) -> &str {
+    match part {
+        TemplatePart::Placeholder { written, .. } => written,
+        TemplatePart::Literal(s) => s,
+    }
+}
+
+/// A placeholder's value as text: a string as it is, a number or boolean as JSON; no
+/// value (missing or null) is None; an object or array is refused.
+fn lookup(
+    part: &TemplatePart,
+    arguments: &Value,
+    scope: &Map<String, Value>,
+) -> Result<Option<String>, ExecError> {
+    let TemplatePart::Placeholder { source, key, .. } = part else {
+        return Ok(None);
+    };
+    let (value, location) = match source {
+        PlaceholderSource::Args => (arguments.get(key), format!("/{key}")),
+        PlaceholderSource::Scope => (scope.get(key), format!("scope /{key}")),
+    };
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v @ (Value::Number(_) | Value::Bool(_))) => Ok(Some(v.to_string())),
+        Some(Value::Array(_) | Value::Object(_)) => Err(ExecError::ArgumentUnsafe {
+            pointer: location,
+            problem: "an object or array cannot stand in a url".to_string(),
+        }),
+    }
+}
+
+/// Whether the client's reading of `text` keeps its path and query as written.
+fn expected_matches(url: &reqwest::Url, text: &str) -> Result<(), String> {
+    let after_scheme = text.find("://").map(|i| i + 3).unwrap_or(0);
+    let rest = text[after_scheme..]
+        .find(['/', '?'])
+        .map(|i| &text[after_scheme + i..])
+        .unwrap_or("");
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let path = if path.is_empty() { "/" } else { path };
+    if url.path() != path {
+        return Err(format!("the path would be `{}`", truncate(url.path(), 200)));
+    }
+    if url.query() != query {
+        return Err("the query would change".to_string());
+    }
+    Ok(())
+}
+
+/// Maps an upstream's answer: 2xx JSON (or text as `{"text": ...}`), 3xx never followed,
+/// 429 retryable with its `Retry-After`, other 4xx the tool's error, 5xx the upstream
+/// down.
+async fn map_answer(
+    label: &str,
+    answer: Answer,
+    ctx: &ExecContext<'_>,
+) -> Result<Value, ExecError> {
+    let status = answer.status;
+    let excerpt = || {
+        truncate(
+            String::from_utf8_lossy(&answer.body).trim(),
+            ERROR_BODY_BYTES,
+        )
+    };
+    if status.is_success() {
+        let content_type = answer
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let json = content_type.contains("json");
+        if !json && (answer.body.is_empty() || content_type.starts_with("text/")) {
+            return text_output(label, status, answer.body);
+        }
+        let body = answer.body;
+        let fallback = (!json && std::str::from_utf8(&body).is_ok()).then(|| body.clone());
+        return match within(ctx, parse_output(body)).await? {
+            Ok(value) => Ok(value),
+            Err(_) if fallback.is_some() => {
+                text_output(label, status, fallback.unwrap_or_default())
+            }
+            Err(e) => Err(ExecError::OutputNotJson(format!(
+                "upstream `{label}` answered {status} with a body that is not one json value: {e}"
+            ))),
+        };
+    }
+    if status.is_redirection() {
+        let host = answer
+            .headers
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|l| {
+                reqwest::Url::parse(&format!("http://{label}/"))
+                    .ok()?
+                    .join(l)
+                    .ok()
+            })
+            .and_then(|u| u.host_str().map(str::to_string))
+            .unwrap_or_else(|| "unknown".to_string());
+        return Err(ExecError::Failed(format!(
+            "upstream `{label}` answered {status} redirecting to host `{host}`; redirects are not followed"
+        )));
+    }
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let retry_after_ms = answer
+            .headers
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(retry_after_ms);
+        return Err(ExecError::RateLimited {
+            message: format!("upstream `{label}` answered {status}: {}", excerpt()),
+            retry_after_ms,
+        });
+    }
+    if status.is_server_error() {
+        return Err(ExecError::DependencyDown(format!(
+            "upstream `{label}` answered {status}: {}",
+            excerpt()
+        )));
+    }
+    Err(ExecError::Failed(format!(
+        "upstream `{label}` answered {status}: {}",
+        excerpt()
+    )))
+}
+
+/// A text answer as `{"text": ...}`; a body that is not UTF-8 is not an output.
+fn text_output(label: &str, status: StatusCode, body: Vec<u8>) -> Result<Value, ExecError> {
+    match String::from_utf8(body) {
+        Ok(text) => Ok(json!({ "text": text })),
+        Err(_) => Err(ExecError::OutputNotJson(format!(
+            "upstream `{label}` answered {status} with a body that is neither json nor utf-8 text"
+        ))),
+    }
+}
+
+/// `Retry-After` in milliseconds: delay-seconds or an HTTP date (RFC 9110), at most a
+/// day.
+fn retry_after_ms(value: &str) -> Option<u64> {
+    let value = value.trim();
+    let seconds = match value.parse::<u64>() {
+        Ok(s) => s,
+        Err(_) => {
+            let at = httpdate::parse_http_date(value).ok()?;
+            at.duration_since(std::time::SystemTime::now())
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        }
+    };
+    Some(seconds.min(86_400).saturating_mul(1000))
 }
 
 #[cfg(test)]

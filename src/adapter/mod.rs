@@ -58,6 +58,12 @@ pub enum ExecError {
     Unreachable(String),
     /// The tool ran and reported an error (non-zero exit, 4xx, an error result).
     Failed(String),
+    /// The upstream answered 429 Too Many Requests; `retry_after_ms` from its
+    /// `Retry-After`.
+    RateLimited {
+        message: String,
+        retry_after_ms: Option<u64>,
+    },
     /// The tool's output is not a JSON value.
     OutputNotJson(String),
     /// The adapter kind or builtin is not available.
@@ -83,7 +89,8 @@ pub use phases::{MAX_TOKEN_BYTES, Phase, PhaseOutcome, PhaseRunner, take_token};
 pub enum Adapter {
     Builtin(builtin::BuiltinAdapter),
     Command(command::CommandAdapter),
-    Http(http::HttpAdapter),
+    /// Boxed: its request model makes it the largest adapter by far.
+    Http(Box<http::HttpAdapter>),
     Mcp(mcp::McpAdapter),
     /// An adapter kind this build cannot execute: the tool loads, and every call to
     /// it fails with `adapter_not_implemented`.
@@ -182,9 +189,12 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                 env_allowlist,
             } => command::CommandAdapter::build(argv, working_dir.as_deref(), env_allowlist, env)
                 .map(Adapter::Command),
-            AdapterConfig::Http { url, allowed_hosts } => {
-                http::HttpAdapter::build(url, allowed_hosts).map(Adapter::Http)
-            }
+            AdapterConfig::Http {
+                url,
+                allowed_hosts,
+                request,
+            } => http::HttpAdapter::build(url, allowed_hosts, request)
+                .map(|h| Adapter::Http(Box::new(h))),
             AdapterConfig::Mcp {
                 tool: upstream_tool,
                 ..
@@ -236,7 +246,7 @@ impl Adapter {
         match self {
             Adapter::Builtin(b) => b.validate(arguments, scope),
             Adapter::Command(c) => c.validate(arguments),
-            Adapter::Http(h) => h.validate(arguments),
+            Adapter::Http(h) => h.validate(arguments, scope),
             Adapter::Mcp(m) => m.validate(arguments),
             Adapter::NotImplemented { .. } => Ok(()),
         }
@@ -336,6 +346,18 @@ impl Adapter {
                 format!("tool `{name}` reported an error"),
             )
             .with_details(json!({ "tool_error": bounded(m) })),
+            ExecError::RateLimited {
+                message,
+                retry_after_ms,
+            } => Refusal::new(
+                Reason::ToolError,
+                format!("the upstream of tool `{name}` is rate limiting; retry later"),
+            )
+            .with_details(json!({
+                "tool_error": bounded(message),
+                "retry_after_ms": retry_after_ms,
+            }))
+            .with_retryable(true),
             ExecError::OutputNotJson(m) => Refusal::new(
                 Reason::OutputSchemaViolation,
                 format!("the output of tool `{name}` is not a json value"),

@@ -26,6 +26,7 @@ mod notes;
 mod raw;
 mod read;
 mod schema;
+pub mod template;
 mod validate;
 
 pub use flags::{ProhibitedBy, Prohibition, prohibitions, raised_flags};

@@ -377,11 +377,18 @@ pub enum AdapterConfig {
         /// others are cleared.
         env_allowlist: Vec<String>,
     },
-    /// An upstream that takes the arguments as a JSON POST body and answers JSON.
+    /// An upstream reached with one HTTP request per call (by default a JSON POST of
+    /// the arguments to a fixed URL); see [`HttpRequestModel`].
     Http {
+        /// A URL template: `{args.x}`, `{scope.x}` and `{run.scope.x}` placeholders may
+        /// stand in the path and query only (checked at load).
         url: String,
         /// Hosts (host or host:port) the adapter may connect to.
         allowed_hosts: Vec<String>,
+        /// Method, query, headers, body and scope forwarding; the default is today's
+        /// JSON POST, and a default model is left out of the serialized form.
+        #[serde(flatten, skip_serializing_if = "HttpRequestModel::is_default")]
+        request: HttpRequestModel,
     },
     /// A tool on an upstream MCP server. Every tool of one server shares one
     /// supervised session with it (see `adapter::mcp`).
@@ -401,6 +408,73 @@ pub enum AdapterConfig {
         /// How many requests may be in flight on the server's session at once.
         max_concurrency: u32,
     },
+}
+
+/// An http tool's request model beyond its URL (`method`, `query`, `headers`, `body`,
+/// `forward_scope`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HttpRequestModel {
+    pub method: HttpMethod,
+    /// Query parameters appended to the URL: name to a template (fixed text and
+    /// placeholders). A parameter whose one placeholder has no value is left out.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub query: BTreeMap<String, String>,
+    /// Fixed request headers (name, lowercase, to value).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    pub body: HttpBody,
+    /// Scope keys sent as the RFC 8785 JSON object of a `Toolgate-Scope` header.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub forward_scope: Vec<String>,
+}
+
+impl HttpRequestModel {
+    pub fn is_default(&self) -> bool {
+        *self == HttpRequestModel::default()
+    }
+}
+
+/// The method of an http tool's request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum HttpMethod {
+    Get,
+    #[default]
+    Post,
+    Put,
+    Patch,
+    Delete,
+}
+
+impl HttpMethod {
+    pub const ALL: [HttpMethod; 5] = [
+        HttpMethod::Get,
+        HttpMethod::Post,
+        HttpMethod::Put,
+        HttpMethod::Patch,
+        HttpMethod::Delete,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HttpMethod::Get => "GET",
+            HttpMethod::Post => "POST",
+            HttpMethod::Put => "PUT",
+            HttpMethod::Patch => "PATCH",
+            HttpMethod::Delete => "DELETE",
+        }
+    }
+}
+
+/// What an http tool's request carries as its body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HttpBody {
+    /// The call's arguments as canonical JSON.
+    #[default]
+    Arguments,
+    /// No body.
+    None,
 }
 
 /// A two-phase tool's settings (`adapter.phases`): the tool's own call prepares and

@@ -279,6 +279,12 @@ pub(crate) struct RawAdapter {
     // http (and mcp over streamable http)
     pub url: Option<Spanned<String>>,
     pub allowed_hosts: Option<Spanned<Vec<Spanned<String>>>>,
+    // http only
+    pub method: Option<Spanned<String>>,
+    pub query: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    pub headers: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    pub body: Option<Spanned<String>>,
+    pub forward_scope: Option<Spanned<Vec<Spanned<String>>>>,
     // mcp
     pub server: Option<Spanned<String>>,
     pub tool: Option<Spanned<String>>,

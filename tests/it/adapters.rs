@@ -113,6 +113,7 @@ fn http(url: &str, hosts: &[&str]) -> AdapterConfig {
     AdapterConfig::Http {
         url: url.into(),
         allowed_hosts: hosts.iter().map(|s| s.to_string()).collect(),
+        request: Default::default(),
     }
 }
 

@@ -38,6 +38,7 @@ mod fleet_export_offline;
 mod fleet_stop;
 mod gateway;
 mod hostile;
+mod http_adapter;
 mod identity;
 mod jwt;
 mod lab;

@@ -120,6 +120,7 @@ pub(super) fn phase_refusal(
         | ExecError::OutputNotJson(m)
         | ExecError::NotImplemented(m) => m.clone(),
         ExecError::ArgumentUnsafe { problem, .. } => problem.clone(),
+        ExecError::RateLimited { message, .. } => message.clone(),
     };
     Refusal::new(
         reason,

@@ -12,7 +12,7 @@ pub(super) fn check_adapter(
     let before = report.problems.len();
     let raw = &adapter.value;
     let kind = raw.kind.value;
-    let present: [(&str, Option<Location>); 10] = [
+    let present: [(&str, Option<Location>); 15] = [
         ("name", raw.name.as_ref().map(|v| v.referenced)),
         ("settings", raw.settings.as_ref().map(|v| v.referenced)),
         ("argv", raw.argv.as_ref().map(|v| v.referenced)),
@@ -30,13 +30,29 @@ pub(super) fn check_adapter(
             "allowed_hosts",
             raw.allowed_hosts.as_ref().map(|v| v.referenced),
         ),
+        ("method", raw.method.as_ref().map(|v| v.referenced)),
+        ("query", raw.query.as_ref().map(|v| v.referenced)),
+        ("headers", raw.headers.as_ref().map(|v| v.referenced)),
+        ("body", raw.body.as_ref().map(|v| v.referenced)),
+        (
+            "forward_scope",
+            raw.forward_scope.as_ref().map(|v| v.referenced),
+        ),
         ("server", raw.server.as_ref().map(|v| v.referenced)),
         ("tool", raw.tool.as_ref().map(|v| v.referenced)),
     ];
     let allowed: &[&str] = match kind {
         RawAdapterKind::Builtin => &["name", "settings"],
         RawAdapterKind::Command => &["argv", "working_dir", "env_allowlist"],
-        RawAdapterKind::Http => &["url", "allowed_hosts"],
+        RawAdapterKind::Http => &[
+            "url",
+            "allowed_hosts",
+            "method",
+            "query",
+            "headers",
+            "body",
+            "forward_scope",
+        ],
         RawAdapterKind::Mcp => &["server", "tool", "command", "url"],
     };
     for (field, location) in present {
@@ -151,9 +167,21 @@ pub(super) fn check_adapter(
                 None => missing.push("allowed_hosts"),
                 Some(_) => {}
             }
+            if let Some(url) = &raw.url
+                && let Err(e) = crate::policy::template::parse_url_template(&url.value)
+            {
+                report.spanned(
+                    file,
+                    url,
+                    format!("{owner}: adapter `url`: {e}"),
+                    "write e.g. `https://fhir.example.org/Patient/{args.patient_id}`; placeholders stand in the path and query only",
+                );
+            }
+            let request = check_http_request(report, file, owner, raw);
             raw.url.as_ref().map(|url| AdapterConfig::Http {
                 url: url.value.clone(),
                 allowed_hosts: hosts,
+                request,
             })
         }
         RawAdapterKind::Mcp => {
