@@ -161,6 +161,8 @@ pub enum Reason {
     SafetyLockUnconfirmed,
     IdempotencyInFlight,
     ApprovalAttestationInvalid,
+    SandboxUnavailable,
+    ToolResourceLimit,
 }
 
 /// The catalog entry of one reason.
@@ -182,7 +184,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in catalog order.
-    pub const ALL: [Reason; 84] = [
+    pub const ALL: [Reason; 86] = [
         Reason::RequestMalformed,
         Reason::ProtocolVersionUnsupported,
         Reason::OriginNotAllowed,
@@ -267,6 +269,8 @@ impl Reason {
         Reason::SafetyLockUnconfirmed,
         Reason::IdempotencyInFlight,
         Reason::ApprovalAttestationInvalid,
+        Reason::SandboxUnavailable,
+        Reason::ToolResourceLimit,
     ];
 
     /// The stable snake_case code, as it appears in responses and the audit log.
@@ -356,6 +360,8 @@ impl Reason {
             Reason::BudgetExhausted => "budget_exhausted",
             Reason::CounterStateUnavailable => "counter_state_unavailable",
             Reason::ApprovalAttestationInvalid => "approval_attestation_invalid",
+            Reason::SandboxUnavailable => "sandbox_unavailable",
+            Reason::ToolResourceLimit => "tool_resource_limit",
         }
     }
 
@@ -1205,6 +1211,26 @@ impl Reason {
                     "the approval reads approved in the fleet's shared store but carries no valid decision attestation signed with the fleet key, so it is not used",
                     "the approval's row was edited in the cluster database (an insider without the fleet key), or the deciding sidecar has no or another --fleet-key-dir",
                     "request a new approval and have it decided; operators: check toolgate_approvals in the cluster database and give every sidecar the same fleet key",
+                ),
+                Reason::SandboxUnavailable => (
+                    E::DependencyDown,
+                    C::Dependency,
+                    10,
+                    false,
+                    S::Critical,
+                    "the tool's sandbox profile asks for a guarantee no mechanism of this host can hold, so the tool was not started",
+                    "the kernel lacks Landlock (ABI 3, or 4 for `network: {ports}`) or seccomp, or refuses the namespaces `network: {connect}` needs (see details.sandbox.unavailable)",
+                    "operators: run `toolgate doctor` on the host and see docs/operations.md, \"Sandbox\"; nothing ran, and the call is refused the same way until the host or the profile changes",
+                ),
+                Reason::ToolResourceLimit => (
+                    E::InternalError,
+                    C::Execution,
+                    10,
+                    false,
+                    S::Error,
+                    "the kernel ended the tool at a limit of its sandbox profile (details.sandbox.limit_hit: cpu_s or file_size_mb)",
+                    "the tool used more CPU time or wrote a larger file than its profile's `limits` allow",
+                    "call with less work, or raise the limit in the tool's `sandbox.limits` (a policy change that `policy diff` reports as widening)",
                 ),
             };
         ReasonInfo {

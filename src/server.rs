@@ -225,6 +225,7 @@ fn ready(gateway: &Gateway) -> Value {
         "ready": true,
         "policy_versions": loaded.policy.versions,
         "safety_lock": gateway.safety_lock().engaged,
+        "sandbox": crate::sandbox::host::probed(),
     })
 }
 
@@ -1046,6 +1047,8 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::ApprovalLimitReached => StatusCode::TOO_MANY_REQUESTS,
         Reason::ApprovalStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         Reason::ApprovalAttestationInvalid => StatusCode::FORBIDDEN,
+        Reason::SandboxUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::ToolResourceLimit => StatusCode::INTERNAL_SERVER_ERROR,
         Reason::ApprovalDenied
         | Reason::ApprovalExpired
         | Reason::ApprovalUsed

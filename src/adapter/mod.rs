@@ -39,6 +39,9 @@ pub struct ExecContext<'a> {
     pub scope: &'a Map<String, Value>,
     /// Work must be finished or terminated by then.
     pub deadline: Instant,
+    /// Where a local process's sandbox evidence goes (`details.sandbox`), if the
+    /// caller keeps it.
+    pub sandbox: Option<&'a crate::sandbox::EvidenceSlot>,
 }
 
 /// How an execution failed, before classification into a reason.
@@ -66,6 +69,11 @@ pub enum ExecError {
     /// resolving outside the folder the tool is confined to). `pointer` is a JSON
     /// pointer into the arguments.
     ArgumentUnsafe { pointer: String, problem: String },
+    /// No mechanism of this host could hold a guarantee of the tool's sandbox
+    /// profile; nothing was executed.
+    SandboxUnavailable { guarantee: String, detail: String },
+    /// The kernel ended the tool at a limit of its sandbox profile.
+    ResourceLimit { limit: &'static str, detail: String },
 }
 
 mod builtin;
@@ -171,7 +179,10 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
     let mut adapters = Adapters::default();
     let mut problems = Vec::new();
     let mut servers = mcp::Servers::new(policy);
+    let forbidden = crate::sandbox::plan::Forbidden::of(policy, &env.tools_dir, &env.data_dir);
+    let registry = policy.source.tools_file.clone();
     for (name, tool) in &policy.tools {
+        let owner = format!("tool `{name}`");
         let built = match &tool.adapter {
             AdapterConfig::Builtin { name, settings } => {
                 builtin::BuiltinAdapter::build(name, settings, env).map(Adapter::Builtin)
@@ -180,8 +191,17 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                 argv,
                 working_dir,
                 env_allowlist,
+                sandbox,
             } => command::CommandAdapter::build(argv, working_dir.as_deref(), env_allowlist, env)
-                .map(Adapter::Command),
+                .and_then(|adapter| {
+                    match confinement(&owner, sandbox, adapter.program(), adapter.working_dir(), &forbidden, &registry) {
+                        Ok(c) => Ok(Adapter::Command(adapter.confine(c))),
+                        Err(found) => {
+                            problems.extend(found);
+                            Err(Vec::new())
+                        }
+                    }
+                }),
             AdapterConfig::Http { url, allowed_hosts } => {
                 http::HttpAdapter::build(url, allowed_hosts).map(Adapter::Http)
             }
@@ -205,7 +225,7 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
             })),
         }
     }
-    let (runners, found) = phases::build_all(&policy.tools, env);
+    let (runners, found) = phases::build_all(&policy.tools, env, &forbidden, &registry, &mut problems);
     adapters.phases = runners;
     problems.extend(found.into_iter().map(|(name, p)| Problem {
         file: policy.source.tools_file.clone(),
@@ -218,6 +238,32 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
         Ok(adapters)
     } else {
         Err(problems)
+    }
+}
+
+/// The confinement of `owner`'s process: a plan for a confined profile (its located
+/// problems when a path reaches what no profile may), or the reason it is unconfined.
+pub(crate) fn confinement(
+    owner: &str,
+    sandbox: &crate::policy::Sandbox,
+    program: &std::path::Path,
+    working_dir: &std::path::Path,
+    forbidden: &crate::sandbox::plan::Forbidden,
+    registry: &str,
+) -> Result<command::Confinement, Vec<Problem>> {
+    match sandbox {
+        crate::policy::Sandbox::Unconfined { reason } => {
+            Ok(command::Confinement::Unconfined(reason.clone()))
+        }
+        crate::policy::Sandbox::Confined(profile) => crate::sandbox::Plan::build(
+            owner,
+            profile,
+            program,
+            working_dir,
+            forbidden,
+            registry,
+        )
+        .map(|plan| command::Confinement::Confined(std::sync::Arc::new(plan))),
     }
 }
 
@@ -350,6 +396,22 @@ impl Adapter {
             ExecError::ArgumentUnsafe { pointer, problem } => {
                 unsafe_argument(pointer, &bounded(problem))
             }
+            ExecError::SandboxUnavailable { guarantee, detail } => Refusal::new(
+                Reason::SandboxUnavailable,
+                format!(
+                    "tool `{name}` was not started: its sandbox's `{guarantee}` guarantee cannot be held on this host"
+                ),
+            )
+            .with_details(json!({
+                "guarantee": guarantee,
+                "sandbox_error": bounded(detail),
+                "reached_tool": false,
+            })),
+            ExecError::ResourceLimit { limit, detail } => Refusal::new(
+                Reason::ToolResourceLimit,
+                format!("tool `{name}` was stopped by the kernel at its `{limit}` limit"),
+            )
+            .with_details(json!({ "limit": limit, "tool_error": bounded(detail) })),
         }
     }
 }

@@ -21,6 +21,7 @@ mod conditions;
 mod cross;
 mod lanes;
 mod roles;
+mod sandbox;
 mod tools;
 
 use super::Problem;
@@ -45,6 +46,8 @@ use conditions::*;
 use cross::*;
 use lanes::*;
 use roles::*;
+use sandbox::check_sandbox;
+pub(crate) use sandbox::parse_host_port;
 pub(crate) use tools::pointer_fits_schema;
 use tools::*;
 
