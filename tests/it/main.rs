@@ -49,6 +49,7 @@ mod policy_diff;
 mod redaction;
 mod requests;
 mod review_live;
+mod sandbox;
 mod ship;
 mod siem;
 mod soak;
