@@ -88,7 +88,7 @@ impl Forbidden {
                 "the tool registry".to_string(),
             ),
             (
-                absolute(&config.scratch_root).join(SCRATCH_DIR_NAME),
+                scratch_base(&absolute(&config.scratch_root)),
                 "the scratch root".to_string(),
             ),
         ];
@@ -138,9 +138,13 @@ impl Forbidden {
     }
 }
 
-/// The name of the directory under the scratch root that holds every call's scratch
-/// directory.
-pub const SCRATCH_DIR_NAME: &str = "toolgate-scratch";
+/// The directory under the scratch root that holds every call's scratch directory:
+/// `toolgate-scratch-<uid>`, one per user toolgate runs as.
+pub fn scratch_base(root: &Path) -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    root.join(format!("toolgate-scratch-{uid}"))
+}
 
 /// A profile made concrete for one program.
 #[derive(Debug, Clone)]

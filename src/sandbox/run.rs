@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 use tokio::io::AsyncReadExt;
 
 use super::host::{TestSwitch, config};
-use super::plan::{Plan, SCRATCH_DIR_NAME};
+use super::plan::{Plan, scratch_base};
 use super::proxy::{EgressProxy, Traffic};
 use super::{LaunchSpec, NetworkSpec, Record, SCRATCH_VAR, SPEC_VAR};
 use crate::policy::SandboxNetwork;
@@ -228,20 +228,21 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// `<root>/toolgate-scratch/<call_id>-<random>`: the root directory traversable only
-/// (0711), the call's owned by the tool's user, 0700.
+/// `<root>/toolgate-scratch-<uid>/<call_id>-<random>`: the base directory toolgate's
+/// own, traversable only (0711); the call's owned by the tool's user, 0700.
 fn make_scratch(root: &Path, call_id: &str, run_as: Option<(u32, u32)>) -> std::io::Result<Scratch> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let base = root.join(SCRATCH_DIR_NAME);
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let base = scratch_base(root);
     match std::fs::DirBuilder::new().mode(0o711).create(&base) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
     let meta = std::fs::symlink_metadata(&base)?;
-    if !meta.is_dir() {
+    // SAFETY: geteuid has no preconditions.
+    if !meta.is_dir() || meta.uid() != unsafe { libc::geteuid() } {
         return Err(std::io::Error::other(format!(
-            "`{}` is not a directory",
+            "`{}` is not a directory of toolgate's own user",
             base.display()
         )));
     }
