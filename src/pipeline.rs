@@ -1426,12 +1426,10 @@ impl Call {
             replay_of: None,
             details: None,
             metrics: self.sandbox.as_ref().and_then(|s| {
-                (s.cpu_ms.is_some() || s.memory_peak_mb.is_some()).then(|| {
-                    crate::call::Metrics {
-                        duration_ms: self.started.elapsed().as_millis() as u64,
-                        cpu_ms: s.cpu_ms,
-                        memory_peak_mb: s.memory_peak_mb,
-                    }
+                (s.cpu_ms.is_some() || s.memory_peak_mb.is_some()).then(|| crate::call::Metrics {
+                    duration_ms: self.started.elapsed().as_millis() as u64,
+                    cpu_ms: s.cpu_ms,
+                    memory_peak_mb: s.memory_peak_mb,
                 })
             }),
         }

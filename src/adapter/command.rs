@@ -157,6 +157,11 @@ impl CommandAdapter {
         &self.working_dir
     }
 
+    /// How the process is confined.
+    pub(crate) fn confinement(&self) -> &Confinement {
+        &self.confinement
+    }
+
     /// Sets how the process is confined.
     pub(crate) fn confine(mut self, confinement: Confinement) -> Self {
         self.confinement = confinement;
@@ -215,7 +220,10 @@ impl CommandAdapter {
             }
             Confinement::Confined(plan) => {
                 // Until the launcher reports, the call's evidence is its profile.
-                put(ctx.sandbox, crate::sandbox::run::conclude(plan, &[], None).1);
+                put(
+                    ctx.sandbox,
+                    crate::sandbox::run::conclude(plan, &[], None).1,
+                );
                 let mut argv = vec![self.argv0.clone()];
                 argv.extend(self.args.iter().cloned());
                 let mut launch = Launch::prepare(plan, &self.program, &argv, vars, ctx.call_id)
@@ -223,10 +231,8 @@ impl CommandAdapter {
                         guarantee: u.guarantee,
                         detail: u.detail,
                     })?;
-                let command = std::mem::replace(
-                    &mut launch.command,
-                    tokio::process::Command::new("/"),
-                );
+                let command =
+                    std::mem::replace(&mut launch.command, tokio::process::Command::new("/"));
                 (command, Some(launch), Some(plan))
             }
         };
@@ -243,9 +249,7 @@ impl CommandAdapter {
         let mut child = command.spawn().map_err(|e| {
             ExecError::Unreachable(format!("could not start `{}`: {e}", self.argv0))
         })?;
-        let reports = launch
-            .as_mut()
-            .map(|l| tokio::spawn(l.spawned().read()));
+        let reports = launch.as_mut().map(|l| tokio::spawn(l.spawned().read()));
         // Declared after `child`, so it is dropped first. On the deadline and
         // cancellation paths the group is killed before the leader is reaped, so its
         // pid (the group id) cannot have been reused; after a normal exit the kill
@@ -292,7 +296,10 @@ impl CommandAdapter {
                         .and_then(Result::ok)
                         .unwrap_or_default();
                     let traffic = launch.as_ref().and_then(Launch::traffic);
-                    put(ctx.sandbox, crate::sandbox::run::conclude(plan, &records, traffic).1);
+                    put(
+                        ctx.sandbox,
+                        crate::sandbox::run::conclude(plan, &records, traffic).1,
+                    );
                 }
                 return Err(ExecError::Timeout);
             }

@@ -206,6 +206,13 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                 http::HttpAdapter::build(url, allowed_hosts).map(Adapter::Http)
             }
             AdapterConfig::Mcp {
+                sandbox: Some(crate::policy::Sandbox::Confined(profile)),
+                ..
+            } if profile.given => Err(vec![SettingProblem::new(
+                "the `sandbox` of a stdio MCP server is not enforced by this build yet",
+            )
+            .help("remove the block (the server then runs as before, recorded as unconfined) or say `sandbox: {unconfined: \"reason\"}`")]),
+            AdapterConfig::Mcp {
                 tool: upstream_tool,
                 ..
             } => servers
@@ -225,7 +232,8 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
             })),
         }
     }
-    let (runners, found) = phases::build_all(&policy.tools, env, &forbidden, &registry, &mut problems);
+    let (runners, found) =
+        phases::build_all(&policy.tools, env, &forbidden, &registry, &mut problems);
     adapters.phases = runners;
     problems.extend(found.into_iter().map(|(name, p)| Problem {
         file: policy.source.tools_file.clone(),
@@ -255,19 +263,30 @@ pub(crate) fn confinement(
         crate::policy::Sandbox::Unconfined { reason } => {
             Ok(command::Confinement::Unconfined(reason.clone()))
         }
-        crate::policy::Sandbox::Confined(profile) => crate::sandbox::Plan::build(
-            owner,
-            profile,
-            program,
-            working_dir,
-            forbidden,
-            registry,
-        )
-        .map(|plan| command::Confinement::Confined(std::sync::Arc::new(plan))),
+        crate::policy::Sandbox::Confined(profile) => {
+            crate::sandbox::Plan::build(owner, profile, program, working_dir, forbidden, registry)
+                .map(|plan| command::Confinement::Confined(std::sync::Arc::new(plan)))
+        }
     }
 }
 
 impl Adapter {
+    /// The effective sandbox profile of the tool's process (`policy explain`): the
+    /// paths, network and limits it runs with and the profile's sha256, or the reason
+    /// it runs unconfined; None for a tool that starts no local process.
+    pub fn sandbox_profile(&self) -> Option<Value> {
+        let confinement = match self {
+            Adapter::Command(c) => c.confinement(),
+            _ => return None,
+        };
+        Some(match confinement {
+            command::Confinement::Confined(plan) => {
+                json!({ "profile_sha256": plan.sha256, "profile": plan.effective() })
+            }
+            command::Confinement::Unconfined(reason) => json!({ "unconfined": reason }),
+        })
+    }
+
     /// Sanitizes the arguments: refuses path traversal, NUL bytes and oversized
     /// arguments for programs, and URLs to hosts outside the allowlist.
     /// Runs after the input schema has been checked. A refusal has reason

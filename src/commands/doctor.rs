@@ -47,7 +47,9 @@ pub fn doctor_command(args: &DoctorArgs) -> Exit {
             for (guarantee, mechanism) in &host.guarantees {
                 match mechanism {
                     Some(m) => println!("  {guarantee}: {m}"),
-                    None => println!("  {guarantee}: UNAVAILABLE (calls needing it are refused: sandbox_unavailable)"),
+                    None => println!(
+                        "  {guarantee}: UNAVAILABLE (calls needing it are refused: sandbox_unavailable)"
+                    ),
                 }
             }
             println!(

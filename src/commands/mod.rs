@@ -195,6 +195,10 @@ pub struct PolicyCheckArgs {
     /// needs a major bump, a compatible one a minor bump); a violation exits 5.
     #[arg(long)]
     pub base: Option<String>,
+    /// The data directory `serve` will use: no sandbox profile may reach it (nor its
+    /// `keys/`).
+    #[arg(long, default_value = "var")]
+    pub data_dir: PathBuf,
 }
 
 /// The hidden subcommand of the sandbox launcher (`sandbox::exec`): toolgate runs its

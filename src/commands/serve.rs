@@ -402,7 +402,9 @@ pub enum LogFormat {
 
 pub fn serve_command(args: &ServeArgs) -> Exit {
     if args.sandbox_uid == 0 || args.sandbox_gid == 0 {
-        eprintln!("error: --sandbox-uid and --sandbox-gid name the unprivileged user tools run as; 0 is root");
+        eprintln!(
+            "error: --sandbox-uid and --sandbox-gid name the unprivileged user tools run as; 0 is root"
+        );
         return Exit::InvalidConfig;
     }
     // Before the policy loads: the adapters' sandbox plans read these.

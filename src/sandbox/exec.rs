@@ -210,11 +210,16 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
         sockets,
         pid_namespace,
         user_namespace,
-
     };
     let forwarder = match (&spec.network, net_namespace) {
-        (NetworkSpec::Proxy { socket }, true) => Some(super::proxy::Forwarder::bind(socket)
-            .map_err(|e| unavailable("network", &format!("the egress forwarder could not start: {e}")))?),
+        (NetworkSpec::Proxy { socket }, true) => {
+            Some(super::proxy::Forwarder::bind(socket).map_err(|e| {
+                unavailable(
+                    "network",
+                    &format!("the egress forwarder could not start: {e}"),
+                )
+            })?)
+        }
         _ => None,
     };
     // 3. fork
@@ -335,8 +340,8 @@ fn kill_orphans() {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
     for _ in 0..1000 {
-        let list = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
-            .unwrap_or_default();
+        let list =
+            std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")).unwrap_or_default();
         let children: Vec<libc::pid_t> = list
             .split_whitespace()
             .filter_map(|p| p.parse().ok())
@@ -557,7 +562,13 @@ fn drop_privileges(spec: &LaunchSpec, chosen: &Chosen) -> Result<(), String> {
     // SAFETY: clears the ambient set, then the effective, permitted and inheritable
     // sets (a zeroed capability header and data of version 3).
     unsafe {
-        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
         #[repr(C)]
         struct Header {
             version: u32,
@@ -656,12 +667,20 @@ fn set_limits(spec: &LaunchSpec) -> Result<(), String> {
     let mb = 1024 * 1024;
     let limits = [
         (libc::RLIMIT_CPU, l.cpu_s, l.cpu_s.saturating_add(1)),
-        (libc::RLIMIT_FSIZE, l.file_size_mb.saturating_mul(mb), l.file_size_mb.saturating_mul(mb)),
+        (
+            libc::RLIMIT_FSIZE,
+            l.file_size_mb.saturating_mul(mb),
+            l.file_size_mb.saturating_mul(mb),
+        ),
         (libc::RLIMIT_NPROC, l.processes, l.processes),
         (libc::RLIMIT_NOFILE, l.open_files, l.open_files),
         (libc::RLIMIT_CORE, 0, 0),
         // Last: the launcher allocates nothing after this.
-        (libc::RLIMIT_AS, l.memory_mb.saturating_mul(mb), l.memory_mb.saturating_mul(mb)),
+        (
+            libc::RLIMIT_AS,
+            l.memory_mb.saturating_mul(mb),
+            l.memory_mb.saturating_mul(mb),
+        ),
     ];
     for (resource, soft, hard) in limits {
         let limit = libc::rlimit {

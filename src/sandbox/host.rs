@@ -131,7 +131,10 @@ impl Host {
                     ),
                 ),
             ),
-            ("syscalls".to_string(), seccomp.then(|| "seccomp".to_string())),
+            (
+                "syscalls".to_string(),
+                seccomp.then(|| "seccomp".to_string()),
+            ),
             ("limits".to_string(), Some("rlimit".to_string())),
         ];
         Host {

@@ -83,7 +83,9 @@ pub enum NetworkSpec {
     Ports(Vec<u16>),
     /// Only the egress proxy listening on this Unix socket, reached through a
     /// forwarder on the namespace's loopback (`HTTPS_PROXY`, `HTTP_PROXY`).
-    Proxy { socket: PathBuf },
+    Proxy {
+        socket: PathBuf,
+    },
 }
 
 /// One line of the launcher's report pipe.

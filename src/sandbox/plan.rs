@@ -76,7 +76,12 @@ impl Forbidden {
         let mut paths = vec![
             (absolute(data_dir), "the data directory".to_string()),
             (
-                absolute(&config.key_dir.clone().unwrap_or_else(|| data_dir.join("keys"))),
+                absolute(
+                    &config
+                        .key_dir
+                        .clone()
+                        .unwrap_or_else(|| data_dir.join("keys")),
+                ),
                 "the audit key directory".to_string(),
             ),
             (
@@ -126,7 +131,10 @@ impl Forbidden {
                 continue;
             }
             if overlaps(path, dir) {
-                return Some(format!("the working directory of {other} `{}`", dir.display()));
+                return Some(format!(
+                    "the working directory of {other} `{}`",
+                    dir.display()
+                ));
             }
         }
         None
@@ -234,17 +242,15 @@ impl Plan {
             working_dir_left_out,
             sha256: String::new(),
         };
-        plan.sha256 = crate::canonical::sha256_hex(&crate::canonical::to_canonical_bytes(
-            &plan.effective(),
-        ));
+        plan.sha256 =
+            crate::canonical::sha256_hex(&crate::canonical::to_canonical_bytes(&plan.effective()));
         Ok(plan)
     }
 
     /// The effective profile, as `policy explain` shows it and as hashed.
     pub fn effective(&self) -> Value {
-        let paths = |l: &[PathBuf]| -> Vec<String> {
-            l.iter().map(|p| p.display().to_string()).collect()
-        };
+        let paths =
+            |l: &[PathBuf]| -> Vec<String> { l.iter().map(|p| p.display().to_string()).collect() };
         json!({
             "filesystem": {
                 "read": paths(&self.read),

@@ -170,10 +170,7 @@ impl EgressProxy {
 
     /// What the proxy saw so far.
     pub fn traffic(&self) -> Traffic {
-        self.traffic
-            .lock()
-            .map(|t| t.clone())
-            .unwrap_or_default()
+        self.traffic.lock().map(|t| t.clone()).unwrap_or_default()
     }
 }
 
@@ -196,7 +193,9 @@ async fn serve_one(mut client: tokio::net::UnixStream, allowed: &[String], seen:
             break end;
         }
         if head.len() > MAX_HEAD_BYTES {
-            let _ = client.write_all(b"HTTP/1.1 431 Request Header Fields Too Large\r\n\r\n").await;
+            let _ = client
+                .write_all(b"HTTP/1.1 431 Request Header Fields Too Large\r\n\r\n")
+                .await;
             return;
         }
         match client.read(&mut buf).await {
@@ -226,10 +225,15 @@ async fn serve_one(mut client: tokio::net::UnixStream, allowed: &[String], seen:
         return;
     }
     let (host, port) = match target.rsplit_once(':') {
-        Some((h, p)) => (h.trim_start_matches('[').trim_end_matches(']').to_string(), p),
+        Some((h, p)) => (
+            h.trim_start_matches('[').trim_end_matches(']').to_string(),
+            p,
+        ),
         None => return,
     };
-    let Ok(port) = port.parse::<u16>() else { return };
+    let Ok(port) = port.parse::<u16>() else {
+        return;
+    };
     let mut upstream = match tokio::net::TcpStream::connect((host.as_str(), port)).await {
         Ok(s) => s,
         Err(e) => {
@@ -241,7 +245,9 @@ async fn serve_one(mut client: tokio::net::UnixStream, allowed: &[String], seen:
                     refused: Some(format!("unreachable: {e}")),
                 },
             );
-            let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n").await;
+            let _ = client
+                .write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                .await;
             return;
         }
     };
@@ -270,7 +276,9 @@ async fn serve_one(mut client: tokio::net::UnixStream, allowed: &[String], seen:
 }
 
 fn find_head_end(head: &[u8]) -> Option<usize> {
-    head.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+    head.windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| p + 4)
 }
 
 struct Request {
@@ -302,7 +310,9 @@ fn parse_request(head: &str) -> Option<Request> {
         Some(i) => (&after[..i], &after[i..]),
         None => (after, "/"),
     };
-    let with_port = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    let with_port = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
         && !authority.ends_with(']')
     {
         authority.to_string()
@@ -323,13 +333,17 @@ mod tests {
 
     #[test]
     fn requests_name_their_target() {
-        let c = parse_request("CONNECT Example.com:443 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap_or_else(|| panic!());
+        let c = parse_request("CONNECT Example.com:443 HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap_or_else(|| panic!());
         assert!(c.connect);
         assert_eq!(c.target, "example.com:443");
         let g = parse_request("GET http://localhost:8080/a?b HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .unwrap_or_else(|| panic!());
         assert_eq!(g.target, "localhost:8080");
-        assert!(g.forward_head.starts_with("GET /a?b HTTP/1.1\r\nHost: localhost"));
+        assert!(
+            g.forward_head
+                .starts_with("GET /a?b HTTP/1.1\r\nHost: localhost")
+        );
         let d = parse_request("GET http://h/ HTTP/1.0\r\n\r\n").unwrap_or_else(|| panic!());
         assert_eq!(d.target, "h:80");
         assert!(parse_request("GET /relative HTTP/1.1\r\n\r\n").is_none());

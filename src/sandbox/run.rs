@@ -146,8 +146,8 @@ impl Launch {
         };
         let spec = serde_json::to_string(&spec)
             .map_err(|e| unavailable("launcher", format!("the launch spec: {e}")))?;
-        let (reader, writer) = pipe()
-            .map_err(|e| unavailable("launcher", format!("the report pipe: {e}")))?;
+        let (reader, writer) =
+            pipe().map_err(|e| unavailable("launcher", format!("the report pipe: {e}")))?;
         let mut command = tokio::process::Command::new(launcher);
         command
             .arg("sandbox-exec")
@@ -230,7 +230,11 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 
 /// `<root>/toolgate-scratch-<uid>/<call_id>-<random>`: the base directory toolgate's
 /// own, traversable only (0711); the call's owned by the tool's user, 0700.
-fn make_scratch(root: &Path, call_id: &str, run_as: Option<(u32, u32)>) -> std::io::Result<Scratch> {
+fn make_scratch(
+    root: &Path,
+    call_id: &str,
+    run_as: Option<(u32, u32)>,
+) -> std::io::Result<Scratch> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let base = scratch_base(root);
     match std::fs::DirBuilder::new().mode(0o711).create(&base) {

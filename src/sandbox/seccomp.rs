@@ -121,7 +121,11 @@ pub fn filters(sockets: Sockets) -> Result<Vec<BpfProgram>, String> {
     }
     let socket_rules = match sockets {
         Sockets::Any => Vec::new(),
-        Sockets::UnixOnly => vec![rule(vec![cond(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?])?],
+        Sockets::UnixOnly => vec![rule(vec![cond(
+            0,
+            SeccompCmpOp::Ne,
+            libc::AF_UNIX as u64,
+        )?])?],
         Sockets::UnixAndTcp => {
             let mut found = vec![rule(vec![
                 cond(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?,
@@ -165,8 +169,11 @@ pub fn filters(sockets: Sockets) -> Result<Vec<BpfProgram>, String> {
     )
     .map_err(|e| e.to_string())?;
     Ok(vec![
-        deny.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
-        clone3.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
+        deny.try_into()
+            .map_err(|e: seccompiler::BackendError| e.to_string())?,
+        clone3
+            .try_into()
+            .map_err(|e: seccompiler::BackendError| e.to_string())?,
     ])
 }
 

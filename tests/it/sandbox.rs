@@ -130,7 +130,11 @@ fn lab(run_as: Option<(u32, u32)>, env: &[(&str, &str)]) -> Lab {
         hostile.join("hostile.py"),
     )
     .unwrap();
-    fs::write(hostile.join("data.txt"), "hello from the tool's own directory\n").unwrap();
+    fs::write(
+        hostile.join("data.txt"),
+        "hello from the tool's own directory\n",
+    )
+    .unwrap();
     fs::write(other.join("secret.txt"), "another tool's file\n").unwrap();
     for f in [
         hostile.join("hostile.py"),
@@ -145,7 +149,9 @@ fn lab(run_as: Option<(u32, u32)>, env: &[(&str, &str)]) -> Lab {
     let mut registry = String::from("version: \"s-1\"\ntools:\n");
     registry.push_str(&tool(
         "hostile",
-        &format!("{{kind: command, argv: {py}, working_dir: hostile, sandbox: {{limits: {LIMITS}}}}}"),
+        &format!(
+            "{{kind: command, argv: {py}, working_dir: hostile, sandbox: {{limits: {LIMITS}}}}}"
+        ),
     ));
     registry.push_str(&tool(
         "hostile_ports",
@@ -263,7 +269,12 @@ fn attack_everything(lab: &Lab, server: &Server) -> Value {
     let (code, body) = call(server, &run, "hostile", json!({"attack": "behave"}));
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["output"]["ok"], true, "{body}");
-    assert!(body["output"]["read"].as_str().unwrap().starts_with("hello"));
+    assert!(
+        body["output"]["read"]
+            .as_str()
+            .unwrap()
+            .starts_with("hello")
+    );
     let scratch = body["output"]["scratch"].as_str().unwrap().to_string();
     assert!(
         common::poll_until(std::time::Duration::from_secs(5), || !Path::new(&scratch)
@@ -271,11 +282,19 @@ fn attack_everything(lab: &Lab, server: &Server) -> Value {
         "the scratch directory {scratch} outlived its call"
     );
     assert!(body["metrics"]["cpu_ms"].is_u64(), "{body}");
-    assert!(body["metrics"]["memory_peak_mb"].as_u64().unwrap() > 0, "{body}");
+    assert!(
+        body["metrics"]["memory_peak_mb"].as_u64().unwrap() > 0,
+        "{body}"
+    );
     let events = closing_events(server, &run, body["call_id"].as_str().unwrap());
     assert_eq!(events.len(), 1);
     let enforced = events[0]["details"]["sandbox"]["enforced"].clone();
-    assert!(enforced["filesystem"].as_str().unwrap().starts_with("landlock_abi_"));
+    assert!(
+        enforced["filesystem"]
+            .as_str()
+            .unwrap()
+            .starts_with("landlock_abi_")
+    );
     assert_eq!(enforced["syscalls"], "seccomp");
     assert!(events[0]["details"]["sandbox"]["cpu_ms"].is_u64());
 
@@ -305,15 +324,24 @@ fn attack_everything(lab: &Lab, server: &Server) -> Value {
     ];
     for attack in attacks {
         let (body, event) = stopped(server, &run, "hostile", attack.clone());
-        assert_eq!(body["error_code"], "TOOL_INTERNAL_ERROR", "{attack}: {body}");
-        assert_eq!(event["details"]["sandbox"]["enforced"], enforced, "{attack}");
+        assert_eq!(
+            body["error_code"], "TOOL_INTERNAL_ERROR",
+            "{attack}: {body}"
+        );
+        assert_eq!(
+            event["details"]["sandbox"]["enforced"], enforced,
+            "{attack}"
+        );
         assert_eq!(event["details"]["sandbox"]["limits"]["processes"], 24);
     }
     assert!(!lab.root.join("tools/hostile/planted.txt").exists());
     // Limits the kernel signals end the call with tool_resource_limit, naming it.
     for (attack, limit) in [("spin", "cpu_s"), ("big_file", "file_size_mb")] {
         let (body, event) = stopped(server, &run, "hostile", json!({"attack": attack}));
-        assert_eq!(body["diagnostic"]["reason"], "tool_resource_limit", "{body}");
+        assert_eq!(
+            body["diagnostic"]["reason"], "tool_resource_limit",
+            "{body}"
+        );
         assert_eq!(event["reason"], "tool_resource_limit", "{event}");
         assert_eq!(event["details"]["sandbox"]["limit_hit"], limit, "{event}");
     }
@@ -348,7 +376,12 @@ fn a_hostile_tool_is_stopped(#[case] run_as: Option<(u32, u32)>, #[case] no_name
     match run_as {
         None => {
             assert_eq!(enforced["uid"], 65534, "{enforced}");
-            assert!(enforced["privileges"].as_str().unwrap().contains("uid_65534"));
+            assert!(
+                enforced["privileges"]
+                    .as_str()
+                    .unwrap()
+                    .contains("uid_65534")
+            );
         }
         Some(_) => assert_eq!(enforced["uid"], 65534, "{enforced}"),
     }
@@ -407,7 +440,10 @@ fn connect_reaches_its_host_through_the_proxy_and_names_it() {
     assert_eq!(body["output"]["reply"], "pong", "{body}");
     let events = closing_events(&server, &run, body["call_id"].as_str().unwrap());
     let sandbox = &events[0]["details"]["sandbox"];
-    assert_eq!(sandbox["enforced"]["network"], "network_namespace+egress_proxy");
+    assert_eq!(
+        sandbox["enforced"]["network"],
+        "network_namespace+egress_proxy"
+    );
     assert_eq!(
         sandbox["connections"]["attempts"],
         json!([{"target": allowed, "allowed": true}]),
@@ -422,8 +458,7 @@ fn connect_reaches_its_host_through_the_proxy_and_names_it() {
         json!({"attack": "proxy", "target": denied}),
     );
     assert_eq!(
-        event["details"]["sandbox"]["connections"]["attempts"][0]["allowed"],
-        false,
+        event["details"]["sandbox"]["connections"]["attempts"][0]["allowed"], false,
         "{event}"
     );
     assert_eq!(
@@ -446,13 +481,15 @@ fn with_landlock_missing_nothing_starts() {
     for tool in ["marker", "hostile"] {
         let (code, body) = call(&server, &run, tool, json!({"attack": "behave"}));
         assert_eq!(code, 503, "{body}");
-        assert_eq!(body["diagnostic"]["reason"], "sandbox_unavailable", "{body}");
+        assert_eq!(
+            body["diagnostic"]["reason"], "sandbox_unavailable",
+            "{body}"
+        );
         let events = closing_events(&server, &run, body["call_id"].as_str().unwrap());
         assert_eq!(events.len(), 1);
         assert_eq!(events[0]["reason"], "sandbox_unavailable");
         assert_eq!(
-            events[0]["details"]["sandbox"]["unavailable"]["guarantee"],
-            "filesystem",
+            events[0]["details"]["sandbox"]["unavailable"]["guarantee"], "filesystem",
             "{}",
             events[0]
         );

@@ -71,7 +71,9 @@ pub(super) fn check_sandbox(
                 report.spanned(
                     file,
                     fs,
-                    format!("{owner}: `sandbox.filesystem.{name}` lists more than {MAX_PATHS} paths"),
+                    format!(
+                        "{owner}: `sandbox.filesystem.{name}` lists more than {MAX_PATHS} paths"
+                    ),
                     "give directories rather than their files",
                 );
             }
@@ -136,13 +138,19 @@ fn check_path(
         report.spanned(
             file,
             entry,
-            format!("{owner}: `sandbox.filesystem.{list}` path `{}` {message}", text.escape_debug()),
+            format!(
+                "{owner}: `sandbox.filesystem.{list}` path `{}` {message}",
+                text.escape_debug()
+            ),
             help.to_string(),
         );
         None
     };
     if text.trim().is_empty() || text.contains('\0') {
-        return problem("is empty".into(), "give an absolute path or one relative to the registry's directory");
+        return problem(
+            "is empty".into(),
+            "give an absolute path or one relative to the registry's directory",
+        );
     }
     let given = Path::new(text);
     if given.components().any(|c| c == Component::ParentDir) {
@@ -206,7 +214,12 @@ fn check_network(
     network: &Spanned<RawSandboxNetwork>,
 ) -> Option<SandboxNetwork> {
     let mut problem = |message: String, help: &str| {
-        report.spanned(file, network, format!("{owner}: `sandbox.network` {message}"), help.to_string());
+        report.spanned(
+            file,
+            network,
+            format!("{owner}: `sandbox.network` {message}"),
+            help.to_string(),
+        );
         None
     };
     match &network.value {
@@ -252,7 +265,10 @@ fn check_network(
                         Some(normal) => out.push(normal),
                         None => {
                             return problem(
-                                format!("`connect` entry `{}` is not `host:port`", entry.escape_debug()),
+                                format!(
+                                    "`connect` entry `{}` is not `host:port`",
+                                    entry.escape_debug()
+                                ),
                                 "a DNS name or an IP address, a colon and a port, e.g. `api.example.com:443` or `[::1]:8080`",
                             );
                         }
@@ -284,7 +300,9 @@ pub(crate) fn parse_host_port(text: &str) -> Option<String> {
         && host.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         });
@@ -297,9 +315,15 @@ mod tests {
 
     #[test]
     fn host_ports_are_normal() {
-        assert_eq!(parse_host_port("API.example.com:443").as_deref(), Some("api.example.com:443"));
+        assert_eq!(
+            parse_host_port("API.example.com:443").as_deref(),
+            Some("api.example.com:443")
+        );
         assert_eq!(parse_host_port("[::1]:8080").as_deref(), Some("[::1]:8080"));
-        assert_eq!(parse_host_port("127.0.0.1:80").as_deref(), Some("127.0.0.1:80"));
+        assert_eq!(
+            parse_host_port("127.0.0.1:80").as_deref(),
+            Some("127.0.0.1:80")
+        );
         assert_eq!(parse_host_port("localhost:0"), None);
         assert_eq!(parse_host_port("localhost"), None);
         assert_eq!(parse_host_port("a b:80"), None);

@@ -91,8 +91,7 @@ pub(super) fn check_tool(
         .filter_map(|rule| check_flag_rule(report, file, &owner, rule))
         .collect();
     let adapter = check_adapter(report, file, &owner, &raw.adapter, servers, tools_dir);
-    let phases =
-        adapters::check_phases(report, file, &owner, &raw.adapter, determinism, tools_dir);
+    let phases = adapters::check_phases(report, file, &owner, &raw.adapter, determinism, tools_dir);
     let redaction = check_redaction(report, file, &owner, raw.redaction.as_ref());
 
     let mut conditions = Vec::new();
