@@ -632,6 +632,21 @@ pub struct CallResponse {
     /// deadline, deadline_unix_ms, commit_url}}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub details: Option<Map<String, Value>>,
+    /// A sandboxed tool process's resource use (seed 000's response metrics): present
+    /// when a confined local process ran for the call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<Metrics>,
+}
+
+/// The response's `metrics`: the call's duration, and the tool process's CPU time and
+/// peak resident memory from its resource usage at exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Metrics {
+    pub duration_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_peak_mb: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

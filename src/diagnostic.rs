@@ -163,6 +163,8 @@ pub enum Reason {
     ApprovalAttestationInvalid,
     ApprovalStoreMismatch,
     ApprovalEvidenceUnavailable,
+    SandboxUnavailable,
+    ToolResourceLimit,
 }
 
 /// The catalog entry of one reason.
@@ -271,6 +273,8 @@ impl Reason {
         Reason::ApprovalAttestationInvalid,
         Reason::ApprovalStoreMismatch,
         Reason::ApprovalEvidenceUnavailable,
+        Reason::SandboxUnavailable,
+        Reason::ToolResourceLimit,
     ];
 
     /// The stable snake_case code, as it appears in responses and the audit log.
@@ -362,6 +366,8 @@ impl Reason {
             Reason::ApprovalAttestationInvalid => "approval_attestation_invalid",
             Reason::ApprovalStoreMismatch => "approval_store_mismatch",
             Reason::ApprovalEvidenceUnavailable => "approval_evidence_unavailable",
+            Reason::SandboxUnavailable => "sandbox_unavailable",
+            Reason::ToolResourceLimit => "tool_resource_limit",
         }
     }
 
@@ -1231,6 +1237,25 @@ impl Reason {
                     "in a fleet, the audit hub did not hold every sidecar's audit log up to now within the bounded wait, so whether the approval was already used elsewhere is not proven and it is not used",
                     "a sidecar's shipping to the audit hub lags, fails or stopped (details.waiting_for names the sidecars), or this sidecar's own shipping does",
                     "retry later; operators: check each sidecar's toolgate_hub_ship_* metrics and its connection to the cluster database",
+                Reason::SandboxUnavailable => (
+                    E::DependencyDown,
+                    C::Dependency,
+                    10,
+                    false,
+                    S::Critical,
+                    "the tool's sandbox profile asks for a guarantee no mechanism of this host can hold, so the tool was not started",
+                    "the kernel lacks Landlock (ABI 3, or 4 for `network: {ports}`) or seccomp, or refuses the namespaces `network: {connect}` needs (see details.sandbox.unavailable)",
+                    "operators: run `toolgate doctor` on the host and see docs/operations.md, \"Sandbox\"; nothing ran, and the call is refused the same way until the host or the profile changes",
+                ),
+                Reason::ToolResourceLimit => (
+                    E::InternalError,
+                    C::Execution,
+                    10,
+                    false,
+                    S::Error,
+                    "the kernel ended the tool at a limit of its sandbox profile (details.sandbox.limit_hit: cpu_s or file_size_mb)",
+                    "the tool used more CPU time or wrote a larger file than its profile's `limits` allow",
+                    "call with less work, or raise the limit in the tool's `sandbox.limits` (a policy change that `policy diff` reports as widening)",
                 ),
             };
         ReasonInfo {

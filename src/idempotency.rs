@@ -236,6 +236,7 @@ mod tests {
                 replayed: false,
                 replay_of: None,
                 details: None,
+                metrics: None,
             }),
             spilled_output: None,
             bytes,

@@ -57,6 +57,7 @@ pub mod policy;
 pub mod requests;
 pub mod review;
 pub mod runs;
+pub mod sandbox;
 pub mod server;
 pub mod shadow;
 pub mod state;

@@ -100,6 +100,9 @@ struct Call {
     /// The approval this call runs under (claimed at the approval gate), recorded as
     /// `details.approval`.
     approval: Option<Value>,
+    /// The sandbox a local tool process ran in (`details.sandbox`), and its CPU time
+    /// and peak memory for the response's `metrics`.
+    sandbox: Option<crate::sandbox::Evidence>,
 }
 
 /// What the audit events of a call record about its arguments.
@@ -575,11 +578,13 @@ impl Gateway {
             Ok(_slot) => {
                 call.executed = true;
                 let started = Instant::now();
+                let evidence = crate::sandbox::EvidenceSlot::default();
                 let executed = self
-                    .execute(&allowed, &call, signals)
+                    .execute(&allowed, &call, signals, &evidence)
                     .instrument(trace::step_span("execute", 10))
                     .await;
                 call.tool_time = Some(started.elapsed());
+                call.sandbox = evidence.into_inner().ok().flatten();
                 if let Err(refusal) = &executed
                     && refusal.details["reached_tool"] == json!(false)
                 {
@@ -861,6 +866,7 @@ impl Gateway {
         allowed: &Allowed<'_>,
         call: &Call,
         signals: &CallSignals,
+        evidence: &crate::sandbox::EvidenceSlot,
     ) -> Result<(Value, u64), Refusal> {
         let tool = allowed.tool;
         let (timeout_ms, deadline) = call_deadline(allowed, call);
@@ -870,6 +876,7 @@ impl Gateway {
             run_id: &allowed.run.run_id,
             scope: &allowed.scope.scope,
             deadline,
+            sandbox: Some(evidence),
         };
         // INVARIANT: nothing starts once the deadline has passed (e.g. a slow audit
         // append in step 9 used the whole budget).
@@ -1246,6 +1253,7 @@ impl Call {
             span: Span::current(),
             caller: None,
             approval: None,
+            sandbox: None,
         }
         .traced()
     }
@@ -1351,6 +1359,11 @@ impl Call {
         if self.dry_run {
             event.details.insert("dry_run".into(), json!(true));
         }
+        if let Some(sandbox) = &self.sandbox {
+            event
+                .details
+                .insert("sandbox".into(), Value::Object(sandbox.details.clone()));
+        }
         event
     }
 
@@ -1379,6 +1392,13 @@ impl Call {
             replayed: false,
             replay_of: None,
             details: None,
+            metrics: self.sandbox.as_ref().and_then(|s| {
+                (s.cpu_ms.is_some() || s.memory_peak_mb.is_some()).then(|| crate::call::Metrics {
+                    duration_ms: self.started.elapsed().as_millis() as u64,
+                    cpu_ms: s.cpu_ms,
+                    memory_peak_mb: s.memory_peak_mb,
+                })
+            }),
         }
     }
 }

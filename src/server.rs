@@ -225,6 +225,7 @@ fn ready(gateway: &Gateway) -> Value {
         "ready": true,
         "policy_versions": loaded.policy.versions,
         "safety_lock": gateway.safety_lock().engaged,
+        "sandbox": crate::sandbox::host::probed(),
     })
 }
 
@@ -1087,6 +1088,8 @@ pub fn http_status(reason: Reason) -> StatusCode {
         Reason::ApprovalAttestationInvalid => StatusCode::FORBIDDEN,
         Reason::ApprovalStoreMismatch => StatusCode::FORBIDDEN,
         Reason::ApprovalEvidenceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::SandboxUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::ToolResourceLimit => StatusCode::INTERNAL_SERVER_ERROR,
         Reason::ApprovalDenied
         | Reason::ApprovalExpired
         | Reason::ApprovalUsed

@@ -8,10 +8,18 @@
 //! dropped), the whole process group is sent SIGKILL: a call leaves no process behind
 //! unless a process deliberately left the group (`setsid`), which only an OS sandbox
 //! (cgroups) could prevent.
+//!
+//! A confined tool (every command tool but one whose profile says `unconfined`) is
+//! started through the sandbox launcher (`sandbox::run`): its process runs inside its
+//! profile, in a pid namespace where the host allows one (then nothing it starts
+//! outlives it) or under a subreaper that kills what it leaves behind; the evidence of
+//! the confinement goes to the call's `details.sandbox`.
 
+use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -24,6 +32,8 @@ use super::{
 use crate::canonical::{to_canonical_bytes, to_canonical_string};
 use crate::diagnostic::Refusal;
 use crate::policy::Tool;
+use crate::sandbox::run::{Launch, Outcome, put};
+use crate::sandbox::{Evidence, Plan};
 
 /// Largest arguments (as JSON) a program is given.
 pub const MAX_ARGUMENT_BYTES: usize = 1024 * 1024;
@@ -49,6 +59,17 @@ pub struct CommandAdapter {
     working_dir: PathBuf,
     /// Variables passed through from toolgate's environment (read at each call).
     env_allowlist: Vec<String>,
+    /// How the process is confined (set by `adapter::build` from the policy).
+    confinement: Confinement,
+}
+
+/// A local process's confinement.
+#[derive(Debug, Clone)]
+pub(crate) enum Confinement {
+    /// Through the launcher, inside this plan.
+    Confined(Arc<Plan>),
+    /// `sandbox: {unconfined: reason}`: started directly, audited with its reason.
+    Unconfined(String),
 }
 
 impl CommandAdapter {
@@ -120,9 +141,31 @@ impl CommandAdapter {
                 args: argv.iter().skip(1).cloned().collect(),
                 working_dir: dir,
                 env_allowlist: env_allowlist.to_vec(),
+                confinement: Confinement::Unconfined(String::new()),
             }),
             _ => Err(problems),
         }
+    }
+
+    /// The program this adapter runs (for the sandbox plan).
+    pub(crate) fn program(&self) -> &Path {
+        &self.program
+    }
+
+    /// The working directory this adapter runs in.
+    pub(crate) fn working_dir(&self) -> &Path {
+        &self.working_dir
+    }
+
+    /// How the process is confined.
+    pub(crate) fn confinement(&self) -> &Confinement {
+        &self.confinement
+    }
+
+    /// Sets how the process is confined.
+    pub(crate) fn confine(mut self, confinement: Confinement) -> Self {
+        self.confinement = confinement;
+        self
     }
 
     /// Arguments never reach a shell (they go to the program's stdin as JSON), so
@@ -154,35 +197,59 @@ impl CommandAdapter {
         ctx: ExecContext<'_>,
     ) -> Result<Value, ExecError> {
         let input = to_canonical_bytes(arguments);
-        let mut command = tokio::process::Command::new(&self.program);
+        let mut secrets = Vec::new();
+        let mut vars: Vec<(OsString, OsString)> = Vec::new();
+        for name in &self.env_allowlist {
+            if let Some(value) = std::env::var_os(name) {
+                if is_secret_name(name) && value.len() >= 4 {
+                    secrets.push(value.to_string_lossy().into_owned());
+                }
+                vars.push((name.into(), value));
+            }
+        }
+        vars.push(("TOOLGATE_CALL_ID".into(), ctx.call_id.into()));
+        vars.push(("TOOLGATE_RUN_ID".into(), ctx.run_id.into()));
+        vars.push(("TOOLGATE_SCOPE".into(), scope_json(ctx.scope).into()));
+
+        let (mut command, mut launch, plan) = match &self.confinement {
+            Confinement::Unconfined(reason) => {
+                put(ctx.sandbox, Evidence::unconfined(reason));
+                let mut command = tokio::process::Command::new(&self.program);
+                command.args(&self.args).env_clear().envs(vars);
+                (command, None, None)
+            }
+            Confinement::Confined(plan) => {
+                // Until the launcher reports, the call's evidence is its profile.
+                put(
+                    ctx.sandbox,
+                    crate::sandbox::run::conclude(plan, &[], None).1,
+                );
+                let mut argv = vec![self.argv0.clone()];
+                argv.extend(self.args.iter().cloned());
+                let mut launch = Launch::prepare(plan, &self.program, &argv, vars, ctx.call_id)
+                    .map_err(|u| ExecError::SandboxUnavailable {
+                        guarantee: u.guarantee,
+                        detail: u.detail,
+                    })?;
+                let command =
+                    std::mem::replace(&mut launch.command, tokio::process::Command::new("/"));
+                (command, Some(launch), Some(plan))
+            }
+        };
         command
-            .args(&self.args)
-            .env_clear()
             .current_dir(&self.working_dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        let mut secrets = Vec::new();
-        for name in &self.env_allowlist {
-            if let Some(value) = std::env::var_os(name) {
-                if is_secret_name(name) && value.len() >= 4 {
-                    secrets.push(value.to_string_lossy().into_owned());
-                }
-                command.env(name, value);
-            }
-        }
-        command
-            .env("TOOLGATE_CALL_ID", ctx.call_id)
-            .env("TOOLGATE_RUN_ID", ctx.run_id)
-            .env("TOOLGATE_SCOPE", scope_json(ctx.scope));
 
         // A program that could not start ran nothing: a retry cannot repeat an effect,
         // and the call's idempotency key is not spent on it.
         let mut child = command.spawn().map_err(|e| {
             ExecError::Unreachable(format!("could not start `{}`: {e}", self.argv0))
         })?;
+        let reports = launch.as_mut().map(|l| tokio::spawn(l.spawned().read()));
         // Declared after `child`, so it is dropped first. On the deadline and
         // cancellation paths the group is killed before the leader is reaped, so its
         // pid (the group id) cannot have been reused; after a normal exit the kill
@@ -222,9 +289,51 @@ impl CommandAdapter {
             Err(_) => {
                 group.kill();
                 let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
+                if let (Some(plan), Some(reports)) = (plan, reports) {
+                    let records = tokio::time::timeout(REAP_GRACE, reports)
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or_default();
+                    let traffic = launch.as_ref().and_then(Launch::traffic);
+                    put(
+                        ctx.sandbox,
+                        crate::sandbox::run::conclude(plan, &records, traffic).1,
+                    );
+                }
                 return Err(ExecError::Timeout);
             }
         };
+        // A confined tool: what the launcher reported decides first.
+        let mut killed_by = None;
+        if let (Some(plan), Some(reports)) = (plan, reports) {
+            let records = tokio::time::timeout(REAP_GRACE, reports)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            let traffic = launch.as_ref().and_then(Launch::traffic);
+            let (outcome, evidence) = crate::sandbox::run::conclude(plan, &records, traffic);
+            put(ctx.sandbox, evidence);
+            match outcome {
+                Outcome::Unavailable { guarantee, detail } => {
+                    return Err(ExecError::SandboxUnavailable { guarantee, detail });
+                }
+                Outcome::NotStarted(detail) => return Err(ExecError::Unreachable(detail)),
+                Outcome::LimitHit { limit, signal } => {
+                    let tail = redact(&String::from_utf8_lossy(&err), &secrets);
+                    return Err(ExecError::ResourceLimit {
+                        limit,
+                        detail: format!(
+                            "`{}` was killed by signal {signal}; stderr: {}",
+                            self.argv0,
+                            tail_of(tail.trim(), STDERR_MESSAGE_BYTES)
+                        ),
+                    });
+                }
+                Outcome::Exited { signal, .. } => killed_by = signal,
+            }
+        }
         let stdout = out.map_err(|e| match e {
             ReadError::Overflow => ExecError::Failed(format!(
                 "`{}` wrote more than {cap} bytes to stdout",
@@ -237,10 +346,11 @@ impl CommandAdapter {
         let status = status
             .map_err(|e| ExecError::Failed(format!("waiting for `{}` failed: {e}", self.argv0)))?;
         if !status.success() {
-            let how = match (status.code(), status.signal()) {
-                (Some(code), _) => format!("exited with status {code}"),
-                (None, Some(signal)) => format!("was killed by signal {signal}"),
-                (None, None) => "failed".to_string(),
+            let how = match (killed_by, status.code(), status.signal()) {
+                (Some(signal), _, _) => format!("was killed by signal {signal}"),
+                (None, Some(code), _) => format!("exited with status {code}"),
+                (None, None, Some(signal)) => format!("was killed by signal {signal}"),
+                (None, None, None) => "failed".to_string(),
             };
             let tail = redact(&String::from_utf8_lossy(&err), &secrets);
             let tail = tail_of(tail.trim(), STDERR_MESSAGE_BYTES);

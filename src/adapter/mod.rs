@@ -39,6 +39,9 @@ pub struct ExecContext<'a> {
     pub scope: &'a Map<String, Value>,
     /// Work must be finished or terminated by then.
     pub deadline: Instant,
+    /// Where a local process's sandbox evidence goes (`details.sandbox`), if the
+    /// caller keeps it.
+    pub sandbox: Option<&'a crate::sandbox::EvidenceSlot>,
 }
 
 /// How an execution failed, before classification into a reason.
@@ -72,6 +75,11 @@ pub enum ExecError {
     /// resolving outside the folder the tool is confined to). `pointer` is a JSON
     /// pointer into the arguments.
     ArgumentUnsafe { pointer: String, problem: String },
+    /// No mechanism of this host could hold a guarantee of the tool's sandbox
+    /// profile; nothing was executed.
+    SandboxUnavailable { guarantee: String, detail: String },
+    /// The kernel ended the tool at a limit of its sandbox profile.
+    ResourceLimit { limit: &'static str, detail: String },
 }
 
 mod builtin;
@@ -178,7 +186,10 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
     let mut adapters = Adapters::default();
     let mut problems = Vec::new();
     let mut servers = mcp::Servers::new(policy);
+    let forbidden = crate::sandbox::plan::Forbidden::of(policy, &env.tools_dir, &env.data_dir);
+    let registry = policy.source.tools_file.clone();
     for (name, tool) in &policy.tools {
+        let owner = format!("tool `{name}`");
         let built = match &tool.adapter {
             AdapterConfig::Builtin { name, settings } => {
                 builtin::BuiltinAdapter::build(name, settings, env).map(Adapter::Builtin)
@@ -187,14 +198,30 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                 argv,
                 working_dir,
                 env_allowlist,
+                sandbox,
             } => command::CommandAdapter::build(argv, working_dir.as_deref(), env_allowlist, env)
-                .map(Adapter::Command),
+                .and_then(|adapter| {
+                    match confinement(&owner, sandbox, adapter.program(), adapter.working_dir(), &forbidden, &registry) {
+                        Ok(c) => Ok(Adapter::Command(adapter.confine(c))),
+                        Err(found) => {
+                            problems.extend(found);
+                            Err(Vec::new())
+                        }
+                    }
+                }),
             AdapterConfig::Http {
                 url,
                 allowed_hosts,
                 request,
             } => http::HttpAdapter::build(url, allowed_hosts, request)
                 .map(|h| Adapter::Http(Box::new(h))),
+            AdapterConfig::Mcp {
+                sandbox: Some(crate::policy::Sandbox::Confined(profile)),
+                ..
+            } if profile.given => Err(vec![SettingProblem::new(
+                "the `sandbox` of a stdio MCP server is not enforced by this build yet",
+            )
+            .help("remove the block (the server then runs as before, recorded as unconfined) or say `sandbox: {unconfined: \"reason\"}`")]),
             AdapterConfig::Mcp {
                 tool: upstream_tool,
                 ..
@@ -215,7 +242,8 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
             })),
         }
     }
-    let (runners, found) = phases::build_all(&policy.tools, env);
+    let (runners, found) =
+        phases::build_all(&policy.tools, env, &forbidden, &registry, &mut problems);
     adapters.phases = runners;
     problems.extend(found.into_iter().map(|(name, p)| Problem {
         file: policy.source.tools_file.clone(),
@@ -231,7 +259,44 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
     }
 }
 
+/// The confinement of `owner`'s process: a plan for a confined profile (its located
+/// problems when a path reaches what no profile may), or the reason it is unconfined.
+pub(crate) fn confinement(
+    owner: &str,
+    sandbox: &crate::policy::Sandbox,
+    program: &std::path::Path,
+    working_dir: &std::path::Path,
+    forbidden: &crate::sandbox::plan::Forbidden,
+    registry: &str,
+) -> Result<command::Confinement, Vec<Problem>> {
+    match sandbox {
+        crate::policy::Sandbox::Unconfined { reason } => {
+            Ok(command::Confinement::Unconfined(reason.clone()))
+        }
+        crate::policy::Sandbox::Confined(profile) => {
+            crate::sandbox::Plan::build(owner, profile, program, working_dir, forbidden, registry)
+                .map(|plan| command::Confinement::Confined(std::sync::Arc::new(plan)))
+        }
+    }
+}
+
 impl Adapter {
+    /// The effective sandbox profile of the tool's process (`policy explain`): the
+    /// paths, network and limits it runs with and the profile's sha256, or the reason
+    /// it runs unconfined; None for a tool that starts no local process.
+    pub fn sandbox_profile(&self) -> Option<Value> {
+        let confinement = match self {
+            Adapter::Command(c) => c.confinement(),
+            _ => return None,
+        };
+        Some(match confinement {
+            command::Confinement::Confined(plan) => {
+                json!({ "profile_sha256": plan.sha256, "profile": plan.effective() })
+            }
+            command::Confinement::Unconfined(reason) => json!({ "unconfined": reason }),
+        })
+    }
+
     /// Sanitizes the arguments: refuses path traversal, NUL bytes and oversized
     /// arguments for programs, and URLs to hosts outside the allowlist.
     /// Runs after the input schema has been checked. A refusal has reason
@@ -372,6 +437,22 @@ impl Adapter {
             ExecError::ArgumentUnsafe { pointer, problem } => {
                 unsafe_argument(pointer, &bounded(problem))
             }
+            ExecError::SandboxUnavailable { guarantee, detail } => Refusal::new(
+                Reason::SandboxUnavailable,
+                format!(
+                    "tool `{name}` was not started: its sandbox's `{guarantee}` guarantee cannot be held on this host"
+                ),
+            )
+            .with_details(json!({
+                "guarantee": guarantee,
+                "sandbox_error": bounded(detail),
+                "reached_tool": false,
+            })),
+            ExecError::ResourceLimit { limit, detail } => Refusal::new(
+                Reason::ToolResourceLimit,
+                format!("tool `{name}` was stopped by the kernel at its `{limit}` limit"),
+            )
+            .with_details(json!({ "limit": limit, "tool_error": bounded(detail) })),
         }
     }
 }

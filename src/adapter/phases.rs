@@ -74,6 +74,9 @@ impl PhaseRunner {
     pub(super) fn build(
         tool: &Tool,
         env: &AdapterEnv,
+        forbidden: &crate::sandbox::plan::Forbidden,
+        registry: &str,
+        located: &mut Vec<crate::policy::Problem>,
     ) -> Option<Result<PhaseRunner, Vec<SettingProblem>>> {
         let phases = tool.phases.as_ref()?;
         let mut problems = Vec::new();
@@ -108,10 +111,29 @@ impl PhaseRunner {
                     AdapterConfig::Command {
                         working_dir,
                         env_allowlist,
+                        sandbox,
                         ..
                     },
                 ) => CommandAdapter::build(argv, working_dir.as_deref(), env_allowlist, env)
-                    .map(Target::Command),
+                    .and_then(|adapter| {
+                        // A phase's own profile, else the adapter's.
+                        let sandbox = phases.sandbox.as_ref().unwrap_or(sandbox);
+                        let owner = format!("tool `{}` phase `{name}`", tool.tool_name);
+                        match super::confinement(
+                            &owner,
+                            sandbox,
+                            adapter.program(),
+                            adapter.working_dir(),
+                            forbidden,
+                            registry,
+                        ) {
+                            Ok(c) => Ok(Target::Command(adapter.confine(c))),
+                            Err(found) => {
+                                located.extend(found);
+                                Err(Vec::new())
+                            }
+                        }
+                    }),
                 (PhaseCall::Argv(_), _) => Err(vec![SettingProblem::new(
                     "`argv` phase calls are for command adapters",
                 )]),
@@ -170,6 +192,7 @@ impl PhaseRunner {
                 run_id,
                 scope: &scope,
                 deadline: Instant::now() + Duration::from_millis(self.settings.timeout_ms),
+                sandbox: None,
             };
             let result = match target {
                 Target::Http(upstream) => {
@@ -201,11 +224,14 @@ impl PhaseRunner {
 pub(super) fn build_all(
     tools: &BTreeMap<String, Tool>,
     env: &AdapterEnv,
+    forbidden: &crate::sandbox::plan::Forbidden,
+    registry: &str,
+    located: &mut Vec<crate::policy::Problem>,
 ) -> (BTreeMap<String, PhaseRunner>, Vec<(String, SettingProblem)>) {
     let mut runners = BTreeMap::new();
     let mut problems = Vec::new();
     for (name, tool) in tools {
-        match PhaseRunner::build(tool, env) {
+        match PhaseRunner::build(tool, env, forbidden, registry, located) {
             None => {}
             Some(Ok(runner)) => {
                 runners.insert(name.clone(), runner);

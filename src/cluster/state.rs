@@ -432,6 +432,7 @@ pub fn response_from_json(v: &Value) -> Option<CallResponse> {
         dry_run: None,
         replayed: false,
         replay_of: None,
+        metrics: None,
     })
 }
 
@@ -467,6 +468,7 @@ mod tests {
             dry_run: None,
             replayed: false,
             replay_of: None,
+            metrics: None,
         }
     }
 

@@ -94,9 +94,28 @@ pub fn explain_command(args: &ExplainArgs) -> Exit {
     }
     let request = offline_request(&args.role, &args.lane, &args.tool, scope, arguments);
     let explanation = explain(&loaded, request, Some(run));
+    // The tool's effective sandbox profile, when it starts a local process.
+    let sandbox = loaded
+        .adapter(&args.tool)
+        .ok()
+        .and_then(crate::adapter::Adapter::sandbox_profile);
     match args.format {
-        Format::Text => print!("{}", render_text(&explanation)),
-        Format::Json => println!("{}", render_json(&explanation)),
+        Format::Text => {
+            print!("{}", render_text(&explanation));
+            if let Some(sandbox) = &sandbox {
+                println!(
+                    "sandbox: {}",
+                    serde_json::to_string_pretty(sandbox).unwrap_or_default()
+                );
+            }
+        }
+        Format::Json => {
+            let mut value = render_json(&explanation);
+            if let (Some(o), Some(sandbox)) = (value.as_object_mut(), sandbox) {
+                o.insert("sandbox".into(), sandbox);
+            }
+            println!("{value}");
+        }
     }
     if explanation.refusal.is_none() {
         Exit::Ok

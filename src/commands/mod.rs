@@ -13,6 +13,7 @@ pub mod approvals;
 pub mod audit;
 pub mod audit_fleet;
 pub mod diff;
+pub mod doctor;
 pub mod explain;
 pub mod mcp;
 pub mod policy_check;
@@ -76,6 +77,9 @@ pub enum Command {
     /// Decide approvals of calls that need one, against a running server.
     #[command(subcommand)]
     Approvals(approvals::ApprovalsCommand),
+    /// Report what this host can enforce for sandboxed tools (Landlock, seccomp,
+    /// namespaces) and which mechanism would hold each guarantee.
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -207,10 +211,24 @@ pub struct PolicyCheckArgs {
     /// needs a major bump, a compatible one a minor bump); a violation exits 5.
     #[arg(long)]
     pub base: Option<String>,
+    /// The data directory `serve` will use: no sandbox profile may reach it (nor its
+    /// `keys/`).
+    #[arg(long, default_value = "var")]
+    pub data_dir: PathBuf,
 }
+
+/// The hidden subcommand of the sandbox launcher (`sandbox::exec`): toolgate runs its
+/// own binary with it to confine a tool's process. It is dispatched before anything
+/// else runs (no flag parsing, no thread), and is not part of the documented command
+/// line.
+pub const SANDBOX_EXEC: &str = "sandbox-exec";
 
 /// Parses the command line and runs the command.
 pub fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(SANDBOX_EXEC) {
+        return crate::sandbox::exec::main(&args[2..]);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -236,6 +254,7 @@ pub fn main() -> ExitCode {
         Command::Mcp(command) => mcp::mcp_command(&command),
         Command::Signer(args) => audit::signer_command(&args),
         Command::Approvals(command) => approvals::approvals_command(&command),
+        Command::Doctor(args) => doctor::doctor_command(&args),
     };
     exit.into()
 }

@@ -6,7 +6,7 @@
 //! `--format json` prints one JSON object for machines. Both go to stdout; the exit code says which.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{Value, json};
 
@@ -19,7 +19,11 @@ use crate::review::diff::{DiffError, Violation, base_violations};
 /// `Exit::SchemaError` when `--base` finds a version rule violation, `Exit::Failure`
 /// when the report cannot be written.
 pub fn check_command(args: &PolicyCheckArgs) -> Exit {
-    let outcome = check(&args.location.policy_dir, &args.location.tools);
+    let outcome = check(
+        &args.location.policy_dir,
+        &args.location.tools,
+        &args.data_dir,
+    );
     // With --base, a policy that loads is also held to the version rules.
     let base = match (&args.base, &outcome) {
         (Some(rev), Ok(_)) => Some(BaseCheck::run(
@@ -56,11 +60,11 @@ pub fn check_command(args: &PolicyCheckArgs) -> Exit {
 
 /// Loads the policy, then builds its adapters (which check adapter settings) with the
 /// tools directory and the default data directory.
-fn check(policy_dir: &Path, tools_file: &Path) -> Result<Policy, Vec<Problem>> {
+fn check(policy_dir: &Path, tools_file: &Path, data_dir: &Path) -> Result<Policy, Vec<Problem>> {
     let policy = load(policy_dir, tools_file)?;
     let env = crate::adapter::AdapterEnv {
         tools_dir: tools_dir(tools_file),
-        data_dir: PathBuf::from("var"),
+        data_dir: data_dir.to_path_buf(),
     };
     match crate::adapter::build(&policy, &env) {
         // An empty list carries no problem (the adapters are not built by this check).

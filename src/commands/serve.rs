@@ -28,6 +28,16 @@ pub struct ServeArgs {
     /// Directory for the audit database, keys, artifacts and tool writes.
     #[arg(long, default_value = "var")]
     pub data_dir: PathBuf,
+    /// When toolgate runs as root, sandboxed tools run as this uid (never 0).
+    #[arg(long, default_value_t = crate::sandbox::host::DEFAULT_RUN_AS.0)]
+    pub sandbox_uid: u32,
+    /// When toolgate runs as root, sandboxed tools run with this gid (never 0).
+    #[arg(long, default_value_t = crate::sandbox::host::DEFAULT_RUN_AS.1)]
+    pub sandbox_gid: u32,
+    /// Where each call's scratch directory of a sandboxed tool is made (below
+    /// `toolgate-scratch/`; default: the system's temporary directory).
+    #[arg(long)]
+    pub sandbox_scratch_dir: Option<PathBuf>,
     /// Audit durability: full (every acknowledged event survives power loss) or normal.
     #[arg(long, value_enum, default_value = "full")]
     pub durability: DurabilityArg,
@@ -399,6 +409,34 @@ pub enum LogFormat {
 }
 
 pub fn serve_command(args: &ServeArgs) -> Exit {
+    if args.sandbox_uid == 0 || args.sandbox_gid == 0 {
+        eprintln!(
+            "error: --sandbox-uid and --sandbox-gid name the unprivileged user tools run as; 0 is root"
+        );
+        return Exit::InvalidConfig;
+    }
+    // Before the policy loads: the adapters' sandbox plans read these.
+    crate::sandbox::host::configure(crate::sandbox::HostConfig {
+        run_as: (args.sandbox_uid, args.sandbox_gid),
+        scratch_root: args
+            .sandbox_scratch_dir
+            .clone()
+            .unwrap_or_else(std::env::temp_dir),
+        key_dir: Some(
+            args.key_dir
+                .clone()
+                .unwrap_or_else(|| args.data_dir.join("keys")),
+        ),
+    });
+    // A tool running as toolgate's own user cannot read its memory or environment
+    // through /proc, nor trace it.
+    crate::sandbox::host::make_undumpable();
+    let host = crate::sandbox::host::probe_once();
+    if !host.default_profile_enforceable() {
+        eprintln!(
+            "warning: this host cannot enforce the default sandbox profile; calls of confined tools will be refused (sandbox_unavailable); run `toolgate doctor`"
+        );
+    }
     let runtime = match crate::commands::runtime(&mut tokio::runtime::Builder::new_multi_thread()) {
         Ok(rt) => rt,
         Err(exit) => return exit,

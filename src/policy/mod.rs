@@ -34,6 +34,7 @@ pub use model::*;
 pub use notes::{Note, notes};
 pub use read::{MAX_FILE_BYTES, MAX_YAML_DEPTH};
 pub use validate::is_id;
+pub(crate) use validate::parse_host_port as normal_host_port;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

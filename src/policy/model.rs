@@ -376,6 +376,8 @@ pub enum AdapterConfig {
         /// Environment variables passed through from toolgate's environment; all
         /// others are cleared.
         env_allowlist: Vec<String>,
+        /// The process's confinement (`sandbox:`, or the default profile).
+        sandbox: Sandbox,
     },
     /// An upstream reached with one HTTP request per call (by default a JSON POST of
     /// the arguments to a fixed URL); see [`HttpRequestModel`].
@@ -407,6 +409,9 @@ pub enum AdapterConfig {
         tool: String,
         /// How many requests may be in flight on the server's session at once.
         max_concurrency: u32,
+        /// The confinement of a stdio server's process (Some exactly when `command`
+        /// is set): the `servers:` entry's, or the adapter's for an inline command.
+        sandbox: Option<Sandbox>,
     },
 }
 
@@ -494,6 +499,8 @@ pub struct Phases {
     pub max_attempts: u32,
     /// The deadline of one commit or rollback attempt.
     pub timeout_ms: u64,
+    /// The confinement of `argv` phase calls: `phases.sandbox`, else the adapter's.
+    pub sandbox: Option<Sandbox>,
 }
 
 /// Where a phase call goes: a URL (JSON POST; hosts of the adapter's allowlist) or a
@@ -520,6 +527,8 @@ pub struct McpServer {
     pub command: Option<Vec<String>>,
     pub url: Option<String>,
     pub max_concurrency: u32,
+    /// The confinement of a `command` server's process (Some exactly then).
+    pub sandbox: Option<Sandbox>,
 }
 
 /// Requests in flight on one MCP server's session when its entry does not say.
@@ -572,4 +581,118 @@ pub struct Tool {
     /// Compiled validators for the two schemas.
     pub input_validator: Arc<jsonschema::Validator>,
     pub output_validator: Arc<jsonschema::Validator>,
+}
+
+/// The confinement of a local tool process (a `command` tool, a command phase, a stdio
+/// MCP server): the `sandbox:` block, or the strict default profile when it is absent.
+///
+/// INVARIANT: `Unconfined` only ever comes from an explicit `sandbox: {unconfined:
+/// "reason"}` with a non-empty reason; every other profile's paths are absolute,
+/// existing, free of `..` and symlinks, and its limits are within
+/// [`SandboxLimits::BOUNDS`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sandbox {
+    Confined(SandboxProfile),
+    Unconfined { reason: String },
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox::Confined(SandboxProfile::default())
+    }
+}
+
+/// A confined profile as the policy gives it; `sandbox::Plan` adds what every tool gets
+/// (its program and interpreter, the system's library and certificate directories,
+/// its working directory, the per-call scratch directory).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SandboxProfile {
+    /// Whether the registry wrote a `sandbox:` block (false: the default profile).
+    pub given: bool,
+    /// Paths the tool may also read (files and directories beneath).
+    pub read: Vec<SandboxPath>,
+    /// Paths the tool may also write (create, change, remove beneath).
+    pub write: Vec<SandboxPath>,
+    /// Paths the tool may also execute programs from (and read).
+    pub exec: Vec<SandboxPath>,
+    pub network: SandboxNetwork,
+    pub limits: SandboxLimits,
+}
+
+/// One path of a profile: absolute, checked at load; where it was written, so that a
+/// later check (the data directory, other tools' directories) can point at it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct SandboxPath {
+    pub path: std::path::PathBuf,
+    #[serde(skip)]
+    pub line: usize,
+    #[serde(skip)]
+    pub column: usize,
+}
+
+/// What the tool may reach over the network.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxNetwork {
+    /// Nothing (the default): an empty network namespace, or a seccomp filter allowing
+    /// only Unix sockets.
+    #[default]
+    None,
+    /// TCP connections to these ports on any host (Landlock), sorted.
+    Ports(Vec<u16>),
+    /// These `host:port`s only, through the per-call egress proxy, sorted.
+    Connect(Vec<String>),
+}
+
+/// Resource limits of a confined process (rlimits; `memory_mb` is address space).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct SandboxLimits {
+    /// CPU seconds (RLIMIT_CPU): past it the kernel signals SIGXCPU.
+    pub cpu_s: u64,
+    /// Address space in MiB (RLIMIT_AS; with cgroups v1 only, not resident memory).
+    pub memory_mb: u64,
+    /// Processes and threads (RLIMIT_NPROC).
+    pub processes: u64,
+    /// Open file descriptors (RLIMIT_NOFILE).
+    pub open_files: u64,
+    /// Largest file the tool may write, MiB (RLIMIT_FSIZE): past it SIGXFSZ.
+    pub file_size_mb: u64,
+}
+
+impl SandboxLimits {
+    /// The least and the most each limit may be set to, by field name.
+    pub const BOUNDS: [(&'static str, u64, u64); 5] = [
+        ("cpu_s", 1, 86_400),
+        ("memory_mb", 64, 1_048_576),
+        ("processes", 1, 65_536),
+        ("open_files", 16, 1_048_576),
+        ("file_size_mb", 1, 1_048_576),
+    ];
+
+    /// The limits by field name, in [`SandboxLimits::BOUNDS`] order.
+    pub fn fields(&self) -> [(&'static str, u64); 5] {
+        [
+            ("cpu_s", self.cpu_s),
+            ("memory_mb", self.memory_mb),
+            ("processes", self.processes),
+            ("open_files", self.open_files),
+            ("file_size_mb", self.file_size_mb),
+        ]
+    }
+}
+
+impl Default for SandboxLimits {
+    /// Measured so that Python 3 and Node.js start and run a small tool under them
+    /// (docs/policy.md, "sandbox"): Node reserves about 1 GiB of address space at start.
+    fn default() -> Self {
+        SandboxLimits {
+            cpu_s: 30,
+            memory_mb: 2048,
+            processes: 64,
+            open_files: 256,
+            file_size_mb: 64,
+        }
+    }
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{Approval, Policy};
+use super::{AdapterConfig, Approval, Policy, Sandbox, Tool};
 
 /// One note: the file and the part of it (`tool:NAME` or `lane:NAME`) it is about, what
 /// it allows, and how to change that.
@@ -41,6 +41,7 @@ pub fn notes(policy: &Policy) -> Vec<Note> {
         }
     }
     for tool in policy.tools.values() {
+        unconfined(policy, tool, &mut notes);
         if let Some(approval) = &tool.approval {
             agent_approvers(
                 policy,
@@ -83,5 +84,34 @@ fn agent_approvers(
             help: "give approvals to an admin, or to a role with `lanes: []` that only people hold"
                 .to_string(),
         });
+    }
+}
+
+/// A local process of `tool` that runs outside the sandbox (`sandbox: {unconfined:
+/// reason}`): with toolgate's own authority, as its reviewers should know.
+fn unconfined(policy: &Policy, tool: &Tool, notes: &mut Vec<Note>) {
+    let mut found = Vec::new();
+    match &tool.adapter {
+        AdapterConfig::Command { sandbox, .. } => found.push(("its command", sandbox)),
+        AdapterConfig::Mcp {
+            sandbox: Some(sandbox),
+            ..
+        } => found.push(("its stdio MCP server", sandbox)),
+        _ => {}
+    }
+    if let Some(sandbox) = tool.phases.as_ref().and_then(|p| p.sandbox.as_ref()) {
+        found.push(("its commit and rollback phases", sandbox));
+    }
+    for (what, sandbox) in found {
+        if let Sandbox::Unconfined { reason } = sandbox {
+            notes.push(Note {
+                file: policy.source.tools_file.clone(),
+                owner: format!("tool:{}", tool.tool_name),
+                message: format!(
+                    "{what} runs unconfined (\"{reason}\"): with toolgate's own user, files and network; every call is audited with this reason"
+                ),
+                help: "give it a `sandbox:` profile (filesystem, network, limits) instead of `unconfined`".to_string(),
+            });
+        }
     }
 }

@@ -182,6 +182,8 @@ pub(crate) struct RawServer {
     pub command: Option<Spanned<Vec<String>>>,
     pub url: Option<Spanned<String>>,
     pub max_concurrency: Option<Spanned<u32>>,
+    /// The confinement of a `command` server's process (see `RawSandbox`).
+    pub sandbox: Option<Spanned<RawSandbox>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -290,6 +292,8 @@ pub(crate) struct RawAdapter {
     pub tool: Option<Spanned<String>>,
     // two-phase tools (http, command, builtin `file_with_court`)
     pub phases: Option<Spanned<RawPhases>>,
+    // command, and mcp with an inline `command`: the process's confinement
+    pub sandbox: Option<Spanned<RawSandbox>>,
 }
 
 /// A two-phase tool's commit and rollback calls (see `model::Phases`).
@@ -302,6 +306,8 @@ pub(crate) struct RawPhases {
     pub token_field: Option<Spanned<String>>,
     pub max_attempts: Option<Spanned<u32>>,
     pub timeout_ms: Option<Spanned<u64>>,
+    /// The confinement of the `argv` phase calls (default: the adapter's).
+    pub sandbox: Option<Spanned<RawSandbox>>,
 }
 
 /// One phase call: `url` (http and builtin adapters) or `argv` (command adapters).
@@ -325,4 +331,55 @@ pub(crate) enum RawRedactionMode {
 pub(crate) struct RawRedaction {
     pub mode: Spanned<RawRedactionMode>,
     pub pointers: Option<Vec<Spanned<String>>>,
+}
+
+/// `sandbox:` of a command tool, a command phase or a stdio MCP server: either
+/// `unconfined: "reason"` alone, or any of `filesystem`, `network` and `limits`
+/// (checked in validation; see `model::Sandbox`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSandbox {
+    pub filesystem: Option<Spanned<RawSandboxFilesystem>>,
+    pub network: Option<Spanned<RawSandboxNetwork>>,
+    pub limits: Option<Spanned<RawSandboxLimits>>,
+    pub unconfined: Option<Spanned<String>>,
+}
+
+/// `filesystem: {read, write, exec}`: paths added to the default profile.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSandboxFilesystem {
+    #[serde(default)]
+    pub read: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub write: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub exec: Vec<Spanned<String>>,
+}
+
+/// `network: none | {ports: [N, ...]} | {connect: ["host:port", ...]}`. An untagged
+/// shape: its position is the enclosing `Spanned`'s.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RawSandboxNetwork {
+    Mode(String),
+    Rules(RawSandboxNetworkRules),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSandboxNetworkRules {
+    pub ports: Option<Vec<u64>>,
+    pub connect: Option<Vec<String>>,
+}
+
+/// `limits: {cpu_s, memory_mb, processes, open_files, file_size_mb}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSandboxLimits {
+    pub cpu_s: Option<Spanned<u64>>,
+    pub memory_mb: Option<Spanned<u64>>,
+    pub processes: Option<Spanned<u64>>,
+    pub open_files: Option<Spanned<u64>>,
+    pub file_size_mb: Option<Spanned<u64>>,
 }

@@ -101,11 +101,20 @@ fn builtin(name: &str, settings: Value) -> AdapterConfig {
     }
 }
 
+/// A command tool, unconfined: these tests drive the adapter in this process, where
+/// no launcher binary runs; the confined path is tested end to end in sandbox.rs.
 fn command(argv: &[&str], env_allowlist: &[&str]) -> AdapterConfig {
     AdapterConfig::Command {
         argv: argv.iter().map(|s| s.to_string()).collect(),
         working_dir: None,
         env_allowlist: env_allowlist.iter().map(|s| s.to_string()).collect(),
+        sandbox: unconfined(),
+    }
+}
+
+fn unconfined() -> toolgate::policy::Sandbox {
+    toolgate::policy::Sandbox::Unconfined {
+        reason: "the adapter's mechanics, tested in-process".into(),
     }
 }
 
@@ -287,6 +296,7 @@ impl Gate {
             run_id: "run-1",
             scope: &scope,
             deadline: Instant::now() + Duration::from_millis(deadline_ms),
+            sandbox: None,
         };
         let output = adapter
             .execute(tool, &normalized, ctx)
@@ -313,6 +323,7 @@ impl Gate {
             run_id: "run-1",
             scope: &scope,
             deadline: Instant::now() + Duration::from_millis(deadline_ms),
+            sandbox: None,
         };
         adapter.execute(tool, &arguments, ctx).await
     }
@@ -518,6 +529,7 @@ async fn build_reports_every_problem_with_the_tool_named() {
                 argv: vec!["cat".into()],
                 working_dir: Some("no/such/dir".into()),
                 env_allowlist: vec![],
+                sandbox: unconfined(),
             },
             any_object(),
             any_object(),
@@ -548,6 +560,7 @@ async fn build_reports_every_problem_with_the_tool_named() {
                 url: Some("http://127.0.0.1:9/mcp".into()),
                 tool: "x".into(),
                 max_concurrency: 4,
+                sandbox: None,
             },
             any_object(),
             any_object(),
@@ -601,6 +614,7 @@ async fn the_demo_tools_build_and_an_mcp_server_that_exits_is_dependency_down() 
             url: None,
             tool: "search".into(),
             max_concurrency: 4,
+            sandbox: Some(unconfined()),
         },
         any_object(),
         any_object(),

@@ -59,7 +59,7 @@ tools:
     required_scope_keys: []
     prohibited_flags: []
     write_targets: []
-    adapter: {{kind: command, argv: ["sh", "-c", "read -r line; touch {gate}/started; while [ ! -e {gate}/go ]; do sleep 0.02; done; echo \"$line\""], env_allowlist: [PATH]}}
+    adapter: {{kind: command, argv: ["sh", "-c", "read -r line; touch {gate}/started; while [ ! -e {gate}/go ]; do sleep 0.02; done; echo \"$line\""], env_allowlist: [PATH], sandbox: {{unconfined: "the gate files live in a root-only temporary directory"}}}}
     input_schema: {{type: object}}
     output_schema: {{type: object}}
 "#,

@@ -53,6 +53,7 @@ mod policy_diff;
 mod redaction;
 mod requests;
 mod review_live;
+mod sandbox;
 mod ship;
 mod siem;
 mod soak;

@@ -313,7 +313,9 @@ fn a_caller_that_hangs_up_kills_a_command_tools_process_group() {
         "",
         &[LabTool {
             name: "sleeper",
-            adapter: format!("{{kind: command, argv: {argv}}}"),
+            adapter: format!(
+                "{{kind: command, argv: {argv}, sandbox: {{unconfined: \"python3 here is a pyenv shim under /root\"}}}}"
+            ),
             timeout_ms: 40000,
             output_schema: ANY_OBJECT,
         }],
@@ -460,7 +462,9 @@ fn an_mcp_client_that_drops_its_connection_kills_a_command_tools_process_group()
         "",
         &[LabTool {
             name: "sleeper",
-            adapter: format!("{{kind: command, argv: {argv}}}"),
+            adapter: format!(
+                "{{kind: command, argv: {argv}, sandbox: {{unconfined: \"python3 here is a pyenv shim under /root\"}}}}"
+            ),
             timeout_ms: 40000,
             output_schema: ANY_OBJECT,
         }],

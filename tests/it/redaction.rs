@@ -59,7 +59,7 @@ tools:
     prohibited_flags: []
     write_targets: []
     redaction: {mode: fields, pointers: [/password]}
-    adapter: {kind: command, argv: ["sh", "-c", "echo login failed for: >&2; cat >&2; exit 3"]}
+    adapter: {kind: command, argv: ["sh", "-c", "echo login failed for: >&2; cat >&2; exit 3"], sandbox: {filesystem: {exec: [/usr/bin]}}}
     input_schema: {type: object}
     output_schema: {type: object}
   - tool_name: leaky_http

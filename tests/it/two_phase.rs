@@ -114,6 +114,7 @@ tools:
       kind: command
       argv: ["sh", "-c", "cat >/dev/null; printf '{\"status\":\"prepared\",\"commit_token\":\"ct-cmd-1\"}'"]
       env_allowlist: [PATH]
+      sandbox: {unconfined: "its phases write beside the registry, in a root-only temporary directory"}
       phases:
         commit: {argv: ["sh", "-c", "cat > committed.json; printf '{\"status\":\"committed\"}'"]}
         rollback: {argv: ["sh", "-c", "cat > rolled_back.json; printf '{}'"]}

@@ -214,6 +214,7 @@ pub(crate) async fn call_builtin(
         run_id: "bench",
         scope,
         deadline: Instant::now() + REQUEST_TIMEOUT,
+        sandbox: None,
     };
     adapter.execute(tool, arguments, ctx).await.is_ok()
 }

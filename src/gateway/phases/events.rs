@@ -121,6 +121,12 @@ pub(super) fn phase_refusal(
         | ExecError::NotImplemented(m) => m.clone(),
         ExecError::ArgumentUnsafe { problem, .. } => problem.clone(),
         ExecError::RateLimited { message, .. } => message.clone(),
+        ExecError::SandboxUnavailable { guarantee, detail } => {
+            format!("not started: its sandbox's `{guarantee}` guarantee cannot be held: {detail}")
+        }
+        ExecError::ResourceLimit { limit, detail } => {
+            format!("stopped at its sandbox's `{limit}` limit: {detail}")
+        }
     };
     Refusal::new(
         reason,

@@ -8,11 +8,12 @@ pub(super) fn check_adapter(
     owner: &str,
     adapter: &Spanned<RawAdapter>,
     servers: &BTreeMap<String, McpServer>,
+    tools_dir: &Path,
 ) -> Option<AdapterConfig> {
     let before = report.problems.len();
     let raw = &adapter.value;
     let kind = raw.kind.value;
-    let present: [(&str, Option<Location>); 15] = [
+    let present: [(&str, Option<Location>); 16] = [
         ("name", raw.name.as_ref().map(|v| v.referenced)),
         ("settings", raw.settings.as_ref().map(|v| v.referenced)),
         ("argv", raw.argv.as_ref().map(|v| v.referenced)),
@@ -40,10 +41,11 @@ pub(super) fn check_adapter(
         ),
         ("server", raw.server.as_ref().map(|v| v.referenced)),
         ("tool", raw.tool.as_ref().map(|v| v.referenced)),
+        ("sandbox", raw.sandbox.as_ref().map(|v| v.referenced)),
     ];
     let allowed: &[&str] = match kind {
         RawAdapterKind::Builtin => &["name", "settings"],
-        RawAdapterKind::Command => &["argv", "working_dir", "env_allowlist"],
+        RawAdapterKind::Command => &["argv", "working_dir", "env_allowlist", "sandbox"],
         RawAdapterKind::Http => &[
             "url",
             "allowed_hosts",
@@ -53,7 +55,7 @@ pub(super) fn check_adapter(
             "body",
             "forward_scope",
         ],
-        RawAdapterKind::Mcp => &["server", "tool", "command", "url"],
+        RawAdapterKind::Mcp => &["server", "tool", "command", "url", "sandbox"],
     };
     for (field, location) in present {
         if let Some(location) = location
@@ -140,11 +142,16 @@ pub(super) fn check_adapter(
             }
             env_allowlist.sort();
             env_allowlist.dedup();
-            raw.argv.as_ref().map(|argv| AdapterConfig::Command {
-                argv: argv.value.clone(),
-                working_dir: raw.working_dir.as_ref().map(|w| w.value.clone()),
-                env_allowlist,
-            })
+            let sandbox = check_sandbox(report, file, owner, raw.sandbox.as_ref(), tools_dir);
+            match (raw.argv.as_ref(), sandbox) {
+                (Some(argv), Some(sandbox)) => Some(AdapterConfig::Command {
+                    argv: argv.value.clone(),
+                    working_dir: raw.working_dir.as_ref().map(|w| w.value.clone()),
+                    env_allowlist,
+                    sandbox,
+                }),
+                _ => None,
+            }
         }
         RawAdapterKind::Http => {
             match &raw.url {
@@ -196,6 +203,7 @@ pub(super) fn check_adapter(
                         server.command.clone(),
                         server.url.clone(),
                         server.max_concurrency,
+                        server.sandbox.clone(),
                     )),
                     None => {
                         let known: Vec<&str> = servers.keys().map(String::as_str).collect();
@@ -217,12 +225,17 @@ pub(super) fn check_adapter(
                 },
                 (None, Some(command), None) => {
                     argv_ok(report, "command", command);
-                    Some((
-                        None,
-                        Some(command.value.clone()),
-                        None,
-                        DEFAULT_SERVER_CONCURRENCY,
-                    ))
+                    check_sandbox(report, file, owner, raw.sandbox.as_ref(), tools_dir).map(
+                        |sandbox| {
+                            (
+                                None,
+                                Some(command.value.clone()),
+                                None,
+                                DEFAULT_SERVER_CONCURRENCY,
+                                Some(sandbox),
+                            )
+                        },
+                    )
                 }
                 (None, None, Some(url)) => {
                     non_empty(report, "url", url);
@@ -231,6 +244,7 @@ pub(super) fn check_adapter(
                         None,
                         Some(url.value.clone()),
                         DEFAULT_SERVER_CONCURRENCY,
+                        None,
                     ))
                 }
                 _ => {
@@ -245,14 +259,25 @@ pub(super) fn check_adapter(
                     None
                 }
             };
+            if let Some(sandbox) = &raw.sandbox
+                && raw.command.is_none()
+            {
+                report.spanned(
+                    file,
+                    sandbox,
+                    format!("{owner}: adapter `sandbox` applies only to an inline stdio `command`"),
+                    "give a `servers:` entry's process its `sandbox:` on the entry; an HTTP server runs elsewhere",
+                );
+            }
             match (raw.tool.as_ref(), upstream) {
-                (Some(tool), Some((server, command, url, max_concurrency))) => {
+                (Some(tool), Some((server, command, url, max_concurrency, sandbox))) => {
                     Some(AdapterConfig::Mcp {
                         server,
                         command,
                         url,
                         tool: tool.value.clone(),
                         max_concurrency,
+                        sandbox,
                     })
                 }
                 _ => None,
@@ -290,6 +315,7 @@ pub(super) fn check_servers(
     report: &mut Report<'_>,
     file: &str,
     servers: &[Spanned<RawServer>],
+    tools_dir: &Path,
 ) -> BTreeMap<String, McpServer> {
     let mut valid = BTreeMap::new();
     let mut seen = BTreeMap::new();
@@ -339,6 +365,19 @@ pub(super) fn check_servers(
                 DEFAULT_SERVER_CONCURRENCY
             }
         };
+        let sandbox = match (&raw.command, &raw.sandbox) {
+            (Some(_), block) => check_sandbox(report, file, &owner, block.as_ref(), tools_dir),
+            (None, Some(block)) => {
+                report.spanned(
+                    file,
+                    block,
+                    format!("{owner}: `sandbox` applies only to a server started with `command`"),
+                    "a server reached over `url` runs outside toolgate; confine it where it runs",
+                );
+                None
+            }
+            (None, None) => None,
+        };
         if unique && report.problems.len() == before {
             valid.insert(
                 id.value.clone(),
@@ -347,6 +386,7 @@ pub(super) fn check_servers(
                     command: raw.command.as_ref().map(|c| c.value.clone()),
                     url: raw.url.as_ref().map(|u| u.value.clone()),
                     max_concurrency,
+                    sandbox,
                 },
             );
         }
@@ -417,6 +457,7 @@ pub(super) fn check_phases(
     owner: &str,
     adapter: &Spanned<RawAdapter>,
     determinism: Determinism,
+    tools_dir: &Path,
 ) -> Option<crate::policy::Phases> {
     use crate::policy::{
         DEFAULT_PHASE_ATTEMPTS, DEFAULT_PHASE_TIMEOUT_MS, DEFAULT_TOKEN_FIELD, PhaseCall, Phases,
@@ -538,6 +579,21 @@ pub(super) fn check_phases(
             "one commit or rollback attempt may take at most a minute",
         );
     }
+    let sandbox = match (&raw.value.sandbox, kind) {
+        (None, _) => None,
+        (Some(block), RawAdapterKind::Command) => {
+            check_sandbox(report, file, owner, Some(block), tools_dir)
+        }
+        (Some(block), _) => {
+            report.spanned(
+                file,
+                block,
+                format!("{owner}: `phases.sandbox` applies only to `argv` phase calls"),
+                "the phases of an http or builtin adapter are requests, not processes",
+            );
+            None
+        }
+    };
     if report.problems.len() != before {
         return None;
     }
@@ -548,5 +604,6 @@ pub(super) fn check_phases(
         token_field,
         max_attempts,
         timeout_ms,
+        sandbox,
     })
 }

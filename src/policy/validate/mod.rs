@@ -22,6 +22,7 @@ mod cross;
 mod http;
 mod lanes;
 mod roles;
+mod sandbox;
 mod tools;
 
 use super::Problem;
@@ -47,6 +48,8 @@ use cross::*;
 use http::*;
 use lanes::*;
 use roles::*;
+use sandbox::check_sandbox;
+pub(crate) use sandbox::parse_host_port;
 pub(crate) use tools::pointer_fits_schema;
 use tools::*;
 

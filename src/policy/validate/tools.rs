@@ -9,7 +9,7 @@ pub(super) fn check_tools(
     tools_dir: &Path,
 ) -> BTreeMap<String, Tool> {
     check_version(report, file, &raw.version);
-    let servers = check_servers(report, file, &raw.servers);
+    let servers = check_servers(report, file, &raw.servers, tools_dir);
     let mut tools = BTreeMap::new();
     let mut seen = BTreeMap::new();
     for entry in &raw.tools {
@@ -90,8 +90,8 @@ pub(super) fn check_tool(
         .iter()
         .filter_map(|rule| check_flag_rule(report, file, &owner, rule))
         .collect();
-    let adapter = check_adapter(report, file, &owner, &raw.adapter, servers);
-    let phases = adapters::check_phases(report, file, &owner, &raw.adapter, determinism);
+    let adapter = check_adapter(report, file, &owner, &raw.adapter, servers, tools_dir);
+    let phases = adapters::check_phases(report, file, &owner, &raw.adapter, determinism, tools_dir);
     let redaction = check_redaction(report, file, &owner, raw.redaction.as_ref());
 
     let mut conditions = Vec::new();

@@ -159,7 +159,18 @@ pub(super) const TOOL_FIELDS: [ToolField; 15] = [
     },
     ToolField {
         field: "adapter",
-        get: Getter::Whole(|t| json!(t.adapter), as_text),
+        // The sandbox is compared on its own (`compare::tools::sandboxes`), loosening
+        // and tightening told apart.
+        get: Getter::Whole(
+            |t| {
+                let mut adapter = json!(t.adapter);
+                if let Some(o) = adapter.as_object_mut() {
+                    o.remove("sandbox");
+                }
+                adapter
+            },
+            as_text,
+        ),
         kind: [Kind::ToolAdapterChanged; 2],
         // Treated as widening: it changes what runs.
         effect: FieldEffect::Sides(Widening, Widening),

@@ -52,7 +52,7 @@ tools:
     required_scope_keys: []
     prohibited_flags: []
     write_targets: ["data_dir:lab/"]
-    adapter: {kind: command, argv: ["sh", "-c", "sleep 47.25 & sleep 47.25"]}
+    adapter: {kind: command, argv: ["sh", "-c", "sleep 47.25 & sleep 47.25"], sandbox: {filesystem: {exec: [/usr/bin]}}}
     input_schema: {type: object}
     output_schema: {type: object}
   - tool_name: echo_cmd
@@ -97,7 +97,7 @@ tools:
     required_scope_keys: []
     prohibited_flags: []
     write_targets: []
-    adapter: {kind: command, argv: ["python3", "-c", "import json; print(json.dumps({'blob': 'x' * 200000}))"]}
+    adapter: {kind: command, argv: ["python3", "-c", "import json; print(json.dumps({'blob': 'x' * 200000}))"], sandbox: {unconfined: "python3 here is a pyenv shim under /root, out of the sandbox user's reach"}}
     input_schema: {type: object}
     output_schema: {type: object, properties: {blob: {type: string}}, required: [blob]}
   - tool_name: failing
@@ -127,7 +127,7 @@ tools:
     required_scope_keys: []
     prohibited_flags: []
     write_targets: []
-    adapter: {kind: command, argv: ["python3", "-c", "import time; time.sleep(1.5); print('{}')"]}
+    adapter: {kind: command, argv: ["python3", "-c", "import time; time.sleep(1.5); print('{}')"], sandbox: {unconfined: "python3 here is a pyenv shim under /root, out of the sandbox user's reach"}}
     input_schema: {type: object}
     output_schema: {type: object}
   - tool_name: upstream_echo

@@ -119,6 +119,9 @@ pub struct Start {
     pub data_dir: Option<PathBuf>,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Start the server as this uid and gid (the test runs as root): toolgate as a
+    /// non-root user.
+    pub run_as: Option<(u32, u32)>,
 }
 
 impl Default for Start {
@@ -129,6 +132,7 @@ impl Default for Start {
             data_dir: None,
             args: Vec::new(),
             env: Vec::new(),
+            run_as: None,
         }
     }
 }
@@ -183,6 +187,10 @@ impl Server {
             .stderr(Stdio::piped());
         for (k, v) in &start.env {
             cmd.env(k, v);
+        }
+        if let Some((uid, gid)) = start.run_as {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(gid);
         }
         let mut child = cmd.spawn().expect("start toolgate");
         let stdout = child.stdout.take().unwrap();

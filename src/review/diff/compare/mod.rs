@@ -124,6 +124,7 @@ pub enum Kind {
     ToolBudgetChanged,
     ToolRateChanged,
     ToolPhasesChanged,
+    ToolSandboxChanged,
 }
 
 /// Which part of the policy a change is about; sections order the report.
@@ -221,7 +222,9 @@ impl Kind {
             | ToolApprovalAdded
             | ToolApprovalRemoved
             | ToolApprovalChanged => Section::Tools,
-            ToolBudgetChanged | ToolRateChanged | ToolPhasesChanged => Section::Tools,
+            ToolBudgetChanged | ToolRateChanged | ToolPhasesChanged | ToolSandboxChanged => {
+                Section::Tools
+            }
         }
     }
 }

@@ -52,6 +52,129 @@ pub(super) fn tool_fields(id: &str, o: &Tool, n: &Tool, out: &mut Vec<Change>) {
     );
     call_limits(Owner::Tool(id), &o.call_limits, &n.call_limits, out);
     phases(id, o.phases.as_ref(), n.phases.as_ref(), out);
+    sandboxes(id, o, n, out);
+}
+
+/// The sandbox of a tool's process (and of its phases): every loosening (a path added,
+/// a wider network, a higher limit, `unconfined`) widens, every tightening narrows.
+fn sandboxes(id: &str, o: &Tool, n: &Tool, out: &mut Vec<Change>) {
+    use crate::policy::{AdapterConfig, Sandbox};
+    let of_adapter = |t: &Tool| match &t.adapter {
+        AdapterConfig::Command { sandbox, .. } => Some(sandbox.clone()),
+        AdapterConfig::Mcp { sandbox, .. } => sandbox.clone(),
+        _ => None,
+    };
+    let of_phases = |t: &Tool| t.phases.as_ref().and_then(|p| p.sandbox.clone());
+    for (what, old, new) in [
+        ("sandbox", of_adapter(o), of_adapter(n)),
+        ("phases.sandbox", of_phases(o), of_phases(n)),
+    ] {
+        let mut push = |effect: Effect, text: String, before: Value, after: Value| {
+            out.push(
+                Change::new(
+                    Kind::ToolSandboxChanged,
+                    effect,
+                    format!("tool `{id}`: {what}: {text}"),
+                )
+                .tool(id)
+                .values(before, after),
+            );
+        };
+        match (old, new) {
+            (Some(a), Some(b)) if a == b => {}
+            (Some(Sandbox::Confined(_)), Some(Sandbox::Unconfined { reason })) => push(
+                Effect::Widening,
+                format!("now runs unconfined (\"{reason}\")"),
+                json!("confined"),
+                json!({ "unconfined": reason }),
+            ),
+            (Some(Sandbox::Unconfined { .. }), Some(Sandbox::Confined(_))) => push(
+                Effect::Narrowing,
+                "now runs confined".to_string(),
+                json!("unconfined"),
+                json!("confined"),
+            ),
+            (Some(Sandbox::Unconfined { reason: a }), Some(Sandbox::Unconfined { reason: b })) => {
+                push(
+                    Effect::Neutral,
+                    format!("the reason it runs unconfined is now \"{b}\""),
+                    json!(a),
+                    json!(b),
+                )
+            }
+            (Some(Sandbox::Confined(a)), Some(Sandbox::Confined(b))) => {
+                for (list, pa, pb) in [
+                    ("read", &a.read, &b.read),
+                    ("write", &a.write, &b.write),
+                    ("exec", &a.exec, &b.exec),
+                ] {
+                    let pa: BTreeSet<_> = pa.iter().map(|p| p.path.display().to_string()).collect();
+                    let pb: BTreeSet<_> = pb.iter().map(|p| p.path.display().to_string()).collect();
+                    for added in pb.difference(&pa) {
+                        push(
+                            Effect::Widening,
+                            format!("may now {list} `{added}`"),
+                            Value::Null,
+                            json!(added),
+                        );
+                    }
+                    for removed in pa.difference(&pb) {
+                        push(
+                            Effect::Narrowing,
+                            format!("may no longer {list} `{removed}`"),
+                            json!(removed),
+                            Value::Null,
+                        );
+                    }
+                }
+                if a.network != b.network {
+                    let effect = network_effect(&a.network, &b.network);
+                    push(
+                        effect,
+                        format!(
+                            "network is now {}",
+                            crate::sandbox::plan::network_json(&b.network)
+                        ),
+                        crate::sandbox::plan::network_json(&a.network),
+                        crate::sandbox::plan::network_json(&b.network),
+                    );
+                }
+                for ((name, va), (_, vb)) in a.limits.fields().into_iter().zip(b.limits.fields()) {
+                    if va != vb {
+                        push(
+                            if vb > va {
+                                Effect::Widening
+                            } else {
+                                Effect::Narrowing
+                            },
+                            format!("limit `{name}` is now {vb} (was {va})"),
+                            json!(va),
+                            json!(vb),
+                        );
+                    }
+                }
+            }
+            // A sandbox that appears or goes with the adapter's kind: the adapter's
+            // change says it.
+            _ => {}
+        }
+    }
+}
+
+/// Whether network `b` allows at most what `a` allows (narrowing) or not (widening).
+fn network_effect(a: &crate::policy::SandboxNetwork, b: &crate::policy::SandboxNetwork) -> Effect {
+    use crate::policy::SandboxNetwork as N;
+    let narrower = match (a, b) {
+        (_, N::None) => true,
+        (N::Ports(pa), N::Ports(pb)) => pb.iter().all(|p| pa.contains(p)),
+        (N::Connect(ca), N::Connect(cb)) => cb.iter().all(|c| ca.contains(c)),
+        _ => false,
+    };
+    if narrower {
+        Effect::Narrowing
+    } else {
+        Effect::Widening
+    }
 }
 
 /// A budget or rate added narrows; removed or raised (more calls, or a shorter
