@@ -89,6 +89,10 @@ impl Report {
     }
 }
 
+fn boxed(guarantee: &str, detail: &str) -> Box<Record> {
+    Box::new(unavailable(guarantee, detail))
+}
+
 fn unavailable(guarantee: &str, detail: &str) -> Record {
     Record::Unavailable {
         guarantee: guarantee.to_string(),
@@ -105,7 +109,7 @@ struct Chosen {
     user_namespace: bool,
 }
 
-fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
+fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Box<Record>> {
     let root = euid() == 0;
     let abi = if spec.landlock_missing {
         0
@@ -114,7 +118,7 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
     };
     let seccomp = super::host::seccomp_available();
     if abi < 3 {
-        return Err(unavailable(
+        return Err(boxed(
             "filesystem",
             &format!(
                 "the kernel offers Landlock ABI {abi}; confining the file system needs ABI 3 (Linux 6.2) or later"
@@ -122,7 +126,7 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
         ));
     }
     if !seccomp {
-        return Err(unavailable(
+        return Err(boxed(
             "syscalls",
             "the kernel does not offer seccomp filters",
         ));
@@ -130,7 +134,7 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
     if let NetworkSpec::Ports(_) = spec.network
         && abi < 4
     {
-        return Err(unavailable(
+        return Err(boxed(
             "network",
             &format!(
                 "`network: {{ports}}` needs Landlock ABI 4 (Linux 6.7); the kernel offers ABI {abi}"
@@ -138,13 +142,13 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
         ));
     }
     if spec.run_as.is_some() != root {
-        return Err(unavailable(
+        return Err(boxed(
             "privileges",
             "the launch spec's user does not match the launcher's",
         ));
     }
     if spec.run_as.is_some_and(|(uid, gid)| uid == 0 || gid == 0) {
-        return Err(unavailable("privileges", "a tool never runs as root"));
+        return Err(boxed("privileges", "a tool never runs as root"));
     }
     // 2. namespaces
     let wants_net = matches!(spec.network, NetworkSpec::None | NetworkSpec::Proxy { .. });
@@ -173,7 +177,7 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
             ("network_namespace+egress_proxy".to_string(), Sockets::Any)
         }
         (NetworkSpec::Proxy { .. }, false) => {
-            return Err(unavailable(
+            return Err(boxed(
                 "network",
                 "`network: {connect}` needs a network namespace, which this host refuses",
             ));
@@ -186,7 +190,7 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
     } else if root {
         "uid".to_string()
     } else {
-        return Err(unavailable(
+        return Err(boxed(
             "isolation",
             "neither a pid namespace nor Landlock's scopes (ABI 6) are available to keep the tool from signalling toolgate",
         ));
@@ -214,7 +218,7 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
     let forwarder = match (&spec.network, net_namespace) {
         (NetworkSpec::Proxy { socket }, true) => {
             Some(super::proxy::Forwarder::bind(socket).map_err(|e| {
-                unavailable(
+                boxed(
                     "network",
                     &format!("the egress forwarder could not start: {e}"),
                 )
@@ -226,7 +230,7 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
     if chosen.pid_namespace {
         // SAFETY: single-threaded process; the child only runs this function's code.
         match unsafe { libc::fork() } {
-            -1 => Err(unavailable("isolation", &last_error("fork"))),
+            -1 => Err(boxed("isolation", &last_error("fork"))),
             0 => {
                 // The namespace's init.
                 let code = init(spec, &chosen, forwarder, report);
@@ -241,7 +245,7 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Record> {
         // SAFETY: prctl with these arguments only sets a flag on this process.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
         match unsafe { libc::fork() } {
-            -1 => Err(unavailable("limits", &last_error("fork"))),
+            -1 => Err(boxed("limits", &last_error("fork"))),
             0 => {
                 let record = tool_process(spec, &chosen, report);
                 report.send(&record);

@@ -341,7 +341,7 @@ pub fn check_paths(policy: &Policy, tools_dir: &Path, data_dir: &Path) -> Vec<Pr
             }
         }
     }
-    problems.sort_by(|a, b| (a.line, a.column).cmp(&(b.line, b.column)));
+    problems.sort_by_key(|p| (p.line, p.column));
     problems.dedup();
     problems
 }

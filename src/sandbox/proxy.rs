@@ -210,7 +210,7 @@ async fn serve_one(mut client: tokio::net::UnixStream, allowed: &[String], seen:
         return;
     };
     let target = request.target.clone();
-    if !allowed.iter().any(|a| *a == target) {
+    if !allowed.contains(&target) {
         record(
             seen,
             Attempt {

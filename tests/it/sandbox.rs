@@ -510,3 +510,121 @@ fn with_landlock_missing_nothing_starts() {
     assert_eq!(code, 500, "touch answers no JSON: {body}");
     assert!(lab.root.join("markers/started").exists());
 }
+
+/// Bad profiles are refused at load, each with its file, line and column; a profile
+/// naming the data or key directory is refused against the data directory given.
+#[test]
+fn bad_profiles_are_refused_with_their_location() {
+    let lab = lab(None, &[]);
+    let tools = lab.root.join("tools");
+    std::os::unix::fs::symlink("/usr/lib", tools.join("libs")).unwrap();
+    let data = lab.root.join("var");
+    fs::create_dir_all(data.join("keys")).unwrap();
+    let registry = fs::read_to_string(tools.join("tool_registry.yaml")).unwrap();
+    let bad = [
+        ("filesystem: {read: [../policy]}", "contains `..`"),
+        ("filesystem: {read: [/no/such/dir]}", "does not exist"),
+        ("filesystem: {read: [libs]}", "passes through the symlink"),
+        ("limits: {cpu_s: 0}", "`sandbox.limits.cpu_s` is 0"),
+        (
+            "limits: {memory_mb: 99999999999}",
+            "`sandbox.limits.memory_mb`",
+        ),
+        ("network: {ports: [0]}", "port 0"),
+        ("network: everything", "`sandbox.network` is `everything`"),
+        ("unconfined: \"\"", "needs a reason"),
+        ("filesystem: {read: [/tmp]}", "reaches"),
+        ("filesystem: {read: [VAR]}", "the data directory"),
+        ("filesystem: {write: [VAR/keys]}", "the data directory"),
+        (
+            "filesystem: {read: [other]}",
+            "the working directory of tool `other_tool`",
+        ),
+        ("filesystem: {read: [POLICY]}", "the policy directory"),
+        ("colour: blue", "unknown field"),
+    ];
+    for (block, expected) in bad {
+        let block = block
+            .replace("VAR", data.to_str().unwrap())
+            .replace("POLICY", lab.root.join("policy").to_str().unwrap());
+        let changed = registry.replacen(
+            &format!("sandbox: {{limits: {LIMITS}}}"),
+            &format!("sandbox: {{{block}}}"),
+            1,
+        );
+        assert_ne!(changed, registry);
+        fs::write(tools.join("tool_registry.yaml"), &changed).unwrap();
+        let (code, out, err) = common::run(
+            &lab.root,
+            &[
+                "policy",
+                "check",
+                "--policy-dir",
+                "policy",
+                "--tools",
+                "tools/tool_registry.yaml",
+                "--data-dir",
+                data.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(code, 4, "{block}: {out}{err}");
+        let all = format!("{out}{err}");
+        let line = all
+            .lines()
+            .find(|l| l.contains(expected) && !l.trim_start().starts_with("help:"))
+            .unwrap_or_else(|| panic!("{block}: no `{expected}` in {all}"));
+        // file:line:col: the line and column of the offending value.
+        let located = line.split(": ").next().unwrap();
+        assert_eq!(located.matches(':').count(), 2, "{block}: {line}");
+        assert!(located.ends_with(char::is_numeric), "{block}: {line}");
+    }
+}
+
+/// `policy diff --fail-on widening` exits 1 on a loosened profile and names it.
+#[test]
+fn a_loosened_profile_is_widening() {
+    let lab = lab(None, &[]);
+    for side in ["old", "new"] {
+        let status = std::process::Command::new("cp")
+            .args(["-r", "policy", "tools"])
+            .arg(lab.root.join(side))
+            .current_dir(&lab.root)
+            .status();
+        fs::create_dir_all(lab.root.join(side)).unwrap();
+        let status = status.unwrap();
+        if !status.success() {
+            for dir in ["policy", "tools"] {
+                let ok = std::process::Command::new("cp")
+                    .arg("-r")
+                    .arg(lab.root.join(dir))
+                    .arg(lab.root.join(side).join(dir))
+                    .status()
+                    .unwrap();
+                assert!(ok.success());
+            }
+        }
+    }
+    let tools = lab.root.join("new/tools/tool_registry.yaml");
+    let registry = fs::read_to_string(&tools).unwrap();
+    fs::create_dir_all("/srv").unwrap();
+    let loosened = registry.replacen(
+        &format!("sandbox: {{limits: {LIMITS}}}"),
+        "sandbox: {filesystem: {read: [/srv]}, network: {ports: [443]}, limits: {cpu_s: 9}}",
+        1,
+    );
+    assert_ne!(loosened, registry);
+    fs::write(&tools, loosened).unwrap();
+    let (code, out, err) = common::run(
+        &lab.root,
+        &["policy", "diff", "./old", "./new", "--fail-on", "widening"],
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    for expected in [
+        "tool `hostile`: sandbox: may now read `/srv`",
+        "tool `hostile`: sandbox: network is now {\"ports\":[443]}",
+        "tool `hostile`: sandbox: limit `cpu_s` is now 9 (was 2)",
+        "tool `hostile`: sandbox: limit `processes` is now 64 (was 24)",
+    ] {
+        assert!(out.contains(expected), "no `{expected}` in {out}");
+    }
+}

@@ -86,10 +86,10 @@ pub(super) fn check_sandbox(
             out.dedup_by(|a, b| a.path == b.path);
         }
     }
-    if let Some(network) = network {
-        if let Some(found) = check_network(report, file, owner, network) {
-            profile.network = found;
-        }
+    if let Some(network) = network
+        && let Some(found) = check_network(report, file, owner, network)
+    {
+        profile.network = found;
     }
     if let Some(limits) = limits {
         let raw = &limits.value;
