@@ -544,8 +544,12 @@ def verify_fleet(directory, manifest, raw_manifest, fingerprints, fleet_fingerpr
     check_manifest_signature(directory, raw_manifest, signer_key, FLEET_MANIFEST_DOMAIN)
     if expect_full:
         raise Failure(INTEGRITY, None, "a fleet export is the export of one run, never a full export: use --expect-run")
-    if expect_run is not None and (run_id != expect_run or manifest.get("complete") is not True):
+    complete = manifest.get("complete") is True
+    held = ", ".join(f"{u.get('origin')} (from seq {u.get('since_seq')}; the hub holds up to {u.get('hub_size')})" for u in manifest.get("unshipped") or [])
+    if expect_run is not None and run_id != expect_run:
         raise Failure(INTEGRITY, None, f"you expect the complete export of run {expect_run} but the signed manifest is of run {run_id}")
+    if expect_run is not None and not complete:
+        raise Failure(INTEGRITY, None, f"you expect the complete export of run {expect_run} but the signed manifest says it is not complete: sidecars hold events of the run the hub did not have when it was made: {held or 'events above the fleet checkpoint it is cut at'}")
     listed_dirs = {s.get("dir") for s in manifest.get("sidecars") or []}
     sidecars_dir = os.path.join(directory, "sidecars")
     for entry in sorted(os.listdir(sidecars_dir)) if os.path.isdir(sidecars_dir) else []:
@@ -627,7 +631,9 @@ def verify_fleet(directory, manifest, raw_manifest, fingerprints, fleet_fingerpr
             raise Failure(SIGNATURE, None, f"--quorum {need} must be between 1 and the {len(keys)} witness keys")
         size = check_fleet_witnesses(directory, fleet, signer_key, fleet_size, fleet_root, keys, need)
         witnessed = f", witnessed up to fleet size {size} by {need} of {len(keys)} witnesses"
-    return f"OK: fleet export of run {run_id}, {total} events from {len(manifest.get('sidecars') or [])} sidecars, fleet size {fleet_size}{witnessed}"
+    if not complete:
+        print(f"WARNING: the signed manifest says this export of run {run_id} is not complete: sidecars hold events of the run the hub did not have when it was made: {held or 'events above the fleet checkpoint it is cut at'}")
+    return f"OK: fleet export of run {run_id}, {total} events from {len(manifest.get('sidecars') or [])} sidecars, fleet size {fleet_size}{witnessed}{'' if complete else ' (NOT complete)'}"
 
 
 # ---- The export.

@@ -121,12 +121,13 @@ impl ArtifactStore {
             tokio::task::spawn_blocking(move || store.reserve(len))
                 .await
                 .map_err(io::Error::other)??;
-            tokio::fs::create_dir_all(&self.dir).await?;
             let tmp = self.dir.join(format!(".{sha256}.{}", uuid::Uuid::new_v4()));
             let file_path = tmp.clone();
+            let dir = self.dir.clone();
             tokio::task::spawn_blocking(move || -> io::Result<()> {
                 use std::io::Write;
-                let mut f = std::fs::File::create(&file_path)?;
+                localfile::create_dir_all(&dir)?;
+                let mut f = localfile::create(&file_path, true)?;
                 f.write_all(&bytes)?;
                 f.sync_all()
             })
@@ -189,9 +190,9 @@ impl ArtifactStore {
         let bytes = serde_json::to_vec(owner).map_err(io::Error::other)?;
         tokio::task::spawn_blocking(move || -> io::Result<()> {
             use std::io::Write;
-            std::fs::create_dir_all(&dir)?;
+            localfile::create_dir_all(&dir)?;
             let tmp = dir.join(format!(".{name}.tmp"));
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = localfile::create(&tmp, false)?;
             f.write_all(&bytes)?;
             f.sync_all()?;
             std::fs::rename(&tmp, dir.join(format!("{name}.json")))?;

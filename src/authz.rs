@@ -189,6 +189,92 @@ pub fn check_token_lane(
     Ok(())
 }
 
+/// Who is calling, as the decision sees it: a bearer token from the request, or an
+/// offline tool (`policy explain`, `policy test`, replay) that decides on behalf of a
+/// role without its credential.
+#[derive(Debug, Clone, Copy)]
+pub enum Caller<'a> {
+    Token(Option<&'a str>),
+    Offline,
+    /// A run token, resolved before the decision: its binding, or why it is dead.
+    Run(&'a Result<crate::identity::RunBinding, Refusal>),
+    /// A bearer JWT, verified before the decision: who it proves, or why it does not.
+    Jwt(&'a Result<std::sync::Arc<crate::identity::JwtIdentity>, Refusal>),
+}
+
+/// Step 2 for any caller: the credential proves `role_id` (offline: the role exists
+/// and is enabled).
+pub fn verify_caller<'p>(
+    policy: &'p Policy,
+    caller: Caller<'_>,
+    role_id: &str,
+) -> Result<&'p Role, Refusal> {
+    match caller {
+        Caller::Token(token) => verify_identity(policy, role_id, token),
+        Caller::Offline => find_role(policy, role_id),
+        Caller::Run(Ok(binding)) => verify_run_token(policy, binding, role_id),
+        Caller::Run(Err(dead)) => Err(dead.clone()),
+        Caller::Jwt(Ok(identity)) => verify_jwt(policy, role_id, identity),
+        Caller::Jwt(Err(refused)) => Err(refused.clone()),
+    }
+}
+
+/// The ids steps 2-4 decide on: who acts, in which run and lane.
+#[derive(Debug, Clone, Copy)]
+pub struct Acting<'a> {
+    pub role_id: &'a str,
+    pub run_id: &'a str,
+    pub lane_id: &'a str,
+}
+
+/// What steps 2-4 admitted.
+#[derive(Debug)]
+pub struct Admitted<'p, R> {
+    pub role: &'p Role,
+    pub run: R,
+    pub lane: &'p Lane,
+}
+
+/// Steps 2-4 of a call: the caller proves the role (2); the run exists and is pinned
+/// to the loaded policy versions, and a run token acts only in its own run (3); the
+/// lane exists, the role may act in it, the run's status allows it, and a run token
+/// acts only in its lanes (4). `runs` looks the run up (asked only once step 2
+/// passed); `trace` records each step passed.
+///
+/// One decision for everything that acts as a call of its run and lane: the call
+/// itself (`pipeline::decide`) and the commit of a prepared two-phase call
+/// (`gateway::phases`), so whatever refuses the one refuses the other.
+pub fn admit<'p, R: std::ops::Deref<Target = RunRecord>>(
+    policy: &'p Policy,
+    caller: Caller<'_>,
+    acting: Acting<'_>,
+    runs: impl FnOnce(&str) -> Option<R>,
+    trace: &mut crate::call::Trace,
+) -> Result<Admitted<'p, R>, Refusal> {
+    // 2. verify caller identity (role_id)
+    let role = verify_caller(policy, caller, acting.role_id)?;
+    trace.role = Some(role.role_id.clone());
+    trace.passed_step = 2;
+
+    // 3. verify run_id exists (and is pinned to the loaded policy versions); a run
+    //    token acts only in its own run
+    if let Caller::Run(Ok(binding)) = caller {
+        check_token_run(binding, acting.run_id)?;
+    }
+    let run = verify_run(runs(acting.run_id), acting.run_id, &policy.versions)?;
+    trace.passed_step = 3;
+
+    // 4. validate lane authorization for the role (and the run's status); a run token
+    //    acts only in its lanes
+    if let Caller::Run(Ok(binding)) = caller {
+        check_token_lane(binding, acting.lane_id)?;
+    }
+    let lane = authorize_lane(policy, role, acting.lane_id, &run)?;
+    trace.lane = Some(lane.lane_id.clone());
+    trace.passed_step = 4;
+    Ok(Admitted { role, run, lane })
+}
+
 /// Step 2 without a credential (offline decisions): the role exists and is enabled.
 pub fn find_role<'p>(policy: &'p Policy, role_id: &str) -> Result<&'p Role, Refusal> {
     let Some(role) = policy.roles.get(role_id) else {

@@ -82,6 +82,22 @@ pub fn bearer_token(value: &[u8]) -> Option<String> {
     Some(token.to_string())
 }
 
+/// `received`, refused with `refusal` instead: a request refused for what came with
+/// its body (its headers), still audited under whatever ids the body names.
+pub fn refused(received: Received, refusal: Refusal) -> Received {
+    let partial = match received {
+        Ok(request) => PartialRequest {
+            role_id: Some(request.role_id),
+            run_id: Some(request.run_id),
+            lane_id: Some(request.lane_id),
+            tool_name: Some(request.tool_name),
+            received: Map::new(),
+        },
+        Err(rejected) => rejected.1,
+    };
+    Err(Box::new((refusal, partial)))
+}
+
 /// Parses a request body. On failure returns the refusal (listing every problem) and
 /// whatever ids could be read, so the refusal can still be audited under them.
 pub fn parse_request(body: &[u8]) -> Received {

@@ -3,15 +3,28 @@
 //! put anything in its place (a symlink to `/dev/zero`, a FIFO, a file of gigabytes),
 //! and the reader must still answer at once, with a bounded amount of memory.
 //!
+//!
+//! It is also the one place that creates files and directories in the data and key
+//! directories: owner-only (files [`PRIVATE_FILE`], directories [`PRIVATE_DIR`])
+//! whatever the process's umask, since the audit log, the approvals and the artifacts
+//! hold what the calls were about (case or patient identifiers). [`tighten`] finds the
+//! entries a wider mode left behind (an older version, a copy, an operator's `chmod`).
+//!
 //! INVARIANT: [`read`], [`open`] and [`open_append`] never block on a FIFO or device
 //! and accept only a regular file (symlinks to one are followed: secret volumes are mounted that way);
 //! [`read`] never holds more than `max + 1` bytes of it, however large it is or grows
-//! while read.
+//! while read. Every file this module creates is 0600 and every directory 0700, set
+//! with `fchmod`/`chmod` after creation so that no umask can widen or narrow them.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The mode of every file toolgate creates in its data and key directories.
+pub const PRIVATE_FILE: u32 = 0o600;
+/// The mode of every directory toolgate creates there.
+pub const PRIVATE_DIR: u32 = 0o700;
 
 /// Why a file could not be read.
 #[derive(Debug)]
@@ -66,16 +79,177 @@ pub fn open_append(path: &Path) -> Result<File, ReadError> {
     let file = OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(PRIVATE_FILE)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ENXIO) => ReadError::NotAFile,
             _ => ReadError::Io(e),
         })?;
-    if !file.metadata().map_err(ReadError::Io)?.is_file() {
+    let meta = file.metadata().map_err(ReadError::Io)?;
+    if !meta.is_file() {
         return Err(ReadError::NotAFile);
     }
+    if meta.len() == 0 {
+        // Just created (or empty): owner-only whatever the umask.
+        make_private(&file, &meta, PRIVATE_FILE).map_err(ReadError::Io)?;
+    }
     Ok(file)
+}
+
+/// Sets `file` (whose metadata is `meta`) to exactly `mode` unless it already is. An
+/// entry this process does not own cannot be changed: an error only when it is left
+/// open to group or others.
+fn make_private(file: &File, meta: &std::fs::Metadata, mode: u32) -> std::io::Result<()> {
+    if meta.permissions().mode() & 0o7777 == mode {
+        return Ok(());
+    }
+    match file.set_permissions(std::fs::Permissions::from_mode(mode)) {
+        Ok(()) => Ok(()),
+        Err(_) if meta.permissions().mode() & 0o077 == 0 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates (or truncates) the file at `path` for writing, owner-only ([`PRIVATE_FILE`],
+/// also when it existed with a wider mode). `create_new`: refuse an existing file.
+pub fn create(path: &Path, create_new: bool) -> std::io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.write(true).mode(PRIVATE_FILE);
+    if create_new {
+        options.create_new(true);
+    } else {
+        options.create(true).truncate(true);
+    }
+    let file = options.open(path)?;
+    make_private(&file, &file.metadata()?, PRIVATE_FILE)?;
+    Ok(file)
+}
+
+/// [`std::fs::write`], owner-only.
+pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::io::Write::write_all(&mut create(path, false)?, bytes)
+}
+
+/// Creates `dir` and every missing parent, each owner-only ([`PRIVATE_DIR`]); the
+/// directories that exist are left as they are (see [`tighten`]).
+pub fn create_dir_all(dir: &Path) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut at = dir;
+    loop {
+        match std::fs::metadata(at) {
+            Ok(meta) if meta.is_dir() => break,
+            Ok(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!("`{}` exists and is not a directory", at.display()),
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push(at),
+            Err(e) => return Err(e),
+        }
+        match at.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(parent) => at = parent,
+            None => break,
+        }
+    }
+    for created in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(PRIVATE_DIR).create(created) {
+            Ok(()) => {
+                std::fs::set_permissions(created, std::fs::Permissions::from_mode(PRIVATE_DIR))?;
+            }
+            // Made by someone else in the meantime: left as it is.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Makes sure a SQLite database at `path` will be owner-only with its journal files:
+/// a missing database is created empty with [`PRIVATE_FILE`] (an empty file is a new
+/// database to SQLite), in an owner-only directory. SQLite creates the `-wal`, `-shm`
+/// and `-journal` files with the database file's own mode, so they are 0600 too. An
+/// existing file (or whatever stands there) is left to the opener.
+pub fn prepare_database(path: &Path) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        create_dir_all(dir)?;
+    }
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(PRIVATE_FILE)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(file) => make_private(&file, &file.metadata()?, PRIVATE_FILE),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What [`tighten`] did.
+#[derive(Debug, Default)]
+pub struct Tightened {
+    /// Each entry found wider than owner-only and set to owner-only: its path and the
+    /// mode it had.
+    pub tightened: Vec<(PathBuf, u32)>,
+    /// Each entry found wider that could not be changed (another owner, a read-only
+    /// file system), with why.
+    pub failed: Vec<(PathBuf, String)>,
+}
+
+/// How deep [`tighten`] looks (the data directory's deepest entries, an artifact's
+/// owner records, are five levels down).
+const TIGHTEN_DEPTH: usize = 16;
+
+/// Sets every directory under `root` (itself included) that group or others may use
+/// to [`PRIVATE_DIR`] and every such file to its owner's bits alone (0644 becomes
+/// 0600). Symbolic links are neither followed nor changed; a missing `root` is
+/// nothing to do.
+pub fn tighten(root: &Path) -> Tightened {
+    let mut done = Tightened::default();
+    tighten_at(root, 0, &mut done);
+    done
+}
+
+fn tighten_at(path: &Path, depth: usize, done: &mut Tightened) {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && depth == 0 => return,
+        Err(e) => {
+            done.failed.push((path.to_path_buf(), e.to_string()));
+            return;
+        }
+    };
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        return;
+    }
+    let mode = meta.mode() & 0o7777;
+    let wanted = if kind.is_dir() {
+        PRIVATE_DIR
+    } else {
+        mode & 0o700
+    };
+    if mode & 0o7077 != 0 {
+        match std::fs::set_permissions(path, std::fs::Permissions::from_mode(wanted)) {
+            Ok(()) => done.tightened.push((path.to_path_buf(), mode)),
+            Err(e) => done.failed.push((path.to_path_buf(), e.to_string())),
+        }
+    }
+    if kind.is_dir() && depth < TIGHTEN_DEPTH {
+        let entries = match std::fs::read_dir(path) {
+            Ok(entries) => entries,
+            Err(e) => {
+                done.failed.push((path.to_path_buf(), e.to_string()));
+                return;
+            }
+        };
+        for entry in entries.flatten() {
+            tighten_at(&entry.path(), depth + 1, done);
+        }
+    }
 }
 
 /// The whole file at `path`, at most `max` bytes.
@@ -165,5 +339,63 @@ mod tests {
                 "{other:?}"
             );
         }
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    }
+
+    /// What this module creates is owner-only; what it finds wider is tightened and
+    /// named, a symbolic link is neither followed nor changed.
+    #[test]
+    fn created_entries_are_owner_only_and_wider_ones_are_tightened() {
+        let dir = tempfile::tempdir().unwrap();
+        let nested = dir.path().join("a/b/c");
+        create_dir_all(&nested).unwrap();
+        for d in ["a", "a/b", "a/b/c"] {
+            assert_eq!(mode(&dir.path().join(d)), PRIVATE_DIR, "{d}");
+        }
+        let file = nested.join("f");
+        write(&file, b"x").unwrap();
+        assert_eq!(mode(&file), PRIVATE_FILE);
+        // An existing wider file rewritten through `create` is owner-only after.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write(&file, b"y").unwrap();
+        assert_eq!(mode(&file), PRIVATE_FILE);
+        let db = nested.join("x.db");
+        prepare_database(&db).unwrap();
+        assert_eq!(mode(&db), PRIVATE_FILE);
+        assert_eq!(std::fs::metadata(&db).unwrap().len(), 0);
+        let log = nested.join("log");
+        drop(open_append(&log).unwrap());
+        assert_eq!(mode(&log), PRIVATE_FILE);
+
+        // Widened: tightened and named; the link and what it points at are left alone.
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, b"z").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&outside, nested.join("link")).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o664)).unwrap();
+        std::fs::set_permissions(
+            dir.path().join("a/b"),
+            std::fs::Permissions::from_mode(0o2775),
+        )
+        .unwrap();
+        let done = tighten(&dir.path().join("a"));
+        let mut named: Vec<(PathBuf, u32)> = done.tightened.clone();
+        named.sort();
+        assert_eq!(
+            named,
+            vec![(dir.path().join("a/b"), 0o2775), (file.clone(), 0o664)]
+        );
+        assert!(done.failed.is_empty(), "{:?}", done.failed);
+        assert_eq!(mode(&dir.path().join("a/b")), PRIVATE_DIR);
+        assert_eq!(mode(&file), PRIVATE_FILE);
+        assert_eq!(mode(&outside), 0o644);
+        assert!(tighten(&dir.path().join("missing")).tightened.is_empty());
     }
 }

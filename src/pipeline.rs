@@ -115,17 +115,7 @@ struct CommittedArguments {
     rendered: Option<Portable>,
 }
 
-/// Who is calling: a bearer token from the request, or an offline tool (`policy explain`,
-/// `policy test`, replay) that decides on behalf of a role without its credential.
-#[derive(Debug, Clone, Copy)]
-pub enum Caller<'a> {
-    Token(Option<&'a str>),
-    Offline,
-    /// A run token, resolved before the decision: its binding, or why it is dead.
-    Run(&'a Result<crate::identity::RunBinding, Refusal>),
-    /// A bearer JWT, verified before the decision: who it proves, or why it does not.
-    Jwt(&'a Result<Arc<crate::identity::JwtIdentity>, Refusal>),
-}
+pub use crate::authz::Caller;
 
 /// Steps 1-8: the decision. Reads only what it is given (the policy snapshot, the run
 /// table, the lock state): no I/O beyond the adapter's sanitization, no clock.
@@ -148,35 +138,17 @@ fn decide<'p>(
     }
     call.trace.passed_step = 1;
 
-    // 2. verify caller identity (role_id)
+    // 2-4. verify caller identity (role_id); verify run_id exists (and is pinned to
+    //      the loaded policy versions); validate lane authorization for the role (and
+    //      the run's status); a run token acts only in its own run and lanes
     let policy = &loaded.policy;
-    let role = match caller {
-        Caller::Token(token) => authz::verify_identity(policy, &request.role_id, token)?,
-        Caller::Offline => authz::find_role(policy, &request.role_id)?,
-        Caller::Run(Ok(binding)) => authz::verify_run_token(policy, binding, &request.role_id)?,
-        Caller::Run(Err(dead)) => return Err(dead.clone()),
-        Caller::Jwt(Ok(identity)) => authz::verify_jwt(policy, &request.role_id, identity)?,
-        Caller::Jwt(Err(refused)) => return Err(refused.clone()),
+    let acting = authz::Acting {
+        role_id: &request.role_id,
+        run_id: &request.run_id,
+        lane_id: &request.lane_id,
     };
-    call.trace.role = Some(role.role_id.clone());
-    call.trace.passed_step = 2;
-
-    // 3. verify run_id exists (and is pinned to the loaded policy versions); a run
-    //    token acts only in its own run
-    if let Caller::Run(Ok(binding)) = caller {
-        authz::check_token_run(binding, &request.run_id)?;
-    }
-    let run = authz::verify_run(runs(&request.run_id), &request.run_id, &policy.versions)?;
-    call.trace.passed_step = 3;
-
-    // 4. validate lane authorization for the role (and the run's status); a run token
-    //    acts only in its lanes
-    if let Caller::Run(Ok(binding)) = caller {
-        authz::check_token_lane(binding, &request.lane_id)?;
-    }
-    let lane = authz::authorize_lane(policy, role, &request.lane_id, &run)?;
-    call.trace.lane = Some(lane.lane_id.clone());
-    call.trace.passed_step = 4;
+    let authz::Admitted { role, run, lane } =
+        authz::admit(policy, caller, acting, runs, &mut call.trace)?;
 
     // 5. validate the tool is registered and enabled
     let tool = authz::find_tool(policy, &request.tool_name)?;
@@ -418,26 +390,12 @@ impl Gateway {
                 .shared(run_id)
                 .or_else(|| evicted.clone().filter(|r| r.run_id == run_id))
         };
-        // A run token is resolved here (table lookup, clock, run status); the decision
-        // itself stays pure.
-        let bound = token.and_then(|t| self.run_binding(t));
-        if let Some(Ok(binding)) = &bound {
-            call.caller = Some(crate::identity::caller_json(binding));
-        }
-        // A bearer JWT is verified here (key-set cache, clock); who it proves is
-        // decided in step 2.
-        let jwt = match &bound {
-            Some(_) => None,
-            None => self.authenticate(&loaded.policy, token).await,
-        };
-        if let Some(Ok(identity)) = &jwt {
-            call.caller = Some(identity.caller_json());
-        }
-        let caller = match (&bound, &jwt) {
-            (Some(bound), _) => Caller::Run(bound),
-            (None, Some(jwt)) => Caller::Jwt(jwt),
-            (None, None) => Caller::Token(token),
-        };
+        // The credential is resolved here (a run token: table lookup, clock, run
+        // status; a bearer JWT: key-set cache, clock); who it proves is decided in
+        // steps 2-4, which stay pure.
+        let credential = self.credential(&loaded.policy, token).await;
+        call.caller = credential.caller_json();
+        let caller = credential.caller();
         let decided = trace::step_span("authorize", 8)
             .in_scope(|| decide(&loaded, caller, request, &runs, &lock, &mut call));
         if let Some(copy) = shadowed
@@ -447,7 +405,7 @@ impl Gateway {
             self.shadow_submit(
                 &call.call_id,
                 token,
-                jwt.as_ref(),
+                credential.jwt.as_ref(),
                 copy,
                 verdict,
                 &loaded.policy.versions,

@@ -292,7 +292,14 @@ async fn route(
         }));
         return Ok(refusal_response(&refusal));
     }
-    let token = bearer_token(&req);
+    // One credential per request: of two or more `Authorization` headers none is
+    // picked, and the request is malformed (a tool call is still a call: refused and
+    // audited). `/mcp` reads its headers itself, with the same rule.
+    let twice = authorization_twice(&req);
+    let token = match twice {
+        Some(_) => None,
+        None => bearer_token(&req),
+    };
     let parent = req
         .headers()
         .get("traceparent")
@@ -312,6 +319,12 @@ async fn route(
     // sends it to the API like any client.
     if path == crate::console::PATH || path.starts_with("/console/") {
         return Ok(console(&method, &path));
+    }
+    if let Some(refusal) = &twice
+        && !health_path
+        && path != "/v1/tool-calls"
+    {
+        return Ok(refusal_response(refusal));
     }
     // A bearer JWT is verified once, before any endpoint reads it (the pipeline
     // verifies and audits its own).
@@ -376,6 +389,10 @@ async fn route(
                 let _ = gw.fleet_refresh(token.as_deref(), None).await;
                 let request = CallBody::from_bytes(&body)
                     .and_then(|body| gw.parse_call(token.as_deref(), body));
+                let request = match twice {
+                    Some(refusal) => crate::call::refused(request, refusal),
+                    None => request,
+                };
                 gw.handle_signalled(token.as_deref(), request, parent.as_ref(), signals)
                     .await
             });
@@ -678,7 +695,10 @@ async fn mcp(
         Err(refusal) => return refusal_response(&refusal),
     };
     if let Some(refusal) = crate::mcp::transport::refusal(&parts.headers, &body) {
-        return refusal_response(&refusal);
+        return match crate::mcp::transport::jsonrpc_error(&refusal, &body) {
+            Some(error) => json_response(http_status(refusal.reason), &error),
+            None => refusal_response(&refusal),
+        };
     }
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
         // Not JSON at all: a JSON-RPC parse error (the transport would answer 415).
@@ -821,6 +841,11 @@ async fn mcp_unauthorized(gateway: &Gateway, req: &Request<Incoming>) -> Option<
     if loaded.policy.identity.providers.is_empty() {
         return None;
     }
+    if authorization_twice(req).is_some() {
+        // Two credentials prove nothing: the front refuses the request as malformed
+        // (a `tools/call` through the pipeline, audited).
+        return None;
+    }
     let token = bearer_token(req);
     let refusal = match token.as_deref() {
         None => Refusal::new(
@@ -924,6 +949,20 @@ fn too_large(limit: usize) -> Refusal {
         format!("the body is larger than {limit} bytes"),
     )
     .with_details(json!({ "max_body_bytes": limit }))
+}
+
+/// The refusal of a request with more than one `Authorization` header: which one a
+/// proxy or a client meant is not for the server to guess.
+fn authorization_twice(req: &Request<Incoming>) -> Option<Refusal> {
+    req.headers().get_all(AUTHORIZATION).iter().nth(1)?;
+    let problem = "header `Authorization` is given more than once";
+    Some(
+        Refusal::new(
+            Reason::RequestMalformed,
+            format!("malformed request: {problem}"),
+        )
+        .with_details(json!({ "problems": [problem] })),
+    )
 }
 
 /// The token of an `Authorization: Bearer <token>` header, exactly as sent.

@@ -100,6 +100,13 @@ pub struct ApprovalStore {
 impl ApprovalStore {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<ApprovalStore, StoreError> {
+        // Owner-only, with the WAL and shared-memory files SQLite makes beside it.
+        crate::localfile::prepare_database(path).map_err(|e| {
+            StoreError(format!(
+                "cannot create the approval store `{}`: {e}",
+                path.display()
+            ))
+        })?;
         let conn = Connection::open(path).map_err(map)?;
         conn.busy_timeout(Duration::from_secs(5)).map_err(map)?;
         let _: String = conn

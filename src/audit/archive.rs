@@ -227,7 +227,7 @@ async fn archive_with(
             to: to.display().to_string(),
         });
     }
-    std::fs::create_dir_all(&to).map_err(|e| io(&to, "cannot create the archive", e))?;
+    crate::localfile::create_dir_all(&to).map_err(|e| io(&to, "cannot create the archive", e))?;
     let data_dir = std::fs::canonicalize(options.db_path.parent().unwrap_or(Path::new(".")))
         .map_err(|e| io(&options.db_path, "cannot resolve the data directory", e))?;
     if std::fs::canonicalize(&to).map_err(|e| io(&to, "cannot resolve the archive", e))? == data_dir
@@ -344,11 +344,13 @@ async fn archive_with(
         "through_root": last_seal.root,
         "segments": archived.iter().map(|a| a.file.clone()).collect::<Vec<_>>(),
     });
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&manifest)
-        .map_err(|e| io(&manifest, "cannot write", e))?;
+    let mut file = crate::localfile::open_append(&manifest).map_err(|e| {
+        io(
+            &manifest,
+            "cannot write",
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
     file.write_all(format!("{line}\n").as_bytes())
         .and_then(|()| file.sync_all())
         .map_err(|e| io(&manifest, "cannot write", e))?;
@@ -387,11 +389,7 @@ fn flush_wal(path: &Path) -> Result<(), ArchiveError> {
 /// Copies `from` to a new file `to` in bounded chunks, fsyncs it, returns the SHA-256.
 fn copy_synced(from: &Path, to: &Path) -> Result<String, ArchiveError> {
     let mut source = open(from)?;
-    let mut target = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(to)
-        .map_err(|e| io(to, "cannot create", e))?;
+    let mut target = crate::localfile::create(to, true).map_err(|e| io(to, "cannot create", e))?;
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
@@ -426,7 +424,8 @@ fn sha256_of(path: &Path) -> Result<String, ArchiveError> {
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), ArchiveError> {
-    let mut file = File::create(path).map_err(|e| io(path, "cannot create", e))?;
+    let mut file =
+        crate::localfile::create(path, false).map_err(|e| io(path, "cannot create", e))?;
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(|e| io(path, "cannot write", e))

@@ -215,7 +215,7 @@ struct Hashed {
 impl Hashed {
     fn create(dir: &Path, name: &str) -> Result<Hashed, AuditError> {
         let path = dir.join(name);
-        let file = File::create(&path).map_err(|e| io(&path, e))?;
+        let file = crate::localfile::create(&path, false).map_err(|e| io(&path, e))?;
         Ok(Hashed {
             path,
             out: BufWriter::new(file),
@@ -346,7 +346,7 @@ pub fn export(
         }
     }
 
-    fs::create_dir_all(out.join("proofs")).map_err(|e| io(out, e))?;
+    crate::localfile::create_dir_all(&out.join("proofs")).map_err(|e| io(out, e))?;
     let mut files = BTreeMap::new();
 
     // Events, their inclusion proofs, and the CSV view.
@@ -356,7 +356,7 @@ pub fn export(
     let mut csv = match options.format {
         ExportFormat::Csv => {
             let path = out.join("events.csv");
-            let file = File::create(&path).map_err(|e| io(&path, e))?;
+            let file = crate::localfile::create(&path, false).map_err(|e| io(&path, e))?;
             let mut out = BufWriter::new(file);
             out.write_all(CSV_NOTICE.as_bytes())
                 .map_err(|e| io(&path, e))?;
@@ -587,11 +587,12 @@ pub fn export(
     let mut signature = key.key_id.to_vec();
     signature.extend_from_slice(&signer.sign(&statement)?);
     let manifest_path = out.join("manifest.json");
-    fs::write(&manifest_path, manifest_text).map_err(|e| io(&manifest_path, e))?;
+    crate::localfile::write(&manifest_path, manifest_text.as_bytes())
+        .map_err(|e| io(&manifest_path, e))?;
     let signature_path = out.join(MANIFEST_SIGNATURE_FILE);
-    fs::write(
+    crate::localfile::write(
         &signature_path,
-        format!("{} {}\n", key.name, B64.encode(signature)),
+        format!("{} {}\n", key.name, B64.encode(signature)).as_bytes(),
     )
     .map_err(|e| io(&signature_path, e))?;
     Ok(ExportSummary {

@@ -281,14 +281,9 @@ fn random_32(path: &Path) -> Result<[u8; 32], AuditError> {
     Ok(bytes)
 }
 
-/// Writes a new file that did not exist, with `mode`, and syncs it.
-fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), AuditError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
+/// Writes a new file that did not exist, owner-only, and syncs it.
+fn write_new(path: &Path, contents: &str) -> Result<(), AuditError> {
+    let mut file = crate::localfile::create(path, true)
         .map_err(|e| key_error(path, format!("cannot create the key file: {e}")))?;
     file.write_all(contents.as_bytes())
         .and_then(|()| file.sync_all())
@@ -301,7 +296,6 @@ impl Keys {
     /// keeps the name it was made with. For an existing log a missing key is an error:
     /// a new one could neither verify its checkpoints nor its argument commitments.
     pub fn load_or_create(dir: &Path, name: &str, may_create: bool) -> Result<Keys, AuditError> {
-        use std::os::unix::fs::DirBuilderExt;
         if !valid_key_name(name) {
             return Err(key_error(
                 dir,
@@ -309,10 +303,7 @@ impl Keys {
             ));
         }
         if !dir.exists() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
+            crate::localfile::create_dir_all(dir)
                 .map_err(|e| key_error(dir, format!("cannot create the key directory: {e}")))?;
         }
         let signing_path = dir.join(SIGNING_KEY_FILE);
@@ -343,12 +334,8 @@ impl Keys {
         signer: Arc<dyn CheckpointSigner>,
         may_create: bool,
     ) -> Result<Keys, AuditError> {
-        use std::os::unix::fs::DirBuilderExt;
         if !dir.exists() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
+            crate::localfile::create_dir_all(dir)
                 .map_err(|e| key_error(dir, format!("cannot create the key directory: {e}")))?;
         }
         check_or_write_vkey(dir, signer.verifier())?;
@@ -370,7 +357,7 @@ fn check_or_write_vkey(dir: &Path, verifier: &VerifierKey) -> Result<(), AuditEr
             ));
         }
     } else {
-        write_new(&vkey_path, &format!("{}\n", verifier.to_vkey()), 0o644)?;
+        write_new(&vkey_path, &format!("{}\n", verifier.to_vkey()))?;
     }
     Ok(())
 }
@@ -392,11 +379,7 @@ fn load_hmac(dir: &Path, may_create: bool) -> Result<[u8; 32], AuditError> {
         ));
     } else {
         let key = random_32(&hmac_path)?;
-        write_new(
-            &hmac_path,
-            &format!("{}\n", crate::canonical::to_hex(key)),
-            0o600,
-        )?;
+        write_new(&hmac_path, &format!("{}\n", crate::canonical::to_hex(key)))?;
         key
     };
     Ok(hmac_key)
@@ -436,15 +419,11 @@ pub fn load_signer(dir: &Path) -> Result<SignerKey, AuditError> {
 
 /// Creates a new signing key (and its `vkey` file) in `dir`, for `toolgate signer`.
 pub fn create_signer(dir: &Path, name: &str) -> Result<SignerKey, AuditError> {
-    use std::os::unix::fs::DirBuilderExt;
     if !valid_key_name(name) {
         return Err(key_error(dir, format!("invalid key name `{name}`")));
     }
     if !dir.exists() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
+        crate::localfile::create_dir_all(dir)
             .map_err(|e| key_error(dir, format!("cannot create the key directory: {e}")))?;
     }
     let signing_path = dir.join(SIGNING_KEY_FILE);
@@ -457,11 +436,7 @@ pub fn create_signer(dir: &Path, name: &str) -> Result<SignerKey, AuditError> {
 fn new_signer(path: &Path, name: &str) -> Result<SignerKey, AuditError> {
     let seed = random_32(path)?;
     let signer = SignerKey::from_seed(name, seed).map_err(|e| key_error(path, e))?;
-    write_new(
-        path,
-        &format!("{}\n", to_skey(&signer.verifier, &seed)),
-        0o600,
-    )?;
+    write_new(path, &format!("{}\n", to_skey(&signer.verifier, &seed)))?;
     Ok(signer)
 }
 

@@ -79,6 +79,36 @@ pub struct AuditLog {
 /// must not block (metrics use it).
 pub type BatchObserver = Arc<dyn Fn(usize, Duration) + Send + Sync>;
 
+/// What an append of events of a run waits for first ([`RunMarks::enter`]).
+pub type MarkWait = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Told before and after every append of events that name a run (a sidecar shipping
+/// to the audit hub marks in the cluster database which runs it holds events of that
+/// the hub does not have yet: `hub::tail`).
+pub trait RunMarks: Send + Sync {
+    /// Before events of `runs` (distinct, not empty) are appended to a log whose
+    /// newest seq is `head`: what the append waits for first (None: nothing). The
+    /// append goes ahead once it resolves, whatever it found.
+    fn enter(&self, runs: &[String], head: u64) -> Option<MarkWait>;
+    /// After that append (also when it failed or its caller went away): the seq of
+    /// its last event, or None when it is not known to be in the log (it may still
+    /// be committed later).
+    fn leave(&self, runs: &[String], last_seq: Option<u64>);
+}
+
+/// Calls [`RunMarks::leave`] however the append ends.
+struct Marked<'a> {
+    marks: &'a dyn RunMarks,
+    runs: Vec<String>,
+    last_seq: Option<u64>,
+}
+
+impl Drop for Marked<'_> {
+    fn drop(&mut self) {
+        self.marks.leave(&self.runs, self.last_seq);
+    }
+}
+
 struct Inner {
     sender: Sender<Request>,
     /// The writer's state: held by the writer thread while it gathers and commits a
@@ -108,6 +138,8 @@ struct Inner {
     /// (a run's evidence bundle).
     key_dir: PathBuf,
     signer: Arc<dyn Signer>,
+    /// Told of the runs of every append (set once, by a sidecar that ships).
+    marks: OnceLock<Arc<dyn RunMarks>>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -147,7 +179,7 @@ impl AuditLog {
             .parent()
             .filter(|d| !d.as_os_str().is_empty() && !d.exists())
         {
-            std::fs::create_dir_all(dir).map_err(|e| AuditError::Io {
+            crate::localfile::create_dir_all(dir).map_err(|e| AuditError::Io {
                 path: dir.to_path_buf(),
                 what: format!("cannot create the data directory: {e}"),
             })?;
@@ -277,6 +309,7 @@ impl AuditLog {
                 append_timeout: options.append_timeout,
                 key_dir: options.key_dir.clone(),
                 signer: keys.signer.clone(),
+                marks: OnceLock::new(),
             }),
         })
     }
@@ -296,6 +329,56 @@ impl AuditLog {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        let Some(marks) = self.inner.marks.get() else {
+            return self.append_unmarked(events).await;
+        };
+        let mut runs: Vec<String> = Vec::new();
+        for run in events.iter().filter_map(|e| e.run_id.as_ref()) {
+            if !runs.contains(run) {
+                runs.push(run.clone());
+            }
+        }
+        if runs.is_empty() {
+            return self.append_unmarked(events).await;
+        }
+        let wait = marks.enter(&runs, self.head().map_or(0, |h| h.0));
+        let mut marked = Marked {
+            marks: marks.as_ref(),
+            runs,
+            last_seq: None,
+        };
+        if let Some(wait) = wait {
+            wait.await;
+        }
+        let appended = self.append_unmarked(events).await;
+        if let Ok(appended) = &appended {
+            marked.last_seq = appended.last().map(|a| a.seq);
+        }
+        appended
+    }
+
+    /// Tells `marks` of the runs of every append from now on (the first registration
+    /// wins; false if one was already set).
+    pub fn mark_runs(&self, marks: Arc<dyn RunMarks>) -> bool {
+        self.inner.marks.set(marks).is_ok()
+    }
+
+    /// The newest seq when nothing is being appended or waits for the writer (every
+    /// append handed over so far is in the log or failed for good); None while
+    /// something is.
+    pub fn settled_head(&self) -> Option<u64> {
+        let idle = self.inner.appenders.load(Ordering::Acquire) == 0
+            && self.inner.permits.available_permits() == MAX_QUEUED_EVENTS;
+        let head = self.head().map_or(0, |h| h.0);
+        // Read again: an append that began in between makes this moment unsettled.
+        (idle
+            && self.inner.appenders.load(Ordering::Acquire) == 0
+            && self.inner.permits.available_permits() == MAX_QUEUED_EVENTS)
+            .then_some(head)
+    }
+
+    /// [`AuditLog::append_all`] without telling the run marks.
+    async fn append_unmarked(&self, events: Vec<NewEvent>) -> Result<Vec<Appended>, AuditError> {
         if events.len() > MAX_REQUEST_EVENTS {
             return Err(AuditError::TooLarge {
                 what: "number of events in one append".into(),

@@ -58,7 +58,7 @@ use time::OffsetDateTime;
 use crate::canonical::Portable;
 use crate::policy::{PolicyVersions, Redaction};
 
-pub use log::{AuditLog, BatchObserver};
+pub use log::{AuditLog, BatchObserver, MarkWait, RunMarks};
 pub use reader::AuditReader;
 pub use wal::WAL_TRUNCATE_BYTES;
 

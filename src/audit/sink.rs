@@ -99,7 +99,7 @@ impl Sinks {
                         what: format!("cannot open the checkpoint file: {e}"),
                     };
                     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                        std::fs::create_dir_all(dir).map_err(|e| io(&e))?;
+                        crate::localfile::create_dir_all(dir).map_err(|e| io(&e))?;
                     }
                     let file = crate::localfile::open_append(path).map_err(|e| io(&e))?;
                     files.push((path.clone(), file));

@@ -162,6 +162,11 @@ pub(crate) fn open_writer(
     max_bytes: Option<u64>,
 ) -> Result<Connection, AuditError> {
     check_header(path)?;
+    // Owner-only, and so are the WAL and shared-memory files SQLite makes beside it.
+    crate::localfile::prepare_database(path).map_err(|e| AuditError::Io {
+        path: path.to_path_buf(),
+        what: format!("cannot create the database: {e}"),
+    })?;
     let map = |e: rusqlite::Error| map_sqlite(&e, path);
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE

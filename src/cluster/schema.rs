@@ -89,7 +89,9 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE toolgate_approvals ADD COLUMN expiry_claimed_at_ms bigint;
     ALTER TABLE toolgate_approvals ADD COLUMN expiry_claimed_by text;
     "#,
-    // 8: up to when the hub holds each sidecar's log (`hub::coverage`).
+    // 8: the runs each sidecar holds events of that the hub does not (`hub::tail`).
+    crate::hub::tail::SCHEMA,
+    // 9: up to when the hub holds each sidecar's log (`hub::coverage`).
     crate::hub::coverage::SCHEMA_COVERAGE,
 ];
 

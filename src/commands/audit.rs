@@ -514,12 +514,39 @@ fn archive_command(args: &ArchiveArgs) -> Exit {
             }
         },
     };
+    let key_dir = args
+        .key_dir
+        .clone()
+        .unwrap_or_else(|| default_key_dir(&args.db));
+    // The archive appends to the log: a key directory others can write is refused,
+    // and what was left readable by others in the data and key directories is made
+    // owner-only first, as `serve` does.
+    if key_dir.exists()
+        && let Err(error) = crate::audit::keys::check_private(&key_dir)
+    {
+        return refuse(args.format, "key", &error, None, Exit::Signature);
+    }
+    let data_dir = args
+        .db
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let found = crate::commands::owner_only(&[data_dir, &key_dir]);
+    for (path, mode) in &found.tightened {
+        eprintln!(
+            "warning: `{}` was mode {mode:o}, open to group or others; made owner-only",
+            path.display()
+        );
+    }
+    for (path, error) in &found.failed {
+        eprintln!(
+            "warning: `{}` could not be checked or made owner-only: {error}",
+            path.display()
+        );
+    }
     let options = ArchiveOptions {
         db_path: args.db.clone(),
-        key_dir: args
-            .key_dir
-            .clone()
-            .unwrap_or_else(|| default_key_dir(&args.db)),
+        key_dir,
         signer,
         checkpoint_files: checkpoint_files(&args.db, &[]),
         selection,

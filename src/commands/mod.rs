@@ -173,6 +173,22 @@ fn refuse(
     exit
 }
 
+/// Makes every entry of the data and key directories `dirs` owner-only
+/// (`localfile::tighten`): what was wider and is now owner-only, and what is wider and
+/// could not be changed. A directory inside another one given is walked once.
+pub(crate) fn owner_only(dirs: &[&std::path::Path]) -> crate::localfile::Tightened {
+    let mut all = crate::localfile::Tightened::default();
+    for (i, dir) in dirs.iter().enumerate() {
+        if dirs[..i].iter().any(|earlier| dir.starts_with(earlier)) {
+            continue;
+        }
+        let done = crate::localfile::tighten(dir);
+        all.tightened.extend(done.tightened);
+        all.failed.extend(done.failed);
+    }
+    all
+}
+
 /// An error (and what to do about it) on stderr.
 fn print_error(error: &dyn std::fmt::Display, help: Option<&str>) {
     eprintln!("error: {error}");

@@ -220,10 +220,10 @@ fn load_fleet_key(args: &ServeArgs) -> Result<Option<crate::audit::keys::SignerK
     }
 }
 
-/// The hub shipper's status, with `--witness` the fleet witness tasks' status, and the
-/// hub's pool (where the gateway reads the fleet's approval evidence).
+/// The hub shipper, with `--witness` the fleet witness tasks' status, and the hub's
+/// pool (where the gateway reads the fleet's approval evidence).
 type ShipperStarted = (
-    Arc<crate::hub::ship::ShipStatus>,
+    crate::hub::ship::HubShipper,
     Option<Vec<Arc<crate::audit::witness::WitnessStatus>>>,
     deadpool_postgres::Pool,
 );
@@ -273,12 +273,17 @@ async fn start_shipper(
     }
     let fingerprint = fleet_key.verifier.fingerprint();
     let fleet_verifier = fleet_key.verifier.clone();
+    // From now on every append of a run's events first marks the run as held by this
+    // sidecar in the hub, until the hub holds them (`hub::tail`).
+    let tail = crate::hub::tail::Tail::new(pool.clone(), origin, audit.head().map_or(0, |h| h.0));
+    audit.mark_runs(tail.clone());
     let options = crate::hub::ship::ShipOptions {
         origin: origin.to_string(),
         db_path: db_path.to_path_buf(),
         key: audit.verifier_key().clone(),
         fleet_signer: Arc::new(fleet_key),
         interval: Duration::from_millis(args.hub_ship_interval_ms),
+        tail,
     };
     println!("audit hub: shipping origin {origin} (fleet key fingerprint {fingerprint})");
     // In a fleet the witnesses cosign the fleet checkpoint, not this sidecar's own.
@@ -299,6 +304,13 @@ async fn start_shipper(
             }
         }
     };
+    // A sidecar that stopped cleanly closed its log's coverage in the hub; starting
+    // again, it reopens it before it serves (the others then wait for its shipping
+    // before they trust an approval unused: `hub::coverage`).
+    if let Err(e) = crate::hub::coverage::reopen(&pool, origin).await {
+        eprintln!("{}", e.to_json());
+        return Err(Exit::Cluster);
+    }
     Ok(Some((
         crate::hub::ship::start(pool.clone(), audit.clone(), options),
         witnesses,
@@ -470,7 +482,7 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
             }
         }
     };
-    if let Err(e) = std::fs::create_dir_all(&args.data_dir) {
+    if let Err(e) = crate::localfile::create_dir_all(&args.data_dir) {
         eprintln!(
             "error: cannot create data directory `{}`: {e}",
             args.data_dir.display()
@@ -497,6 +509,21 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
     {
         eprintln!("error: refusing the key directory: {e}");
         return Exit::Signature;
+    }
+    // What an older version, a copy or a `chmod` left readable by others is made
+    // owner-only before anything is opened, each entry named.
+    let found = crate::commands::owner_only(&[&args.data_dir, &options.key_dir]);
+    for (path, mode) in &found.tightened {
+        tracing::warn!(
+            path = %path.display(), mode = format!("{mode:o}"),
+            "a file in the data or key directory was open to group or others; made owner-only"
+        );
+    }
+    for (path, error) in &found.failed {
+        tracing::warn!(
+            path = %path.display(), %error,
+            "a file in the data or key directory could not be checked or made owner-only"
+        );
     }
     let fleet_key = match load_fleet_key(args) {
         Ok(key) => key,
@@ -592,6 +619,7 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         None => gateway,
     };
     let mut fleet_witnessed = false;
+    let mut hub_shipper = None;
     if let Some(url) = cluster_db_url(args) {
         match start_shipper(
             &url,
@@ -603,8 +631,9 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         )
         .await
         {
-            Ok(Some((status, witnesses, pool))) => {
-                gateway.metrics.watch_shipper(status);
+            Ok(Some((shipper, witnesses, pool))) => {
+                gateway.metrics.watch_shipper(shipper.status());
+                hub_shipper = Some(shipper);
                 // Approvals in this fleet are checked against the hub's evidence of the
                 // other sidecars' decisions and uses.
                 gateway = gateway.with_hub(pool, audit_origin.clone());
@@ -706,11 +735,12 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
             short(&v.registry.sha256),
         );
     }
+    let stop_requested = Arc::new(std::sync::OnceLock::new());
     server::serve(
         listener,
         gateway.clone(),
         server_options,
-        shutdown_signal(signals.term, signals.int),
+        shutdown_signal(signals.term, signals.int, stop_requested.clone()),
     )
     .await;
     // Every divergence seen so far is recorded before the log closes.
@@ -724,9 +754,38 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
             Exit::Failure
         }
     };
+    // The log is closed and its last checkpoint signed: what the hub does not hold
+    // yet is shipped within the drain time (counted from the stop request).
+    if let Some(hub_shipper) = hub_shipper {
+        let requested = stop_requested
+            .get()
+            .copied()
+            .unwrap_or_else(tokio::time::Instant::now);
+        let deadline =
+            (requested + gateway.drain_time()).max(tokio::time::Instant::now() + FINAL_SHIP_FLOOR);
+        let finished = hub_shipper.finish(deadline).await;
+        match &finished.error {
+            None => tracing::info!(
+                origin = %audit_origin, shipped = finished.shipped,
+                "the audit hub holds this sidecar's log up to its last event"
+            ),
+            Some(error) => tracing::error!(
+                origin = %audit_origin,
+                reason = error.reason(),
+                error = %error,
+                first_seq = finished.shipped + 1,
+                last_seq = finished.local,
+                "the audit hub did not take this sidecar's last events before it stopped; they stay in the local log and ship when this sidecar starts again with this data directory, and until then a fleet export of their runs is not complete"
+            ),
+        }
+    }
     println!("toolgate stopped");
     exit
 }
+
+/// The least time a stopping sidecar gives its last shipment to the audit hub, even
+/// when the drain time was used up by the calls in flight.
+const FINAL_SHIP_FLOOR: Duration = Duration::from_secs(2);
 
 /// Raises the soft limit of open files to the hard limit: every connection, admitted
 /// or overflow, is a descriptor, and running out of them would stop the accept loop.
@@ -789,9 +848,13 @@ async fn reload_on_sighup(gateway: Arc<Gateway>, hup: Option<Signal>) {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C (SIGINT); a signal whose handler could not be
-/// installed is not waited for.
-async fn shutdown_signal(term: Option<Signal>, int: Option<Signal>) {
+/// Resolves on SIGTERM or Ctrl-C (SIGINT), noting when in `requested`; a signal whose
+/// handler could not be installed is not waited for.
+async fn shutdown_signal(
+    term: Option<Signal>,
+    int: Option<Signal>,
+    requested: Arc<std::sync::OnceLock<tokio::time::Instant>>,
+) {
     async fn received(signal: Option<Signal>) {
         match signal {
             Some(mut s) => {
@@ -804,6 +867,7 @@ async fn shutdown_signal(term: Option<Signal>, int: Option<Signal>) {
         () = received(term) => {},
         () = received(int) => {},
     }
+    let _ = requested.set(tokio::time::Instant::now());
     tracing::info!("shutdown requested; draining in-flight calls");
 }
 

@@ -109,7 +109,7 @@ impl Gateway {
         }
         let _permit = evidence_permit().await?;
         let work_root = self.audit.data_dir().join("exports");
-        std::fs::create_dir_all(&work_root).map_err(|e| {
+        crate::localfile::create_dir_all(&work_root).map_err(|e| {
             Refusal::new(
                 Reason::AuditUnavailable,
                 format!(

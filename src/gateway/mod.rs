@@ -34,6 +34,8 @@ pub use evidence::{EvidencePage, MAX_BUNDLE_BYTES};
 mod budgets;
 mod capacity;
 mod catalog;
+mod credential;
+pub use credential::Credential;
 mod drain;
 mod fleet;
 pub(crate) use fleet::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX};

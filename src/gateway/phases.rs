@@ -23,13 +23,15 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use super::Gateway;
+use super::{Gateway, Loaded};
 use crate::adapter::{ExecError, Phase, PhaseOutcome};
 use crate::audit::EventType;
-use crate::authz;
+use crate::authz::{self, Caller};
+use crate::call::Trace;
 use crate::canonical::sha256_hex;
 use crate::diagnostic::{Reason, Refusal};
 use crate::requests::Commit;
+use crate::runs::RunRecord;
 use crate::state::StateError;
 use crate::state::phases::{CommitState, PendingCommit, PhaseStore, UnrecordedEvent};
 
@@ -37,7 +39,7 @@ mod events;
 mod owed;
 
 pub(crate) use events::add_refusal;
-use events::{phase_event, phase_refusal, prepared_details, refusal_event};
+use events::{malformed_event, phase_event, phase_refusal, prepared_details, refusal_event};
 
 /// Undecided prepared calls the gateway holds at most; a prepare beyond is refused.
 pub const MAX_PENDING: usize = 10_000;
@@ -81,6 +83,16 @@ fn is_unfinished(state: CommitState) -> bool {
             | CommitState::CommitFailed
             | CommitState::RollbackFailed
     )
+}
+
+/// What a commit is decided under: the policy snapshot, the caller (resolved as for a
+/// call), and in a fleet the run as the cluster database has it.
+struct CommitDecision<'a> {
+    loaded: &'a Loaded,
+    caller: Caller<'a>,
+    /// In a fleet, the run the cluster database returned (None: no such run); None
+    /// outside a fleet (the local table is the authority).
+    fleet_run: Option<Option<Arc<RunRecord>>>,
 }
 
 /// The identifiers of a call being prepared.
@@ -297,9 +309,9 @@ impl Gateway {
         let request = match request {
             Ok(r) => r,
             Err(malformed) => {
-                // Answered only once the caller is authenticated.
-                self.verify_any(token)?;
-                return Err(malformed);
+                return Err(self
+                    .refuse_malformed_commit(token, call_id, malformed)
+                    .await);
             }
         };
         let known = self
@@ -316,16 +328,28 @@ impl Gateway {
             Some(_) => self
                 .fleet_preflight(token, &request.run_id)
                 .await
-                .map(|_| ()),
-            None => Ok(()),
+                .map(|run| Some(run.map(Arc::new))),
+            None => Ok(None),
         };
-        let decided = fleet_checked
-            .and_then(|()| self.decide_commit(token, call_id, &request, known.as_ref()));
+        // One policy snapshot and the credential, resolved as for a call.
+        let loaded = self.current();
+        let credential = self.credential(&loaded.policy, token).await;
+        let decided = fleet_checked.and_then(|fleet_run| {
+            let decision = CommitDecision {
+                loaded: &loaded,
+                caller: credential.caller(),
+                fleet_run,
+            };
+            self.decide_commit(decision, call_id, &request, known.as_ref())
+        });
         let entry = match decided {
             Ok(entry) => entry,
             Err(refusal) => {
                 let mut event = refusal_event(call_id, known.as_ref(), &request);
                 add_refusal(&mut event, &refusal);
+                if let Some(caller) = credential.caller_json() {
+                    event.details.insert("caller".into(), caller);
+                }
                 self.audit
                     .append(event)
                     .await
@@ -369,29 +393,66 @@ impl Gateway {
         self.finish_commit(entry, "request").await
     }
 
-    /// The checks of a commit request, in order: the caller proves the role it names
-    /// (and a run token its run), the call and commit id are known, the role and run
-    /// are the call's, the safety lock is released, the run's status, the role, lane
-    /// and tool still permit the call under the loaded policy, and the call is still
-    /// pending within its deadline. Claims it.
-    fn decide_commit(
+    /// A commit request whose body is malformed. A caller that is not authenticated
+    /// is refused unrecorded (what it can make the log keep stays bounded: nothing);
+    /// an authenticated one's request names a call, so it is audited, once, as
+    /// `tool_commit_refused` with the problem.
+    async fn refuse_malformed_commit(
         &self,
         token: Option<&str>,
+        call_id: &str,
+        malformed: Refusal,
+    ) -> Refusal {
+        // In a fleet the run token is read from the cluster database first (a failure
+        // leaves the local copy, which can only be staler).
+        let _ = self.fleet_refresh(token, None).await;
+        let loaded = self.current();
+        let credential = self.credential(&loaded.policy, token).await;
+        let authenticated = match &credential.run {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(dead)) => Err(dead.clone()),
+            None => self.verify_any(token),
+        };
+        if let Err(unauthenticated) = authenticated {
+            return unauthenticated;
+        }
+        let mut event = malformed_event(call_id);
+        add_refusal(&mut event, &malformed);
+        if let Some(caller) = credential.caller_json() {
+            event.details.insert("caller".into(), caller);
+        }
+        match self.audit.append(event).await {
+            Ok(_) => malformed,
+            Err(e) => super::audit_refusal(e),
+        }
+    }
+
+    /// The checks of a commit request, in order: the caller proves the role it names
+    /// (and a run token its run), the call and commit id are known, the role and run
+    /// are the call's, the audit log has room, the safety lock is released; then the
+    /// commit is decided like a call of its run and lane (`authz::admit`, steps 2-4,
+    /// and steps 5-6 for its tool) under the loaded policy, which the run's calls are
+    /// decided under now: whatever refuses such a call (a run token of other lanes, a
+    /// run pinned to other policy versions, the run's status, the role, lane or tool
+    /// no longer permitting it) refuses its commit. Last, the call is still pending
+    /// within its deadline. Claims it.
+    fn decide_commit(
+        &self,
+        decision: CommitDecision<'_>,
         call_id: &str,
         request: &Commit,
         known: Option<&PendingCommit>,
     ) -> Result<PendingCommit, Refusal> {
-        let loaded = self.current();
+        let CommitDecision {
+            loaded,
+            caller,
+            fleet_run,
+        } = decision;
         let policy = &loaded.policy;
-        match token.and_then(|t| self.run_binding(t)) {
-            Some(bound) => {
-                let binding = bound?;
-                authz::verify_run_token(policy, &binding, &request.role_id)?;
-                authz::check_token_run(&binding, &request.run_id)?;
-            }
-            None => {
-                self.role_of(policy, &request.role_id, token)?;
-            }
+        // Authenticated before anything about the call is revealed.
+        authz::verify_caller(policy, caller, &request.role_id)?;
+        if let Caller::Run(Ok(binding)) = caller {
+            authz::check_token_run(binding, &request.run_id)?;
         }
         let Some(entry) = known else {
             return Err(Refusal::new(
@@ -413,8 +474,7 @@ impl Gateway {
             return Err(refusal);
         }
         // The commit is where the side effect happens: what refuses a call now refuses
-        // its commit too (the lock, the run's status for the lane, the role, lane and
-        // tool as the loaded policy has them).
+        // its commit too.
         let lock = self.safety_lock();
         if lock.engaged {
             return Err(Refusal::new(
@@ -423,16 +483,20 @@ impl Gateway {
             )
             .with_details(json!({ "lock_reason": lock.reason })));
         }
-        let Some(run) = self.runs.get(&entry.run_id) else {
-            return Err(Refusal::new(
-                Reason::RunNotFound,
-                format!("run `{}` does not exist", entry.run_id),
-            ));
+        // In a fleet, only what the cluster database said just now (as for a call).
+        let run = match fleet_run {
+            Some(run) => run,
+            None => self.runs.shared(&entry.run_id),
         };
-        let role = authz::find_role(policy, &entry.role_id)?;
-        let lane = authz::authorize_lane(policy, role, &entry.lane_id, &run)?;
+        let acting = authz::Acting {
+            role_id: &entry.role_id,
+            run_id: &entry.run_id,
+            lane_id: &entry.lane_id,
+        };
+        let runs = move |run_id: &str| run.filter(|r| r.run_id == run_id);
+        let admitted = authz::admit(policy, caller, acting, runs, &mut Trace::default())?;
         let tool = authz::find_tool(policy, &entry.tool_name)?;
-        authz::lane_permits(lane, tool)?;
+        authz::lane_permits(admitted.lane, tool)?;
         let now = now_ms();
         let mut table = self.two_phase.lock()?;
         let Some(current) = table.get_mut(call_id) else {

@@ -124,6 +124,12 @@ struct Verified {
     leaves: BTreeMap<String, Vec<Hash>>,
     /// The fleet rows: (origin, sidecar size, leaf note, fleet note), fleet seq order.
     fleet: Vec<(String, u64, String, String)>,
+    /// With a run: its events per origin, (seq, line) in seq order, read in the same
+    /// snapshot.
+    run_rows: BTreeMap<String, Vec<(u64, String)>>,
+    /// With a run: the sidecars that hold events of it the hub does not have yet
+    /// (`hub_unshipped`), each with the first seq it may hold them from.
+    unshipped: Vec<(String, u64)>,
 }
 
 async fn client(pool: &deadpool_postgres::Pool) -> Result<deadpool_postgres::Client, HubError> {
@@ -141,7 +147,7 @@ pub async fn verify(
     fleet_key_fingerprint: Option<&str>,
     witnesses: Option<(&[crate::audit::witness::WitnessKey], usize)>,
 ) -> Result<FleetReport, FleetError> {
-    let verified = verify_all(pool, false, fleet_key_fingerprint).await?;
+    let verified = verify_all(pool, false, fleet_key_fingerprint, None).await?;
     let mut report = verified.report;
     if let Some((keys, quorum)) = witnesses {
         let notes: Vec<&str> = verified.fleet.iter().map(|f| f.3.as_str()).collect();
@@ -195,6 +201,7 @@ async fn verify_all(
     pool: &deadpool_postgres::Pool,
     keep: bool,
     pin: Option<&str>,
+    run: Option<&str>,
 ) -> Result<Verified, FleetError> {
     let client = client(pool).await?;
     let map = |e: tokio_postgres::Error| FleetError::Hub(db_error(&e));
@@ -477,6 +484,35 @@ async fn verify_all(
             ),
         }));
     }
+    // The run's events and the sidecars that hold more of it, in the same snapshot: a
+    // mark removed in it means its events are in it.
+    let mut run_rows: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
+    let mut unshipped = Vec::new();
+    if let Some(run) = run {
+        for r in client
+            .query(
+                "SELECT origin, seq, line FROM hub_events WHERE run_id = $1 ORDER BY origin, seq",
+                &[&run],
+            )
+            .await
+            .map_err(map)?
+        {
+            run_rows
+                .entry(r.get(0))
+                .or_default()
+                .push((r.get::<_, i64>(1).max(0) as u64, r.get(2)));
+        }
+        for r in client
+            .query(
+                "SELECT origin, since_seq FROM hub_unshipped WHERE run_id = $1 ORDER BY origin",
+                &[&run],
+            )
+            .await
+            .map_err(map)?
+        {
+            unshipped.push((r.get(0), r.get::<_, i64>(1).max(0) as u64));
+        }
+    }
     client.batch_execute("COMMIT").await.map_err(map)?;
     Ok(Verified {
         report: FleetReport {
@@ -491,6 +527,8 @@ async fn verify_all(
         fleet_key,
         leaves: all_leaves,
         fleet,
+        run_rows,
+        unshipped,
     })
 }
 
@@ -500,6 +538,9 @@ pub struct FleetExportSummary {
     pub out_dir: String,
     pub run_id: String,
     pub fleet_size: u64,
+    /// Whether the export holds every event of the run any sidecar the hub knows of
+    /// holds (the manifest's `complete`); the warnings say what is missing.
+    pub complete: bool,
     /// Per sidecar: its origin and the events written.
     pub sidecars: Vec<(String, u64)>,
     pub warnings: Vec<String>,
@@ -508,11 +549,14 @@ pub struct FleetExportSummary {
 /// Writes one run's events from every sidecar with their proofs (see docs/audit.md,
 /// "Fleet export").
 ///
-/// The manifest is a signed statement of completeness: it lists, per sidecar, every
-/// seq and leaf hash of the run up to the fleet checkpoint the export is cut at, and is
-/// signed with the fleet key (`fleet_signer`, which must be the key the hub is bound
-/// to) over [`FLEET_MANIFEST_DOMAIN`] followed by the bytes of manifest.json
-/// (manifest.sig).
+/// The manifest is a signed statement of what the export covers: it lists, per
+/// sidecar, every seq and leaf hash of the run up to the fleet checkpoint the export is
+/// cut at, and is signed with the fleet key (`fleet_signer`, which must be the key the
+/// hub is bound to) over [`FLEET_MANIFEST_DOMAIN`] followed by the bytes of
+/// manifest.json (manifest.sig). It says `complete` only when no sidecar the hub knows
+/// of holds events of the run the hub does not (`hub_unshipped`, see `tail`) and the
+/// hub holds none above the cut; otherwise `unshipped` names the sidecars and the
+/// warnings say what to do.
 pub async fn export(
     pool: &deadpool_postgres::Pool,
     run_id: &str,
@@ -526,7 +570,7 @@ pub async fn export(
             out.display()
         )));
     }
-    let verified = verify_all(pool, true, None).await?;
+    let verified = verify_all(pool, true, None, Some(run_id)).await?;
     if let Some(bound) = &verified.fleet_key {
         super::fleet_key_matches(FLEET_ORIGIN, &bound.to_vkey(), &fleet_signer.verifier)?;
     }
@@ -548,37 +592,29 @@ pub async fn export(
     for (i, (origin, size, leaf, _)) in verified.fleet.iter().enumerate() {
         newest.insert(origin.clone(), (i as u64, *size, leaf.clone()));
     }
-    let client = client(pool).await?;
-    let map = |e: tokio_postgres::Error| FleetError::Hub(db_error(&e));
-    std::fs::create_dir_all(out.join("sidecars")).map_err(output)?;
+    crate::localfile::create_dir_all(&out.join("sidecars")).map_err(output)?;
     let mut manifest_sidecars = Vec::new();
     // The sha256 of every file the manifest vouches for, by its path in the export.
     let mut files: BTreeMap<String, String> = BTreeMap::new();
     let mut summary = Vec::new();
     let mut warnings = Vec::new();
+    let mut above_cut = false;
     for (n, (origin, (leaf_index, size, note))) in newest.iter().enumerate() {
-        let rows = client
-            .query(
-                "SELECT seq, line FROM hub_events WHERE origin = $1 AND run_id = $2 ORDER BY seq",
-                &[origin, &run_id],
-            )
-            .await
-            .map_err(map)?;
-        if rows.is_empty() {
+        let Some(rows) = verified.run_rows.get(origin).filter(|r| !r.is_empty()) else {
             continue;
-        }
+        };
         let leaves = verified.leaves.get(origin).cloned().unwrap_or_default();
         let tree = Tree::new(leaves);
         let dir = format!("sidecars/{:03}", n + 1);
-        std::fs::create_dir_all(out.join(&dir)).map_err(output)?;
+        crate::localfile::create_dir_all(&out.join(&dir)).map_err(output)?;
         let mut events = String::new();
         let mut proofs = String::new();
         let mut count = 0u64;
         let (mut seqs, mut hashes) = (Vec::new(), Vec::new());
-        for r in &rows {
-            let seq = r.get::<_, i64>(0).max(0) as u64;
-            let line: String = r.get(1);
+        for (seq, line) in rows {
+            let seq = *seq;
             if seq > *size {
+                above_cut = true;
                 warnings.push(format!(
                     "sidecar `{origin}` seq {seq} is not under a fleet checkpoint yet; not exported"
                 ));
@@ -587,7 +623,7 @@ pub async fn export(
             let path = tree.inclusion_proof(seq - 1, *size).unwrap_or_default();
             seqs.push(seq);
             hashes.push(crate::canonical::to_hex(leaf_hash(line.as_bytes())));
-            events.push_str(&line);
+            events.push_str(line);
             events.push('\n');
             proofs.push_str(&json!({"seq": seq, "tree_size": size, "path": path.iter().map(hex::encode).collect::<Vec<_>>()}).to_string());
             proofs.push('\n');
@@ -617,6 +653,28 @@ pub async fn export(
         }));
         summary.push((origin.clone(), count));
     }
+    // What the hub does not hold: the export says so instead of calling itself
+    // complete.
+    let hub_sizes: BTreeMap<&str, u64> = verified
+        .report
+        .sidecars
+        .iter()
+        .map(|s| (s.origin.as_str(), s.events))
+        .collect();
+    let mut unshipped = Vec::new();
+    for (origin, since_seq) in &verified.unshipped {
+        let hub_size = hub_sizes.get(origin.as_str()).copied().unwrap_or(0);
+        warnings.push(format!(
+            "sidecar `{origin}` holds events of run `{run_id}` that the hub does not (its seq {} on; the hub holds its log up to seq {hub_size}): this export is not complete; start that sidecar again with its data directory so that it ships them, then export again",
+            since_seq.max(&(hub_size + 1))
+        ));
+        unshipped.push(json!({
+            "origin": origin,
+            "since_seq": since_seq,
+            "hub_size": hub_size,
+        }));
+    }
+    let complete = unshipped.is_empty() && !above_cut;
     write_hashed(out, "fleet-checkpoint.txt", fleet_note, &mut files)?;
     // The cosigned fleet checkpoints (the newest ones), each with its consistency
     // proof to the exported fleet checkpoint.
@@ -642,7 +700,8 @@ pub async fn export(
     let manifest = json!({
         "format": "toolgate-fleet-export/1",
         "run_id": run_id,
-        "complete": true,
+        "complete": complete,
+        "unshipped": unshipped,
         "fleet": {
             "size": fleet_size,
             "root": verified.report.fleet_root,
@@ -673,6 +732,7 @@ pub async fn export(
         out_dir: out.display().to_string(),
         run_id: run_id.to_string(),
         fleet_size,
+        complete,
         sidecars: summary,
         warnings,
     })
@@ -680,7 +740,7 @@ pub async fn export(
 
 fn write(out: &Path, name: &str, text: &str) -> Result<(), FleetError> {
     let path: PathBuf = out.join(name);
-    std::fs::write(&path, text)
+    crate::localfile::write(&path, text.as_bytes())
         .map_err(|e| FleetError::Output(format!("`{}`: {e}", path.display())))
 }
 

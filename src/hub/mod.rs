@@ -6,7 +6,10 @@
 //! - `mod.rs`: the hub's tables, [`HubError`], and [`ingest`]: one batch (lines and
 //!   the signed checkpoint over their end) checked and stored in one transaction.
 //! - [`ship`]: the shipper task of a sidecar: reads committed lines and checkpoints
-//!   from its local log and ingests them, in order, resuming where the hub stands.
+//!   from its local log and ingests them, in order, resuming where the hub stands; at a
+//!   graceful stop it ships what is left.
+//! - [`tail`]: which runs a sidecar holds events of that the hub does not have yet
+//!   (`hub_unshipped`), marked before they are appended, so a fleet export knows.
 //! - [`fleet`]: `audit verify --cluster-db` and `audit export --cluster-db --run`.
 //! - [`coverage`]: up to when the hub holds each sidecar's log (recorded by the
 //!   shippers), and the lines that name an approval: a sidecar's evidence of the other
@@ -40,6 +43,7 @@
 pub mod coverage;
 pub mod fleet;
 pub mod ship;
+pub mod tail;
 pub mod witness;
 
 use std::time::Duration;

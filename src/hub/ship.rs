@@ -7,12 +7,28 @@
 //! read the lines up to it from the local log and [`ingest`] them. A refusal is
 //! final for that batch and is logged with its reason; the database being down is
 //! retried at the next round. The lag (local seq minus shipped seq) is in `/metrics`.
+//! After each round the runs whose events the hub now holds lose their mark
+//! (`tail`).
+//!
+//! At a graceful stop ([`HubShipper::finish`], once the audit log is closed and its
+//! last checkpoint signed) the shipper ships what is left, within the drain time; what
+//! the hub could not take stays in the local log, marked, and ships at the next start.
+//!
+//! Coverage (`hub::coverage`): each round reads the database's clock before the local
+//! head, and when the hub then holds the whole local log as read, records that reading
+//! as up to when the hub holds every event of this log; a last shipment that leaves
+//! nothing behind closes the log's coverage (the log appends nothing more).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::tail::Tail;
 use super::{Batch, HubError, MAX_BATCH_LINES, db_error, ingest, pool_error};
 use crate::audit::keys::VerifierKey;
 use crate::audit::signer::Signer;
@@ -71,17 +87,144 @@ pub struct ShipOptions {
     pub fleet_signer: Arc<dyn Signer>,
     /// How often the shipper looks for new lines.
     pub interval: Duration,
+    /// The marks of the runs this sidecar holds events of that the hub does not
+    /// (installed on the audit log by the caller).
+    pub tail: Arc<Tail>,
 }
 
-/// Starts the shipper on the current runtime.
-pub fn start(
+/// A running shipper: its status, and the way to stop it with a last shipment.
+pub struct HubShipper {
+    status: Arc<ShipStatus>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
     pool: deadpool_postgres::Pool,
     audit: AuditLog,
     options: ShipOptions,
-) -> Arc<ShipStatus> {
+}
+
+/// How a last shipment ended ([`HubShipper::finish`]).
+#[derive(Debug)]
+pub struct Finished {
+    /// The local log's newest seq.
+    pub local: u64,
+    /// What the hub holds of it.
+    pub shipped: u64,
+    /// Why the hub does not hold all of it (None: it does).
+    pub error: Option<HubError>,
+}
+
+/// How often a last shipment tries a hub that did not answer.
+const FINAL_ATTEMPTS: u32 = 4;
+/// How long it waits between two tries.
+const FINAL_RETRY: Duration = Duration::from_millis(500);
+
+/// Starts the shipper on the current runtime.
+pub fn start(pool: deadpool_postgres::Pool, audit: AuditLog, options: ShipOptions) -> HubShipper {
     let status = Arc::new(ShipStatus::new(audit.clone()));
-    tokio::spawn(run(pool, audit, options, status.clone()));
-    status
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(run(
+        pool.clone(),
+        audit.clone(),
+        options.clone(),
+        status.clone(),
+        stop.clone(),
+    ));
+    HubShipper {
+        status,
+        stop,
+        task,
+        pool,
+        audit,
+        options,
+    }
+}
+
+impl HubShipper {
+    /// What `/metrics` shows of the shipping.
+    pub fn status(&self) -> Arc<ShipStatus> {
+        self.status.clone()
+    }
+
+    /// Stops the rounds and ships what the local log holds beyond the hub, before
+    /// `deadline`: call it once the audit log is closed (its last checkpoint signed,
+    /// nothing appended any more). Then the runs the hub holds everything of lose
+    /// their marks. A hub that does not answer is tried [`FINAL_ATTEMPTS`] times.
+    pub async fn finish(mut self, deadline: Instant) -> Finished {
+        self.stop.cancel();
+        if tokio::time::timeout_at(deadline, &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
+        let local = self.audit.head().map_or(0, |h| h.0);
+        let mut shipped = self.status.shipped_seq.load(Ordering::Relaxed);
+        let mut attempts = 0;
+        let error = loop {
+            let before = shipped;
+            match tokio::time::timeout_at(deadline, round(&self.pool, &self.options, local)).await {
+                Ok(Ok(size)) => {
+                    shipped = size;
+                    self.status.shipped_seq.store(size, Ordering::Relaxed);
+                    if size >= local {
+                        break None;
+                    }
+                    if size <= before && attempts > 0 {
+                        break Some(HubError::Unavailable(format!(
+                            "no signed checkpoint of the local log above seq {size}"
+                        )));
+                    }
+                    attempts += 1;
+                }
+                Ok(Err(error)) if error.retryable() && attempts + 1 < FINAL_ATTEMPTS => {
+                    attempts += 1;
+                    if Instant::now() + FINAL_RETRY >= deadline {
+                        break Some(error);
+                    }
+                    tokio::time::sleep(FINAL_RETRY).await;
+                }
+                Ok(Err(error)) => break Some(error),
+                Err(_) => {
+                    break Some(HubError::Unavailable(
+                        "the hub did not take the last events within the drain time".into(),
+                    ));
+                }
+            }
+        };
+        if error.is_none() {
+            // The log is closed and the hub holds all of it: so is its coverage, until
+            // the sidecar starts again (`coverage::reopen`).
+            if tokio::time::timeout_at(
+                deadline.max(Instant::now() + FINAL_RETRY),
+                super::coverage::close(&self.pool, &self.options.origin, local),
+            )
+            .await
+            .map_or(true, |closed| closed.is_err())
+            {
+                tracing::warn!(
+                    origin = %self.options.origin,
+                    "the audit hub was not told that this sidecar's log is complete; the other sidecars hold the approvals it could have used until it starts again or they expire"
+                );
+            }
+            // The log is closed: everything appended is in it, and in the hub.
+            let settled = tokio::time::timeout_at(
+                deadline.max(Instant::now() + FINAL_RETRY),
+                self.options.tail.settle(shipped, &self.audit),
+            )
+            .await;
+            if !matches!(settled, Ok(Ok(0))) {
+                tracing::warn!(
+                    origin = %self.options.origin,
+                    "the marks of the runs this sidecar shipped were not all removed from the audit hub; the next start removes them"
+                );
+            }
+        }
+        Finished {
+            local,
+            shipped,
+            error,
+        }
+    }
 }
 
 async fn run(
@@ -89,17 +232,58 @@ async fn run(
     audit: AuditLog,
     options: ShipOptions,
     status: Arc<ShipStatus>,
+    stop: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(options.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_reason: Option<&'static str> = None;
+    let mut backlog_marked = false;
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        // The runs of what the local log holds beyond the hub at start are marked
+        // before anything else is shipped (an earlier life may not have marked them).
+        if !backlog_marked {
+            match mark_backlog(&pool, &audit, &options).await {
+                Ok(()) => backlog_marked = true,
+                Err(error) => {
+                    status.failures.fetch_add(1, Ordering::Relaxed);
+                    if last_reason != Some(error.reason()) {
+                        tracing::error!(origin = %options.origin, reason = error.reason(), error = %error, "the runs of the local events the audit hub does not hold yet could not be marked; retrying at the next round");
+                    }
+                    last_reason = Some(error.reason());
+                    continue;
+                }
+            }
+        }
         // Ship as long as there is a full batch waiting, then wait for the next tick.
         loop {
+            if stop.is_cancelled() {
+                return;
+            }
+            // The database's clock before the local head: every event committed
+            // before the reading is at or below the head.
+            let clock = super::coverage::clock_ms(&pool).await;
+            let local = audit.head().map_or(0, |h| h.0);
             let before = status.shipped_seq.load(Ordering::Relaxed);
-            match round(&pool, &options, &audit).await {
-                Ok((shipped, local)) => {
+            let shipped = match (round(&pool, &options, local).await, clock) {
+                (Ok(shipped), Ok(clock)) => {
+                    match options.tail.settle(shipped, &audit).await {
+                        Ok(_) if shipped >= local && shipped > 0 => {
+                            super::coverage::record(&pool, &options.origin, clock)
+                                .await
+                                .map(|()| shipped)
+                        }
+                        Ok(_) => Ok(shipped),
+                        Err(error) => Err(error),
+                    }
+                }
+                (Err(error), _) | (_, Err(error)) => Err(error),
+            };
+            match shipped {
+                Ok(shipped) => {
                     status.shipped_seq.store(shipped, Ordering::Relaxed);
                     if last_reason.take().is_some() {
                         tracing::info!(origin = %options.origin, shipped, "audit shipping to the hub resumed");
@@ -128,34 +312,58 @@ async fn run(
     }
 }
 
-/// One batch; returns the hub's size of this log afterwards and the local head it
-/// shipped towards. When the hub then holds the whole local log as read, the
-/// database's clock reading taken before the local head was read is recorded as the
-/// log's coverage (`hub::coverage`).
+/// Marks the runs of the local events above the hub's size of this log (at most the
+/// log's size when shipping started).
+async fn mark_backlog(
+    pool: &deadpool_postgres::Pool,
+    audit: &AuditLog,
+    options: &ShipOptions,
+) -> Result<(), HubError> {
+    let hub = hub_size(pool, &options.origin).await?;
+    let upto = audit.head().map_or(0, |h| h.0);
+    if hub >= upto {
+        return Ok(());
+    }
+    let db = options.db_path.clone();
+    let runs = tokio::task::spawn_blocking(move || -> Result<BTreeSet<String>, String> {
+        let reader = AuditReader::open(&db).map_err(|e| e.to_string())?;
+        let mut runs = BTreeSet::new();
+        let mut after = hub;
+        while after < upto {
+            let page = reader
+                .events(&EventFilter {
+                    after_seq: after,
+                    limit: MAX_BATCH_LINES,
+                    ..EventFilter::default()
+                })
+                .map_err(|e| e.to_string())?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            runs.extend(page.iter().filter(|e| e.seq <= upto).filter_map(|e| {
+                e.value
+                    .get("run_id")
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_string)
+            }));
+        }
+        Ok(runs)
+    })
+    .await
+    .map_err(|e| HubError::Unavailable(format!("the shipper's reader stopped: {e}")))?
+    .map_err(|e| HubError::Unavailable(format!("cannot read the local audit log: {e}")))?;
+    options
+        .tail
+        .mark_backlog(runs.into_iter().collect(), hub.saturating_add(1), upto)
+        .await
+}
+
+/// One batch; returns the hub's size of this log afterwards.
 async fn round(
     pool: &deadpool_postgres::Pool,
     options: &ShipOptions,
-    audit: &AuditLog,
-) -> Result<(u64, u64), HubError> {
-    // The clock first, then the local head: every event committed before the reading
-    // is at or below the head.
-    let (hub, registered, fleet_key, clock_ms) = hub_log(pool, &options.origin).await?;
-    let local = audit.head().map_or(0, |h| h.0);
-    let shipped = ship_batch(pool, options, (hub, registered, fleet_key), local).await?;
-    if shipped >= local && shipped > 0 {
-        super::coverage::record(pool, &options.origin, clock_ms).await?;
-    }
-    Ok((shipped, local))
-}
-
-/// Ships one batch above the hub's size `hub` towards `local`; returns the hub's size
-/// afterwards.
-async fn ship_batch(
-    pool: &deadpool_postgres::Pool,
-    options: &ShipOptions,
-    (hub, registered, fleet_key): (u64, Option<String>, Option<String>),
     local: u64,
 ) -> Result<u64, HubError> {
+    let (hub, registered, fleet_key) = hub_log(pool, &options.origin).await?;
     // The fleet log must be bound to this sidecar's fleet key (or to none yet).
     if let Some(vkey) = fleet_key {
         super::fleet_key_matches(&options.origin, &vkey, options.fleet_signer.verifier())?;
@@ -227,10 +435,6 @@ pub async fn hub_size(pool: &deadpool_postgres::Pool, origin: &str) -> Result<u6
     Ok(hub_log(pool, origin).await?.0)
 }
 
-/// What the hub holds of one log: its size, its registered key, the fleet key and the
-/// database's clock at the reading.
-type HubLog = (u64, Option<String>, Option<String>, i64);
-
 /// Refuses to start shipping under `origin` with the fleet key `offered` when the
 /// fleet log is bound to another one (nothing is written).
 pub async fn check_fleet_key(
@@ -245,26 +449,22 @@ pub async fn check_fleet_key(
 }
 
 /// The hub's size of the log of `origin`, the key registered for it (None: not
-/// registered yet), the fleet key the fleet log is bound to (None: none yet) and the
-/// database's clock, Unix milliseconds.
-async fn hub_log(pool: &deadpool_postgres::Pool, origin: &str) -> Result<HubLog, HubError> {
+/// registered yet) and the fleet key the fleet log is bound to (None: none yet).
+async fn hub_log(
+    pool: &deadpool_postgres::Pool,
+    origin: &str,
+) -> Result<(u64, Option<String>, Option<String>), HubError> {
     let client = tokio::time::timeout(super::INGEST_TIMEOUT, pool.get())
         .await
         .map_err(|_| HubError::Unavailable("no database connection in time".into()))?
         .map_err(|e| pool_error(&e))?;
     let row = client
         .query_one(
-            "SELECT l.size, l.vkey, h.vkey, (extract(epoch FROM statement_timestamp()) * 1000)::bigint \
-             FROM hub_fleet_head h LEFT JOIN hub_logs l ON l.origin = $1 WHERE h.id = 1",
+            "SELECT l.size, l.vkey, h.vkey FROM hub_fleet_head h LEFT JOIN hub_logs l ON l.origin = $1 WHERE h.id = 1",
             &[&origin],
         )
         .await
         .map_err(|e| db_error(&e))?;
     let size: Option<i64> = row.get(0);
-    Ok((
-        size.unwrap_or(0).max(0) as u64,
-        row.get(1),
-        row.get(2),
-        row.get(3),
-    ))
+    Ok((size.unwrap_or(0).max(0) as u64, row.get(1), row.get(2)))
 }

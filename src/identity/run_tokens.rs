@@ -171,6 +171,12 @@ pub fn parse_requests(policy: &Policy, value: &Value) -> Result<Vec<TokenRequest
         };
         lanes.sort();
         lanes.dedup();
+        if lanes.is_empty() {
+            // A token acts only in its lanes: one with none could never act.
+            return Err(malformed(format!(
+                "`issue_tokens[{i}]`: role `{role_id}` may act in no lane, so a run token for it could never act; a token's `lanes` are a non-empty subset of its role's"
+            )));
+        }
         let max_ttl_s = policy.identity.run_token_max_ttl_s;
         let ttl_s = match obj.get("ttl_s") {
             None | Some(Value::Null) => DEFAULT_TTL_S.min(max_ttl_s),

@@ -402,6 +402,16 @@ impl Caller {
             token: bearer_token(headers),
             ..Caller::default()
         };
+        if headers
+            .get_all(hyper::header::AUTHORIZATION)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
+            caller
+                .problems
+                .push("header `Authorization` is given more than once".into());
+        }
         let mut id = |name: &str, display: &str| -> Option<String> {
             let value = single(headers, name, display, &mut caller.problems)?;
             if value.is_empty() || value.len() > MAX_ID_LEN {
@@ -534,19 +544,36 @@ fn single(
     }
 }
 
+/// The bearer token of the request's one `Authorization` header. Two or more prove
+/// nothing (None; [`Caller::read`] refuses the request as malformed): which one a
+/// proxy or a client meant is not for the front to guess.
 fn bearer_token(headers: &HeaderMap) -> Option<String> {
-    crate::call::bearer_token(headers.get(hyper::header::AUTHORIZATION)?.as_bytes())
+    let mut values = headers.get_all(hyper::header::AUTHORIZATION).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    crate::call::bearer_token(value.as_bytes())
 }
 
 /// A refusal before any tool is involved, as a JSON-RPC error.
 fn refused(refusal: &Refusal) -> ErrorData {
+    ErrorData::new(
+        REFUSED,
+        refusal.message.clone(),
+        Some(diagnostic_data(refusal)),
+    )
+}
+
+/// A refusal's diagnostic plus its `status`, as the `data` of a JSON-RPC error.
+pub(super) fn diagnostic_data(refusal: &Refusal) -> Value {
     let diagnostic = refusal.diagnostic();
     let status = Status::of(refusal.reason);
     let mut data = serde_json::to_value(&diagnostic).unwrap_or_else(|_| json!({}));
     if let Some(obj) = data.as_object_mut() {
         obj.insert("status".into(), json!(status));
     }
-    ErrorData::new(REFUSED, refusal.message.clone(), Some(data))
+    data
 }
 
 /// One catalog entry as an MCP tool: the registry's name, description and schemas;

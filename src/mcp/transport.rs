@@ -3,9 +3,10 @@
 //! before the front hands it to rmcp.
 
 use hyper::http::HeaderMap;
-use serde_json::json;
+use rmcp::model::ErrorCode;
+use serde_json::{Value, json};
 
-use super::front::SUPPORTED_VERSIONS;
+use super::front::{SUPPORTED_VERSIONS, diagnostic_data};
 use crate::diagnostic::{Reason, Refusal};
 
 /// The environment variable listing the browser origins allowed besides localhost
@@ -18,7 +19,8 @@ pub const ALLOWED_ORIGINS_ENV: &str = "TOOLGATE_MCP_ALLOWED_ORIGINS";
 /// - `Origin` (when present) is a localhost origin or one listed in
 ///   [`ALLOWED_ORIGINS_ENV`] (`origin_not_allowed`, 403; DNS rebinding defence);
 /// - `MCP-Protocol-Version` (when present) is one of [`SUPPORTED_VERSIONS`]
-///   (`protocol_version_unsupported`, 400);
+///   (`protocol_version_unsupported`, 400, answered as the JSON-RPC error of
+///   [`jsonrpc_error`]);
 /// - `Accept` lists both `application/json` and `text/event-stream`
 ///   (`accept_unsupported`, 406);
 /// - the body is one JSON-RPC message, not a batch (`batch_unsupported`, 400).
@@ -48,7 +50,7 @@ pub fn refusal(headers: &HeaderMap, body: &[u8]) -> Option<Refusal> {
                         supported.join(", ")
                     ),
                 )
-                .with_details(json!({ "supported": supported })),
+                .with_details(json!({ "supported": supported, "requested": shorten(version) })),
             );
         }
     }
@@ -65,6 +67,40 @@ pub fn refusal(headers: &HeaderMap, body: &[u8]) -> Option<Refusal> {
         ));
     }
     None
+}
+
+/// The JSON-RPC error that answers a transport refusal, when the protocol defines
+/// one: an unsupported `MCP-Protocol-Version` is the 2026-07-28 revision's
+/// `UnsupportedProtocolVersion` error (`-32022`, HTTP 400) with `data.supported` (the
+/// revisions the front speaks) and `data.requested` (the header's value), which a
+/// client reads to pick a version it shares; toolgate's diagnostic (with `status`)
+/// rides along as `data.diagnostic`. The error answers the request's `id` when the
+/// body names one (else null). None for the other transport refusals, which keep the
+/// HTTP API's structured refusal body.
+pub fn jsonrpc_error(refusal: &Refusal, body: &[u8]) -> Option<Value> {
+    if refusal.reason != Reason::ProtocolVersionUnsupported {
+        return None;
+    }
+    let id = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(message)) => match message.get("id") {
+            Some(id @ (Value::String(_) | Value::Number(_))) => id.clone(),
+            _ => Value::Null,
+        },
+        _ => Value::Null,
+    };
+    Some(json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": ErrorCode::UNSUPPORTED_PROTOCOL_VERSION.0,
+            "message": refusal.message,
+            "data": {
+                "supported": refusal.details["supported"],
+                "requested": refusal.details["requested"],
+                "diagnostic": diagnostic_data(refusal),
+            },
+        },
+    }))
 }
 
 /// At most 200 characters of a header value, for messages.
@@ -161,6 +197,31 @@ mod tests {
             );
         }
         map
+    }
+
+    #[test]
+    fn an_unsupported_version_is_the_json_rpc_error_of_2026_07_28() {
+        let accept = ("accept", "application/json, text/event-stream");
+        let asked = headers(&[accept, ("mcp-protocol-version", "2024-11-05")]);
+        let body = br#"{"jsonrpc": "2.0", "id": "r-1", "method": "tools/list"}"#;
+        let refused = refusal(&asked, body).unwrap();
+        let error = jsonrpc_error(&refused, body).unwrap();
+        assert_eq!(error["id"], "r-1");
+        assert_eq!(error["error"]["code"], -32022);
+        let data = &error["error"]["data"];
+        assert_eq!(data["requested"], "2024-11-05");
+        assert_eq!(
+            data["supported"],
+            json!(["2025-06-18", "2025-11-25", "2026-07-28"])
+        );
+        assert_eq!(data["diagnostic"]["reason"], "protocol_version_unsupported");
+        assert_eq!(data["diagnostic"]["status"], "denied");
+        // Not JSON, or no id: the error's id is null.
+        let error = jsonrpc_error(&refused, b"{").unwrap();
+        assert_eq!(error["id"], Value::Null);
+        // The other transport refusals keep the HTTP API's body.
+        let batch = refusal(&headers(&[accept]), b"[]").unwrap();
+        assert_eq!(jsonrpc_error(&batch, b"[]"), None);
     }
 
     #[test]

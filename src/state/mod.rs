@@ -26,16 +26,12 @@ fn sqlite_error(path: &std::path::Path, e: &rusqlite::Error) -> StateError {
 }
 
 /// Opens (creating) a state database: WAL, synchronous FULL, a busy timeout, the
-/// file readable by its owner only.
+/// file and its WAL readable by its owner only.
 fn open(path: &std::path::Path, schema: &str) -> Result<rusqlite::Connection, StateError> {
-    use std::os::unix::fs::PermissionsExt;
     let map = |e: rusqlite::Error| sqlite_error(path, &e);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| StateError(format!("cannot create `{}`: {e}", dir.display())))?;
-    }
+    crate::localfile::prepare_database(path)
+        .map_err(|e| StateError(format!("cannot create `{}`: {e}", path.display())))?;
     let conn = rusqlite::Connection::open(path).map_err(map)?;
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
     conn.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(map)?;
     let _mode: String = conn

@@ -218,7 +218,7 @@ fn python(dir: &Path) -> (i32, String) {
 }
 
 /// verify_export.py on a fleet export (`--fleet`).
-fn python_with(dir: &Path, args: &[&str]) -> (i32, String) {
+pub(crate) fn python_with(dir: &Path, args: &[&str]) -> (i32, String) {
     let out = std::process::Command::new("python3")
         .arg(SCRIPT)
         .arg(dir)
@@ -746,6 +746,9 @@ fn shipping_waits_out_a_database_outage_with_nothing_lost_or_duplicated() {
     shipped(&a);
     let (code, _, text) = verify_hub(&url);
     assert_eq!(code, 0, "{text}");
+    // The refusals' run could not be marked as held while the database was down; the
+    // owed mark was written and, with everything shipped, removed again.
+    assert_eq!(pg.psql("SELECT count(*) FROM hub_unshipped"), "0");
     let rows: u64 = pg
         .psql(&format!(
             "SELECT count(DISTINCT seq) FROM hub_events WHERE origin = '{}'",

@@ -521,3 +521,34 @@ fn the_run_token_lifetime_cap_is_the_policys() {
         .unwrap();
     assert_eq!(issued["details"]["ttl_s"], 600, "{issued}");
 }
+
+/// Issue 38, finding 10: a run token acts only in its lanes, a non-empty subset of its
+/// role's (docs/api.md). The demo's `attorney` may act in no lane, so a token for it
+/// could never act: it is refused like any bad token request, and nothing is created.
+#[test]
+fn a_run_token_for_a_role_with_no_lanes_is_refused() {
+    let server = Server::start();
+    for issue in [
+        json!([{"role_id": "attorney"}]),
+        json!([{"role_id": "paralegal_agent"}, {"role_id": "attorney", "ttl_s": 60}]),
+    ] {
+        let (code, answer) = server.post(
+            "/v1/runs",
+            Some(ADMIN),
+            &json!({"run_id": "lane-less", "scope": {"case_id": "C-1001"}, "issue_tokens": issue}),
+        );
+        assert_eq!(code, 400, "{issue}: {answer}");
+        assert_eq!(reason(&answer), "request_malformed", "{answer}");
+        assert!(
+            answer["diagnostic"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no lane"),
+            "{answer}"
+        );
+    }
+    let (code, _) = server.get("/v1/runs/lane-less", Some(ADMIN));
+    assert_eq!(code, 403, "the refused requests created no run");
+    let (_, events) = server.get("/v1/audit/events?type=run_token_issued", Some(ADMIN));
+    assert_eq!(events["events"], json!([]), "{events}");
+}

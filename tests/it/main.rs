@@ -25,6 +25,7 @@ mod bench;
 mod budgets;
 mod console;
 mod contract;
+mod data_files;
 // The docs name only the catalog's reasons, error codes and statuses.
 mod docs_truth;
 mod drain;
@@ -34,6 +35,7 @@ mod fleet_approvals;
 mod fleet_audit;
 mod fleet_claims;
 mod fleet_export_offline;
+mod fleet_stop;
 mod gateway;
 mod hostile;
 mod identity;

@@ -273,13 +273,24 @@ impl Rpc {
 
     /// POSTs `body` with `headers`; returns the status, headers of interest and JSON.
     fn post(&self, headers: &Value, body: &str) -> (u16, Value) {
+        let pairs: Vec<(&str, &str)> = headers
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str().unwrap()))
+            .collect();
+        self.post_pairs(&pairs, body)
+    }
+
+    /// [`Rpc::post`] with headers as name-value pairs, a name possibly more than once.
+    fn post_pairs(&self, headers: &[(&str, &str)], body: &str) -> (u16, Value) {
         let mut req = self
             .agent
             .post(&self.url)
             .header("Content-Type", "application/json")
             .header("Accept", "application/json, text/event-stream");
-        for (k, v) in headers.as_object().unwrap() {
-            req = req.header(k, v.as_str().unwrap());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
         }
         let mut resp = req.send(body.as_bytes()).unwrap();
         let status = resp.status().as_u16();
@@ -383,18 +394,13 @@ fn protocol_problems_are_json_rpc_errors_and_http_refusals() {
     assert_eq!(status, 200, "{answer}");
     assert!(answer["result"]["tools"].is_array(), "{answer}");
 
-    // Unsupported protocol revisions, named in the header, are refused.
-    for old in ["2024-11-05", "2025-03-26"] {
-        let mut versioned = h.clone();
-        versioned["MCP-Protocol-Version"] = json!(old);
-        let (status, refusal) = rpc.post(&versioned, &body.to_string());
-        assert_eq!(status, 400, "{refusal}");
-        assert_eq!(
-            refusal["diagnostic"]["reason"], "protocol_version_unsupported",
-            "{refusal}"
-        );
-        assert!(refusal["diagnostic"]["details"]["supported"].is_array());
-    }
+    // Unsupported protocol revisions, named in the header: the JSON-RPC error of the
+    // 2026-07-28 revision (see the test below).
+    let mut versioned = h.clone();
+    versioned["MCP-Protocol-Version"] = json!("2024-11-05");
+    let (status, refusal) = rpc.post(&versioned, &body.to_string());
+    assert_eq!(status, 400, "{refusal}");
+    assert_eq!(refusal["error"]["code"], -32022, "{refusal}");
     let mut versioned = h.clone();
     versioned["MCP-Protocol-Version"] = json!("2025-11-25");
     let (status, answer) = rpc.post(&versioned, &body.to_string());
@@ -646,4 +652,144 @@ fn list_initialize_and_ping_check_the_run_as_a_call_does() {
         json!({}),
     );
     assert!(answer["result"]["tools"].is_array(), "{answer}");
+}
+
+/// Issue 38, finding 9: an `MCP-Protocol-Version` header the front does not speak is
+/// answered with the 2026-07-28 revision's `UnsupportedProtocolVersion` JSON-RPC error
+/// (HTTP 400, code -32022, `data.supported` listing the revisions it speaks and
+/// `data.requested` the one asked for), which a client reads to pick a version; the
+/// diagnostic rides along as `data.diagnostic`. Nothing reaches the pipeline.
+#[test]
+fn an_unsupported_protocol_version_is_the_json_rpc_error_clients_pick_a_version_from() {
+    let server = Server::start();
+    let scope = json!({"case_id": "C-1001"});
+    let run = server.create_run(scope.clone());
+    let rpc = Rpc::new(&server);
+    let h = headers("research_agent", &run, "research", &scope);
+    let before = last_seq(&server);
+    for (requested, id, body) in [
+        (
+            "2024-11-05",
+            json!(3),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {}}).to_string(),
+        ),
+        (
+            "2025-03-26",
+            json!("call-a"),
+            json!({"jsonrpc": "2.0", "id": "call-a", "method": "tools/call",
+                   "params": {"name": "case_lookup", "arguments": {}}})
+            .to_string(),
+        ),
+        (
+            "2099-01-01",
+            json!(9),
+            json!({"jsonrpc": "2.0", "id": 9, "method": "server/discover", "params": {}})
+                .to_string(),
+        ),
+        ("junk", Value::Null, "not json".to_string()),
+    ] {
+        let mut versioned = h.clone();
+        versioned["MCP-Protocol-Version"] = json!(requested);
+        let (status, answer) = rpc.post(&versioned, &body);
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["jsonrpc"], "2.0", "{answer}");
+        assert_eq!(answer["id"], id, "{answer}");
+        let error = &answer["error"];
+        assert_eq!(error["code"], -32022, "{answer}");
+        assert!(
+            error["message"].as_str().unwrap().contains(requested),
+            "{answer}"
+        );
+        let data = &error["data"];
+        assert_eq!(data["requested"], requested, "{answer}");
+        assert_eq!(
+            data["supported"],
+            json!(["2025-06-18", "2025-11-25", "2026-07-28"]),
+            "{answer}"
+        );
+        let diagnostic = &data["diagnostic"];
+        assert_eq!(
+            diagnostic["reason"], "protocol_version_unsupported",
+            "{answer}"
+        );
+        assert_eq!(diagnostic["status"], "denied", "{answer}");
+        assert_eq!(
+            diagnostic["details"]["supported"], data["supported"],
+            "{answer}"
+        );
+        assert!(diagnostic["suggested_fix"].is_string(), "{answer}");
+    }
+    assert_eq!(
+        last_seq(&server),
+        before,
+        "transport refusals are not audited"
+    );
+}
+
+/// Issue 38, finding 10: two `Authorization` headers on `/mcp` prove nothing; the
+/// front does not pick one. Any method but `tools/call` is refused with the JSON-RPC
+/// error of a malformed request; a `tools/call` goes through the pipeline like a call
+/// with malformed headers: denied (`request_malformed`) and audited once.
+#[test]
+fn two_authorization_headers_on_mcp_are_refused_as_malformed() {
+    let server = Server::start();
+    let scope = json!({"case_id": "C-1001"});
+    let run = server.create_run(scope.clone());
+    let rpc = Rpc::new(&server);
+    let research = format!("Bearer {}", token("research_agent"));
+    let supervisor = format!("Bearer {}", token("supervisor"));
+    let scope_text = scope.to_string();
+    let pairs = |second: &str| -> Vec<(&str, String)> {
+        vec![
+            ("Authorization", research.clone()),
+            ("Authorization", second.to_string()),
+            ("X-Toolgate-Role", "research_agent".into()),
+            ("X-Toolgate-Run", run.clone()),
+            ("X-Toolgate-Lane", "research".into()),
+            ("X-Toolgate-Scope", scope_text.clone()),
+        ]
+    };
+    let send = |second: &str, body: &Value| {
+        let owned = pairs(second);
+        let borrowed: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        rpc.post_pairs(&borrowed, &body.to_string())
+    };
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
+    for second in [research.as_str(), supervisor.as_str(), "Bearer nonsense"] {
+        let (status, answer) = send(second, &list);
+        assert_eq!(status, 200, "{answer}");
+        assert!(answer.get("result").is_none(), "{answer}");
+        assert_eq!(answer["error"]["code"], -32040, "{answer}");
+        let data = &answer["error"]["data"];
+        assert_eq!(data["reason"], "request_malformed", "{answer}");
+        assert!(
+            data["details"]["problems"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("header `Authorization` is given more than once")),
+            "{answer}"
+        );
+    }
+
+    let before = last_seq(&server);
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                      "params": {"name": "case_lookup", "arguments": {}}});
+    let (status, answer) = send(&supervisor, &call);
+    assert_eq!(status, 200, "{answer}");
+    let result = &answer["result"];
+    assert_eq!(result["isError"], true, "{answer}");
+    let d = &result["_meta"]["io.toolgate/diagnostic"];
+    assert_eq!(d["reason"], "request_malformed", "{answer}");
+    let events = events_after(&server, &run, before);
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["tool_denied"], "{events:#?}");
+    assert_eq!(events[0]["reason"], "request_malformed");
+    assert_eq!(events[0]["call_id"], d["call_id"]);
+    // One header, the same request: allowed.
+    let (status, answer) = rpc.post(
+        &headers("research_agent", &run, "research", &scope),
+        &call.to_string(),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
 }

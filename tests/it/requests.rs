@@ -153,3 +153,91 @@ fn a_tool_call_body_is_read_whole_and_a_refused_one_is_audited() {
         assert_eq!(event["reason"], "request_malformed");
     }
 }
+
+/// Issue 38, finding 10: a request carries one credential. With two `Authorization`
+/// headers none is picked (neither the first nor the last): the request is malformed,
+/// answered with the structured refusal and left unrecorded (nobody was
+/// authenticated), except a tool call, which is still a call: refused at step 1 and
+/// audited once under the ids its body names.
+#[test]
+fn two_authorization_headers_are_refused_as_malformed() {
+    let server = Server::start();
+    let run = server.create_run(json!({"case_id": "C-1001"}));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let send = |method: &str, path: &str, first: &str, second: &str, body: &Value| {
+        let url = format!("{}{path}", server.base);
+        let mut resp = match method {
+            "GET" => agent
+                .get(&url)
+                .header("Authorization", &format!("Bearer {first}"))
+                .header("Authorization", &format!("Bearer {second}"))
+                .call(),
+            _ => agent
+                .post(&url)
+                .header("Authorization", &format!("Bearer {first}"))
+                .header("Authorization", &format!("Bearer {second}"))
+                .header("Content-Type", "application/json")
+                .send(body.to_string().as_bytes()),
+        }
+        .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap();
+        (status, serde_json::from_str::<Value>(&text).unwrap())
+    };
+    let malformed = |answer: &Value| {
+        assert_eq!(
+            answer["diagnostic"]["reason"], "request_malformed",
+            "{answer}"
+        );
+        assert_eq!(
+            problems(answer),
+            ["header `Authorization` is given more than once"],
+            "{answer}"
+        );
+    };
+    let research = common::token("research_agent");
+    for (method, path, body) in [
+        ("GET", "/v1/runs".to_string(), json!({})),
+        ("POST", "/v1/runs".to_string(), json!({"run_id": "twice"})),
+        ("GET", format!("/v1/runs/{run}"), json!({})),
+    ] {
+        let (code, answer) = send(method, &path, ADMIN, ADMIN, &body);
+        assert_eq!(code, 400, "{method} {path}: {answer}");
+        malformed(&answer);
+    }
+    let (code, _) = server.get("/v1/runs/twice", Some(ADMIN));
+    assert_eq!(code, 403, "nothing was created");
+
+    let (_, before) = server.get("/v1/audit/events?limit=1000", Some(ADMIN));
+    let before = before["events"].as_array().unwrap().len();
+    let call = json!({
+        "role_id": "research_agent", "run_id": run, "lane_id": "research",
+        "tool_name": "case_lookup", "arguments": {}, "scope": {"case_id": "C-1001"},
+    });
+    for second in [research.as_str(), "nonsense"] {
+        let (code, answer) = send("POST", "/v1/tool-calls", &research, second, &call);
+        assert_eq!(code, 400, "{answer}");
+        assert_eq!(answer["status"], "denied", "{answer}");
+        assert_eq!(answer["diagnostic"]["failed_step"], 1, "{answer}");
+        malformed(&answer);
+    }
+    let (_, after) = server.get("/v1/audit/events?limit=1000", Some(ADMIN));
+    let added: Vec<Value> = after["events"].as_array().unwrap()[before..].to_vec();
+    let types: Vec<&str> = added.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["tool_denied", "tool_denied"], "{added:#?}");
+    for event in &added {
+        assert_eq!(event["reason"], "request_malformed", "{event}");
+        assert_eq!(event["run_id"], run.as_str(), "{event}");
+        assert_eq!(event["tool_name"], "case_lookup", "{event}");
+    }
+    // One header: the same call runs.
+    let (code, answer) = server.post("/v1/tool-calls", Some(&research), &call);
+    assert_eq!(
+        (code, &answer["status"]),
+        (200, &json!("success")),
+        "{answer}"
+    );
+}

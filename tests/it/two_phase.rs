@@ -1411,3 +1411,216 @@ fn in_a_fleet_a_commit_reads_its_run_and_token_from_the_cluster_database() {
     );
     verify(&a.db());
 }
+
+/// Issue 38, finding 4: a run token limited to other lanes than the prepared call's
+/// commits nothing. A commit is decided like a call of its run and lane: the same
+/// token sending the call itself is refused with `lane_not_allowed_for_role`, and so
+/// is its commit (audited as `tool_commit_refused`, with the token's id).
+#[test]
+fn a_run_token_of_other_lanes_cannot_commit_a_call_of_the_filing_lane() {
+    let tmp = tempfile::tempdir().unwrap();
+    let court = Court::start();
+    let start = policy(tmp.path(), &court);
+    // The clerk also keeps the records lane; the token below is limited to it.
+    let roles = start.policy_dir.join("roles.yaml");
+    let text = fs::read_to_string(&roles).unwrap();
+    fs::write(
+        &roles,
+        text.replacen("lanes: [filing]", "lanes: [filing, records]", 1),
+    )
+    .unwrap();
+    let lanes = start.policy_dir.join("lanes.yaml");
+    let text = fs::read_to_string(&lanes).unwrap();
+    fs::write(
+        &lanes,
+        format!(
+            "{text}  - lane_id: records\n    description: Keeps records.\n    tools: []\n    required_scope_keys: []\n    prohibited_flags: []\n    run_statuses: [active]\n    write: false\n"
+        ),
+    )
+    .unwrap();
+    let server = Server::start_with(start);
+    let (code, created) = server.post(
+        "/v1/runs",
+        Some(common::ADMIN),
+        &json!({"scope": {}, "issue_tokens": [{"role_id": "clerk", "lanes": ["records"]}]}),
+    );
+    assert_eq!(code, 201, "{created}");
+    let run = created["run_id"].as_str().unwrap().to_string();
+    let records_token = created["tokens"][0]["token"].as_str().unwrap().to_string();
+    let token_id = created["tokens"][0]["token_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // The clerk's own credential prepares a filing in the run.
+    let prepared = prepare(&server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let call_id = prepared["call_id"].as_str().unwrap();
+    let commit_id = prepared["details"]["commit"]["commit_id"].as_str().unwrap();
+
+    // The records token sending the call itself: refused at step 4.
+    let (code, called) = server.post(
+        "/v1/tool-calls",
+        Some(&records_token),
+        &json!({"lane_id": "filing", "tool_name": "court_file", "arguments": {"title": "motion"}}),
+    );
+    assert_eq!(
+        (code, reason(&called)),
+        (403, "lane_not_allowed_for_role"),
+        "{called}"
+    );
+    // Its commit of the filing: refused the same way, and the court sees nothing.
+    let (code, body) = server.post(
+        &format!("/v1/tool-calls/{call_id}/commit"),
+        Some(&records_token),
+        &json!({ "commit_id": commit_id, "role_id": "clerk", "run_id": run }),
+    );
+    assert_eq!(
+        (code, reason(&body)),
+        (403, "lane_not_allowed_for_role"),
+        "{body}"
+    );
+    assert_eq!(
+        body["diagnostic"]["failed_step"], called["diagnostic"]["failed_step"],
+        "{body}"
+    );
+    assert_eq!(court.filing(&filing)["commits"], 0);
+    let events = events_of(&server, call_id);
+    assert_eq!(
+        types(&events),
+        ["tool_requested", "tool_executed", "tool_commit_refused"],
+        "{events:?}"
+    );
+    let refused = events.last().unwrap();
+    assert_eq!(refused["reason"], "lane_not_allowed_for_role", "{refused}");
+    assert_eq!(refused["lane_id"], "filing", "{refused}");
+    assert_eq!(
+        refused["details"]["caller"]["token_id"], token_id,
+        "{refused}"
+    );
+
+    // The refusal consumed nothing: the clerk commits.
+    let (code, body) = commit(&server, &prepared, "clerk", &run);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(court.filing(&filing)["commits"], 1);
+    verify(&server.db());
+}
+
+/// Issue 38, finding 5: what refuses a call refuses its commit, under the policy the
+/// run's calls are decided under now. After a reload every call of a run pinned to the
+/// old versions is refused (`policy_version_mismatch`), and so is the commit of a call
+/// it prepared; once an admin re-pins the run, both are decided under the new policy.
+#[test]
+fn a_commit_after_a_reload_that_refuses_its_runs_calls_is_refused_too() {
+    let lab = lab();
+    let run = lab.server.create_run(json!({}));
+    let prepared = prepare(&lab.server, &run, "court_file");
+    let filing = filing_id(&prepared);
+    let call_id = prepared["call_id"].as_str().unwrap();
+
+    // Same rules, another version: the run stays pinned to the old one.
+    let registry = lab._tmp.path().join("tools/tool_registry.yaml");
+    let text = fs::read_to_string(&registry).unwrap();
+    fs::write(&registry, format!("{text}\n# reviewed again\n")).unwrap();
+    let (code, body) = lab
+        .server
+        .post("/v1/policy/reload", Some(common::ADMIN), &json!({}));
+    assert_eq!(code, 200, "{body}");
+
+    let (code, called) = lab.server.call(
+        "clerk",
+        &run,
+        "filing",
+        "court_file",
+        json!({"title": "another motion"}),
+        json!({}),
+    );
+    assert_eq!(reason(&called), "policy_version_mismatch", "{called}");
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(
+        (status, reason(&body)),
+        (code, "policy_version_mismatch"),
+        "{body}"
+    );
+    assert_eq!(lab.court.filing(&filing)["commits"], 0);
+    assert_eq!(lab.court.filing(&filing)["status"], "prepared");
+    let events = events_of(&lab.server, call_id);
+    assert_eq!(
+        types(&events),
+        ["tool_requested", "tool_executed", "tool_commit_refused"],
+        "{events:?}"
+    );
+    assert_eq!(events[2]["reason"], "policy_version_mismatch");
+
+    // Re-pinned: the run's calls are decided under the new policy, and so is the commit.
+    let (code, body) = lab.server.post(
+        &format!("/v1/runs/{run}/repin"),
+        Some(common::ADMIN),
+        &json!({}),
+    );
+    assert_eq!(code, 200, "{body}");
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(lab.court.filing(&filing)["commits"], 1);
+    verify(&lab.server.db());
+}
+
+/// Issue 38, finding 6: a commit request that names a call is audited, a malformed one
+/// too once its caller is authenticated: exactly one `tool_commit_refused` each, with
+/// `request_malformed`. An unauthenticated one is refused, structured, and leaves
+/// nothing (what a caller without a credential can make the log keep stays bounded).
+#[test]
+fn a_malformed_commit_by_an_authenticated_caller_is_audited_once() {
+    let lab = lab();
+    let run = lab.server.create_run(json!({}));
+    let prepared = prepare(&lab.server, &run, "court_file");
+    let call_id = prepared["call_id"].as_str().unwrap();
+    let commit_id = prepared["details"]["commit"]["commit_id"].as_str().unwrap();
+    let path = format!("/v1/tool-calls/{call_id}/commit");
+    let refusals = || {
+        events_of(&lab.server, call_id)
+            .into_iter()
+            .filter(|e| e["type"] == "tool_commit_refused")
+            .collect::<Vec<Value>>()
+    };
+    let clerk = common::token("clerk");
+    let bodies: [Vec<u8>; 4] = [
+        b"{\"commit_id\": ".to_vec(),
+        json!({ "commit_id": commit_id, "role_id": "clerk", "run_id": run, "extra": 1 })
+            .to_string()
+            .into_bytes(),
+        json!({ "commit_id": 7, "role_id": "clerk", "run_id": run })
+            .to_string()
+            .into_bytes(),
+        b"[]".to_vec(),
+    ];
+    for (i, body) in bodies.iter().enumerate() {
+        let (status, answer) = lab.server.post_raw(&path, Some(&clerk), body);
+        assert_eq!(
+            (status, reason(&answer)),
+            (400, "request_malformed"),
+            "{answer}"
+        );
+        let refused = refusals();
+        assert_eq!(
+            refused.len(),
+            i + 1,
+            "exactly one event per request: {refused:?}"
+        );
+        let event = refused.last().unwrap();
+        assert_eq!(event["reason"], "request_malformed", "{event}");
+        assert_eq!(event["call_id"], call_id, "{event}");
+        assert_eq!(event["error_code"], answer["error_code"], "{event}");
+    }
+    // Without a credential, or with one that proves nothing: refused, unrecorded.
+    for token in [None, Some("not-a-token")] {
+        let (status, answer) = lab.server.post_raw(&path, token, &bodies[1]);
+        assert_eq!(status, 401, "{answer}");
+        assert!(answer["diagnostic"]["reason"].is_string(), "{answer}");
+    }
+    assert_eq!(refusals().len(), bodies.len());
+    // Nothing was consumed.
+    let (status, body) = commit(&lab.server, &prepared, "clerk", &run);
+    assert_eq!(status, 200, "{body}");
+    verify(&lab.server.db());
+}

@@ -265,8 +265,16 @@ pub(super) fn write_atomically(
             return Err(failed(std::io::Error::from_raw_os_error(libc::EINVAL)));
         }
         let c_folder = c(folder).map_err(failed)?;
+        // Owner-only like everything in the data directory (`localfile::PRIVATE_DIR`).
         // SAFETY: a valid directory descriptor and a NUL-terminated name.
-        if unsafe { libc::mkdirat(dir.as_raw_fd(), c_folder.as_ptr(), 0o755) } != 0 {
+        let created = unsafe {
+            libc::mkdirat(
+                dir.as_raw_fd(),
+                c_folder.as_ptr(),
+                crate::localfile::PRIVATE_DIR as libc::mode_t,
+            )
+        } == 0;
+        if !created {
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::AlreadyExists {
                 return Err(failed(e));
@@ -288,6 +296,18 @@ pub(super) fn write_atomically(
         }
         // SAFETY: openat returned a new descriptor that nothing else owns.
         dir = unsafe { OwnedFd::from_raw_fd(fd) };
+        // The umask may have taken bits from the mode asked for: set it exactly.
+        // SAFETY: a valid descriptor.
+        if created
+            && unsafe {
+                libc::fchmod(
+                    dir.as_raw_fd(),
+                    crate::localfile::PRIVATE_DIR as libc::mode_t,
+                )
+            } != 0
+        {
+            return Err(failed(std::io::Error::last_os_error()));
+        }
     }
     let tmp = format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple());
     let (c_tmp, c_name) = (c(&tmp).map_err(failed)?, c(name).map_err(failed)?);
@@ -298,7 +318,7 @@ pub(super) fn write_atomically(
             dir.as_raw_fd(),
             c_tmp.as_ptr(),
             flags,
-            0o644 as libc::c_uint,
+            crate::localfile::PRIVATE_FILE as libc::c_uint,
         )
     };
     if fd < 0 {
@@ -306,6 +326,13 @@ pub(super) fn write_atomically(
     }
     // SAFETY: openat returned a new descriptor that nothing else owns.
     let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(
+            crate::localfile::PRIVATE_FILE,
+        ))
+        .map_err(failed)?;
+    }
     let result = file
         .write_all(content)
         .and_then(|()| file.sync_all())

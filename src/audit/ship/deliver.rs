@@ -68,13 +68,10 @@ impl Delivery {
                 keep,
             } => {
                 if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir)
+                    crate::localfile::create_dir_all(dir)
                         .map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
                 }
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
+                crate::localfile::open_append(path)
                     .map_err(|e| format!("cannot open `{}`: {e}", path.display()))?;
                 Delivery::File {
                     path: path.clone(),
@@ -404,10 +401,10 @@ pub(super) fn append_rotated(
             std::fs::rename(path, numbered(1))?;
         }
     }
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)?;
+    let mut file = crate::localfile::open_append(path).map_err(|e| match e {
+        crate::localfile::ReadError::Io(e) => e,
+        other => std::io::Error::other(other.to_string()),
+    })?;
     file.write_all(bytes)?;
     file.sync_data()
 }

@@ -322,7 +322,7 @@ pub fn start(
     let config = |what: String| AuditError::Config { what };
     let dir = data_dir.join("ship");
     if !specs.is_empty() {
-        std::fs::create_dir_all(&dir).map_err(|e| AuditError::Io {
+        crate::localfile::create_dir_all(&dir).map_err(|e| AuditError::Io {
             path: dir.clone(),
             what: format!("cannot create the ship cursor directory: {e}"),
         })?;
@@ -413,7 +413,7 @@ impl Cursor {
     /// Writes the cursor atomically (temporary file, fsync, rename).
     fn store(&self, seq: u64) -> std::io::Result<()> {
         let tmp = self.path.with_extension("cursor.tmp");
-        let mut file = std::fs::File::create(&tmp)?;
+        let mut file = crate::localfile::create(&tmp, false)?;
         file.write_all(format!("{seq}\n").as_bytes())?;
         file.sync_all()?;
         std::fs::rename(&tmp, &self.path)

@@ -158,7 +158,7 @@ async fn blocking<T: Send + 'static>(
 /// Appends a note and a blank line to the cosignature file and syncs it.
 fn append_note(path: &Path, note: &str) -> Result<(), String> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("`{}`: {e}", dir.display()))?;
+        crate::localfile::create_dir_all(dir).map_err(|e| format!("`{}`: {e}", dir.display()))?;
     }
     let mut file = crate::localfile::open_append(path)
         .map_err(|e| format!("cannot open `{}`: {e}", path.display()))?;

@@ -79,6 +79,14 @@ pub(super) fn refusal_event(
     event
 }
 
+/// The `tool_commit_refused` event of an authenticated commit request whose body is
+/// malformed: the call it names (bounded), nothing it sent.
+pub(super) fn malformed_event(call_id: &str) -> NewEvent {
+    let mut event = NewEvent::new(EventType::ToolCommitRefused);
+    event.call_id = Some(bounded(call_id));
+    event
+}
+
 /// Writes a refusal into its closing event: the error code, reason and step of its
 /// diagnostic, its message and its details.
 pub(crate) fn add_refusal(event: &mut NewEvent, refusal: &Refusal) {

@@ -140,6 +140,16 @@ impl Server {
     }
 
     pub fn start_with(start: Start) -> Server {
+        Server::launch(start, None)
+    }
+
+    /// [`Server::start_with`], the server running under `umask` (octal, as the shell's
+    /// `umask` builtin takes it), set by `sh` before it execs the server.
+    pub fn start_under_umask(start: Start, umask: &str) -> Server {
+        Server::launch(start, Some(umask))
+    }
+
+    fn launch(start: Start, umask: Option<&str>) -> Server {
         let (tmp, data_dir) = match start.data_dir {
             Some(d) => (None, d),
             None => {
@@ -148,7 +158,16 @@ impl Server {
                 (Some(t), d)
             }
         };
-        let mut cmd = Command::new(server_bin());
+        let mut cmd = match umask {
+            None => Command::new(server_bin()),
+            Some(umask) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("umask {umask} && exec \"$0\" \"$@\""))
+                    .arg(server_bin());
+                sh
+            }
+        };
         cmd.arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")
@@ -333,6 +352,20 @@ impl Server {
         let mut child = self.child.take().unwrap();
         unsafe_free_kill(child.id(), "TERM");
         child.wait().unwrap()
+    }
+
+    /// Sends SIGTERM without waiting (to stop several servers at once).
+    pub fn terminate(&self) {
+        unsafe_free_kill(self.pid(), "TERM");
+    }
+
+    /// Waits, at most `within`, for the server to exit; its log lines stay readable.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        let status = poll_for(within, || child.try_wait().unwrap())
+            .unwrap_or_else(|| panic!("the server did not exit within {within:?}"));
+        self.child = None;
+        status
     }
 
     /// Kills the server with SIGKILL.
