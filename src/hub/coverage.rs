@@ -87,7 +87,11 @@ pub async fn record(
 /// Closes the coverage of `origin`'s log at a graceful stop: the log appends nothing
 /// more and the hub holds all of it (`size` events), so it is covered for good, until
 /// [`reopen`].
-pub async fn close(pool: &deadpool_postgres::Pool, origin: &str, size: u64) -> Result<(), HubError> {
+pub async fn close(
+    pool: &deadpool_postgres::Pool,
+    origin: &str,
+    size: u64,
+) -> Result<(), HubError> {
     let client = client(pool).await?;
     let size = i64::try_from(size).unwrap_or(i64::MAX);
     tokio::time::timeout(

@@ -269,17 +269,15 @@ async fn run(
             let local = audit.head().map_or(0, |h| h.0);
             let before = status.shipped_seq.load(Ordering::Relaxed);
             let shipped = match (round(&pool, &options, local).await, clock) {
-                (Ok(shipped), Ok(clock)) => {
-                    match options.tail.settle(shipped, &audit).await {
-                        Ok(_) if shipped >= local && shipped > 0 => {
-                            super::coverage::record(&pool, &options.origin, clock)
-                                .await
-                                .map(|()| shipped)
-                        }
-                        Ok(_) => Ok(shipped),
-                        Err(error) => Err(error),
+                (Ok(shipped), Ok(clock)) => match options.tail.settle(shipped, &audit).await {
+                    Ok(_) if shipped >= local && shipped > 0 => {
+                        super::coverage::record(&pool, &options.origin, clock)
+                            .await
+                            .map(|()| shipped)
                     }
-                }
+                    Ok(_) => Ok(shipped),
+                    Err(error) => Err(error),
+                },
                 (Err(error), _) | (_, Err(error)) => Err(error),
             };
             match shipped {
