@@ -186,7 +186,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in catalog order.
-    pub const ALL: [Reason; 86] = [
+    pub const ALL: [Reason; 88] = [
         Reason::RequestMalformed,
         Reason::ProtocolVersionUnsupported,
         Reason::OriginNotAllowed,
@@ -1237,6 +1237,7 @@ impl Reason {
                     "in a fleet, the audit hub did not hold every sidecar's audit log up to now within the bounded wait, so whether the approval was already used elsewhere is not proven and it is not used",
                     "a sidecar's shipping to the audit hub lags, fails or stopped (details.waiting_for names the sidecars), or this sidecar's own shipping does",
                     "retry later; operators: check each sidecar's toolgate_hub_ship_* metrics and its connection to the cluster database",
+                ),
                 Reason::SandboxUnavailable => (
                     E::DependencyDown,
                     C::Dependency,

@@ -230,8 +230,8 @@ fn load_fleet_key(args: &ServeArgs) -> Result<Option<crate::audit::keys::SignerK
     }
 }
 
-/// The hub shipper's status, with `--witness` the fleet witness tasks' status, and the
-/// hub's pool (where the gateway reads the fleet's approval evidence).
+/// The hub shipper, with `--witness` the fleet witness tasks' status, and the hub's
+/// pool (where the gateway reads the fleet's approval evidence).
 type ShipperStarted = (
     crate::hub::ship::HubShipper,
     Option<Vec<Arc<crate::audit::witness::WitnessStatus>>>,
@@ -314,6 +314,13 @@ async fn start_shipper(
             }
         }
     };
+    // A sidecar that stopped cleanly closed its log's coverage in the hub; starting
+    // again, it reopens it before it serves (the others then wait for its shipping
+    // before they trust an approval unused: `hub::coverage`).
+    if let Err(e) = crate::hub::coverage::reopen(&pool, origin).await {
+        eprintln!("{}", e.to_json());
+        return Err(Exit::Cluster);
+    }
     Ok(Some((
         crate::hub::ship::start(pool.clone(), audit.clone(), options),
         witnesses,

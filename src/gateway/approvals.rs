@@ -40,7 +40,7 @@ pub struct ApprovalRequest {
 }
 
 mod logged;
-pub(crate) use logged::HubLink;
+pub(crate) use logged::{FleetApprovals, HubLink};
 
 /// Who is reading or deciding: the principals a credential proves.
 struct Principal {
@@ -315,54 +315,6 @@ impl Gateway {
             .await?
             .ok_or_else(|| self.unknown_approval(approval_id))?;
         Err(not_usable(&record, approvals::now_ms()))
-    }
-
-    /// A fleet's shared row says approved only with the deciding sidecar's fleet-key
-    /// signature over its id, digest, approvers and expiry.
-    fn attested(&self, record: &ApprovalRecord) -> Result<(), Refusal> {
-        let approval_id = &record.approval_id;
-        if self.approvals.shared()
-            && record.status_at(approvals::now_ms()) == ApprovalStatus::Approved
-            && let Some(key) = self.fleet_key()
-            && let Err(why) = approvals::attestation::verify(record, &key.verifier)
-        {
-            return Err(Refusal::new(
-                Reason::ApprovalAttestationInvalid,
-                format!(
-                    "approval `{approval_id}` reads approved in the cluster database but {why}: it is not used"
-                ),
-            )
-            .with_details(json!({ "approval_id": approval_id })));
-        }
-        Ok(())
-    }
-
-    /// The refusal of a store that disagrees with the audit log about an approval,
-    /// counted by field (`toolgate_approval_store_mismatches_total`).
-    fn store_mismatch(&self, approval_id: &str, mismatch: Mismatch) -> Refusal {
-        self.metrics.count_approval_store_mismatch(mismatch.field);
-        tracing::error!(
-            approval_id,
-            field = mismatch.field,
-            store = %mismatch.store,
-            log = %mismatch.log,
-            "the approval store disagrees with the audit log: the store is not honoured"
-        );
-        self.fleet_sidecar(
-            Refusal::new(
-                Reason::ApprovalStoreMismatch,
-                format!(
-                    "approval `{approval_id}`: the approval store's {} disagrees with the audit log; the store is not honoured",
-                    mismatch.field
-                ),
-            )
-            .with_details(json!({
-                "approval_id": approval_id,
-                "field": mismatch.field,
-                "store": mismatch.store,
-                "log": mismatch.log,
-            })),
-        )
     }
 
     /// Gives back the approval a call claimed when nothing reached the tool (refused

@@ -122,7 +122,7 @@ impl Gateway {
     /// Signs approval decisions with the fleet key and requires its signature on an
     /// approval used in the fleet (`approvals::attestation`).
     pub fn with_fleet_key(mut self, key: Arc<crate::audit::keys::SignerKey>) -> Gateway {
-        self.fleet_key = Some(key);
+        self.fleet_approvals.key = Some(key);
         self
     }
 
@@ -130,13 +130,13 @@ impl Gateway {
     /// (`pool`), where this sidecar ships its own log under `origin`
     /// (`gateway::approvals`, "evidence").
     pub fn with_hub(mut self, pool: deadpool_postgres::Pool, origin: String) -> Gateway {
-        self.hub = Some(super::approvals::HubLink { pool, origin });
+        self.fleet_approvals.hub = Some(super::approvals::HubLink { pool, origin });
         self
     }
 
     /// The fleet key, when this sidecar has one.
     pub fn fleet_key(&self) -> Option<&crate::audit::keys::SignerKey> {
-        self.fleet_key.as_deref()
+        self.fleet_approvals.key.as_deref()
     }
 
     /// In a fleet, re-reads from the cluster database what a request is decided on:

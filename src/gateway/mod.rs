@@ -195,10 +195,9 @@ pub struct Gateway {
     pub(crate) counters: Result<Arc<dyn crate::state::counters::Counters>, String>,
     /// The fleet's shared state (`serve --cluster-db`); None: embedded state only.
     cluster: Option<Arc<crate::cluster::ClusterDb>>,
-    /// The fleet key (`serve --fleet-key-dir`): signs and checks approval decisions.
-    fleet_key: Option<Arc<crate::audit::keys::SignerKey>>,
-    /// The audit hub, where the other sidecars' approval decisions and uses are read.
-    hub: Option<approvals::HubLink>,
+    /// The fleet key (`serve --fleet-key-dir`: signs and checks approval decisions) and
+    /// the audit hub (where the other sidecars' approval decisions and uses are read).
+    fleet_approvals: approvals::FleetApprovals,
     /// Cancelled when a shutdown's drain time has run out: every call still running stops
     /// as if its caller had gone and closes as `cancelled` before the log does (calls wait
     /// on it beside their own cancellation: a child token per call would lock it twice).
@@ -251,8 +250,7 @@ impl Gateway {
             two_phase,
             counters,
             cluster: None,
-            fleet_key: None,
-            hub: None,
+            fleet_approvals: approvals::FleetApprovals::default(),
             shutdown: tokio_util::sync::CancellationToken::new(),
         })
     }

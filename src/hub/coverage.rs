@@ -17,10 +17,12 @@ use std::time::Duration;
 
 use super::{HubError, db_error, pool_error};
 
-/// The hub's tables gain each log's coverage (a versioned migration of the cluster
-/// database).
+/// The hub's tables gain each log's coverage, and whether the log is closed (its
+/// sidecar stopped with the hub holding all of it) (a versioned migration of the
+/// cluster database).
 pub const SCHEMA_COVERAGE: &str = "
 ALTER TABLE hub_logs ADD COLUMN covered_until timestamptz;
+ALTER TABLE hub_logs ADD COLUMN closed boolean NOT NULL DEFAULT false;
 ";
 
 /// The longest one read of the hub may take.
@@ -32,7 +34,8 @@ pub struct Coverage {
     /// The database's clock, Unix milliseconds.
     pub now_ms: i64,
     /// Each registered origin and the time up to which the hub holds every event its
-    /// sidecar committed (None: never recorded, e.g. shipped by an older toolgate).
+    /// sidecar committed (None: never recorded, e.g. shipped by an older toolgate;
+    /// `i64::MAX`: closed, the hub holds the whole log of a sidecar that stopped).
     pub logs: Vec<(String, Option<i64>)>,
 }
 
@@ -81,6 +84,47 @@ pub async fn record(
     Ok(())
 }
 
+/// Closes the coverage of `origin`'s log at a graceful stop: the log appends nothing
+/// more and the hub holds all of it (`size` events), so it is covered for good, until
+/// [`reopen`].
+pub async fn close(
+    pool: &deadpool_postgres::Pool,
+    origin: &str,
+    size: u64,
+) -> Result<(), HubError> {
+    let client = client(pool).await?;
+    let size = i64::try_from(size).unwrap_or(i64::MAX);
+    tokio::time::timeout(
+        READ_TIMEOUT,
+        client.execute(
+            "UPDATE hub_logs SET closed = true, covered_until = statement_timestamp() \
+             WHERE origin = $1 AND size >= $2",
+            &[&origin, &size],
+        ),
+    )
+    .await
+    .map_err(|_| HubError::Unavailable("the hub did not answer in time".into()))?
+    .map_err(|e| db_error(&e))?;
+    Ok(())
+}
+
+/// Opens `origin`'s coverage again when its sidecar starts, before it serves a call:
+/// from now on it may decide and use approvals, and the others wait for its coverage.
+pub async fn reopen(pool: &deadpool_postgres::Pool, origin: &str) -> Result<(), HubError> {
+    let client = client(pool).await?;
+    tokio::time::timeout(
+        READ_TIMEOUT,
+        client.execute(
+            "UPDATE hub_logs SET closed = false WHERE origin = $1 AND closed",
+            &[&origin],
+        ),
+    )
+    .await
+    .map_err(|_| HubError::Unavailable("the hub did not answer in time".into()))?
+    .map_err(|e| db_error(&e))?;
+    Ok(())
+}
+
 /// Every registered log's coverage, with the database's clock.
 pub async fn coverage(pool: &deadpool_postgres::Pool) -> Result<Coverage, HubError> {
     let client = client(pool).await?;
@@ -88,7 +132,8 @@ pub async fn coverage(pool: &deadpool_postgres::Pool) -> Result<Coverage, HubErr
         READ_TIMEOUT,
         client.query(
             "SELECT (extract(epoch FROM statement_timestamp()) * 1000)::bigint, l.origin, \
-             (extract(epoch FROM l.covered_until) * 1000)::bigint \
+             CASE WHEN l.closed THEN 9223372036854775807 \
+                  ELSE (extract(epoch FROM l.covered_until) * 1000)::bigint END \
              FROM (SELECT 1) AS one LEFT JOIN hub_logs AS l ON true ORDER BY 2",
             &[],
         ),

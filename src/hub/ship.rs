@@ -13,6 +13,11 @@
 //! At a graceful stop ([`HubShipper::finish`], once the audit log is closed and its
 //! last checkpoint signed) the shipper ships what is left, within the drain time; what
 //! the hub could not take stays in the local log, marked, and ships at the next start.
+//!
+//! Coverage (`hub::coverage`): each round reads the database's clock before the local
+//! head, and when the hub then holds the whole local log as read, records that reading
+//! as up to when the hub holds every event of this log; a last shipment that leaves
+//! nothing behind closes the log's coverage (the log appends nothing more).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -157,8 +162,8 @@ impl HubShipper {
         let mut attempts = 0;
         let error = loop {
             let before = shipped;
-            match tokio::time::timeout_at(deadline, round(&self.pool, &self.options, &self.audit)).await {
-                Ok(Ok((size, _))) => {
+            match tokio::time::timeout_at(deadline, round(&self.pool, &self.options, local)).await {
+                Ok(Ok(size)) => {
                     shipped = size;
                     self.status.shipped_seq.store(size, Ordering::Relaxed);
                     if size >= local {
@@ -187,6 +192,20 @@ impl HubShipper {
             }
         };
         if error.is_none() {
+            // The log is closed and the hub holds all of it: so is its coverage, until
+            // the sidecar starts again (`coverage::reopen`).
+            if tokio::time::timeout_at(
+                deadline.max(Instant::now() + FINAL_RETRY),
+                super::coverage::close(&self.pool, &self.options.origin, local),
+            )
+            .await
+            .map_or(true, |closed| closed.is_err())
+            {
+                tracing::warn!(
+                    origin = %self.options.origin,
+                    "the audit hub was not told that this sidecar's log is complete; the other sidecars hold the approvals it could have used until it starts again or they expire"
+                );
+            }
             // The log is closed: everything appended is in it, and in the hub.
             let settled = tokio::time::timeout_at(
                 deadline.max(Instant::now() + FINAL_RETRY),
@@ -244,17 +263,25 @@ async fn run(
             if stop.is_cancelled() {
                 return;
             }
+            // The database's clock before the local head: every event committed
+            // before the reading is at or below the head.
+            let clock = super::coverage::clock_ms(&pool).await;
+            let local = audit.head().map_or(0, |h| h.0);
             let before = status.shipped_seq.load(Ordering::Relaxed);
-            let shipped = match round(&pool, &options, &audit).await {
-                Ok((shipped, local)) => options
-                    .tail
-                    .settle(shipped, &audit)
-                    .await
-                    .map(|_| (shipped, local)),
-                Err(error) => Err(error),
+            let shipped = match (round(&pool, &options, local).await, clock) {
+                (Ok(shipped), Ok(clock)) => match options.tail.settle(shipped, &audit).await {
+                    Ok(_) if shipped >= local && shipped > 0 => {
+                        super::coverage::record(&pool, &options.origin, clock)
+                            .await
+                            .map(|()| shipped)
+                    }
+                    Ok(_) => Ok(shipped),
+                    Err(error) => Err(error),
+                },
+                (Err(error), _) | (_, Err(error)) => Err(error),
             };
             match shipped {
-                Ok((shipped, local)) => {
+                Ok(shipped) => {
                     status.shipped_seq.store(shipped, Ordering::Relaxed);
                     if last_reason.take().is_some() {
                         tracing::info!(origin = %options.origin, shipped, "audit shipping to the hub resumed");
@@ -328,34 +355,13 @@ async fn mark_backlog(
         .await
 }
 
-/// One batch; returns the hub's size of this log afterwards and the local head it
-/// shipped towards. When the hub then holds the whole local log as read, the
-/// database's clock reading taken before the local head was read is recorded as the
-/// log's coverage (`hub::coverage`).
+/// One batch; returns the hub's size of this log afterwards.
 async fn round(
     pool: &deadpool_postgres::Pool,
     options: &ShipOptions,
-    audit: &AuditLog,
-) -> Result<(u64, u64), HubError> {
-    // The clock first, then the local head: every event committed before the reading
-    // is at or below the head.
-    let (hub, registered, fleet_key, clock_ms) = hub_log(pool, &options.origin).await?;
-    let local = audit.head().map_or(0, |h| h.0);
-    let shipped = ship_batch(pool, options, (hub, registered, fleet_key), local).await?;
-    if shipped >= local && shipped > 0 {
-        super::coverage::record(pool, &options.origin, clock_ms).await?;
-    }
-    Ok((shipped, local))
-}
-
-/// Ships one batch above the hub's size `hub` towards `local`; returns the hub's size
-/// afterwards.
-async fn ship_batch(
-    pool: &deadpool_postgres::Pool,
-    options: &ShipOptions,
-    (hub, registered, fleet_key): (u64, Option<String>, Option<String>),
     local: u64,
 ) -> Result<u64, HubError> {
+    let (hub, registered, fleet_key) = hub_log(pool, &options.origin).await?;
     // The fleet log must be bound to this sidecar's fleet key (or to none yet).
     if let Some(vkey) = fleet_key {
         super::fleet_key_matches(&options.origin, &vkey, options.fleet_signer.verifier())?;
@@ -427,10 +433,6 @@ pub async fn hub_size(pool: &deadpool_postgres::Pool, origin: &str) -> Result<u6
     Ok(hub_log(pool, origin).await?.0)
 }
 
-/// What the hub holds of one log: its size, its registered key, the fleet key and the
-/// database's clock at the reading.
-type HubLog = (u64, Option<String>, Option<String>, i64);
-
 /// Refuses to start shipping under `origin` with the fleet key `offered` when the
 /// fleet log is bound to another one (nothing is written).
 pub async fn check_fleet_key(
@@ -445,26 +447,22 @@ pub async fn check_fleet_key(
 }
 
 /// The hub's size of the log of `origin`, the key registered for it (None: not
-/// registered yet), the fleet key the fleet log is bound to (None: none yet) and the
-/// database's clock, Unix milliseconds.
-async fn hub_log(pool: &deadpool_postgres::Pool, origin: &str) -> Result<HubLog, HubError> {
+/// registered yet) and the fleet key the fleet log is bound to (None: none yet).
+async fn hub_log(
+    pool: &deadpool_postgres::Pool,
+    origin: &str,
+) -> Result<(u64, Option<String>, Option<String>), HubError> {
     let client = tokio::time::timeout(super::INGEST_TIMEOUT, pool.get())
         .await
         .map_err(|_| HubError::Unavailable("no database connection in time".into()))?
         .map_err(|e| pool_error(&e))?;
     let row = client
         .query_one(
-            "SELECT l.size, l.vkey, h.vkey, (extract(epoch FROM statement_timestamp()) * 1000)::bigint \
-             FROM hub_fleet_head h LEFT JOIN hub_logs l ON l.origin = $1 WHERE h.id = 1",
+            "SELECT l.size, l.vkey, h.vkey FROM hub_fleet_head h LEFT JOIN hub_logs l ON l.origin = $1 WHERE h.id = 1",
             &[&origin],
         )
         .await
         .map_err(|e| db_error(&e))?;
     let size: Option<i64> = row.get(0);
-    Ok((
-        size.unwrap_or(0).max(0) as u64,
-        row.get(1),
-        row.get(2),
-        row.get(3),
-    ))
+    Ok((size.unwrap_or(0).max(0) as u64, row.get(1), row.get(2)))
 }

@@ -441,25 +441,33 @@ fn edited_approvers_in_the_cluster_database_let_no_drafting_agent_decide() {
 /// A sidecar that stopped without a word (killed) could hold an unshipped use of any
 /// approval requested while it ran: the other sidecars wait for the hub within their
 /// bound, then refuse (`approval_evidence_unavailable`, retryable) rather than guess
-/// "unused".
+/// "unused". One stopped gracefully shipped everything and closed its coverage: it is
+/// not waited for.
 #[test]
 fn a_sidecar_gone_without_shipping_holds_the_approvals_it_could_have_used() {
     let pg = Postgres::start();
     let tmp = tempfile::tempdir().unwrap();
     let (fleet_dir, _) = fleet_key(tmp.path());
-    let (a, b, c) = (
-        shipping(&pg, approval_policy(tmp.path(), 1, 600), "a", &fleet_dir),
-        shipping(&pg, approval_policy(tmp.path(), 1, 600), "b", &fleet_dir),
-        shipping(&pg, approval_policy(tmp.path(), 1, 600), "c", &fleet_dir),
+    let start = || approval_policy(tmp.path(), 1, 600);
+    let (a, b) = (
+        shipping(&pg, start(), "a", &fleet_dir),
+        shipping(&pg, start(), "b", &fleet_dir),
     );
-    let c_origin = origin("c");
-    let registered = || {
+    let (c, d) = (
+        shipping(&pg, start(), "c", &fleet_dir),
+        shipping(&pg, start(), "d", &fleet_dir),
+    );
+    let registered = |name: &str| {
         pg.psql(&format!(
-            "SELECT count(*) FROM hub_logs WHERE origin = '{c_origin}' AND size > 0"
+            "SELECT count(*) FROM hub_logs WHERE origin = '{}' AND size > 0",
+            origin(name)
         )) == "1"
     };
-    assert!(common::poll_until(Duration::from_secs(30), registered));
+    assert!(common::poll_until(Duration::from_secs(30), || {
+        registered("c") && registered("d")
+    }));
     c.kill9();
+    assert!(d.stop().success());
     let run = a.create_run(json!({"case_id": "C-1001"}));
     let call = draft_call(&run, "Motion");
     let id = request(&a, &call);
@@ -476,7 +484,11 @@ fn a_sidecar_gone_without_shipping_holds_the_approvals_it_could_have_used() {
     );
     let d = &refused["diagnostic"];
     assert_eq!(d["retryable"], true, "{refused}");
-    assert_eq!(d["details"]["waiting_for"], json!([c_origin]), "{refused}");
+    assert_eq!(
+        d["details"]["waiting_for"],
+        json!([origin("c")]),
+        "{refused}"
+    );
     assert!(events(&b, &run, "approval_granted").is_empty());
     stop_and_verify(a);
     stop_and_verify(b);

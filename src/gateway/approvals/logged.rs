@@ -1,5 +1,6 @@
 //! What the audit logs hold of one approval ([`Evidence`]), read for a retry that
-//! presents it and for a decision on it.
+//! presents it and for a decision on it, and the refusals of a store that the
+//! evidence or the fleet key's attestation contradicts.
 //!
 //! One sidecar: its own log, read through the run's index (`events.run_id`, which
 //! holds the seq too) from shortly before the store says the approval was requested
@@ -23,11 +24,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::approvals::ApprovalRecord;
 use crate::approvals::evidence::{Agreement, Evidence, Mismatch};
+use crate::approvals::{self, ApprovalRecord, ApprovalStatus};
 use crate::audit::{EventFilter, EventType};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::{Gateway, audit_refusal};
+
+/// What a fleet member checks approvals with: the fleet key (signs and checks the
+/// decisions' attestations) and the audit hub (the other sidecars' evidence).
+#[derive(Default)]
+pub(crate) struct FleetApprovals {
+    pub key: Option<std::sync::Arc<crate::audit::keys::SignerKey>>,
+    pub hub: Option<HubLink>,
+}
 
 /// The audit hub a fleet's sidecars ship to, as this sidecar reads it.
 pub(crate) struct HubLink {
@@ -100,7 +109,7 @@ impl Gateway {
                     agreement: Ok(Agreement::Same),
                 });
             };
-            let agreement = evidence.compare(&record, crate::approvals::now_ms());
+            let agreement = evidence.compare(&record, approvals::now_ms());
             if agreement.is_ok() || round == REREADS {
                 return Ok(Checked {
                     record,
@@ -125,6 +134,54 @@ impl Gateway {
         }
     }
 
+    /// A fleet's shared row says approved only with the deciding sidecar's fleet-key
+    /// signature over its id, digest, approvers and expiry.
+    pub(super) fn attested(&self, record: &ApprovalRecord) -> Result<(), Refusal> {
+        let approval_id = &record.approval_id;
+        if self.approvals.shared()
+            && record.status_at(approvals::now_ms()) == ApprovalStatus::Approved
+            && let Some(key) = self.fleet_key()
+            && let Err(why) = approvals::attestation::verify(record, &key.verifier)
+        {
+            return Err(Refusal::new(
+                Reason::ApprovalAttestationInvalid,
+                format!(
+                    "approval `{approval_id}` reads approved in the cluster database but {why}: it is not used"
+                ),
+            )
+            .with_details(json!({ "approval_id": approval_id })));
+        }
+        Ok(())
+    }
+
+    /// The refusal of a store that disagrees with the audit log about an approval,
+    /// counted by field (`toolgate_approval_store_mismatches_total`).
+    pub(super) fn store_mismatch(&self, approval_id: &str, mismatch: Mismatch) -> Refusal {
+        self.metrics.count_approval_store_mismatch(mismatch.field);
+        tracing::error!(
+            approval_id,
+            field = mismatch.field,
+            store = %mismatch.store,
+            log = %mismatch.log,
+            "the approval store disagrees with the audit log: the store is not honoured"
+        );
+        self.fleet_sidecar(
+            Refusal::new(
+                Reason::ApprovalStoreMismatch,
+                format!(
+                    "approval `{approval_id}`: the approval store's {} disagrees with the audit log; the store is not honoured",
+                    mismatch.field
+                ),
+            )
+            .with_details(json!({
+                "approval_id": approval_id,
+                "field": mismatch.field,
+                "store": mismatch.store,
+                "log": mismatch.log,
+            })),
+        )
+    }
+
     /// The evidence of `record`'s approval: this sidecar's log, and in a fleet that
     /// ships to the hub, the other sidecars' logs there. None in a fleet without the
     /// hub, where only this sidecar's own uses can be read
@@ -133,7 +190,7 @@ impl Gateway {
         &self,
         record: &ApprovalRecord,
     ) -> Result<Option<Evidence>, Refusal> {
-        match (&self.cluster, &self.hub) {
+        match (&self.cluster, &self.fleet_approvals.hub) {
             (None, _) => self.local_evidence(record).await.map(Some),
             (Some(_), Some(hub)) => self.fleet_evidence(record, hub).await.map(Some),
             (Some(_), None) => Ok(None),
