@@ -212,6 +212,7 @@ impl Gate {
             run_id: "run-1",
             scope: &scope,
             deadline: Instant::now() + Duration::from_secs(5),
+            sandbox: None,
         };
         adapter
             .execute(tool, &arguments, ctx)
