@@ -509,7 +509,9 @@ fn every_editable_field_of_the_cluster_database_is_refused_through_the_other_sid
     }
     let mismatch_of = |field: &'static str| ("approval_store_mismatch", Some(field));
     let attestation = ("approval_attestation_invalid", None);
-    let rows: [(&str, State, &str, (&str, Option<&str>)); 11] = [
+    /// The reason expected, and the field it names (a mismatch's).
+    type Expected<'a> = (&'a str, Option<&'a str>);
+    let rows: [(&str, State, &str, Expected); 11] = [
         (
             "used, reset to approved",
             State::Used,
