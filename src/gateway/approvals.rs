@@ -518,10 +518,17 @@ impl Gateway {
         let evidence = checked.evidence;
         let now = approvals::now_ms();
         let record = match (&evidence, checked.agreement) {
-            (Some(_), Err(mismatch)) => {
+            (Some(evidence), Err(mismatch)) => {
+                // Recorded with the call the log says it is about, not the store's.
+                let mut about = checked.record;
+                if let Some(requested) = &evidence.requested {
+                    about.call_id.clone_from(&requested.call_id);
+                    about.call_digest.clone_from(&requested.call_digest);
+                    about.binding = requested.binding.clone();
+                }
                 let refusal = self.store_mismatch(approval_id, mismatch);
                 return Err(self
-                    .refused_decision(&checked.record, &principal, decision, refusal)
+                    .refused_decision(&about, &principal, decision, refusal)
                     .await);
             }
             (Some(evidence), Ok(_)) => evidence.record(&checked.record, now),

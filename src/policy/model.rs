@@ -297,7 +297,7 @@ impl Serialize for LimitKey {
 }
 
 /// `approval:` on a lane or a tool: a call it applies to is not executed until
-/// `quorum` distinct approvers among `approvers` approved that exact call.
+/// `quorum` distinct subjects proving an approver of `approvers` approved that exact call.
 ///
 /// INVARIANT: `approvers` is sorted, non-empty, and each names a role or an admin of
 /// the same policy (never both); `1 <= quorum <= approvers.len()`;

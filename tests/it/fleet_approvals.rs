@@ -493,3 +493,128 @@ fn a_sidecar_gone_without_shipping_holds_the_approvals_it_could_have_used() {
     stop_and_verify(a);
     stop_and_verify(b);
 }
+
+/// The bad input of issue 38 in a fleet: every field of `toolgate_approvals` an insider
+/// can edit (in the record, in the row's columns), on an approval in the state where
+/// the edit would help; each retry through the other sidecar (which reads the
+/// requester's and user's events from the hub) is refused, by the attestation where it
+/// covers the field, else naming the field, and nothing more runs.
+#[test]
+fn every_editable_field_of_the_cluster_database_is_refused_through_the_other_sidecar() {
+    #[derive(Clone, Copy, PartialEq)]
+    enum State {
+        Pending,
+        Approved,
+        Used,
+    }
+    let mismatch_of = |field: &'static str| ("approval_store_mismatch", Some(field));
+    let attestation = ("approval_attestation_invalid", None);
+    /// The reason expected, and the field it names (a mismatch's).
+    type Expected<'a> = (&'a str, Option<&'a str>);
+    let rows: [(&str, State, &str, Expected); 11] = [
+        (
+            "used, reset to approved",
+            State::Used,
+            "status = 'approved', record = (record - 'used_by_call_id' - 'used_at') || '{\"status\": \"approved\"}'::jsonb",
+            mismatch_of("status"),
+        ),
+        (
+            "used, reset to approved in the column only",
+            State::Used,
+            "status = 'approved'",
+            mismatch_of("status"),
+        ),
+        (
+            "used by another call",
+            State::Used,
+            "record = record || '{\"used_by_call_id\": \"call-forged\"}'::jsonb",
+            mismatch_of("used_by_call_id"),
+        ),
+        (
+            "expiry extended",
+            State::Approved,
+            "expires_at_ms = expires_at_ms + 3600000, record = jsonb_set(record, '{expires_at_ms}', to_jsonb((record->>'expires_at_ms')::bigint + 3600000))",
+            attestation,
+        ),
+        (
+            "expiry extended in the column only",
+            State::Approved,
+            "expires_at_ms = expires_at_ms + 3600000",
+            mismatch_of("expires_at"),
+        ),
+        (
+            "quorum changed",
+            State::Approved,
+            "record = jsonb_set(record, '{requirements,0,quorum}', '2')",
+            mismatch_of("requirements"),
+        ),
+        (
+            "an approver added",
+            State::Pending,
+            "record = jsonb_set(record, '{requirements,0,approvers}', '[\"drafting_agent\", \"ops\", \"research_agent\", \"supervisor\"]')",
+            mismatch_of("requirements"),
+        ),
+        (
+            "pending marked approved",
+            State::Pending,
+            "status = 'approved', record = record || '{\"status\": \"approved\"}'::jsonb",
+            attestation,
+        ),
+        (
+            "call digest retargeted",
+            State::Approved,
+            "call_digest = 'aaaa', record = record || '{\"call_digest\": \"aaaa\"}'::jsonb",
+            attestation,
+        ),
+        (
+            "binding retargeted",
+            State::Approved,
+            "record = jsonb_set(record, '{binding,arguments_sha256}', '\"aaaa\"')",
+            mismatch_of("binding"),
+        ),
+        (
+            "another requester",
+            State::Approved,
+            "record = jsonb_set(record, '{requester,role_id}', '\"supervisor\"')",
+            mismatch_of("requester"),
+        ),
+    ];
+    let pg = Postgres::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (fleet_dir, _) = fleet_key(tmp.path());
+    let (a, b) = (
+        shipping(&pg, approval_policy(tmp.path(), 1, 600), "a", &fleet_dir),
+        shipping(&pg, approval_policy(tmp.path(), 1, 600), "b", &fleet_dir),
+    );
+    let run = a.create_run(json!({"case_id": "C-1001"}));
+    let executed =
+        || events(&a, &run, "tool_executed").len() + events(&b, &run, "tool_executed").len();
+    for (i, (what, state, set, (expected, field))) in rows.iter().enumerate() {
+        let call = draft_call(&run, &format!("Motion {i}"));
+        let id = request(&a, &call);
+        if *state != State::Pending {
+            let (code, body) = decide(&b, Some(SUPERVISOR), &id, "approve", "ok");
+            assert_eq!(code, 200, "{what}: {body}");
+        }
+        if *state == State::Used {
+            let (code, body) = send(&a, &with_approval(&call, &id));
+            assert_eq!(code, 200, "{what}: {body}");
+        }
+        let ran = executed();
+        pg.psql(&format!(
+            "UPDATE toolgate_approvals SET {set} WHERE approval_id = '{id}'"
+        ));
+        let (code, refused) = send(&b, &with_approval(&call, &id));
+        assert_eq!(reason(&refused), *expected, "{what}: {refused}");
+        assert_eq!(code, 403, "{what}: {refused}");
+        if let Some(field) = field {
+            assert_eq!(
+                refused["diagnostic"]["details"]["field"], *field,
+                "{what}: {refused}"
+            );
+        }
+        assert_eq!(executed(), ran, "{what}: it ran again");
+    }
+    stop_and_verify(a);
+    stop_and_verify(b);
+}
