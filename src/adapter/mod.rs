@@ -201,7 +201,14 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                 sandbox,
             } => command::CommandAdapter::build(argv, working_dir.as_deref(), env_allowlist, env)
                 .and_then(|adapter| {
-                    match confinement(&owner, sandbox, adapter.program(), adapter.working_dir(), &forbidden, &registry) {
+                    match confinement(
+                        &owner,
+                        sandbox,
+                        adapter.program(),
+                        adapter.working_dir(),
+                        &forbidden,
+                        &registry,
+                    ) {
                         Ok(c) => Ok(Adapter::Command(adapter.confine(c))),
                         Err(found) => {
                             problems.extend(found);
@@ -216,18 +223,29 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
             } => http::HttpAdapter::build(url, allowed_hosts, request)
                 .map(|h| Adapter::Http(Box::new(h))),
             AdapterConfig::Mcp {
-                sandbox: Some(crate::policy::Sandbox::Confined(profile)),
-                ..
-            } if profile.given => Err(vec![SettingProblem::new(
-                "the `sandbox` of a stdio MCP server is not enforced by this build yet",
-            )
-            .help("remove the block (the server then runs as before, recorded as unconfined) or say `sandbox: {unconfined: \"reason\"}`")]),
-            AdapterConfig::Mcp {
                 tool: upstream_tool,
+                sandbox,
                 ..
-            } => servers
-                .adapter(&tool.adapter, upstream_tool, env)
-                .map(Adapter::Mcp),
+            } => {
+                let confine = |program: &std::path::Path, working_dir: &std::path::Path| {
+                    sandbox
+                        .as_ref()
+                        .map(|sandbox| {
+                            confinement(
+                                &owner,
+                                sandbox,
+                                program,
+                                working_dir,
+                                &forbidden,
+                                &registry,
+                            )
+                        })
+                        .transpose()
+                };
+                servers
+                    .adapter(&tool.adapter, upstream_tool, env, confine, &mut problems)
+                    .map(Adapter::Mcp)
+            }
         };
         match built {
             Ok(adapter) => {
@@ -287,6 +305,7 @@ impl Adapter {
     pub fn sandbox_profile(&self) -> Option<Value> {
         let confinement = match self {
             Adapter::Command(c) => c.confinement(),
+            Adapter::Mcp(m) => m.confinement()?,
             _ => return None,
         };
         Some(match confinement {
