@@ -449,6 +449,17 @@ impl McpAdapter {
         // Nothing has been sent to the tool until the connection stands.
         let connection = session.connection(deadline).await.map_err(|e| match e {
             ExecError::DependencyDown(m) => ExecError::Unreachable(m),
+            ExecError::SandboxUnavailable { guarantee, detail } => {
+                if let Some(Confinement::Confined(plan)) = &session.confinement {
+                    let refused = crate::sandbox::Record::Unavailable {
+                        guarantee: guarantee.clone(),
+                        detail: detail.clone(),
+                    };
+                    let evidence = crate::sandbox::run::conclude(plan, &[refused], None).1;
+                    crate::sandbox::run::put(ctx.sandbox, evidence);
+                }
+                ExecError::SandboxUnavailable { guarantee, detail }
+            }
             other => other,
         })?;
         if let Some(process) = &connection.process {

@@ -45,6 +45,7 @@ mod lab;
 mod mcp_adapter;
 mod mcp_adapter_flood;
 mod mcp_front;
+mod mcp_sandbox;
 mod mcp_session;
 mod metrics;
 mod outbound;
