@@ -743,7 +743,10 @@ fn held_tool_policy(dir: &Path) -> (std::path::PathBuf, Start) {
     let tools = crate::budgets::TOOLS
         .replace("sleep 0.3", &held)
         .replace("echo \\\"$line\\\"\"], env_allowlist: [PATH]}", &confined);
-    assert!(tools.contains(&confined), "the budgets policy changed shape");
+    assert!(
+        tools.contains(&confined),
+        "the budgets policy changed shape"
+    );
     (gate, crate::budgets::write_policy(dir, &tools))
 }
 
