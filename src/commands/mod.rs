@@ -19,6 +19,7 @@ pub mod mcp;
 pub mod policy_check;
 pub mod replay;
 pub mod serve;
+mod serve_args;
 pub mod test;
 
 /// Exit codes, as documented in docs/operations.md.
