@@ -32,6 +32,7 @@ mod approvals;
 mod evidence;
 pub use evidence::{EvidencePage, MAX_BUNDLE_BYTES};
 mod budgets;
+pub(crate) use budgets::Admission;
 mod capacity;
 mod catalog;
 mod credential;
