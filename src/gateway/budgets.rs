@@ -149,3 +149,48 @@ fn unavailable(why: &str) -> Refusal {
 fn now_ms() -> i64 {
     i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn admitted(counters: &Arc<dyn Counters>, claims: &[Claim]) -> Admission {
+        match counters.admit(claims, 0, true).unwrap() {
+            Counted::Admitted(ticket) => Admission {
+                counted: Some((ticket, Arc::clone(counters))),
+            },
+            Counted::Refused { used, .. } => panic!("refused at {used}"),
+        }
+    }
+
+    /// An admission gives its counts back once, however often it is asked: a second
+    /// refund would give back another call's count and let a run past its budget.
+    #[tokio::test]
+    async fn an_admission_is_refunded_at_most_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let counters: Arc<dyn Counters> =
+            Arc::new(SqliteCounters::open(&dir.path().join("counters.db")).unwrap());
+        let claims = [Claim {
+            counter: "budget".into(),
+            max: 2,
+            window_ms: None,
+        }];
+        let mut first = admitted(&counters, &claims);
+        let _second = admitted(&counters, &claims);
+        first.refund().await;
+        first.refund().await;
+        // One of the two calls is still counted: one more fits, then the budget is spent.
+        let _third = admitted(&counters, &claims);
+        assert_eq!(
+            counters.admit(&claims, 0, true).unwrap(),
+            Counted::Refused {
+                index: 0,
+                used: 2,
+                retry_after_ms: None
+            }
+        );
+        // Nothing counted, nothing to give back.
+        Admission::default().refund().await;
+    }
+}
