@@ -13,7 +13,8 @@ use super::{Allowed, Call};
 use crate::call::{CallResponse, Status};
 use crate::canonical::{sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
-use crate::gateway::{Admission, Gateway};
+use crate::gateway::Gateway;
+use crate::gateway::budgets::Admission;
 use crate::idempotency::{Guard, Key, Outcome};
 
 /// The idempotency claim of a call that carries an `idempotency_key`: its key,
