@@ -1,6 +1,8 @@
-//! The 13-step tool-call pipeline of the gateway contract, in order, in one function
-//! ([`Gateway::handle`]). A step that fails stops the call there: the refusal skips to
-//! step 12 (the closing audit event) and step 13 (the response).
+//! The 13-step tool-call pipeline of the gateway contract, in order ([`Gateway::handle`]):
+//! `run_steps` takes a call through steps 1-11 and returns how it ended, and `steps`
+//! closes it with its one `close` (steps 12 and 13). A step that fails stops the call
+//! there: its refusal (`?`) skips to step 12 (the closing audit event) and step 13 (the
+//! response).
 //!
 //! INVARIANT: a tool is executed only after steps 2-8 passed and its `tool_requested`
 //! event is durable (step 9); every call, allowed or not, ends with exactly one closing
