@@ -385,9 +385,9 @@ impl Gateway {
     /// idempotent call, or refused at the step its refusal names. What the call holds
     /// on the way (its budget counts, its idempotency key, an approval to give back, a
     /// prepared commit) is kept in `held`.
-    async fn run_steps<'l>(
+    async fn run_steps(
         &self,
-        loaded: &'l Loaded,
+        loaded: &Loaded,
         token: Option<&str>,
         request: Received,
         signals: &CallSignals,
@@ -401,6 +401,8 @@ impl Gateway {
         if let Some(refusal) = self.capacity_refusal() {
             return Err(refusal);
         }
+        // The run when it is not in memory: confirmed by the cluster database in a
+        // fleet, read back from the log when it closed long ago.
         let unheld = self.unheld_run(token, &request).await?;
 
         // 1-8. decide: receive the request and run the authorization checks
@@ -413,10 +415,7 @@ impl Gateway {
         held.admission = self
             .admit(&call.trace.limits, !call.dry_run)
             .await
-            .map_err(|refusal| {
-                call.trace.passed_step = 7;
-                refusal
-            })?;
+            .inspect_err(|_| call.trace.passed_step = 7)?;
         if call.dry_run {
             return Ok(Ended::DryRun);
         }
@@ -909,8 +908,8 @@ impl Gateway {
                     "`{}` did not finish within {timeout_ms} ms and was terminated",
                     tool.tool_name
                 );
-                refusal =
-                    Refusal { message, ..refusal }.with_details(json!({ "timeout_ms": timeout_ms }));
+                refusal = Refusal { message, ..refusal }
+                    .with_details(json!({ "timeout_ms": timeout_ms }));
             }
             ExecFailure {
                 refusal,

@@ -411,7 +411,10 @@ impl Verifier<'_> {
     /// Checkpoints: stored ones (in every segment) and those in the sink files, each
     /// signature checked (once per distinct note: the sink repeats the stored ones),
     /// kept by size; two roots for one size are a fork.
-    fn collect_checkpoints(&mut self, sink_notes: Vec<(String, String)>) -> Result<(), VerifyError> {
+    fn collect_checkpoints(
+        &mut self,
+        sink_notes: Vec<(String, String)>,
+    ) -> Result<(), VerifyError> {
         let key = self.key;
         // (origin, note, checkpoint, stored in a segment present)
         let mut notes: Vec<(String, String, Checkpoint, bool)> = Vec::new();
@@ -991,8 +994,12 @@ impl Verifier<'_> {
         archived: Option<(u64, u64)>,
         trusted_size: Option<u64>,
     ) -> Result<Verified, VerifyError> {
-        let (size, start_size, key, options) =
-            (self.frontier.size(), self.start_size, self.key, self.options);
+        let (size, start_size, key, options) = (
+            self.frontier.size(),
+            self.start_size,
+            self.key,
+            self.options,
+        );
         let mut warnings = Vec::new();
         if before_start > 0 {
             warnings.push(format!(

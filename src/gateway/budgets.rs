@@ -70,11 +70,10 @@ impl Gateway {
             .collect();
         let now = now_ms();
         let admitting = Arc::clone(&counters);
-        let admission =
-            tokio::task::spawn_blocking(move || admitting.admit(&wanted, now, count))
-                .await
-                .map_err(|_| unavailable("the counter task failed"))?
-                .map_err(|e| unavailable(&e.to_string()))?;
+        let admission = tokio::task::spawn_blocking(move || admitting.admit(&wanted, now, count))
+            .await
+            .map_err(|_| unavailable("the counter task failed"))?
+            .map_err(|e| unavailable(&e.to_string()))?;
         match admission {
             Counted::Admitted(ticket) => Ok(Admission {
                 counted: count.then_some((ticket, counters)),

@@ -149,9 +149,7 @@ impl Held {
 /// the failure is retryable for an idempotent tool called with a key (`retry_safe`).
 fn keeps_outcome(failed: Option<&Refusal>, executed: bool, retry_safe: bool) -> bool {
     !failed.is_some_and(|r| {
-        !executed
-            || r.reason == Reason::Cancelled
-            || (retry_safe && r.diagnostic().retryable)
+        !executed || r.reason == Reason::Cancelled || (retry_safe && r.diagnostic().retryable)
     })
 }
 
