@@ -82,6 +82,30 @@ pub enum ExecError {
     ResourceLimit { limit: &'static str, detail: String },
 }
 
+impl ExecError {
+    /// Whether the request reached the tool: `Some(false)` when nothing was sent to it
+    /// (the upstream was busy or unreachable, the sandbox could not be held), so no side
+    /// effect can have happened; `None` when it may have. The pipeline decides on this
+    /// (an admitted call that reached no tool is not counted, its idempotency key and
+    /// approval are given back), and the refusal's `details.reached_tool` says it.
+    pub fn reached_tool(&self) -> Option<bool> {
+        match self {
+            ExecError::Busy(_)
+            | ExecError::Unreachable(_)
+            | ExecError::SandboxUnavailable { .. } => Some(false),
+            ExecError::Timeout
+            | ExecError::Cancelled
+            | ExecError::DependencyDown(_)
+            | ExecError::Failed(_)
+            | ExecError::RateLimited { .. }
+            | ExecError::OutputNotJson(_)
+            | ExecError::NotImplemented(_)
+            | ExecError::ArgumentUnsafe { .. }
+            | ExecError::ResourceLimit { .. } => None,
+        }
+    }
+}
+
 mod builtin;
 mod command;
 mod http;
@@ -407,7 +431,7 @@ impl Adapter {
             )
             .with_details(json!({
                 "dependency_error": bounded(m),
-                "reached_tool": false,
+                "reached_tool": error.reached_tool(),
                 "retry_after_ms": BUSY_RETRY_AFTER_MS,
             }))
             .with_retryable(true),
@@ -415,7 +439,7 @@ impl Adapter {
                 Reason::DependencyDown,
                 format!("the upstream of tool `{name}` could not be reached"),
             )
-            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": null }))
+            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": error.reached_tool() }))
             .with_retryable(true),
             ExecError::Unreachable(m) => Refusal::new(
                 Reason::DependencyDown,
@@ -423,7 +447,7 @@ impl Adapter {
                     "the upstream of tool `{name}` could not be reached; nothing was sent to it"
                 ),
             )
-            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": false }))
+            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": error.reached_tool() }))
             .with_retryable(true),
             ExecError::Failed(m) => Refusal::new(
                 Reason::ToolError,
@@ -465,7 +489,7 @@ impl Adapter {
             .with_details(json!({
                 "guarantee": guarantee,
                 "sandbox_error": bounded(detail),
-                "reached_tool": false,
+                "reached_tool": error.reached_tool(),
             })),
             ExecError::ResourceLimit { limit, detail } => Refusal::new(
                 Reason::ToolResourceLimit,

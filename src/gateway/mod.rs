@@ -31,7 +31,7 @@ use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
 mod approvals;
 mod evidence;
 pub use evidence::{EvidencePage, MAX_BUNDLE_BYTES};
-mod budgets;
+pub(crate) mod budgets;
 mod capacity;
 mod catalog;
 mod credential;
