@@ -566,8 +566,7 @@ async fn refusals_carry_their_status_body_and_headers() {
         ..ServerOptions::default()
     };
     let limited = Front::start(|_| {}, limited).await;
-    // name, answer, status, reason, headers that must be there (name, value), absent.
-    let mut cases: Vec<(&str, Answer, u16, &str, Vec<(&str, &str)>, Vec<&str>)> = Vec::new();
+    let mut cases: Vec<Expected> = Vec::new();
 
     let answer = front
         .send(
@@ -579,14 +578,14 @@ async fn refusals_carry_their_status_body_and_headers() {
         )
         .await;
     let challenge = r#"Bearer resource_metadata="http://gate.example:8787/.well-known/oauth-protected-resource/mcp""#;
-    cases.push((
-        "mcp without a credential",
+    cases.push(Expected {
+        name: "mcp without a credential",
         answer,
-        401,
-        "credential_missing",
-        vec![("www-authenticate", challenge)],
-        vec!["allow", "retry-after"],
-    ));
+        status: 401,
+        reason: "credential_missing",
+        present: vec![("www-authenticate", challenge)],
+        absent: vec!["allow", "retry-after"],
+    });
     let answer = front
         .send(
             Method::PUT,
@@ -596,23 +595,23 @@ async fn refusals_carry_their_status_body_and_headers() {
             b"",
         )
         .await;
-    cases.push((
-        "metadata with a wrong method",
+    cases.push(Expected {
+        name: "metadata with a wrong method",
         answer,
-        405,
-        "method_not_allowed",
-        vec![("allow", "GET")],
-        vec!["www-authenticate", "retry-after"],
-    ));
+        status: 405,
+        reason: "method_not_allowed",
+        present: vec![("allow", "GET")],
+        absent: vec!["www-authenticate", "retry-after"],
+    });
     let answer = front.send(Method::GET, "/v1/policy", None, &[], b"").await;
-    cases.push((
-        "api without a credential (no challenge: only /mcp has one)",
+    cases.push(Expected {
+        name: "api without a credential (no challenge: only /mcp has one)",
         answer,
-        401,
-        "credential_missing",
-        vec![],
-        vec!["www-authenticate", "allow", "retry-after"],
-    ));
+        status: 401,
+        reason: "credential_missing",
+        present: vec![],
+        absent: vec!["www-authenticate", "allow", "retry-after"],
+    });
     let answer = front
         .send(
             Method::GET,
@@ -622,25 +621,25 @@ async fn refusals_carry_their_status_body_and_headers() {
             b"",
         )
         .await;
-    cases.push((
-        "transfer-encoding",
+    cases.push(Expected {
+        name: "transfer-encoding",
         answer,
-        400,
-        "request_malformed",
-        vec![("connection", "close")],
-        vec!["allow", "retry-after"],
-    ));
+        status: 400,
+        reason: "request_malformed",
+        present: vec![("connection", "close")],
+        absent: vec!["allow", "retry-after"],
+    });
     let answer = front
         .send(Method::GET, "/readyz", None, &[], &[b'x'; 65])
         .await;
-    cases.push((
-        "a body over the limit",
+    cases.push(Expected {
+        name: "a body over the limit",
         answer,
-        413,
-        "request_too_large",
-        vec![],
-        vec!["allow", "retry-after", "www-authenticate"],
-    ));
+        status: 413,
+        reason: "request_too_large",
+        present: vec![],
+        absent: vec!["allow", "retry-after", "www-authenticate"],
+    });
     // The bucket holds two requests and refills one a second: of ten sent at once,
     // one is over the rate whatever the machine's pauses.
     let mut over = None;
@@ -654,26 +653,27 @@ async fn refusals_carry_their_status_body_and_headers() {
         }
     }
     let answer = over.expect("ten requests at one a second");
-    cases.push((
-        "over the request rate",
+    cases.push(Expected {
+        name: "over the request rate",
         answer,
-        429,
-        "rate_limited",
-        vec![("retry-after", "1")],
-        vec!["allow", "www-authenticate"],
-    ));
+        status: 429,
+        reason: "rate_limited",
+        present: vec![("retry-after", "1")],
+        absent: vec!["allow", "www-authenticate"],
+    });
     // The probes are not counted.
     let answer = limited.send(Method::GET, "/healthz", None, &[], b"").await;
     assert_eq!(answer.status, StatusCode::OK);
 
-    for (name, answer, status, reason, present, absent) in &cases {
-        assert_eq!(answer.status.as_u16(), *status, "{name}");
+    for case in &cases {
+        let (name, answer) = (case.name, &case.answer);
+        assert_eq!(answer.status.as_u16(), case.status, "{name}");
         assert_refusal_shape(answer);
-        assert_eq!(answer.reason().as_deref(), Some(*reason), "{name}");
-        for (header, value) in present {
+        assert_eq!(answer.reason().as_deref(), Some(case.reason), "{name}");
+        for (header, value) in &case.present {
             assert_eq!(answer.header(header), Some(*value), "{name}: {header}");
         }
-        for header in absent {
+        for header in &case.absent {
             assert_eq!(answer.header(header), None, "{name}: {header}");
         }
     }
@@ -690,6 +690,18 @@ async fn refusals_carry_their_status_body_and_headers() {
     assert_eq!(metadata.json()["resource"], "http://localhost/mcp");
     front.close().await;
     limited.close().await;
+}
+
+/// One refusal and what its response must carry.
+struct Expected {
+    name: &'static str,
+    answer: Answer,
+    status: u16,
+    reason: &'static str,
+    /// Headers that must be there, with their values.
+    present: Vec<(&'static str, &'static str)>,
+    /// Headers that must not be.
+    absent: Vec<&'static str>,
 }
 
 /// The demo policy with one identity provider (the MCP front's authorization and the
