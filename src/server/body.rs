@@ -1,25 +1,78 @@
-//! Reading a request body within the server's size and time limits.
+//! Request bodies: the one body type `handle` takes, and reading it within the
+//! server's size and time limits.
 
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::header::{CONTENT_LENGTH, HeaderMap};
 use serde_json::json;
 
 use super::ServerOptions;
 use crate::diagnostic::{Reason, Refusal};
 
+/// The body of a request: as it arrives on a connection, or whole (a request built in
+/// memory, as the tests of `server::handle` do). One concrete type, so the request
+/// path is compiled once, in this crate, whoever calls it.
+#[derive(Debug)]
+pub enum RequestBody {
+    Incoming(Incoming),
+    Whole(Full<Bytes>),
+}
+
+impl From<Incoming> for RequestBody {
+    fn from(body: Incoming) -> Self {
+        RequestBody::Incoming(body)
+    }
+}
+
+impl From<Bytes> for RequestBody {
+    fn from(bytes: Bytes) -> Self {
+        RequestBody::Whole(Full::new(bytes))
+    }
+}
+
+impl hyper::body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            RequestBody::Incoming(body) => Pin::new(body).poll_frame(cx),
+            RequestBody::Whole(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|f| f.map_err(|never: Infallible| match never {}))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Incoming(body) => body.is_end_stream(),
+            RequestBody::Whole(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Incoming(body) => body.size_hint(),
+            RequestBody::Whole(body) => body.size_hint(),
+        }
+    }
+}
+
 /// Reads the whole body, refusing one over the size limit or slower than the timeout.
-pub async fn read<B>(
+pub async fn read(
     headers: &HeaderMap,
-    mut body: B,
+    mut body: RequestBody,
     options: &ServerOptions,
-) -> Result<Bytes, Refusal>
-where
-    B: hyper::body::Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
-{
+) -> Result<Bytes, Refusal> {
     let limit = options.max_body_bytes;
     let declared = headers
         .get(CONTENT_LENGTH)
@@ -42,7 +95,7 @@ where
             }
             frames.push(data);
         }
-        Ok::<bool, B::Error>(true)
+        Ok::<bool, hyper::Error>(true)
     };
     match tokio::time::timeout(options.read_timeout, read).await {
         Ok(Ok(true)) if frames.len() <= 1 => Ok(frames.pop().unwrap_or_default()),
@@ -69,10 +122,7 @@ where
 const DRAIN_BYTES: usize = 8 * 1024 * 1024;
 const DRAIN_TIME: Duration = Duration::from_secs(2);
 
-async fn drain<B>(body: &mut B, read_timeout: Duration)
-where
-    B: hyper::body::Body<Data = Bytes> + Unpin,
-{
+async fn drain(body: &mut RequestBody, read_timeout: Duration) {
     let mut left = DRAIN_BYTES;
     let _ = tokio::time::timeout(read_timeout.min(DRAIN_TIME), async {
         while left > 0 {

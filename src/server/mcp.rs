@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::header::{CONTENT_TYPE, HOST, HeaderMap};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
 use super::ServerOptions;
+use super::body::RequestBody;
 use super::endpoint::Route;
 use super::respond::{self, HttpResponse};
 use crate::diagnostic::{Reason, Refusal};
@@ -25,15 +25,11 @@ pub const RESOURCE_METADATA_MCP: &str = "/.well-known/oauth-protected-resource/m
 /// server-initiated streams, no sessions to delete, so no other method). Bodies stay
 /// JSON: the transport's plain-text errors (406, 415, ...) are wrapped in the
 /// structured refusal, keeping their status.
-pub async fn serve<B>(
+pub async fn serve(
     gateway: Arc<Gateway>,
     options: &ServerOptions,
-    req: Request<B>,
-) -> HttpResponse
-where
-    B: hyper::body::Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
-{
+    req: Request<RequestBody>,
+) -> HttpResponse {
     if let Some(unauthorized) = unauthorized(&gateway, req.headers()).await {
         return unauthorized;
     }

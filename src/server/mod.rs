@@ -30,7 +30,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use hyper::Request;
 use hyper::header::{AUTHORIZATION, CONNECTION, HeaderMap, HeaderValue, TRANSFER_ENCODING};
 use hyper::server::conn::http1;
@@ -40,6 +39,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use serde_json::json;
 use tokio::net::TcpListener;
 
+pub use body::RequestBody;
 pub use endpoint::{Endpoint, Route, Unrouted};
 pub use respond::{Body, HttpResponse, http_status, published_catalog};
 
@@ -146,6 +146,7 @@ pub async fn serve(
             .spawn_connection(stream, move |stream| {
                 let service = service_fn(move |req| {
                     let shared = connection.clone();
+                    let req = req.map(RequestBody::from);
                     async move { Ok::<_, Infallible>(handle(&shared, peer, req).await) }
                 });
                 let conn = http1::Builder::new()
@@ -194,11 +195,7 @@ const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// the API, one credential, a JWT verified, the body read, and the endpoint's handler.
 /// An MCP answer that streams is sent as a stream; dropping it (the client went away)
 /// cancels the MCP call it carries.
-pub async fn handle<B>(shared: &Shared, peer: SocketAddr, req: Request<B>) -> HttpResponse
-where
-    B: hyper::body::Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
-{
+pub async fn handle(shared: &Shared, peer: SocketAddr, req: Request<RequestBody>) -> HttpResponse {
     if let Some(refusal) = transport_refusal(req.headers()) {
         let mut response = respond::refusal(&refusal);
         response
@@ -230,11 +227,12 @@ where
 }
 
 /// The API's part of [`handle`]: its credential and body checks, then the handler.
-async fn api<B>(shared: &Shared, route: Route<'_>, access: Access, req: Request<B>) -> HttpResponse
-where
-    B: hyper::body::Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
-{
+async fn api(
+    shared: &Shared,
+    route: Route<'_>,
+    access: Access,
+    req: Request<RequestBody>,
+) -> HttpResponse {
     let gateway = &shared.gateway;
     // One credential per request: of two or more `Authorization` headers none is
     // picked, and the request is malformed (a tool call is still a call: refused and

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::header::HeaderMap;
 use hyper::{Method, Request, StatusCode};
 use rstest::rstest;
@@ -20,7 +20,7 @@ use toolgate::audit::{AuditLog, AuditOptions, EventFilter, EventType};
 use toolgate::gateway::{Gateway, Loaded, PolicySourcePaths, adapter_env};
 use toolgate::limits::LimitOptions;
 use toolgate::policy::Policy;
-use toolgate::server::{ServerOptions, Shared, handle};
+use toolgate::server::{RequestBody, ServerOptions, Shared, handle};
 
 use crate::common::{ADMIN, repo, token};
 
@@ -107,7 +107,7 @@ impl Front {
             request = request.header(*name, *value);
         }
         let request = request
-            .body(Full::new(Bytes::copy_from_slice(body)))
+            .body(RequestBody::from(Bytes::copy_from_slice(body)))
             .unwrap();
         let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
         let response = handle(&self.shared, peer, request).await;
