@@ -190,9 +190,10 @@ const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// Answers one request from `peer`. Never fails: every outcome is a response, and
 /// every refusal the structured one.
 ///
-/// In order: framing toolgate refuses; the client's request rate; the endpoints that
-/// take no credential of the API's (MCP, the OAuth metadata, the console); then, for
-/// the API, one credential, a JWT verified, the body read, and the endpoint's handler.
+/// In order: framing toolgate refuses; the client's request rate; the endpoints outside
+/// the JSON API's credential checks (`/mcp`, which reads its own; the OAuth metadata;
+/// the console); then, for the API, one credential, a JWT verified, the body read, and
+/// the endpoint's handler.
 /// An MCP answer that streams is sent as a stream; dropping it (the client went away)
 /// cancels the MCP call it carries.
 pub async fn handle(shared: &Shared, peer: SocketAddr, req: Request<RequestBody>) -> HttpResponse {
