@@ -256,7 +256,7 @@ pub fn serve_command(args: &ServeArgs) -> Exit {
         }
     };
     let exit = runtime.block_on(run(args, threads.workers()));
-    // Calls still running past the drain time were cancelled and closed (server.rs);
+    // Calls still running past the drain time were cancelled and closed (server/mod.rs);
     // what is left ends with its threads.
     threads.stop();
     // The runtime still runs: the last batch of spans is sent before it stops.

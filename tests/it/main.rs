@@ -55,6 +55,8 @@ mod redaction;
 mod requests;
 mod review_live;
 mod sandbox;
+// The request path through `server::handle` without a socket: routes, 405/404, queries, refusal responses.
+mod server_handle;
 mod ship;
 mod siem;
 mod soak;
