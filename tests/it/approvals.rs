@@ -15,19 +15,6 @@ use serde_json::{Value, json};
 
 pub(crate) const SUPERVISOR: &str = "demo-supervisor";
 
-pub(crate) fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// The demo policy in `dir`, with `draft_document` requiring approval by
 /// `drafting_agent` (to try self-approval), the admin `ops` and `supervisor`, with
 /// `quorum` and `ttl_s`, and its `/body` argument redacted.
@@ -40,8 +27,8 @@ pub(crate) fn approval_policy(dir: &Path, quorum: u32, ttl_s: u64) -> Start {
 pub(crate) fn approval_policy_with(dir: &Path, approvers: &str, quorum: u32, ttl_s: u64) -> Start {
     let policy = dir.join("policy");
     let tools = dir.join("tools");
-    copy_dir(&repo().join("policy"), &policy);
-    copy_dir(&repo().join("tools"), &tools);
+    common::copy_dir(&repo().join("policy"), &policy);
+    common::copy_dir(&repo().join("tools"), &tools);
     let registry = tools.join("tool_registry.yaml");
     let text = fs::read_to_string(&registry).unwrap();
     let anchor = "    write_targets: [\"data_dir:drafts/{case_id}/\"]\n";

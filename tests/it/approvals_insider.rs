@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::approvals::{
-    SUPERVISOR, approval_policy, approval_policy_with, copy_dir, decide, draft_call, events,
-    of_type, request, send, stop_and_verify, with_approval,
+    SUPERVISOR, approval_policy, approval_policy_with, decide, draft_call, events, of_type,
+    request, send, stop_and_verify, with_approval,
 };
 use crate::common::{self, ADMIN, Server, Start, token};
 use crate::two_phase::Court;
@@ -163,8 +163,8 @@ fn one_jwt_subject_proving_two_approver_roles_meets_a_quorum_of_two_only_once() 
 /// The demo policy and tools in `dir`, the court filing pointed at `court`.
 fn demo_with_court(dir: &Path, court: &Court) -> Start {
     let (policy, tools) = (dir.join("policy"), dir.join("tools"));
-    copy_dir(&common::repo().join("policy"), &policy);
-    copy_dir(&common::repo().join("tools"), &tools);
+    common::copy_dir(&common::repo().join("policy"), &policy);
+    common::copy_dir(&common::repo().join("tools"), &tools);
     let registry = tools.join("tool_registry.yaml");
     let text = std::fs::read_to_string(&registry).unwrap();
     assert!(text.contains("127.0.0.1:8799"), "the demo court moved");

@@ -4,16 +4,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::audit_support;
+use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use audit_support::*;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 const N: u64 = 14;
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/audit/verify_export.py");
 
 fn export(db: &Path, out: &Path, extra: &[&str]) {
     let mut args = vec![
@@ -37,28 +36,7 @@ fn export(db: &Path, out: &Path, extra: &[&str]) {
 
 /// Runs the Python verifier; returns its exit code and output.
 fn python(dir: &Path, fingerprint: &str) -> (i32, String) {
-    let out = Command::new("python3")
-        .arg(SCRIPT)
-        .arg(dir)
-        .args(["--key-fingerprint", fingerprint])
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr)),
-    )
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &to.join(entry.file_name()));
-        } else {
-            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-        }
-    }
+    common::verify_export(dir, &["--key-fingerprint", fingerprint])
 }
 
 /// A forger who edits a file also fixes its hash (and event count) in the manifest,
@@ -151,7 +129,7 @@ fn fixture() -> Fixture {
 
 fn tampered(from: &Path, edit: impl FnOnce(&Path)) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    copy_dir(from, dir.path());
+    common::copy_dir(from, dir.path());
     edit(dir.path());
     dir
 }

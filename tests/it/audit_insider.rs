@@ -20,24 +20,8 @@ use toolgate::audit::checkpoint::{Checkpoint, split_notes};
 use toolgate::audit::keys::load_signer;
 use toolgate::audit::merkle::{Frontier, leaf_hash};
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/audit/verify_export.py");
-
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
-}
-
-/// Runs verify_export.py; returns its exit code and output.
-fn python(dir: &Path, args: &[&str]) -> (i32, String) {
-    let out = Command::new("python3")
-        .arg(SCRIPT)
-        .arg(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr)),
-    )
 }
 
 /// `audit verify --format json` with extra flags: (exit code, report).
@@ -310,9 +294,9 @@ fn a_rewrite_resigned_with_the_stolen_key_is_caught_by_the_offbox_sink_and_a_tru
     // verify_export.py, on an export of the forged log, given the trusted checkpoint.
     let out = d.data.parent().unwrap().join("export");
     export(&d.db(), &out, &["--format", "jsonl"]);
-    let (exit, text) = python(&out, &["--key-fingerprint", &fp]);
+    let (exit, text) = common::verify_export(&out, &["--key-fingerprint", &fp]);
     assert_eq!(exit, 0, "the forgery is self-consistent: {text}");
-    let (exit, text) = python(
+    let (exit, text) = common::verify_export(
         &out,
         &[
             "--key-fingerprint",
@@ -552,7 +536,7 @@ fn a_tail_cut_after_sigkill_is_truncation_everywhere() {
     }
     let out = d.data.parent().unwrap().join("export");
     export(&d.db(), &out, &["--format", "jsonl"]);
-    let (exit, text) = python(
+    let (exit, text) = common::verify_export(
         &out,
         &[
             "--key-fingerprint",
@@ -614,18 +598,6 @@ fn drop_lines(dir: &Path, mut drop: impl FnMut(&Value) -> bool) -> usize {
     dropped
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &to.join(entry.file_name()));
-        } else {
-            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-        }
-    }
-}
-
 /// Attack 3: trimming exports. The manifest is a signed statement: dropping the
 /// `tool_denied` lines and calling the export filtered, or dropping one line of a run
 /// export, is refused, whatever the forger fixes without the key.
@@ -642,17 +614,20 @@ fn trimmed_exports_are_refused() {
     export(&d.db(), &full, &["--format", "jsonl"]);
     export(&d.db(), &filtered, &["--format", "jsonl", "--run", &run]);
     assert_eq!(
-        python(&full, &["--key-fingerprint", &fp, "--expect-full"]).0,
+        common::verify_export(&full, &["--key-fingerprint", &fp, "--expect-full"]).0,
         0
     );
-    let (exit, text) = python(&filtered, &["--key-fingerprint", &fp, "--expect-run", &run]);
+    let (exit, text) =
+        common::verify_export(&filtered, &["--key-fingerprint", &fp, "--expect-run", &run]);
     assert_eq!(exit, 0, "{text}");
     // What the auditor expects is checked against the signed statement.
-    let (exit, text) = python(&filtered, &["--key-fingerprint", &fp, "--expect-full"]);
+    let (exit, text) =
+        common::verify_export(&filtered, &["--key-fingerprint", &fp, "--expect-full"]);
     assert_eq!(exit, 1, "{text}");
-    let (exit, text) = python(&full, &["--key-fingerprint", &fp, "--expect-run", &run]);
+    let (exit, text) =
+        common::verify_export(&full, &["--key-fingerprint", &fp, "--expect-run", &run]);
     assert_eq!(exit, 1, "{text}");
-    let (exit, text) = python(
+    let (exit, text) = common::verify_export(
         &filtered,
         &["--key-fingerprint", &fp, "--expect-run", "run-other"],
     );
@@ -660,20 +635,20 @@ fn trimmed_exports_are_refused() {
 
     // Drop every tool_denied line and call the export filtered.
     let t = root.join("trimmed");
-    copy_dir(&full, &t);
+    common::copy_dir(&full, &t);
     assert!(drop_lines(&t, |v| v["type"] == "tool_denied") >= 4);
     fix_manifest(&t, |m| m["full"] = json!(false));
-    let (exit, text) = python(&t, &["--key-fingerprint", &fp]);
+    let (exit, text) = common::verify_export(&t, &["--key-fingerprint", &fp]);
     assert_eq!(exit, 3, "{text}");
     assert!(text.contains("manifest"), "{text}");
     // Without the signature file it is not a signed statement at all.
     std::fs::remove_file(t.join("manifest.sig")).unwrap();
-    assert_eq!(python(&t, &["--key-fingerprint", &fp]).0, 3);
+    assert_eq!(common::verify_export(&t, &["--key-fingerprint", &fp]).0, 3);
 
     // Drop one tool_executed line of the run export: the signed manifest's hash of
     // events.jsonl no longer matches...
     let r = root.join("run-trimmed");
-    copy_dir(&filtered, &r);
+    common::copy_dir(&filtered, &r);
     let mut once = false;
     assert_eq!(
         drop_lines(&r, |v| {
@@ -685,11 +660,11 @@ fn trimmed_exports_are_refused() {
         }),
         1
     );
-    let (exit, text) = python(&r, &["--key-fingerprint", &fp, "--expect-run", &run]);
+    let (exit, text) = common::verify_export(&r, &["--key-fingerprint", &fp, "--expect-run", &run]);
     assert_eq!(exit, 1, "{text}");
     // ...and fixing the manifest breaks its signature.
     fix_manifest(&r, |_| {});
-    let (exit, text) = python(&r, &["--key-fingerprint", &fp, "--expect-run", &run]);
+    let (exit, text) = common::verify_export(&r, &["--key-fingerprint", &fp, "--expect-run", &run]);
     assert_eq!(exit, 3, "{text}");
 
     // The signed manifest names the calls still open; every other requested call has
@@ -700,7 +675,7 @@ fn trimmed_exports_are_refused() {
     assert_eq!(manifest["open_calls"], json!([]), "{manifest}");
     assert_eq!(manifest["filter"]["run_id"], json!(run));
     // Without a fingerprint the verifier says which key it trusted, and warns.
-    let (exit, text) = python(&filtered, &[]);
+    let (exit, text) = common::verify_export(&filtered, &[]);
     assert_eq!(exit, 0, "{text}");
     assert!(text.contains("WARNING") && text.contains(&fp), "{text}");
 }
@@ -830,7 +805,7 @@ fn a_separate_signer_process_signs_and_the_gateway_fails_closed_without_it() {
             s(&socket),
         ],
     );
-    let (exit, text) = python(&out, &["--key-fingerprint", &fp, "--expect-full"]);
+    let (exit, text) = common::verify_export(&out, &["--key-fingerprint", &fp, "--expect-full"]);
     assert_eq!(exit, 0, "{text}");
     signer.kill().unwrap();
     signer.wait().unwrap();

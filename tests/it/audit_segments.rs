@@ -6,14 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::{Value, json};
 
 use crate::audit_support::{code, fingerprint, stdout, tamper, toolgate, verify};
-use crate::common::{Server, Start};
+use crate::common::{self, Server, Start};
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/audit/verify_export.py");
 /// The smallest segment `serve` accepts: a few dozen events each.
 const SEGMENT_BYTES: &str = "65536";
 
@@ -105,32 +103,8 @@ fn export_ok(db: &Path, out: &Path, extra: &[&str]) {
 }
 
 fn python_ok(dir: &Path, fingerprint: &str) {
-    let out = Command::new("python3")
-        .arg(SCRIPT)
-        .arg(dir)
-        .args(["--key-fingerprint", fingerprint])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        stdout(&out),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
+    let (exit, out) = common::verify_export(dir, &["--key-fingerprint", fingerprint]);
+    assert_eq!(exit, 0, "{out}");
 }
 
 fn archive(data: &Path, to: &Path, extra: &[&str]) -> (i32, String) {
@@ -380,7 +354,7 @@ fn forge_start(segment: &Path) {
 fn attacked(source: &Path, attack: impl FnOnce(&Path)) -> (i32, Value) {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("var");
-    copy_dir(source, &data);
+    common::copy_dir(source, &data);
     attack(&data);
     let (exit, value) = verify_json(&data.join("audit.db"), &[]);
     (exit, value["kind"].clone())
@@ -465,7 +439,7 @@ fn an_insider_with_the_data_directory_is_caught_across_segments() {
     // After an archive: the oldest remaining segment's start record replaced (the
     // frontier of another size), and a start re-pointed at another seq.
     let archived = tmp.path().join("archived");
-    copy_dir(&data, &archived);
+    common::copy_dir(&data, &archived);
     let (exit, text) = archive(&archived, &tmp.path().join("to"), &["--keep-segments", "2"]);
     assert_eq!(exit, 0, "{text}");
     let oldest = segment_files(&archived)[0].clone();

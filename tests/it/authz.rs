@@ -548,20 +548,7 @@ fn location_of(file: &str, lanes: &str, tools: &str) -> String {
 
 fn demo_into(root: &Path) {
     for dir in ["policy", "tools"] {
-        copy_dir(&repo().join(dir), &root.join(dir));
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), target).unwrap();
-        }
+        common::copy_dir(&repo().join(dir), &root.join(dir));
     }
 }
 

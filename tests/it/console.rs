@@ -435,12 +435,10 @@ fn the_run_evidence_page_shows_verified_events_and_downloads_a_bundle_that_verif
         .unwrap_or_else(|| panic!("no fingerprint in `audit key`: {key}"))
         .to_string();
     let verify = |path: &Path| {
-        Command::new("python3")
-            .arg(common::repo().join("audit/verify_export.py"))
-            .arg(path)
-            .args(["--key-fingerprint", &fingerprint, "--expect-run", &run])
-            .output()
-            .unwrap()
+        common::verify_export_output(
+            path,
+            &["--key-fingerprint", &fingerprint, "--expect-run", &run],
+        )
     };
     let out = verify(&bundle);
     assert!(

@@ -17,8 +17,6 @@ use serde_json::{Value, json};
 use crate::common::postgres::Postgres;
 use crate::common::{self, Server, Start};
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/audit/verify_export.py");
-
 pub(crate) fn origin(name: &str) -> String {
     format!("{name}.fleet.test/audit")
 }
@@ -219,21 +217,9 @@ fn python(dir: &Path) -> (i32, String) {
 
 /// verify_export.py on a fleet export (`--fleet`).
 pub(crate) fn python_with(dir: &Path, args: &[&str]) -> (i32, String) {
-    let out = std::process::Command::new("python3")
-        .arg(SCRIPT)
-        .arg(dir)
-        .arg("--fleet")
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    let mut all = vec!["--fleet"];
+    all.extend_from_slice(args);
+    common::verify_export(dir, &all)
 }
 
 #[test]

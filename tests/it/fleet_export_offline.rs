@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::Command;
 
 use base64::Engine;
 use serde_json::json;
@@ -17,7 +16,8 @@ use toolgate::audit::keys::SignerKey;
 use toolgate::audit::merkle::{Tree, leaf_hash};
 use toolgate::hub::fleet::FLEET_MANIFEST_DOMAIN;
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/audit/verify_export.py");
+use crate::common;
+
 const RUN: &str = "run-fleet-1";
 
 fn key(name: &str, seed: u8) -> SignerKey {
@@ -155,24 +155,6 @@ fn fabricate(out: &Path, fleet: &SignerKey, sidecars: &[(String, &SignerKey)]) -
     notes
 }
 
-/// Runs verify_export.py: (exit code, output).
-fn python(dir: &Path, args: &[&str]) -> (i32, String) {
-    let out = Command::new("python3")
-        .arg(SCRIPT)
-        .arg(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
 /// The flags of an auditor who pinned the fleet key and both sidecars' keys.
 fn pinned<'a>(fleet: &'a str, sidecars: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
@@ -220,17 +202,18 @@ fn a_fleet_export_is_verified_only_as_one_and_the_trusted_checkpoint_is_applied(
     let out = tmp.path().join("export");
     let notes = fabricate(&out, &k.fleet, &[(origin("a"), &k.a), (origin("b"), &k.b)]);
     let args = pinned(&k.fleet_fp, &[&k.a_fp, &k.b_fp]);
-    let (code, text) = python(&out, &args);
+    let (code, text) = common::verify_export(&out, &args);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("from 2 sidecars"), "{text}");
     // Bound to their origins, the sidecar keys pass too.
     let bound_a = format!("{}={}", origin("a"), k.a_fp);
     let bound_b = format!("{}={}", origin("b"), k.b_fp);
-    let (code, text) = python(&out, &pinned(&k.fleet_fp, &[&bound_a, &bound_b]));
+    let (code, text) = common::verify_export(&out, &pinned(&k.fleet_fp, &[&bound_a, &bound_b]));
     assert_eq!(code, 0, "{text}");
 
     // The manifest does not choose the weaker path: without --fleet it is refused.
-    let (code, text) = python(&out, &["--key-fingerprint", &k.a_fp, "--expect-run", RUN]);
+    let (code, text) =
+        common::verify_export(&out, &["--key-fingerprint", &k.a_fp, "--expect-run", RUN]);
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("--fleet"), "{text}");
 
@@ -238,7 +221,7 @@ fn a_fleet_export_is_verified_only_as_one_and_the_trusted_checkpoint_is_applied(
     let missing = tmp.path().join("no-such.note");
     let mut with = args.clone();
     with.extend(["--trusted-checkpoint", missing.to_str().unwrap()]);
-    let (code, text) = python(&out, &with);
+    let (code, text) = common::verify_export(&out, &with);
     assert_ne!(code, 0, "{text}");
     assert!(text.contains("trusted checkpoint"), "{text}");
     // A sidecar's checkpoint at the exported size: its root is compared.
@@ -246,7 +229,7 @@ fn a_fleet_export_is_verified_only_as_one_and_the_trusted_checkpoint_is_applied(
     std::fs::write(&kept, &notes[1]).unwrap();
     let mut with = args.clone();
     with.extend(["--trusted-checkpoint", kept.to_str().unwrap()]);
-    let (code, text) = python(&out, &with);
+    let (code, text) = common::verify_export(&out, &with);
     assert_eq!(code, 0, "{text}");
     // The same size with another root (a rewritten history): a fork.
     let forked = Checkpoint {
@@ -256,7 +239,7 @@ fn a_fleet_export_is_verified_only_as_one_and_the_trusted_checkpoint_is_applied(
     }
     .sign(&k.b);
     std::fs::write(&kept, &forked).unwrap();
-    let (code, text) = python(&out, &with);
+    let (code, text) = common::verify_export(&out, &with);
     assert_eq!(code, 2, "{text}");
     // Another size: the export holds no proof that it extends it.
     let other = Checkpoint {
@@ -266,7 +249,7 @@ fn a_fleet_export_is_verified_only_as_one_and_the_trusted_checkpoint_is_applied(
     }
     .sign(&k.b);
     std::fs::write(&kept, &other).unwrap();
-    let (code, text) = python(&out, &with);
+    let (code, text) = common::verify_export(&out, &with);
     assert_eq!(code, 2, "{text}");
     assert!(text.contains("cannot show"), "{text}");
 }
@@ -283,18 +266,18 @@ fn the_fleet_key_and_each_sidecar_key_are_pinned_apart() {
         &k.fleet,
         &[(origin("a"), &k.fleet), (origin("b"), &k.b)],
     );
-    let (code, text) = python(&out, &pinned(&k.fleet_fp, &[&k.fleet_fp, &k.b_fp]));
+    let (code, text) = common::verify_export(&out, &pinned(&k.fleet_fp, &[&k.fleet_fp, &k.b_fp]));
     assert_eq!(code, 3, "{text}");
     // A sidecar key pinned as the fleet key is not the fleet key either.
     let out = tmp.path().join("sidecar-as-fleet");
     fabricate(&out, &k.a, &[(origin("a"), &k.a), (origin("b"), &k.b)]);
-    let (code, text) = python(&out, &pinned(&k.fleet_fp, &[&k.a_fp, &k.b_fp]));
+    let (code, text) = common::verify_export(&out, &pinned(&k.fleet_fp, &[&k.a_fp, &k.b_fp]));
     assert_eq!(code, 3, "{text}");
 
     // One key signing for two sidecars.
     let out = tmp.path().join("one-key-two-origins");
     fabricate(&out, &k.fleet, &[(origin("a"), &k.a), (origin("b"), &k.a)]);
-    let (code, text) = python(&out, &pinned(&k.fleet_fp, &[&k.a_fp]));
+    let (code, text) = common::verify_export(&out, &pinned(&k.fleet_fp, &[&k.a_fp]));
     assert_eq!(code, 3, "{text}");
 
     // A key bound to an origin is refused for another.
@@ -302,7 +285,7 @@ fn the_fleet_key_and_each_sidecar_key_are_pinned_apart() {
     fabricate(&out, &k.fleet, &[(origin("a"), &k.b), (origin("b"), &k.a)]);
     let bound_a = format!("{}={}", origin("a"), k.a_fp);
     let bound_b = format!("{}={}", origin("b"), k.b_fp);
-    let (code, text) = python(&out, &pinned(&k.fleet_fp, &[&bound_a, &bound_b]));
+    let (code, text) = common::verify_export(&out, &pinned(&k.fleet_fp, &[&bound_a, &bound_b]));
     assert_eq!(code, 3, "{text}");
 }
 
@@ -313,12 +296,12 @@ fn unterminated_data_after_a_sidecars_last_line_is_refused() {
     let out = tmp.path().join("export");
     fabricate(&out, &k.fleet, &[(origin("a"), &k.a), (origin("b"), &k.b)]);
     let args = pinned(&k.fleet_fp, &[&k.a_fp, &k.b_fp]);
-    assert_eq!(python(&out, &args).0, 0);
+    assert_eq!(common::verify_export(&out, &args).0, 0);
     let events = out.join("sidecars/001/events.jsonl");
     let mut bytes = std::fs::read(&events).unwrap();
     bytes.extend_from_slice(br#"{"seq":4,"type":"tool_executed","run_id":"run-fleet-1"}"#);
     std::fs::write(&events, &bytes).unwrap();
-    let (code, text) = python(&out, &args);
+    let (code, text) = common::verify_export(&out, &args);
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("sidecars/001/events.jsonl"), "{text}");
 }

@@ -31,8 +31,8 @@ fn substitute(value: &Value, run: &str, draft: &str) -> Value {
 fn other_policy(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let policy = dir.join("policy");
     let tools = dir.join("tools");
-    copy_dir(&repo().join("policy"), &policy);
-    copy_dir(&repo().join("tools"), &tools);
+    common::copy_dir(&repo().join("policy"), &policy);
+    common::copy_dir(&repo().join("tools"), &tools);
     let lanes = fs::read_to_string(policy.join("lanes.yaml")).unwrap();
     let mut replaced = false;
     let changed: String = lanes
@@ -49,19 +49,6 @@ fn other_policy(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     assert!(replaced, "lanes.yaml has no top-level version line");
     fs::write(policy.join("lanes.yaml"), changed).unwrap();
     (policy, tools.join("tool_registry.yaml"))
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 /// Sends a golden request (an empty token sends no Authorization header).

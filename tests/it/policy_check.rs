@@ -17,6 +17,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_toolgate");
 /// The environment variable the `token_env_unset` fixture names; never set in tests.
 const UNSET_VAR: &str = "TOOLGATE_FIXTURE_UNSET_TOKEN";
@@ -59,24 +61,11 @@ fn stdout(output: &Output) -> String {
     String::from_utf8(output.stdout.clone()).unwrap()
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 /// A temp dir holding a copy of the shipped `policy/` and `tools/`.
 fn demo_copy() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    copy_dir(&repo().join("policy"), &dir.path().join("policy"));
-    copy_dir(&repo().join("tools"), &dir.path().join("tools"));
+    common::copy_dir(&repo().join("policy"), &dir.path().join("policy"));
+    common::copy_dir(&repo().join("tools"), &dir.path().join("tools"));
     dir
 }
 
@@ -130,7 +119,7 @@ fn materialize(case: &Path, expect: &Expect) -> tempfile::TempDir {
     for entry in fs::read_dir(case).unwrap() {
         let entry = entry.unwrap();
         if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &dir.path().join(entry.file_name()));
+            common::copy_dir(&entry.path(), &dir.path().join(entry.file_name()));
         }
     }
     for step in &expect.setup {

@@ -43,19 +43,6 @@ fn git(dir: &Path, args: &[&str]) {
     );
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 /// Replaces `from` by `to` in `file` (which must contain it exactly once).
 fn edit(file: &Path, from: &str, to: &str) {
     let text = fs::read_to_string(file).unwrap();
@@ -91,8 +78,8 @@ fn tool_version(root: &Path, tool: &str, from: &str, to: &str) {
 
 /// Copies the demo policy and tools into `root`.
 fn demo_into(root: &Path) {
-    copy_dir(&repo().join("policy"), &root.join("policy"));
-    copy_dir(&repo().join("tools"), &root.join("tools"));
+    common::copy_dir(&repo().join("policy"), &root.join("policy"));
+    common::copy_dir(&repo().join("tools"), &root.join("tools"));
 }
 
 /// Commit 2: access widened and narrowed; schemas changed compatibly and breakingly,
@@ -551,8 +538,8 @@ fn a_committed_directory_cannot_stand_for_the_base_of_the_gate() {
     // The pull request commits `origin/main/` holding a copy of its own (widened)
     // policy: read as a directory, OLD would equal NEW and nothing would widen.
     let tmp = pull_request(|root| {
-        copy_dir(&root.join("policy"), &root.join("origin/main/policy"));
-        copy_dir(&root.join("tools"), &root.join("origin/main/tools"));
+        common::copy_dir(&root.join("policy"), &root.join("origin/main/policy"));
+        common::copy_dir(&root.join("tools"), &root.join("origin/main/tools"));
     });
     let dir = tmp.path();
     let (code, out, err) = gate(dir, "origin/main", "HEAD");
@@ -587,8 +574,8 @@ fn a_committed_directory_cannot_stand_for_head() {
     // The pull request commits `HEAD/` holding the old policy: read as a directory,
     // NEW would be the old policy and nothing would widen.
     let tmp = pull_request(|root| {
-        copy_dir(&repo().join("policy"), &root.join("HEAD/policy"));
-        copy_dir(&repo().join("tools"), &root.join("HEAD/tools"));
+        common::copy_dir(&repo().join("policy"), &root.join("HEAD/policy"));
+        common::copy_dir(&repo().join("tools"), &root.join("HEAD/tools"));
     });
     let dir = tmp.path();
     let (code, out, err) = gate(dir, "origin/main", "HEAD");

@@ -380,19 +380,6 @@ fn sighup_reloads_and_a_bad_policy_keeps_the_old_one() {
     assert_eq!(after["roles"], before["roles"]);
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 fn sha256_file(path: &Path) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(fs::read(path).unwrap()))
@@ -451,7 +438,7 @@ fn replay_lists_the_recorded_calls_a_candidate_decides_differently() {
     // The candidate disables legal_search and lets research read privileged documents.
     let candidate = tmp.path().join("candidate");
     let policy = policy_copy(&candidate);
-    copy_dir(&repo().join("tools"), &candidate.join("tools"));
+    common::copy_dir(&repo().join("tools"), &candidate.join("tools"));
     edit(
         &policy.join("lanes.yaml"),
         "prohibited_flags: [privileged, sealed]",

@@ -315,23 +315,14 @@ fn series(text: &str, name: &str, witness: &str) -> u64 {
 /// Runs audit/verify_export.py on an export with witness keys and a quorum (and
 /// `extra` flags, `--fleet` for a fleet export).
 fn python(dir: &Path, keys: &[&WitnessKey], quorum: usize, extra: &[&str]) -> (i32, String) {
-    let mut cmd = std::process::Command::new("python3");
-    cmd.arg(common::repo().join("audit/verify_export.py"))
-        .arg(dir)
-        .args(extra)
-        .args(["--quorum", &quorum.to_string()]);
-    for key in keys {
-        cmd.args(["--witness-key", &key.to_vkey()]);
+    let quorum = quorum.to_string();
+    let vkeys: Vec<String> = keys.iter().map(|key| key.to_vkey()).collect();
+    let mut args: Vec<&str> = extra.to_vec();
+    args.extend(["--quorum", &quorum]);
+    for vkey in &vkeys {
+        args.extend(["--witness-key", vkey.as_str()]);
     }
-    let out = cmd.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    common::verify_export(dir, &args)
 }
 
 fn verify(dir: &Path, db: &Path, keys: &[&WitnessKey], quorum: usize) -> (i32, Value) {

@@ -92,6 +92,46 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Copies the tree `from` (directories and regular files, as the demo policy and the
+/// test fixtures hold) to `to`, creating `to` and its parents.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// Runs the independent verifier, `audit/verify_export.py`, with the system `python3`
+/// (it needs nothing beyond the standard library) on the export in `dir` with `args`.
+pub fn verify_export_output(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("python3")
+        .arg(repo().join("audit/verify_export.py"))
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// [`verify_export_output`]: its exit code (-1 if a signal ended it) and its stdout
+/// followed by its stderr.
+pub fn verify_export(dir: &Path, args: &[&str]) -> (i32, String) {
+    let out = verify_export_output(dir, args);
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 pub fn token(role: &str) -> String {
     format!("demo-{role}")
 }
