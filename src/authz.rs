@@ -6,7 +6,6 @@
 //! `policy explain`, `policy test`, replay and shadow decisions possible.
 
 use serde_json::{Map, Value, json};
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use serde::Serialize;
@@ -33,7 +32,7 @@ fn credential_matches(credential: &Credential, token: &str) -> bool {
     let Some(expected) = expected else {
         return false;
     };
-    let actual = crate::canonical::to_hex(Sha256::digest(token.as_bytes()));
+    let actual = crate::canonical::sha256_hex(token.as_bytes());
     actual.as_bytes().ct_eq(expected.as_bytes()).into()
 }
 

@@ -2,34 +2,47 @@
 //!
 //! # Layout
 //!
-//! - [`policy`]: loads and validates the three YAML registries into a [`policy::Policy`].
-//! - [`diagnostic`]: the catalog of refusal reasons and the structured diagnostic block.
-//! - [`authz`]: the pure authorization checks (pipeline steps 2-8); no I/O, no clock.
-//! - [`pipeline`]: the 13 steps of a tool call, in order: `decide` (steps 1-8) and
-//!   `Gateway::handle` (steps 9-13).
-//! - [`adapter`]: executes authorized calls (builtin, command, http).
-//! - [`audit`]: the hash-chained, append-only audit log in SQLite, its checkpoints,
-//!   verification and export.
-//! - [`requests`]: the typed requests of the run and safety-lock endpoints, parsed by
-//!   [`server`] from the body.
-//! - [`runs`]: run records, pinned to the policy versions they were created under.
-//! - [`shadow`]: shadow mode: a candidate policy decides every call beside the active one.
-//! - [`review`]: policy as code: explain, test, diff, replay.
-//! - [`observe`]: metrics (`GET /metrics`), traces (OTLP) and logs.
-//! - [`outbound`]: the one outgoing HTTP client stack (reqwest over rustls with ring).
-//! - [`server`]: the HTTP API (hyper); the only module that serves HTTP.
-//! - [`console`]: the approver's console and run evidence page (HTML, CSS, JS shipped
-//!   in the binary), served by [`server`] at `/console`.
-//! - [`limits`]: per-client connection and request-rate limits of the HTTP front.
-//! - [`transport`]: the socket wrapper that gives hyper's own refusals a JSON body.
-//! - [`workers`]: the connection threads of `toolgate serve`, one single-threaded
-//!   runtime per core.
-//! - [`capacity`]: the audit log's disk headroom (`--max-audit-bytes`,
-//!   `--min-free-disk-bytes`).
-//! - [`mcp`]: MCP on both sides: the `/mcp` front for agents, the adapter for
-//!   upstream MCP servers, and `toolgate mcp import`.
+//! ARCHITECTURE.md is the map: what each module owns, the layer order and the
+//! invariants. In that order, top first:
+//!
 //! - [`commands`]: the `toolgate` command line: every subcommand's entry point, output
 //!   and exit code; `main.rs` only calls [`commands::main`].
+//! - [`server`]: the HTTP API (hyper): one route table, one handler per endpoint.
+//! - [`console`]: the approver's console and run evidence page, served at `/console`.
+//! - [`limits`]: per-client connection caps and request-rate buckets of the HTTP front.
+//! - [`transport`]: the socket wrapper that gives hyper's own refusals a JSON body.
+//! - [`workers`]: the connection threads of `toolgate serve`.
+//! - [`mcp`]: the `/mcp` front for agents and `toolgate mcp import`.
+//! - [`review`]: policy as code, offline: explain, test, diff, replay.
+//! - [`shadow`]: shadow mode: a candidate policy decides a copy of every call.
+//! - [`pipeline`]: the 13 steps of a tool call, in order: `decide` (steps 1-8) and
+//!   `Gateway::handle` (steps 9-13).
+//! - [`gateway`]: the running gateway's state and its admin operations.
+//! - [`cluster`]: a fleet's shared state in PostgreSQL.
+//! - [`requests`]: the typed requests of the run and safety-lock endpoints.
+//! - [`authz`]: the pure authorization checks of steps 2-8; no I/O, no clock.
+//! - [`runs`]: run records, rebuilt from the audit log at start.
+//! - [`identity`]: run tokens and OIDC/JWT credentials.
+//! - [`idempotency`]: first-outcome replay of a repeated idempotency key.
+//! - [`capacity`]: the audit log's disk headroom (`--max-audit-bytes`,
+//!   `--min-free-disk-bytes`).
+//! - [`artifacts`]: content-addressed storage of large outputs, read through their run.
+//! - [`approvals`]: human approval bound to the exact call, and its durable store.
+//! - [`observe`]: metrics (`GET /metrics`), traces (OTLP) and logs.
+//! - [`hub`]: the fleet's audit hub in the cluster database.
+//! - [`adapter`]: executes authorized calls (builtin, command, http, mcp).
+//! - [`sandbox`]: the kernel-enforced sandbox of local tool processes.
+//! - [`audit`]: the hash-chained, append-only audit log in SQLite, its checkpoints,
+//!   verification, export and shipping.
+//! - [`state`]: durable gateway state beside the audit log (two-phase commits,
+//!   budget and rate counters).
+//! - [`policy`]: loads and validates the three YAML registries into a [`policy::Policy`].
+//! - [`call`]: a tool call's body, request, response and decision trace.
+//! - [`diagnostic`]: the catalog of refusal reasons and the structured diagnostic block.
+//! - [`outbound`]: the one outgoing HTTP client stack (reqwest over rustls with
+//!   AWS-LC).
+//! - [`canonical`]: RFC 8785 canonical JSON and the sha256 helpers.
+//! - [`localfile`]: the one bounded opener of local files, and owner-only creation.
 
 pub mod adapter;
 pub mod approvals;

@@ -1,5 +1,5 @@
 //! Reading a small local file that someone else may have replaced: a key file, a token
-//! file, a cursor, a record in the data directory. An insider with the directory can
+//! file, a cursor, a record in the data directory, a policy file. An insider with the directory can
 //! put anything in its place (a symlink to `/dev/zero`, a FIFO, a file of gigabytes),
 //! and the reader must still answer at once, with a bounded amount of memory.
 //!
@@ -50,11 +50,16 @@ impl std::fmt::Display for ReadError {
 /// Opens `path` for reading if it is a regular file, without blocking whatever it is;
 /// for a caller that reads only part of it (bound that read too).
 pub fn open(path: &Path) -> Result<File, ReadError> {
+    open_with(path, 0)
+}
+
+/// [`open`] with `flags` added to the open.
+fn open_with(path: &Path, flags: libc::c_int) -> Result<File, ReadError> {
     // O_NONBLOCK: opening a FIFO for reading waits for a writer otherwise. It does not
     // change reads of a regular file.
     let file: File = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(libc::O_NONBLOCK | flags)
         .open(path)
         .map_err(ReadError::Io)?;
     if !file.metadata().map_err(ReadError::Io)?.is_file() {
@@ -254,7 +259,17 @@ fn tighten_at(path: &Path, depth: usize, done: &mut Tightened) {
 
 /// The whole file at `path`, at most `max` bytes.
 pub fn read(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
-    let file = open(path)?;
+    read_from(open(path)?, max)
+}
+
+/// [`read`] of a path the caller has resolved and checked itself (a policy file inside
+/// its directory): a symlink put in place of its last component since is refused
+/// (`O_NOFOLLOW`), so the file read is the file checked.
+pub fn read_resolved(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
+    read_from(open_with(path, libc::O_NOFOLLOW)?, max)
+}
+
+fn read_from(file: File, max: u64) -> Result<Vec<u8>, ReadError> {
     let mut bytes = Vec::new();
     file.take(max.saturating_add(1))
         .read_to_end(&mut bytes)
@@ -314,6 +329,18 @@ mod tests {
         assert!(matches!(open(&zeros), Err(ReadError::NotAFile)));
         assert!(open(&link).is_ok());
         assert!(matches!(read(dir.path(), 4096), Err(ReadError::NotAFile)));
+        // A resolved path: its file is read within the bound as `read` does, but a
+        // symlink swapped in for its last component is not followed.
+        assert_eq!(read_resolved(&small, 5).unwrap(), b"12345");
+        assert!(matches!(
+            read_resolved(&small, 4),
+            Err(ReadError::TooLarge { max: 4 })
+        ));
+        assert!(matches!(
+            read_resolved(&link, 5),
+            Err(ReadError::Io(e)) if e.raw_os_error() == Some(libc::ELOOP)
+        ));
+        assert!(matches!(read_resolved(&fifo, 4096), Err(ReadError::NotAFile)));
         assert!(matches!(
             read(&huge, 4096),
             Err(ReadError::TooLarge { max: 4096 })

@@ -483,7 +483,7 @@ pub fn export(
             .map_err(|e| io(&path, e))?;
         files.insert(
             "events.csv".to_string(),
-            crate::canonical::to_hex(Sha256::digest(fs::read(&path).map_err(|e| io(&path, e))?)),
+            crate::canonical::sha256_hex(&fs::read(&path).map_err(|e| io(&path, e))?),
         );
     }
 

@@ -122,7 +122,7 @@ impl VerifierKey {
 
     /// Lowercase hex SHA-256 of the raw 32-byte public key: what an auditor compares.
     pub fn fingerprint(&self) -> String {
-        crate::canonical::to_hex(Sha256::digest(self.key.as_bytes()))
+        crate::canonical::sha256_hex(self.key.as_bytes())
     }
 
     /// The `<name>+<key id hex>+<base64(0x01 || public key)>` form.

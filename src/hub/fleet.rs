@@ -20,7 +20,6 @@ use crate::audit::line::GENESIS_PREV;
 use crate::audit::merkle::{Frontier, Hash, Tree, leaf_hash};
 use crate::audit::verify::ProblemKind;
 use base64::Engine as _;
-use sha2::{Digest, Sha256};
 
 /// How many rows one query reads.
 const PAGE: i64 = 5000;
@@ -752,7 +751,7 @@ fn write_hashed(
     files: &mut BTreeMap<String, String>,
 ) -> Result<(), FleetError> {
     write(out, name, text)?;
-    let digest = crate::canonical::to_hex(Sha256::digest(text));
+    let digest = crate::canonical::sha256_hex(text.as_bytes());
     files.insert(name.to_string(), digest);
     Ok(())
 }

@@ -8,9 +8,7 @@
 //!
 //! INVARIANT: this module and `raw.rs` are the only places that know YAML.
 
-use std::fs::{File, OpenOptions};
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::de::DeserializeOwned;
 use serde_saphyr::granit_parser::ErrorKind;
@@ -19,6 +17,7 @@ use serde_saphyr::{
 };
 
 use super::Problem;
+use crate::localfile::ReadError;
 
 /// The largest registry or schema file we read: 10 MiB.
 pub const MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
@@ -108,19 +107,21 @@ pub(crate) fn read_file(path: &Path, root: &Path) -> Result<SourceFile, Problem>
     if metadata.len() > MAX_FILE_BYTES {
         return Err(too_large(&display, metadata.len()));
     }
-    let bytes = match read_bounded(&resolved) {
-        Ok(bytes) => bytes,
-        Err(err) => {
-            return Err(fail(
-                format!("cannot read `{display}`: {}", io_reason(&err)),
-                "check the file's permissions",
-            ));
-        }
-    };
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(too_large(&display, bytes.len() as u64));
+    // The one bounded opener (`localfile`): without blocking (a fifo swapped in after
+    // the checks cannot hang us), not through a symlink swapped in for the last
+    // component, and at most one byte past the limit.
+    match crate::localfile::read_resolved(&resolved, MAX_FILE_BYTES) {
+        Ok(bytes) => Ok(SourceFile { display, bytes }),
+        Err(ReadError::TooLarge { max }) => Err(too_large(&display, max + 1)),
+        Err(ReadError::NotAFile) => Err(fail(
+            format!("cannot read `{display}`: not a regular file"),
+            "check the file's permissions",
+        )),
+        Err(ReadError::Io(err)) => Err(fail(
+            format!("cannot read `{display}`: {}", io_reason(&err)),
+            "check the file's permissions",
+        )),
     }
-    Ok(SourceFile { display, bytes })
 }
 
 /// An I/O error as a lowercase phrase without the OS error number.
@@ -136,25 +137,6 @@ fn too_large(display: &str, len: u64) -> Problem {
         format!("`{display}` is {len} bytes, over the limit of {MAX_FILE_BYTES} bytes (10 MiB)"),
         Some("policy files are small; split out or remove the bulk"),
     )
-}
-
-/// Opens without following a final symlink and without blocking (a fifo swapped in
-/// after the checks cannot hang us), and reads at most one byte past the limit.
-fn read_bounded(path: &PathBuf) -> std::io::Result<Vec<u8>> {
-    let mut options = OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    let file: File = options.open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
-    Ok(bytes)
 }
 
 /// The text of a file: must be non-empty UTF-8.

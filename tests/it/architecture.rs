@@ -1,5 +1,6 @@
-//! The layering of `src/` against ARCHITECTURE.md's code map: no module may import one
-//! the map lists above it.
+//! ARCHITECTURE.md against the code: the layering of `src/` (no module may import one
+//! the map lists above it), the files over 900 lines, who uses rusqlite, the one
+//! bounded file opener, canonical hashing and `src/lib.rs`'s layout.
 //!
 //! The order is read from ARCHITECTURE.md itself (the backticked names before the first
 //! `: ` of each top-level bullet of the "Code map" section), so the document and the
@@ -260,5 +261,321 @@ fn every_file_over_900_lines_says_why_it_is_one_unit() {
     assert!(
         unexplained.is_empty(),
         "files over 900 lines with no sentence in ARCHITECTURE.md: {unexplained:?}"
+    );
+}
+
+// The invariants of ARCHITECTURE.md that a reading of the source can check. Each reads
+// the code of `src/` (not `src/bin/`) as the compiler sees it outside tests: comments
+// and `#[cfg(test)] mod ... { }` blocks and `tests.rs` files left out.
+
+/// The library's source files (`src/` without `src/bin/` and test-only files), each
+/// with its path under `src/` and its code outside comments and test modules.
+fn library_code() -> Vec<(String, String)> {
+    let src = root().join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    files
+        .iter()
+        .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
+        .filter(|name| !name.starts_with("bin/") && !name.ends_with("tests.rs"))
+        .map(|name| {
+            let text = std::fs::read_to_string(src.join(&name)).unwrap();
+            let code = without_test_modules(&strip_comments(&text));
+            (name, code)
+        })
+        .collect()
+}
+
+/// `source` without its `#[cfg(test)]` modules: from the attribute to the `}` at the
+/// indentation of the `mod` line.
+fn without_test_modules(source: &str) -> String {
+    let lines: Vec<&str> = source.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() == "#[cfg(test)]" {
+            let mut j = i + 1;
+            while j < lines.len() && lines[j].trim().starts_with("#[") {
+                j += 1;
+            }
+            if let Some(line) = lines.get(j)
+                && line.trim_start().starts_with("mod ")
+                && line.trim_end().ends_with('{')
+            {
+                let indent = &line[..line.len() - line.trim_start().len()];
+                let end = format!("{indent}}}");
+                while j < lines.len() && lines[j] != end {
+                    j += 1;
+                }
+                i = j + 1;
+                continue;
+            }
+        }
+        out.push(lines[i]);
+        i += 1;
+    }
+    out.join("\n")
+}
+
+/// Whether `code` holds `word` with no identifier character on either side.
+fn has_word(code: &str, word: &str) -> bool {
+    code.match_indices(word).any(|(i, _)| {
+        let before = code[..i].chars().next_back();
+        let after = code[i + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
+
+/// The files of `allowed` (path under `src/` -> reason) that no longer do what they
+/// are allowed: each entry must still be needed, so the list only shrinks.
+fn stale<'a>(allowed: &[(&'a str, &str)], offenders: &BTreeSet<String>) -> Vec<&'a str> {
+    allowed
+        .iter()
+        .map(|(file, _)| *file)
+        .filter(|file| !offenders.contains(*file))
+        .collect()
+}
+
+/// ARCHITECTURE.md (`audit/`): only these modules use SQLite through rusqlite. Every
+/// other file that names `rusqlite` fails the test (seen failing: a `use
+/// rusqlite::Connection;` added to `src/runs.rs` was named).
+const RUSQLITE_USERS: [&str; 3] = ["audit/", "approvals/store.rs", "state/"];
+
+#[test]
+fn only_the_listed_modules_use_rusqlite() {
+    let mut users = BTreeSet::new();
+    for (file, code) in library_code() {
+        if has_word(&code, "rusqlite") {
+            users.insert(file);
+        }
+    }
+    let outside: Vec<&String> = users
+        .iter()
+        .filter(|f| !RUSQLITE_USERS.iter().any(|u| f.starts_with(u)))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "rusqlite used outside {RUSQLITE_USERS:?} (see ARCHITECTURE.md): {outside:?}"
+    );
+    for user in RUSQLITE_USERS {
+        assert!(
+            users.iter().any(|f| f.starts_with(user)),
+            "{user} no longer uses rusqlite: take it off RUSQLITE_USERS and ARCHITECTURE.md"
+        );
+    }
+}
+
+/// Where the code opens a file to read it, other than through `localfile`, and why
+/// each is not a file an insider may have replaced. A new place fails the test (seen
+/// failing: `policy/read.rs` with its own `OpenOptions::new().read(true)` opener, as it
+/// was before `localfile::read_resolved`); an entry that no longer opens one fails too.
+const OTHER_OPENERS: [(&str, &str); 8] = [
+    (
+        "adapter/builtin/files.rs",
+        "the demo tools' data files, opened beneath their root with no symlink followed \
+         (openat2 RESOLVE_BENEATH) and read within MAX_DATA_FILE_BYTES",
+    ),
+    (
+        "artifacts.rs",
+        "opens the artifact directory only to fsync it",
+    ),
+    (
+        "audit/export.rs",
+        "reads back the events.csv it has just written into the new export directory",
+    ),
+    (
+        "audit/segments.rs",
+        "opens the segment directory only to fsync it",
+    ),
+    (
+        "audit/ship/deliver.rs",
+        "the kernel's /proc/sys/kernel/hostname",
+    ),
+    ("audit/wal.rs", "opens the WAL and database only to fsync them"),
+    ("sandbox/exec.rs", "the kernel's /proc files"),
+    (
+        "sandbox/plan.rs",
+        "the first 256 bytes of a tool's program, for its #! line",
+    ),
+];
+
+/// Whether `code` opens a file for reading: `File::open`, `fs::read`,
+/// `fs::read_to_string` (std or tokio), or an `OpenOptions` statement with `.read(true)`.
+fn opens_for_reading(code: &str) -> bool {
+    let compact: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+    ["File::open(", "fs::read(", "fs::read_to_string("]
+        .iter()
+        .any(|p| compact.contains(p))
+        || compact
+            .split(';')
+            .any(|s| s.contains("OpenOptions::new()") && s.contains(".read(true)"))
+}
+
+#[test]
+fn local_files_are_opened_by_the_one_bounded_opener() {
+    let mut openers = BTreeSet::new();
+    for (file, code) in library_code() {
+        if file != "localfile.rs" && opens_for_reading(&code) {
+            openers.insert(file);
+        }
+    }
+    let new: Vec<&String> = openers
+        .iter()
+        .filter(|f| !OTHER_OPENERS.iter().any(|(a, _)| a == f))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "files opened for reading outside `localfile` (ARCHITECTURE.md: the one bounded \
+         opener; use localfile::read or localfile::open): {new:?}"
+    );
+    let stale = stale(&OTHER_OPENERS, &openers);
+    assert!(
+        stale.is_empty(),
+        "no longer open a file for reading: take them off OTHER_OPENERS: {stale:?}"
+    );
+}
+
+/// The files that use the sha2 crate itself rather than `canonical`'s helpers, and
+/// why: each hashes a binary format or a stream, never a JSON value. A new one fails
+/// the test (seen failing: `authz.rs`, `hub/fleet.rs` and `audit/ship/mod.rs`, which
+/// hashed bytes with `Sha256::digest` before they used `canonical::sha256_hex`).
+const SHA2_USERS: [(&str, &str); 6] = [
+    (
+        "audit/archive.rs",
+        "a segment's sha256, streamed while it is copied",
+    ),
+    (
+        "audit/export.rs",
+        "each export file's sha256, streamed as it is written (`Hashed`)",
+    ),
+    (
+        "audit/keys.rs",
+        "the signed-note key ID over name, type byte and key",
+    ),
+    (
+        "audit/merkle.rs",
+        "RFC 9162 leaf and node hashes over prefixed bytes",
+    ),
+    (
+        "audit/mod.rs",
+        "HMAC-SHA256 of the canonical arguments (the hmac crate takes the hash type)",
+    ),
+    (
+        "audit/witness/mod.rs",
+        "the tlog-cosignature key ID over name, type byte and key",
+    ),
+];
+
+/// serde_json's own serializers, whose bytes are not canonical.
+const SERIALIZERS: [&str; 3] = [
+    "serde_json::to_vec",
+    "serde_json::to_string",
+    "serde_json::to_writer",
+];
+
+/// What hashes bytes: the canonical helpers and the sha2/hmac calls.
+const HASHERS: [&str; 4] = ["sha256_hex(", "hmac_sha256_hex(", "::digest(", ".update("];
+
+/// The statements of `code` (split at `;`) that hash the output of a serde_json
+/// serializer: written in the hashing statement itself, or bound by a `let` earlier
+/// in the same function and named by it.
+fn json_hashed_unsorted(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut tainted: Vec<String> = Vec::new();
+    for statement in code.split(';') {
+        if has_word(statement, "fn") {
+            tainted.clear();
+        }
+        let serializes = SERIALIZERS.iter().any(|s| statement.contains(s));
+        let hashes = HASHERS.iter().any(|h| statement.contains(h));
+        if hashes && (serializes || tainted.iter().any(|name| has_word(statement, name))) {
+            found.push(statement.trim().to_string());
+        }
+        if serializes
+            && let Some(rest) = statement.split("let ").nth(1)
+        {
+            let rest = rest.trim_start().trim_start_matches("mut ");
+            let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+            if !name.is_empty() {
+                tainted.push(name);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_json_hash_detector_sees_serialized_bytes_hashed() {
+    let direct = "fn a(v: &Value) -> String { sha256_hex(&serde_json::to_vec(v).unwrap()) }";
+    let bound = "fn b(v: &Value) -> String {\n let bytes = serde_json::to_vec(v).unwrap();\n \
+                 sha256_hex(&bytes)\n}";
+    let canonical = "fn c(v: &Value) -> String { sha256_hex(&to_canonical_bytes(v)) }";
+    let other_fn = "fn d(v: &Value) { let bytes = serde_json::to_vec(v).unwrap(); write(&bytes); }\n\
+                    fn e(bytes: &[u8]) -> String { sha256_hex(bytes) }";
+    assert_eq!(json_hashed_unsorted(direct).len(), 1);
+    assert_eq!(json_hashed_unsorted(bound).len(), 1);
+    assert!(json_hashed_unsorted(canonical).is_empty());
+    assert!(json_hashed_unsorted(other_fn).is_empty());
+}
+
+/// ARCHITECTURE.md (`canonical.rs`): a hash of a JSON value is over its canonical bytes,
+/// and hashing goes through `canonical` except in the files of [`SHA2_USERS`].
+#[test]
+fn json_is_hashed_in_its_canonical_form() {
+    let mut sha2_users = BTreeSet::new();
+    let mut json_hashed = Vec::new();
+    for (file, code) in library_code() {
+        if file == "canonical.rs" {
+            continue;
+        }
+        if has_word(&code, "sha2") || has_word(&code, "Sha256") {
+            sha2_users.insert(file.clone());
+        }
+        for statement in json_hashed_unsorted(&code) {
+            json_hashed.push(format!("{file}: {statement}"));
+        }
+    }
+    assert!(
+        json_hashed.is_empty(),
+        "serde_json output hashed; hash `canonical::to_canonical_bytes` (or use \
+         `canonical::canonical_sha256`):\n{}",
+        json_hashed.join("\n")
+    );
+    let new: Vec<&String> = sha2_users
+        .iter()
+        .filter(|f| !SHA2_USERS.iter().any(|(a, _)| a == f))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "sha2 used directly; hash through `canonical::sha256_hex` or \
+         `canonical::canonical_sha256`: {new:?}"
+    );
+    let stale = stale(&SHA2_USERS, &sha2_users);
+    assert!(
+        stale.is_empty(),
+        "no longer use sha2: take them off SHA2_USERS: {stale:?}"
+    );
+}
+
+/// `src/lib.rs`'s `# Layout` names every module the crate declares, and only those
+/// (seen failing: the layout that named 20 of the 32 modules).
+#[test]
+fn the_lib_layout_names_every_module() {
+    let lib = std::fs::read_to_string(root().join("src/lib.rs")).unwrap();
+    let declared: BTreeSet<&str> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub mod "))
+        .map(|l| l.trim_end_matches(';'))
+        .collect();
+    let named: BTreeSet<&str> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("//! - [`"))
+        .filter_map(|l| l.split('`').next())
+        .collect();
+    assert!(declared.len() > 10, "no modules read from src/lib.rs");
+    assert_eq!(
+        declared, named,
+        "src/lib.rs: the modules declared and those its `# Layout` names differ"
     );
 }

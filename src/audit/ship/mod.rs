@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
@@ -275,7 +274,9 @@ impl ShipSpec {
 
     /// The sink's id: the first 16 hex digits of the sha256 of its spec.
     pub fn id(&self) -> String {
-        crate::canonical::to_hex(&Sha256::digest(self.name.as_bytes())[..8])
+        let mut id = crate::canonical::sha256_hex(self.name.as_bytes());
+        id.truncate(16);
+        id
     }
 }
 
