@@ -340,7 +340,10 @@ mod tests {
             read_resolved(&link, 5),
             Err(ReadError::Io(e)) if e.raw_os_error() == Some(libc::ELOOP)
         ));
-        assert!(matches!(read_resolved(&fifo, 4096), Err(ReadError::NotAFile)));
+        assert!(matches!(
+            read_resolved(&fifo, 4096),
+            Err(ReadError::NotAFile)
+        ));
         assert!(matches!(
             read(&huge, 4096),
             Err(ReadError::TooLarge { max: 4096 })

@@ -392,7 +392,10 @@ const OTHER_OPENERS: [(&str, &str); 8] = [
         "audit/ship/deliver.rs",
         "the kernel's /proc/sys/kernel/hostname",
     ),
-    ("audit/wal.rs", "opens the WAL and database only to fsync them"),
+    (
+        "audit/wal.rs",
+        "opens the WAL and database only to fsync them",
+    ),
     ("sandbox/exec.rs", "the kernel's /proc files"),
     (
         "sandbox/plan.rs",
@@ -492,9 +495,7 @@ fn json_hashed_unsorted(code: &str) -> Vec<String> {
         if hashes && (serializes || tainted.iter().any(|name| has_word(statement, name))) {
             found.push(statement.trim().to_string());
         }
-        if serializes
-            && let Some(rest) = statement.split("let ").nth(1)
-        {
+        if serializes && let Some(rest) = statement.split("let ").nth(1) {
             let rest = rest.trim_start().trim_start_matches("mut ");
             let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
             if !name.is_empty() {

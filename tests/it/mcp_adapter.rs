@@ -125,7 +125,7 @@ pub(crate) fn lab_server(state: &Path, mode: &str, tool: &str) -> String {
             state,
             mode
         ]),
-        support::sandbox(&[bin.clone()], &[state])
+        support::sandbox(std::slice::from_ref(&bin), &[state])
     )
 }
 

@@ -29,7 +29,7 @@ fn lab_server_entry(id: &str, state: &Path, max_concurrency: u32) -> String {
     format!(
         "  - server_id: {id}\n    description: The lab server.\n    command: {}\n    max_concurrency: {max_concurrency}\n    sandbox: {}\n",
         json!([support::SYSTEM_PYTHON, bin.join("lab_server.py"), state, ""]),
-        support::sandbox(&[bin.clone()], &[state])
+        support::sandbox(std::slice::from_ref(&bin), &[state])
     )
 }
 
