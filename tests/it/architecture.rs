@@ -404,15 +404,14 @@ const OTHER_OPENERS: [(&str, &str); 8] = [
 ];
 
 /// Whether `code` opens a file for reading: `File::open`, `fs::read`,
-/// `fs::read_to_string` (std or tokio), or an `OpenOptions` statement with `.read(true)`.
+/// `fs::read_to_string` (std or tokio), or `OpenOptions::new()` with a `.read(true)`
+/// (in one chain or set on a binding).
 fn opens_for_reading(code: &str) -> bool {
     let compact: String = code.chars().filter(|c| !c.is_whitespace()).collect();
     ["File::open(", "fs::read(", "fs::read_to_string("]
         .iter()
         .any(|p| compact.contains(p))
-        || compact
-            .split(';')
-            .any(|s| s.contains("OpenOptions::new()") && s.contains(".read(true)"))
+        || (compact.contains("OpenOptions::new()") && compact.contains(".read(true)"))
 }
 
 #[test]
