@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hyper::header::{
-    ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER, USER_AGENT,
+    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER,
+    USER_AGENT,
 };
 use hyper::http::uri::{Authority, Scheme};
 use hyper::{StatusCode, Uri};
@@ -22,6 +23,7 @@ use serde_json::Value;
 
 use serde_json::{Map, json};
 
+use super::credentials::{Credential, Scrubber};
 use super::{
     ExecContext, ExecError, SettingProblem, output_hard_cap, parse_output, strings_with_pointers,
     truncate, unsafe_argument,
@@ -31,6 +33,7 @@ use crate::diagnostic::Reason;
 use crate::diagnostic::Refusal;
 use crate::outbound::error_chain;
 use crate::policy::Tool;
+use crate::policy::secrets::{self, Secrets};
 use crate::policy::template::{
     PlaceholderSource, Template, TemplatePart, encode_component, parse_url_template,
 };
@@ -166,6 +169,17 @@ impl Upstream {
     /// Checks the URL (absolute `http://` or `https://`, no user info, host in
     /// `allowed_hosts`) and builds the client. Needs no tokio runtime.
     pub(crate) fn build(url: &str, allowed_hosts: &[String]) -> Result<Self, Vec<SettingProblem>> {
+        let client =
+            new_client(crate::outbound::builder()).map_err(|e| vec![SettingProblem::new(e)])?;
+        Upstream::build_with(url, allowed_hosts, client)
+    }
+
+    /// [`Upstream::build`] with a client of the upstream's own TLS and proxy settings.
+    pub(crate) fn build_with(
+        url: &str,
+        allowed_hosts: &[String],
+        client: reqwest::Client,
+    ) -> Result<Self, Vec<SettingProblem>> {
         let mut problems = Vec::new();
         let allowed = match HostAllowlist::parse(allowed_hosts) {
             Ok(a) => a,
@@ -230,7 +244,6 @@ impl Upstream {
                 ]);
             }
         };
-        let client = new_client().map_err(|e| vec![SettingProblem::new(e)])?;
         let label = uri
             .authority()
             .map(|a| a.as_str().to_string())
@@ -375,8 +388,8 @@ impl Upstream {
 
 /// The adapter's client: the project's stack, system roots for https, a connect
 /// timeout (TCP and TLS handshake), pooled connections closed after a while idle.
-fn new_client() -> Result<reqwest::Client, String> {
-    crate::outbound::builder()
+fn new_client(builder: reqwest::ClientBuilder) -> Result<reqwest::Client, String> {
+    builder
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
@@ -521,9 +534,14 @@ pub struct HttpAdapter {
     upstream: Upstream,
     template: Template,
     query: Vec<(String, Template)>,
+    /// The registry's headers, secrets resolved (marked sensitive).
     headers: HeaderMap,
     request: HttpRequestModel,
     method: reqwest::Method,
+    /// The `Authorization` its `auth` adds.
+    credential: Credential,
+    /// Every secret value it sends, scrubbed from what the upstream answers.
+    scrubber: Scrubber,
 }
 
 impl HttpAdapter {
@@ -531,6 +549,8 @@ impl HttpAdapter {
         url: &str,
         allowed_hosts: &[String],
         request: &HttpRequestModel,
+        secrets: &Secrets,
+        tools_dir: &std::path::Path,
     ) -> Result<Self, Vec<SettingProblem>> {
         let template = parse_url_template(url)
             .map_err(|e| vec![SettingProblem::new(format!("url `{url}`: {e}"))])?;
@@ -538,7 +558,10 @@ impl HttpAdapter {
         // segment; the client must read its path and query exactly as written, so an
         // expanded URL can be compared with what was built.
         let sample = template.sample("x");
-        let upstream = Upstream::build(&sample, allowed_hosts)?;
+        let client = super::outbound_client(&request.outbound, tools_dir)
+            .and_then(new_client)
+            .map_err(|e| vec![SettingProblem::new(e)])?;
+        let upstream = Upstream::build_with(&sample, allowed_hosts, client)?;
         let mut problems = Vec::new();
         if let Err(e) = expected_matches(&upstream.url, &sample) {
             problems.push(
@@ -554,12 +577,21 @@ impl HttpAdapter {
             }
         }
         let mut headers = HeaderMap::new();
+        let mut values = Vec::new();
         for (name, value) in &request.headers {
+            let sends_secret = !secrets::secret_ids(value).is_empty();
+            let Some(resolved) = secrets::resolve(value, secrets) else {
+                problems.push(SettingProblem::new(format!(
+                    "header `{name}` refers to a secret that does not resolve"
+                )));
+                continue;
+            };
             match (
                 HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(value),
+                HeaderValue::from_str(&resolved),
             ) {
-                (Ok(n), Ok(v)) => {
+                (Ok(n), Ok(mut v)) => {
+                    v.set_sensitive(sends_secret);
                     headers.insert(n, v);
                 }
                 _ => problems.push(SettingProblem::new(format!(
@@ -574,6 +606,30 @@ impl HttpAdapter {
             HttpMethod::Patch => reqwest::Method::PATCH,
             HttpMethod::Delete => reqwest::Method::DELETE,
         };
+        for id in secrets::secret_ids(
+            &request
+                .headers
+                .values()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" "),
+        ) {
+            if let Some(secret) = secrets.get(&id) {
+                values.push(secret.value.expose().to_string());
+            }
+        }
+        let credential = match Credential::build(
+            request.outbound.auth.as_ref(),
+            secrets,
+            &upstream.client,
+            &mut values,
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                problems.push(SettingProblem::new(e));
+                Credential::None
+            }
+        };
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -584,6 +640,8 @@ impl HttpAdapter {
             headers,
             request: request.clone(),
             method,
+            credential,
+            scrubber: Scrubber::new(values),
         })
     }
 
@@ -689,6 +747,24 @@ impl HttpAdapter {
         arguments: &Value,
         ctx: ExecContext<'_>,
     ) -> Result<Value, ExecError> {
+        let result = self.send(tool, arguments, ctx).await;
+        if self.scrubber.is_empty() {
+            return result;
+        }
+        // INVARIANT: nothing an upstream of a tool with secrets answered leaves the
+        // adapter unscrubbed.
+        match result {
+            Ok(value) => Ok(self.scrubber.value(value)),
+            Err(e) => Err(self.scrubber.error(e)),
+        }
+    }
+
+    async fn send(
+        &self,
+        tool: &Tool,
+        arguments: &Value,
+        ctx: ExecContext<'_>,
+    ) -> Result<Value, ExecError> {
         if self.request.is_default() && !self.template.has_placeholders() {
             // Today's adapter: a JSON POST of the arguments to a fixed URL.
             return self
@@ -730,10 +806,45 @@ impl HttpAdapter {
         }
         // The registry's headers last: they may set `accept` and `content-type`.
         request = request.headers(self.headers.clone());
-        let answer = self
+        // The credential after everything else: nothing may replace it.
+        let token = match &self.credential {
+            Credential::None => None,
+            Credential::Header(value) => {
+                request = request.header(AUTHORIZATION, value.clone());
+                None
+            }
+            Credential::ClientCredentials(source) => {
+                let token = source.token(ctx.deadline, &self.scrubber).await?;
+                let mut value =
+                    HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                        ExecError::Unreachable(
+                            "the access token is not a header value; nothing was sent".into(),
+                        )
+                    })?;
+                value.set_sensitive(true);
+                request = request.header(AUTHORIZATION, value);
+                Some((source, token))
+            }
+        };
+        let mut answer = self
             .upstream
             .exchange(request, &ctx, output_hard_cap(tool))
             .await?;
+        if answer.status == StatusCode::UNAUTHORIZED
+            && let Some((source, token)) = token
+        {
+            // The token was refused (revoked, rotated): the next call fetches a new
+            // one. This call is not sent again: the contract retries only an
+            // idempotent call the caller keyed, which the adapter cannot tell here.
+            source.reject(&token).await;
+            return Err(ExecError::DependencyDown(format!(
+                "upstream `{label}` answered 401 to the access token; a new token is fetched for the next call"
+            )));
+        }
+        if !self.scrubber.is_empty() {
+            // Before any excerpt is cut from it, so no part of a secret survives.
+            answer.body = self.scrubber.bytes(answer.body);
+        }
         map_answer(label, answer, &ctx).await
     }
 }

@@ -48,6 +48,8 @@ mod mcp_front;
 mod mcp_session;
 mod metrics;
 mod outbound;
+// Secrets, outbound auth (bearer, basic, client credentials, mTLS), private CAs, scrubbing.
+mod outbound_auth;
 mod policy_check;
 mod policy_diff;
 mod redaction;
