@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hyper::header::{
-    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER,
-    USER_AGENT,
+    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, USER_AGENT,
 };
 use hyper::http::uri::{Authority, Scheme};
 use hyper::{StatusCode, Uri};
@@ -24,9 +23,13 @@ use serde_json::Value;
 use serde_json::{Map, json};
 
 use super::credentials::{Credential, Scrubber};
+
+mod answer;
+mod arguments;
+
 use super::{
-    ExecContext, ExecError, SettingProblem, output_hard_cap, parse_output, strings_with_pointers,
-    truncate, unsafe_argument,
+    ExecContext, ExecError, SettingProblem, output_hard_cap, parse_output, truncate,
+    unsafe_argument,
 };
 use crate::canonical::to_canonical_bytes;
 use crate::diagnostic::Reason;
@@ -38,6 +41,8 @@ use crate::policy::template::{
     PlaceholderSource, Template, TemplatePart, encode_component, parse_url_template,
 };
 use crate::policy::{HttpBody, HttpMethod, HttpRequestModel};
+use answer::map_answer;
+pub(crate) use arguments::check_url_arguments;
 
 /// How long connecting may take before the upstream counts as down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -395,129 +400,6 @@ fn new_client(builder: reqwest::ClientBuilder) -> Result<reqwest::Client, String
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .build()
         .map_err(|e| format!("cannot build the http client: {}", error_chain(&e)))
-}
-
-/// Refuses every string argument that holds a URL (any `scheme://`, or a scheme a URL
-/// parser reads a host from without `//`) unless it is an http(s) URL to an allowed
-/// host, and every reference to another host (`//host/...`).
-pub(crate) fn check_url_arguments(
-    arguments: &Value,
-    allowed: &HostAllowlist,
-) -> Result<(), Refusal> {
-    for (pointer, s) in strings_with_pointers(arguments) {
-        if let Some(problem) = url_problem(s, allowed) {
-            return Err(unsafe_argument(&pointer, &problem));
-        }
-    }
-    Ok(())
-}
-
-/// The schemes a URL parser reads a host from even without `//` (the WHATWG URL
-/// standard's special schemes: `http:169.254.169.254/` is `http://169.254.169.254/`).
-const SPECIAL_SCHEMES: [&str; 6] = ["http", "https", "ws", "wss", "ftp", "file"];
-
-/// A placeholder base that a host-relative reference (`//host/...`) is resolved against.
-const RELATIVE_BASE: &str = "http://relative.invalid/";
-
-/// Why `s` names a place the tool may not be sent to, if it does. Every URL in it is
-/// read the way a URL parser (the WHATWG standard that browsers and the `url` crate
-/// follow) would read it: ASCII tabs and newlines are dropped anywhere, control
-/// characters and white space end a URL, `\` counts as `/`, a special scheme needs no
-/// `//`, and a reference that starts with two slashes names a host of its own. URLs
-/// inside longer text are found too (`see http://host/`).
-fn url_problem(s: &str, allowed: &HostAllowlist) -> Option<String> {
-    let cleaned: String = s
-        .chars()
-        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
-        .collect();
-    cleaned
-        .split(|c: char| c.is_whitespace() || c.is_control())
-        .filter(|token| !token.is_empty())
-        .find_map(|token| token_problem(token, allowed))
-}
-
-/// The first URL or host reference in one white-space-free token that is not allowed.
-fn token_problem(token: &str, allowed: &HostAllowlist) -> Option<String> {
-    let bytes = token.as_bytes();
-    let in_scheme = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.');
-    let slash = |b: u8| b == b'/' || b == b'\\';
-    for (i, &b) in bytes.iter().enumerate() {
-        let at_boundary = i == 0 || !in_scheme(bytes[i - 1]);
-        if b.is_ascii_alphabetic() && at_boundary {
-            let len = bytes[i..].iter().take_while(|&&c| in_scheme(c)).count();
-            if bytes.get(i + len) == Some(&b':') {
-                let rest = &token[i..];
-                let after = &token[i + len + 1..];
-                let scheme = token[i..i + len].to_ascii_lowercase();
-                if let Some(problem) = scheme_problem(&scheme, rest, after, allowed) {
-                    return Some(problem);
-                }
-            }
-        }
-        let starts_reference = slash(b)
-            && bytes.get(i + 1).copied().is_some_and(slash)
-            && (i == 0
-                || !matches!(
-                    bytes[i - 1],
-                    b'/' | b'\\' | b':' | b'.' | b'%' | b'~' | b'_' | b'-'
-                ) && !bytes[i - 1].is_ascii_alphanumeric());
-        if starts_reference && let Some(problem) = reference_problem(&token[i..], allowed) {
-            return Some(problem);
-        }
-    }
-    None
-}
-
-/// `rest` starts with `scheme:`; `after` is what follows the colon.
-fn scheme_problem(
-    scheme: &str,
-    rest: &str,
-    after: &str,
-    allowed: &HostAllowlist,
-) -> Option<String> {
-    let special = SPECIAL_SCHEMES.contains(&scheme);
-    let authority = after.starts_with("//");
-    if after.is_empty() || !(special || authority) {
-        // `note:` or `urn:x`: no host to reach.
-        return None;
-    }
-    if scheme != "http" && scheme != "https" {
-        return Some(format!(
-            "url scheme `{scheme}` is not allowed (only http and https)"
-        ));
-    }
-    let Ok(url) = reqwest::Url::parse(rest) else {
-        return Some("the url does not parse".to_string());
-    };
-    // Both readings must allow it: the client's (WHATWG) and hyper's stricter one, so a
-    // form two parsers read differently (`http://ok\\@evil/`) is refused.
-    let uri_allowed = rest.parse::<Uri>().is_ok_and(|uri| allowed.allows(&uri));
-    if !allowed.allows_url(&url) || !uri_allowed {
-        let host = url.host_str().unwrap_or("");
-        return Some(format!(
-            "url host `{host}` is not in the tool's allowed hosts"
-        ));
-    }
-    None
-}
-
-/// `reference` starts with two slashes (`//host/...`, `\\\\host\\...`): relative to
-/// any base it names its own host.
-fn reference_problem(reference: &str, allowed: &HostAllowlist) -> Option<String> {
-    let after = reference.trim_start_matches(['/', '\\']);
-    if after.is_empty() {
-        return None;
-    }
-    let resolved = reqwest::Url::parse(RELATIVE_BASE).and_then(|base| base.join(reference));
-    match resolved {
-        Ok(url) if url.host_str() == Some("relative.invalid") => None,
-        Ok(url) if allowed.allows_url(&url) => None,
-        Ok(url) => Some(format!(
-            "a reference to host `{}` (`//host/...`) is not in the tool's allowed hosts",
-            url.host_str().unwrap_or("")
-        )),
-        Err(_) => Some("a reference to another host (`//...`) does not parse".to_string()),
-    }
 }
 
 /// The value of the `Toolgate-Scope` header.
@@ -903,110 +785,6 @@ fn expected_matches(url: &reqwest::Url, text: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Maps an upstream's answer: 2xx JSON (or text as `{"text": ...}`), 3xx never followed,
-/// 429 retryable with its `Retry-After`, other 4xx the tool's error, 5xx the upstream
-/// down.
-async fn map_answer(
-    label: &str,
-    answer: Answer,
-    ctx: &ExecContext<'_>,
-) -> Result<Value, ExecError> {
-    let status = answer.status;
-    let excerpt = || {
-        truncate(
-            String::from_utf8_lossy(&answer.body).trim(),
-            ERROR_BODY_BYTES,
-        )
-    };
-    if status.is_success() {
-        let content_type = answer
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_ascii_lowercase();
-        let json = content_type.contains("json");
-        if !json && (answer.body.is_empty() || content_type.starts_with("text/")) {
-            return text_output(label, status, answer.body);
-        }
-        let body = answer.body;
-        let fallback = (!json && std::str::from_utf8(&body).is_ok()).then(|| body.clone());
-        return match within(ctx, parse_output(body)).await? {
-            Ok(value) => Ok(value),
-            Err(_) if fallback.is_some() => {
-                text_output(label, status, fallback.unwrap_or_default())
-            }
-            Err(e) => Err(ExecError::OutputNotJson(format!(
-                "upstream `{label}` answered {status} with a body that is not one json value: {e}"
-            ))),
-        };
-    }
-    if status.is_redirection() {
-        let host = answer
-            .headers
-            .get(LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|l| {
-                reqwest::Url::parse(&format!("http://{label}/"))
-                    .ok()?
-                    .join(l)
-                    .ok()
-            })
-            .and_then(|u| u.host_str().map(str::to_string))
-            .unwrap_or_else(|| "unknown".to_string());
-        return Err(ExecError::Failed(format!(
-            "upstream `{label}` answered {status} redirecting to host `{host}`; redirects are not followed"
-        )));
-    }
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        let retry_after_ms = answer
-            .headers
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(retry_after_ms);
-        return Err(ExecError::RateLimited {
-            message: format!("upstream `{label}` answered {status}: {}", excerpt()),
-            retry_after_ms,
-        });
-    }
-    if status.is_server_error() {
-        return Err(ExecError::DependencyDown(format!(
-            "upstream `{label}` answered {status}: {}",
-            excerpt()
-        )));
-    }
-    Err(ExecError::Failed(format!(
-        "upstream `{label}` answered {status}: {}",
-        excerpt()
-    )))
-}
-
-/// A text answer as `{"text": ...}`; a body that is not UTF-8 is not an output.
-fn text_output(label: &str, status: StatusCode, body: Vec<u8>) -> Result<Value, ExecError> {
-    match String::from_utf8(body) {
-        Ok(text) => Ok(json!({ "text": text })),
-        Err(_) => Err(ExecError::OutputNotJson(format!(
-            "upstream `{label}` answered {status} with a body that is neither json nor utf-8 text"
-        ))),
-    }
-}
-
-/// `Retry-After` in milliseconds: delay-seconds or an HTTP date (RFC 9110), at most a
-/// day.
-fn retry_after_ms(value: &str) -> Option<u64> {
-    let value = value.trim();
-    let seconds = match value.parse::<u64>() {
-        Ok(s) => s,
-        Err(_) => {
-            let at = httpdate::parse_http_date(value).ok()?;
-            at.duration_since(std::time::SystemTime::now())
-                .map(|d| d.as_secs())
-                .unwrap_or(0)
-        }
-    };
-    Some(seconds.min(86_400).saturating_mul(1000))
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -1038,57 +816,6 @@ mod tests {
         ];
         let problems = HostAllowlist::parse(&entries).unwrap_err();
         assert_eq!(problems.len(), 2);
-    }
-
-    #[test]
-    fn url_arguments_are_checked() {
-        let a = allow(&["127.0.0.1:8799"]);
-        assert!(check_url_arguments(&json!({"url": "http://127.0.0.1:8799/a"}), &a).is_ok());
-        for fine in [
-            "see section 3: notes",
-            "http://127.0.0.1:8799/a and //127.0.0.1:8799/b",
-            "the http: and file: prefixes, urn:isbn:123, mailto:a@b.example",
-            "path/to//file and a//b and C:\\dir",
-            "Time: 10:30; ratio 3:1",
-            "news:comp.lang.rust",
-            "//",
-        ] {
-            assert!(
-                check_url_arguments(&json!({"text": fine}), &a).is_ok(),
-                "{fine}"
-            );
-        }
-        for bad in [
-            "http://evil.example/x",
-            "file:///etc/passwd",
-            "HTTP://10.0.0.1:8799/",
-            "http://127.0.0.1:8799@evil.example/",
-            "http://127.0.0.1:8799\\@evil.example/",
-            // What a URL parser reads as http://169.254.169.254/ (the review's list).
-            "http:\\\\169.254.169.254/latest",
-            "http:169.254.169.254/latest",
-            "http:/169.254.169.254/",
-            "//169.254.169.254/latest",
-            "\\\\169.254.169.254\\latest",
-            "\u{1}http://169.254.169.254/",
-            "ht\ttp://169.254.169.254/",
-            "h\nttp://169.254.169.254/",
-            "see http://169.254.169.254/latest",
-            "url=http://169.254.169.254/",
-            "(//169.254.169.254/x)",
-            "ws://127.0.0.1:8799/",
-            "ftp:evil.example",
-            "file:etc/passwd",
-            "gopher://127.0.0.1:8799/",
-            "http://[::ffff:a9fe:a9fe]/",
-            "http://127.0.0.1:8799/ok then http://evil.example/",
-            "http://127.0.0.1:8799.evil.example/",
-        ] {
-            let r = check_url_arguments(&json!({"nested": [{"u": bad}]}), &a)
-                .expect_err(&format!("{bad:?} passed"));
-            assert_eq!(r.reason, crate::diagnostic::Reason::ArgumentUnsafe, "{bad}");
-            assert_eq!(r.details["pointer"], "/nested/0/u");
-        }
     }
 
     #[test]

@@ -137,46 +137,13 @@ pub(crate) fn build(mut input: Input<'_>, problems: &mut Vec<Problem>) -> Option
     if let (Some(p), Some(tools)) = (&input.registry, tools.as_mut()) {
         let secret_allowed =
             outbound::check_outbound(&mut report, &p.file.display, &p.raw, &declared, tools);
-        if let Ok(text) = std::str::from_utf8(&p.file.bytes) {
-            outbound::check_stray(
-                &mut report,
-                &p.file.display,
-                text,
-                "${secret:",
-                &secret_allowed,
-                "a secret is used only in an adapter's `headers`, its `auth` settings and a stdio server's `env`",
-            );
-            if let Some(env_allowed) = &env_allowed {
-                outbound::check_stray(
-                    &mut report,
-                    &p.file.display,
-                    text,
-                    "${env:",
-                    env_allowed,
-                    "`${env:VAR}` stands only in urls, `allowed_hosts`, `proxy` and `token_url`",
-                );
-            }
-        }
+        outbound::check_placements(&mut report, &p.file, &secret_allowed, env_allowed.as_ref());
     }
-    for file in [
+    for parsed in [
         input.roles.as_ref().map(|p| &p.file),
         input.lanes.as_ref().map(|p| &p.file),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        if let Ok(text) = std::str::from_utf8(&file.bytes) {
-            for needle in ["${secret:", "${env:"] {
-                outbound::check_stray(
-                    &mut report,
-                    &file.display,
-                    text,
-                    needle,
-                    &outbound::Allowed::default(),
-                    "secrets and `${env:VAR}` stand only in the tool registry's adapters",
-                );
-            }
-        }
+    ] {
+        outbound::check_placements_elsewhere(&mut report, parsed);
     }
 
     if let (Some(roles_file), Some(lanes)) = (&input.roles, &lanes) {

@@ -228,9 +228,59 @@ fn check_refs(
     }
 }
 
+/// `${secret:` and `${env:` outside the places they may stand in the registry.
+pub(super) fn check_placements(
+    report: &mut Report<'_>,
+    file: &SourceFile,
+    secret_allowed: &Allowed,
+    env_allowed: Option<&Allowed>,
+) {
+    let Ok(text) = std::str::from_utf8(&file.bytes) else {
+        return;
+    };
+    check_stray(
+        report,
+        &file.display,
+        text,
+        "${secret:",
+        secret_allowed,
+        "a secret is used only in an adapter's `headers`, its `auth` settings and a stdio server's `env`",
+    );
+    if let Some(env_allowed) = env_allowed {
+        check_stray(
+            report,
+            &file.display,
+            text,
+            "${env:",
+            env_allowed,
+            "`${env:VAR}` stands only in urls, `allowed_hosts`, `proxy` and `token_url`",
+        );
+    }
+}
+
+/// `${secret:` and `${env:` anywhere in roles.yaml or lanes.yaml.
+pub(super) fn check_placements_elsewhere(report: &mut Report<'_>, file: Option<&SourceFile>) {
+    let Some(file) = file else {
+        return;
+    };
+    let Ok(text) = std::str::from_utf8(&file.bytes) else {
+        return;
+    };
+    for needle in ["${secret:", "${env:"] {
+        check_stray(
+            report,
+            &file.display,
+            text,
+            needle,
+            &Allowed::default(),
+            "secrets and `${env:VAR}` stand only in the tool registry's adapters",
+        );
+    }
+}
+
 /// `${secret:` or `${env:` anywhere outside the places they may stand in `text` (a
 /// registry, roles or lanes file): each a problem at its line and column.
-pub(super) fn check_stray(
+fn check_stray(
     report: &mut Report<'_>,
     file: &str,
     text: &str,
