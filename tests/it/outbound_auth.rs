@@ -1067,3 +1067,55 @@ fn a_kubernetes_style_secret_volume_is_read_and_env_settings_pin_the_registry_ve
     assert_eq!(a.versions.registry.sha256, c.versions.registry.sha256);
     assert!(!format!("{:?}", c).contains("rotated-secret-value"));
 }
+
+#[test]
+fn policy_diff_reports_a_tool_gaining_a_secret_or_a_changed_auth_as_widening() {
+    let tmp = tempfile::tempdir().unwrap();
+    let upstream = "127.0.0.1:9";
+    let plain = format!("url: \"http://{upstream}/x\", allowed_hosts: [\"{upstream}\"]");
+    let secrets = "secrets:\n  - {id: api_key, from: {file: api.key}}\n  - {id: token, from: {env: T41_DIFF_TOKEN}}\n";
+    for (side, adapter) in [
+        ("old", plain.clone()),
+        (
+            "new",
+            format!(
+                "{plain}, headers: {{x-api-key: \"${{secret:api_key}}\"}}, auth: {{bearer: \"${{secret:token}}\"}}"
+            ),
+        ),
+    ] {
+        let dir = tmp.path().join(side);
+        // The secret file holds a value the report must never show; `policy diff`
+        // does not even read it.
+        secret_file(&dir, "api.key", "diff-secret-value-31");
+        write_policy(&dir, secrets, &[("t", tool_entry("t", &adapter, 5000))]);
+    }
+    let out = std::process::Command::new(crate::common::BIN)
+        .args(["policy", "diff", "old", "new", "--format", "json"])
+        .current_dir(tmp.path())
+        .env_remove("T41_DIFF_TOKEN")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!text.contains("diff-secret-value-31") && !err.contains("diff-secret-value-31"));
+    let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}{err}"));
+    let changes = report["changes"].as_array().unwrap();
+    let find = |kind: &str| {
+        changes
+            .iter()
+            .filter(|c| c["kind"] == kind)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let added = find("tool_secret_added");
+    let names: Vec<&str> = added
+        .iter()
+        .map(|c| c["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(added.len(), 2, "{names:?}");
+    assert!(added.iter().all(|c| c["effect"] == "widening"), "{added:?}");
+    let auth = find("tool_auth_changed");
+    assert_eq!(auth.len(), 1, "{changes:?}");
+    assert_eq!(auth[0]["effect"], "widening");
+    assert_eq!(auth[0]["after"]["bearer"], "${secret:token}", "{:?}", auth[0]);
+}
