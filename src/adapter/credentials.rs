@@ -211,25 +211,14 @@ impl Credential {
         client: &reqwest::Client,
         values: &mut Vec<String>,
     ) -> Result<Credential, String> {
-        let resolve = |text: &str| {
-            secrets::resolve(text, secrets)
-                .ok_or_else(|| "a `${secret:ID}` of its `auth` does not resolve".to_string())
-        };
+        if let Some(value) = fixed_authorization(auth, secrets, values)? {
+            return Ok(Credential::Header(value));
+        }
         match auth {
-            None | Some(OutboundAuth::Mtls { .. }) => Ok(Credential::None),
-            Some(OutboundAuth::Bearer(token)) => {
-                let token = resolve(token)?;
-                values.push(token.clone());
-                header(&format!("Bearer {token}")).map(Credential::Header)
-            }
-            Some(OutboundAuth::Basic { username, password }) => {
-                let (username, password) = (resolve(username)?, resolve(password)?);
-                let encoded = base64::engine::general_purpose::STANDARD
-                    .encode(format!("{username}:{password}"));
-                values.push(password);
-                values.push(encoded.clone());
-                header(&format!("Basic {encoded}")).map(Credential::Header)
-            }
+            None
+            | Some(OutboundAuth::Mtls { .. })
+            | Some(OutboundAuth::Bearer(_))
+            | Some(OutboundAuth::Basic { .. }) => Ok(Credential::None),
             Some(OutboundAuth::Oauth2ClientCredentials(grant)) => {
                 let resolved = ResolvedGrant::new(grant, secrets)?;
                 values.push(resolved.client_secret.clone());
@@ -244,6 +233,35 @@ impl Credential {
                     .to_string(),
             ),
         }
+    }
+}
+
+/// The fixed `Authorization` value of a `bearer` or `basic` auth (None for other
+/// kinds), with every value it sends added to `values`.
+pub(crate) fn fixed_authorization(
+    auth: Option<&OutboundAuth>,
+    secrets: &Secrets,
+    values: &mut Vec<String>,
+) -> Result<Option<HeaderValue>, String> {
+    let resolve = |text: &str| {
+        secrets::resolve(text, secrets)
+            .ok_or_else(|| "a `${secret:ID}` of its `auth` does not resolve".to_string())
+    };
+    match auth {
+        Some(OutboundAuth::Bearer(token)) => {
+            let token = resolve(token)?;
+            values.push(token.clone());
+            header(&format!("Bearer {token}")).map(Some)
+        }
+        Some(OutboundAuth::Basic { username, password }) => {
+            let (username, password) = (resolve(username)?, resolve(password)?);
+            let encoded =
+                base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
+            values.push(password);
+            values.push(encoded.clone());
+            header(&format!("Basic {encoded}")).map(Some)
+        }
+        _ => Ok(None),
     }
 }
 

@@ -51,6 +51,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::time::Instant;
 
+use super::credentials::{Scrubber, fixed_authorization};
 use crate::adapter::{
     AdapterEnv, ExecContext, ExecError, ProcessGroup, SettingProblem, output_hard_cap,
     resolve_program, unsafe_argument,
@@ -58,7 +59,8 @@ use crate::adapter::{
 use crate::call::CallSignals;
 use crate::canonical::to_canonical_bytes;
 use crate::diagnostic::Refusal;
-use crate::policy::{AdapterConfig, Policy};
+use crate::policy::secrets::{self, SecretValue, Secrets};
+use crate::policy::{AdapterConfig, OutboundSettings, Policy};
 
 mod bounded;
 mod listing;
@@ -137,11 +139,15 @@ pub struct Session {
     supervisor: tokio::sync::Mutex<Supervisor>,
     /// Where the upstream's progress notifications go, by the session's own token.
     routes: Arc<ProgressRoutes>,
+    /// The entry's environment, headers, TLS settings and their scrubber.
+    reach: Reach,
 }
 
 /// The sessions of one policy's MCP servers, while its adapters are built.
 pub(crate) struct Servers {
     sessions: BTreeMap<String, Arc<Session>>,
+    /// The policy's secrets, for the entries' `env`, `headers` and `auth`.
+    secrets: Secrets,
     /// The largest hard cap and longest deadline of the tools of each server.
     bounds: BTreeMap<String, Bounds>,
 }
@@ -176,6 +182,7 @@ impl Servers {
         }
         Servers {
             sessions: BTreeMap::new(),
+            secrets: policy.secrets.clone(),
             bounds,
         }
     }
@@ -211,19 +218,29 @@ impl Servers {
         let key = session_key(config).unwrap_or_default();
         let session = match self.sessions.get(&key) {
             Some(session) => Ok(session.clone()),
-            None => Upstream::build(command.as_deref(), url.as_deref(), env).map(|upstream| {
-                let label = match server {
-                    Some(id) => format!("`{id}`"),
-                    None => upstream.describe(),
-                };
-                let bounds = self.bounds.get(&key).copied().unwrap_or(Bounds {
-                    hard_cap: usize::MAX,
-                    ..Bounds::default()
-                });
-                let session = Arc::new(Session::new(label, upstream, bounds, *max_concurrency));
-                self.sessions.insert(key, session.clone());
-                session
-            }),
+            None => Upstream::build(command.as_deref(), url.as_deref(), env)
+                .and_then(|upstream| {
+                    Reach::build(config, &self.secrets, env).map(|reach| (upstream, reach))
+                })
+                .map(|(upstream, reach)| {
+                    let label = match server {
+                        Some(id) => format!("`{id}`"),
+                        None => upstream.describe(),
+                    };
+                    let bounds = self.bounds.get(&key).copied().unwrap_or(Bounds {
+                        hard_cap: usize::MAX,
+                        ..Bounds::default()
+                    });
+                    let session = Arc::new(Session::new(
+                        label,
+                        upstream,
+                        bounds,
+                        *max_concurrency,
+                        reach,
+                    ));
+                    self.sessions.insert(key, session.clone());
+                    session
+                }),
         };
         match session {
             Ok(session) if problems.is_empty() => Ok(McpAdapter {
@@ -251,13 +268,120 @@ pub enum Upstream {
         args: Vec<String>,
         working_dir: PathBuf,
     },
-    /// A Streamable HTTP endpoint (`http://` only).
+    /// A Streamable HTTP endpoint (`http://` or `https://`, verified against the
+    /// system's roots or the entry's `ca`).
     Http { url: String },
+}
+
+/// What a server's `servers:` entry adds to reaching it: a stdio server's
+/// environment, a Streamable HTTP server's headers (its credential among them) and
+/// TLS and proxy settings, and the scrubber of every secret value among them.
+#[derive(Debug, Default)]
+pub(crate) struct Reach {
+    /// Set in the stdio server's otherwise cleared environment.
+    env: Vec<(String, SecretValue)>,
+    /// Sent with every request to an HTTP server (marked sensitive when secret).
+    headers: Vec<(HeaderName, HeaderValue)>,
+    outbound: OutboundSettings,
+    tools_dir: PathBuf,
+    scrubber: Scrubber,
+}
+
+impl Reach {
+    /// Resolves the entry's `env`, `headers` and `auth` (bearer, basic, mTLS) with the
+    /// policy's secrets.
+    fn build(
+        config: &AdapterConfig,
+        secrets: &Secrets,
+        env: &AdapterEnv,
+    ) -> Result<Reach, Vec<SettingProblem>> {
+        let AdapterConfig::Mcp {
+            env: entry_env,
+            headers: entry_headers,
+            outbound,
+            ..
+        } = config
+        else {
+            return Ok(Reach::default());
+        };
+        let mut problems = Vec::new();
+        let mut values = Vec::new();
+        let mut resolve = |what: &str, text: &str| match secrets::resolve(text, secrets) {
+            Some(value) => {
+                if !secrets::secret_ids(text).is_empty() {
+                    values.push(value.clone());
+                }
+                Some(value)
+            }
+            None => {
+                problems.push(SettingProblem::new(format!(
+                    "{what} refers to a secret that does not resolve"
+                )));
+                None
+            }
+        };
+        let mut reach_env = Vec::new();
+        for (name, text) in entry_env {
+            if let Some(value) = resolve(&format!("env `{name}`"), text) {
+                reach_env.push((name.clone(), SecretValue::new(&value)));
+            }
+        }
+        let mut resolved_headers = Vec::new();
+        for (name, text) in entry_headers {
+            let secret = !secrets::secret_ids(text).is_empty();
+            if let Some(value) = resolve(&format!("header `{name}`"), text) {
+                resolved_headers.push((name, value, secret));
+            }
+        }
+        let mut headers = Vec::new();
+        for (name, value, secret) in resolved_headers {
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(&value),
+            ) {
+                (Ok(n), Ok(mut v)) => {
+                    v.set_sensitive(secret);
+                    headers.push((n, v));
+                }
+                _ => problems.push(SettingProblem::new(format!(
+                    "header `{name}` is not a valid header"
+                ))),
+            }
+        }
+        match &outbound.auth {
+            None | Some(crate::policy::OutboundAuth::Mtls { .. }) => {}
+            Some(
+                auth @ (crate::policy::OutboundAuth::Bearer(_)
+                | crate::policy::OutboundAuth::Basic { .. }),
+            ) => match fixed_authorization(Some(auth), secrets, &mut values) {
+                Ok(Some(value)) => headers.push((hyper::header::AUTHORIZATION, value)),
+                Ok(None) => {}
+                Err(e) => problems.push(SettingProblem::new(e)),
+            },
+            Some(other) => problems.push(
+                SettingProblem::new(format!(
+                    "`auth: {}` is not available for an MCP server in this build",
+                    other.kind()
+                ))
+                .help("use `bearer` or `basic` with a secret, or `mtls`"),
+            ),
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Reach {
+            env: reach_env,
+            headers,
+            outbound: outbound.clone(),
+            tools_dir: env.tools_dir.clone(),
+            scrubber: Scrubber::new(values),
+        })
+    }
 }
 
 impl Upstream {
     /// Checks the settings of an `mcp` adapter: exactly one of a command (whose
-    /// program exists) or an `http://` url.
+    /// program exists) or an `http://` or `https://` url.
     pub(crate) fn build(
         command: Option<&[String]>,
         url: Option<&str>,
@@ -316,13 +440,11 @@ fn http(url: &str) -> Result<Upstream, SettingProblem> {
         SettingProblem::new(format!("url `{url}` {why}"))
             .help("give the server's Streamable HTTP endpoint, e.g. http://127.0.0.1:8000/mcp")
     };
-    if url.starts_with("https://") {
-        return Err(bad("uses https, which this build does not support").help(
-            "reach the server over http on a trusted network, or run it over stdio with `command`",
-        ));
-    }
-    let Some(rest) = url.strip_prefix("http://") else {
-        return Err(bad("is not an absolute http:// url"));
+    let Some(rest) = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+    else {
+        return Err(bad("is not an absolute http:// or https:// url"));
     };
     let uri: hyper::Uri = url.parse().map_err(|_| bad("is not a valid url"))?;
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
@@ -447,6 +569,25 @@ impl McpAdapter {
         ctx: ExecContext<'_>,
         signals: &CallSignals,
     ) -> Result<Value, ExecError> {
+        let result = self.call(arguments, ctx, signals).await;
+        let scrubber = &self.session.reach.scrubber;
+        if scrubber.is_empty() {
+            return result;
+        }
+        // INVARIANT: nothing a server given secrets answered (its results, its
+        // errors, its stderr) leaves the adapter unscrubbed.
+        match result {
+            Ok(value) => Ok(scrubber.value(value)),
+            Err(e) => Err(scrubber.error(e)),
+        }
+    }
+
+    async fn call(
+        &self,
+        arguments: &Value,
+        ctx: ExecContext<'_>,
+        signals: &CallSignals,
+    ) -> Result<Value, ExecError> {
         let session = &self.session;
         let deadline = ctx.deadline;
         let Ok(_slot) = session.slots.clone().try_acquire_owned() else {
@@ -543,7 +684,13 @@ impl McpAdapter {
 }
 
 impl Session {
-    fn new(label: String, upstream: Upstream, bounds: Bounds, max_concurrency: u32) -> Session {
+    fn new(
+        label: String,
+        upstream: Upstream,
+        bounds: Bounds,
+        max_concurrency: u32,
+        reach: Reach,
+    ) -> Session {
         Session {
             label,
             upstream,
@@ -552,6 +699,7 @@ impl Session {
             max_concurrency,
             supervisor: tokio::sync::Mutex::new(Supervisor::default()),
             routes: Arc::default(),
+            reach,
         }
     }
 
@@ -587,6 +735,7 @@ impl Session {
         }
         let opened = open(
             &self.upstream,
+            &self.reach,
             &self.label,
             self.bounds,
             deadline,
@@ -630,6 +779,7 @@ impl Session {
 /// Starts the server (stdio) or connects (HTTP) and runs the MCP handshake.
 async fn open(
     upstream: &Upstream,
+    reach: &Reach,
     label: &str,
     bounds: Bounds,
     deadline: Instant,
@@ -659,6 +809,10 @@ async fn open(
                 if let Some(value) = std::env::var_os(name) {
                     command.env(name, value);
                 }
+            }
+            // The entry's own `env` (secrets among them) last: it wins.
+            for (name, value) in &reach.env {
+                command.env(name, value.expose());
             }
             let mut child = command.spawn().map_err(|e| {
                 ExecError::DependencyDown(format!("could not start mcp server `{argv0}`: {e}"))
@@ -704,7 +858,11 @@ async fn open(
             }
         }
         Upstream::Http { url } => {
-            let http = crate::outbound::builder()
+            let builder =
+                super::outbound_client(&reach.outbound, &reach.tools_dir).map_err(|e| {
+                    ExecError::DependencyDown(format!("could not build an http client: {e}"))
+                })?;
+            let http = builder
                 .pool_max_idle_per_host(0)
                 .connect_timeout(HTTP_CONNECT_TIMEOUT)
                 .read_timeout(bounds.read_timeout)
@@ -713,6 +871,7 @@ async fn open(
                     ExecError::DependencyDown(format!("could not build an http client: {e}"))
                 })?;
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            config.custom_headers = reach.headers.iter().cloned().collect();
             config.max_json_response_size = bounds.hard_cap;
             config.max_sse_event_size = bounds.hard_cap;
             let served = match tap {
@@ -830,8 +989,8 @@ mod tests {
             Upstream::build(Some(&["no-such-program-xyz".into()]), None, &e).unwrap_err();
         assert!(problems[0].message.contains("not found on PATH"));
         assert!(Upstream::build(None, Some("http://127.0.0.1:9/mcp"), &e).is_ok());
+        assert!(Upstream::build(None, Some("https://mcp.example.com/mcp"), &e).is_ok());
         for (url, needle) in [
-            ("https://example.com/mcp", "https"),
             ("ftp://x/mcp", "not an absolute http"),
             ("http://user:pw@host/mcp", "user info"),
             ("http:///mcp", "not a valid url"),

@@ -1117,5 +1117,149 @@ fn policy_diff_reports_a_tool_gaining_a_secret_or_a_changed_auth_as_widening() {
     let auth = find("tool_auth_changed");
     assert_eq!(auth.len(), 1, "{changes:?}");
     assert_eq!(auth[0]["effect"], "widening");
-    assert_eq!(auth[0]["after"]["bearer"], "${secret:token}", "{:?}", auth[0]);
+    assert_eq!(
+        auth[0]["after"]["bearer"], "${secret:token}",
+        "{:?}",
+        auth[0]
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// MCP upstreams: a hosted server over https with a bearer secret, a stdio server
+// given its secret in `env`.
+
+/// tests/mcp/secret_server.py over https (a certificate of `pki`), expecting
+/// `token`; killed on drop.
+struct HttpsMcp {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for HttpsMcp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn https_mcp(dir: &Path, pki: &Pki, token: &str) -> HttpsMcp {
+    use std::io::BufRead;
+    let (cert, key, _, _) = leaf(pki, &["127.0.0.1", "localhost"]);
+    let (cert_path, key_path) = (dir.join("server.pem"), dir.join("server.key"));
+    std::fs::write(&cert_path, cert).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    let mut child = std::process::Command::new(crate::mcp_support::python())
+        .arg(crate::mcp_support::scripts().join("secret_server.py"))
+        .arg("https")
+        .arg(&cert_path)
+        .arg(&key_path)
+        .env("EXPECTED_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no port: {line:?}"));
+    HttpsMcp { child, port }
+}
+
+#[test]
+fn an_https_mcp_server_gets_its_bearer_secret_and_a_stdio_server_its_env_secret_and_neither_leaks()
+{
+    const BEARER: &str = "mcp-bearer-token-42x";
+    const STDIO: &str = "stdio-env-token-77y";
+    let dir = tempfile::tempdir().unwrap();
+    let tools_dir = dir.path().join("tools");
+    std::fs::create_dir_all(&tools_dir).unwrap();
+    let private = pki("mcp");
+    std::fs::write(tools_dir.join("private-ca.pem"), &private.ca_pem).unwrap();
+    secret_file(dir.path(), "mcp.token", BEARER);
+    let upstream = https_mcp(dir.path(), &private, BEARER);
+    let script = crate::mcp_support::scripts().join("secret_server.py");
+    let python = crate::mcp_support::python();
+    let servers = format!(
+        "secrets:\n  - {{id: mcp_token, from: {{file: mcp.token}}}}\n  - {{id: stdio_token, from: {{env: T41_STDIO_TOKEN}}}}\nservers:\n  - server_id: hosted\n    url: \"https://127.0.0.1:{}/mcp\"\n    ca: private-ca.pem\n    auth: {{bearer: \"${{secret:mcp_token}}\"}}\n  - server_id: local\n    command: [{}, {}, stdio]\n    env: {{UPSTREAM_TOKEN: \"${{secret:stdio_token}}\", PLAIN: fixed-value}}\n",
+        upstream.port,
+        json!(python),
+        json!(script)
+    );
+    let mcp_tool = |name: &str, server: &str, tool: &str| {
+        tool_entry(name, "", 20000).replace(
+            "adapter: {kind: http, }",
+            &format!("adapter: {{kind: mcp, server: {server}, tool: {tool}}}"),
+        )
+    };
+    let (policy_dir, tools_file) = write_policy(
+        dir.path(),
+        &servers,
+        &[
+            ("hosted_add", mcp_tool("hosted_add", "hosted", "add")),
+            ("hosted_leak", mcp_tool("hosted_leak", "hosted", "leak")),
+            ("local_leak", mcp_tool("local_leak", "local", "leak")),
+        ],
+    );
+    let data_dir = dir.path().join("var");
+    let server = Server::start_with(Start {
+        policy_dir,
+        tools: tools_file,
+        data_dir: Some(data_dir.clone()),
+        env: vec![("T41_STDIO_TOKEN".into(), STDIO.into())],
+        ..Start::default()
+    });
+    let run = server.create_run(json!({}));
+    let call = |tool: &str, arguments: Value| {
+        crate::common::lab::call(&server, &run, tool, arguments, json!({}))
+    };
+    // uvicorn printed its port before it accepts: retry a refused first call a
+    // bounded number of times.
+    let mut answer = Value::Null;
+    crate::common::poll_until(Duration::from_secs(15), || {
+        answer = call("hosted_add", json!({"a": 2, "b": 3})).1;
+        answer["status"] == "success"
+    });
+    assert_eq!(answer["output"]["sum"], 5, "{answer}");
+    let mut answers = vec![answer];
+    let (status, body) = call("hosted_leak", json!({}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["value"], "[secret]", "{body}");
+    assert_eq!(body["output"]["length"], BEARER.len(), "{body}");
+    answers.push(body);
+    let (status, body) = call("local_leak", json!({}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["value"], "[secret]", "{body}");
+    assert_eq!(
+        body["output"]["length"],
+        STDIO.len(),
+        "the server got its env: {body}"
+    );
+    answers.push(body);
+    let (_, events) = server.get(&format!("/v1/runs/{run}/events"), Some("demo-admin"));
+    answers.push(events);
+    let metrics = server.metrics();
+    let logs = server.log_lines_with("");
+    assert!(server.stop().success());
+    for secret in [BEARER, STDIO] {
+        for answer in &answers {
+            assert!(!answer.to_string().contains(secret), "{secret} in {answer}");
+        }
+        assert!(!metrics.contains(secret));
+        assert!(
+            logs.iter().all(|l| !l.contains(secret)),
+            "{secret} in the logs"
+        );
+        for file in files_under(&data_dir) {
+            let bytes = std::fs::read(&file).unwrap();
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "{secret} in {}",
+                file.display()
+            );
+        }
+    }
 }

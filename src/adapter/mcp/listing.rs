@@ -36,6 +36,7 @@ pub async fn list_tools(upstream: &Upstream, deadline: Instant) -> Result<Listin
     let work = async {
         let connection = open(
             upstream,
+            &Reach::default(),
             &upstream.describe(),
             Bounds {
                 hard_cap: usize::MAX,
