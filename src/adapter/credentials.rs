@@ -198,7 +198,7 @@ pub(crate) enum Credential {
     /// A fixed `Authorization` value (bearer or basic).
     Header(HeaderValue),
     /// An OAuth 2.0 access token, fetched and cached.
-    ClientCredentials(TokenSource),
+    ClientCredentials(Box<TokenSource>),
 }
 
 impl Credential {
@@ -223,10 +223,10 @@ impl Credential {
                 let resolved = ResolvedGrant::new(grant, secrets)?;
                 values.push(resolved.client_secret.clone());
                 values.push(resolved.basic.clone());
-                Ok(Credential::ClientCredentials(TokenSource::new(
+                Ok(Credential::ClientCredentials(Box::new(TokenSource::new(
                     resolved,
                     client.clone(),
-                )))
+                ))))
             }
             Some(OutboundAuth::TokenExchange(_)) => Err(
                 "`token_exchange` is not available in this build: the caller's verified JWT is not handed to adapters yet"

@@ -393,7 +393,7 @@ impl Upstream {
 
 /// The adapter's client: the project's stack, system roots for https, a connect
 /// timeout (TCP and TLS handshake), pooled connections closed after a while idle.
-fn new_client(builder: reqwest::ClientBuilder) -> Result<reqwest::Client, String> {
+pub(crate) fn new_client(builder: reqwest::ClientBuilder) -> Result<reqwest::Client, String> {
     builder
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
@@ -789,7 +789,6 @@ fn expected_matches(url: &reqwest::Url, text: &str) -> Result<(), String> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn allow(entries: &[&str]) -> HostAllowlist {
         HostAllowlist::parse(&entries.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()

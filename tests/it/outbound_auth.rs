@@ -390,7 +390,7 @@ fn failing_endpoints() -> Vec<(&'static str, String)> {
                 let _ = read_request(&mut tcp);
                 let size = 10 * 1024 * 1024;
                 let _ = tcp.write_all(
-                    format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: identity\r\n\r\n{{\"access_token\": \"").as_bytes(),
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"access_token\": \"",
                 );
                 let chunk = vec![b'a'; 64 * 1024];
                 for _ in 0..size / chunk.len() {
@@ -868,9 +868,8 @@ fn bad_secrets_and_auth_are_refused_at_load_with_a_position() {
         },
         Case {
             secrets: secret,
-            adapter: format!(
-                "url: \"http://127.0.0.1:9/${{secret:key}}\", allowed_hosts: [\"127.0.0.1:9\"]"
-            ),
+            adapter: "url: \"http://127.0.0.1:9/${secret:key}\", allowed_hosts: [\"127.0.0.1:9\"]"
+                .to_string(),
             prepare: fine,
             expected: "may not stand here",
         },
@@ -978,6 +977,14 @@ fn bad_secrets_and_auth_are_refused_at_load_with_a_position() {
                 assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
             },
             expected: "not a regular file",
+        },
+        Case {
+            secrets: secret,
+            adapter: format!(
+                "{ok}, auth: {{token_exchange: {{token_url: \"https://sts.example/token\", client_id: c, client_secret: \"${{secret:key}}\", audience: fhir}}}}"
+            ),
+            prepare: fine,
+            expected: "roles without a `jwt` credential can reach it: tester",
         },
         Case {
             secrets: "secrets:\n  - {id: key, from: {file: key.txt, env: KEY}}\n",
@@ -1262,4 +1269,48 @@ fn an_https_mcp_server_gets_its_bearer_secret_and_a_stdio_server_its_env_secret_
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_with_a_proxy_sends_through_it_and_only_to_its_allowed_host() {
+    let dir = tempfile::tempdir().unwrap();
+    // The "proxy" answers itself, recording the absolute-form request it was sent.
+    let (proxy, seen) = http_server(|_| (200, json!({"via": "proxy"}).to_string()));
+    // Nothing listens on the upstream's port: only the proxy can answer.
+    let upstream = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let gate = Gate::new(
+        dir.path(),
+        "",
+        &[(
+            "proxied",
+            tool_entry(
+                "proxied",
+                &format!(
+                    "url: \"http://{upstream}/x\", allowed_hosts: [\"{upstream}\"], proxy: \"http://{proxy}\""
+                ),
+                5000,
+            ),
+        )],
+        &[],
+    );
+    let out = gate.call("proxied", json!({"q": 1})).await.unwrap();
+    assert_eq!(out["via"], "proxy");
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen[0]
+            .head
+            .starts_with(&format!("POST http://{upstream}/x ")),
+        "{}",
+        seen[0].head
+    );
+    // A url argument naming another host is still refused before anything is sent.
+    drop(seen);
+    let r = gate
+        .call("proxied", json!({"u": "http://169.254.169.254/"}))
+        .await
+        .unwrap_err();
+    assert_eq!(r.reason, Reason::ArgumentUnsafe);
 }

@@ -685,6 +685,7 @@ tools:
             registry: Some(parsed::<RegistryFile>("tool_registry.yaml", registry)),
             tools_dir: dir.path(),
             env: &env,
+            read_secrets: true,
         };
         let mut problems = Vec::new();
         let policy = build(input, &mut problems);
@@ -866,6 +867,7 @@ tools:
             registry: Some(parsed::<RegistryFile>("tool_registry.yaml", REGISTRY)),
             tools_dir: dir.path(),
             env: &env,
+            read_secrets: true,
         };
         let mut found = Vec::new();
         assert!(build(input, &mut found).is_none());

@@ -384,6 +384,13 @@ pub(super) fn check_outbound(
     allowed
 }
 
+/// An entry's `auth`, `ca` and `proxy`, as written.
+type Given<'a> = (
+    Option<&'a Spanned<RawAuth>>,
+    Option<&'a Spanned<String>>,
+    Option<&'a Spanned<String>>,
+);
+
 type ServerSettings = (
     BTreeMap<String, String>,
     BTreeMap<String, String>,
@@ -494,11 +501,7 @@ fn outbound_settings(
     report: &mut Report<'_>,
     file: &str,
     owner: &str,
-    (auth, ca, proxy): (
-        Option<&Spanned<RawAuth>>,
-        Option<&Spanned<String>>,
-        Option<&Spanned<String>>,
-    ),
+    (auth, ca, proxy): Given<'_>,
     declared: &BTreeSet<String>,
     allowed: &mut Allowed,
 ) -> OutboundSettings {
