@@ -74,7 +74,7 @@ pub fn explain_command(args: &ExplainArgs) -> Exit {
             return Exit::InvalidConfig;
         }
     };
-    let loaded = match Loaded::load(
+    let loaded = match Loaded::load_offline(
         &args.location.policy_dir,
         &args.location.tools,
         Path::new("var"),

@@ -47,7 +47,7 @@ pub fn replay_command(args: &ReplayArgs) -> Exit {
             }
         },
     };
-    let candidate = match Loaded::load(&args.policy_dir, &args.tools, Path::new("var")) {
+    let candidate = match Loaded::load_offline(&args.policy_dir, &args.tools, Path::new("var")) {
         Ok(l) => l,
         Err(problems) => {
             return not_loaded(

@@ -24,7 +24,7 @@ pub struct TestArgs {
 }
 
 pub fn test_command(args: &TestArgs) -> Exit {
-    let loaded = match Loaded::load(
+    let loaded = match Loaded::load_offline(
         &args.location.policy_dir,
         &args.location.tools,
         Path::new("var"),

@@ -74,6 +74,21 @@ impl Loaded {
         Ok(Loaded::new(policy, adapters))
     }
 
+    /// [`Loaded::load`] for the offline reviews (`policy explain`, `policy test`,
+    /// `audit replay`), which decide and never execute: secrets are not read (each
+    /// stands as a placeholder), so they run where the secrets are not, as in CI.
+    pub fn load_offline(
+        policy_dir: &Path,
+        tools_file: &Path,
+        data_dir: &Path,
+    ) -> Result<Loaded, Vec<Problem>> {
+        let policy =
+            crate::policy::load_for_review(policy_dir, tools_file, &|var| std::env::var(var).ok())?;
+        let env = adapter_env(tools_file, data_dir);
+        let adapters = crate::adapter::build(&policy, &env)?;
+        Ok(Loaded::new(policy, adapters))
+    }
+
     pub fn new(policy: Policy, adapters: Adapters) -> Loaded {
         let concurrency = policy
             .tools

@@ -1310,3 +1310,45 @@ async fn a_tool_with_a_proxy_sends_through_it_and_only_to_its_allowed_host() {
         .unwrap_err();
     assert_eq!(r.reason, Reason::ArgumentUnsafe);
 }
+
+#[test]
+fn policy_explain_runs_without_the_secrets_and_policy_check_refuses_them_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let adapter = "url: \"http://127.0.0.1:9/x\", allowed_hosts: [\"127.0.0.1:9\"], headers: {x-key: \"${secret:key}\"}";
+    write_policy(
+        dir.path(),
+        "secrets:\n  - {id: key, from: {env: T41_UNSET_SECRET}}\n",
+        &[("t", tool_entry("t", adapter, 5000))],
+    );
+    let run = |args: &[&str]| {
+        std::process::Command::new(crate::common::BIN)
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("T41_UNSET_SECRET")
+            .output()
+            .unwrap()
+    };
+    let explain = run(&[
+        "policy", "explain", "--role", "tester", "--lane", "lab", "--tool", "t", "--format", "json",
+    ]);
+    let text = String::from_utf8_lossy(&explain.stdout);
+    assert_eq!(
+        explain.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&explain.stderr)
+    );
+    assert!(text.contains("\"decision\":\"allow\""), "{text}");
+    assert!(!text.contains("policy-review-placeholder"), "{text}");
+    let check = run(&["policy", "check"]);
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert_ne!(check.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("tool_registry.yaml:3:") && out.contains("`T41_UNSET_SECRET` is not set"),
+        "{out}"
+    );
+}
