@@ -3,7 +3,7 @@
 //!
 //! A connection over either connection cap is not left waiting in the accept queue:
 //! it is admitted as an *overflow* connection, which answers `/healthz` and `/readyz`
-//! and refuses everything else with a structured 429 (see `server.rs`). Overflow
+//! and refuses everything else with a structured 429 (see `server/overflow.rs`). Overflow
 //! connections are bounded too ([`MAX_OVERFLOW`]); beyond that a connection is closed
 //! at once. So a flood of idle sockets can neither exhaust the service for other
 //! clients nor make the health endpoints unanswerable.

@@ -1,6 +1,8 @@
-//! The 13-step tool-call pipeline of the gateway contract, in order, in one function
-//! ([`Gateway::handle`]). A step that fails stops the call there: the refusal skips to
-//! step 12 (the closing audit event) and step 13 (the response).
+//! The 13-step tool-call pipeline of the gateway contract, in order ([`Gateway::handle`]):
+//! `run_steps` takes a call through steps 1-11 and returns how it ended, and `steps`
+//! closes it with its one `close` (steps 12 and 13). A step that fails stops the call
+//! there: its refusal (`?`) skips to step 12 (the closing audit event) and step 13 (the
+//! response).
 //!
 //! INVARIANT: a tool is executed only after steps 2-8 passed and its `tool_requested`
 //! event is durable (step 9); every call, allowed or not, ends with exactly one closing
@@ -26,11 +28,14 @@ use crate::canonical::{Portable, sha256_hex, to_canonical_bytes};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::add_refusal;
 use crate::gateway::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX, Gateway, Loaded, SafetyLock};
-use crate::idempotency::{Claim, Key, MAX_INLINE_OUTPUT_BYTES, Outcome};
+use crate::idempotency::{Claim, MAX_INLINE_OUTPUT_BYTES, Outcome};
 use crate::observe::metrics::{AppendKind, CallRecord};
 use crate::observe::trace::{self, TraceParent};
 use crate::policy::{Redaction, Role, Tool};
 use crate::runs::RunRecord;
+
+mod held;
+use held::{Claimed, Held, HeldKey, KeyClaim};
 
 /// How long past its deadline an adapter may take to report the timeout before the
 /// pipeline stops waiting (the adapter's own kill runs at the deadline).
@@ -47,6 +52,24 @@ struct Allowed<'p> {
     scope: authz::EffectiveScope,
     /// The validated, sanitized, normalized arguments: what runs and what is hashed.
     arguments: Value,
+}
+
+/// How steps 1-11 ended a call they did not refuse: what steps 12 and 13 record and
+/// answer (a refusal is the other way a call ends).
+enum Ended {
+    /// Executed and captured (step 11), with the closing event's details.
+    Executed(Captured, Map<String, Value>),
+    /// A dry run that steps 1-8 allowed: audited as `tool_allowed`, never executed.
+    DryRun,
+    /// A repeat of an idempotent call: the first call's outcome, nothing executed.
+    Replay(Outcome),
+}
+
+/// Why step 10 failed, and whether the request reached the tool: false only when the
+/// adapter says nothing was sent to it ([`ExecError::reached_tool`]).
+struct ExecFailure {
+    refusal: Refusal,
+    reached_tool: bool,
 }
 
 /// What a successful execution produced (step 11).
@@ -330,7 +353,9 @@ impl Gateway {
         response
     }
 
-    /// The 13 steps.
+    /// The 13 steps. Steps 1-11 ([`Gateway::run_steps`]) end the call one way or
+    /// another; steps 12 and 13 close it here, once, and what the call held on the way
+    /// is settled once after that.
     async fn steps(
         &self,
         token: Option<&str>,
@@ -340,58 +365,194 @@ impl Gateway {
         // One policy snapshot for the whole call: a reload never mixes two policies.
         let loaded: Arc<Loaded> = self.current();
         let mut call = Call::new(&request, loaded.shared_versions());
+        let mut held = Held::default();
+        let ended = self
+            .run_steps(&loaded, token, request, signals, &mut call, &mut held)
+            .await;
+        // An admitted call that reached no tool executed nothing: it is not counted.
+        if !call.executed {
+            held.admission.refund().await;
+        }
+        let call_id = call.call_id.clone();
+        // 12. emit audit event: tool_executed | tool_failed | tool_denied | tool_timeout
+        // 13. return the response
+        let response = self.close(call, ended).await;
+        held.settle(self, &call_id, &response).await;
+        response
+    }
+
+    /// Steps 1-11 of one call, up to how it ended: executed, a dry run, a repeat of an
+    /// idempotent call, or refused at the step its refusal names. What the call holds
+    /// on the way (its budget counts, its idempotency key, an approval to give back, a
+    /// prepared commit) is kept in `held`.
+    async fn run_steps(
+        &self,
+        loaded: &Loaded,
+        token: Option<&str>,
+        request: Received,
+        signals: &CallSignals,
+        call: &mut Call,
+        held: &mut Held,
+    ) -> Result<Ended, Refusal> {
         // Shadow mode: a copy of the request is also decided under the candidate policy.
         let shadowed = self.shadow_copy(&request);
 
         // 1. (before anything else) the audit log must have room for this call
         if let Some(refusal) = self.capacity_refusal() {
-            return self.close(call, Err(refusal)).await;
+            return Err(refusal);
         }
-
-        // In a fleet (`serve --cluster-db`) the run, the run token and the safety lock
-        // are confirmed from the cluster database, the authority; it being down (or
-        // the lock unconfirmed) refuses the call.
-        let fleet = self.cluster().is_some();
-        let fleet_run = match &request {
-            Ok(r) if fleet => match self.fleet_preflight(token, &r.run_id).await {
-                Ok(run) => run,
-                Err(refusal) => return self.close(call, Err(refusal)).await,
-            },
-            _ => None,
-        };
-
-        // A run no longer in memory (closed long ago) is read back from the log, so
-        // step 3 still knows it.
-        let evicted = match &request {
-            _ if fleet => fleet_run,
-            Ok(r) if !self.runs.contains(&r.run_id) => {
-                match self.runs.load(&self.audit, &r.run_id).await {
-                    Ok(found) => found,
-                    Err(e) => {
-                        // Unknown is not "does not exist": refuse rather than guess.
-                        let refusal = Refusal::new(
-                            Reason::AuditUnavailable,
-                            format!("the run could not be looked up in the audit log: {e}"),
-                        )
-                        .at_step(3);
-                        return self.close(call, Err(refusal)).await;
-                    }
-                }
-            }
-            _ => None,
-        };
+        // The run when it is not in memory: confirmed by the cluster database in a
+        // fleet, read back from the log when it closed long ago.
+        let unheld = self.unheld_run(token, &request).await?;
 
         // 1-8. decide: receive the request and run the authorization checks
+        let allowed = self
+            .authorize(loaded, token, request, shadowed, unheld, call)
+            .await?;
+        // 8. (counted) the budgets and rates: claimed at admission, all or none, so a
+        //    denied call never counts and concurrent calls never count past a limit;
+        //    a dry run is checked, not counted
+        held.admission = self
+            .admit(&call.trace.limits, !call.dry_run)
+            .await
+            .inspect_err(|_| call.trace.passed_step = 7)?;
+        if call.dry_run {
+            return Ok(Ended::DryRun);
+        }
+        // A two-phase tool's commit must be holdable before anything runs.
+        if allowed.tool.phases.is_some() {
+            self.two_phase_room()?;
+        }
+
+        // 8a. human approval: a call the policy requires approval for runs only under
+        //     an approval granted for this exact call, claimed once (the store is
+        //     read here, outside the pure decision); waiting for (or refused) an
+        //     approval executes nothing
+        if !call.trace.approval.is_empty() {
+            self.approval_gate(&allowed, call).await?;
+        }
+
+        // 9. emit audit event: tool_requested (durable before anything runs; once per
+        //    idempotency key, arguments and scope: a repeat returns the first outcome
+        //    and writes its own closing event referring to the first call)
+        if let Some(claim) = KeyClaim::of(&allowed) {
+            match self.claim_key(claim, &allowed, call, signals, held).await? {
+                Claimed::First(key) => held.key = Some(key),
+                Claimed::Repeat(first) => return Ok(Ended::Replay(first)),
+            }
+        }
+        let event = call.event(self, EventType::ToolRequested);
+        self.append_timed(event, AppendKind::Requested)
+            .await
+            .map_err(|e| {
+                Refusal::new(
+                    Reason::AuditUnavailable,
+                    format!("the audit log could not record the request: {e}"),
+                )
+            })?;
+        call.trace.passed_step = 9;
+
+        let captured = async {
+            // 10. execute the tool via its adapter (within its concurrency limit and
+            //     deadline); a two-phase tool's commit token is taken out of its output
+            let (output, tool_ms, commit_token) =
+                self.execute_step(loaded, &allowed, call, signals).await?;
+            call.trace.passed_step = 10;
+
+            // 11. capture output and register derived artifacts
+            let captured = self
+                .capture(&allowed, &call.call_id, output, tool_ms)
+                .instrument(trace::step_span("capture", 11))
+                .await?;
+            call.trace.passed_step = 11;
+            Ok((captured, commit_token))
+        }
+        .await;
+        held.executed(captured.as_ref().err(), call, &allowed);
+        let (captured, commit_token) = captured?;
+        // A prepared call is held (durably) before its response says so.
+        let mut details = match (commit_token, &allowed.tool.phases) {
+            (Some(token), Some(phases)) => {
+                let ids = crate::gateway::phases::Prepared {
+                    call_id: &call.call_id,
+                    run_id: &allowed.run.run_id,
+                    role_id: &allowed.role.role_id,
+                    lane_id: &allowed.request.lane_id,
+                    tool_name: &allowed.tool.tool_name,
+                    tool_version: call.tool_version.as_deref().unwrap_or_default(),
+                };
+                let details = self
+                    .record_prepared(ids, token, phases.commit_within_s)
+                    .await?;
+                held.prepared = true;
+                details
+            }
+            _ => Map::new(),
+        };
+        details.insert("tool_ms".into(), json!(captured.tool_ms));
+        if !allowed.tool.write_targets.is_empty() {
+            details.insert("write_targets".into(), json!(allowed.tool.write_targets));
+        }
+        if let Some(artifact) = &captured.artifact {
+            details.insert("artifact".into(), json!(artifact));
+        }
+        Ok(Ended::Executed(captured, details))
+    }
+
+    /// The run of a call when the gateway may not hold it in memory. In a fleet
+    /// (`serve --cluster-db`) the run, the run token and the safety lock are confirmed
+    /// from the cluster database, the authority; it being down (or the lock
+    /// unconfirmed) refuses the call. Otherwise a run no longer in memory (closed long
+    /// ago) is read back from the log, so step 3 still knows it.
+    async fn unheld_run(
+        &self,
+        token: Option<&str>,
+        request: &Received,
+    ) -> Result<Option<RunRecord>, Refusal> {
+        let Ok(request) = request else {
+            return Ok(None);
+        };
+        if self.cluster().is_some() {
+            return self.fleet_preflight(token, &request.run_id).await;
+        }
+        if self.runs.contains(&request.run_id) {
+            return Ok(None);
+        }
+        self.runs
+            .load(&self.audit, &request.run_id)
+            .await
+            .map_err(|e| {
+                // Unknown is not "does not exist": refuse rather than guess.
+                Refusal::new(
+                    Reason::AuditUnavailable,
+                    format!("the run could not be looked up in the audit log: {e}"),
+                )
+                .at_step(3)
+            })
+    }
+
+    /// Steps 1-8 of a live call: its credential resolved, then the pure decision, with
+    /// (in shadow mode) a copy of the request queued for the candidate policy.
+    async fn authorize<'l>(
+        &self,
+        loaded: &'l Loaded,
+        token: Option<&str>,
+        request: Received,
+        shadowed: Option<CallRequest>,
+        unheld: Option<RunRecord>,
+        call: &mut Call,
+    ) -> Result<Allowed<'l>, Refusal> {
+        let fleet = self.cluster().is_some();
         let lock = self.safety_lock();
-        let evicted = evicted.map(Arc::new);
+        let unheld = unheld.map(Arc::new);
         let runs = |run_id: &str| {
             if fleet {
                 // Only what the cluster database said just now.
-                return evicted.clone().filter(|r| r.run_id == run_id);
+                return unheld.clone().filter(|r| r.run_id == run_id);
             }
             self.runs
                 .shared(run_id)
-                .or_else(|| evicted.clone().filter(|r| r.run_id == run_id))
+                .or_else(|| unheld.clone().filter(|r| r.run_id == run_id))
         };
         // The credential is resolved here (a run token: table lookup, clock, run
         // status; a bearer JWT: key-set cache, clock); who it proves is decided in
@@ -400,7 +561,7 @@ impl Gateway {
         call.caller = credential.caller_json();
         let caller = credential.caller();
         let decided = trace::step_span("authorize", 8)
-            .in_scope(|| decide(&loaded, caller, request, &runs, &lock, &mut call));
+            .in_scope(|| decide(loaded, caller, request, &runs, &lock, call));
         if let Some(copy) = shadowed
             && !lock.engaged
         {
@@ -414,293 +575,128 @@ impl Gateway {
                 &loaded.policy.versions,
             );
         }
+        decided
+    }
 
-        let allowed = match decided {
-            Ok(allowed) => allowed,
-            Err(refusal) => return self.close(call, Err(refusal)).await,
-        };
-        // 8. (counted) the budgets and rates: claimed at admission, all or none, so a
-        //    denied call never counts and concurrent calls never count past a limit;
-        //    a dry run is checked, not counted
-        let ticket = match self.admit(&call.trace.limits, !call.dry_run).await {
-            Ok(ticket) => ticket,
-            Err(refusal) => {
-                call.trace.passed_step = 7;
-                return self.close(call, Err(refusal)).await;
-            }
-        };
-        if call.dry_run {
-            return self.close_dry_run(call).await;
-        }
-        // A two-phase tool's commit must be holdable before anything runs.
-        if allowed.tool.phases.is_some()
-            && let Err(refusal) = self.two_phase_room()
-        {
-            self.refund(ticket).await;
-            return self.close(call, Err(refusal)).await;
-        }
-
-        // 8a. human approval: a call the policy requires approval for runs only under
-        //     an approval granted for this exact call, claimed once (the store is
-        //     read here, outside the pure decision)
-        if !call.trace.approval.is_empty()
-            && let Err(refusal) = self.approval_gate(&allowed, &mut call).await
-        {
-            // Waiting for (or refused) an approval executes nothing: not counted.
-            self.refund(ticket).await;
-            return self.close(call, Err(refusal)).await;
-        }
-
-        // 9. emit audit event: tool_requested (durable before anything runs; once per
-        //    idempotency key, arguments and scope: a repeat returns the first outcome
-        //    and writes its own closing event referring to the first call)
-        // In a fleet the key is claimed in the cluster database instead of the
-        // in-memory table: one sidecar of the fleet executes, every repeat replays.
-        let mut fleet_key: Option<Key> = None;
-        if let (Some(cluster), Some(key)) = (self.cluster(), &allowed.request.idempotency_key) {
-            let key = Key {
-                run_id: allowed.run.run_id.clone(),
-                role_id: allowed.role.role_id.clone(),
-                tool_name: allowed.tool.tool_name.clone(),
-                idempotency_key: key.clone(),
-            };
-            let fingerprint = sha256_hex(&to_canonical_bytes(&json!({
-                "arguments": allowed.arguments,
-                "scope": allowed.request.scope,
-            })));
+    /// Step 9's claim of the call's idempotency key. In a fleet the key is claimed in
+    /// the cluster database instead of the in-memory table: one sidecar of the fleet
+    /// executes, every repeat replays. A repeat executes nothing: it is not counted.
+    async fn claim_key(
+        &self,
+        claim: KeyClaim,
+        allowed: &Allowed<'_>,
+        call: &Call,
+        signals: &CallSignals,
+        held: &mut Held,
+    ) -> Result<Claimed, Refusal> {
+        if let Some(cluster) = self.cluster() {
             let wait = Duration::from_millis(allowed.tool.limits.timeout_ms_max)
                 .saturating_add(FLEET_CLAIM_SLACK)
                 .min(FLEET_CLAIM_WAIT_MAX);
-            match self.fleet_claim(cluster, &key, &fingerprint, wait).await {
-                Ok(None) => fleet_key = Some(key),
-                Ok(Some(first)) => {
-                    // A repeat executes nothing: it is not counted.
-                    self.refund(ticket).await;
-                    let first = Outcome {
-                        response: Arc::new(first),
-                        spilled_output: None,
-                        bytes: 0,
-                    };
-                    return self.close_replay(call, first).await;
+            let first = self
+                .fleet_claim(cluster, &claim.key, &claim.fingerprint, wait)
+                .await?;
+            return Ok(match first {
+                None => Claimed::First(HeldKey::Fleet(claim.key)),
+                Some(first) => Claimed::Repeat(Outcome {
+                    response: Arc::new(first),
+                    spilled_output: None,
+                    bytes: 0,
+                }),
+            });
+        }
+        let claimed = self.idempotency.claim(claim.key, &claim.fingerprint);
+        if !matches!(claimed, Claim::First(_)) {
+            // Given back now, not once the first call's outcome was waited for.
+            held.admission.refund().await;
+        }
+        match claimed {
+            Claim::First(guard) => Ok(Claimed::First(HeldKey::Local(guard))),
+            Claim::Replay(first) => Ok(Claimed::Repeat(first)),
+            Claim::Wait(outcome) => self
+                .wait_for_first(outcome, allowed, call, signals)
+                .await
+                .map(Claimed::Repeat),
+            Claim::Conflict => Err(Refusal::new(
+                Reason::IdempotencyConflict,
+                "`idempotency_key` was already used with different arguments or another scope",
+            )),
+        }
+    }
+
+    /// A repeat of a call that is still running waits for its outcome within its own
+    /// deadline, and no longer than its caller does.
+    async fn wait_for_first(
+        &self,
+        mut outcome: tokio::sync::watch::Receiver<Option<Outcome>>,
+        allowed: &Allowed<'_>,
+        call: &Call,
+        signals: &CallSignals,
+    ) -> Result<Outcome, Refusal> {
+        let (timeout_ms, deadline) = call_deadline(allowed, call);
+        tokio::select! {
+            first = outcome.wait_for(Option::is_some) => {
+                first.ok().and_then(|f| f.clone()).ok_or_else(|| Refusal::new(
+                    Reason::InternalError,
+                    "the first call with this idempotency key ended without an outcome",
+                ))
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                let refusal = Adapter::classify_error(allowed.tool, &ExecError::Timeout);
+                Err(Refusal {
+                    message: format!(
+                        "the first call with this idempotency key did not finish within this call's {timeout_ms} ms"
+                    ),
+                    ..refusal
                 }
-                Err(refusal) => {
-                    self.refund(ticket).await;
-                    return self.close(call, Err(refusal)).await;
-                }
+                .with_details(json!({ "timeout_ms": timeout_ms, "reached_tool": false })))
+            }
+            () = self.shutting_down() => {
+                Err(Adapter::classify_error(allowed.tool, &ExecError::Cancelled))
+            }
+            () = signals.cancel.cancelled() => {
+                Err(Adapter::classify_error(allowed.tool, &ExecError::Cancelled))
             }
         }
-        let guard = match &allowed.request.idempotency_key {
+    }
+
+    /// Step 10: the tool runs within its concurrency limit (its slot is held while it
+    /// runs) and its deadline. Returns its output, how long it took and, for a
+    /// two-phase tool's prepare, the commit token taken out of the output before
+    /// anything else (output schema, response, audit) sees it.
+    async fn execute_step(
+        &self,
+        loaded: &Loaded,
+        allowed: &Allowed<'_>,
+        call: &mut Call,
+        signals: &CallSignals,
+    ) -> Result<(Value, u64, Option<String>), Refusal> {
+        let executed = {
+            let _slot = loaded.acquire(allowed.tool)?;
+            call.executed = true;
+            let started = Instant::now();
+            let evidence = crate::sandbox::EvidenceSlot::default();
+            let executed = self
+                .execute(allowed, call, signals, &evidence)
+                .instrument(trace::step_span("execute", 10))
+                .await;
+            call.tool_time = Some(started.elapsed());
+            call.sandbox = evidence.into_inner().ok().flatten();
+            executed
+        };
+        let (mut output, tool_ms) = executed.map_err(|failed| {
+            // Nothing was sent to the tool: no side effect can have happened.
+            call.executed = failed.reached_tool;
+            failed.refusal
+        })?;
+        let commit_token = match &allowed.tool.phases {
+            Some(phases) => Some(
+                crate::adapter::take_token(&mut output, &phases.token_field)
+                    .map_err(|e| Adapter::classify_error(allowed.tool, &e).at_step(10))?,
+            ),
             None => None,
-            Some(_) if fleet_key.is_some() => None,
-            Some(key) => {
-                let key = Key {
-                    run_id: allowed.run.run_id.clone(),
-                    role_id: allowed.role.role_id.clone(),
-                    tool_name: allowed.tool.tool_name.clone(),
-                    idempotency_key: key.clone(),
-                };
-                // The run is in the key; with the call's scope, that fixes the
-                // effective scope.
-                let fingerprint = sha256_hex(&to_canonical_bytes(&json!({
-                    "arguments": allowed.arguments,
-                    "scope": allowed.request.scope,
-                })));
-                let claimed = self.idempotency.claim(key, &fingerprint);
-                if !matches!(claimed, Claim::First(_)) {
-                    // A repeat executes nothing: it is not counted.
-                    self.refund(ticket.clone()).await;
-                }
-                match claimed {
-                    Claim::First(guard) => Some(guard),
-                    Claim::Replay(first) => return self.close_replay(call, first).await,
-                    Claim::Wait(mut outcome) => {
-                        // The repeat waits within its own deadline, and no longer than
-                        // its caller does.
-                        let (timeout_ms, deadline) = call_deadline(&allowed, &call);
-                        let waited = tokio::select! {
-                            first = outcome.wait_for(Option::is_some) => {
-                                first.ok().and_then(|f| f.clone()).ok_or_else(|| Refusal::new(
-                                    Reason::InternalError,
-                                    "the first call with this idempotency key ended without an outcome",
-                                ))
-                            }
-                            () = tokio::time::sleep_until(deadline) => {
-                                let refusal = Adapter::classify_error(allowed.tool, &ExecError::Timeout);
-                                Err(Refusal {
-                                    message: format!(
-                                        "the first call with this idempotency key did not finish within this call's {timeout_ms} ms"
-                                    ),
-                                    ..refusal
-                                }
-                                .with_details(json!({ "timeout_ms": timeout_ms, "reached_tool": false })))
-                            }
-                            () = self.shutting_down() => {
-                                Err(Adapter::classify_error(allowed.tool, &ExecError::Cancelled))
-                            }
-                            () = signals.cancel.cancelled() => {
-                                Err(Adapter::classify_error(allowed.tool, &ExecError::Cancelled))
-                            }
-                        };
-                        return match waited {
-                            Ok(first) => self.close_replay(call, first).await,
-                            Err(refusal) => self.close(call, Err(refusal)).await,
-                        };
-                    }
-                    Claim::Conflict => {
-                        let refusal = Refusal::new(
-                            Reason::IdempotencyConflict,
-                            "`idempotency_key` was already used with different arguments or another scope",
-                        );
-                        return self.close(call, Err(refusal)).await;
-                    }
-                }
-            }
         };
-        let appended = self
-            .append_timed(
-                call.event(self, EventType::ToolRequested),
-                AppendKind::Requested,
-            )
-            .await;
-        if let Err(e) = appended {
-            let refusal = Refusal::new(
-                Reason::AuditUnavailable,
-                format!("the audit log could not record the request: {e}"),
-            );
-            self.refund(ticket).await;
-            return self.close(call, Err(refusal)).await;
-        }
-        call.trace.passed_step = 9;
-
-        // 10. execute the tool via its adapter (within its concurrency limit and deadline)
-        let executed = match loaded.acquire(allowed.tool) {
-            Err(refusal) => Err(refusal),
-            Ok(_slot) => {
-                call.executed = true;
-                let started = Instant::now();
-                let evidence = crate::sandbox::EvidenceSlot::default();
-                let executed = self
-                    .execute(&allowed, &call, signals, &evidence)
-                    .instrument(trace::step_span("execute", 10))
-                    .await;
-                call.tool_time = Some(started.elapsed());
-                call.sandbox = evidence.into_inner().ok().flatten();
-                if let Err(refusal) = &executed
-                    && refusal.details["reached_tool"] == json!(false)
-                {
-                    // Nothing was sent to the tool: no side effect can have happened.
-                    call.executed = false;
-                }
-                executed
-            }
-        };
-        // A two-phase tool's prepare answers a commit token: taken out of the output
-        // here, before anything else (output schema, response, audit) sees it.
-        let mut commit_token = None;
-        let executed = match (executed, &allowed.tool.phases) {
-            (Ok((mut output, tool_ms)), Some(phases)) => {
-                match crate::adapter::take_token(&mut output, &phases.token_field) {
-                    Ok(token) => {
-                        commit_token = Some(token);
-                        Ok((output, tool_ms))
-                    }
-                    Err(e) => Err(Adapter::classify_error(allowed.tool, &e).at_step(10)),
-                }
-            }
-            (executed, _) => executed,
-        };
-        if executed.is_ok() {
-            call.trace.passed_step = 10;
-        }
-
-        // 11. capture output and register derived artifacts
-        let captured = match executed {
-            Ok((output, tool_ms)) => {
-                self.capture(&allowed, &call.call_id, output, tool_ms)
-                    .instrument(trace::step_span("capture", 11))
-                    .await
-            }
-            Err(refusal) => Err(refusal),
-        };
-        if captured.is_ok() {
-            call.trace.passed_step = 11;
-        }
-
-        // 12. emit audit event: tool_executed | tool_failed | tool_denied | tool_timeout
-        // 13. return the response
-        // The key is released (a retry executes again) when nothing reached the tool,
-        // when the caller cancelled the call, or when the failure is retryable for an
-        // idempotent tool.
-        let keep = !matches!(&captured,
-            Err(r) if !call.executed
-                || r.reason == Reason::Cancelled
-                || (call.retry_safe && r.diagnostic().retryable));
-        // Likewise an approval: used up only once something may have reached the tool.
-        // The closing event says it is given back before the store takes it back (the
-        // log leads the store in what an approval allows: approvals::evidence).
-        let release = match &mut call.approval {
-            Some(Value::Object(approval))
-                if captured.is_err() && !call.executed && approval.contains_key("approved_by") =>
-            {
-                approval.insert("released".into(), json!(true));
-                allowed.request.approval_id.clone()
-            }
-            _ => None,
-        };
-        // A prepared call is held (durably) before its response says so.
-        let (captured, prepared) = match (captured, commit_token, &allowed.tool.phases) {
-            (Ok(captured), Some(token), Some(phases)) => {
-                let ids = crate::gateway::phases::Prepared {
-                    call_id: &call.call_id,
-                    run_id: &allowed.run.run_id,
-                    role_id: &allowed.role.role_id,
-                    lane_id: &allowed.request.lane_id,
-                    tool_name: &allowed.tool.tool_name,
-                    tool_version: call.tool_version.as_deref().unwrap_or_default(),
-                };
-                match self
-                    .record_prepared(ids, token, phases.commit_within_s)
-                    .await
-                {
-                    Ok(details) => (Ok(captured), Some(details)),
-                    Err(refusal) => (Err(refusal), None),
-                }
-            }
-            (captured, _, _) => (captured, None),
-        };
-        let call_id = call.call_id.clone();
-        if !call.executed {
-            // Nothing reached the tool (e.g. over its max_concurrency): not counted.
-            self.refund(ticket).await;
-        }
-        let held = prepared.is_some();
-        let response = self
-            .close_executed(call, &allowed, captured, prepared)
-            .await;
-        if let Some(approval_id) = release
-            && response.audit_event_id.is_some()
-        {
-            // Recorded as given back: the agent's retry may run under it.
-            self.release_approval(&approval_id, &call_id).await;
-        }
-        if held && response.status != Status::Success {
-            // The caller was not told of the prepared call: nobody can commit it.
-            self.abandon_prepared(&call_id).await;
-        }
-        // An outcome the log could not record is never the key's answer when the
-        // caller is told to retry: the retry must run (or record) again, not replay it.
-        let keep = keep
-            && !response
-                .diagnostic
-                .as_ref()
-                .is_some_and(|d| d.reason == Reason::AuditUnavailable && d.retryable);
-        if let Some(guard) = guard {
-            guard.complete(self.stored_outcome(&response).await, keep);
-        }
-        if let (Some(key), Some(cluster)) = (fleet_key, self.cluster()) {
-            self.fleet_complete(cluster, &key, &response, keep).await;
-        }
-        response
+        Ok((output, tool_ms, commit_token))
     }
 
     /// The approval gate (after step 8): without `approval_id`, requests an approval
@@ -808,7 +804,7 @@ impl Gateway {
                     Reason::InternalError,
                     "the stored outcome of the first call with this idempotency key could not be read",
                 );
-                return self.close(call, Err(refusal)).await;
+                return self.close_outcome(call, Err(refusal)).await;
             };
             response.output = Some(output);
         }
@@ -867,7 +863,7 @@ impl Gateway {
         call: &Call,
         signals: &CallSignals,
         evidence: &crate::sandbox::EvidenceSlot,
-    ) -> Result<(Value, u64), Refusal> {
+    ) -> Result<(Value, u64), ExecFailure> {
         let tool = allowed.tool;
         let (timeout_ms, deadline) = call_deadline(allowed, call);
         let started = Instant::now();
@@ -912,9 +908,12 @@ impl Gateway {
                     "`{}` did not finish within {timeout_ms} ms and was terminated",
                     tool.tool_name
                 );
-                Refusal { message, ..refusal }.with_details(json!({ "timeout_ms": timeout_ms }))
-            } else {
-                refusal
+                refusal = Refusal { message, ..refusal }
+                    .with_details(json!({ "timeout_ms": timeout_ms }));
+            }
+            ExecFailure {
+                refusal,
+                reached_tool: e.reached_tool() != Some(false),
             }
         })
     }
@@ -990,30 +989,6 @@ impl Gateway {
         }
     }
 
-    /// Steps 12 and 13 for an executed call.
-    async fn close_executed(
-        &self,
-        call: Call,
-        allowed: &Allowed<'_>,
-        captured: Result<Captured, Refusal>,
-        prepared: Option<Map<String, Value>>,
-    ) -> CallResponse {
-        match captured {
-            Err(refusal) => self.close(call, Err(refusal)).await,
-            Ok(captured) => {
-                let mut details = prepared.unwrap_or_default();
-                details.insert("tool_ms".into(), json!(captured.tool_ms));
-                if !allowed.tool.write_targets.is_empty() {
-                    details.insert("write_targets".into(), json!(allowed.tool.write_targets));
-                }
-                if let Some(artifact) = &captured.artifact {
-                    details.insert("artifact".into(), json!(artifact));
-                }
-                self.close(call, Ok((captured, details))).await
-            }
-        }
-    }
-
     /// Appends one event (step 9 or 12) in its trace span and records how long it took.
     async fn append_timed(
         &self,
@@ -1053,14 +1028,27 @@ impl Gateway {
                     Reason::AuditUnavailable,
                     format!("the audit log could not record the dry run: {e}"),
                 );
-                self.close(call, Err(refusal)).await
+                self.close_outcome(call, Err(refusal)).await
             }
         }
     }
 
-    /// Step 12 (emit the closing event) and step 13 (return the response). If the
-    /// closing event cannot be written, the call fails closed: no output is returned.
-    async fn close(
+    /// Step 12 (emit the closing event) and step 13 (return the response) of a call,
+    /// however steps 1-11 ended it. If the closing event cannot be written, the call
+    /// fails closed: no output is returned.
+    async fn close(&self, call: Call, ended: Result<Ended, Refusal>) -> CallResponse {
+        match ended {
+            Ok(Ended::Executed(captured, details)) => {
+                self.close_outcome(call, Ok((captured, details))).await
+            }
+            Ok(Ended::DryRun) => self.close_dry_run(call).await,
+            Ok(Ended::Replay(first)) => self.close_replay(call, first).await,
+            Err(refusal) => self.close_outcome(call, Err(refusal)).await,
+        }
+    }
+
+    /// Steps 12 and 13 of an executed or a refused call.
+    async fn close_outcome(
         &self,
         call: Call,
         outcome: Result<(Captured, Map<String, Value>), Refusal>,

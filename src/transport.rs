@@ -139,28 +139,23 @@ pub fn json_response(status: u16, refusal: &Refusal) -> Vec<u8> {
         "error_code": diagnostic.error_code,
         "error_message": refusal.message,
         "diagnostic": diagnostic,
-    })
-    .to_string();
-    let phrase = http_reason_phrase(status);
+    });
+    closing_json(status, &body)
+}
+
+/// A complete HTTP/1.1 response with `body`, after which the connection closes. The
+/// status line's phrase is the status's canonical one.
+pub fn closing_json(status: u16, body: &serde_json::Value) -> Vec<u8> {
+    let body = body.to_string();
+    let phrase = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
     format!(
         "HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
-}
-
-fn http_reason_phrase(status: u16) -> &'static str {
-    match status {
-        400 => "Bad Request",
-        408 => "Request Timeout",
-        413 => "Payload Too Large",
-        414 => "URI Too Long",
-        429 => "Too Many Requests",
-        431 => "Request Header Fields Too Large",
-        503 => "Service Unavailable",
-        505 => "HTTP Version Not Supported",
-        _ => "Error",
-    }
 }
 
 #[cfg(test)]

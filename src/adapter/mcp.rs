@@ -26,8 +26,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::path::Path;
 use std::pin::Pin;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -47,27 +47,29 @@ use rmcp::transport::streamable_http_client::{
 };
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::Instant;
 
+use crate::adapter::command::Confinement;
 use crate::adapter::{
-    AdapterEnv, ExecContext, ExecError, ProcessGroup, SettingProblem, output_hard_cap,
-    unsafe_argument,
+    AdapterEnv, ExecContext, ExecError, SettingProblem, output_hard_cap, unsafe_argument,
 };
 use crate::call::CallSignals;
 use crate::canonical::to_canonical_bytes;
 use crate::diagnostic::Refusal;
 use crate::policy::secrets::Secrets;
-use crate::policy::{AdapterConfig, Policy};
+use crate::policy::{AdapterConfig, Policy, Problem};
 
 mod bounded;
 mod listing;
+mod process;
 mod reach;
 mod upcalls;
 pub use bounded::MAX_UPSTREAM_REQUESTS;
 use bounded::{Bounded, Tripwire};
 pub use listing::{Listing, RawListing, list_tools};
 use listing::{Tap, Tapped, TappedHttp};
+use process::{Pipes, Process, Start};
 use reach::Reach;
 pub use reach::Upstream;
 use upcalls::{InFlight, ProgressRoutes, Route, Upcalls};
@@ -133,6 +135,8 @@ pub struct Session {
     /// How the server is named in messages: its `server_id`, or its command or url.
     label: String,
     upstream: Upstream,
+    /// How a stdio server's process is confined (None over HTTP).
+    confinement: Option<Confinement>,
     bounds: Bounds,
     /// One permit per request in flight (the server's `max_concurrency`).
     slots: Arc<tokio::sync::Semaphore>,
@@ -190,11 +194,16 @@ impl Servers {
 
     /// The adapter of a tool on the server its settings name, sharing the server's
     /// session with the other tools on it.
+    ///
+    /// `confine` gives a stdio server's confinement from its program and working
+    /// directory (its located problems go to `located`).
     pub(crate) fn adapter(
         &mut self,
         config: &AdapterConfig,
         upstream_tool: &str,
         env: &AdapterEnv,
+        confine: impl FnOnce(&Path, &Path) -> Result<Option<Confinement>, Vec<Problem>>,
+        located: &mut Vec<Problem>,
     ) -> Result<McpAdapter, Vec<SettingProblem>> {
         let mut problems = Vec::new();
         if upstream_tool.is_empty()
@@ -219,29 +228,38 @@ impl Servers {
         let key = session_key(config).unwrap_or_default();
         let session = match self.sessions.get(&key) {
             Some(session) => Ok(session.clone()),
-            None => Upstream::build(command.as_deref(), url.as_deref(), env)
-                .and_then(|upstream| {
-                    Reach::build(config, &self.secrets, env).map(|reach| (upstream, reach))
-                })
-                .map(|(upstream, reach)| {
-                    let label = match server {
-                        Some(id) => format!("`{id}`"),
-                        None => upstream.describe(),
-                    };
-                    let bounds = self.bounds.get(&key).copied().unwrap_or(Bounds {
-                        hard_cap: usize::MAX,
-                        ..Bounds::default()
-                    });
-                    let session = Arc::new(Session::new(
-                        label,
-                        upstream,
-                        bounds,
-                        *max_concurrency,
-                        reach,
-                    ));
-                    self.sessions.insert(key, session.clone());
-                    session
-                }),
+            None => Upstream::build(command.as_deref(), url.as_deref(), env).and_then(|upstream| {
+                let reach = Reach::build(config, &self.secrets, env)?;
+                let confinement = match &upstream {
+                    Upstream::Stdio {
+                        program,
+                        working_dir,
+                        ..
+                    } => confine(program, working_dir).map_err(|found| {
+                        located.extend(found);
+                        Vec::new()
+                    })?,
+                    Upstream::Http { .. } => None,
+                };
+                let label = match server {
+                    Some(id) => format!("`{id}`"),
+                    None => upstream.describe(),
+                };
+                let bounds = self.bounds.get(&key).copied().unwrap_or(Bounds {
+                    hard_cap: usize::MAX,
+                    ..Bounds::default()
+                });
+                let session = Arc::new(Session::new(
+                    label,
+                    upstream,
+                    confinement,
+                    bounds,
+                    *max_concurrency,
+                    reach,
+                ));
+                self.sessions.insert(key, session.clone());
+                Ok(session)
+            }),
         };
         match session {
             Ok(session) if problems.is_empty() => Ok(McpAdapter {
@@ -302,47 +320,12 @@ impl Connection {
     }
 }
 
-/// A started stdio server.
-struct Process {
-    // INVARIANT: `group` is declared before `child`, so it is dropped first: the group
-    // is killed while the child is still unreaped, so its id cannot have been reused.
-    group: ProcessGroup,
-    child: Mutex<tokio::process::Child>,
-    stderr: Arc<Mutex<Vec<u8>>>,
-    stderr_done: Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-impl Process {
-    /// Whether the process has exited (reaping it if so).
-    fn exited(&self) -> bool {
-        self.child
-            .lock()
-            .map(|mut child| matches!(child.try_wait(), Ok(Some(_))))
-            .unwrap_or(false)
-    }
-
-    /// Kills the process group, unless the process was already reaped (its id could
-    /// then belong to another process).
-    fn kill(&self) {
-        if let Ok(mut child) = self.child.lock()
-            && matches!(child.try_wait(), Ok(None))
-        {
-            self.group.kill();
-        }
-    }
-
-    async fn stderr_tail(&self, deadline: Instant) -> String {
-        let reader = self.stderr_done.lock().ok().and_then(|mut h| h.take());
-        if let Some(reader) = reader {
-            let until = (Instant::now() + STDERR_GRACE).min(deadline);
-            let _ = tokio::time::timeout_at(until, reader).await;
-        }
-        let bytes = self.stderr.lock().map(|b| b.clone()).unwrap_or_default();
-        String::from_utf8_lossy(&bytes).trim().to_string()
-    }
-}
-
 impl McpAdapter {
+    /// How the tool's stdio server is confined (None for a server over HTTP).
+    pub(crate) fn confinement(&self) -> Option<&Confinement> {
+        self.session.confinement.as_ref()
+    }
+
     /// Arguments travel as JSON-RPC, so only their size is bounded.
     pub fn validate(&self, arguments: &Value) -> Result<(), Refusal> {
         let size = to_canonical_bytes(arguments).len();
@@ -395,8 +378,22 @@ impl McpAdapter {
         // Nothing has been sent to the tool until the connection stands.
         let connection = session.connection(deadline).await.map_err(|e| match e {
             ExecError::DependencyDown(m) => ExecError::Unreachable(m),
+            ExecError::SandboxUnavailable { guarantee, detail } => {
+                if let Some(Confinement::Confined(plan)) = &session.confinement {
+                    let refused = crate::sandbox::Record::Unavailable {
+                        guarantee: guarantee.clone(),
+                        detail: detail.clone(),
+                    };
+                    let evidence = crate::sandbox::run::conclude(plan, &[refused], None).1;
+                    crate::sandbox::run::put(ctx.sandbox, evidence);
+                }
+                ExecError::SandboxUnavailable { guarantee, detail }
+            }
             other => other,
         })?;
+        if let Some(process) = &connection.process {
+            crate::sandbox::run::put(ctx.sandbox, process.evidence.clone());
+        }
         let mut params = CallToolRequestParams::new(self.tool.clone());
         if let Value::Object(map) = arguments {
             params = params.with_arguments(map.clone());
@@ -483,6 +480,7 @@ impl Session {
     fn new(
         label: String,
         upstream: Upstream,
+        confinement: Option<Confinement>,
         bounds: Bounds,
         max_concurrency: u32,
         reach: Reach,
@@ -490,6 +488,7 @@ impl Session {
         Session {
             label,
             upstream,
+            confinement,
             bounds,
             slots: Arc::new(tokio::sync::Semaphore::new(max_concurrency as usize)),
             max_concurrency,
@@ -531,7 +530,7 @@ impl Session {
         }
         let opened = open(
             &self.upstream,
-            &self.reach,
+            (&self.reach, self.confinement.as_ref()),
             &self.label,
             self.bounds,
             deadline,
@@ -575,7 +574,7 @@ impl Session {
 /// Starts the server (stdio) or connects (HTTP) and runs the MCP handshake.
 async fn open(
     upstream: &Upstream,
-    reach: &Reach,
+    (reach, confinement): (&Reach, Option<&Confinement>),
     label: &str,
     bounds: Bounds,
     deadline: Instant,
@@ -591,45 +590,15 @@ async fn open(
             args,
             working_dir,
         } => {
-            let mut command = tokio::process::Command::new(program);
-            command
-                .args(args)
-                .env_clear()
-                .current_dir(working_dir)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0)
-                .kill_on_drop(true);
-            for name in PASSED_ENV {
-                if let Some(value) = std::env::var_os(name) {
-                    command.env(name, value);
-                }
-            }
-            // The entry's own `env` (secrets among them) last: it wins.
-            for (name, value) in &reach.env {
-                command.env(name, value.expose());
-            }
-            let mut child = command.spawn().map_err(|e| {
-                ExecError::DependencyDown(format!("could not start mcp server `{argv0}`: {e}"))
-            })?;
-            let group = ProcessGroup::of(child.id());
-            let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-                return Err(ExecError::DependencyDown(format!(
-                    "mcp server `{argv0}` has no stdio pipes"
-                )));
+            let start = Start {
+                argv0,
+                program,
+                args,
+                working_dir,
+                confinement,
+                env: &reach.env,
             };
-            let stderr = Arc::new(Mutex::new(Vec::new()));
-            let reader = child
-                .stderr
-                .take()
-                .map(|pipe| tokio::spawn(keep_tail(pipe, stderr.clone())));
-            let process = Arc::new(Process {
-                group,
-                child: Mutex::new(child),
-                stderr,
-                stderr_done: Mutex::new(reader),
-            });
+            let (process, Pipes { stdin, stdout }) = Process::start(start, deadline).await?;
             let stopped = Arc::downgrade(&process);
             wire.on_trip(Box::new(move || {
                 if let Some(process) = stopped.upgrade() {
@@ -699,25 +668,6 @@ fn client_config() -> ClientConfig {
         ClientCapabilities::default(),
         Implementation::new("toolgate", env!("CARGO_PKG_VERSION")),
     )
-}
-
-/// Reads a pipe to its end, keeping its last [`STDERR_TAIL_BYTES`] bytes.
-async fn keep_tail(mut pipe: tokio::process::ChildStderr, tail: Arc<Mutex<Vec<u8>>>) {
-    let mut buf = [0u8; 4096];
-    loop {
-        match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if let Ok(mut tail) = tail.lock() {
-                    tail.extend_from_slice(&buf[..n]);
-                    if tail.len() > STDERR_TAIL_BYTES {
-                        let cut = tail.len() - STDERR_TAIL_BYTES;
-                        tail.drain(..cut);
-                    }
-                }
-            }
-        }
-    }
 }
 
 fn with_stderr(message: String, tail: &str) -> String {

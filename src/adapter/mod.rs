@@ -82,6 +82,30 @@ pub enum ExecError {
     ResourceLimit { limit: &'static str, detail: String },
 }
 
+impl ExecError {
+    /// Whether the request reached the tool: `Some(false)` when nothing was sent to it
+    /// (the upstream was busy or unreachable, the sandbox could not be held), so no side
+    /// effect can have happened; `None` when it may have. The pipeline decides on this
+    /// (an admitted call that reached no tool is not counted, its idempotency key and
+    /// approval are given back), and the refusal's `details.reached_tool` says it.
+    pub fn reached_tool(&self) -> Option<bool> {
+        match self {
+            ExecError::Busy(_)
+            | ExecError::Unreachable(_)
+            | ExecError::SandboxUnavailable { .. } => Some(false),
+            ExecError::Timeout
+            | ExecError::Cancelled
+            | ExecError::DependencyDown(_)
+            | ExecError::Failed(_)
+            | ExecError::RateLimited { .. }
+            | ExecError::OutputNotJson(_)
+            | ExecError::NotImplemented(_)
+            | ExecError::ArgumentUnsafe { .. }
+            | ExecError::ResourceLimit { .. } => None,
+        }
+    }
+}
+
 mod builtin;
 mod command;
 mod credentials;
@@ -202,7 +226,14 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                 sandbox,
             } => command::CommandAdapter::build(argv, working_dir.as_deref(), env_allowlist, env)
                 .and_then(|adapter| {
-                    match confinement(&owner, sandbox, adapter.program(), adapter.working_dir(), &forbidden, &registry) {
+                    match confinement(
+                        &owner,
+                        sandbox,
+                        adapter.program(),
+                        adapter.working_dir(),
+                        &forbidden,
+                        &registry,
+                    ) {
                         Ok(c) => Ok(Adapter::Command(adapter.confine(c))),
                         Err(found) => {
                             problems.extend(found);
@@ -221,18 +252,29 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
             } => http::HttpAdapter::build(url, allowed_hosts, request, &policy.secrets, &env.tools_dir)
                 .map(|h| Adapter::Http(Box::new(h))),
             AdapterConfig::Mcp {
-                sandbox: Some(crate::policy::Sandbox::Confined(profile)),
-                ..
-            } if profile.given => Err(vec![SettingProblem::new(
-                "the `sandbox` of a stdio MCP server is not enforced by this build yet",
-            )
-            .help("remove the block (the server then runs as before, recorded as unconfined) or say `sandbox: {unconfined: \"reason\"}`")]),
-            AdapterConfig::Mcp {
                 tool: upstream_tool,
+                sandbox,
                 ..
-            } => servers
-                .adapter(&tool.adapter, upstream_tool, env)
-                .map(Adapter::Mcp),
+            } => {
+                let confine = |program: &std::path::Path, working_dir: &std::path::Path| {
+                    sandbox
+                        .as_ref()
+                        .map(|sandbox| {
+                            confinement(
+                                &owner,
+                                sandbox,
+                                program,
+                                working_dir,
+                                &forbidden,
+                                &registry,
+                            )
+                        })
+                        .transpose()
+                };
+                servers
+                    .adapter(&tool.adapter, upstream_tool, env, confine, &mut problems)
+                    .map(Adapter::Mcp)
+            }
         };
         match built {
             Ok(adapter) => {
@@ -322,6 +364,7 @@ impl Adapter {
     pub fn sandbox_profile(&self) -> Option<Value> {
         let confinement = match self {
             Adapter::Command(c) => c.confinement(),
+            Adapter::Mcp(m) => m.confinement()?,
             _ => return None,
         };
         Some(match confinement {
@@ -423,7 +466,7 @@ impl Adapter {
             )
             .with_details(json!({
                 "dependency_error": bounded(m),
-                "reached_tool": false,
+                "reached_tool": error.reached_tool(),
                 "retry_after_ms": BUSY_RETRY_AFTER_MS,
             }))
             .with_retryable(true),
@@ -431,7 +474,7 @@ impl Adapter {
                 Reason::DependencyDown,
                 format!("the upstream of tool `{name}` could not be reached"),
             )
-            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": null }))
+            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": error.reached_tool() }))
             .with_retryable(true),
             ExecError::Unreachable(m) => Refusal::new(
                 Reason::DependencyDown,
@@ -439,7 +482,7 @@ impl Adapter {
                     "the upstream of tool `{name}` could not be reached; nothing was sent to it"
                 ),
             )
-            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": false }))
+            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": error.reached_tool() }))
             .with_retryable(true),
             ExecError::Failed(m) => Refusal::new(
                 Reason::ToolError,
@@ -481,7 +524,7 @@ impl Adapter {
             .with_details(json!({
                 "guarantee": guarantee,
                 "sandbox_error": bounded(detail),
-                "reached_tool": false,
+                "reached_tool": error.reached_tool(),
             })),
             ExecError::ResourceLimit { limit, detail } => Refusal::new(
                 Reason::ToolResourceLimit,

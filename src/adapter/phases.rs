@@ -67,6 +67,8 @@ pub struct PhaseOutcome {
     pub attempts: u32,
     /// The upstream's answer, or the last attempt's error.
     pub result: Result<Value, ExecError>,
+    /// The last attempt's `details.sandbox` (a command phase's process).
+    pub sandbox: Option<Map<String, Value>>,
 }
 
 impl PhaseRunner {
@@ -195,12 +197,13 @@ impl PhaseRunner {
         let mut attempts = 0;
         loop {
             attempts += 1;
+            let slot = crate::sandbox::EvidenceSlot::default();
             let ctx = ExecContext {
                 call_id,
                 run_id,
                 scope: &scope,
                 deadline: Instant::now() + Duration::from_millis(self.settings.timeout_ms),
-                sandbox: None,
+                sandbox: Some(&slot),
             };
             let result = match target {
                 Target::Http(upstream) => {
@@ -218,7 +221,12 @@ impl PhaseRunner {
                     | ExecError::Busy(_))
             );
             if !retry || attempts >= max {
-                return PhaseOutcome { attempts, result };
+                let sandbox = slot.into_inner().ok().flatten().map(|e| e.details);
+                return PhaseOutcome {
+                    attempts,
+                    result,
+                    sandbox,
+                };
             }
             let backoff = RETRY_BASE
                 .saturating_mul(1 << (attempts - 1).min(8))

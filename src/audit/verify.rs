@@ -327,132 +327,218 @@ pub fn verify_segments(
     progress: &mut dyn FnMut(Progress),
     keep_leaves: bool,
 ) -> Result<Verified, VerifyError> {
-    let mut total = 0u64;
-    for segment in segments {
-        let count: i64 = segment
-            .conn
-            .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
-            .map_err(|e| VerifyError::Open(map_sqlite(&e, &segment.path)))?;
-        total += count.max(0) as u64;
-    }
-    progress(Progress::Total(total));
-
-    // Checkpoints: stored ones (in every segment) and those in the sink files, each
-    // signature checked (once per distinct note: the sink repeats the stored ones).
-    // (origin, note, checkpoint, stored in a segment present)
-    let mut notes: Vec<(String, String, Checkpoint, bool)> = Vec::new();
-    let mut seen: HashMap<String, Checkpoint> = HashMap::new();
-    for segment in segments {
-        let conn = &segment.conn;
-        let path = &segment.path;
-        let map = |e: rusqlite::Error| VerifyError::Open(map_sqlite(&e, path));
-        let mut stmt = conn
-            .prepare("SELECT id, size, root, note FROM checkpoints ORDER BY id")
-            .map_err(map)?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                ))
-            })
-            .map_err(map)?;
-        for row in rows {
-            let (id, size, root, note) = row.map_err(map)?;
-            let origin = format!("checkpoint #{id} in segment {}", segment.number);
-            let checkpoint = stored_note(&mut seen, key, &origin, &note, size, &root)?;
-            notes.push((origin, note, checkpoint, true));
-        }
-        // The signed head: a checkpoint over every committed event, stored by each commit.
-        check_head_table(segment)?;
-        let head: Option<(i64, String, String)> = conn
-            .query_row("SELECT size, root, note FROM signed_head", [], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .optional()
-            .map_err(map)?;
-        if let Some((size, root, note)) = head {
-            let origin = format!("the signed head in segment {}", segment.number);
-            let checkpoint = stored_note(&mut seen, key, &origin, &note, size, &root)?;
-            notes.push((origin, note, checkpoint, true));
-        }
-        if let Some(seal) = super::segments::read_seal(conn, path)? {
-            let origin = format!("the seal of segment {}", segment.number);
-            let checkpoint = checked(&mut seen, &seal.note, key, &origin)?;
-            if checkpoint.size != seal.last_seq
-                || crate::canonical::to_hex(checkpoint.root) != seal.root
-            {
-                return Err(problem(
-                    ProblemKind::Edited,
-                    Some(seal.last_seq),
-                    format!("{origin}: its size or root disagrees with its signed note"),
-                ));
-            }
-            notes.push((origin, seal.note, checkpoint, true));
-        }
-    }
-    for (origin, note) in sink_notes {
-        let checkpoint = checked(&mut seen, &note, key, &origin)?;
-        notes.push((origin, note, checkpoint, false));
-    }
-    let mut by_size: BTreeMap<u64, (Hash, String, String, bool)> = BTreeMap::new();
-    for (origin, note, checkpoint, inside) in notes {
-        match by_size.get_mut(&checkpoint.size) {
-            Some((root, _, first, _)) if *root != checkpoint.root => {
-                return Err(problem(
-                    ProblemKind::Fork,
-                    None,
-                    format!(
-                        "{first} and {origin} are both signed for size {} with different roots",
-                        checkpoint.size
-                    ),
-                ));
-            }
-            Some(entry) => entry.3 |= inside,
-            None => {
-                by_size.insert(checkpoint.size, (checkpoint.root, note, origin, inside));
-            }
-        }
-    }
-
-    // The auditor's trusted checkpoint, read up front so its root is recorded on the way.
-    let trusted = match &options.trusted_checkpoint {
-        None => None,
-        Some(file) => {
-            let trusted_notes = read_notes(file)?;
-            let origin = format!("the trusted checkpoint `{}`", file.display());
-            let Some(note) = trusted_notes.last() else {
-                return Err(problem(
-                    ProblemKind::Malformed,
-                    None,
-                    format!("{origin} holds no checkpoint"),
-                ));
-            };
-            Some((check_note(note, key, &origin)?, origin))
-        }
+    let mut verifier = Verifier {
+        segments,
+        options,
+        key,
+        progress,
+        keep_leaves,
+        by_size: BTreeMap::new(),
+        trusted: None,
+        frontier: Frontier::new(),
+        prev: [0u8; 32],
+        leaves: Vec::new(),
+        roots: BTreeMap::new(),
+        boundaries: BTreeMap::new(),
+        claims: Vec::new(),
+        start_size: 0,
+        prev_line_seq: 0,
+        previous_seal: None,
     };
+    let total = verifier.count_events()?;
+    verifier.collect_checkpoints(sink_notes)?;
+    verifier.read_trusted()?;
+    verifier.walk_chain(total)?;
+    let archived = verifier.check_archive()?;
+    let trusted_size = verifier.check_trusted()?;
+    let verified = verifier.check_checkpoints()?;
+    verifier.check_heads_and_report(verified, archived, trusted_size)
+}
 
-    // The chain, segment by segment, row by row.
-    let first_number = segments.first().map_or(1, |s| s.number);
-    let mut frontier = Frontier::new();
-    let mut prev = [0u8; 32];
-    let mut leaves: Vec<Hash> = Vec::new();
-    if keep_leaves {
-        leaves.reserve(total as usize);
+/// A signed checkpoint as verification keeps it, by size: its root, its note, where it
+/// was found first, and whether it is stored in a segment present.
+type SignedAt = (Hash, String, String, bool);
+
+/// One verification of a log's segments ([`verify_segments`]), phase by phase, in
+/// order: count the events, collect the checkpoints, read the trusted checkpoint, walk
+/// the chain, check the archive, the trusted checkpoint, every signed checkpoint, and
+/// the signed heads. Every phase feeds (or reads) the same running tree.
+struct Verifier<'a> {
+    segments: &'a [OpenSegment],
+    options: &'a VerifyOptions,
+    key: &'a VerifierKey,
+    progress: &'a mut dyn FnMut(Progress),
+    keep_leaves: bool,
+    /// Every signed checkpoint, by size (one root per size, or the log forked).
+    by_size: BTreeMap<u64, SignedAt>,
+    /// The auditor's trusted checkpoint and where it was read.
+    trusted: Option<(Checkpoint, String)>,
+    /// The tree over the events walked so far.
+    frontier: Frontier,
+    /// The hash of the last event walked.
+    prev: Hash,
+    /// Every leaf hash, when kept for export.
+    leaves: Vec<Hash>,
+    /// The tree's root at each size a checkpoint (or the trusted one) signs.
+    roots: BTreeMap<u64, Hash>,
+    /// Where each sealed segment ends: its last seq and the root there.
+    boundaries: BTreeMap<u64, (u64, Hash)>,
+    /// What the `audit_segments_archived` events met on the way say.
+    claims: Vec<ArchiveClaim>,
+    /// The size of the log before the oldest segment present (0 unless archived).
+    start_size: u64,
+    /// The `seq` of the last line walked.
+    prev_line_seq: u64,
+    /// The last segment walked, and whether it is sealed.
+    previous_seal: Option<(u64, bool)>,
+}
+
+impl Verifier<'_> {
+    /// How many events the segments hold, reported as the progress total.
+    fn count_events(&mut self) -> Result<u64, VerifyError> {
+        let mut total = 0u64;
+        for segment in self.segments {
+            let count: i64 = segment
+                .conn
+                .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+                .map_err(|e| VerifyError::Open(map_sqlite(&e, &segment.path)))?;
+            total += count.max(0) as u64;
+        }
+        (self.progress)(Progress::Total(total));
+        Ok(total)
     }
-    let mut roots: BTreeMap<u64, Hash> = BTreeMap::new();
-    let mut boundaries: BTreeMap<u64, (u64, Hash)> = BTreeMap::new();
-    let mut claims: Vec<ArchiveClaim> = Vec::new();
-    let mut start_size = 0u64;
-    let mut prev_line_seq = 0u64;
-    let mut previous_seal: Option<(u64, bool)> = None;
-    for (index, segment) in segments.iter().enumerate() {
-        let conn = &segment.conn;
+
+    /// Checkpoints: stored ones (in every segment) and those in the sink files, each
+    /// signature checked (once per distinct note: the sink repeats the stored ones),
+    /// kept by size; two roots for one size are a fork.
+    fn collect_checkpoints(
+        &mut self,
+        sink_notes: Vec<(String, String)>,
+    ) -> Result<(), VerifyError> {
+        let key = self.key;
+        // (origin, note, checkpoint, stored in a segment present)
+        let mut notes: Vec<(String, String, Checkpoint, bool)> = Vec::new();
+        let mut seen: HashMap<String, Checkpoint> = HashMap::new();
+        for segment in self.segments {
+            let conn = &segment.conn;
+            let path = &segment.path;
+            let map = |e: rusqlite::Error| VerifyError::Open(map_sqlite(&e, path));
+            let mut stmt = conn
+                .prepare("SELECT id, size, root, note FROM checkpoints ORDER BY id")
+                .map_err(map)?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                    ))
+                })
+                .map_err(map)?;
+            for row in rows {
+                let (id, size, root, note) = row.map_err(map)?;
+                let origin = format!("checkpoint #{id} in segment {}", segment.number);
+                let checkpoint = stored_note(&mut seen, key, &origin, &note, size, &root)?;
+                notes.push((origin, note, checkpoint, true));
+            }
+            // The signed head: a checkpoint over every committed event, stored by each commit.
+            check_head_table(segment)?;
+            let head: Option<(i64, String, String)> = conn
+                .query_row("SELECT size, root, note FROM signed_head", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .optional()
+                .map_err(map)?;
+            if let Some((size, root, note)) = head {
+                let origin = format!("the signed head in segment {}", segment.number);
+                let checkpoint = stored_note(&mut seen, key, &origin, &note, size, &root)?;
+                notes.push((origin, note, checkpoint, true));
+            }
+            if let Some(seal) = super::segments::read_seal(conn, path)? {
+                let origin = format!("the seal of segment {}", segment.number);
+                let checkpoint = checked(&mut seen, &seal.note, key, &origin)?;
+                if checkpoint.size != seal.last_seq
+                    || crate::canonical::to_hex(checkpoint.root) != seal.root
+                {
+                    return Err(problem(
+                        ProblemKind::Edited,
+                        Some(seal.last_seq),
+                        format!("{origin}: its size or root disagrees with its signed note"),
+                    ));
+                }
+                notes.push((origin, seal.note, checkpoint, true));
+            }
+        }
+        for (origin, note) in sink_notes {
+            let checkpoint = checked(&mut seen, &note, key, &origin)?;
+            notes.push((origin, note, checkpoint, false));
+        }
+        for (origin, note, checkpoint, inside) in notes {
+            match self.by_size.get_mut(&checkpoint.size) {
+                Some((root, _, first, _)) if *root != checkpoint.root => {
+                    return Err(problem(
+                        ProblemKind::Fork,
+                        None,
+                        format!(
+                            "{first} and {origin} are both signed for size {} with different roots",
+                            checkpoint.size
+                        ),
+                    ));
+                }
+                Some(entry) => entry.3 |= inside,
+                None => {
+                    self.by_size
+                        .insert(checkpoint.size, (checkpoint.root, note, origin, inside));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The auditor's trusted checkpoint, read up front so its root is recorded on the way.
+    fn read_trusted(&mut self) -> Result<(), VerifyError> {
+        let Some(file) = &self.options.trusted_checkpoint else {
+            return Ok(());
+        };
+        let trusted_notes = read_notes(file)?;
+        let origin = format!("the trusted checkpoint `{}`", file.display());
+        let Some(note) = trusted_notes.last() else {
+            return Err(problem(
+                ProblemKind::Malformed,
+                None,
+                format!("{origin} holds no checkpoint"),
+            ));
+        };
+        self.trusted = Some((check_note(note, self.key, &origin)?, origin));
+        Ok(())
+    }
+
+    /// The chain, segment by segment, row by row.
+    fn walk_chain(&mut self, total: u64) -> Result<(), VerifyError> {
+        if self.keep_leaves {
+            self.leaves.reserve(total as usize);
+        }
+        let segments = self.segments;
+        for (index, segment) in segments.iter().enumerate() {
+            let start = self.start_segment(index, segment)?;
+            self.walk_rows(index, segment)?;
+            self.end_segment(segment, &start)?;
+        }
+        let size = self.frontier.size();
+        (self.progress)(Progress::Checked(size - self.start_size));
+        Ok(())
+    }
+
+    /// A segment's start record: the first segment present starts the tree from it;
+    /// every later one must follow a sealed segment and start exactly where it ends.
+    fn start_segment(
+        &mut self,
+        index: usize,
+        segment: &OpenSegment,
+    ) -> Result<super::segments::StartRecord, VerifyError> {
         let path = &segment.path;
-        let map = |e: rusqlite::Error| VerifyError::Open(map_sqlite(&e, path));
-        let start = match super::segments::read_start(conn, path)? {
+        let start = match super::segments::read_start(&segment.conn, path)? {
             Some(start) => start,
             None if segment.number == 1 => super::segments::StartRecord::genesis(0),
             None => {
@@ -483,7 +569,7 @@ pub fn verify_segments(
             ));
         };
         if index == 0 {
-            if segment.number > 1 && keep_leaves {
+            if segment.number > 1 && self.keep_leaves {
                 return Err(problem(
                     ProblemKind::Missing,
                     Some(1),
@@ -493,71 +579,80 @@ pub fn verify_segments(
                     ),
                 ));
             }
-            frontier = start_frontier;
-            prev = start_prev;
-            start_size = start.size;
-            prev_line_seq = start.size;
-            if by_size.contains_key(&start.size) {
-                roots.insert(start.size, frontier.root());
+            self.frontier = start_frontier;
+            self.prev = start_prev;
+            self.start_size = start.size;
+            self.prev_line_seq = start.size;
+            if self.by_size.contains_key(&start.size) {
+                self.roots.insert(start.size, self.frontier.root());
             }
             if segment.number > 1 {
-                boundaries.insert(segment.number - 1, (start.size, frontier.root()));
+                self.boundaries
+                    .insert(segment.number - 1, (start.size, self.frontier.root()));
             }
-        } else {
-            let expected = segments[index - 1].number + 1;
-            if segment.number != expected {
+            return Ok(start);
+        }
+        let frontier = &self.frontier;
+        let expected = self.segments[index - 1].number + 1;
+        if segment.number != expected {
+            return Err(problem(
+                ProblemKind::Missing,
+                Some(frontier.size() + 1),
+                format!(
+                    "segment {expected} is missing (the next present is segment {}): events from seq {} on were removed",
+                    segment.number,
+                    frontier.size() + 1
+                ),
+            ));
+        }
+        match self.previous_seal {
+            Some((_, true)) => {}
+            _ => {
                 return Err(problem(
-                    ProblemKind::Missing,
-                    Some(frontier.size() + 1),
+                    ProblemKind::Malformed,
+                    Some(frontier.size()),
                     format!(
-                        "segment {expected} is missing (the next present is segment {}): events from seq {} on were removed",
-                        segment.number,
-                        frontier.size() + 1
-                    ),
-                ));
-            }
-            match previous_seal {
-                Some((_, true)) => {}
-                _ => {
-                    return Err(problem(
-                        ProblemKind::Malformed,
-                        Some(frontier.size()),
-                        format!(
-                            "segment {} is followed by segment {} but is not sealed",
-                            segment.number - 1,
-                            segment.number
-                        ),
-                    ));
-                }
-            }
-            if start.size != frontier.size()
-                || start_prev != prev
-                || start_frontier.root() != frontier.root()
-            {
-                let kind = if start.size > frontier.size() {
-                    ProblemKind::Missing
-                } else {
-                    ProblemKind::Edited
-                };
-                return Err(problem(
-                    kind,
-                    Some(frontier.size() + 1),
-                    format!(
-                        "segment {} does not start where segment {} ends (its start record says size {}, the log has {}): the segment was replaced or events were removed",
-                        segment.number,
+                        "segment {} is followed by segment {} but is not sealed",
                         segment.number - 1,
-                        start.size,
-                        frontier.size()
+                        segment.number
                     ),
                 ));
             }
         }
-        let mut stmt = conn
+        if start.size != frontier.size()
+            || start_prev != self.prev
+            || start_frontier.root() != frontier.root()
+        {
+            let kind = if start.size > frontier.size() {
+                ProblemKind::Missing
+            } else {
+                ProblemKind::Edited
+            };
+            return Err(problem(
+                kind,
+                Some(frontier.size() + 1),
+                format!(
+                    "segment {} does not start where segment {} ends (its start record says size {}, the log has {}): the segment was replaced or events were removed",
+                    segment.number,
+                    segment.number - 1,
+                    start.size,
+                    frontier.size()
+                ),
+            ));
+        }
+        Ok(start)
+    }
+
+    /// Every row of a segment, in `seq` order, onto the running tree.
+    fn walk_rows(&mut self, index: usize, segment: &OpenSegment) -> Result<(), VerifyError> {
+        let path = &segment.path;
+        let map = |e: rusqlite::Error| VerifyError::Open(map_sqlite(&e, path));
+        let mut stmt = segment
+            .conn
             .prepare("SELECT seq, line, hash, type, run_id, ts FROM events ORDER BY seq")
             .map_err(map)?;
         let mut rows = stmt.query([]).map_err(map)?;
         while let Some(row) = rows.next().map_err(map)? {
-            let position = frontier.size() + 1;
             let row_seq = row.get::<_, i64>(0).map_err(map)? as u64;
             let line: String = row.get(1).map_err(map)?;
             let stored_hash: String = row.get(2).map_err(map)?;
@@ -566,114 +661,152 @@ pub fn verify_segments(
                 row.get(4).map_err(map)?,
                 row.get(5).map_err(map)?,
             );
-            let hash = leaf_hash(line.as_bytes());
-            let value: Value = serde_json::from_str(&line).map_err(|_| {
-                problem(
-                    ProblemKind::Malformed,
-                    Some(row_seq),
-                    "the stored line is not JSON",
-                )
-            })?;
-            let line_seq = value.get("seq").and_then(Value::as_u64).ok_or_else(|| {
-                problem(
-                    ProblemKind::Malformed,
-                    Some(row_seq),
-                    "the line has no integer `seq`",
-                )
-            })?;
-            if line_seq != row_seq {
-                if line_seq == prev_line_seq {
-                    return Err(problem(
-                        ProblemKind::Inserted,
-                        Some(line_seq),
-                        format!("two events claim seq {line_seq}: one was inserted"),
-                    ));
-                }
-                return Err(problem(
-                    ProblemKind::Reordered,
-                    Some(row_seq),
-                    format!("position {row_seq} holds the event with seq {line_seq}"),
-                ));
-            }
-            if row_seq != position {
-                return Err(problem(
-                    ProblemKind::Missing,
-                    Some(position),
-                    format!("seq {position} is missing (the next event is seq {row_seq})"),
-                ));
-            }
-            if to_canonical_string(&value) != line {
-                return Err(problem(
-                    ProblemKind::Edited,
-                    Some(row_seq),
-                    "the line is not in canonical (RFC 8785) form",
-                ));
-            }
-            if decode_hash(&stored_hash) != Some(hash) {
-                return Err(problem(
-                    ProblemKind::Edited,
-                    Some(row_seq),
-                    "the line does not match its stored hash",
-                ));
-            }
-            let expected_prev = if position == 1 {
-                GENESIS_PREV.to_string()
-            } else {
-                crate::canonical::to_hex(prev)
-            };
-            if value.get("prev").and_then(Value::as_str) != Some(expected_prev.as_str()) {
-                return Err(if position == 1 {
-                    problem(
-                        ProblemKind::Edited,
-                        Some(1),
-                        "the first event's `prev` is not the genesis value",
-                    )
-                } else if position == start_size + 1 && index == 0 {
-                    problem(
-                        ProblemKind::Edited,
-                        Some(position),
-                        format!(
-                            "seq {position}'s `prev` does not match the start record of segment {}: the start record was replaced",
-                            segment.number
-                        ),
-                    )
-                } else {
-                    problem(
-                        ProblemKind::Edited,
-                        Some(position - 1),
-                        format!(
-                            "the event changed after seq {position} was chained to it: seq {position}'s `prev` does not match its hash"
-                        ),
-                    )
-                });
-            }
-            check_fields(&value, row_seq, &columns)?;
-            if columns.0 == EventType::AuditSegmentsArchived.as_str() {
-                claims.push(archive_claim(&value, row_seq)?);
-            }
-            frontier.push(hash);
-            if keep_leaves {
-                leaves.push(hash);
-            }
-            prev = hash;
-            prev_line_seq = line_seq;
-            if by_size.contains_key(&position)
-                || trusted.as_ref().is_some_and(|t| t.0.size == position)
-            {
-                roots.insert(position, frontier.root());
-            }
-            if position.is_multiple_of(PROGRESS_STEP) {
-                progress(Progress::Checked(position - start_size));
-            }
+            self.walk_row(index, segment, row_seq, &line, &stored_hash, &columns)?;
         }
-        drop(rows);
-        drop(stmt);
-        let seal = super::segments::read_seal(conn, path)?;
+        Ok(())
+    }
+
+    /// One stored event: its line, hash, `seq` and `prev` checked, then pushed onto
+    /// the tree (its root recorded where a checkpoint signs it).
+    fn walk_row(
+        &mut self,
+        index: usize,
+        segment: &OpenSegment,
+        row_seq: u64,
+        line: &str,
+        stored_hash: &str,
+        columns: &(String, Option<String>, String),
+    ) -> Result<(), VerifyError> {
+        let position = self.frontier.size() + 1;
+        let hash = leaf_hash(line.as_bytes());
+        let value: Value = serde_json::from_str(line).map_err(|_| {
+            problem(
+                ProblemKind::Malformed,
+                Some(row_seq),
+                "the stored line is not JSON",
+            )
+        })?;
+        let line_seq = value.get("seq").and_then(Value::as_u64).ok_or_else(|| {
+            problem(
+                ProblemKind::Malformed,
+                Some(row_seq),
+                "the line has no integer `seq`",
+            )
+        })?;
+        if line_seq != row_seq {
+            if line_seq == self.prev_line_seq {
+                return Err(problem(
+                    ProblemKind::Inserted,
+                    Some(line_seq),
+                    format!("two events claim seq {line_seq}: one was inserted"),
+                ));
+            }
+            return Err(problem(
+                ProblemKind::Reordered,
+                Some(row_seq),
+                format!("position {row_seq} holds the event with seq {line_seq}"),
+            ));
+        }
+        if row_seq != position {
+            return Err(problem(
+                ProblemKind::Missing,
+                Some(position),
+                format!("seq {position} is missing (the next event is seq {row_seq})"),
+            ));
+        }
+        if to_canonical_string(&value) != line {
+            return Err(problem(
+                ProblemKind::Edited,
+                Some(row_seq),
+                "the line is not in canonical (RFC 8785) form",
+            ));
+        }
+        if decode_hash(stored_hash) != Some(hash) {
+            return Err(problem(
+                ProblemKind::Edited,
+                Some(row_seq),
+                "the line does not match its stored hash",
+            ));
+        }
+        self.check_prev(&value, position, index, segment)?;
+        check_fields(&value, row_seq, columns)?;
+        if columns.0 == EventType::AuditSegmentsArchived.as_str() {
+            self.claims.push(archive_claim(&value, row_seq)?);
+        }
+        self.frontier.push(hash);
+        if self.keep_leaves {
+            self.leaves.push(hash);
+        }
+        self.prev = hash;
+        self.prev_line_seq = line_seq;
+        if self.by_size.contains_key(&position)
+            || self.trusted.as_ref().is_some_and(|t| t.0.size == position)
+        {
+            self.roots.insert(position, self.frontier.root());
+        }
+        if position.is_multiple_of(PROGRESS_STEP) {
+            (self.progress)(Progress::Checked(position - self.start_size));
+        }
+        Ok(())
+    }
+
+    /// An event's `prev` must be the hash of the event before it (the genesis value
+    /// for seq 1, the start record's for the first event of the oldest segment here).
+    fn check_prev(
+        &self,
+        value: &Value,
+        position: u64,
+        index: usize,
+        segment: &OpenSegment,
+    ) -> Result<(), VerifyError> {
+        let expected_prev = if position == 1 {
+            GENESIS_PREV.to_string()
+        } else {
+            crate::canonical::to_hex(self.prev)
+        };
+        if value.get("prev").and_then(Value::as_str) == Some(expected_prev.as_str()) {
+            return Ok(());
+        }
+        Err(if position == 1 {
+            problem(
+                ProblemKind::Edited,
+                Some(1),
+                "the first event's `prev` is not the genesis value",
+            )
+        } else if position == self.start_size + 1 && index == 0 {
+            problem(
+                ProblemKind::Edited,
+                Some(position),
+                format!(
+                    "seq {position}'s `prev` does not match the start record of segment {}: the start record was replaced",
+                    segment.number
+                ),
+            )
+        } else {
+            problem(
+                ProblemKind::Edited,
+                Some(position - 1),
+                format!(
+                    "the event changed after seq {position} was chained to it: seq {position}'s `prev` does not match its hash"
+                ),
+            )
+        })
+    }
+
+    /// A segment's seal, if it has one, must say exactly what the segment holds; its
+    /// end is then a boundary an archive claim may name.
+    fn end_segment(
+        &mut self,
+        segment: &OpenSegment,
+        start: &super::segments::StartRecord,
+    ) -> Result<(), VerifyError> {
+        let frontier = &self.frontier;
+        let seal = super::segments::read_seal(&segment.conn, &segment.path)?;
         if let Some(seal) = &seal {
             let matches = seal.segment == segment.number
                 && seal.first_seq == start.size + 1
                 && seal.last_seq == frontier.size()
-                && seal.last_hash == crate::canonical::to_hex(prev)
+                && seal.last_hash == crate::canonical::to_hex(self.prev)
                 && seal.root == crate::canonical::to_hex(frontier.root())
                 && seal.frontier == frontier.nodes().iter().map(hex::encode).collect::<Vec<_>>();
             if !matches {
@@ -694,39 +827,43 @@ pub fn verify_segments(
                     ),
                 ));
             }
-            boundaries.insert(segment.number, (frontier.size(), frontier.root()));
+            self.boundaries
+                .insert(segment.number, (frontier.size(), frontier.root()));
         }
-        previous_seal = Some((segment.number, seal.is_some()));
+        self.previous_seal = Some((segment.number, seal.is_some()));
+        Ok(())
     }
-    let size = frontier.size();
-    progress(Progress::Checked(size - start_size));
-    let root = frontier.root();
 
-    // An archive: the oldest remaining segment starts after seq 1. The newest
-    // `audit_segments_archived` event must vouch for it (else segments were removed),
-    // and each archive claim must match the boundary it names.
-    let mut archived = None;
-    for claim in &claims {
-        if let Some((last_seq, boundary_root)) = boundaries.get(&claim.through_segment)
-            && (claim.through_seq != *last_seq
-                || claim.through_root != crate::canonical::to_hex(boundary_root))
-        {
-            return Err(problem(
-                ProblemKind::Edited,
-                Some(claim.through_seq + 1),
-                format!(
-                    "the archive recorded at seq {} says segment {} ended at seq {} with root {}, but the log here has seq {last_seq} with root {}: a start record or segment was replaced",
-                    claim.seq,
-                    claim.through_segment,
-                    claim.through_seq,
-                    claim.through_root,
-                    crate::canonical::to_hex(boundary_root)
-                ),
-            ));
+    /// An archive: the oldest remaining segment starts after seq 1. The newest
+    /// `audit_segments_archived` event must vouch for it (else segments were removed),
+    /// and each archive claim must match the boundary it names. Returns the archived
+    /// segments and events (through segment, through seq), if any.
+    fn check_archive(&self) -> Result<Option<(u64, u64)>, VerifyError> {
+        for claim in &self.claims {
+            if let Some((last_seq, boundary_root)) = self.boundaries.get(&claim.through_segment)
+                && (claim.through_seq != *last_seq
+                    || claim.through_root != crate::canonical::to_hex(boundary_root))
+            {
+                return Err(problem(
+                    ProblemKind::Edited,
+                    Some(claim.through_seq + 1),
+                    format!(
+                        "the archive recorded at seq {} says segment {} ended at seq {} with root {}, but the log here has seq {last_seq} with root {}: a start record or segment was replaced",
+                        claim.seq,
+                        claim.through_segment,
+                        claim.through_seq,
+                        claim.through_root,
+                        crate::canonical::to_hex(boundary_root)
+                    ),
+                ));
+            }
         }
-    }
-    if first_number > 1 {
-        let vouched = claims
+        let first_number = self.segments.first().map_or(1, |s| s.number);
+        if first_number <= 1 {
+            return Ok(None);
+        }
+        let vouched = self
+            .claims
             .iter()
             .map(|c| c.through_segment)
             .max()
@@ -741,14 +878,18 @@ pub fn verify_segments(
                 ),
             ));
         }
-        archived = Some((first_number - 1, start_size));
+        Ok(Some((first_number - 1, self.start_size)))
     }
 
-    // The auditor's trusted checkpoint: the log must contain and extend it (the root
-    // over its first `size` events, recomputed, must be the one it signs).
-    let mut trusted_size = None;
-    let mut warnings = Vec::new();
-    if let Some((trusted, origin)) = &trusted {
+    /// The auditor's trusted checkpoint: the log must contain and extend it (the root
+    /// over its first `size` events, recomputed, must be the one it signs). Returns
+    /// its size.
+    fn check_trusted(&self) -> Result<Option<u64>, VerifyError> {
+        let Some((trusted, origin)) = &self.trusted else {
+            return Ok(None);
+        };
+        let size = self.frontier.size();
+        let start_size = self.start_size;
         if trusted.size > size {
             return Err(problem(
                 ProblemKind::Truncated,
@@ -773,7 +914,7 @@ pub fn verify_segments(
                 ),
             ));
         }
-        if roots.get(&trusted.size) != Some(&trusted.root) {
+        if self.roots.get(&trusted.size) != Some(&trusted.root) {
             return Err(problem(
                 ProblemKind::Fork,
                 None,
@@ -783,98 +924,119 @@ pub fn verify_segments(
                 ),
             ));
         }
-        trusted_size = Some(trusted.size);
+        Ok(Some(trusted.size))
     }
 
-    // Every signed checkpoint, smallest first.
-    let mut verified = Vec::new();
-    let mut last_good = 0u64;
-    let mut before_start = 0usize;
-    for (checkpoint_size, (checkpoint_root, note, origin, inside)) in &by_size {
-        if *checkpoint_size < start_size {
-            // Over archived events: checked against the archive, not here.
-            before_start += 1;
-            continue;
+    /// Every signed checkpoint, smallest first: the root over its events, recomputed,
+    /// must be the one it signs. Returns those verified, and how many cover only
+    /// archived events (checked against the archive, not here).
+    fn check_checkpoints(&self) -> Result<(Vec<VerifiedCheckpoint>, usize), VerifyError> {
+        let size = self.frontier.size();
+        let mut verified = Vec::new();
+        let mut last_good = 0u64;
+        let mut before_start = 0usize;
+        for (checkpoint_size, (checkpoint_root, note, origin, inside)) in &self.by_size {
+            if *checkpoint_size < self.start_size {
+                // Over archived events: checked against the archive, not here.
+                before_start += 1;
+                continue;
+            }
+            let Some(actual) = self.roots.get(checkpoint_size) else {
+                return Err(problem(
+                    ProblemKind::Truncated,
+                    Some(size + 1),
+                    format!(
+                        "the log has {size} events but {origin} covers {checkpoint_size}: seq {}..{checkpoint_size} were cut",
+                        size + 1
+                    ),
+                ));
+            };
+            let only_outside = !inside;
+            if actual != checkpoint_root && only_outside {
+                // The database no longer holds this checkpoint: the log was cut below it
+                // and continued (its sequence numbers reused), or replaced by another
+                // history. Either way it does not extend what was published.
+                return Err(problem(
+                    ProblemKind::Fork,
+                    Some(last_good + 1),
+                    format!(
+                        "the events seq {}..{checkpoint_size} do not match {origin}, which the database no longer holds: the log was cut below it and continued, or forked",
+                        last_good + 1
+                    ),
+                ));
+            }
+            if actual != checkpoint_root {
+                return Err(problem(
+                    ProblemKind::RootMismatch,
+                    Some(last_good + 1),
+                    format!(
+                        "the events seq {}..{checkpoint_size} do not match {origin}: one of them was changed",
+                        last_good + 1
+                    ),
+                ));
+            }
+            last_good = *checkpoint_size;
+            verified.push(VerifiedCheckpoint {
+                size: *checkpoint_size,
+                root: *checkpoint_root,
+                note: note.clone(),
+            });
         }
-        let Some(actual) = roots.get(checkpoint_size) else {
-            return Err(problem(
-                ProblemKind::Truncated,
-                Some(size + 1),
-                format!(
-                    "the log has {size} events but {origin} covers {checkpoint_size}: seq {}..{checkpoint_size} were cut",
-                    size + 1
-                ),
+        Ok((verified, before_start))
+    }
+
+    /// Each commit stores a signed head over all of its events, in the same
+    /// transaction: unsigned events were added (or the head removed) by hand. Then the
+    /// report, with what the auditor should know (warnings).
+    fn check_heads_and_report(
+        self,
+        (verified, before_start): (Vec<VerifiedCheckpoint>, usize),
+        archived: Option<(u64, u64)>,
+        trusted_size: Option<u64>,
+    ) -> Result<Verified, VerifyError> {
+        let (size, start_size, key, options) = (
+            self.frontier.size(),
+            self.start_size,
+            self.key,
+            self.options,
+        );
+        let mut warnings = Vec::new();
+        if before_start > 0 {
+            warnings.push(format!(
+                "{before_start} checkpoints cover only archived events (before seq {}): check them against the archive",
+                start_size + 1
             ));
+        }
+        check_signed(&verified, start_size, size)?;
+        if options.key_fingerprint.is_none() {
+            warnings.push(format!(
+                "no --key-fingerprint given: the key in `{}` (fingerprint {}) was trusted as found; an insider who replaced it could have re-signed a rewritten log",
+                options.key_dir.display(),
+                key.fingerprint()
+            ));
+        }
+        let report = Report {
+            events: size,
+            head_hash: (size > 0).then(|| crate::canonical::to_hex(self.prev)),
+            root: crate::canonical::to_hex(self.frontier.root()),
+            checkpoints: verified.len(),
+            latest_checkpoint_size: verified.last().map(|c| c.size),
+            trusted_checkpoint_size: trusted_size,
+            key_fingerprint: key.fingerprint(),
+            key_fingerprint_confirmed: options.key_fingerprint.is_some(),
+            warnings,
+            segments: self.segments.iter().map(|s| s.number).collect(),
+            first_seq: start_size + 1,
+            archived_through_segment: archived.map(|a| a.0),
+            archived_through_seq: archived.map(|a| a.1),
         };
-        let only_outside = !inside;
-        if actual != checkpoint_root && only_outside {
-            // The database no longer holds this checkpoint: the log was cut below it
-            // and continued (its sequence numbers reused), or replaced by another
-            // history. Either way it does not extend what was published.
-            return Err(problem(
-                ProblemKind::Fork,
-                Some(last_good + 1),
-                format!(
-                    "the events seq {}..{checkpoint_size} do not match {origin}, which the database no longer holds: the log was cut below it and continued, or forked",
-                    last_good + 1
-                ),
-            ));
-        }
-        if actual != checkpoint_root {
-            return Err(problem(
-                ProblemKind::RootMismatch,
-                Some(last_good + 1),
-                format!(
-                    "the events seq {}..{checkpoint_size} do not match {origin}: one of them was changed",
-                    last_good + 1
-                ),
-            ));
-        }
-        last_good = *checkpoint_size;
-        verified.push(VerifiedCheckpoint {
-            size: *checkpoint_size,
-            root: *checkpoint_root,
-            note: note.clone(),
-        });
+        Ok(Verified {
+            report,
+            leaves: self.leaves,
+            checkpoints: verified,
+            key: key.clone(),
+        })
     }
-
-    if before_start > 0 {
-        warnings.push(format!(
-            "{before_start} checkpoints cover only archived events (before seq {}): check them against the archive",
-            start_size + 1
-        ));
-    }
-    // Each commit stores a signed head over all of its events, in the same
-    // transaction: unsigned events were added (or the head removed) by hand.
-    check_signed(&verified, start_size, size)?;
-    if options.key_fingerprint.is_none() {
-        warnings.push(format!(
-            "no --key-fingerprint given: the key in `{}` (fingerprint {}) was trusted as found; an insider who replaced it could have re-signed a rewritten log",
-            options.key_dir.display(),
-            key.fingerprint()
-        ));
-    }
-    let report = Report {
-        events: size,
-        head_hash: (size > 0).then(|| crate::canonical::to_hex(prev)),
-        root: crate::canonical::to_hex(root),
-        checkpoints: verified.len(),
-        latest_checkpoint_size: verified.last().map(|c| c.size),
-        trusted_checkpoint_size: trusted_size,
-        key_fingerprint: key.fingerprint(),
-        key_fingerprint_confirmed: options.key_fingerprint.is_some(),
-        warnings,
-        segments: segments.iter().map(|s| s.number).collect(),
-        first_seq: start_size + 1,
-        archived_through_segment: archived.map(|a| a.0),
-        archived_through_seq: archived.map(|a| a.1),
-    };
-    Ok(Verified {
-        report,
-        leaves,
-        checkpoints: verified,
-        key: key.clone(),
-    })
 }
 
 /// Fails unless the `signed_head` table of `segment` is there as a table. The writer

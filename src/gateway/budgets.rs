@@ -13,7 +13,7 @@ use serde_json::json;
 use super::Gateway;
 use crate::call::LimitClaim;
 use crate::diagnostic::{Reason, Refusal};
-use crate::state::counters::{Admission, Claim, Counters, SqliteCounters, Ticket};
+use crate::state::counters::{Admission as Counted, Claim, Counters, SqliteCounters, Ticket};
 
 /// Opens `<data_dir>/counters.db`, or says why it could not (calls with limits are then
 /// refused: fail closed).
@@ -23,16 +23,39 @@ pub fn open(data_dir: &Path) -> Result<Arc<dyn Counters>, String> {
         .map_err(|e| e.to_string())
 }
 
+/// A call's admission to its budgets and rates: what was counted for it, given back at
+/// most once ([`Admission::refund`]) if the call reaches no tool. A dry run, a call
+/// without limits and a call not admitted hold nothing.
+#[derive(Default)]
+pub(crate) struct Admission {
+    counted: Option<(Ticket, Arc<dyn Counters>)>,
+}
+
+impl Admission {
+    /// Gives the counts back (the call reached no tool). Only the first call gives
+    /// anything back; later ones do nothing. A failure is logged: the call then stays
+    /// counted, which errs on the side of the limit.
+    pub(crate) async fn refund(&mut self) {
+        let Some((ticket, counters)) = self.counted.take() else {
+            return;
+        };
+        let refunded = tokio::task::spawn_blocking(move || counters.refund(&ticket)).await;
+        if !matches!(refunded, Ok(Ok(()))) {
+            tracing::warn!("a call's budget and rate counts could not be given back");
+        }
+    }
+}
+
 impl Gateway {
     /// Claims a call's budgets and rates (`count: false` for a dry run: checked, not
-    /// counted). `Ok(None)` when the call has no limits.
+    /// counted). An empty admission when the call has no limits.
     pub(crate) async fn admit(
         &self,
         claims: &[LimitClaim],
         count: bool,
-    ) -> Result<Option<Ticket>, Refusal> {
+    ) -> Result<Admission, Refusal> {
         if claims.is_empty() {
-            return Ok(None);
+            return Ok(Admission::default());
         }
         let counters = self.counters.clone().map_err(|e| unavailable(&e))?;
         let wanted: Vec<Claim> = claims
@@ -46,13 +69,16 @@ impl Gateway {
             })
             .collect();
         let now = now_ms();
-        let admission = tokio::task::spawn_blocking(move || counters.admit(&wanted, now, count))
+        let admitting = Arc::clone(&counters);
+        let admission = tokio::task::spawn_blocking(move || admitting.admit(&wanted, now, count))
             .await
             .map_err(|_| unavailable("the counter task failed"))?
             .map_err(|e| unavailable(&e.to_string()))?;
         match admission {
-            Admission::Admitted(ticket) => Ok(Some(ticket)),
-            Admission::Refused {
+            Counted::Admitted(ticket) => Ok(Admission {
+                counted: count.then_some((ticket, counters)),
+            }),
+            Counted::Refused {
                 index,
                 used,
                 retry_after_ms,
@@ -63,18 +89,6 @@ impl Gateway {
                 };
                 Err(refusal(&claim, used, retry_after_ms))
             }
-        }
-    }
-
-    /// Gives back an admitted call's counts (it reached no tool). A failure is logged:
-    /// the call then stays counted, which errs on the side of the limit.
-    pub(crate) async fn refund(&self, ticket: Option<Ticket>) {
-        let (Some(ticket), Ok(counters)) = (ticket, self.counters.clone()) else {
-            return;
-        };
-        let refunded = tokio::task::spawn_blocking(move || counters.refund(&ticket)).await;
-        if !matches!(refunded, Ok(Ok(()))) {
-            tracing::warn!("a call's budget and rate counts could not be given back");
         }
     }
 }
@@ -133,4 +147,49 @@ fn unavailable(why: &str) -> Refusal {
 
 fn now_ms() -> i64 {
     i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn admitted(counters: &Arc<dyn Counters>, claims: &[Claim]) -> Admission {
+        match counters.admit(claims, 0, true).unwrap() {
+            Counted::Admitted(ticket) => Admission {
+                counted: Some((ticket, Arc::clone(counters))),
+            },
+            Counted::Refused { used, .. } => panic!("refused at {used}"),
+        }
+    }
+
+    /// An admission gives its counts back once, however often it is asked: a second
+    /// refund would give back another call's count and let a run past its budget.
+    #[tokio::test]
+    async fn an_admission_is_refunded_at_most_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let counters: Arc<dyn Counters> =
+            Arc::new(SqliteCounters::open(&dir.path().join("counters.db")).unwrap());
+        let claims = [Claim {
+            counter: "budget".into(),
+            max: 2,
+            window_ms: None,
+        }];
+        let mut first = admitted(&counters, &claims);
+        let _second = admitted(&counters, &claims);
+        first.refund().await;
+        first.refund().await;
+        // One of the two calls is still counted: one more fits, then the budget is spent.
+        let _third = admitted(&counters, &claims);
+        assert_eq!(
+            counters.admit(&claims, 0, true).unwrap(),
+            Counted::Refused {
+                index: 0,
+                used: 2,
+                retry_after_ms: None
+            }
+        );
+        // Nothing counted, nothing to give back.
+        Admission::default().refund().await;
+    }
 }

@@ -31,7 +31,7 @@ use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
 mod approvals;
 mod evidence;
 pub use evidence::{EvidencePage, MAX_BUNDLE_BYTES};
-mod budgets;
+pub(crate) mod budgets;
 mod capacity;
 mod catalog;
 mod credential;
@@ -69,21 +69,6 @@ impl Loaded {
         data_dir: &Path,
     ) -> Result<Loaded, Vec<Problem>> {
         let policy = crate::policy::load(policy_dir, tools_file)?;
-        let env = adapter_env(tools_file, data_dir);
-        let adapters = crate::adapter::build(&policy, &env)?;
-        Ok(Loaded::new(policy, adapters))
-    }
-
-    /// [`Loaded::load`] for the offline reviews (`policy explain`, `policy test`,
-    /// `audit replay`), which decide and never execute: secrets are not read (each
-    /// stands as a placeholder), so they run where the secrets are not, as in CI.
-    pub fn load_offline(
-        policy_dir: &Path,
-        tools_file: &Path,
-        data_dir: &Path,
-    ) -> Result<Loaded, Vec<Problem>> {
-        let policy =
-            crate::policy::load_for_review(policy_dir, tools_file, &|var| std::env::var(var).ok())?;
         let env = adapter_env(tools_file, data_dir);
         let adapters = crate::adapter::build(&policy, &env)?;
         Ok(Loaded::new(policy, adapters))

@@ -39,7 +39,9 @@ mod events;
 mod owed;
 
 pub(crate) use events::add_refusal;
-use events::{malformed_event, phase_event, phase_refusal, prepared_details, refusal_event};
+use events::{
+    malformed_event, phase_event, phase_refusal, prepared_details, refusal_event, with_sandbox,
+};
 
 /// Undecided prepared calls the gateway holds at most; a prepare beyond is refused.
 pub const MAX_PENDING: usize = 10_000;
@@ -537,6 +539,7 @@ impl Gateway {
     async fn finish_commit(&self, entry: PendingCommit, trigger: &str) -> Result<Value, Refusal> {
         let outcome = self.run_phase(&entry, Phase::Commit).await;
         let attempts = outcome.attempts;
+        let sandbox = outcome.sandbox;
         match outcome.result {
             Ok(mut answer) => {
                 let token_field = self.token_field(&entry.tool_name);
@@ -544,6 +547,7 @@ impl Gateway {
                     o.remove(&token_field);
                 }
                 let mut event = phase_event(EventType::ToolCommitted, &entry, trigger, attempts);
+                with_sandbox(&mut event, sandbox);
                 event.output_hash_sha256 =
                     Some(sha256_hex(&crate::canonical::to_canonical_bytes(&answer)));
                 let appended = self
@@ -580,6 +584,7 @@ impl Gateway {
                     attempts,
                 );
                 let mut event = phase_event(EventType::ToolCommitFailed, &entry, trigger, attempts);
+                with_sandbox(&mut event, sandbox);
                 add_refusal(&mut event, &refusal);
                 let recorded = self
                     .record_outcome(&entry.call_id, CommitState::CommitFailed, event)
@@ -617,7 +622,7 @@ impl Gateway {
         self.persist(call_id, CommitState::RollingBack).await;
         let outcome = self.run_phase(&entry, Phase::Rollback).await;
         let attempts = outcome.attempts;
-        let (state, event) = match outcome.result {
+        let (state, mut event) = match outcome.result {
             Ok(_) => (
                 CommitState::RolledBack,
                 phase_event(EventType::ToolRolledBack, &entry, trigger, attempts),
@@ -636,6 +641,7 @@ impl Gateway {
                 (CommitState::RollbackFailed, event)
             }
         };
+        with_sandbox(&mut event, outcome.sandbox);
         if let Err(e) = self.record_outcome(call_id, state, event).await {
             tracing::error!(call_id, error = %e, "the audit log could not record a rollback yet; it is recorded at the next chance");
         }
@@ -666,6 +672,7 @@ impl Gateway {
                     "tool `{}` no longer declares phases in the loaded policy",
                     entry.tool_name
                 ))),
+                sandbox: None,
             },
         }
     }

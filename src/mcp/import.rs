@@ -107,7 +107,9 @@ pub fn render(
          # `allowed_lanes`, add it to those lanes' `tools` in policy/lanes.yaml, set\n\
          # `enabled: true`, tighten schemas and limits, then run `toolgate policy check`.\n\
          # A stdio server runs in the directory of tool_registry.yaml: use absolute paths\n\
-         # or programs on PATH in `command`.\n\
+         # or programs on PATH in `command`. It runs in the strict default sandbox (no\n\
+         # network, no files but its program's): give the entry a `sandbox:` with what it\n\
+         # needs (docs/policy.md, \"Sandbox\").\n\
          # The server goes in the registry's `servers:` list and the tools in its `tools:`\n\
          # list: if the registry has no `servers:` yet, paste the `servers:` part as is.\n",
     );

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde_json::{Map, Value, json};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Take};
+use tokio::net::unix::pipe;
 
 use super::host::{TestSwitch, config};
 use super::plan::{Plan, scratch_base};
@@ -147,7 +148,7 @@ impl Launch {
         let spec = serde_json::to_string(&spec)
             .map_err(|e| unavailable("launcher", format!("the launch spec: {e}")))?;
         let (reader, writer) =
-            pipe().map_err(|e| unavailable("launcher", format!("the report pipe: {e}")))?;
+            report_pipe().map_err(|e| unavailable("launcher", format!("the report pipe: {e}")))?;
         let mut command = tokio::process::Command::new(launcher);
         command
             .arg("sandbox-exec")
@@ -204,7 +205,7 @@ impl ReportReader {
         let Some(fd) = self.fd else {
             return Vec::new();
         };
-        let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        let Ok(mut pipe) = pipe::Receiver::from_owned_fd(fd) else {
             return Vec::new();
         };
         let mut bytes = Vec::new();
@@ -218,7 +219,63 @@ impl ReportReader {
     }
 }
 
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+/// The launcher's reports as they come, for a process that outlives a call (a stdio
+/// MCP server): its start is read at once, its end whenever it comes.
+pub struct ReportStream {
+    lines: Option<tokio::io::Lines<BufReader<Take<pipe::Receiver>>>>,
+}
+
+impl ReportReader {
+    /// Reads the reports as they come rather than at the launcher's end.
+    pub fn stream(self) -> ReportStream {
+        let receiver = self
+            .fd
+            .and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
+        ReportStream {
+            lines: receiver.map(|r| BufReader::new(r.take(MAX_REPORT_BYTES)).lines()),
+        }
+    }
+}
+
+impl ReportStream {
+    /// The records up to the first that says whether the process started (started,
+    /// unavailable, not executed), or all of them if the launcher ended first.
+    pub async fn until_started(&mut self) -> Vec<Record> {
+        let mut records = Vec::new();
+        let Some(lines) = self.lines.as_mut() else {
+            return records;
+        };
+        while let Ok(Some(line)) = lines.next_line().await {
+            let Ok(record) = serde_json::from_str::<Record>(&line) else {
+                continue;
+            };
+            let decisive = matches!(
+                record,
+                Record::Started(_) | Record::Unavailable { .. } | Record::ExecFailed { .. }
+            );
+            records.push(record);
+            if decisive {
+                break;
+            }
+        }
+        records
+    }
+
+    /// The remaining records, to the launcher's end.
+    pub async fn rest(mut self) -> Vec<Record> {
+        let mut records = Vec::new();
+        if let Some(lines) = self.lines.as_mut() {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(record) = serde_json::from_str::<Record>(&line) {
+                    records.push(record);
+                }
+            }
+        }
+        records
+    }
+}
+
+fn report_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two descriptors into the array; both are owned below.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {

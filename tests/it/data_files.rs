@@ -32,7 +32,7 @@ const BIG_OUTPUT: &str = r#"
     required_scope_keys: []
     prohibited_flags: []
     write_targets: []
-    adapter: {kind: command, argv: ["python3", "-c", "import json; print(json.dumps({'blob': 'x' * 200000}))"]}
+    adapter: {kind: command, argv: ["/usr/bin/python3", "-c", "import json; print(json.dumps({'blob': 'x' * 200000}))"]}
     input_schema: {type: object}
     output_schema: {type: object, properties: {blob: {type: string}}, required: [blob]}
 "#;

@@ -725,13 +725,28 @@ fn a_closed_run_is_still_refused_as_not_active_and_its_id_stays_taken() {
 /// The call-budget policy (`budgets.rs`) whose `slow_limited` tool, once started,
 /// touches `<gate>/started` and runs until `<gate>/go` exists; returns the gate folder.
 fn held_tool_policy(dir: &Path) -> (std::path::PathBuf, Start) {
+    use std::os::unix::fs::PermissionsExt;
     let gate = dir.join("gate");
     std::fs::create_dir(&gate).unwrap();
+    // The tool runs confined (as an unprivileged user when the tests run as root): it
+    // may run /usr/bin's programs and write in the gate, which that user can reach.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&gate, std::fs::Permissions::from_mode(0o777)).unwrap();
     let held = format!(
         "touch {0}/started; while [ ! -e {0}/go ]; do sleep 0.02; done",
         gate.display()
     );
-    let tools = crate::budgets::TOOLS.replace("sleep 0.3", &held);
+    let confined = format!(
+        "echo \\\"$line\\\"\"], env_allowlist: [PATH], sandbox: {{filesystem: {{exec: [/usr/bin], write: [{}]}}}}}}",
+        gate.display()
+    );
+    let tools = crate::budgets::TOOLS
+        .replace("sleep 0.3", &held)
+        .replace("echo \\\"$line\\\"\"], env_allowlist: [PATH]}", &confined);
+    assert!(
+        tools.contains(&confined),
+        "the budgets policy changed shape"
+    );
     (gate, crate::budgets::write_policy(dir, &tools))
 }
 

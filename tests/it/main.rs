@@ -45,6 +45,7 @@ mod lab;
 mod mcp_adapter;
 mod mcp_adapter_flood;
 mod mcp_front;
+mod mcp_sandbox;
 mod mcp_session;
 mod metrics;
 mod outbound;
@@ -56,6 +57,8 @@ mod redaction;
 mod requests;
 mod review_live;
 mod sandbox;
+// The request path through `server::handle` without a socket: routes, 405/404, queries, refusal responses.
+mod server_handle;
 mod ship;
 mod siem;
 mod soak;

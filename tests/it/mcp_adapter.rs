@@ -116,15 +116,16 @@ pub(crate) fn call(server: &Server, run: &str, tool: &str, arguments: Value) -> 
 
 /// An `mcp` adapter running tests/mcp/lab_server.py with its state in `state`.
 pub(crate) fn lab_server(state: &Path, mode: &str, tool: &str) -> String {
-    fs::create_dir_all(state).unwrap();
+    let bin = support::open_to_sandbox(state);
     format!(
-        "{{kind: mcp, command: {}, tool: {tool}}}",
+        "{{kind: mcp, command: {}, tool: {tool}, sandbox: {}}}",
         json!([
-            "python3",
-            support::scripts().join("lab_server.py"),
+            support::SYSTEM_PYTHON,
+            bin.join("lab_server.py"),
             state,
             mode
-        ])
+        ]),
+        support::sandbox(std::slice::from_ref(&bin), &[state])
     )
 }
 
@@ -177,7 +178,10 @@ fn a_real_third_party_server_over_stdio_answers_through_the_gateway() {
         dir.path(),
         &[LabTool {
             name: "convert_time",
-            adapter: format!("{{kind: mcp, command: {command}, tool: convert_time}}"),
+            adapter: format!(
+                "{{kind: mcp, command: {command}, tool: convert_time, sandbox: {}}}",
+                support::UNCONFINED_PYTHON
+            ),
             timeout_ms: 30000,
             output_schema: "{type: object, properties: {source: {type: object}, target: {type: object, properties: {datetime: {type: string}, timezone: {type: string}}, required: [datetime, timezone]}, time_difference: {type: string}}, required: [source, target, time_difference]}",
         }],
@@ -550,6 +554,15 @@ fn imported_entries_load_once_reviewed_and_then_run() {
     // (the demo registry has none yet), the tool entries at the end of its list.
     let (servers_part, tools_part) = printed.split_once("\ntools:\n").unwrap();
     let servers_part = &servers_part[servers_part.find("\nservers:\n").unwrap()..];
+    // The reviewer gives the server the paths it reads (it runs confined).
+    let servers_part = servers_part.replacen(
+        "    max_concurrency: ",
+        &format!(
+            "    sandbox: {}\n    max_concurrency: ",
+            support::UNCONFINED_PYTHON
+        ),
+        1,
+    );
     let mut text = fs::read_to_string(&registry).unwrap().replacen(
         "\ntools:\n",
         &format!("{servers_part}\n\ntools:\n"),
@@ -828,7 +841,10 @@ fn server_everything_content_blocks_reach_the_typescript_client_unchanged() {
         dir.path(),
         &[LabTool {
             name: "tiny_image",
-            adapter: format!("{{kind: mcp, command: {command}, tool: get-tiny-image}}"),
+            adapter: format!(
+                "{{kind: mcp, command: {command}, tool: get-tiny-image, sandbox: {}}}",
+                support::UNCONFINED_NODE
+            ),
             timeout_ms: 30000,
             output_schema: ANY_OBJECT,
         }],

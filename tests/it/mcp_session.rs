@@ -25,15 +25,11 @@ use serde_json::{Value, json};
 
 /// A `servers:` entry running tests/mcp/lab_server.py with its state in `state`.
 fn lab_server_entry(id: &str, state: &Path, max_concurrency: u32) -> String {
-    fs::create_dir_all(state).unwrap();
+    let bin = support::open_to_sandbox(state);
     format!(
-        "  - server_id: {id}\n    description: The lab server.\n    command: {}\n    max_concurrency: {max_concurrency}\n",
-        json!([
-            "python3",
-            support::scripts().join("lab_server.py"),
-            state,
-            ""
-        ])
+        "  - server_id: {id}\n    description: The lab server.\n    command: {}\n    max_concurrency: {max_concurrency}\n    sandbox: {}\n",
+        json!([support::SYSTEM_PYTHON, bin.join("lab_server.py"), state, ""]),
+        support::sandbox(std::slice::from_ref(&bin), &[state])
     )
 }
 
@@ -144,11 +140,11 @@ fn the_tools_of_one_server_share_one_process_and_a_killed_one_is_restarted() {
     assert_eq!(starts(&state), 1);
     let running = processes_mentioning(&state);
     assert_eq!(running.len(), 1, "{running:?}");
-    let pid = fs::read_to_string(state.join("pid")).unwrap();
-    assert_eq!(running[0], pid.trim());
+    // The pid the server reports is its pid namespace's own: the host's is in /proc.
+    let pid = &running[0];
 
     // Killed behind the gateway's back, it is restarted by the next call.
-    common::unsafe_free_kill(pid.trim().parse().unwrap(), "KILL");
+    common::unsafe_free_kill(pid.parse().unwrap(), "KILL");
     wait_for("the killed server to be gone", || {
         processes_mentioning(&state).is_empty().then_some(())
     });

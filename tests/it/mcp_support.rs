@@ -123,3 +123,48 @@ pub fn node_client(plan: &serde_json::Value, limit: Duration) -> serde_json::Val
 pub fn server_everything() -> PathBuf {
     node_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
 }
+
+/// A `sandbox:` block (YAML flow) for a test's stdio server: read on `read`, write on
+/// `write`. Paths are made canonical: a profile path may pass
+/// through no symlink.
+pub fn sandbox(read: &[PathBuf], write: &[&Path]) -> String {
+    let canonical = |p: &Path| fs::canonicalize(p).unwrap();
+    let reads: Vec<PathBuf> = read.iter().map(|p| canonical(p)).collect();
+    let writes: Vec<PathBuf> = write.iter().map(|p| canonical(p)).collect();
+    format!(
+        "{{filesystem: {{read: {}, write: {}}}}}",
+        serde_json::json!(reads),
+        serde_json::json!(writes)
+    )
+}
+
+/// The system's Python, for servers that need only its standard library.
+pub const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+
+/// Opens `state` (a test's directory in a fresh temporary directory) to a confined
+/// server: when the tests run as root the server runs as an unprivileged user, which
+/// must traverse the temporary directory and write in `state`.
+/// Returns the directory beside `state` holding a copy of tests/mcp/lab_server.py,
+/// readable by that user (the checkout may sit where it cannot read).
+pub fn open_to_sandbox(state: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir_all(state).unwrap();
+    let parent = state.parent().unwrap();
+    fs::set_permissions(parent, fs::Permissions::from_mode(0o711)).unwrap();
+    fs::set_permissions(state, fs::Permissions::from_mode(0o777)).unwrap();
+    let bin = parent.join("lab-bin");
+    fs::create_dir_all(&bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::copy(scripts().join("lab_server.py"), bin.join("lab_server.py")).unwrap();
+    bin
+}
+
+/// The `sandbox:` of a server run by the test environment's Python: that Python lives
+/// under the home of the user running the tests, which the unprivileged user a
+/// confined server runs as (when the tests run as root) cannot enter.
+pub const UNCONFINED_PYTHON: &str =
+    "{unconfined: \"the test environment's Python lives in a home the sandbox user cannot enter\"}";
+
+/// The `sandbox:` of the Node reference server, installed under the build directory,
+/// which may sit in a home the unprivileged sandbox user cannot enter.
+pub const UNCONFINED_NODE: &str = "{unconfined: \"the test packages live under the build directory, which the sandbox user may not enter\"}";

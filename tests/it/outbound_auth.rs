@@ -1191,7 +1191,7 @@ fn an_https_mcp_server_gets_its_bearer_secret_and_a_stdio_server_its_env_secret_
     let script = crate::mcp_support::scripts().join("secret_server.py");
     let python = crate::mcp_support::python();
     let servers = format!(
-        "secrets:\n  - {{id: mcp_token, from: {{file: mcp.token}}}}\n  - {{id: stdio_token, from: {{env: T41_STDIO_TOKEN}}}}\nservers:\n  - server_id: hosted\n    url: \"https://127.0.0.1:{}/mcp\"\n    ca: private-ca.pem\n    auth: {{bearer: \"${{secret:mcp_token}}\"}}\n  - server_id: local\n    command: [{}, {}, stdio]\n    env: {{UPSTREAM_TOKEN: \"${{secret:stdio_token}}\", PLAIN: fixed-value}}\n",
+        "secrets:\n  - {{id: mcp_token, from: {{file: mcp.token}}}}\n  - {{id: stdio_token, from: {{env: T41_STDIO_TOKEN}}}}\nservers:\n  - server_id: hosted\n    url: \"https://127.0.0.1:{}/mcp\"\n    ca: private-ca.pem\n    auth: {{bearer: \"${{secret:mcp_token}}\"}}\n  - server_id: local\n    command: [{}, {}, stdio]\n    env: {{UPSTREAM_TOKEN: \"${{secret:stdio_token}}\", PLAIN: fixed-value}}\n    sandbox: {{unconfined: \"the test's Python environment lives in the target directory\"}}\n",
         upstream.port,
         json!(python),
         json!(script)

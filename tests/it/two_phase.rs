@@ -737,7 +737,21 @@ fn a_command_tool_commits_through_its_commit_program_with_the_kept_token() {
     assert_eq!(given["commit_token"], "ct-cmd-1");
     assert_eq!(given["call_id"], prepared["call_id"]);
     assert!(!tools_dir.join("rolled_back.json").exists());
-    no_token_in_log(&lab.server, prepared["call_id"].as_str().unwrap());
+    // The commit's event records the sandbox its program ran under, as a call's does.
+    let call_id = prepared["call_id"].as_str().unwrap();
+    let events = events_of(&lab.server, call_id);
+    let committed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_committed")
+        .collect();
+    assert_eq!(committed.len(), 1, "{events:?}");
+    assert_eq!(
+        committed[0]["details"]["sandbox"]["unconfined"],
+        "its phases write beside the registry, in a root-only temporary directory",
+        "{}",
+        committed[0]
+    );
+    no_token_in_log(&lab.server, call_id);
     verify(&lab.server.db());
 }
 

@@ -9,7 +9,8 @@ Every start appends a line to STATE_DIR/starts and writes its pid to STATE_DIR/p
 `hang-handshake`: never answers `initialize`.
 `crash-first-call`: the first start exits in the middle of its first `tools/call`.
 Tools: `echo` (structured result), `fail` (an error result), `crash` (the process
-exits during the call), `hang` (never answers), and three that run beside the
+exits during the call), `hang` (never answers), `probe` (tries to read the file
+`read` and to connect to 127.0.0.1 on port `connect`; says what happened), and three that run beside the
 message loop (so the server keeps reading while they run): `slow` (appends its
 request id to STATE_DIR/calls, then answers once STATE_DIR/go exists or after
 `seconds`; with a progressToken it first reports one progress step, "started"; a
@@ -23,6 +24,7 @@ hang: `ping_flood` after answering its call, `ping_flood_in_call` without answer
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -49,6 +51,7 @@ TOOLS = [
     {"name": "fail", "description": "Always fails.", "inputSchema": OBJECT},
     {"name": "crash", "description": "Exits mid-call.", "inputSchema": OBJECT},
     {"name": "hang", "description": "Never answers.", "inputSchema": OBJECT},
+    {"name": "probe", "description": "Reads `read`, connects to port `connect`.", "inputSchema": OBJECT},
     {"name": "slow", "description": "Answers when told to.", "inputSchema": OBJECT},
     {"name": "progress", "description": "Reports three steps.", "inputSchema": OBJECT},
     {"name": "flood", "description": "Floods progress.", "inputSchema": OBJECT},
@@ -157,6 +160,23 @@ for line in sys.stdin:
             os._exit(4)
         elif name == "hang":
             time.sleep(3600)
+        elif name == "probe":
+            # What a hostile server would try: read a file, connect to a port.
+            out = {}
+            if "read" in args:
+                try:
+                    with open(args["read"], "rb") as f:
+                        f.read(16)
+                    out["read"] = "ok"
+                except OSError as e:
+                    out["read"] = f"denied: {e.strerror}"
+            if "connect" in args:
+                try:
+                    socket.create_connection(("127.0.0.1", int(args["connect"])), timeout=2).close()
+                    out["connect"] = "ok"
+                except OSError as e:
+                    out["connect"] = f"denied: {e.strerror or e}"
+            result(rid, out)
         elif name == "ping_flood":
             result(rid, {"text": "flooding", "start": starts})
             ping_flood(int(args.get("count", 100000)))

@@ -34,9 +34,11 @@ pub enum RawListing {
 pub async fn list_tools(upstream: &Upstream, deadline: Instant) -> Result<Listing, ExecError> {
     let tap = Tap::default();
     let work = async {
+        // `mcp import` lists an operator's server before any policy names it: it runs
+        // as the operator started it, unconfined.
         let connection = open(
             upstream,
-            &Reach::default(),
+            (&Reach::default(), None),
             &upstream.describe(),
             Bounds {
                 hard_cap: usize::MAX,

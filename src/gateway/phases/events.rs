@@ -55,6 +55,15 @@ pub(super) fn phase_event(
     event
 }
 
+/// Records the sandbox a command phase's process ran under (`details.sandbox`).
+pub(super) fn with_sandbox(event: &mut NewEvent, sandbox: Option<Map<String, Value>>) {
+    if let Some(sandbox) = sandbox {
+        event
+            .details
+            .insert("sandbox".into(), Value::Object(sandbox));
+    }
+}
+
 /// The `tool_commit_refused` event of a refused commit request.
 pub(super) fn refusal_event(
     call_id: &str,
