@@ -3,7 +3,8 @@
 //! goes through a reqwest client made by [`builder`] or [`builder_trusting`], over rustls
 //! with the AWS-LC crypto provider (docs/decisions.md says why).
 //!
-//! INVARIANT: no redirect is followed and no proxy is used, so a request goes to the
+//! INVARIANT: no redirect is followed and no proxy is used unless the registry names
+//! one for the upstream (never one from the environment), so a request goes to the
 //! host its caller checked and to no other; server certificates are always verified
 //! (against the system's roots, or only the given CA bundle), never skipped.
 
@@ -14,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 /// The largest CA bundle file read (a system bundle is about 200 KiB).
@@ -48,23 +49,27 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-/// TLS trusting the operating system's roots (`/etc/ssl/certs`, or `SSL_CERT_FILE` /
-/// `SSL_CERT_DIR`), loaded once per process. Without any system root, https requests
-/// fail at the handshake with a message saying so; http still works.
+/// The verifier trusting the operating system's roots (`/etc/ssl/certs`, or
+/// `SSL_CERT_FILE` / `SSL_CERT_DIR`), made once per process. Without any system root,
+/// https requests fail at the handshake with a message saying so; http still works.
+fn system_verifier() -> Arc<dyn ServerCertVerifier> {
+    static VERIFIER: OnceLock<Arc<dyn ServerCertVerifier>> = OnceLock::new();
+    VERIFIER
+        .get_or_init(|| match rustls_platform_verifier::Verifier::new(provider()) {
+            Ok(verifier) => Arc::new(verifier),
+            Err(e) => {
+                tracing::warn!(error = %e, "no trusted CA certificates on this system; https requests will be refused");
+                Arc::new(NoRoots(e.to_string()))
+            }
+        })
+        .clone()
+}
+
+/// TLS trusting the operating system's roots, made once per process.
 fn system_tls() -> Result<ClientConfig, String> {
     static CONFIG: OnceLock<Result<ClientConfig, String>> = OnceLock::new();
     CONFIG
-        .get_or_init(|| {
-            let verifier: Arc<dyn ServerCertVerifier> =
-                match rustls_platform_verifier::Verifier::new(provider()) {
-                    Ok(verifier) => Arc::new(verifier),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "no trusted CA certificates on this system; https requests will be refused");
-                        Arc::new(NoRoots(e.to_string()))
-                    }
-                };
-            tls_with(verifier).map_err(|e| e.to_string())
-        })
+        .get_or_init(|| tls_with(system_verifier(), None).map_err(|e| e.to_string()))
         .clone()
 }
 
@@ -74,12 +79,75 @@ pub fn system_tls_config() -> Result<ClientConfig, String> {
     system_tls()
 }
 
-fn tls_with(verifier: Arc<dyn ServerCertVerifier>) -> Result<ClientConfig, rustls::Error> {
-    Ok(ClientConfig::builder_with_provider(provider())
+fn tls_with(
+    verifier: Arc<dyn ServerCertVerifier>,
+    identity: Option<&ClientIdentity>,
+) -> Result<ClientConfig, rustls::Error> {
+    let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth())
+        .with_custom_certificate_verifier(verifier);
+    match identity {
+        Some(identity) => {
+            builder.with_client_auth_cert(identity.chain.clone(), identity.key.clone_key())
+        }
+        None => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// A TLS client certificate and its key (mutual TLS), from PEM.
+pub struct ClientIdentity {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+impl fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientIdentity")
+            .field("certificates", &self.chain.len())
+            .finish()
+    }
+}
+
+impl ClientIdentity {
+    /// The certificate chain (leaf first) and the private key, each PEM.
+    pub fn from_pem(cert: &[u8], key: &[u8]) -> Result<ClientIdentity, String> {
+        let chain = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("the certificate file is not PEM: {e}"))?;
+        if chain.is_empty() {
+            return Err("the certificate file holds no `BEGIN CERTIFICATE` block".into());
+        }
+        let key = PrivateKeyDer::from_pem_slice(key)
+            .map_err(|e| format!("the key file holds no usable private key: {e}"))?;
+        let identity = ClientIdentity { chain, key };
+        // The pair must be usable together (a key of another certificate is refused).
+        tls_with(system_verifier(), Some(&identity)).map_err(|e| e.to_string())?;
+        Ok(identity)
+    }
+}
+
+/// A client builder for one upstream: trusting only `ca` when given (else the
+/// system's roots), presenting `identity` when given, through `proxy` when given (an
+/// `http://` proxy; https goes through it with CONNECT, and the certificate is still
+/// the upstream's, verified end to end).
+pub fn builder_for(
+    ca: Option<&CaBundle>,
+    identity: Option<&ClientIdentity>,
+    proxy: Option<&str>,
+) -> Result<reqwest::ClientBuilder, OutboundError> {
+    let verifier = match ca {
+        Some(ca) => ca.verifier.clone(),
+        None => system_verifier(),
+    };
+    let tls = tls_with(verifier, identity).map_err(|e| OutboundError::Build(e.to_string()))?;
+    let mut builder = base().tls_backend_preconfigured(tls);
+    if let Some(proxy) = proxy {
+        let proxy = reqwest::Proxy::all(proxy)
+            .map_err(|e| OutboundError::Build(format!("proxy: {}", error_chain(&e))))?;
+        builder = builder.proxy(proxy);
+    }
+    Ok(builder)
 }
 
 /// The verifier when the system has no root certificate: refuses every server.
@@ -131,6 +199,7 @@ impl ServerCertVerifier for NoRoots {
 #[derive(Clone)]
 pub struct CaBundle {
     path: PathBuf,
+    verifier: Arc<dyn ServerCertVerifier>,
     config: ClientConfig,
 }
 
@@ -168,9 +237,11 @@ impl CaBundle {
         )
         .build()
         .map_err(|e| fail(e.to_string()))?;
+        let verifier: Arc<dyn ServerCertVerifier> = verifier;
         Ok(CaBundle {
             path: path.to_path_buf(),
-            config: tls_with(verifier).map_err(|e| fail(e.to_string()))?,
+            config: tls_with(verifier.clone(), None).map_err(|e| fail(e.to_string()))?,
+            verifier,
         })
     }
 

@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
@@ -52,23 +52,26 @@ use tokio::time::Instant;
 
 use crate::adapter::command::Confinement;
 use crate::adapter::{
-    AdapterEnv, ExecContext, ExecError, SettingProblem, output_hard_cap, resolve_program,
-    unsafe_argument,
+    AdapterEnv, ExecContext, ExecError, SettingProblem, output_hard_cap, unsafe_argument,
 };
 use crate::call::CallSignals;
 use crate::canonical::to_canonical_bytes;
 use crate::diagnostic::Refusal;
+use crate::policy::secrets::Secrets;
 use crate::policy::{AdapterConfig, Policy, Problem};
 
 mod bounded;
 mod listing;
 mod process;
+mod reach;
 mod upcalls;
 pub use bounded::MAX_UPSTREAM_REQUESTS;
 use bounded::{Bounded, Tripwire};
 pub use listing::{Listing, RawListing, list_tools};
 use listing::{Tap, Tapped, TappedHttp};
 use process::{Pipes, Process, Start};
+use reach::Reach;
+pub use reach::Upstream;
 use upcalls::{InFlight, ProgressRoutes, Route, Upcalls};
 
 /// First wait before restarting an upstream that failed; doubles per failure.
@@ -141,11 +144,15 @@ pub struct Session {
     supervisor: tokio::sync::Mutex<Supervisor>,
     /// Where the upstream's progress notifications go, by the session's own token.
     routes: Arc<ProgressRoutes>,
+    /// The entry's environment, headers, TLS settings and their scrubber.
+    reach: Reach,
 }
 
 /// The sessions of one policy's MCP servers, while its adapters are built.
 pub(crate) struct Servers {
     sessions: BTreeMap<String, Arc<Session>>,
+    /// The policy's secrets, for the entries' `env`, `headers` and `auth`.
+    secrets: Secrets,
     /// The largest hard cap and longest deadline of the tools of each server.
     bounds: BTreeMap<String, Bounds>,
 }
@@ -180,6 +187,7 @@ impl Servers {
         }
         Servers {
             sessions: BTreeMap::new(),
+            secrets: policy.secrets.clone(),
             bounds,
         }
     }
@@ -221,6 +229,7 @@ impl Servers {
         let session = match self.sessions.get(&key) {
             Some(session) => Ok(session.clone()),
             None => Upstream::build(command.as_deref(), url.as_deref(), env).and_then(|upstream| {
+                let reach = Reach::build(config, &self.secrets, env)?;
                 let confinement = match &upstream {
                     Upstream::Stdio {
                         program,
@@ -246,6 +255,7 @@ impl Servers {
                     confinement,
                     bounds,
                     *max_concurrency,
+                    reach,
                 ));
                 self.sessions.insert(key, session.clone());
                 Ok(session)
@@ -263,106 +273,6 @@ impl Servers {
             }
         }
     }
-}
-
-/// Where the upstream server is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Upstream {
-    /// Started by the gateway; spoken to over its stdin and stdout.
-    Stdio {
-        /// argv[0] as written in the registry, for messages.
-        argv0: String,
-        /// The program: absolute, resolved on PATH at build for bare names.
-        program: PathBuf,
-        args: Vec<String>,
-        working_dir: PathBuf,
-    },
-    /// A Streamable HTTP endpoint (`http://` only).
-    Http { url: String },
-}
-
-impl Upstream {
-    /// Checks the settings of an `mcp` adapter: exactly one of a command (whose
-    /// program exists) or an `http://` url.
-    pub(crate) fn build(
-        command: Option<&[String]>,
-        url: Option<&str>,
-        env: &AdapterEnv,
-    ) -> Result<Upstream, Vec<SettingProblem>> {
-        match (command, url) {
-            (Some(argv), None) => stdio(argv, env),
-            (None, Some(url)) => http(url).map_err(|p| vec![p]),
-            _ => Err(vec![
-                SettingProblem::new("an `mcp` adapter needs exactly one of `command` or `url`")
-                    .help("start the server with `command: [argv...]` or reach it with `url: http://...`"),
-            ]),
-        }
-    }
-
-    /// How the upstream is named in messages.
-    fn describe(&self) -> String {
-        match self {
-            Upstream::Stdio { argv0, .. } => format!("`{argv0}`"),
-            Upstream::Http { url } => format!("`{url}`"),
-        }
-    }
-}
-
-fn stdio(argv: &[String], env: &AdapterEnv) -> Result<Upstream, Vec<SettingProblem>> {
-    let mut problems = Vec::new();
-    let program = match argv.first() {
-        None => {
-            problems.push(SettingProblem::new("`command` is empty").help(
-                "give the server's program and arguments, e.g. [\"uvx\", \"mcp-server-time\"]",
-            ));
-            None
-        }
-        Some(argv0) => resolve_program(argv0).map_err(|p| problems.push(p)).ok(),
-    };
-    for (i, arg) in argv.iter().enumerate() {
-        if arg.contains('\0') {
-            problems.push(SettingProblem::new(format!(
-                "`command[{i}]` contains a nul byte"
-            )));
-        }
-    }
-    match program {
-        Some(program) if problems.is_empty() => Ok(Upstream::Stdio {
-            argv0: argv.first().cloned().unwrap_or_default(),
-            program,
-            args: argv.iter().skip(1).cloned().collect(),
-            working_dir: env.tools_dir.clone(),
-        }),
-        _ => Err(problems),
-    }
-}
-
-fn http(url: &str) -> Result<Upstream, SettingProblem> {
-    let bad = |why: &str| {
-        SettingProblem::new(format!("url `{url}` {why}"))
-            .help("give the server's Streamable HTTP endpoint, e.g. http://127.0.0.1:8000/mcp")
-    };
-    if url.starts_with("https://") {
-        return Err(bad("uses https, which this build does not support").help(
-            "reach the server over http on a trusted network, or run it over stdio with `command`",
-        ));
-    }
-    let Some(rest) = url.strip_prefix("http://") else {
-        return Err(bad("is not an absolute http:// url"));
-    };
-    let uri: hyper::Uri = url.parse().map_err(|_| bad("is not a valid url"))?;
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    if authority.contains('@') {
-        return Err(bad(
-            "has user info; credentials do not belong in the registry",
-        ));
-    }
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(bad("has no host"));
-    }
-    Ok(Upstream::Http {
-        url: url.to_string(),
-    })
 }
 
 /// The restart bookkeeping of one upstream.
@@ -433,6 +343,25 @@ impl McpAdapter {
     /// Calls the tool on the server's session within `ctx.deadline`, reporting its
     /// progress to `signals`. Dropping the future cancels the request upstream.
     pub async fn execute(
+        &self,
+        arguments: &Value,
+        ctx: ExecContext<'_>,
+        signals: &CallSignals,
+    ) -> Result<Value, ExecError> {
+        let result = self.call(arguments, ctx, signals).await;
+        let scrubber = &self.session.reach.scrubber;
+        if scrubber.is_empty() {
+            return result;
+        }
+        // INVARIANT: nothing a server given secrets answered (its results, its
+        // errors, its stderr) leaves the adapter unscrubbed.
+        match result {
+            Ok(value) => Ok(scrubber.value(value)),
+            Err(e) => Err(scrubber.error(e)),
+        }
+    }
+
+    async fn call(
         &self,
         arguments: &Value,
         ctx: ExecContext<'_>,
@@ -554,6 +483,7 @@ impl Session {
         confinement: Option<Confinement>,
         bounds: Bounds,
         max_concurrency: u32,
+        reach: Reach,
     ) -> Session {
         Session {
             label,
@@ -564,6 +494,7 @@ impl Session {
             max_concurrency,
             supervisor: tokio::sync::Mutex::new(Supervisor::default()),
             routes: Arc::default(),
+            reach,
         }
     }
 
@@ -599,7 +530,7 @@ impl Session {
         }
         let opened = open(
             &self.upstream,
-            self.confinement.as_ref(),
+            (&self.reach, self.confinement.as_ref()),
             &self.label,
             self.bounds,
             deadline,
@@ -643,7 +574,7 @@ impl Session {
 /// Starts the server (stdio) or connects (HTTP) and runs the MCP handshake.
 async fn open(
     upstream: &Upstream,
-    confinement: Option<&Confinement>,
+    (reach, confinement): (&Reach, Option<&Confinement>),
     label: &str,
     bounds: Bounds,
     deadline: Instant,
@@ -665,6 +596,7 @@ async fn open(
                 args,
                 working_dir,
                 confinement,
+                env: &reach.env,
             };
             let (process, Pipes { stdin, stdout }) = Process::start(start, deadline).await?;
             let stopped = Arc::downgrade(&process);
@@ -691,7 +623,11 @@ async fn open(
             }
         }
         Upstream::Http { url } => {
-            let http = crate::outbound::builder()
+            let builder =
+                super::outbound_client(&reach.outbound, &reach.tools_dir).map_err(|e| {
+                    ExecError::DependencyDown(format!("could not build an http client: {e}"))
+                })?;
+            let http = builder
                 .pool_max_idle_per_host(0)
                 .connect_timeout(HTTP_CONNECT_TIMEOUT)
                 .read_timeout(bounds.read_timeout)
@@ -700,6 +636,7 @@ async fn open(
                     ExecError::DependencyDown(format!("could not build an http client: {e}"))
                 })?;
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            config.custom_headers = reach.headers.iter().cloned().collect();
             config.max_json_response_size = bounds.hard_cap;
             config.max_sse_event_size = bounds.hard_cap;
             let served = match tap {
@@ -798,8 +735,8 @@ mod tests {
             Upstream::build(Some(&["no-such-program-xyz".into()]), None, &e).unwrap_err();
         assert!(problems[0].message.contains("not found on PATH"));
         assert!(Upstream::build(None, Some("http://127.0.0.1:9/mcp"), &e).is_ok());
+        assert!(Upstream::build(None, Some("https://mcp.example.com/mcp"), &e).is_ok());
         for (url, needle) in [
-            ("https://example.com/mcp", "https"),
             ("ftp://x/mcp", "not an absolute http"),
             ("http://user:pw@host/mcp", "user info"),
             ("http:///mcp", "not a valid url"),

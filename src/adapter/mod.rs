@@ -108,6 +108,7 @@ impl ExecError {
 
 mod builtin;
 mod command;
+mod credentials;
 mod http;
 pub mod mcp;
 mod phases;
@@ -240,11 +241,15 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                         }
                     }
                 }),
+            AdapterConfig::Http { request, .. } if tool.phases.is_some() && request.outbound.auth.is_some() => Err(vec![SettingProblem::new(
+                "`auth` on a two-phase tool: its commit and rollback calls would go without the credential",
+            )
+            .help("call the upstream's commit and rollback through a tool without `phases`, or drop `auth`")]),
             AdapterConfig::Http {
                 url,
                 allowed_hosts,
                 request,
-            } => http::HttpAdapter::build(url, allowed_hosts, request)
+            } => http::HttpAdapter::build(url, allowed_hosts, request, &policy.secrets, &env.tools_dir)
                 .map(|h| Adapter::Http(Box::new(h))),
             AdapterConfig::Mcp {
                 tool: upstream_tool,
@@ -299,6 +304,36 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
     } else {
         Err(problems)
     }
+}
+
+/// The client builder of an upstream with `settings`: its CA bundle, its mTLS client
+/// certificate (the key file held to the rules of a secret file) and its proxy; paths
+/// resolve against the registry's directory.
+pub(crate) fn outbound_client(
+    settings: &crate::policy::OutboundSettings,
+    tools_dir: &std::path::Path,
+) -> Result<reqwest::ClientBuilder, String> {
+    let ca = settings
+        .ca
+        .as_ref()
+        .map(|path| crate::outbound::CaBundle::load(&tools_dir.join(path)))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let identity = match &settings.auth {
+        Some(crate::policy::OutboundAuth::Mtls { cert, key }) => {
+            let cert_bytes = crate::localfile::read(&tools_dir.join(cert), 1024 * 1024)
+                .map_err(|e| format!("mtls `cert` `{cert}`: {e}"))?;
+            let key_bytes = crate::policy::secrets::read_private_file(&tools_dir.join(key))
+                .map_err(|e| format!("mtls `key` `{key}`: {e}"))?;
+            Some(crate::outbound::ClientIdentity::from_pem(
+                &cert_bytes,
+                &key_bytes,
+            )?)
+        }
+        _ => None,
+    };
+    crate::outbound::builder_for(ca.as_ref(), identity.as_ref(), settings.proxy.as_deref())
+        .map_err(|e| e.to_string())
 }
 
 /// The confinement of `owner`'s process: a plan for a confined profile (its located

@@ -105,6 +105,14 @@ impl PhaseRunner {
         };
         let mut target = |call: &PhaseCall, name: &str| -> Option<Target> {
             let built = match (call, &tool.adapter) {
+                (PhaseCall::Url(url), AdapterConfig::Http { request, .. }) => {
+                    // The tool's own CA and proxy (its `auth` is refused with `phases`).
+                    super::outbound_client(&request.outbound, &env.tools_dir)
+                        .and_then(super::http::new_client)
+                        .map_err(|e| vec![SettingProblem::new(e)])
+                        .and_then(|client| Upstream::build_with(url, &hosts, client))
+                        .map(|u| Target::Http(Box::new(u)))
+                }
                 (PhaseCall::Url(url), _) => {
                     Upstream::build(url, &hosts).map(|u| Target::Http(Box::new(u)))
                 }

@@ -1,13 +1,11 @@
 //! `toolgate policy explain`: runs the authorization steps for one request without
 //! executing anything, and prints each step with pass or fail and why.
 
-use std::path::Path;
-
 use clap::Args;
 use serde_json::{Value, json};
 
 use crate::commands::{Exit, Format, PolicyLocation, not_loaded};
-use crate::gateway::Loaded;
+
 use crate::pipeline::{Explanation, explain};
 use crate::policy::RunStatus;
 use crate::review::explain::{offline_request, offline_run};
@@ -74,11 +72,7 @@ pub fn explain_command(args: &ExplainArgs) -> Exit {
             return Exit::InvalidConfig;
         }
     };
-    let loaded = match Loaded::load(
-        &args.location.policy_dir,
-        &args.location.tools,
-        Path::new("var"),
-    ) {
+    let loaded = match super::load_offline(&args.location.policy_dir, &args.location.tools) {
         Ok(l) => l,
         Err(problems) => return not_loaded(args.format, "policy", "the policy", &problems),
     };

@@ -269,6 +269,20 @@ pub fn runtime(builder: &mut tokio::runtime::Builder) -> Result<tokio::runtime::
     })
 }
 
+/// The policy and its adapters for the offline reviews (`policy explain`, `policy test`,
+/// `audit replay`), which decide and never execute: secrets are not read (each stands
+/// as a placeholder), so they run where the secrets are not, as in CI.
+pub(crate) fn load_offline(
+    policy_dir: &std::path::Path,
+    tools_file: &std::path::Path,
+) -> Result<crate::gateway::Loaded, Vec<crate::policy::Problem>> {
+    let policy =
+        crate::policy::load_for_review(policy_dir, tools_file, &|var| std::env::var(var).ok())?;
+    let env = crate::gateway::adapter_env(tools_file, std::path::Path::new("var"));
+    let adapters = crate::adapter::build(&policy, &env)?;
+    Ok(crate::gateway::Loaded::new(policy, adapters))
+}
+
 #[cfg(test)]
 mod tests {
     /// clap's own consistency checks of every subcommand's flags (a `requires` naming

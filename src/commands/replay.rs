@@ -2,7 +2,7 @@
 //! (`review::replay`) and prints what would change.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 use time::OffsetDateTime;
@@ -10,7 +10,7 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::audit::{AuditError, AuditReader};
 use crate::commands::{Exit, Format, not_loaded};
-use crate::gateway::Loaded;
+
 use crate::review::replay::render::{render_json, render_text};
 use crate::review::replay::replay_db;
 
@@ -47,7 +47,7 @@ pub fn replay_command(args: &ReplayArgs) -> Exit {
             }
         },
     };
-    let candidate = match Loaded::load(&args.policy_dir, &args.tools, Path::new("var")) {
+    let candidate = match super::load_offline(&args.policy_dir, &args.tools) {
         Ok(l) => l,
         Err(problems) => {
             return not_loaded(

@@ -3,13 +3,13 @@
 //! triples no test covers.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 use serde_json::{Value, json};
 
 use crate::commands::{Exit, Format, PolicyLocation, not_loaded};
-use crate::gateway::Loaded;
+
 use crate::policy::load_cases;
 use crate::review::test::{CaseResult, run_case, triples};
 
@@ -24,11 +24,7 @@ pub struct TestArgs {
 }
 
 pub fn test_command(args: &TestArgs) -> Exit {
-    let loaded = match Loaded::load(
-        &args.location.policy_dir,
-        &args.location.tools,
-        Path::new("var"),
-    ) {
+    let loaded = match super::load_offline(&args.location.policy_dir, &args.location.tools) {
         Ok(l) => l,
         Err(problems) => return not_loaded(args.format, "policy", "the policy", &problems),
     };

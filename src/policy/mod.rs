@@ -26,6 +26,7 @@ mod notes;
 mod raw;
 mod read;
 mod schema;
+pub mod secrets;
 pub mod template;
 mod validate;
 
@@ -128,6 +129,26 @@ pub fn load_with_env(
     tools_file: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Policy, Vec<Problem>> {
+    load_inner(policy_dir, tools_file, env, true)
+}
+
+/// [`load_with_env`] without reading any secret (each stands as a placeholder): for
+/// `policy diff`, which compares secrets by id and source, never by value, and loads
+/// revisions where the secret files are not.
+pub fn load_for_review(
+    policy_dir: &Path,
+    tools_file: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Policy, Vec<Problem>> {
+    load_inner(policy_dir, tools_file, env, false)
+}
+
+fn load_inner(
+    policy_dir: &Path,
+    tools_file: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+    read_secrets: bool,
+) -> Result<Policy, Vec<Problem>> {
     let mut problems = Vec::new();
     let tools_dir = tools_dir(tools_file);
     let roles_path = policy_dir.join("roles.yaml");
@@ -139,6 +160,7 @@ pub fn load_with_env(
         tools_dir: &tools_dir,
         policy_dir,
         env,
+        read_secrets,
     };
     let policy = validate::build(input, &mut problems);
     match policy {

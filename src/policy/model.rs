@@ -29,6 +29,9 @@ pub struct Policy {
     pub source: PolicySource,
     /// Identity providers and run-token settings (roles.yaml).
     pub identity: IdentitySettings,
+    /// The registry's `secrets:` by id, their values read at load (never printed or
+    /// serialized; see `policy::secrets`).
+    pub secrets: super::secrets::Secrets,
 }
 
 /// The identity settings of roles.yaml: `identity_providers` and `run_tokens`.
@@ -412,7 +415,59 @@ pub enum AdapterConfig {
         /// The confinement of a stdio server's process (Some exactly when `command`
         /// is set): the `servers:` entry's, or the adapter's for an inline command.
         sandbox: Option<Sandbox>,
+        /// The `servers:` entry's `env` (stdio), `headers` and `auth`, `ca`, `proxy`
+        /// (Streamable HTTP); empty for an inline server.
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        env: BTreeMap<String, String>,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        headers: BTreeMap<String, String>,
+        #[serde(flatten)]
+        outbound: OutboundSettings,
     },
+}
+
+impl AdapterConfig {
+    /// The ids of the secrets the adapter sends (sorted, each once).
+    pub fn secret_ids(&self) -> Vec<String> {
+        let mut texts: Vec<&str> = Vec::new();
+        let (headers, env, outbound) = match self {
+            AdapterConfig::Http { request, .. } => {
+                (Some(&request.headers), None, Some(&request.outbound))
+            }
+            AdapterConfig::Mcp {
+                env,
+                headers,
+                outbound,
+                ..
+            } => (Some(headers), Some(env), Some(outbound)),
+            _ => (None, None, None),
+        };
+        texts.extend(
+            headers
+                .into_iter()
+                .flat_map(|h| h.values().map(String::as_str)),
+        );
+        texts.extend(env.into_iter().flat_map(|e| e.values().map(String::as_str)));
+        if let Some(auth) = outbound.and_then(|o| o.auth.as_ref()) {
+            texts.extend(auth.secret_fields());
+        }
+        let mut ids: Vec<String> = texts
+            .into_iter()
+            .flat_map(super::secrets::secret_ids)
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    /// The outbound settings of an http tool or an MCP server.
+    pub fn outbound(&self) -> Option<&OutboundSettings> {
+        match self {
+            AdapterConfig::Http { request, .. } => Some(&request.outbound),
+            AdapterConfig::Mcp { outbound, .. } => Some(outbound),
+            _ => None,
+        }
+    }
 }
 
 /// An http tool's request model beyond its URL (`method`, `query`, `headers`, `body`,
@@ -431,6 +486,88 @@ pub struct HttpRequestModel {
     /// Scope keys sent as the RFC 8785 JSON object of a `Toolgate-Scope` header.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub forward_scope: Vec<String>,
+    /// The outbound credential, private CA and proxy of the upstream.
+    #[serde(flatten)]
+    pub outbound: OutboundSettings,
+}
+
+/// How toolgate reaches one upstream (an http tool's, or an MCP server's over
+/// `https://`): its credential, the CAs it is trusted through and a proxy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OutboundSettings {
+    /// The credential toolgate adds after the call is authorized (the agent never
+    /// holds it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth: Option<OutboundAuth>,
+    /// A PEM file of the CAs the upstream's certificate must chain to, instead of the
+    /// system's roots (as written; relative to the registry's directory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    /// An `http://` proxy the connection goes through (CONNECT for https).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
+}
+
+/// `auth:` of an http tool or an MCP server. Credential fields hold `${secret:ID}`
+/// references, never values: this form is what `policy explain` and `policy diff`
+/// show.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutboundAuth {
+    /// `Authorization: Bearer <value>`.
+    Bearer(String),
+    /// `Authorization: Basic base64(username:password)`.
+    Basic { username: String, password: String },
+    /// An OAuth 2.0 access token from the client credentials grant (RFC 6749 4.4),
+    /// cached until shortly before it expires.
+    Oauth2ClientCredentials(TokenGrant),
+    /// An RFC 8693 token exchange of the caller's verified JWT.
+    TokenExchange(TokenGrant),
+    /// A TLS client certificate (PEM files, as written).
+    Mtls { cert: String, key: String },
+}
+
+impl OutboundAuth {
+    /// The auth kind as written in the registry.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OutboundAuth::Bearer(_) => "bearer",
+            OutboundAuth::Basic { .. } => "basic",
+            OutboundAuth::Oauth2ClientCredentials(_) => "oauth2_client_credentials",
+            OutboundAuth::TokenExchange(_) => "token_exchange",
+            OutboundAuth::Mtls { .. } => "mtls",
+        }
+    }
+
+    /// Every text field that may hold `${secret:ID}` references.
+    pub fn secret_fields(&self) -> Vec<&str> {
+        match self {
+            OutboundAuth::Bearer(token) => vec![token],
+            OutboundAuth::Basic { username, password } => vec![username, password],
+            OutboundAuth::Oauth2ClientCredentials(grant) | OutboundAuth::TokenExchange(grant) => {
+                let mut fields = vec![grant.client_id.as_str(), grant.client_secret.as_str()];
+                fields.extend(grant.actor_token.as_deref());
+                fields
+            }
+            OutboundAuth::Mtls { .. } => Vec::new(),
+        }
+    }
+}
+
+/// The token endpoint and client of `oauth2_client_credentials` and `token_exchange`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TokenGrant {
+    /// `${env:}` resolved; an `https://` url (or `http://` to a loopback address).
+    pub token_url: String,
+    pub client_id: String,
+    pub client_secret: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+    /// `token_exchange` only: the sidecar's own actor token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor_token: Option<String>,
 }
 
 impl HttpRequestModel {
@@ -529,6 +666,13 @@ pub struct McpServer {
     pub max_concurrency: u32,
     /// The confinement of a `command` server's process (Some exactly then).
     pub sandbox: Option<Sandbox>,
+    /// A stdio server's environment beyond the cleared one: fixed values and
+    /// `${secret:ID}` references.
+    pub env: BTreeMap<String, String>,
+    /// Headers of every request to a Streamable HTTP server (fixed or `${secret:ID}`).
+    pub headers: BTreeMap<String, String>,
+    /// The credential, CA and proxy of a Streamable HTTP server.
+    pub outbound: OutboundSettings,
 }
 
 /// Requests in flight on one MCP server's session when its entry does not say.

@@ -166,6 +166,9 @@ pub(crate) struct RawCondition {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RegistryFile {
     pub version: Spanned<String>,
+    /// Outbound credentials, referred to as `${secret:ID}` (see policy/secrets.rs).
+    #[serde(default)]
+    pub secrets: Vec<Spanned<RawSecret>>,
     /// The upstream MCP servers the `mcp` adapters refer to by `server`.
     #[serde(default)]
     pub servers: Vec<Spanned<RawServer>>,
@@ -184,6 +187,70 @@ pub(crate) struct RawServer {
     pub max_concurrency: Option<Spanned<u32>>,
     /// The confinement of a `command` server's process (see `RawSandbox`).
     pub sandbox: Option<Spanned<RawSandbox>>,
+    /// A `command` server's environment: fixed values and `${secret:ID}`.
+    pub env: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    /// A `url` server's request headers, its credential, CA and proxy.
+    pub headers: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    pub auth: Option<Spanned<RawAuth>>,
+    pub ca: Option<Spanned<String>>,
+    pub proxy: Option<Spanned<String>>,
+}
+
+/// `secrets: [{id, from: {env: VAR} | {file: PATH}}]`: exactly one source (checked in
+/// validation).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSecret {
+    pub id: Spanned<String>,
+    pub from: Spanned<RawSecretFrom>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSecretFrom {
+    pub env: Option<Spanned<String>>,
+    pub file: Option<Spanned<String>>,
+}
+
+/// `auth:` of an http adapter or a `url` server: exactly one kind (checked in
+/// validation; an unknown kind is an unknown field).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAuth {
+    pub bearer: Option<Spanned<String>>,
+    pub basic: Option<Spanned<RawBasicAuth>>,
+    pub oauth2_client_credentials: Option<Spanned<RawTokenGrant>>,
+    pub token_exchange: Option<Spanned<RawTokenGrant>>,
+    pub mtls: Option<Spanned<RawMtls>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBasicAuth {
+    pub username: Spanned<String>,
+    pub password: Spanned<String>,
+}
+
+/// `{token_url, client_id, client_secret, scope, audience}` (and `actor_token` for
+/// `token_exchange`, checked in validation).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTokenGrant {
+    pub token_url: Spanned<String>,
+    pub client_id: Spanned<String>,
+    pub client_secret: Spanned<String>,
+    pub scope: Option<Spanned<String>>,
+    pub audience: Option<Spanned<String>>,
+    pub actor_token: Option<Spanned<String>>,
+}
+
+/// `mtls: {cert, key, ca}`: PEM files.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMtls {
+    pub cert: Spanned<String>,
+    pub key: Spanned<String>,
+    pub ca: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -287,6 +354,10 @@ pub(crate) struct RawAdapter {
     pub headers: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
     pub body: Option<Spanned<String>>,
     pub forward_scope: Option<Spanned<Vec<Spanned<String>>>>,
+    // http: the outbound credential, the CAs the upstream is trusted through, a proxy
+    pub auth: Option<Spanned<RawAuth>>,
+    pub ca: Option<Spanned<String>>,
+    pub proxy: Option<Spanned<String>>,
     // mcp
     pub server: Option<Spanned<String>>,
     pub tool: Option<Spanned<String>>,

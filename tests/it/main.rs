@@ -89,6 +89,8 @@ mod mcp_session;
 mod metrics;
 // The one outgoing HTTP stack over real TLS: private CAs, refused certificates.
 mod outbound;
+// Secrets, outbound auth (bearer, basic, client credentials, mTLS), private CAs, scrubbing.
+mod outbound_auth;
 // `policy check`: the shipped policy passes, every broken fixture is refused.
 mod policy_check;
 // `policy diff` and `check --base` on a real git repository.

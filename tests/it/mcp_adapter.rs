@@ -804,11 +804,11 @@ fn import_over_http_marks_and_warns_on_tools_that_require_tasks() {
 #[test]
 fn import_refuses_bad_flags_and_reports_an_unreachable_server() {
     let out = Command::new(BIN)
-        .args(["mcp", "import", "--url", "https://example.com/mcp"])
+        .args(["mcp", "import", "--url", "ftp://example.com/mcp"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(4));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("https"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an absolute http"));
     let out = Command::new(BIN).args(["mcp", "import"]).output().unwrap();
     assert_eq!(out.status.code(), Some(4), "neither --command nor --url");
     let out = Command::new(BIN)

@@ -56,6 +56,8 @@ pub(super) struct Start<'a> {
     pub args: &'a [String],
     pub working_dir: &'a Path,
     pub confinement: Option<&'a Confinement>,
+    /// The entry's own `env` (secrets among them), set after [`PASSED_ENV`].
+    pub env: &'a [(String, crate::policy::secrets::SecretValue)],
 }
 
 impl Process {
@@ -68,6 +70,12 @@ impl Process {
         let vars: Vec<(OsString, OsString)> = PASSED_ENV
             .iter()
             .filter_map(|name| std::env::var_os(name).map(|value| ((*name).into(), value)))
+            .chain(
+                start
+                    .env
+                    .iter()
+                    .map(|(name, value)| (name.into(), value.expose().into())),
+            )
             .collect();
         let (mut command, mut launch) = match start.confinement {
             Some(Confinement::Confined(plan)) => {

@@ -13,7 +13,7 @@ pub(super) fn check_adapter(
     let before = report.problems.len();
     let raw = &adapter.value;
     let kind = raw.kind.value;
-    let present: [(&str, Option<Location>); 16] = [
+    let present: [(&str, Option<Location>); 19] = [
         ("name", raw.name.as_ref().map(|v| v.referenced)),
         ("settings", raw.settings.as_ref().map(|v| v.referenced)),
         ("argv", raw.argv.as_ref().map(|v| v.referenced)),
@@ -42,6 +42,9 @@ pub(super) fn check_adapter(
         ("server", raw.server.as_ref().map(|v| v.referenced)),
         ("tool", raw.tool.as_ref().map(|v| v.referenced)),
         ("sandbox", raw.sandbox.as_ref().map(|v| v.referenced)),
+        ("auth", raw.auth.as_ref().map(|v| v.referenced)),
+        ("ca", raw.ca.as_ref().map(|v| v.referenced)),
+        ("proxy", raw.proxy.as_ref().map(|v| v.referenced)),
     ];
     let allowed: &[&str] = match kind {
         RawAdapterKind::Builtin => &["name", "settings"],
@@ -54,6 +57,9 @@ pub(super) fn check_adapter(
             "headers",
             "body",
             "forward_scope",
+            "auth",
+            "ca",
+            "proxy",
         ],
         RawAdapterKind::Mcp => &["server", "tool", "command", "url", "sandbox"],
     };
@@ -278,6 +284,9 @@ pub(super) fn check_adapter(
                         tool: tool.value.clone(),
                         max_concurrency,
                         sandbox,
+                        env: BTreeMap::new(),
+                        headers: BTreeMap::new(),
+                        outbound: Default::default(),
                     })
                 }
                 _ => None,
@@ -387,6 +396,9 @@ pub(super) fn check_servers(
                     url: raw.url.as_ref().map(|u| u.value.clone()),
                     max_concurrency,
                     sandbox,
+                    env: BTreeMap::new(),
+                    headers: BTreeMap::new(),
+                    outbound: Default::default(),
                 },
             );
         }

@@ -21,6 +21,7 @@ mod conditions;
 mod cross;
 mod http;
 mod lanes;
+mod outbound;
 mod roles;
 mod sandbox;
 mod tools;
@@ -76,15 +77,45 @@ pub(crate) struct Input<'a> {
     pub tools_dir: &'a Path,
     /// The policy directory: `jwks_file` paths resolve against it.
     pub policy_dir: &'a Path,
-    /// Reads an environment variable (for `token_env` credentials).
+    /// Reads an environment variable (for `token_env` credentials, `${env:VAR}` and
+    /// secrets `from: {env}`).
     pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// Whether secret values are read (false for `policy diff`, which compares ids and
+    /// sources only).
+    pub read_secrets: bool,
 }
 
 /// Validates and builds. Pushes every problem found; returns the policy only when there
 /// are none (its `source` is left empty for the caller to fill in).
-pub(crate) fn build(input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Policy> {
+pub(crate) fn build(mut input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Policy> {
     let before = problems.len();
     let mut report = Report { problems };
+
+    // `${env:VAR}` is resolved before anything reads a url; secrets are read once.
+    let mut resolved_env = BTreeMap::new();
+    let env_allowed = input.registry.as_mut().map(|p| {
+        outbound::resolve_registry_env(
+            &mut report,
+            &p.file.display,
+            &mut p.raw,
+            input.env,
+            &mut resolved_env,
+        )
+    });
+    let (secrets, declared) = input
+        .registry
+        .as_ref()
+        .map(|p| {
+            outbound::check_secrets(
+                &mut report,
+                &p.file.display,
+                &p.raw.secrets,
+                input.env,
+                input.tools_dir,
+                input.read_secrets,
+            )
+        })
+        .unwrap_or_default();
 
     let roles = input.roles.as_ref().map(|p| {
         check_roles(
@@ -99,10 +130,21 @@ pub(crate) fn build(input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Pol
         .lanes
         .as_ref()
         .map(|p| check_lanes(&mut report, &p.file.display, &p.raw));
-    let tools = input
+    let mut tools = input
         .registry
         .as_ref()
         .map(|p| check_tools(&mut report, &p.file.display, &p.raw, input.tools_dir));
+    if let (Some(p), Some(tools)) = (&input.registry, tools.as_mut()) {
+        let secret_allowed =
+            outbound::check_outbound(&mut report, &p.file.display, &p.raw, &declared, tools);
+        outbound::check_placements(&mut report, &p.file, &secret_allowed, env_allowed.as_ref());
+    }
+    for parsed in [
+        input.roles.as_ref().map(|p| &p.file),
+        input.lanes.as_ref().map(|p| &p.file),
+    ] {
+        outbound::check_placements_elsewhere(&mut report, parsed);
+    }
 
     if let (Some(roles_file), Some(lanes)) = (&input.roles, &lanes) {
         check_role_lanes(
@@ -154,22 +196,43 @@ pub(crate) fn build(input: Input<'_>, problems: &mut Vec<Problem>) -> Option<Pol
     }
     let (roles_file, lanes_file, registry_file) = (input.roles?, input.lanes?, input.registry?);
     let (roles, admins, identity) = roles?;
+    let lanes = lanes?;
+    let tools = tools?;
+    if !outbound::check_token_exchange_callers(
+        &mut report,
+        &registry_file.file.display,
+        &registry_file.raw,
+        &roles,
+        &lanes,
+        &tools,
+    ) {
+        return None;
+    }
     let version = |parsed_version: &Spanned<String>, file: &SourceFile| FileVersion {
         version: parsed_version.value.clone(),
         sha256: crate::canonical::sha256_hex(&file.bytes),
     };
+    let mut registry_version = version(&registry_file.raw.version, &registry_file.file);
+    if !resolved_env.is_empty() {
+        // The resolved settings pin the registry's version too (secret values never do).
+        registry_version.sha256 =
+            crate::canonical::sha256_hex(&crate::canonical::to_canonical_bytes(
+                &serde_json::json!({ "file_sha256": registry_version.sha256, "env": resolved_env }),
+            ));
+    }
     Some(Policy {
         roles,
         admins,
-        lanes: lanes?,
-        tools: tools?,
+        lanes,
+        tools,
         versions: PolicyVersions {
             roles: version(&roles_file.raw.version, &roles_file.file),
             lanes: version(&lanes_file.raw.version, &lanes_file.file),
-            registry: version(&registry_file.raw.version, &registry_file.file),
+            registry: registry_version,
         },
         source: PolicySource::default(),
         identity,
+        secrets,
     })
 }
 
@@ -258,7 +321,7 @@ pub(crate) fn is_json_pointer(s: &str) -> bool {
     true
 }
 
-fn is_env_var_name(s: &str) -> bool {
+pub(crate) fn is_env_var_name(s: &str) -> bool {
     let bytes = s.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 128
@@ -622,6 +685,7 @@ tools:
             registry: Some(parsed::<RegistryFile>("tool_registry.yaml", registry)),
             tools_dir: dir.path(),
             env: &env,
+            read_secrets: true,
         };
         let mut problems = Vec::new();
         let policy = build(input, &mut problems);
@@ -803,6 +867,7 @@ tools:
             registry: Some(parsed::<RegistryFile>("tool_registry.yaml", REGISTRY)),
             tools_dir: dir.path(),
             env: &env,
+            read_secrets: true,
         };
         let mut found = Vec::new();
         assert!(build(input, &mut found).is_none());

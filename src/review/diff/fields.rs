@@ -166,6 +166,8 @@ pub(super) const TOOL_FIELDS: [ToolField; 15] = [
                 let mut adapter = json!(t.adapter);
                 if let Some(o) = adapter.as_object_mut() {
                     o.remove("sandbox");
+                    // Compared on its own (`compare::tools::credentials`).
+                    o.remove("auth");
                 }
                 adapter
             },

@@ -125,7 +125,7 @@ fn placeholder_env(_: &str) -> Option<String> {
 
 /// Loads one side with the placeholder environment.
 pub fn load_side(side: &Side, layout: &Layout, name: &'static str) -> Result<Policy, DiffError> {
-    crate::policy::load_with_env(
+    crate::policy::load_for_review(
         &side.policy_dir(layout),
         &side.tools_file(layout),
         &placeholder_env,
@@ -189,7 +189,7 @@ pub fn base_violations(
     .map_err(source_error)?;
     let base_side = source::materialize(&top, base, &layout).map_err(source_error)?;
     let old = load_side(&base_side, &layout, "base")?;
-    let new = crate::policy::load_with_env(policy_dir, tools_file, &placeholder_env).map_err(
+    let new = crate::policy::load_for_review(policy_dir, tools_file, &placeholder_env).map_err(
         |problems| DiffError::Load {
             side: "current",
             label: policy_dir.display().to_string(),

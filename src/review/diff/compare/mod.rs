@@ -125,6 +125,9 @@ pub enum Kind {
     ToolRateChanged,
     ToolPhasesChanged,
     ToolSandboxChanged,
+    ToolSecretAdded,
+    ToolSecretRemoved,
+    ToolAuthChanged,
 }
 
 /// Which part of the policy a change is about; sections order the report.
@@ -225,6 +228,7 @@ impl Kind {
             ToolBudgetChanged | ToolRateChanged | ToolPhasesChanged | ToolSandboxChanged => {
                 Section::Tools
             }
+            ToolSecretAdded | ToolSecretRemoved | ToolAuthChanged => Section::Tools,
         }
     }
 }

@@ -53,6 +53,55 @@ pub(super) fn tool_fields(id: &str, o: &Tool, n: &Tool, out: &mut Vec<Change>) {
     call_limits(Owner::Tool(id), &o.call_limits, &n.call_limits, out);
     phases(id, o.phases.as_ref(), n.phases.as_ref(), out);
     sandboxes(id, o, n, out);
+    credentials(id, o, n, out);
+}
+
+/// The outbound credentials a tool's adapter sends: a secret it starts to send widens
+/// (the tool can now act with it), one it stops sending narrows; a changed `auth`
+/// widens (it changes who the upstream takes the caller for). Compared by id and
+/// kind, never by value.
+fn credentials(id: &str, o: &Tool, n: &Tool, out: &mut Vec<Change>) {
+    let (old, new) = (o.adapter.secret_ids(), n.adapter.secret_ids());
+    let (added, removed) = set_diff(&old, &new);
+    for secret in added {
+        out.push(
+            Change::new(
+                Kind::ToolSecretAdded,
+                Effect::Widening,
+                format!("tool `{id}` now sends secret `{secret}`"),
+            )
+            .tool(id),
+        );
+    }
+    for secret in removed {
+        out.push(
+            Change::new(
+                Kind::ToolSecretRemoved,
+                Effect::Narrowing,
+                format!("tool `{id}` no longer sends secret `{secret}`"),
+            )
+            .tool(id),
+        );
+    }
+    let auth = |t: &Tool| t.adapter.outbound().and_then(|o| o.auth.clone());
+    let (a, b) = (auth(o), auth(n));
+    if a != b {
+        let kind =
+            |x: &Option<crate::policy::OutboundAuth>| x.as_ref().map_or("none", |a| a.kind());
+        out.push(
+            Change::new(
+                Kind::ToolAuthChanged,
+                Effect::Widening,
+                format!(
+                    "tool `{id}`: outbound auth {} -> {} (treated as widening: it changes who the upstream takes the call for)",
+                    kind(&a),
+                    kind(&b)
+                ),
+            )
+            .tool(id)
+            .values(json!(a), json!(b)),
+        );
+    }
 }
 
 /// The sandbox of a tool's process (and of its phases): every loosening (a path added,
