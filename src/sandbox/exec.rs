@@ -238,7 +238,10 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Box<Record>> {
                 // handlers a second time.
                 unsafe { libc::_exit(code) }
             }
-            child => Ok(wait_and_report(child, report, false)),
+            child => {
+                release_stdio();
+                Ok(wait_and_report(child, report, false))
+            }
         }
     } else {
         // Orphans of the tool reparent here, and are killed when it ends.
@@ -252,7 +255,28 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Box<Record>> {
                 // SAFETY: see above.
                 unsafe { libc::_exit(127) }
             }
-            child => Ok(wait_and_report(child, report, true)),
+            child => {
+                release_stdio();
+                Ok(wait_and_report(child, report, true))
+            }
+        }
+    }
+}
+
+/// Points this process's stdin, stdout and stderr at /dev/null. Only the tool keeps the
+/// pipes toolgate gave the launcher, so they close when the tool ends: a stdio MCP
+/// server's death is seen at once, not when the launcher has reaped it and exited.
+fn release_stdio() {
+    // SAFETY: open, dup2 and close act only on this process's own descriptors.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null >= 0 {
+            for fd in 0..=2 {
+                libc::dup2(null, fd);
+            }
+            if null > 2 {
+                libc::close(null);
+            }
         }
     }
 }
@@ -276,6 +300,7 @@ fn init(
                 return i32::from(REFUSED);
             }
             0 => {
+                release_stdio();
                 forwarder.serve();
                 // SAFETY: see `launch`.
                 unsafe { libc::_exit(0) }
@@ -297,6 +322,7 @@ fn init(
         }
         pid => pid,
     };
+    release_stdio();
     loop {
         let mut status = 0;
         // SAFETY: waitpid writes the status into a local.
