@@ -42,8 +42,13 @@ pub(crate) use fleet::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX};
 pub(crate) use phases::add_refusal;
 mod jwt;
 pub mod phases;
+mod principal;
+pub use principal::{Admin, Approver, Auditor, Authenticated, Principal, Reader};
+mod responses;
+pub use responses::{AuditEvents, PolicyServed, Reloaded, Repinned, RunPage};
 mod run_tokens;
-pub use approvals::ApprovalRequest;
+pub use approvals::{ApprovalPage, ApprovalRequest};
+pub use evidence::RunEvents;
 pub mod shadow;
 
 /// How long a caller over a tool's concurrency limit is told to wait.
@@ -316,13 +321,28 @@ impl Gateway {
     }
 
     /// `POST /v1/policy/reload` (admin).
-    pub async fn reload_as_admin(&self, token: Option<&str>) -> Result<Value, Refusal> {
-        let admin = self
-            .admin_of(&self.current().policy, token)?
-            .admin_id
-            .clone();
-        let versions = self.reload(&format!("admin:{admin}")).await?;
-        Ok(json!({ "reloaded": true, "policy_versions": versions }))
+    pub async fn reload_as_admin(&self, admin: &Admin) -> Result<Reloaded, Refusal> {
+        let versions = self
+            .reload(&format!("admin:{}", admin.admin_id()))
+            .await?;
+        Ok(Reloaded {
+            reloaded: true,
+            policy_versions: versions,
+        })
+    }
+
+    /// `GET /v1/policy`: the versions and the source of the policy served.
+    pub fn policy_served(&self, _reader: &Reader) -> PolicyServed {
+        let loaded = self.current();
+        PolicyServed {
+            policy_versions: loaded.policy.versions.clone(),
+            source: loaded.policy.source.clone(),
+        }
+    }
+
+    /// `GET /v1/safety-lock`: the safety lock as it is enforced now.
+    pub fn safety_lock_for(&self, _reader: &Reader) -> SafetyLock {
+        self.safety_lock()
     }
 
     pub fn safety_lock(&self) -> SafetyLock {
@@ -342,18 +362,14 @@ impl Gateway {
         })
     }
 
-    /// Engages or releases the safety lock (admin). `request` is the body as parsed;
-    /// a malformed one is answered only once the caller is authenticated.
+    /// Engages or releases the safety lock (admin).
     pub async fn set_safety_lock(
         &self,
-        token: Option<&str>,
-        request: Result<SetSafetyLock, Refusal>,
+        admin: &Admin,
+        request: SetSafetyLock,
     ) -> Result<SafetyLock, Refusal> {
-        let admin = self
-            .admin_of(&self.current().policy, token)?
-            .admin_id
-            .clone();
-        let SetSafetyLock { engaged, reason } = request?;
+        let admin = admin.admin_id().to_string();
+        let SetSafetyLock { engaged, reason } = request;
         let event_type = if engaged {
             EventType::SafetyLockEngaged
         } else {
@@ -397,13 +413,9 @@ impl Gateway {
 
     /// Creates a run bound to a scope and pinned to the loaded policy versions (admin).
     /// Run tokens are issued by [`Gateway::create_run_issuing`].
-    pub async fn create_run(
-        &self,
-        token: Option<&str>,
-        request: CreateRun,
-    ) -> Result<RunRecord, Refusal> {
-        let loaded = self.current();
-        let admin = self.admin_of(&loaded.policy, token)?.admin_id.clone();
+    pub async fn create_run(&self, admin: &Admin, request: CreateRun) -> Result<RunRecord, Refusal> {
+        let loaded = admin.loaded();
+        let admin = admin.admin_id().to_string();
         let run_id = request
             .run_id
             .unwrap_or_else(|| format!("run-{}", uuid::Uuid::new_v4()));
@@ -429,8 +441,7 @@ impl Gateway {
     }
 
     /// Reads a run (admin or any role credential).
-    pub async fn get_run(&self, token: Option<&str>, run_id: &str) -> Result<RunRecord, Refusal> {
-        self.verify_any(token)?;
+    pub async fn get_run(&self, _reader: &Reader, run_id: &str) -> Result<RunRecord, Refusal> {
         if self.cluster.is_some() {
             self.fleet_refresh(None, Some(run_id)).await?;
         }
@@ -445,22 +456,19 @@ impl Gateway {
     /// Changes a run's status (admin).
     pub async fn set_run_status(
         &self,
-        token: Option<&str>,
+        admin: &Admin,
         run_id: &str,
-        request: Result<SetRunStatus, Refusal>,
+        request: SetRunStatus,
     ) -> Result<RunRecord, Refusal> {
-        let admin = self
-            .admin_of(&self.current().policy, token)?
-            .admin_id
-            .clone();
-        let status = request?.status;
+        let admin = admin.admin_id();
+        let status = request.status;
         if let Some(cluster) = &self.cluster {
             return self
-                .fleet_set_run_status(cluster, run_id, status, &admin)
+                .fleet_set_run_status(cluster, run_id, status, admin)
                 .await;
         }
         self.runs
-            .set_status(&self.audit, run_id, status, &admin)
+            .set_status(&self.audit, run_id, status, admin)
             .await
             .map_err(run_refusal)
     }
@@ -659,22 +667,20 @@ impl Gateway {
 
     /// `GET /v1/runs` (admin): runs in run-id order, optionally of one status, a page of
     /// at most `limit` after the run id `cursor`.
-    pub async fn list_runs(
-        &self,
-        token: Option<&str>,
-        query: Result<ListRuns, Refusal>,
-    ) -> Result<Value, Refusal> {
-        self.auditor_of(&self.current().policy, token)?;
+    pub async fn list_runs(&self, _auditor: &Auditor, query: ListRuns) -> Result<RunPage, Refusal> {
         let ListRuns {
             status,
             limit,
             cursor,
-        } = query?;
+        } = query;
         let (runs, next) = match &self.cluster {
             Some(cluster) => cluster.list_runs(status, cursor.as_deref(), limit).await?,
             None => self.runs.list(status, cursor.as_deref(), limit),
         };
-        Ok(json!({ "runs": runs, "next_cursor": next }))
+        Ok(RunPage {
+            runs,
+            next_cursor: next,
+        })
     }
 
     /// `POST /v1/runs/{id}/repin` (admin): re-pins an open run to the loaded policy
@@ -682,13 +688,13 @@ impl Gateway {
     /// policy first; the change is audited (`run_repinned`) before it takes effect.
     pub async fn repin_run(
         &self,
-        token: Option<&str>,
+        admin: &Admin,
         run_id: &str,
-        request: Result<Repin, Refusal>,
-    ) -> Result<Value, Refusal> {
-        let loaded = self.current();
-        let admin = self.admin_of(&loaded.policy, token)?.admin_id.clone();
-        let Repin {} = request?;
+        request: Repin,
+    ) -> Result<Repinned, Refusal> {
+        let loaded = admin.loaded();
+        let admin = admin.admin_id();
+        let Repin {} = request;
         if self.cluster.is_some() {
             self.fleet_refresh(None, Some(run_id)).await?;
         }
@@ -705,9 +711,14 @@ impl Gateway {
             ));
         }
         let check = authz::check_run_scope(&loaded.policy, &run.scope);
-        let report = json!({ "usable_lanes": check.usable_lanes, "blocked": check.blocked });
+        let report = json!(check);
         if run.policy_versions == loaded.policy.versions {
-            return Ok(json!({ "run": run, "repinned": false, "scope_check": report }));
+            return Ok(Repinned {
+                run,
+                repinned: false,
+                from_policy_versions: None,
+                scope_check: check,
+            });
         }
         if let Some(cluster) = &self.cluster {
             let (record, from) = self
@@ -715,16 +726,16 @@ impl Gateway {
                     cluster,
                     run_id,
                     loaded.policy.versions.clone(),
-                    &admin,
-                    report.clone(),
+                    admin,
+                    report,
                 )
                 .await?;
-            return Ok(json!({
-                "run": record,
-                "repinned": true,
-                "from_policy_versions": from,
-                "scope_check": report,
-            }));
+            return Ok(Repinned {
+                run: record,
+                repinned: true,
+                from_policy_versions: Some(from),
+                scope_check: check,
+            });
         }
         let (record, from) = self
             .runs
@@ -732,17 +743,17 @@ impl Gateway {
                 &self.audit,
                 run_id,
                 loaded.policy.versions.clone(),
-                &admin,
-                report.clone(),
+                admin,
+                report,
             )
             .await
             .map_err(run_refusal)?;
-        Ok(json!({
-            "run": record,
-            "repinned": true,
-            "from_policy_versions": from,
-            "scope_check": report,
-        }))
+        Ok(Repinned {
+            run: record,
+            repinned: true,
+            from_policy_versions: Some(from),
+            scope_check: check,
+        })
     }
 
     /// The metrics in the OpenMetrics text format, with the policy versions, the
@@ -772,12 +783,16 @@ impl Gateway {
     /// Audit events for operators (admin).
     pub async fn audit_events(
         &self,
-        token: Option<&str>,
+        _auditor: &Auditor,
         filter: EventFilter,
-    ) -> Result<Vec<Value>, Refusal> {
-        self.auditor_of(&self.current().policy, token)?;
+    ) -> Result<AuditEvents, Refusal> {
         let events = self.audit.events(filter).await.map_err(audit_refusal)?;
-        Ok(events.into_iter().map(|e| e.value).collect())
+        let events: Vec<Value> = events.into_iter().map(|e| e.value).collect();
+        let next_after_seq = events.last().and_then(|e| e["seq"].as_u64());
+        Ok(AuditEvents {
+            events,
+            next_after_seq,
+        })
     }
 }
 

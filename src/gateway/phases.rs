@@ -306,16 +306,8 @@ impl Gateway {
         &self,
         token: Option<&str>,
         call_id: &str,
-        request: Result<Commit, Refusal>,
+        request: Commit,
     ) -> Result<Value, Refusal> {
-        let request = match request {
-            Ok(r) => r,
-            Err(malformed) => {
-                return Err(self
-                    .refuse_malformed_commit(token, call_id, malformed)
-                    .await);
-            }
-        };
         let known = self
             .two_phase
             .lock()?
@@ -399,7 +391,7 @@ impl Gateway {
     /// is refused unrecorded (what it can make the log keep stays bounded: nothing);
     /// an authenticated one's request names a call, so it is audited, once, as
     /// `tool_commit_refused` with the problem.
-    async fn refuse_malformed_commit(
+    pub async fn refuse_malformed_commit(
         &self,
         token: Option<&str>,
         call_id: &str,
