@@ -21,8 +21,8 @@ use crate::approvals::{
 use crate::audit::{EventFilter, EventType, NewEvent};
 use crate::call::ApprovalRequirement;
 use crate::diagnostic::{Reason, Refusal};
-use crate::gateway::{Gateway, audit_refusal};
 use crate::gateway::principal::{Approver, Principal};
+use crate::gateway::{Gateway, audit_refusal};
 use crate::requests::{DecideApproval, ListApprovals};
 
 /// What the pipeline knows of a call that needs an approval it did not present.
@@ -450,8 +450,8 @@ impl Gateway {
         };
         // Never the requester: not its role, not its JWT subject.
         let own_role = format!("role:{}", record.requester.role_id);
-        let same_subject =
-            principal.subject().is_some() && principal.subject() == record.requester.subject().as_deref();
+        let same_subject = principal.subject().is_some()
+            && principal.subject() == record.requester.subject().as_deref();
         if approver == own_role
             || principal.roles().contains(&record.requester.role_id)
             || same_subject

@@ -322,9 +322,7 @@ impl Gateway {
 
     /// `POST /v1/policy/reload` (admin).
     pub async fn reload_as_admin(&self, admin: &Admin) -> Result<Reloaded, Refusal> {
-        let versions = self
-            .reload(&format!("admin:{}", admin.admin_id()))
-            .await?;
+        let versions = self.reload(&format!("admin:{}", admin.admin_id())).await?;
         Ok(Reloaded {
             reloaded: true,
             policy_versions: versions,
@@ -413,7 +411,11 @@ impl Gateway {
 
     /// Creates a run bound to a scope and pinned to the loaded policy versions (admin).
     /// Run tokens are issued by [`Gateway::create_run_issuing`].
-    pub async fn create_run(&self, admin: &Admin, request: CreateRun) -> Result<RunRecord, Refusal> {
+    pub async fn create_run(
+        &self,
+        admin: &Admin,
+        request: CreateRun,
+    ) -> Result<RunRecord, Refusal> {
         let loaded = admin.loaded();
         let admin = admin.admin_id().to_string();
         let run_id = request
@@ -520,7 +522,7 @@ impl Gateway {
     }
 
     /// Accepts any role's or admin's credential (read-only endpoints).
-    pub fn verify_any(&self, token: Option<&str>) -> Result<(), Refusal> {
+    fn verify_any(&self, token: Option<&str>) -> Result<(), Refusal> {
         let loaded = self.current();
         let policy = &loaded.policy;
         if self.auditor_of(policy, token).is_ok() {

@@ -165,9 +165,7 @@ impl Gateway {
             .and_then(Result::ok)
             .and_then(|identity| approvals::subject_of(&identity.caller_json()));
         let (admin, auditor) = match self.auditor_of(policy, token) {
-            Ok(a) if a.access == AdminAccess::Full => {
-                (Some(format!("admin:{}", a.admin_id)), None)
-            }
+            Ok(a) if a.access == AdminAccess::Full => (Some(format!("admin:{}", a.admin_id)), None),
             Ok(a) => (None, Some(format!("admin:{}", a.admin_id))),
             Err(_) => (None, None),
         };
