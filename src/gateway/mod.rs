@@ -24,9 +24,9 @@ use crate::diagnostic::{Reason, Refusal};
 use crate::idempotency::Idempotency;
 use crate::observe::Metrics;
 use crate::observe::metrics::{AuditCapacityState, ScrapeState};
-use crate::policy::{Policy, Problem, RunStatus, Tool};
-use crate::requests::{CreateRun, ListRuns, Repin, SetRunStatus, SetSafetyLock, malformed};
-use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
+use crate::policy::{Policy, Problem, Tool};
+use crate::requests::{SetSafetyLock, malformed};
+use crate::runs::{RunError, RunStore, valid_run_id};
 
 mod approvals;
 mod evidence;
@@ -47,6 +47,7 @@ pub use principal::{Admin, Approver, Auditor, Authenticated, Principal, Reader};
 mod responses;
 pub use responses::{AuditEvents, PolicyServed, Reloaded, Repinned, RunPage};
 mod run_tokens;
+mod runs;
 pub use approvals::{ApprovalPage, ApprovalRequest};
 pub use evidence::RunEvents;
 pub mod shadow;
@@ -409,72 +410,6 @@ impl Gateway {
         Ok(new)
     }
 
-    /// Creates a run bound to a scope and pinned to the loaded policy versions (admin).
-    /// Run tokens are issued by [`Gateway::create_run_issuing`].
-    pub async fn create_run(
-        &self,
-        admin: &Admin,
-        request: CreateRun,
-    ) -> Result<RunRecord, Refusal> {
-        let loaded = admin.loaded();
-        let admin = admin.admin_id().to_string();
-        let run_id = request
-            .run_id
-            .unwrap_or_else(|| format!("run-{}", uuid::Uuid::new_v4()));
-        let scope = request.scope;
-        if self.cluster.is_none() && self.runs.len() >= crate::runs::MAX_RUNS {
-            return Err(Refusal::new(Reason::InternalError, "the run table is full"));
-        }
-        let record = RunRecord {
-            run_id,
-            status: RunStatus::Active,
-            scope,
-            policy_versions: loaded.policy.versions.clone(),
-            created_at: now_rfc3339(),
-            created_by: admin,
-        };
-        if let Some(cluster) = &self.cluster {
-            return self.fleet_create_run(cluster, record).await;
-        }
-        self.runs
-            .create(&self.audit, record)
-            .await
-            .map_err(run_refusal)
-    }
-
-    /// Reads a run (admin or any role credential).
-    pub async fn get_run(&self, _reader: &Reader, run_id: &str) -> Result<RunRecord, Refusal> {
-        if self.cluster.is_some() {
-            self.fleet_refresh(None, Some(run_id)).await?;
-        }
-        self.runs.get(run_id).ok_or_else(|| {
-            Refusal::new(
-                Reason::RunNotFound,
-                format!("run `{run_id}` does not exist"),
-            )
-        })
-    }
-
-    /// Changes a run's status (admin).
-    pub async fn set_run_status(
-        &self,
-        admin: &Admin,
-        run_id: &str,
-        request: SetRunStatus,
-    ) -> Result<RunRecord, Refusal> {
-        let admin = admin.admin_id();
-        let status = request.status;
-        if let Some(cluster) = &self.cluster {
-            return self
-                .fleet_set_run_status(cluster, run_id, status, admin)
-                .await;
-        }
-        self.runs
-            .set_status(&self.audit, run_id, status, admin)
-            .await
-            .map_err(run_refusal)
-    }
-
     /// The tools a role may use in a lane, with schemas and a prompt-ready description.
     pub fn tool_catalog(
         &self,
@@ -664,97 +599,6 @@ impl Gateway {
             } else {
                 not_found()
             }
-        })
-    }
-
-    /// `GET /v1/runs` (admin): runs in run-id order, optionally of one status, a page of
-    /// at most `limit` after the run id `cursor`.
-    pub async fn list_runs(&self, _auditor: &Auditor, query: ListRuns) -> Result<RunPage, Refusal> {
-        let ListRuns {
-            status,
-            limit,
-            cursor,
-        } = query;
-        let (runs, next) = match &self.cluster {
-            Some(cluster) => cluster.list_runs(status, cursor.as_deref(), limit).await?,
-            None => self.runs.list(status, cursor.as_deref(), limit),
-        };
-        Ok(RunPage {
-            runs,
-            next_cursor: next,
-        })
-    }
-
-    /// `POST /v1/runs/{id}/repin` (admin): re-pins an open run to the loaded policy
-    /// versions after a reviewed change. The run's scope is re-checked against the new
-    /// policy first; the change is audited (`run_repinned`) before it takes effect.
-    pub async fn repin_run(
-        &self,
-        admin: &Admin,
-        run_id: &str,
-        request: Repin,
-    ) -> Result<Repinned, Refusal> {
-        let loaded = admin.loaded();
-        let admin = admin.admin_id();
-        let Repin {} = request;
-        if self.cluster.is_some() {
-            self.fleet_refresh(None, Some(run_id)).await?;
-        }
-        let Some(run) = self.runs.get(run_id) else {
-            return Err(Refusal::new(
-                Reason::RunNotFound,
-                format!("run `{run_id}` does not exist"),
-            ));
-        };
-        if run.status == RunStatus::Closed {
-            return Err(Refusal::new(
-                Reason::RunNotActive,
-                format!("run `{run_id}` is closed; a closed run is never re-pinned"),
-            ));
-        }
-        let check = authz::check_run_scope(&loaded.policy, &run.scope);
-        let report = json!(check);
-        if run.policy_versions == loaded.policy.versions {
-            return Ok(Repinned {
-                run,
-                repinned: false,
-                from_policy_versions: None,
-                scope_check: check,
-            });
-        }
-        if let Some(cluster) = &self.cluster {
-            let (record, from) = self
-                .fleet_repin(
-                    cluster,
-                    run_id,
-                    loaded.policy.versions.clone(),
-                    admin,
-                    report,
-                )
-                .await?;
-            return Ok(Repinned {
-                run: record,
-                repinned: true,
-                from_policy_versions: Some(from),
-                scope_check: check,
-            });
-        }
-        let (record, from) = self
-            .runs
-            .repin(
-                &self.audit,
-                run_id,
-                loaded.policy.versions.clone(),
-                admin,
-                report,
-            )
-            .await
-            .map_err(run_refusal)?;
-        Ok(Repinned {
-            run: record,
-            repinned: true,
-            from_policy_versions: Some(from),
-            scope_check: check,
         })
     }
 
