@@ -1,8 +1,6 @@
 //! The catalog of tools a caller sees on a run: what the MCP front answers to
 //! `tools/list` (and checks before `initialize`, `server/discover` and `ping`).
 
-use serde_json::Value;
-
 use crate::authz;
 use crate::diagnostic::Refusal;
 use crate::gateway::Gateway;
@@ -19,7 +17,7 @@ impl Gateway {
         role_id: &str,
         run_id: &str,
         lane_id: &str,
-    ) -> Result<Value, Refusal> {
+    ) -> Result<super::ToolCatalog, Refusal> {
         if let Some(Ok(binding)) = token.and_then(|t| self.run_binding(t)) {
             authz::check_token_run(&binding, run_id)?;
         }

@@ -45,7 +45,10 @@ pub mod phases;
 mod principal;
 pub use principal::{Admin, Approver, Auditor, Authenticated, Principal, Reader};
 mod responses;
-pub use responses::{AuditEvents, PolicyServed, Reloaded, Repinned, RunPage};
+pub use responses::{
+    AuditEvents, CatalogCondition, CatalogTool, PolicyServed, Reloaded, Repinned, RunPage,
+    ToolCatalog,
+};
 mod run_tokens;
 mod runs;
 pub use approvals::{ApprovalPage, ApprovalRequest};
@@ -416,7 +419,7 @@ impl Gateway {
         token: Option<&str>,
         role_id: &str,
         lane_id: &str,
-    ) -> Result<Value, Refusal> {
+    ) -> Result<ToolCatalog, Refusal> {
         let loaded = self.current();
         let policy = &loaded.policy;
         let role = match token.and_then(|t| self.run_binding(t)) {
@@ -441,19 +444,19 @@ impl Gateway {
                 format!("role `{role_id}` may not act in lane `{lane_id}`"),
             ));
         }
-        let tools: Vec<Value> = lane
+        let tools = lane
             .tools
             .iter()
             .filter_map(|name| policy.tools.get(name))
             .filter(|t| t.enabled)
             .map(|t| tool_entry(t, lane))
             .collect();
-        Ok(json!({
-            "role_id": role_id,
-            "lane_id": lane_id,
-            "required_scope_keys": lane.required_scope_keys,
-            "tools": tools,
-        }))
+        Ok(ToolCatalog {
+            role_id: role_id.to_string(),
+            lane_id: lane_id.to_string(),
+            required_scope_keys: lane.required_scope_keys.clone(),
+            tools,
+        })
     }
 
     /// Accepts any role's or admin's credential (read-only endpoints).
@@ -643,11 +646,12 @@ impl Gateway {
 }
 
 /// One tool in the catalog.
-fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> Value {
-    let mut scope_keys: Vec<&String> = lane
+fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> CatalogTool {
+    let mut scope_keys: Vec<String> = lane
         .required_scope_keys
         .iter()
         .chain(tool.required_scope_keys.iter())
+        .cloned()
         .collect();
     scope_keys.sort();
     scope_keys.dedup();
@@ -659,11 +663,7 @@ fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> Value {
         if scope_keys.is_empty() {
             "(none)".to_string()
         } else {
-            scope_keys
-                .iter()
-                .map(|k| k.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            scope_keys.join(", ")
         },
         if tool.idempotent {
             "Safe to retry with the same idempotency_key."
@@ -671,26 +671,30 @@ fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> Value {
             "Not idempotent: never retry blindly."
         }
     );
-    json!({
-        "tool_name": tool.tool_name,
-        "version": tool.version.to_string(),
-        "description": tool.description,
-        "determinism": tool.determinism,
-        "idempotent": tool.idempotent,
-        "timeout_default_ms": tool.timeout_default_ms,
-        "limits": tool.limits,
-        "required_scope_keys": scope_keys,
+    CatalogTool {
+        tool_name: tool.tool_name.clone(),
+        version: tool.version.to_string(),
+        description: tool.description.clone(),
+        determinism: tool.determinism,
+        idempotent: tool.idempotent,
+        timeout_default_ms: tool.timeout_default_ms,
+        limits: tool.limits.clone(),
+        required_scope_keys: scope_keys,
         // What else a call must satisfy (lane, then tool), for the agent's prompt.
-        "conditions": lane
+        conditions: lane
             .conditions
             .iter()
             .chain(tool.conditions.iter())
-            .map(|c| json!({ "name": c.name, "expr": c.expr, "message": c.message }))
-            .collect::<Vec<Value>>(),
-        "input_schema": *tool.input_schema,
-        "output_schema": *tool.output_schema,
-        "prompt": prompt,
-    })
+            .map(|c| CatalogCondition {
+                name: c.name.clone(),
+                expr: c.expr.clone(),
+                message: c.message.clone(),
+            })
+            .collect(),
+        input_schema: tool.input_schema.clone(),
+        output_schema: tool.output_schema.clone(),
+        prompt,
+    }
 }
 
 async fn record_policy_loaded(

@@ -43,6 +43,21 @@ use events::{
     malformed_event, phase_event, phase_refusal, prepared_details, refusal_event, with_sandbox,
 };
 
+/// `POST /v1/tool-calls/{call_id}/commit`'s answer: the call committed upstream, its
+/// output and the `tool_committed` event that records it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Committed {
+    pub call_id: String,
+    pub commit_id: String,
+    /// Always `success`: a commit that fails is refused (`commit_failed`).
+    pub status: &'static str,
+    /// Always `committed`.
+    pub phase: &'static str,
+    pub attempts: u32,
+    pub output: Value,
+    pub audit_event_id: String,
+}
+
 /// Undecided prepared calls the gateway holds at most; a prepare beyond is refused.
 pub const MAX_PENDING: usize = 10_000;
 /// Decided calls are remembered this long (a late commit is refused with the right
@@ -307,7 +322,7 @@ impl Gateway {
         token: Option<&str>,
         call_id: &str,
         request: Commit,
-    ) -> Result<Value, Refusal> {
+    ) -> Result<Committed, Refusal> {
         let known = self
             .two_phase
             .lock()?
@@ -528,7 +543,11 @@ impl Gateway {
 
     /// Runs the claimed commit upstream and records its outcome; a failed commit is
     /// rolled back.
-    async fn finish_commit(&self, entry: PendingCommit, trigger: &str) -> Result<Value, Refusal> {
+    async fn finish_commit(
+        &self,
+        entry: PendingCommit,
+        trigger: &str,
+    ) -> Result<Committed, Refusal> {
         let outcome = self.run_phase(&entry, Phase::Commit).await;
         let attempts = outcome.attempts;
         let sandbox = outcome.sandbox;
@@ -557,15 +576,15 @@ impl Gateway {
                         .at_step(12)
                         .with_retryable(false)
                     })?;
-                Ok(json!({
-                    "call_id": entry.call_id,
-                    "commit_id": entry.commit_id,
-                    "status": "success",
-                    "phase": "committed",
-                    "attempts": attempts,
-                    "output": answer,
-                    "audit_event_id": appended.event_id,
-                }))
+                Ok(Committed {
+                    call_id: entry.call_id,
+                    commit_id: entry.commit_id,
+                    status: "success",
+                    phase: "committed",
+                    attempts,
+                    output: answer,
+                    audit_event_id: appended.event_id,
+                })
             }
             Err(error) => {
                 let mut refusal = phase_refusal(

@@ -6,7 +6,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::authz::RunScopeCheck;
-use crate::policy::{PolicySource, PolicyVersions};
+use std::sync::Arc;
+
+use crate::policy::{Determinism, Limits, PolicySource, PolicyVersions};
 use crate::runs::RunRecord;
 
 /// `POST /v1/policy/reload`'s answer: the versions now served.
@@ -49,4 +51,41 @@ pub struct Repinned {
 pub struct AuditEvents {
     pub events: Vec<Value>,
     pub next_after_seq: Option<u64>,
+}
+
+/// `GET /v1/tools`' answer (and the MCP front's `tools/list`): the tools a role may use
+/// in a lane.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCatalog {
+    pub role_id: String,
+    pub lane_id: String,
+    pub required_scope_keys: Vec<String>,
+    pub tools: Vec<CatalogTool>,
+}
+
+/// One tool of a [`ToolCatalog`], with its schemas and a prompt-ready description.
+#[derive(Debug, Clone, Serialize)]
+pub struct CatalogTool {
+    pub tool_name: String,
+    pub version: String,
+    pub description: String,
+    pub determinism: Determinism,
+    pub idempotent: bool,
+    pub timeout_default_ms: u64,
+    pub limits: Limits,
+    /// The lane's and the tool's, sorted, each once.
+    pub required_scope_keys: Vec<String>,
+    /// What else a call must satisfy (the lane's, then the tool's).
+    pub conditions: Vec<CatalogCondition>,
+    pub input_schema: Arc<Value>,
+    pub output_schema: Arc<Value>,
+    pub prompt: String,
+}
+
+/// A CEL condition as the catalog shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CatalogCondition {
+    pub name: String,
+    pub expr: String,
+    pub message: String,
 }
