@@ -923,19 +923,33 @@ mod tests {
 
     #[test]
     fn object_output_schemas_are_advertised_others_are_not() {
-        let entry = json!({
-            "tool_name": "t", "description": "d", "version": "1.0.0",
-            "determinism": "pure", "idempotent": true, "required_scope_keys": [],
-            "input_schema": {"type": "object"},
-            "output_schema": {"type": "object", "properties": {"a": {"type": "string"}}},
-        });
+        let entry = CatalogTool {
+            tool_name: "t".into(),
+            version: "1.0.0".into(),
+            description: "d".into(),
+            determinism: crate::policy::Determinism::Pure,
+            idempotent: true,
+            timeout_default_ms: 1000,
+            limits: crate::policy::Limits {
+                timeout_ms_max: 1000,
+                max_output_bytes: 1024,
+                max_concurrency: 1,
+            },
+            required_scope_keys: Vec::new(),
+            conditions: Vec::new(),
+            input_schema: Arc::new(json!({"type": "object"})),
+            output_schema: Arc::new(
+                json!({"type": "object", "properties": {"a": {"type": "string"}}}),
+            ),
+            prompt: String::new(),
+        };
         let tool = mcp_tool(&entry);
         assert!(tool.output_schema.is_some());
         let annotations = tool.annotations.unwrap();
         assert_eq!(annotations.read_only_hint, Some(true));
         assert_eq!(annotations.idempotent_hint, Some(true));
         let mut entry = entry;
-        entry["output_schema"] = json!({"type": "array"});
+        entry.output_schema = Arc::new(json!({"type": "array"}));
         assert!(mcp_tool(&entry).output_schema.is_none());
     }
 }
