@@ -21,7 +21,8 @@ impl Gateway {
         if let Some(Ok(binding)) = token.and_then(|t| self.run_binding(t)) {
             authz::check_token_run(&binding, run_id)?;
         }
-        let catalog = self.tool_catalog(token, role_id, lane_id)?;
+        let caller = self.role_caller(token, role_id, lane_id)?;
+        let catalog = self.tool_catalog(&caller)?;
         if self.cluster.is_some() {
             self.fleet_refresh(None, Some(run_id)).await?;
         }

@@ -43,7 +43,7 @@ pub(crate) use phases::add_refusal;
 mod jwt;
 pub mod phases;
 mod principal;
-pub use principal::{Admin, Approver, Auditor, Authenticated, Principal, Reader};
+pub use principal::{Admin, Approver, Auditor, Authenticated, Principal, Reader, RoleCaller};
 mod responses;
 pub use responses::{
     AuditEvents, CatalogCondition, CatalogTool, PolicyServed, Reloaded, Repinned, RunPage,
@@ -414,24 +414,10 @@ impl Gateway {
     }
 
     /// The tools a role may use in a lane, with schemas and a prompt-ready description.
-    pub fn tool_catalog(
-        &self,
-        token: Option<&str>,
-        role_id: &str,
-        lane_id: &str,
-    ) -> Result<ToolCatalog, Refusal> {
-        let loaded = self.current();
-        let policy = &loaded.policy;
-        let role = match token.and_then(|t| self.run_binding(t)) {
-            // A run token: its role, and only its lanes.
-            Some(bound) => {
-                let binding = bound?;
-                let role = authz::verify_run_token(policy, &binding, role_id)?;
-                authz::check_token_lane(&binding, lane_id)?;
-                role
-            }
-            None => self.role_of(policy, role_id, token)?,
-        };
+    pub fn tool_catalog(&self, caller: &RoleCaller) -> Result<ToolCatalog, Refusal> {
+        let (role_id, lane_id) = (caller.role_id(), caller.lane_id());
+        let policy = &caller.loaded().policy;
+        let role = authz::find_role(policy, role_id)?;
         let lane = policy.lanes.get(lane_id).ok_or_else(|| {
             Refusal::new(
                 Reason::LaneUnknown,

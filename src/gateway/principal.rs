@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::{Gateway, Loaded};
 use crate::approvals::{self, ApprovalRecord};
+use crate::authz;
 use crate::diagnostic::{Reason, Refusal};
 use crate::identity::RunBinding;
 use crate::policy::AdminAccess;
@@ -49,6 +50,30 @@ pub struct Auditor {
 /// the safety lock).
 pub struct Reader {
     _proven: (),
+}
+
+/// Proof that the caller holds a role, for one of its lanes: by the role's static
+/// token or JWT, or by a run token of that role that names the lane.
+pub struct RoleCaller {
+    role_id: String,
+    lane_id: String,
+    /// The policy snapshot the credential was checked against.
+    loaded: Arc<Loaded>,
+}
+
+impl RoleCaller {
+    pub fn role_id(&self) -> &str {
+        &self.role_id
+    }
+
+    pub fn lane_id(&self) -> &str {
+        &self.lane_id
+    }
+
+    /// The policy snapshot the credential was checked against.
+    pub fn loaded(&self) -> &Arc<Loaded> {
+        &self.loaded
+    }
 }
 
 /// Who is reading or deciding approvals: every principal a credential proves.
@@ -133,6 +158,35 @@ impl Gateway {
     pub fn reader(&self, token: Option<&str>) -> Result<Reader, Refusal> {
         self.verify_any(token)?;
         Ok(Reader { _proven: () })
+    }
+
+    /// Authenticates a role's caller for `lane_id` (the tool catalog): a run token of
+    /// that role whose lanes include it, or the role's static token or JWT (whether
+    /// the role may act in the lane is the catalog's question).
+    pub fn role_caller(
+        &self,
+        token: Option<&str>,
+        role_id: &str,
+        lane_id: &str,
+    ) -> Result<RoleCaller, Refusal> {
+        let loaded = self.current();
+        let policy = &loaded.policy;
+        match token.and_then(|t| self.run_binding(t)) {
+            // A run token: its role, and only its lanes.
+            Some(bound) => {
+                let binding = bound?;
+                authz::verify_run_token(policy, &binding, role_id)?;
+                authz::check_token_lane(&binding, lane_id)?;
+            }
+            None => {
+                self.role_of(policy, role_id, token)?;
+            }
+        }
+        Ok(RoleCaller {
+            role_id: role_id.to_string(),
+            lane_id: lane_id.to_string(),
+            loaded,
+        })
     }
 
     /// Authenticates the principals a credential proves (admin of either access,
@@ -236,6 +290,7 @@ mod sealed {
     impl Sealed for super::Reader {}
     impl Sealed for super::Principal {}
     impl Sealed for super::Approver {}
+    impl Sealed for super::RoleCaller {}
 }
 
 impl Authenticated for Admin {}
@@ -243,3 +298,4 @@ impl Authenticated for Auditor {}
 impl Authenticated for Reader {}
 impl Authenticated for Principal {}
 impl Authenticated for Approver {}
+impl Authenticated for RoleCaller {}

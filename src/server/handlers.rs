@@ -313,7 +313,9 @@ async fn list_tools(cx: Checked<'_>) -> HttpResponse {
     };
     let gateway = cx.gateway;
     let catalog = match gateway.fleet_refresh(cx.token(), None).await {
-        Ok(_) => gateway.tool_catalog(cx.token(), &query.role_id, &query.lane_id),
+        Ok(_) => gateway
+            .role_caller(cx.token(), &query.role_id, &query.lane_id)
+            .and_then(|caller| gateway.tool_catalog(&caller)),
         Err(refusal) => Err(refusal),
     };
     respond::result(catalog, StatusCode::OK)
