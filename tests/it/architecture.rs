@@ -579,3 +579,96 @@ fn the_lib_layout_names_every_module() {
         "src/lib.rs: the modules declared and those its `# Layout` names differ"
     );
 }
+
+/// ARCHITECTURE.md (`gateway/`, "authenticate once"): the public gateway methods that
+/// take the raw bearer token, and why. Every other method of the API takes a proof
+/// from `gateway/principal.rs` (seen failing: `list_runs(token, ...)`, as it was before
+/// the proofs, and an entry taken off the list while its method still takes a token).
+const TAKES_THE_BEARER: [(&str, &str); 14] = [
+    ("admin", "an authentication step (principal.rs)"),
+    ("auditor", "an authentication step (principal.rs)"),
+    ("reader", "an authentication step (principal.rs)"),
+    ("principal", "an authentication step (principal.rs)"),
+    ("approver", "an authentication step (principal.rs)"),
+    ("role_caller", "an authentication step (principal.rs)"),
+    (
+        "authenticate",
+        "verifies a bearer JWT before any check reads it",
+    ),
+    (
+        "credential",
+        "a call's credential, checked and audited by the pipeline",
+    ),
+    (
+        "commit",
+        "a commit names a call: its credential is checked and audited",
+    ),
+    (
+        "refuse_malformed_commit",
+        "the audited refusal of a malformed commit",
+    ),
+    (
+        "artifact",
+        "every artifact read is audited, unauthenticated ones included",
+    ),
+    (
+        "run_catalog",
+        "the MCP front's admission: role_caller, then the run's checks",
+    ),
+    (
+        "parse_call",
+        "fills a call's ids from its run token; the pipeline checks it",
+    ),
+    (
+        "fleet_refresh",
+        "re-reads a run token's binding from the cluster database",
+    ),
+];
+
+/// The `pub` methods of `gateway/` whose signature holds `needle`, by name.
+fn gateway_methods_with(needle: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for (file, code) in library_code() {
+        if !file.starts_with("gateway/") {
+            continue;
+        }
+        for (at, _) in code.match_indices("pub ") {
+            let rest = &code[at + 4..];
+            let rest = rest.strip_prefix("async ").unwrap_or(rest);
+            let Some(rest) = rest.strip_prefix("fn ") else {
+                continue;
+            };
+            let signature = &rest[..rest.find('{').unwrap_or(rest.len())];
+            let name: String = signature.chars().take_while(|c| is_ident(*c)).collect();
+            if signature.contains(needle) {
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn gateway_methods_take_a_proof_not_the_bearer_token() {
+    let takers = gateway_methods_with("token: Option<&");
+    let allowed: BTreeSet<String> = TAKES_THE_BEARER
+        .iter()
+        .map(|(name, _)| name.to_string())
+        .collect();
+    let unlisted: Vec<&String> = takers.difference(&allowed).collect();
+    assert!(
+        unlisted.is_empty(),
+        "gateway methods take the raw bearer token instead of a proof from gateway/principal.rs (see ARCHITECTURE.md): {unlisted:?}"
+    );
+    let stale: Vec<&String> = allowed.difference(&takers).collect();
+    assert!(
+        stale.is_empty(),
+        "no longer take the bearer token: take them off TAKES_THE_BEARER: {stale:?}"
+    );
+    // The typed answers: no method of the API answers an untyped JSON value.
+    let untyped = gateway_methods_with("-> Result<Value, Refusal>");
+    assert!(
+        untyped.is_empty(),
+        "gateway methods answer a serde_json::Value instead of a typed response: {untyped:?}"
+    );
+}
