@@ -13,10 +13,10 @@
 //! - [`keys`]: the signing and HMAC keys, kept outside the database.
 //! - [`signer`]: the [`signer::Signer`] interface: the key file, or a separate signing
 //!   process over a Unix socket.
-//! - `log`: [`AuditLog`], the writer thread and its group commit.
+//! - `log`: [`AuditLog`] (the handle), the writer thread and its group commit, and the
+//!   read path ([`AuditReader`], read-only access for tools beside a live gateway).
 //! - `store`: the SQLite schema and error mapping.
 //! - `sink`: where checkpoints are published besides the database.
-//! - `reader`: [`AuditReader`], read-only access for tools beside a live gateway.
 //! - [`segments`]: the log as sealed segment files, one chain and one tree over all.
 //! - [`verify`]: recomputes a database's chain, tree and checkpoints.
 //! - [`export`]: writes an export directory an auditor can check without toolgate.
@@ -35,7 +35,6 @@ pub mod keys;
 pub mod line;
 mod log;
 pub mod merkle;
-mod reader;
 pub mod segments;
 pub mod ship;
 pub mod siem;
@@ -58,8 +57,7 @@ use time::OffsetDateTime;
 use crate::canonical::Portable;
 use crate::policy::{PolicyVersions, Redaction};
 
-pub use log::{AuditLog, BatchObserver, MarkWait, RunMarks};
-pub use reader::AuditReader;
+pub use log::{AuditLog, AuditReader, BatchObserver, MarkWait, RunMarks};
 pub use wal::WAL_TRUNCATE_BYTES;
 
 /// The kinds of event the log records.
