@@ -11,14 +11,14 @@ use time::OffsetDateTime;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use super::handle::{BatchObserver, MAX_BATCH_EVENTS};
-use crate::audit::checkpoint::Checkpoint;
-use crate::audit::line::{Prepared, event_id, format_timestamp, render};
-use crate::audit::merkle::{Frontier, Hash, leaf_hash};
-use crate::audit::segments::{SealRecord, StartRecord};
-use crate::audit::signer::Signer;
-use crate::audit::store::{self, INSERT_CHECKPOINT, INSERT_EVENT, UPSERT_HEAD, map_sqlite};
-use crate::audit::wal::WalCheckpointer;
-use crate::audit::{Appended, AuditError, Durability};
+use crate::checkpoint::Checkpoint;
+use crate::line::{Prepared, event_id, format_timestamp, render};
+use crate::merkle::{Frontier, Hash, leaf_hash};
+use crate::segments::{SealRecord, StartRecord};
+use crate::signer::Signer;
+use crate::store::{self, INSERT_CHECKPOINT, INSERT_EVENT, UPSERT_HEAD, map_sqlite};
+use crate::wal::WalCheckpointer;
+use crate::{Appended, AuditError, Durability};
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T, AuditError>>;
 
@@ -196,11 +196,7 @@ impl Writer {
             // The batch is answered; the WAL thread may have asked for the copy
             // that lets the next commit start the WAL over (see `wal.rs`).
             if self.wal.restart_wanted() {
-                crate::audit::wal::checkpoint_between_commits(
-                    &self.conn,
-                    &self.path,
-                    self.wal.state(),
-                );
+                crate::wal::checkpoint_between_commits(&self.conn, &self.path, self.wal.state());
             }
         }
         if close.is_none() && self.until_checkpoint().is_zero() {
@@ -509,7 +505,7 @@ impl Writer {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(map)?;
         insert_checkpoint(&tx, &head, &ts, "seal").map_err(map)?;
-        crate::audit::segments::write_seal(&tx, &record).map_err(map)?;
+        crate::segments::write_seal(&tx, &record).map_err(map)?;
         tx.commit().map_err(map)?;
         self.last_cp_size = head.size;
         self.last_cp_at = Instant::now();
@@ -529,7 +525,7 @@ impl Writer {
     /// thread to it.
     pub(super) fn open_next_segment(&mut self) -> Result<(), AuditError> {
         let number = self.start.segment + 1;
-        let next = crate::audit::segments::segment_path(&self.base, number);
+        let next = crate::segments::segment_path(&self.base, number);
         let start = StartRecord {
             segment: number,
             size: self.frontier.size(),
@@ -542,7 +538,7 @@ impl Writer {
             // A previous attempt created it and failed later: take it if it is
             // exactly the segment this one would create, still empty.
             let conn = store::open_reader(&next, self.busy_timeout)?;
-            let found = crate::audit::segments::read_start(&conn, &next)?;
+            let found = crate::segments::read_start(&conn, &next)?;
             let (count, _) = store::head(&conn, &next)?;
             let same = found.as_ref().is_some_and(|f| {
                 f.segment == start.segment
@@ -560,11 +556,11 @@ impl Writer {
                 });
             }
         } else {
-            crate::audit::segments::create(&next, &start, self.durability)?;
+            crate::segments::create(&next, &start, self.durability)?;
         }
         let conn =
             store::open_writer(&next, self.durability, self.busy_timeout, self.max_db_bytes)?;
-        crate::audit::wal::configure_writer(&conn, &next)?;
+        crate::wal::configure_writer(&conn, &next)?;
         // The notes signed so far are published by the thread before it moves.
         self.wal.restart(&next)?;
         let old = std::mem::replace(&mut self.conn, conn);

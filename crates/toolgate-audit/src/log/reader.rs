@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension};
 
-use crate::audit::line::format_timestamp;
-use crate::audit::store::{self, map_sqlite};
-use crate::audit::{AuditError, EventFilter, StoredEvent};
+use crate::line::format_timestamp;
+use crate::store::{self, map_sqlite};
+use crate::{AuditError, EventFilter, StoredEvent};
 
 /// How long opening a segment waits for the writer's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_millis(2000);
@@ -24,8 +24,8 @@ impl AuditReader {
     /// Opens the log whose first segment is `db` read-only; its newest segment must
     /// exist and be a toolgate audit log.
     pub fn open(db: &Path) -> Result<AuditReader, AuditError> {
-        let (_, newest) = crate::audit::segments::newest(db)?;
-        drop(crate::audit::store::open_reader(&newest, BUSY_TIMEOUT)?);
+        let (_, newest) = crate::segments::newest(db)?;
+        drop(crate::store::open_reader(&newest, BUSY_TIMEOUT)?);
         Ok(AuditReader {
             path: db.to_path_buf(),
         })
@@ -41,9 +41,9 @@ impl AuditReader {
     /// size.
     pub fn notes_between(&self, above: u64, upto: u64) -> Result<Vec<(u64, String)>, AuditError> {
         let mut out = std::collections::BTreeMap::new();
-        for (_, path) in crate::audit::segments::list(&self.path)? {
-            let conn = crate::audit::store::open_reader(&path, BUSY_TIMEOUT)?;
-            let map = |e: rusqlite::Error| crate::audit::store::map_sqlite(&e, &path);
+        for (_, path) in crate::segments::list(&self.path)? {
+            let conn = crate::store::open_reader(&path, BUSY_TIMEOUT)?;
+            let map = |e: rusqlite::Error| crate::store::map_sqlite(&e, &path);
             let mut stmt = conn
                 .prepare(
                     "SELECT size, note FROM checkpoints WHERE size > ?1 AND size <= ?2 \
@@ -76,7 +76,7 @@ pub(crate) fn read_segment_events(
     filter: &EventFilter,
 ) -> Result<Vec<StoredEvent>, AuditError> {
     let mut out: Vec<StoredEvent> = Vec::new();
-    let segments = crate::audit::segments::list(base)?;
+    let segments = crate::segments::list(base)?;
     if segments.is_empty() {
         return Err(AuditError::Io {
             path: base.to_path_buf(),
@@ -89,7 +89,7 @@ pub(crate) fn read_segment_events(
             Err(AuditError::Io { .. }) if !path.exists() => continue,
             Err(e) => return Err(e),
         };
-        if let Some(seal) = crate::audit::segments::read_seal(&conn, &path)?
+        if let Some(seal) = crate::segments::read_seal(&conn, &path)?
             && seal.last_seq <= filter.after_seq
         {
             continue;
@@ -227,9 +227,9 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use crate::audit::Durability;
-    use crate::audit::line::event_id;
-    use crate::audit::store::INSERT_EVENT;
+    use crate::Durability;
+    use crate::line::event_id;
+    use crate::store::INSERT_EVENT;
     use rusqlite::params;
     use time::OffsetDateTime;
 
@@ -257,7 +257,7 @@ mod tests {
     }
 
     /// A database with the writer's schema and events of these types, seq 1 on.
-    fn typed_events(dir: &Path, types: &[crate::audit::EventType]) -> Connection {
+    fn typed_events(dir: &Path, types: &[crate::EventType]) -> Connection {
         let path = dir.join("audit.db");
         let conn =
             store::open_writer(&path, Durability::Normal, Duration::from_secs(1), None).unwrap();
@@ -293,7 +293,7 @@ mod tests {
     /// uses it, one on those two scans along seq, and both return what a scan returns.
     #[test]
     fn the_partial_type_index_serves_the_rarer_types_and_every_filter_is_exact() {
-        use crate::audit::EventType::*;
+        use crate::EventType::*;
         let dir = tempfile::tempdir().unwrap();
         let mut types = Vec::new();
         for i in 0..40 {
@@ -306,7 +306,7 @@ mod tests {
             }
         }
         let conn = typed_events(dir.path(), &types);
-        let filters: [&[crate::audit::EventType]; 6] = [
+        let filters: [&[crate::EventType]; 6] = [
             &[ApprovalGranted],
             &[SafetyLockEngaged, SafetyLockReleased],
             &[ToolDenied],
@@ -362,8 +362,8 @@ mod tests {
         let conn = typed_events(
             dir.path(),
             &[
-                crate::audit::EventType::ToolRequested,
-                crate::audit::EventType::RunCreated,
+                crate::EventType::ToolRequested,
+                crate::EventType::RunCreated,
             ],
         );
         conn.execute_batch(

@@ -12,14 +12,14 @@ use tokio::sync::{Semaphore, TryAcquireError, oneshot};
 
 use super::reader::read_segment_events;
 use super::writer::{Request, Writer, run_writer};
-use crate::audit::checkpoint::verify_note;
-use crate::audit::keys::{Keys, VerifierKey, valid_key_name};
-use crate::audit::line::{Prepared, prepare};
-use crate::audit::signer::Signer;
-use crate::audit::sink::Sinks;
-use crate::audit::store::{self, map_sqlite};
-use crate::audit::wal::WalCheckpointer;
-use crate::audit::{
+use crate::checkpoint::verify_note;
+use crate::keys::{Keys, VerifierKey, valid_key_name};
+use crate::line::{Prepared, prepare};
+use crate::signer::Signer;
+use crate::sink::Sinks;
+use crate::store::{self, map_sqlite};
+use crate::wal::WalCheckpointer;
+use crate::{
     Appended, ArgumentCommitment, AuditError, AuditOptions, Durability, EventFilter, NewEvent,
     StoredEvent, hmac_sha256_hex,
 };
@@ -94,7 +94,7 @@ struct Inner {
     /// The first segment's path (the configured database).
     db_path: PathBuf,
     /// How the WAL was kept bounded (see `wal.rs`), for metrics.
-    wal_state: Arc<crate::audit::wal::WalState>,
+    wal_state: Arc<crate::wal::WalState>,
     append_timeout: Duration,
     /// The key directory and the checkpoint signer, for exports made by the server
     /// (a run's evidence bundle).
@@ -165,8 +165,8 @@ impl AuditLog {
         // The newest checkpoint each readable sink holds: the log must extend them.
         let mut extra = Vec::new();
         for sink in &options.checkpoint_sinks {
-            if let crate::audit::CheckpointSink::File { path: file } = sink
-                && let Some(note) = crate::audit::sink::newest_note(file)?
+            if let crate::CheckpointSink::File { path: file } = sink
+                && let Some(note) = crate::sink::newest_note(file)?
             {
                 let checkpoint = verify_note(&note, &verifier).map_err(|e| AuditError::Key {
                     path: file.clone(),
@@ -199,8 +199,9 @@ impl AuditLog {
         let sinks = Sinks::open(
             &options.checkpoint_sinks,
             options.checkpoint_sink_ca.as_deref(),
+            options.webhooks.as_deref(),
         )?;
-        let wal_state = Arc::new(crate::audit::wal::WalState::default());
+        let wal_state = Arc::new(crate::wal::WalState::default());
         let wal = WalCheckpointer::start(&path, options.durability, sinks, wal_state.clone())?;
         let head_value = (state.frontier.size() > 0)
             .then(|| (state.frontier.size(), crate::canonical::to_hex(state.prev)));
@@ -489,14 +490,14 @@ impl AuditLog {
         run_id: &str,
         after_seq: u64,
         limit: usize,
-    ) -> Result<crate::audit::evidence::RunEvidence, AuditError> {
+    ) -> Result<crate::evidence::RunEvidence, AuditError> {
         let reader = self.inner.reader.clone();
         let path = self.inner.db_path.clone();
         let key = self.inner.verifier.clone();
         let run_id = run_id.to_string();
         tokio::task::spawn_blocking(move || {
             let _one = reader.lock().unwrap_or_else(|p| p.into_inner());
-            crate::audit::evidence::run_evidence(&path, &key, &run_id, after_seq, limit)
+            crate::evidence::run_evidence(&path, &key, &run_id, after_seq, limit)
         })
         .await
         .map_err(|_| AuditError::Closed)?
@@ -509,7 +510,7 @@ impl AuditLog {
         run_id: &str,
         work_root: PathBuf,
         max_bytes: u64,
-    ) -> Result<crate::audit::evidence::Bundle, crate::audit::evidence::BundleError> {
+    ) -> Result<crate::evidence::Bundle, crate::evidence::BundleError> {
         let reader = self.inner.reader.clone();
         let path = self.inner.db_path.clone();
         let key_dir = self.inner.key_dir.clone();
@@ -518,13 +519,11 @@ impl AuditLog {
         let work_dir = work_root.join(format!("bundle-{}", uuid::Uuid::new_v4()));
         tokio::task::spawn_blocking(move || {
             let _one = reader.lock().unwrap_or_else(|p| p.into_inner());
-            crate::audit::evidence::run_bundle(
-                &path, &key_dir, signer, &run_id, &work_dir, max_bytes,
-            )
+            crate::evidence::run_bundle(&path, &key_dir, signer, &run_id, &work_dir, max_bytes)
         })
         .await
         .map_err(|_| {
-            crate::audit::evidence::BundleError::Export(crate::audit::export::ExportError::Audit(
+            crate::evidence::BundleError::Export(crate::export::ExportError::Audit(
                 AuditError::Closed,
             ))
         })?
@@ -589,8 +588,8 @@ fn take_writer_lock(base: &std::path::Path, wait: Duration) -> Result<std::fs::F
 /// created from its seal record.
 fn open_active(
     options: &AuditOptions,
-) -> Result<(Connection, PathBuf, crate::audit::segments::StartRecord), AuditError> {
-    use crate::audit::segments::{self, StartRecord};
+) -> Result<(Connection, PathBuf, crate::segments::StartRecord), AuditError> {
+    use crate::segments::{self, StartRecord};
     let base = &options.db_path;
     let (number, path) = segments::newest(base)?;
     let conn = store::open_writer(
@@ -638,10 +637,10 @@ fn open_active(
             options.busy_timeout,
             options.max_db_bytes,
         )?;
-        crate::audit::wal::configure_writer(&conn, &next)?;
+        crate::wal::configure_writer(&conn, &next)?;
         return Ok((conn, next, start));
     }
-    crate::audit::wal::configure_writer(&conn, &path)?;
+    crate::wal::configure_writer(&conn, &path)?;
     Ok((conn, path, start))
 }
 
@@ -702,7 +701,7 @@ mod tests {
 
     /// Signs with a key in this process but says it does not, as the socket signer.
     #[derive(Debug)]
-    struct OutOfProcess(crate::audit::keys::SignerKey);
+    struct OutOfProcess(crate::keys::SignerKey);
 
     impl Signer for OutOfProcess {
         fn verifier(&self) -> &VerifierKey {
@@ -728,7 +727,7 @@ mod tests {
         let log = AuditLog::open(options).unwrap();
         let threads = committing_threads(&log);
         let runtime = runtime();
-        let event = || NewEvent::new(crate::audit::EventType::ToolRequested);
+        let event = || NewEvent::new(crate::EventType::ToolRequested);
 
         let holder = Connection::open(&db).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -768,7 +767,7 @@ mod tests {
         let runtime = runtime();
         let caller = std::thread::current().name().unwrap().to_string();
         let segments = || {
-            crate::audit::segments::list_in(&base, Some(dir.path()))
+            crate::segments::list_in(&base, Some(dir.path()))
                 .unwrap()
                 .len()
         };
@@ -778,7 +777,7 @@ mod tests {
             (2, "audit-writer", 2),
             (3, caller.as_str(), 2),
         ] {
-            let event = NewEvent::new(crate::audit::EventType::ToolRequested);
+            let event = NewEvent::new(crate::EventType::ToolRequested);
             let appended = runtime.block_on(log.append(event)).unwrap();
             writer_released(&log);
             assert_eq!(appended.seq, n);
@@ -803,7 +802,7 @@ mod tests {
         // The writer cannot commit while another connection holds the write lock.
         let holder = Connection::open(&db).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
-        let event = NewEvent::new(crate::audit::EventType::ToolRequested);
+        let event = NewEvent::new(crate::EventType::ToolRequested);
         // Polled once (the events go to the writer thread), then dropped.
         let waited = runtime
             .block_on(async { tokio::time::timeout(Duration::ZERO, log.append(event)).await });
@@ -835,15 +834,14 @@ mod tests {
             let mut options = AuditOptions::new(dir.path());
             options.durability = durability;
             if !in_process {
-                let key =
-                    crate::audit::keys::SignerKey::from_seed(&options.origin, [7; 32]).unwrap();
+                let key = crate::keys::SignerKey::from_seed(&options.origin, [7; 32]).unwrap();
                 options.signer = Some(Arc::new(OutOfProcess(key)));
             }
             let log = AuditLog::open(options).unwrap();
             let threads = committing_threads(&log);
             log.inner.appenders.fetch_add(others, Ordering::AcqRel);
             for n in 1..=3u64 {
-                let mut event = NewEvent::new(crate::audit::EventType::ToolRequested);
+                let mut event = NewEvent::new(crate::EventType::ToolRequested);
                 event.call_id = Some(format!("call-{n}"));
                 let appended = runtime.block_on(log.append(event)).unwrap();
                 assert_eq!(appended.seq, n, "{case}");
