@@ -356,3 +356,28 @@ async fn deliver(target: &Target, note: &Note) -> Result<(), String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// This crate has no HTTP client: a webhook sink, or a CA for one, with no
+    /// [`WebhookClient`] given is refused at open, never silently left out.
+    #[test]
+    fn a_webhook_sink_without_the_applications_client_is_refused() {
+        let webhook = [CheckpointSink::Webhook {
+            url: "https://example.com/checkpoints".into(),
+        }];
+        assert!(matches!(
+            Sinks::open(&webhook, None, None),
+            Err(AuditError::Config { .. })
+        ));
+        assert!(matches!(
+            Sinks::open(&[], Some(Path::new("/etc/ca.pem")), None),
+            Err(AuditError::Config { .. })
+        ));
+        assert!(Sinks::open(&[], None, None).is_ok());
+    }
+}

@@ -19,10 +19,15 @@
 //! socket signer (it waits for another process), and any append that meets another,
 //! so group commit still gathers concurrent appends.
 //!
+//! The files: `handle.rs` the [`AuditLog`] handle (open, append, read, close);
+//! `writer.rs` the `Writer` (group commit, checkpoints, segment seals) and its thread;
+//! `reader.rs` the read path (events by filter across segments, [`AuditReader`]).
+//!
 //! INVARIANT: a waiter is answered Ok only after the COMMIT that holds its events
 //! returned, and that commit also holds a checkpoint over every event signed by the
-//! log's [`Signer`] (the signed head); only the holder of the [`Writer`] (the writer
-//! thread, or a quiet appender) writes events, and one holds it at a time.
+//! log's [`Signer`](crate::signer::Signer) (the signed head); only the holder of the
+//! `Writer` (the writer thread, or a quiet appender) writes events, and one holds it at
+//! a time.
 
 mod handle;
 mod reader;
