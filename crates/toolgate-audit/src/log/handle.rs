@@ -31,6 +31,7 @@ pub const MAX_REQUEST_EVENTS: usize = 4096;
 /// The most events waiting for the writer; appenders beyond wait for room.
 const MAX_QUEUED_EVENTS: usize = 65_536;
 
+/// The audit log. Cheap to clone; every clone appends to the same log.
 #[derive(Clone)]
 pub struct AuditLog {
     inner: Arc<Inner>,
@@ -539,8 +540,6 @@ impl AuditLog {
     }
 }
 
-/// How long a read waits for the writer's lock.
-
 /// Waits (up to `wait`) for the exclusive lock on `<db>.lock`: one writer per log
 /// (a gateway, or `toolgate audit archive`).
 fn take_writer_lock(base: &std::path::Path, wait: Duration) -> Result<std::fs::File, AuditError> {
@@ -643,8 +642,6 @@ fn open_active(
     crate::wal::configure_writer(&conn, &path)?;
     Ok((conn, path, start))
 }
-
-/// Reads events matching `filter` over `conn`.
 
 /// An append in progress, counted for as long as it lives (also when the appending
 /// future is dropped before its answer).

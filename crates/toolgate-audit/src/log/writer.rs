@@ -33,8 +33,7 @@ pub(super) enum Request {
     },
 }
 
-/// The audit log. Cheap to clone; every clone appends to the same log.
-
+/// The writer thread's state.
 pub(super) struct Writer {
     pub(super) conn: Connection,
     pub(super) path: PathBuf,
