@@ -10,11 +10,12 @@
 //!
 //! # What an auditor must trust
 //!
-//! This crate's Cargo.toml is the whole list: RFC 8785 canonical JSON and SHA-256
-//! (`sha2`, `hmac`), Ed25519 (`ed25519-dalek` verifies; `aws-lc-rs` signs and makes
-//! keys), SQLite (`rusqlite`), `serde`/`serde_json`, `time`, `base64`/`hex`, `csv` (an
-//! export format), `tokio`'s channels and timers (the writer's group commit) and
-//! `tracing`. No HTTP stack, no PostgreSQL, no CEL, no MCP: a test reads `cargo
+//! This crate's Cargo.toml is the whole list: SHA-256 and HMAC (`sha2`, `hmac`), RFC
+//! 8785 numbers checked against `serde_json_canonicalizer`, Ed25519 (`ed25519-dalek`
+//! verifies; `aws-lc-rs` signs, `getrandom` seeds new keys), SQLite (`rusqlite`),
+//! `serde`/`serde_json`, `time`, `base64`/`hex`, `csv` (an export format), `libc` (the
+//! bounded opener's open flags), `uuid` (a bundle's work directory), `tokio`'s channels
+//! and timers (the writer's group commit) and `tracing`. No HTTP stack, no PostgreSQL, no CEL, no MCP: a test reads `cargo
 //! metadata` and keeps it so (`tests/dependencies.rs`). Webhook checkpoint sinks are
 //! delivered by the application through [`sink::WebhookClient`]; shipping to SIEMs,
 //! witnesses' client, the fleet's hub and archiving stay in the application.
