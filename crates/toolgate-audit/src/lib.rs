@@ -15,8 +15,9 @@
 //! verifies; `aws-lc-rs` signs, `getrandom` seeds new keys), SQLite (`rusqlite`),
 //! `serde`/`serde_json`, `time`, `base64`/`hex`, `csv` (an export format), `libc` (the
 //! bounded opener's open flags), `uuid` (a bundle's work directory), `tokio`'s channels
-//! and timers (the writer's group commit) and `tracing`. No HTTP stack, no PostgreSQL, no CEL, no MCP: a test reads `cargo
-//! metadata` and keeps it so (`tests/dependencies.rs`). Webhook checkpoint sinks are
+//! and timers (the writer's group commit) and `tracing`. No HTTP stack, no PostgreSQL,
+//! no CEL, no MCP: a test reads `cargo metadata` and keeps it so
+//! (`tests/dependencies.rs`). Webhook checkpoint sinks are
 //! delivered by the application through [`sink::WebhookClient`]; shipping to SIEMs,
 //! witnesses' client, the fleet's hub and archiving stay in the application.
 //!
@@ -31,6 +32,8 @@
 //! - [`keys`]: the signing and HMAC keys, kept outside the database.
 //! - [`signer`]: the [`signer::Signer`] interface: the key file, or a separate signing
 //!   process over a Unix socket.
+//! - [`store`]: the SQLite schema, its connections and error mapping (the writer's,
+//!   and read-only ones for the application's readers: shipping, witnesses).
 //! - [`segments`]: the log as sealed segment files, one chain and one tree over all.
 //! - [`verify`]: recomputes a database's chain, tree and checkpoints.
 //! - [`export`]: writes an export directory an auditor can check without toolgate;
@@ -46,10 +49,10 @@
 //! - Redaction ([`Redaction`], [`redact`], [`scrub`]): what a line keeps of a call's
 //!   arguments.
 //!
-//! Inside: `log` (the handle, the group-commit writer thread and the read path),
-//! `store` (the SQLite schema and error mapping), `wal` (the WAL thread).
+//! Inside: `log` (the handle, the group-commit writer thread and the read path) and
+//! `wal` (the WAL thread).
 //!
-//! INVARIANT: only this crate knows the audit schema; there is no code path that
+//! INVARIANT: only this crate writes the audit database; there is no code path that
 //! updates or deletes an event; `append` returns only once the event is durable; this
 //! crate depends on nothing of the application.
 
