@@ -317,6 +317,7 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         .checkpoint_sinks
         .extend(args.checkpoint_sinks.iter().cloned());
     options.checkpoint_sink_ca = args.checkpoint_sink_ca.clone();
+    options.webhooks = Some(std::sync::Arc::new(crate::audit::webhook::Webhooks));
     if options.key_dir.exists()
         && let Err(e) = crate::audit::keys::check_private(&options.key_dir)
     {
