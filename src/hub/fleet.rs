@@ -203,19 +203,18 @@ async fn verify_all(
     run: Option<&str>,
 ) -> Result<Verified, FleetError> {
     let client = client(pool).await?;
-    let map = |e: tokio_postgres::Error| FleetError::Hub(db_error(&e));
     // One snapshot of every table.
     client
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .await
-        .map_err(map)?;
+        .map_err(hub_error)?;
     let logs = client
         .query(
             "SELECT origin, vkey, size, checkpoint_size FROM hub_logs ORDER BY origin",
             &[],
         )
         .await
-        .map_err(map)?;
+        .map_err(hub_error)?;
     let mut keys = BTreeMap::new();
     let mut all_leaves = BTreeMap::new();
     let mut sidecars = Vec::new();
@@ -232,188 +231,262 @@ async fn verify_all(
                 format!("the registered key is unusable: {e}"),
             )
         })?;
-        // Checkpoints first, so the roots are recorded on the way.
-        let rows = client
-            .query(
-                "SELECT size, note FROM hub_checkpoints WHERE origin = $1 ORDER BY size",
-                &[&origin],
-            )
-            .await
-            .map_err(map)?;
-        let mut wanted: BTreeMap<u64, Hash> = BTreeMap::new();
-        for r in &rows {
-            let at = r.get::<_, i64>(0).max(0) as u64;
-            let note: String = r.get(1);
-            let checkpoint = verify_note(&note, &key).map_err(|e| {
-                problem(
-                    ProblemKind::Signature,
-                    &origin,
-                    Some(at),
-                    format!(
-                        "the checkpoint at size {at} does not verify with the sidecar's key: {e}"
-                    ),
-                )
-            })?;
-            if checkpoint.origin != origin || checkpoint.size != at {
-                return Err(problem(
-                    ProblemKind::Edited,
-                    &origin,
-                    Some(at),
-                    format!(
-                        "the checkpoint stored at size {at} is of `{}` size {}",
-                        checkpoint.origin, checkpoint.size
-                    ),
-                ));
-            }
-            wanted.insert(at, checkpoint.root);
-        }
-        checkpoint_count += rows.len() as u64;
-        // The chain, page by page.
-        let mut frontier = Frontier::new();
-        let mut prev = GENESIS_PREV.to_string();
-        let mut leaves = Vec::new();
-        let mut last_good = 0u64;
-        loop {
-            let rows = client
-                .query(
-                    "SELECT seq, line FROM hub_events WHERE origin = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                    &[&origin, &(frontier.size() as i64), &PAGE],
-                )
-                .await
-                .map_err(map)?;
-            if rows.is_empty() {
-                break;
-            }
-            for r in &rows {
-                let seq = r.get::<_, i64>(0).max(0) as u64;
-                let line: String = r.get(1);
-                let expected = frontier.size() + 1;
-                if seq != expected {
-                    return Err(problem(
-                        ProblemKind::Missing,
-                        &origin,
-                        Some(expected),
-                        format!(
-                            "seq {expected} is missing from the hub (the next row is seq {seq})"
-                        ),
-                    ));
-                }
-                if seq > size {
-                    return Err(problem(
-                        ProblemKind::Inserted,
-                        &origin,
-                        Some(seq),
-                        format!("a row beyond the {size} lines the hub accepted: injected"),
-                    ));
-                }
-                let hash = match check_line(&origin, seq, &prev, &line) {
-                    Ok(hash) => hash,
-                    // The line before changed after this one was chained to it.
-                    Err(HubError::Fork { .. }) => {
-                        return Err(problem(
-                            ProblemKind::Edited,
-                            &origin,
-                            Some(seq - 1),
-                            format!(
-                                "the line changed after seq {seq} was chained to it: seq {seq}'s prev does not match its hash"
-                            ),
-                        ));
-                    }
-                    Err(e) => {
-                        return Err(problem(
-                            ProblemKind::Edited,
-                            &origin,
-                            Some(seq),
-                            e.to_string(),
-                        ));
-                    }
-                };
-                frontier.push(hash);
-                if keep {
-                    leaves.push(hash);
-                }
-                prev = crate::canonical::to_hex(hash);
-                if let Some(root) = wanted.get(&seq) {
-                    if *root != frontier.root() {
-                        // Every line before chains to the next, so only this last
-                        // line under the checkpoint can differ from what was signed.
-                        return Err(problem(
-                            ProblemKind::Edited,
-                            &origin,
-                            Some(seq),
-                            format!(
-                                "the lines up to seq {seq} do not hash to the signed checkpoint at size {seq}, and every earlier line chains to the next: seq {seq} was edited"
-                            ),
-                        ));
-                    }
-                    last_good = seq;
-                }
-            }
-        }
-        if frontier.size() < size {
-            return Err(problem(
-                ProblemKind::Truncated,
-                &origin,
-                Some(frontier.size() + 1),
-                format!(
-                    "the hub accepted {size} lines but holds {}: rows were removed",
-                    frontier.size()
-                ),
-            ));
-        }
-        if let Some((&cut, _)) = wanted.range(frontier.size() + 1..).next() {
-            return Err(problem(
-                ProblemKind::Truncated,
-                &origin,
-                Some(frontier.size() + 1),
-                format!(
-                    "a signed checkpoint covers {cut} lines but the hub holds {}",
-                    frontier.size()
-                ),
-            ));
-        }
-        if last_good < frontier.size() {
-            return Err(problem(
-                ProblemKind::Unsigned,
-                &origin,
-                Some(last_good + 1),
-                format!(
-                    "seq {}..{} are covered by no signed checkpoint: every batch is shipped with one",
-                    last_good + 1,
-                    frontier.size()
-                ),
-            ));
-        }
+        let wanted = sidecar_checkpoints(&client, &origin, &key).await?;
+        checkpoint_count += wanted.len() as u64;
+        let leaves = sidecar_chain(&client, &origin, size, &wanted, keep).await?;
         sidecars.push(SidecarReport {
             origin: origin.clone(),
-            events: frontier.size(),
-            checkpoints: rows.len() as u64,
+            events: leaves.size,
+            checkpoints: wanted.len() as u64,
             key_fingerprint: key.fingerprint(),
         });
         keys.insert(origin.clone(), key);
         if keep {
-            all_leaves.insert(origin, leaves);
+            all_leaves.insert(origin, leaves.hashes);
         }
     }
-    // The fleet log.
+    let (frontier, fleet, fleet_key) = fleet_log(&client, &keys, pin).await?;
+    if (fleet.len() as u64) != checkpoint_count {
+        return Err(FleetError::Problem(FleetProblem {
+            kind: ProblemKind::Missing,
+            sidecar: Some(FLEET_ORIGIN.to_string()),
+            seq: None,
+            message: format!(
+                "the hub holds {checkpoint_count} sidecar checkpoints but the fleet log {}: one was added or removed outside ingest",
+                fleet.len()
+            ),
+        }));
+    }
+    let (run_rows, unshipped) = match run {
+        Some(run) => run_evidence(&client, run).await?,
+        None => (BTreeMap::new(), Vec::new()),
+    };
+    client.batch_execute("COMMIT").await.map_err(hub_error)?;
+    Ok(Verified {
+        report: FleetReport {
+            sidecars,
+            fleet_size: frontier.size(),
+            fleet_root: crate::canonical::to_hex(frontier.root()),
+            fleet_key_fingerprint: fleet_key.as_ref().map(VerifierKey::fingerprint),
+            fleet_key_confirmed: pin.is_some(),
+            witnesses: None,
+        },
+        keys,
+        fleet_key,
+        leaves: all_leaves,
+        fleet,
+        run_rows,
+        unshipped,
+    })
+}
+
+fn hub_error(e: tokio_postgres::Error) -> FleetError {
+    FleetError::Hub(db_error(&e))
+}
+
+/// A sidecar's signed checkpoints, each verified with its key: the root signed at
+/// each size.
+async fn sidecar_checkpoints(
+    client: &deadpool_postgres::Client,
+    origin: &str,
+    key: &VerifierKey,
+) -> Result<BTreeMap<u64, Hash>, FleetError> {
+    let rows = client
+        .query(
+            "SELECT size, note FROM hub_checkpoints WHERE origin = $1 ORDER BY size",
+            &[&origin],
+        )
+        .await
+        .map_err(hub_error)?;
+    let mut wanted: BTreeMap<u64, Hash> = BTreeMap::new();
+    for r in &rows {
+        let at = r.get::<_, i64>(0).max(0) as u64;
+        let note: String = r.get(1);
+        let checkpoint = verify_note(&note, &key).map_err(|e| {
+            problem(
+                ProblemKind::Signature,
+                &origin,
+                Some(at),
+                format!("the checkpoint at size {at} does not verify with the sidecar's key: {e}"),
+            )
+        })?;
+        if checkpoint.origin != origin || checkpoint.size != at {
+            return Err(problem(
+                ProblemKind::Edited,
+                &origin,
+                Some(at),
+                format!(
+                    "the checkpoint stored at size {at} is of `{}` size {}",
+                    checkpoint.origin, checkpoint.size
+                ),
+            ));
+        }
+        wanted.insert(at, checkpoint.root);
+    }
+    Ok(wanted)
+}
+
+/// A sidecar's chain as the hub holds it.
+struct Leaves {
+    size: u64,
+    /// Every leaf hash from seq 1, when kept.
+    hashes: Vec<Hash>,
+}
+
+/// Walks a sidecar's lines page by page: each chains to the one before, the lines
+/// under each signed checkpoint hash to its root, none is missing, injected or
+/// beyond the last checkpoint.
+async fn sidecar_chain(
+    client: &deadpool_postgres::Client,
+    origin: &str,
+    size: u64,
+    wanted: &BTreeMap<u64, Hash>,
+    keep: bool,
+) -> Result<Leaves, FleetError> {
+    let mut frontier = Frontier::new();
+    let mut prev = GENESIS_PREV.to_string();
+    let mut leaves = Vec::new();
+    let mut last_good = 0u64;
+    loop {
+        let rows = client
+            .query(
+                "SELECT seq, line FROM hub_events WHERE origin = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                &[&origin, &(frontier.size() as i64), &PAGE],
+            )
+            .await
+            .map_err(hub_error)?;
+        if rows.is_empty() {
+            break;
+        }
+        for r in &rows {
+            let seq = r.get::<_, i64>(0).max(0) as u64;
+            let line: String = r.get(1);
+            let expected = frontier.size() + 1;
+            if seq != expected {
+                return Err(problem(
+                    ProblemKind::Missing,
+                    &origin,
+                    Some(expected),
+                    format!("seq {expected} is missing from the hub (the next row is seq {seq})"),
+                ));
+            }
+            if seq > size {
+                return Err(problem(
+                    ProblemKind::Inserted,
+                    &origin,
+                    Some(seq),
+                    format!("a row beyond the {size} lines the hub accepted: injected"),
+                ));
+            }
+            let hash = match check_line(&origin, seq, &prev, &line) {
+                Ok(hash) => hash,
+                // The line before changed after this one was chained to it.
+                Err(HubError::Fork { .. }) => {
+                    return Err(problem(
+                        ProblemKind::Edited,
+                        &origin,
+                        Some(seq - 1),
+                        format!(
+                            "the line changed after seq {seq} was chained to it: seq {seq}'s prev does not match its hash"
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    return Err(problem(
+                        ProblemKind::Edited,
+                        &origin,
+                        Some(seq),
+                        e.to_string(),
+                    ));
+                }
+            };
+            frontier.push(hash);
+            if keep {
+                leaves.push(hash);
+            }
+            prev = crate::canonical::to_hex(hash);
+            if let Some(root) = wanted.get(&seq) {
+                if *root != frontier.root() {
+                    // Every line before chains to the next, so only this last
+                    // line under the checkpoint can differ from what was signed.
+                    return Err(problem(
+                        ProblemKind::Edited,
+                        &origin,
+                        Some(seq),
+                        format!(
+                            "the lines up to seq {seq} do not hash to the signed checkpoint at size {seq}, and every earlier line chains to the next: seq {seq} was edited"
+                        ),
+                    ));
+                }
+                last_good = seq;
+            }
+        }
+    }
+    if frontier.size() < size {
+        return Err(problem(
+            ProblemKind::Truncated,
+            &origin,
+            Some(frontier.size() + 1),
+            format!(
+                "the hub accepted {size} lines but holds {}: rows were removed",
+                frontier.size()
+            ),
+        ));
+    }
+    if let Some((&cut, _)) = wanted.range(frontier.size() + 1..).next() {
+        return Err(problem(
+            ProblemKind::Truncated,
+            &origin,
+            Some(frontier.size() + 1),
+            format!(
+                "a signed checkpoint covers {cut} lines but the hub holds {}",
+                frontier.size()
+            ),
+        ));
+    }
+    if last_good < frontier.size() {
+        return Err(problem(
+            ProblemKind::Unsigned,
+            &origin,
+            Some(last_good + 1),
+            format!(
+                "seq {}..{} are covered by no signed checkpoint: every batch is shipped with one",
+                last_good + 1,
+                frontier.size()
+            ),
+        ));
+    }
+    Ok(Leaves {
+        size: frontier.size(),
+        hashes: leaves,
+    })
+}
+
+/// The fleet log (fleet seq order): each leaf is a sidecar checkpoint the hub holds,
+/// each fleet checkpoint verifies with the fleet key and covers the leaves up to it.
+async fn fleet_log(
+    client: &deadpool_postgres::Client,
+    keys: &BTreeMap<String, VerifierKey>,
+    pin: Option<&str>,
+) -> Result<FleetLog, FleetError> {
     let fleet_rows = client
         .query(
             "SELECT seq, origin, size, leaf, note FROM hub_fleet ORDER BY seq",
             &[],
         )
         .await
-        .map_err(map)?;
+        .map_err(hub_error)?;
     let stored: std::collections::HashMap<(String, i64), String> = client
         .query("SELECT origin, size, note FROM hub_checkpoints", &[])
         .await
-        .map_err(map)?
+        .map_err(hub_error)?
         .iter()
         .map(|r| ((r.get(0), r.get(1)), r.get(2)))
         .collect();
     let bound: Option<String> = client
         .query_one("SELECT vkey FROM hub_fleet_head WHERE id = 1", &[])
         .await
-        .map_err(map)?
+        .map_err(hub_error)?
         .get(0);
     let fleet_key = fleet_key(bound, fleet_rows.len(), pin)?;
     let mut frontier = Frontier::new();
@@ -472,64 +545,52 @@ async fn verify_all(
         }
         fleet.push((origin, size.max(0) as u64, leaf, note));
     }
-    if (fleet.len() as u64) != checkpoint_count {
-        return Err(FleetError::Problem(FleetProblem {
-            kind: ProblemKind::Missing,
-            sidecar: Some(FLEET_ORIGIN.to_string()),
-            seq: None,
-            message: format!(
-                "the hub holds {checkpoint_count} sidecar checkpoints but the fleet log {}: one was added or removed outside ingest",
-                fleet.len()
-            ),
-        }));
-    }
-    // The run's events and the sidecars that hold more of it, in the same snapshot: a
-    // mark removed in it means its events are in it.
+    Ok((frontier, fleet, fleet_key))
+}
+
+/// The fleet tree, its rows (origin, sidecar size, leaf note, fleet note) and key.
+type FleetLog = (
+    Frontier,
+    Vec<(String, u64, String, String)>,
+    Option<VerifierKey>,
+);
+
+/// The run's events per origin and the sidecars that hold more of it, read in the
+/// verification's snapshot: a mark removed in it means its events are in it.
+async fn run_evidence(
+    client: &deadpool_postgres::Client,
+    run: &str,
+) -> Result<RunEvidence, FleetError> {
     let mut run_rows: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
     let mut unshipped = Vec::new();
-    if let Some(run) = run {
-        for r in client
-            .query(
-                "SELECT origin, seq, line FROM hub_events WHERE run_id = $1 ORDER BY origin, seq",
-                &[&run],
-            )
-            .await
-            .map_err(map)?
-        {
-            run_rows
-                .entry(r.get(0))
-                .or_default()
-                .push((r.get::<_, i64>(1).max(0) as u64, r.get(2)));
-        }
-        for r in client
-            .query(
-                "SELECT origin, since_seq FROM hub_unshipped WHERE run_id = $1 ORDER BY origin",
-                &[&run],
-            )
-            .await
-            .map_err(map)?
-        {
-            unshipped.push((r.get(0), r.get::<_, i64>(1).max(0) as u64));
-        }
+    for r in client
+        .query(
+            "SELECT origin, seq, line FROM hub_events WHERE run_id = $1 ORDER BY origin, seq",
+            &[&run],
+        )
+        .await
+        .map_err(hub_error)?
+    {
+        run_rows
+            .entry(r.get(0))
+            .or_default()
+            .push((r.get::<_, i64>(1).max(0) as u64, r.get(2)));
     }
-    client.batch_execute("COMMIT").await.map_err(map)?;
-    Ok(Verified {
-        report: FleetReport {
-            sidecars,
-            fleet_size: frontier.size(),
-            fleet_root: crate::canonical::to_hex(frontier.root()),
-            fleet_key_fingerprint: fleet_key.as_ref().map(VerifierKey::fingerprint),
-            fleet_key_confirmed: pin.is_some(),
-            witnesses: None,
-        },
-        keys,
-        fleet_key,
-        leaves: all_leaves,
-        fleet,
-        run_rows,
-        unshipped,
-    })
+    for r in client
+        .query(
+            "SELECT origin, since_seq FROM hub_unshipped WHERE run_id = $1 ORDER BY origin",
+            &[&run],
+        )
+        .await
+        .map_err(hub_error)?
+    {
+        unshipped.push((r.get(0), r.get::<_, i64>(1).max(0) as u64));
+    }
+    Ok((run_rows, unshipped))
 }
+
+/// A run's rows per origin, (seq, line), and the sidecars holding unshipped events of it.
+type RunEvidence = (BTreeMap<String, Vec<(u64, String)>>, Vec<(String, u64)>);
 
 /// What an export wrote.
 #[derive(Debug, Clone, Serialize)]
