@@ -663,100 +663,27 @@ pub async fn export(
         let Some(rows) = verified.run_rows.get(origin).filter(|r| !r.is_empty()) else {
             continue;
         };
-        let leaves = verified.leaves.get(origin).cloned().unwrap_or_default();
-        let tree = Tree::new(leaves);
-        let dir = format!("sidecars/{:03}", n + 1);
-        crate::localfile::create_dir_all(&out.join(&dir)).map_err(output)?;
-        let mut events = String::new();
-        let mut proofs = String::new();
-        let mut count = 0u64;
-        let (mut seqs, mut hashes) = (Vec::new(), Vec::new());
-        for (seq, line) in rows {
-            let seq = *seq;
-            if seq > *size {
-                above_cut = true;
-                warnings.push(format!(
-                    "sidecar `{origin}` seq {seq} is not under a fleet checkpoint yet; not exported"
-                ));
-                continue;
-            }
-            let path = tree.inclusion_proof(seq - 1, *size).unwrap_or_default();
-            seqs.push(seq);
-            hashes.push(crate::canonical::to_hex(leaf_hash(line.as_bytes())));
-            events.push_str(line);
-            events.push('\n');
-            proofs.push_str(&json!({"seq": seq, "tree_size": size, "path": path.iter().map(hex::encode).collect::<Vec<_>>()}).to_string());
-            proofs.push('\n');
-            count += 1;
-        }
-        write_hashed(out, &format!("{dir}/events.jsonl"), &events, &mut files)?;
-        write_hashed(out, &format!("{dir}/proofs.jsonl"), &proofs, &mut files)?;
-        write_hashed(out, &format!("{dir}/checkpoint.txt"), note, &mut files)?;
-        let key = verified
-            .keys
-            .get(origin)
-            .map(VerifierKey::to_vkey)
-            .unwrap_or_default();
-        let fleet_path = fleet_tree
-            .inclusion_proof(*leaf_index, fleet_size)
-            .unwrap_or_default();
-        manifest_sidecars.push(json!({
-            "origin": origin,
-            "dir": dir,
-            "vkey": key,
-            "events": count,
-            "seqs": seqs,
-            "leaf_hashes": hashes,
-            "checkpoint_size": size,
-            "fleet_leaf_index": leaf_index,
-            "fleet_path": fleet_path.iter().map(hex::encode).collect::<Vec<_>>(),
-        }));
+        let written = write_sidecar(
+            out,
+            &format!("sidecars/{:03}", n + 1),
+            &verified,
+            (origin, *leaf_index, *size, note),
+            rows,
+            &fleet_tree,
+            &mut files,
+        )?;
+        above_cut |= !written.above_cut.is_empty();
+        warnings.extend(written.above_cut);
+        manifest_sidecars.push(written.manifest);
+        let count = written.count;
         summary.push((origin.clone(), count));
     }
     // What the hub does not hold: the export says so instead of calling itself
     // complete.
-    let hub_sizes: BTreeMap<&str, u64> = verified
-        .report
-        .sidecars
-        .iter()
-        .map(|s| (s.origin.as_str(), s.events))
-        .collect();
-    let mut unshipped = Vec::new();
-    for (origin, since_seq) in &verified.unshipped {
-        let hub_size = hub_sizes.get(origin.as_str()).copied().unwrap_or(0);
-        warnings.push(format!(
-            "sidecar `{origin}` holds events of run `{run_id}` that the hub does not (its seq {} on; the hub holds its log up to seq {hub_size}): this export is not complete; start that sidecar again with its data directory so that it ships them, then export again",
-            since_seq.max(&(hub_size + 1))
-        ));
-        unshipped.push(json!({
-            "origin": origin,
-            "since_seq": since_seq,
-            "hub_size": hub_size,
-        }));
-    }
+    let unshipped = unshipped(&verified, run_id, &mut warnings);
     let complete = unshipped.is_empty() && !above_cut;
     write_hashed(out, "fleet-checkpoint.txt", fleet_note, &mut files)?;
-    // The cosigned fleet checkpoints (the newest ones), each with its consistency
-    // proof to the exported fleet checkpoint.
-    let notes: Vec<&str> = verified.fleet.iter().map(|f| f.3.as_str()).collect();
-    let cosigned = super::witness::cosigned_notes(pool, &notes).await?;
-    let cosigned = &cosigned[cosigned.len().saturating_sub(MAX_EXPORTED_COSIGNED)..];
-    let mut cosigned_text = String::new();
-    let mut cosigned_proofs = Vec::new();
-    for (size, note) in cosigned {
-        cosigned_text.push_str(note);
-        cosigned_text.push('\n');
-        let proof = fleet_tree
-            .consistency_proof(*size, fleet_size)
-            .unwrap_or_default();
-        cosigned_proofs.push(json!({
-            "size": size,
-            "consistency": proof.iter().map(hex::encode).collect::<Vec<_>>(),
-        }));
-    }
-    if !cosigned.is_empty() {
-        write_hashed(out, "fleet-cosignatures.txt", &cosigned_text, &mut files)?;
-    }
+    let cosigned_proofs = write_cosigned(pool, &verified, &fleet_tree, out, &mut files).await?;
     let manifest = json!({
         "format": "toolgate-fleet-export/1",
         "run_id": run_id,
@@ -796,6 +723,140 @@ pub async fn export(
         sidecars: summary,
         warnings,
     })
+}
+
+/// What one sidecar's part of an export holds.
+struct SidecarWritten {
+    /// Its entry in the manifest.
+    manifest: Value,
+    /// The run's events written.
+    count: u64,
+    /// A warning per event of the run above the fleet checkpoint the export is cut at.
+    above_cut: Vec<String>,
+}
+
+/// Writes a sidecar's events of the run under `dir` with their inclusion proofs and
+/// its checkpoint at the cut; `at` is (origin, fleet leaf index, size, note).
+fn write_sidecar(
+    out: &Path,
+    dir: &str,
+    verified: &Verified,
+    at: (&String, u64, u64, &String),
+    rows: &[(u64, String)],
+    fleet_tree: &Tree,
+    files: &mut BTreeMap<String, String>,
+) -> Result<SidecarWritten, FleetError> {
+    let (origin, leaf_index, size, note) = at;
+    let fleet_size = verified.report.fleet_size;
+    let output = |e: std::io::Error| FleetError::Output(format!("`{}`: {e}", out.display()));
+    let mut above_cut = Vec::new();
+    let leaves = verified.leaves.get(origin).cloned().unwrap_or_default();
+    let tree = Tree::new(leaves);
+    crate::localfile::create_dir_all(&out.join(dir)).map_err(output)?;
+    let mut events = String::new();
+    let mut proofs = String::new();
+    let mut count = 0u64;
+    let (mut seqs, mut hashes) = (Vec::new(), Vec::new());
+    for (seq, line) in rows {
+        let seq = *seq;
+        if seq > size {
+            above_cut.push(format!(
+                "sidecar `{origin}` seq {seq} is not under a fleet checkpoint yet; not exported"
+            ));
+            continue;
+        }
+        let path = tree.inclusion_proof(seq - 1, size).unwrap_or_default();
+        seqs.push(seq);
+        hashes.push(crate::canonical::to_hex(leaf_hash(line.as_bytes())));
+        events.push_str(line);
+        events.push('\n');
+        proofs.push_str(&json!({"seq": seq, "tree_size": size, "path": path.iter().map(hex::encode).collect::<Vec<_>>()}).to_string());
+        proofs.push('\n');
+        count += 1;
+    }
+    write_hashed(out, &format!("{dir}/events.jsonl"), &events, files)?;
+    write_hashed(out, &format!("{dir}/proofs.jsonl"), &proofs, files)?;
+    write_hashed(out, &format!("{dir}/checkpoint.txt"), note, files)?;
+    let key = verified
+        .keys
+        .get(origin)
+        .map(VerifierKey::to_vkey)
+        .unwrap_or_default();
+    let fleet_path = fleet_tree
+        .inclusion_proof(leaf_index, fleet_size)
+        .unwrap_or_default();
+    let manifest = json!({
+        "origin": origin,
+        "dir": dir,
+        "vkey": key,
+        "events": count,
+        "seqs": seqs,
+        "leaf_hashes": hashes,
+        "checkpoint_size": size,
+        "fleet_leaf_index": leaf_index,
+        "fleet_path": fleet_path.iter().map(hex::encode).collect::<Vec<_>>(),
+    });
+    Ok(SidecarWritten {
+        manifest,
+        count,
+        above_cut,
+    })
+}
+
+/// The sidecars holding events of the run the hub does not, each with a warning.
+fn unshipped(verified: &Verified, run_id: &str, warnings: &mut Vec<String>) -> Vec<Value> {
+    let hub_sizes: BTreeMap<&str, u64> = verified
+        .report
+        .sidecars
+        .iter()
+        .map(|s| (s.origin.as_str(), s.events))
+        .collect();
+    let mut unshipped = Vec::new();
+    for (origin, since_seq) in &verified.unshipped {
+        let hub_size = hub_sizes.get(origin.as_str()).copied().unwrap_or(0);
+        warnings.push(format!(
+        "sidecar `{origin}` holds events of run `{run_id}` that the hub does not (its seq {} on; the hub holds its log up to seq {hub_size}): this export is not complete; start that sidecar again with its data directory so that it ships them, then export again",
+        since_seq.max(&(hub_size + 1))
+    ));
+        unshipped.push(json!({
+            "origin": origin,
+            "since_seq": since_seq,
+            "hub_size": hub_size,
+        }));
+    }
+    unshipped
+}
+
+/// Writes the cosigned fleet checkpoints (the newest ones); each with its consistency
+/// proof to the exported fleet checkpoint, for the manifest.
+async fn write_cosigned(
+    pool: &deadpool_postgres::Pool,
+    verified: &Verified,
+    fleet_tree: &Tree,
+    out: &Path,
+    files: &mut BTreeMap<String, String>,
+) -> Result<Vec<Value>, FleetError> {
+    let fleet_size = verified.report.fleet_size;
+    let notes: Vec<&str> = verified.fleet.iter().map(|f| f.3.as_str()).collect();
+    let cosigned = super::witness::cosigned_notes(pool, &notes).await?;
+    let cosigned = &cosigned[cosigned.len().saturating_sub(MAX_EXPORTED_COSIGNED)..];
+    let mut cosigned_text = String::new();
+    let mut cosigned_proofs = Vec::new();
+    for (size, note) in cosigned {
+        cosigned_text.push_str(note);
+        cosigned_text.push('\n');
+        let proof = fleet_tree
+            .consistency_proof(*size, fleet_size)
+            .unwrap_or_default();
+        cosigned_proofs.push(json!({
+            "size": size,
+            "consistency": proof.iter().map(hex::encode).collect::<Vec<_>>(),
+        }));
+    }
+    if !cosigned.is_empty() {
+        write_hashed(out, "fleet-cosignatures.txt", &cosigned_text, files)?;
+    }
+    Ok(cosigned_proofs)
 }
 
 fn write(out: &Path, name: &str, text: &str) -> Result<(), FleetError> {
