@@ -135,173 +135,222 @@ impl Delivery {
                 path,
                 max_bytes,
                 keep,
-            } => {
-                let mut bytes = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
-                for record in records {
-                    bytes.extend_from_slice(record.as_bytes());
-                    bytes.push(b'\n');
-                }
-                let (path, max_bytes, keep) = (path.clone(), *max_bytes, *keep);
-                tokio::task::spawn_blocking(move || append_rotated(&path, max_bytes, keep, &bytes))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())
-            }
-            Delivery::Udp { addr, socket } => {
-                if socket.is_none() {
-                    let s = tokio::net::UdpSocket::bind(if addr.starts_with('[') {
-                        "[::]:0"
-                    } else {
-                        "0.0.0.0:0"
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?;
-                    s.connect(addr.as_str()).await.map_err(|e| e.to_string())?;
-                    *socket = Some(s);
-                }
-                let Some(s) = socket else {
-                    return Err("no socket".into());
-                };
-                for (event, record) in events.iter().zip(records) {
-                    let mut message = syslog_message(event, record);
-                    if message.len() > MAX_DATAGRAM_BYTES {
-                        message = syslog_message(event, &stub(event, record.len()).to_string());
-                    }
-                    let sent = tokio::time::timeout(IO_TIMEOUT, s.send(message.as_bytes())).await;
-                    if let Err(e) = sent
-                        .map_err(|_| "timed out".to_string())
-                        .and_then(|r| r.map_err(|e| e.to_string()))
-                    {
-                        *socket = None;
-                        return Err(e);
-                    }
-                }
-                // A receiver that is not listening answers with an ICMP error, kept on
-                // the connected socket: then the batch counts as not delivered. (UDP
-                // cannot confirm more than that: it is best effort.)
-                tokio::task::yield_now().await;
-                if let Ok(Some(e)) | Err(e) = s.take_error() {
-                    *socket = None;
-                    return Err(e.to_string());
-                }
-                Ok(())
-            }
+            } => deliver_file(path, *max_bytes, *keep, records).await,
+            Delivery::Udp { addr, socket } => deliver_udp(addr, socket, events, records).await,
             Delivery::Stream {
                 addr,
                 host,
                 tls,
                 stream,
-            } => {
-                // A connection the receiver closed while we were idle is replaced
-                // before anything is written to it (the write would vanish).
-                if let Some(s) = stream.as_mut()
-                    && peer_closed(s).await
-                {
-                    *stream = None;
-                }
-                if stream.is_none() {
-                    *stream = Some(connect(addr, host, tls.as_ref()).await?);
-                }
-                let Some(s) = stream.as_mut() else {
-                    return Err("no connection".into());
-                };
-                let mut frames = Vec::new();
-                for (event, record) in events.iter().zip(records) {
-                    let message = syslog_message(event, record);
-                    // RFC 6587 octet counting: "LEN SP MSG".
-                    frames.extend_from_slice(format!("{} ", message.len()).as_bytes());
-                    frames.extend_from_slice(message.as_bytes());
-                }
-                let written = tokio::time::timeout(IO_TIMEOUT, async {
-                    s.write_all(&frames).await?;
-                    s.flush().await
-                })
-                .await;
-                match written {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => {
-                        *stream = None;
-                        Err(e.to_string())
-                    }
-                    Err(_) => {
-                        *stream = None;
-                        Err("the receiver did not take the batch in time".into())
-                    }
-                }
-            }
+            } => deliver_stream((addr, host, tls.as_ref()), stream, events, records).await,
             Delivery::Hec { url, token, client } => {
-                let mut body = String::new();
-                for (event, record) in events.iter().zip(records) {
-                    let payload = match format {
-                        ShipFormat::Ocsf => serde_json::from_str(record).unwrap_or(Value::Null),
-                        ShipFormat::Native => Value::String(record.clone()),
-                    };
-                    let item = json!({
-                        "time": time_ms(event) as f64 / 1000.0,
-                        "host": hostname(),
-                        "source": "toolgate",
-                        "sourcetype": match format { ShipFormat::Ocsf => "toolgate:ocsf", ShipFormat::Native => "toolgate:audit" },
-                        "event": payload,
-                        "fields": {"seq": event.seq, "leaf_hash_sha256": leaf_hex(event), "event_type": event_text(event, "type")},
-                    });
-                    body.push_str(&item.to_string());
-                    body.push('\n');
-                }
-                let response = client
-                    .post(url.clone())
-                    .header(reqwest::header::AUTHORIZATION, format!("Splunk {token}"))
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| error_chain(&e.without_url()))?;
-                let status = response.status();
-                let answer = read_bounded(response).await?;
-                if !status.is_success() {
-                    return Err(format!("answered {status}"));
-                }
-                // Splunk answers {"text":"Success","code":0}; anything else is not a
-                // confirmation.
-                let parsed: Value = serde_json::from_slice(&answer)
-                    .map_err(|_| "the answer is not the HEC JSON acknowledgement".to_string())?;
-                if parsed.get("code").and_then(Value::as_i64) != Some(0) {
-                    return Err(format!(
-                        "the answer does not confirm: {}",
-                        truncate(&parsed.to_string())
-                    ));
-                }
-                Ok(())
+                deliver_hec(url, token, client, format, events, records).await
             }
             Delivery::Otlp { url, client } => {
-                let body = otlp::logs_request(events, records, format);
-                let response = client
-                    .post(url.clone())
-                    .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| error_chain(&e.without_url()))?;
-                let status = response.status();
-                let content_type = response
-                    .headers()
-                    .get(reqwest::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_string();
-                let answer = read_bounded(response).await?;
-                if !status.is_success() {
-                    return Err(format!("answered {status}"));
-                }
-                if !answer.is_empty()
-                    && (!content_type.starts_with("application/x-protobuf")
-                        || !otlp::is_wellformed(&answer))
-                {
-                    return Err("the answer is not an OTLP protobuf response".into());
-                }
-                Ok(())
+                deliver_otlp(url, client, format, events, records).await
             }
         }
     }
+}
+
+/// Appends the batch to the file, rotating it past `max_bytes`.
+async fn deliver_file(
+    path: &Path,
+    max_bytes: u64,
+    keep: u32,
+    records: &[String],
+) -> Result<(), String> {
+    let mut bytes = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
+    for record in records {
+        bytes.extend_from_slice(record.as_bytes());
+        bytes.push(b'\n');
+    }
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || append_rotated(&path, max_bytes, keep, &bytes))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// Sends each record as a syslog datagram on the (re)connected socket.
+async fn deliver_udp(
+    addr: &str,
+    socket: &mut Option<tokio::net::UdpSocket>,
+    events: &[StoredEvent],
+    records: &[String],
+) -> Result<(), String> {
+    if socket.is_none() {
+        let s = tokio::net::UdpSocket::bind(if addr.starts_with('[') {
+            "[::]:0"
+        } else {
+            "0.0.0.0:0"
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        s.connect(addr).await.map_err(|e| e.to_string())?;
+        *socket = Some(s);
+    }
+    let Some(s) = socket else {
+        return Err("no socket".into());
+    };
+    for (event, record) in events.iter().zip(records) {
+        let mut message = syslog_message(event, record);
+        if message.len() > MAX_DATAGRAM_BYTES {
+            message = syslog_message(event, &stub(event, record.len()).to_string());
+        }
+        let sent = tokio::time::timeout(IO_TIMEOUT, s.send(message.as_bytes())).await;
+        if let Err(e) = sent
+            .map_err(|_| "timed out".to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            *socket = None;
+            return Err(e);
+        }
+    }
+    // A receiver that is not listening answers with an ICMP error, kept on
+    // the connected socket: then the batch counts as not delivered. (UDP
+    // cannot confirm more than that: it is best effort.)
+    tokio::task::yield_now().await;
+    if let Ok(Some(e)) | Err(e) = s.take_error() {
+        *socket = None;
+        return Err(e.to_string());
+    }
+    Ok(())
+}
+
+/// Writes the batch as octet-counted syslog frames on the (re)connected TCP or TLS
+/// stream; `to` is (address, TLS host name, TLS configuration).
+async fn deliver_stream(
+    to: (&str, &str, Option<&Arc<rustls::ClientConfig>>),
+    stream: &mut Option<Box<dyn Stream>>,
+    events: &[StoredEvent],
+    records: &[String],
+) -> Result<(), String> {
+    let (addr, host, tls) = to;
+    // A connection the receiver closed while we were idle is replaced
+    // before anything is written to it (the write would vanish).
+    if let Some(s) = stream.as_mut()
+        && peer_closed(s).await
+    {
+        *stream = None;
+    }
+    if stream.is_none() {
+        *stream = Some(connect(addr, host, tls).await?);
+    }
+    let Some(s) = stream.as_mut() else {
+        return Err("no connection".into());
+    };
+    let mut frames = Vec::new();
+    for (event, record) in events.iter().zip(records) {
+        let message = syslog_message(event, record);
+        // RFC 6587 octet counting: "LEN SP MSG".
+        frames.extend_from_slice(format!("{} ", message.len()).as_bytes());
+        frames.extend_from_slice(message.as_bytes());
+    }
+    let written = tokio::time::timeout(IO_TIMEOUT, async {
+        s.write_all(&frames).await?;
+        s.flush().await
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            *stream = None;
+            Err(e.to_string())
+        }
+        Err(_) => {
+            *stream = None;
+            Err("the receiver did not take the batch in time".into())
+        }
+    }
+}
+
+/// Posts the batch to a Splunk HTTP Event Collector; only its JSON acknowledgement
+/// confirms it.
+async fn deliver_hec(
+    url: &reqwest::Url,
+    token: &str,
+    client: &reqwest::Client,
+    format: ShipFormat,
+    events: &[StoredEvent],
+    records: &[String],
+) -> Result<(), String> {
+    let mut body = String::new();
+    for (event, record) in events.iter().zip(records) {
+        let payload = match format {
+            ShipFormat::Ocsf => serde_json::from_str(record).unwrap_or(Value::Null),
+            ShipFormat::Native => Value::String(record.clone()),
+        };
+        let item = json!({
+            "time": time_ms(event) as f64 / 1000.0,
+            "host": hostname(),
+            "source": "toolgate",
+            "sourcetype": match format { ShipFormat::Ocsf => "toolgate:ocsf", ShipFormat::Native => "toolgate:audit" },
+            "event": payload,
+            "fields": {"seq": event.seq, "leaf_hash_sha256": leaf_hex(event), "event_type": event_text(event, "type")},
+        });
+        body.push_str(&item.to_string());
+        body.push('\n');
+    }
+    let response = client
+        .post(url.clone())
+        .header(reqwest::header::AUTHORIZATION, format!("Splunk {token}"))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| error_chain(&e.without_url()))?;
+    let status = response.status();
+    let answer = read_bounded(response).await?;
+    if !status.is_success() {
+        return Err(format!("answered {status}"));
+    }
+    // Splunk answers {"text":"Success","code":0}; anything else is not a
+    // confirmation.
+    let parsed: Value = serde_json::from_slice(&answer)
+        .map_err(|_| "the answer is not the HEC JSON acknowledgement".to_string())?;
+    if parsed.get("code").and_then(Value::as_i64) != Some(0) {
+        return Err(format!(
+            "the answer does not confirm: {}",
+            truncate(&parsed.to_string())
+        ));
+    }
+    Ok(())
+}
+
+/// Posts the batch as an OTLP/HTTP protobuf logs request.
+async fn deliver_otlp(
+    url: &reqwest::Url,
+    client: &reqwest::Client,
+    format: ShipFormat,
+    events: &[StoredEvent],
+    records: &[String],
+) -> Result<(), String> {
+    let body = otlp::logs_request(events, records, format);
+    let response = client
+        .post(url.clone())
+        .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| error_chain(&e.without_url()))?;
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let answer = read_bounded(response).await?;
+    if !status.is_success() {
+        return Err(format!("answered {status}"));
+    }
+    if !answer.is_empty()
+        && (!content_type.starts_with("application/x-protobuf") || !otlp::is_wellformed(&answer))
+    {
+        return Err("the answer is not an OTLP protobuf response".into());
+    }
+    Ok(())
 }
 
 fn truncate(s: &str) -> String {
