@@ -111,8 +111,6 @@ mod ship;
 mod siem;
 // Whole-output snapshots of `policy check|explain|diff|test` and `audit verify`.
 mod snapshots;
-// The soak (ignored by default): WAL and RSS bounded under sustained load.
-mod soak;
 // OTLP traces within the caller's `traceparent`, and one JSON log line per call.
 mod traces;
 // Two-phase tools with the stand-in court: prepare, commit, rollback, refusals.

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 pub mod demo;
+pub mod fleet;
 pub mod golden;
 pub mod lab;
 pub mod postgres;
