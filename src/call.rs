@@ -544,7 +544,7 @@ fn kind(v: &Value) -> &'static str {
 }
 
 fn truncate(s: &str, max: usize) -> String {
-    s.chars().take(max).collect()
+    crate::text::prefix_chars(s, max)
 }
 
 /// What a caller can do to its call while it runs: give up on it, and hear how far it

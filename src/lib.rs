@@ -43,12 +43,15 @@
 //!   AWS-LC).
 //! - [`canonical`]: RFC 8785 canonical JSON and the sha256 helpers.
 //! - [`localfile`]: the one bounded opener of local files, and owner-only creation.
+//! - [`text`]: bounded text and JSON pointer tokens.
+//! - [`backoff`]: the doubling delay between retries.
 
 pub mod adapter;
 pub mod approvals;
 pub mod artifacts;
 pub mod audit;
 pub mod authz;
+pub mod backoff;
 pub mod call;
 pub mod canonical;
 pub mod capacity;
@@ -74,6 +77,7 @@ pub mod sandbox;
 pub mod server;
 pub mod shadow;
 pub mod state;
+pub mod text;
 pub mod transport;
 pub mod workers;
 

@@ -477,14 +477,7 @@ fn redact(text: &str, secrets: &[String]) -> String {
 
 /// The last `max` bytes of `text`, on a character boundary, marked when cut.
 fn tail_of(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut start = text.len() - max;
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("...{}", &text[start..])
+    crate::text::tail_bytes(text, max)
 }
 
 fn scope_json(scope: &Map<String, Value>) -> String {

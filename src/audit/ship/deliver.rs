@@ -354,7 +354,7 @@ async fn deliver_otlp(
 }
 
 fn truncate(s: &str) -> String {
-    s.chars().take(200).collect()
+    crate::text::prefix_chars(s, 200)
 }
 
 async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, String> {

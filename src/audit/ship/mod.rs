@@ -444,7 +444,7 @@ impl Sink {
 
     async fn run(mut self, mut cursor: u64) {
         let name = self.spec.name.clone();
-        let mut backoff = MIN_BACKOFF;
+        let mut backoff = crate::backoff::Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
         let mut failing = false;
         // The batch waiting to be delivered, kept across retries.
         let mut pending: Option<(Vec<StoredEvent>, Vec<String>)> = None;
@@ -485,10 +485,9 @@ impl Sink {
                     }
                     Err(e) => {
                         tracing::warn!(sink = %name, error = %e, "cannot read the audit log to ship");
-                        if self.pause(backoff).await {
+                        if self.pause(backoff.fail()).await {
                             return;
                         }
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
                         continue;
                     }
                 };
@@ -541,7 +540,7 @@ impl Sink {
                     pending = None;
                     self.metrics.delivered.inc_by(count);
                     self.metrics.lag_events.set((head.max(last) - last) as i64);
-                    backoff = MIN_BACKOFF;
+                    backoff.reset();
                     if failing {
                         failing = false;
                         tracing::info!(sink = %name, seq = last, "ship sink delivers again");
@@ -555,10 +554,9 @@ impl Sink {
                     } else {
                         tracing::debug!(sink = %name, error = %e, "ship sink still failing");
                     }
-                    if self.pause(backoff).await {
+                    if self.pause(backoff.fail()).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
         }
