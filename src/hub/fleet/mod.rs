@@ -303,10 +303,10 @@ async fn sidecar_checkpoints(
     for r in &rows {
         let at = r.get::<_, i64>(0).max(0) as u64;
         let note: String = r.get(1);
-        let checkpoint = verify_note(&note, &key).map_err(|e| {
+        let checkpoint = verify_note(&note, key).map_err(|e| {
             problem(
                 ProblemKind::Signature,
-                &origin,
+                origin,
                 Some(at),
                 format!("the checkpoint at size {at} does not verify with the sidecar's key: {e}"),
             )
@@ -314,7 +314,7 @@ async fn sidecar_checkpoints(
         if checkpoint.origin != origin || checkpoint.size != at {
             return Err(problem(
                 ProblemKind::Edited,
-                &origin,
+                origin,
                 Some(at),
                 format!(
                     "the checkpoint stored at size {at} is of `{}` size {}",
@@ -366,7 +366,7 @@ async fn sidecar_chain(
             if seq != expected {
                 return Err(problem(
                     ProblemKind::Missing,
-                    &origin,
+                    origin,
                     Some(expected),
                     format!("seq {expected} is missing from the hub (the next row is seq {seq})"),
                 ));
@@ -374,18 +374,18 @@ async fn sidecar_chain(
             if seq > size {
                 return Err(problem(
                     ProblemKind::Inserted,
-                    &origin,
+                    origin,
                     Some(seq),
                     format!("a row beyond the {size} lines the hub accepted: injected"),
                 ));
             }
-            let hash = match check_line(&origin, seq, &prev, &line) {
+            let hash = match check_line(origin, seq, &prev, &line) {
                 Ok(hash) => hash,
                 // The line before changed after this one was chained to it.
                 Err(HubError::Fork { .. }) => {
                     return Err(problem(
                         ProblemKind::Edited,
-                        &origin,
+                        origin,
                         Some(seq - 1),
                         format!(
                             "the line changed after seq {seq} was chained to it: seq {seq}'s prev does not match its hash"
@@ -395,7 +395,7 @@ async fn sidecar_chain(
                 Err(e) => {
                     return Err(problem(
                         ProblemKind::Edited,
-                        &origin,
+                        origin,
                         Some(seq),
                         e.to_string(),
                     ));
@@ -412,7 +412,7 @@ async fn sidecar_chain(
                     // line under the checkpoint can differ from what was signed.
                     return Err(problem(
                         ProblemKind::Edited,
-                        &origin,
+                        origin,
                         Some(seq),
                         format!(
                             "the lines up to seq {seq} do not hash to the signed checkpoint at size {seq}, and every earlier line chains to the next: seq {seq} was edited"
@@ -426,7 +426,7 @@ async fn sidecar_chain(
     if frontier.size() < size {
         return Err(problem(
             ProblemKind::Truncated,
-            &origin,
+            origin,
             Some(frontier.size() + 1),
             format!(
                 "the hub accepted {size} lines but holds {}: rows were removed",
@@ -437,7 +437,7 @@ async fn sidecar_chain(
     if let Some((&cut, _)) = wanted.range(frontier.size() + 1..).next() {
         return Err(problem(
             ProblemKind::Truncated,
-            &origin,
+            origin,
             Some(frontier.size() + 1),
             format!(
                 "a signed checkpoint covers {cut} lines but the hub holds {}",
@@ -448,7 +448,7 @@ async fn sidecar_chain(
     if last_good < frontier.size() {
         return Err(problem(
             ProblemKind::Unsigned,
-            &origin,
+            origin,
             Some(last_good + 1),
             format!(
                 "seq {}..{} are covered by no signed checkpoint: every batch is shipped with one",
