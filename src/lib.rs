@@ -45,12 +45,15 @@
 //! - [`canonical`]: RFC 8785 canonical JSON and the sha256 helpers (the audit crate's).
 //! - [`localfile`]: the one bounded opener of local files, and owner-only creation (the
 //!   audit crate's).
+//! - [`text`]: bounded text and JSON pointer tokens.
+//! - [`backoff`]: the doubling delay between retries.
 
 pub mod adapter;
 pub mod approvals;
 pub mod artifacts;
 pub mod audit;
 pub mod authz;
+pub mod backoff;
 pub mod call;
 pub mod capacity;
 pub mod cluster;
@@ -74,6 +77,7 @@ pub mod sandbox;
 pub mod server;
 pub mod shadow;
 pub mod state;
+pub mod text;
 pub mod transport;
 pub mod workers;
 

@@ -859,17 +859,9 @@ fn rfc3339(ms: i64) -> String {
 
 /// A caller-given id, cut to 256 bytes for the audit log.
 fn bounded(s: &str) -> String {
-    let mut end = s.len().min(256);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
+    crate::text::prefix_bytes(s, 256).to_string()
 }
 
 fn bounded_error(s: &str) -> String {
-    let mut end = s.len().min(crate::adapter::MAX_TOOL_ERROR_BYTES);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
+    crate::text::prefix_bytes(s, crate::adapter::MAX_TOOL_ERROR_BYTES).to_string()
 }
