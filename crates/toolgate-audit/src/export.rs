@@ -324,7 +324,137 @@ pub fn export(
 
     // Record the export checkpoint like any other; an export from a read-only copy still
     // works, with a warning.
-    match record_checkpoint(path, &export_checkpoint, &export_note, &created) {
+    record_export_checkpoint(
+        path,
+        options,
+        &export_checkpoint,
+        &export_note,
+        &created,
+        &mut warnings,
+    );
+    crate::localfile::create_dir_all(&out.join("proofs")).map_err(|e| io(out, e))?;
+    let mut files = BTreeMap::new();
+
+    let full = options.run_id.is_none() && options.since.is_none() && options.until.is_none();
+    // The SIEM view: records that carry their evidence against the export checkpoint.
+    let export_ref = crate::siem::CheckpointRef {
+        size: tree_size,
+        root: crate::canonical::to_hex(export_checkpoint.root),
+        note: export_note.clone(),
+    };
+    let written = write_events(
+        out,
+        options,
+        &segments,
+        (&tree, tree_size),
+        &export_ref,
+        &mut files,
+    )?;
+    let EventsWritten {
+        count,
+        first_seq,
+        last_seq,
+        by_type,
+        open_calls,
+    } = written;
+
+    let checkpoint_count = write_checkpoints(
+        out,
+        &verified.checkpoints,
+        (&tree, tree_size),
+        &export_note,
+        &mut files,
+    )?;
+    write_cosignatures(
+        out,
+        options,
+        &verified.checkpoints,
+        (tree_size, export_checkpoint.root),
+        &key,
+        &mut files,
+    )?;
+
+    let mut write_file = |name: &str, contents: &str| -> Result<(), AuditError> {
+        let mut file = Hashed::create(out, name)?;
+        file.write(contents.as_bytes())?;
+        files.insert(name.to_string(), file.finish()?);
+        Ok(())
+    };
+    write_file("public-key.vkey", &format!("{}\n", key.to_vkey()))?;
+    write_file("verify_export.py", VERIFY_SCRIPT)?;
+    write_file("README.txt", &readme(&key.fingerprint(), full))?;
+
+    let manifest = Manifest {
+        format: "toolgate-audit-export/1",
+        origin,
+        created_utc: created,
+        full,
+        filter: Filter {
+            run_id: options.run_id.clone(),
+            since: options.since.map(format_timestamp),
+            until: options.until.map(format_timestamp),
+        },
+        tree_size,
+        range: first_seq.zip(last_seq).map(|(first_seq, last_seq)| Range {
+            first_seq,
+            last_seq,
+        }),
+        counts: Counts {
+            events: count,
+            checkpoints: checkpoint_count,
+            by_type,
+        },
+        key: KeyInfo {
+            name: key.name.clone(),
+            fingerprint: key.fingerprint(),
+        },
+        csv_is_integrity_protected: false,
+        files,
+        checkpoint: CheckpointInfo {
+            size: tree_size,
+            root: crate::canonical::to_hex(export_checkpoint.root),
+        },
+        open_calls: open_calls.into_iter().collect(),
+    };
+    let manifest_text = serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n";
+    // The manifest is a signed statement: the signature covers MANIFEST_DOMAIN followed
+    // by the exact bytes of manifest.json.
+    let mut statement = MANIFEST_DOMAIN.as_bytes().to_vec();
+    statement.extend_from_slice(manifest_text.as_bytes());
+    let mut signature = key.key_id.to_vec();
+    signature.extend_from_slice(&signer.sign(&statement)?);
+    let manifest_path = out.join("manifest.json");
+    crate::localfile::write(&manifest_path, manifest_text.as_bytes())
+        .map_err(|e| io(&manifest_path, e))?;
+    let signature_path = out.join(MANIFEST_SIGNATURE_FILE);
+    crate::localfile::write(
+        &signature_path,
+        format!("{} {}\n", key.name, B64.encode(signature)).as_bytes(),
+    )
+    .map_err(|e| io(&signature_path, e))?;
+    Ok(ExportSummary {
+        out_dir: out.display().to_string(),
+        tree_size,
+        events: count,
+        first_seq,
+        last_seq,
+        checkpoints: checkpoint_count,
+        key_fingerprint: key.fingerprint(),
+        warnings,
+    })
+}
+
+/// Stores the export checkpoint in the log and appends it to the checkpoint files, like
+/// any other; what cannot be written is a warning (an export from a read-only copy).
+fn record_export_checkpoint(
+    path: &Path,
+    options: &ExportOptions,
+    checkpoint: &Checkpoint,
+    note: &str,
+    created: &str,
+    warnings: &mut Vec<String>,
+) {
+    match record_checkpoint(path, checkpoint, note, created) {
         Ok(()) => {}
         Err(e) => warnings.push(format!(
             "the export checkpoint was not stored in the database: {e}"
@@ -335,7 +465,7 @@ pub fn export(
             .append(true)
             .open(file)
             .and_then(|mut f| {
-                f.write_all(export_note.as_bytes())?;
+                f.write_all(note.as_bytes())?;
                 f.write_all(b"\n")?;
                 f.sync_data()
             });
@@ -346,12 +476,28 @@ pub fn export(
             ));
         }
     }
+}
 
-    crate::localfile::create_dir_all(&out.join("proofs")).map_err(|e| io(out, e))?;
-    let mut files = BTreeMap::new();
+/// What the events part of an export counted.
+struct EventsWritten {
+    count: u64,
+    first_seq: Option<u64>,
+    last_seq: Option<u64>,
+    by_type: BTreeMap<String, u64>,
+    open_calls: std::collections::BTreeSet<String>,
+}
 
-    // Events, their inclusion proofs, and the CSV view.
-    let full = options.run_id.is_none() && options.since.is_none() && options.until.is_none();
+/// Writes the selected events under the tree of `at` (tree, size), each with its
+/// inclusion proof, and their CSV or SIEM view; each file's sha256 into `files`.
+fn write_events(
+    out: &Path,
+    options: &ExportOptions,
+    segments: &[crate::verify::OpenSegment],
+    at: (&Tree, u64),
+    export_ref: &crate::siem::CheckpointRef,
+    files: &mut BTreeMap<String, String>,
+) -> Result<EventsWritten, ExportError> {
+    let (tree, tree_size) = at;
     let mut events = Hashed::create(out, "events.jsonl")?;
     let mut inclusion = Hashed::create(out, "proofs/inclusion.jsonl")?;
     let mut csv = match options.format {
@@ -372,12 +518,6 @@ pub fn export(
         }
         ExportFormat::Jsonl | ExportFormat::Ocsf | ExportFormat::Cef => None,
     };
-    // The SIEM view: records that carry their evidence against the export checkpoint.
-    let export_ref = crate::siem::CheckpointRef {
-        size: tree_size,
-        root: crate::canonical::to_hex(export_checkpoint.root),
-        note: export_note.clone(),
-    };
     let mut siem = match options.format {
         ExportFormat::Ocsf => Some(Hashed::create(out, "events.ocsf.jsonl")?),
         ExportFormat::Cef => Some(Hashed::create(out, "events.cef")?),
@@ -386,7 +526,7 @@ pub fn export(
     let mut by_type: BTreeMap<String, u64> = BTreeMap::new();
     let mut open_calls = std::collections::BTreeSet::new();
     let (mut count, mut first_seq, mut last_seq) = (0u64, None, None);
-    for segment in &segments {
+    for segment in segments {
         let conn = &segment.conn;
         let map = |e: rusqlite::Error| ExportError::Audit(map_sqlite(&e, &segment.path));
         let mut sql = String::from("SELECT seq, line FROM events WHERE seq <= ?");
@@ -424,7 +564,7 @@ pub fn export(
                 let evidence = crate::siem::Evidence {
                     seq,
                     leaf_hash: crate::canonical::to_hex(super::merkle::leaf_hash(line.as_bytes())),
-                    checkpoint: Some(&export_ref),
+                    checkpoint: Some(export_ref),
                     inclusion_proof: Some(proof.path.clone()),
                 };
                 let record = match options.format {
@@ -488,15 +628,32 @@ pub fn export(
         );
     }
 
-    // Checkpoints, smallest first, the export one last; consistency between neighbours.
+    Ok(EventsWritten {
+        count,
+        first_seq,
+        last_seq,
+        by_type,
+        open_calls,
+    })
+}
+
+/// Writes the checkpoints, smallest first and the export one last, with the
+/// consistency proof between each and the next; how many.
+fn write_checkpoints(
+    out: &Path,
+    verified: &[crate::verify::VerifiedCheckpoint],
+    at: (&Tree, u64),
+    export_note: &str,
+    files: &mut BTreeMap<String, String>,
+) -> Result<usize, ExportError> {
+    let (tree, tree_size) = at;
     let mut checkpoints: Vec<(u64, String)> = verified
-        .checkpoints
         .iter()
         .filter(|c| c.size > 0 && c.size < tree_size)
         .map(|c| (c.size, c.note.clone()))
         .collect();
     // The export checkpoint is always there, even over an empty log (size 0).
-    checkpoints.push((tree_size, export_note.clone()));
+    checkpoints.push((tree_size, export_note.to_string()));
     let mut notes = Hashed::create(out, "checkpoints.txt")?;
     let mut consistency = Hashed::create(out, "proofs/consistency.jsonl")?;
     for (i, (size, note)) in checkpoints.iter().enumerate() {
@@ -518,18 +675,29 @@ pub fn export(
         "proofs/consistency.jsonl".to_string(),
         consistency.finish()?,
     );
-    // The witnesses' cosignatures (`serve --witness`) of the checkpoints above.
+    Ok(checkpoints.len())
+}
+
+/// Writes the witnesses' cosignatures (`serve --witness`) of the exported checkpoints,
+/// the export one's `(size, root)` included, if the log has any.
+fn write_cosignatures(
+    out: &Path,
+    options: &ExportOptions,
+    verified: &[crate::verify::VerifiedCheckpoint],
+    export: (u64, super::merkle::Hash),
+    key: &crate::keys::VerifierKey,
+    files: &mut BTreeMap<String, String>,
+) -> Result<(), ExportError> {
     let cosigned = crate::cosign::default_cosignature_file(&options.db_path);
     if cosigned.exists() {
         let roots: std::collections::HashMap<u64, super::merkle::Hash> = verified
-            .checkpoints
             .iter()
             .map(|c| (c.size, c.root))
-            .chain(std::iter::once((tree_size, export_checkpoint.root)))
+            .chain(std::iter::once(export))
             .collect();
         let mut file = Hashed::create(out, "cosignatures.txt")?;
         for note in crate::cosign::read_cosigned(&cosigned)? {
-            let checkpoint = super::checkpoint::verify_note(&note, &key);
+            let checkpoint = super::checkpoint::verify_note(&note, key);
             if checkpoint.is_ok_and(|c| roots.get(&c.size) == Some(&c.root)) {
                 file.write(note.as_bytes())?;
                 file.write(b"\n")?;
@@ -538,74 +706,7 @@ pub fn export(
         files.insert("cosignatures.txt".to_string(), file.finish()?);
     }
 
-    let mut write_file = |name: &str, contents: &str| -> Result<(), AuditError> {
-        let mut file = Hashed::create(out, name)?;
-        file.write(contents.as_bytes())?;
-        files.insert(name.to_string(), file.finish()?);
-        Ok(())
-    };
-    write_file("public-key.vkey", &format!("{}\n", key.to_vkey()))?;
-    write_file("verify_export.py", VERIFY_SCRIPT)?;
-    write_file("README.txt", &readme(&key.fingerprint(), full))?;
-
-    let manifest = Manifest {
-        format: "toolgate-audit-export/1",
-        origin,
-        created_utc: created,
-        full,
-        filter: Filter {
-            run_id: options.run_id.clone(),
-            since: options.since.map(format_timestamp),
-            until: options.until.map(format_timestamp),
-        },
-        tree_size,
-        range: first_seq.zip(last_seq).map(|(first_seq, last_seq)| Range {
-            first_seq,
-            last_seq,
-        }),
-        counts: Counts {
-            events: count,
-            checkpoints: checkpoints.len(),
-            by_type,
-        },
-        key: KeyInfo {
-            name: key.name.clone(),
-            fingerprint: key.fingerprint(),
-        },
-        csv_is_integrity_protected: false,
-        files,
-        checkpoint: CheckpointInfo {
-            size: tree_size,
-            root: crate::canonical::to_hex(export_checkpoint.root),
-        },
-        open_calls: open_calls.into_iter().collect(),
-    };
-    let manifest_text = serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n";
-    // The manifest is a signed statement: the signature covers MANIFEST_DOMAIN followed
-    // by the exact bytes of manifest.json.
-    let mut statement = MANIFEST_DOMAIN.as_bytes().to_vec();
-    statement.extend_from_slice(manifest_text.as_bytes());
-    let mut signature = key.key_id.to_vec();
-    signature.extend_from_slice(&signer.sign(&statement)?);
-    let manifest_path = out.join("manifest.json");
-    crate::localfile::write(&manifest_path, manifest_text.as_bytes())
-        .map_err(|e| io(&manifest_path, e))?;
-    let signature_path = out.join(MANIFEST_SIGNATURE_FILE);
-    crate::localfile::write(
-        &signature_path,
-        format!("{} {}\n", key.name, B64.encode(signature)).as_bytes(),
-    )
-    .map_err(|e| io(&signature_path, e))?;
-    Ok(ExportSummary {
-        out_dir: out.display().to_string(),
-        tree_size,
-        events: count,
-        first_seq,
-        last_seq,
-        checkpoints: checkpoints.len(),
-        key_fingerprint: key.fingerprint(),
-        warnings,
-    })
+    Ok(())
 }
 
 fn verify_error(e: VerifyError) -> ExportError {
