@@ -283,24 +283,11 @@ pub fn export(
         None => Arc::new(load_signer(&options.key_dir)?),
     };
     let key = signer.verifier().clone();
-    // Sink files first, then the snapshot (see `verify::read_checkpoint_files`).
-    let sink_notes = read_checkpoint_files(&options.checkpoint_files).map_err(verify_error)?;
-    let segments = open_segments(&options.db_path, &options.archive_dirs).map_err(verify_error)?;
+    let (segments, verified) = verify_for_export(options, &key, progress)?;
     // The export checkpoint is stored in the newest segment.
     let path = &segments
         .last()
-        .map_or_else(|| options.db_path.clone(), |s| s.path.clone());
-    let verify_options = VerifyOptions {
-        db_path: options.db_path.clone(),
-        key_dir: options.key_dir.clone(),
-        checkpoint_files: options.checkpoint_files.clone(),
-        trusted_checkpoint: None,
-        // The signer's own key: nothing to confirm.
-        key_fingerprint: Some(key.fingerprint()),
-        archive_dirs: options.archive_dirs.clone(),
-    };
-    let verified = verify_segments(&segments, &verify_options, sink_notes, &key, progress, true)
-        .map_err(verify_error)?;
+        .map_or_else(|| options.db_path.clone(), |seg| seg.path.clone());
     let mut warnings = verified.report.warnings.clone();
     let tree_size = verified.report.events;
     // INVARIANT: the export checkpoint signs only events some signature already
@@ -416,6 +403,51 @@ pub fn export(
         },
         open_calls: open_calls.into_iter().collect(),
     };
+    write_signed_manifest(out, &manifest, &key, signer.as_ref())?;
+    Ok(ExportSummary {
+        out_dir: out.display().to_string(),
+        tree_size,
+        events: count,
+        first_seq,
+        last_seq,
+        checkpoints: checkpoint_count,
+        key_fingerprint: key.fingerprint(),
+        warnings,
+    })
+}
+
+/// Verifies the log as `audit verify` does, keeping every leaf: the open segments and
+/// what the verification found.
+fn verify_for_export(
+    options: &ExportOptions,
+    key: &crate::keys::VerifierKey,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(Vec<crate::verify::OpenSegment>, crate::verify::Verified), ExportError> {
+    // Sink files first, then the snapshot (see `verify::read_checkpoint_files`).
+    let sink_notes = read_checkpoint_files(&options.checkpoint_files).map_err(verify_error)?;
+    let segments = open_segments(&options.db_path, &options.archive_dirs).map_err(verify_error)?;
+    let verify_options = VerifyOptions {
+        db_path: options.db_path.clone(),
+        key_dir: options.key_dir.clone(),
+        checkpoint_files: options.checkpoint_files.clone(),
+        trusted_checkpoint: None,
+        // The signer's own key: nothing to confirm.
+        key_fingerprint: Some(key.fingerprint()),
+        archive_dirs: options.archive_dirs.clone(),
+    };
+    let verified = verify_segments(&segments, &verify_options, sink_notes, key, progress, true)
+        .map_err(verify_error)?;
+    Ok((segments, verified))
+}
+
+/// Writes manifest.json and its signature: a signed statement over MANIFEST_DOMAIN
+/// followed by the exact bytes of manifest.json.
+fn write_signed_manifest(
+    out: &Path,
+    manifest: &Manifest,
+    key: &crate::keys::VerifierKey,
+    signer: &dyn Signer,
+) -> Result<(), ExportError> {
     let manifest_text = serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n";
     // The manifest is a signed statement: the signature covers MANIFEST_DOMAIN followed
     // by the exact bytes of manifest.json.
@@ -432,16 +464,7 @@ pub fn export(
         format!("{} {}\n", key.name, B64.encode(signature)).as_bytes(),
     )
     .map_err(|e| io(&signature_path, e))?;
-    Ok(ExportSummary {
-        out_dir: out.display().to_string(),
-        tree_size,
-        events: count,
-        first_seq,
-        last_seq,
-        checkpoints: checkpoint_count,
-        key_fingerprint: key.fingerprint(),
-        warnings,
-    })
+    Ok(())
 }
 
 /// Stores the export checkpoint in the log and appends it to the checkpoint files, like
