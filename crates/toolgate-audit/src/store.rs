@@ -428,37 +428,62 @@ pub(crate) fn load_state(
             }
         }
     }
-    let mut last_ts = start.last_ts.clone();
-    if frontier.size() > start.size {
-        let (seq, line, hash, ts): (i64, String, String, String) = conn
-            .query_row(
-                "SELECT seq, line, hash, ts FROM events ORDER BY seq DESC LIMIT 1",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )
-            .map_err(map)?;
-        let seq = seq as u64;
-        if crate::canonical::to_hex(super::merkle::leaf_hash(line.as_bytes())) != hash {
-            return Err(AuditError::Corrupt {
-                seq,
-                what: "the last event's line does not match its stored hash".into(),
-            });
-        }
-        let value: serde_json::Value =
-            serde_json::from_str(&line).map_err(|_| AuditError::Corrupt {
-                seq,
-                what: "the last event is not JSON".into(),
-            })?;
-        if value.get("seq").and_then(serde_json::Value::as_u64) != Some(seq) {
-            return Err(AuditError::Corrupt {
-                seq,
-                what: "the last event's line carries another seq".into(),
-            });
-        }
-        last_ts = ts;
+    let last_ts = if frontier.size() > start.size {
+        check_last_event(conn, path)?
+    } else {
+        start.last_ts.clone()
+    };
+    check_extends(frontier.size(), &wanted, &roots, start.size)?;
+    Ok(State {
+        frontier,
+        prev,
+        last_ts,
+        last_checkpoint,
+        head,
+    })
+}
+
+/// The last event's line hashes to its stored hash and carries its seq; its timestamp.
+fn check_last_event(conn: &Connection, path: &Path) -> Result<String, AuditError> {
+    let map = |e: rusqlite::Error| map_sqlite(&e, path);
+    let (seq, line, hash, ts): (i64, String, String, String) = conn
+        .query_row(
+            "SELECT seq, line, hash, ts FROM events ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .map_err(map)?;
+    let seq = seq as u64;
+    if crate::canonical::to_hex(super::merkle::leaf_hash(line.as_bytes())) != hash {
+        return Err(AuditError::Corrupt {
+            seq,
+            what: "the last event's line does not match its stored hash".into(),
+        });
     }
-    let size = frontier.size();
-    for (origin, wanted_size, wanted_root) in &wanted {
+    let value: serde_json::Value =
+        serde_json::from_str(&line).map_err(|_| AuditError::Corrupt {
+            seq,
+            what: "the last event is not JSON".into(),
+        })?;
+    if value.get("seq").and_then(serde_json::Value::as_u64) != Some(seq) {
+        return Err(AuditError::Corrupt {
+            seq,
+            what: "the last event's line carries another seq".into(),
+        });
+    }
+    Ok(ts)
+}
+
+/// The log of `size` events extends every signed (origin, size, root) in `wanted`
+/// (`roots`: the log's own root at each of those sizes), and no event lies beyond
+/// what they sign (`start`: the segment's first size, signed by its start record).
+fn check_extends(
+    size: u64,
+    wanted: &[(String, u64, String)],
+    roots: &std::collections::BTreeMap<u64, String>,
+    start: u64,
+) -> Result<(), AuditError> {
+    for (origin, wanted_size, wanted_root) in wanted {
         match roots.get(wanted_size) {
             None => {
                 return Err(AuditError::Diverged {
@@ -482,12 +507,7 @@ pub(crate) fn load_state(
     }
     // Every acknowledged event was signed (the head is stored in the commit that
     // holds the events): events beyond every signed note were added outside the writer.
-    let covered = wanted
-        .iter()
-        .map(|w| w.1)
-        .max()
-        .unwrap_or(0)
-        .max(start.size);
+    let covered = wanted.iter().map(|w| w.1).max().unwrap_or(0).max(start);
     if size > covered {
         return Err(AuditError::Corrupt {
             seq: covered + 1,
@@ -497,11 +517,5 @@ pub(crate) fn load_state(
             ),
         });
     }
-    Ok(State {
-        frontier,
-        prev,
-        last_ts,
-        last_checkpoint,
-        head,
-    })
+    Ok(())
 }
