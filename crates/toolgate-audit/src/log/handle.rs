@@ -119,24 +119,7 @@ impl AuditLog {
     /// written now, validates the chain head and the newest checkpoint against the key,
     /// opens the checkpoint sinks and starts the writer thread.
     pub fn open(options: AuditOptions) -> Result<AuditLog, AuditError> {
-        if options.checkpoint_every_events == 0 {
-            return Err(AuditError::Config {
-                what: "checkpoint_every_events must be at least 1".into(),
-            });
-        }
-        if options.checkpoint_interval < Duration::from_millis(10) {
-            return Err(AuditError::Config {
-                what: "checkpoint_interval must be at least 10 ms".into(),
-            });
-        }
-        if !valid_key_name(&options.origin) {
-            return Err(AuditError::Config {
-                what: format!(
-                    "origin `{}` must be non-empty, without spaces or `+`",
-                    options.origin
-                ),
-            });
-        }
+        check_options(&options)?;
         let base = options.db_path.clone();
         if let Some(dir) = base
             .parent()
@@ -164,39 +147,9 @@ impl AuditLog {
         };
         let verifier = keys.signer.verifier().clone();
         // The newest checkpoint each readable sink holds: the log must extend them.
-        let mut extra = Vec::new();
-        for sink in &options.checkpoint_sinks {
-            if let crate::CheckpointSink::File { path: file } = sink
-                && let Some(note) = crate::sink::newest_note(file)?
-            {
-                let checkpoint = verify_note(&note, &verifier).map_err(|e| AuditError::Key {
-                    path: file.clone(),
-                    what: format!("the newest checkpoint in this sink does not verify: {e}"),
-                })?;
-                extra.push((
-                    format!("the newest checkpoint in `{}`", file.display()),
-                    checkpoint,
-                ));
-            }
-        }
+        let extra = sink_checkpoints(&options.checkpoint_sinks, &verifier)?;
         let state = store::load_state(&conn, &path, &extra, &start)?;
-        for (what, row) in [
-            ("newest checkpoint", &state.last_checkpoint),
-            ("signed head", &state.head),
-        ] {
-            let Some(row) = row else { continue };
-            let checkpoint = verify_note(&row.note, &verifier).map_err(|e| AuditError::Key {
-                path: options.key_dir.clone(),
-                what: format!("the {what} does not verify with this key: {e}"),
-            })?;
-            if checkpoint.size != row.size || crate::canonical::to_hex(checkpoint.root) != row.root
-            {
-                return Err(AuditError::Corrupt {
-                    seq: 0,
-                    what: format!("the {what} note does not match its row"),
-                });
-            }
-        }
+        check_stored_notes(&state, &verifier, &options.key_dir)?;
         let sinks = Sinks::open(
             &options.checkpoint_sinks,
             options.checkpoint_sink_ca.as_deref(),
@@ -662,6 +615,78 @@ impl Drop for Appending<'_> {
     fn drop(&mut self) {
         self.count.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// The options `open` refuses before it touches anything.
+fn check_options(options: &AuditOptions) -> Result<(), AuditError> {
+    if options.checkpoint_every_events == 0 {
+        return Err(AuditError::Config {
+            what: "checkpoint_every_events must be at least 1".into(),
+        });
+    }
+    if options.checkpoint_interval < Duration::from_millis(10) {
+        return Err(AuditError::Config {
+            what: "checkpoint_interval must be at least 10 ms".into(),
+        });
+    }
+    if !valid_key_name(&options.origin) {
+        return Err(AuditError::Config {
+            what: format!(
+                "origin `{}` must be non-empty, without spaces or `+`",
+                options.origin
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The newest checkpoint each readable file sink holds, verified with the log's key.
+fn sink_checkpoints(
+    sinks: &[crate::CheckpointSink],
+    verifier: &crate::keys::VerifierKey,
+) -> Result<Vec<(String, crate::checkpoint::Checkpoint)>, AuditError> {
+    let mut extra = Vec::new();
+    for sink in sinks {
+        if let crate::CheckpointSink::File { path: file } = sink
+            && let Some(note) = crate::sink::newest_note(file)?
+        {
+            let checkpoint = verify_note(&note, verifier).map_err(|e| AuditError::Key {
+                path: file.clone(),
+                what: format!("the newest checkpoint in this sink does not verify: {e}"),
+            })?;
+            extra.push((
+                format!("the newest checkpoint in `{}`", file.display()),
+                checkpoint,
+            ));
+        }
+    }
+    Ok(extra)
+}
+
+/// The newest stored checkpoint and the signed head verify with the log's key and
+/// match their rows.
+fn check_stored_notes(
+    state: &store::State,
+    verifier: &crate::keys::VerifierKey,
+    key_dir: &std::path::Path,
+) -> Result<(), AuditError> {
+    for (what, row) in [
+        ("newest checkpoint", &state.last_checkpoint),
+        ("signed head", &state.head),
+    ] {
+        let Some(row) = row else { continue };
+        let checkpoint = verify_note(&row.note, verifier).map_err(|e| AuditError::Key {
+            path: key_dir.to_path_buf(),
+            what: format!("the {what} does not verify with this key: {e}"),
+        })?;
+        if checkpoint.size != row.size || crate::canonical::to_hex(checkpoint.root) != row.root {
+            return Err(AuditError::Corrupt {
+                seq: 0,
+                what: format!("the {what} note does not match its row"),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
