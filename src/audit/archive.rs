@@ -169,55 +169,13 @@ async fn archive_with(
         false,
     )
     .map_err(from_verify)?;
-    // The sealed segments, oldest first (all but the active one, which is the newest).
-    let mut sealed: Vec<(u64, PathBuf, SealRecord)> = Vec::new();
-    for segment in present.iter().take(present.len().saturating_sub(1)) {
-        let seal = segments::read_seal(&segment.conn, &segment.path)?.ok_or_else(|| {
-            ArchiveError::Refused(format!(
-                "segment {} is followed by another but not sealed",
-                segment.number
-            ))
-        })?;
-        sealed.push((segment.number, segment.path.clone(), seal));
-    }
-    drop(present);
-    let chosen: Vec<(u64, PathBuf, SealRecord)> = match options.selection {
-        Selection::BeforeSeq(seq) => sealed
-            .into_iter()
-            .take_while(|(_, _, seal)| seal.last_seq < seq)
-            .collect(),
-        Selection::KeepSegments(keep) => {
-            let count = sealed
-                .len()
-                .saturating_sub(keep.min(usize::MAX as u64) as usize);
-            sealed.into_iter().take(count).collect()
-        }
-    };
+    let chosen = choose_sealed(options, present)?;
     // A `--ship` sink reads the log in the data directory: events archived before it
     // confirmed them would never reach it.
     if let Some((_, _, last)) = chosen.last()
         && !options.ignore_ship_cursors
     {
-        let data_dir = options
-            .db_path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let behind: Vec<String> = super::ship::cursors(data_dir)
-            .map_err(ArchiveError::Refused)?
-            .into_iter()
-            .filter(|(_, seq)| *seq < last.last_seq)
-            .map(|(path, seq)| format!("`{}` at seq {seq}", path.display()))
-            .collect();
-        if !behind.is_empty() {
-            return Err(ArchiveError::Refused(format!(
-                "archiving through seq {} would remove events a --ship sink has not \
-                 confirmed ({}); let the sinks catch up (toolgate_ship_lag_events), or pass \
-                 --ignore-ship-cursors",
-                last.last_seq,
-                behind.join(", ")
-            )));
-        }
+        check_ship_cursors(options, last.last_seq)?;
     }
     let to = options.to.clone();
     if chosen.is_empty() {
@@ -240,40 +198,7 @@ async fn archive_with(
     // Copy, sync, verify each copy; write its seal record.
     let mut archived = Vec::new();
     for (number, path, seal) in &chosen {
-        flush_wal(path)?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let target = to.join(&name);
-        if target.exists() {
-            return Err(ArchiveError::Refused(format!(
-                "`{}` already exists in the archive",
-                target.display()
-            )));
-        }
-        let partial = to.join(format!("{name}.partial"));
-        let sha256 = copy_synced(path, &partial)?;
-        std::fs::rename(&partial, &target).map_err(|e| io(&target, "cannot rename the copy", e))?;
-        segments::sync_dir(&target)?;
-        let copied = sha256_of(&target)?;
-        if copied != sha256 {
-            return Err(ArchiveError::Refused(format!(
-                "the copy `{}` does not match segment {number} (sha256 {copied} != {sha256})",
-                target.display()
-            )));
-        }
-        let record = ArchivedSegment {
-            file: name.clone(),
-            sha256,
-            seal: seal.clone(),
-        };
-        let seal_path = to.join(format!("{name}.seal.json"));
-        write_synced(
-            &seal_path,
-            &serde_json::to_vec_pretty(&record).unwrap_or_default(),
-        )?;
-        archived.push(record);
+        archived.push(copy_segment(*number, path, seal, &to)?);
     }
     // The public key, for an auditor who gets only the archive.
     let vkey = to.join(VERIFIER_KEY_FILE);
@@ -291,35 +216,7 @@ async fn archive_with(
 
     // Record the archive in the live log before anything is removed.
     let (last_number, _, last_seal) = &chosen[chosen.len() - 1];
-    let mut event = NewEvent::new(EventType::AuditSegmentsArchived);
-    event.reason = Some("sealed segments moved out of the data directory".into());
-    let list: Vec<Value> = archived
-        .iter()
-        .map(|a| {
-            json!({
-                "segment": a.seal.segment,
-                "file": a.file,
-                "sha256": a.sha256,
-                "first_seq": a.seal.first_seq,
-                "last_seq": a.seal.last_seq,
-                "root": a.seal.root,
-                "last_hash": a.seal.last_hash,
-            })
-        })
-        .collect();
-    event
-        .details
-        .insert("through_segment".into(), json!(last_number));
-    event
-        .details
-        .insert("through_seq".into(), json!(last_seal.last_seq));
-    event
-        .details
-        .insert("through_root".into(), json!(last_seal.root));
-    event.details.insert("segments".into(), Value::Array(list));
-    event
-        .details
-        .insert("archive_dir".into(), json!(to.display().to_string()));
+    let event = archived_event(&archived, *last_number, last_seal, &to);
     let appended = log.append(event).await?;
 
     // Remove the sources, oldest first.
@@ -359,6 +256,145 @@ async fn archive_with(
         event_seq: Some(appended.seq),
         to: to.display().to_string(),
     })
+}
+
+/// The sealed segments the selection names, oldest first (all but the active one,
+/// which is the newest, can be sealed; one that is not is refused).
+fn choose_sealed(
+    options: &ArchiveOptions,
+    present: Vec<crate::audit::verify::OpenSegment>,
+) -> Result<Vec<(u64, PathBuf, SealRecord)>, ArchiveError> {
+    let mut sealed: Vec<(u64, PathBuf, SealRecord)> = Vec::new();
+    for segment in present.iter().take(present.len().saturating_sub(1)) {
+        let seal = segments::read_seal(&segment.conn, &segment.path)?.ok_or_else(|| {
+            ArchiveError::Refused(format!(
+                "segment {} is followed by another but not sealed",
+                segment.number
+            ))
+        })?;
+        sealed.push((segment.number, segment.path.clone(), seal));
+    }
+    let chosen = match options.selection {
+        Selection::BeforeSeq(seq) => sealed
+            .into_iter()
+            .take_while(|(_, _, seal)| seal.last_seq < seq)
+            .collect(),
+        Selection::KeepSegments(keep) => {
+            let count = sealed
+                .len()
+                .saturating_sub(keep.min(usize::MAX as u64) as usize);
+            sealed.into_iter().take(count).collect()
+        }
+    };
+    Ok(chosen)
+}
+
+/// Refuses to archive through `last_seq` while a `--ship` sink has not confirmed it.
+fn check_ship_cursors(options: &ArchiveOptions, last_seq: u64) -> Result<(), ArchiveError> {
+    let data_dir = options
+        .db_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let behind: Vec<String> = super::ship::cursors(data_dir)
+        .map_err(ArchiveError::Refused)?
+        .into_iter()
+        .filter(|(_, seq)| *seq < last_seq)
+        .map(|(path, seq)| format!("`{}` at seq {seq}", path.display()))
+        .collect();
+    if !behind.is_empty() {
+        return Err(ArchiveError::Refused(format!(
+            "archiving through seq {} would remove events a --ship sink has not \
+             confirmed ({}); let the sinks catch up (toolgate_ship_lag_events), or pass \
+             --ignore-ship-cursors",
+            last_seq,
+            behind.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Copies one sealed segment into the archive, synced and checked against its sha256,
+/// with its seal record beside it.
+fn copy_segment(
+    number: u64,
+    path: &Path,
+    seal: &SealRecord,
+    to: &Path,
+) -> Result<ArchivedSegment, ArchiveError> {
+    flush_wal(path)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let target = to.join(&name);
+    if target.exists() {
+        return Err(ArchiveError::Refused(format!(
+            "`{}` already exists in the archive",
+            target.display()
+        )));
+    }
+    let partial = to.join(format!("{name}.partial"));
+    let sha256 = copy_synced(path, &partial)?;
+    std::fs::rename(&partial, &target).map_err(|e| io(&target, "cannot rename the copy", e))?;
+    segments::sync_dir(&target)?;
+    let copied = sha256_of(&target)?;
+    if copied != sha256 {
+        return Err(ArchiveError::Refused(format!(
+            "the copy `{}` does not match segment {number} (sha256 {copied} != {sha256})",
+            target.display()
+        )));
+    }
+    let record = ArchivedSegment {
+        file: name.clone(),
+        sha256,
+        seal: seal.clone(),
+    };
+    let seal_path = to.join(format!("{name}.seal.json"));
+    write_synced(
+        &seal_path,
+        &serde_json::to_vec_pretty(&record).unwrap_or_default(),
+    )?;
+    Ok(record)
+}
+
+/// The `audit_segments_archived` event naming what moved where.
+fn archived_event(
+    archived: &[ArchivedSegment],
+    last_number: u64,
+    last_seal: &SealRecord,
+    to: &Path,
+) -> NewEvent {
+    let mut event = NewEvent::new(EventType::AuditSegmentsArchived);
+    event.reason = Some("sealed segments moved out of the data directory".into());
+    let list: Vec<Value> = archived
+        .iter()
+        .map(|a| {
+            json!({
+                "segment": a.seal.segment,
+                "file": a.file,
+                "sha256": a.sha256,
+                "first_seq": a.seal.first_seq,
+                "last_seq": a.seal.last_seq,
+                "root": a.seal.root,
+                "last_hash": a.seal.last_hash,
+            })
+        })
+        .collect();
+    event
+        .details
+        .insert("through_segment".into(), json!(last_number));
+    event
+        .details
+        .insert("through_seq".into(), json!(last_seal.last_seq));
+    event
+        .details
+        .insert("through_root".into(), json!(last_seal.root));
+    event.details.insert("segments".into(), Value::Array(list));
+    event
+        .details
+        .insert("archive_dir".into(), json!(to.display().to_string()));
+    event
 }
 
 /// A sealed segment's WAL must be empty before its file alone is copied: copy what is
