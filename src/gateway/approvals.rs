@@ -425,60 +425,21 @@ impl Gateway {
             (None, _) => checked.record,
         };
         // Who decides: an eligible admin, else an eligible role the credential proves.
-        let admin = principal
-            .admin()
-            .filter(|a| record.eligible(a.trim_start_matches("admin:")));
-        let role = principal.roles().iter().find(|r| record.eligible(r));
-        let approver = match (admin, role) {
-            (Some(admin), _) => admin.to_string(),
-            (None, Some(role)) => format!("role:{role}"),
-            (None, None) => {
-                let approvers: Vec<&String> = record
-                    .requirements
-                    .iter()
-                    .flat_map(|r| &r.approvers)
-                    .collect();
-                let refusal = Refusal::new(
-                    Reason::ApproverNotAllowed,
-                    format!("this credential is not an approver of approval `{approval_id}`"),
-                )
-                .with_details(json!({ "approval_id": approval_id, "approvers": approvers }));
+        let approver = match who_decides(&record, principal, approval_id) {
+            Ok(approver) => approver,
+            Err(refusal) => {
                 return Err(self
                     .refused_decision(&record, principal, decision, refusal)
                     .await);
             }
         };
         // Never the requester: not its role, not its JWT subject.
-        let own_role = format!("role:{}", record.requester.role_id);
-        let same_subject = principal.subject().is_some()
-            && principal.subject() == record.requester.subject().as_deref();
-        if approver == own_role
-            || principal.roles().contains(&record.requester.role_id)
-            || same_subject
-        {
-            let refusal = Refusal::new(
-                Reason::SelfApprovalRefused,
-                format!("the requester of approval `{approval_id}` may not decide it"),
-            )
-            .with_details(json!({ "approval_id": approval_id, "requester": record.requester }));
+        if let Some(refusal) = self_approval(&record, principal, &approver, approval_id) {
             return Err(self
                 .refused_decision(&record, principal, decision, refusal)
                 .await);
         }
-        match record.status_at(now) {
-            ApprovalStatus::Pending => {}
-            ApprovalStatus::Expired => return Err(not_usable(&record, now)),
-            status => {
-                return Err(Refusal::new(
-                    Reason::ApprovalAlreadyDecided,
-                    format!(
-                        "approval `{approval_id}` is {}, no longer pending",
-                        status.as_str()
-                    ),
-                )
-                .with_details(json!({ "approval_id": approval_id, "status": status })));
-            }
-        }
+        still_pending(&record, now, approval_id)?;
         let vote = Decision {
             approver,
             subject: principal.subject().map(str::to_string),
@@ -520,21 +481,7 @@ impl Gateway {
         {
             decided.attestation = Some(approvals::attestation::sign(&decided, key));
         }
-        let event_type = match decision {
-            Verdict::Approve => EventType::ApprovalGranted,
-            Verdict::Deny => EventType::ApprovalDenied,
-        };
-        let mut event = approval_event(event_type, &decided);
-        event.details.insert("by".into(), json!(vote.approver));
-        if let Some(subject) = &vote.subject {
-            event.details.insert("subject".into(), json!(subject));
-        }
-        event.details.insert("reason".into(), json!(vote.reason));
-        event.details.insert(
-            "quorum_met".into(),
-            json!(decided.status == ApprovalStatus::Approved),
-        );
-        event.details.insert("status".into(), json!(decided.status));
+        let event = decision_event(&decided, &vote);
         self.audit.append(event).await.map_err(audit_refusal)?;
         let stored = decided.clone();
         // The append took time: the expiry is checked as of the update.
@@ -748,4 +695,93 @@ fn not_usable(record: &ApprovalRecord, now_ms: i64) -> Refusal {
         "decisions": record.decisions,
         "used_by_call_id": record.used_by_call_id,
     }))
+}
+
+/// Who decides an approval: an eligible admin, else an eligible role the credential
+/// proves (as `role:<id>`); a credential that is neither is refused.
+fn who_decides(
+    record: &ApprovalRecord,
+    principal: &Principal,
+    approval_id: &str,
+) -> Result<String, Refusal> {
+    let admin = principal
+        .admin()
+        .filter(|a| record.eligible(a.trim_start_matches("admin:")));
+    let role = principal.roles().iter().find(|r| record.eligible(r));
+    match (admin, role) {
+        (Some(admin), _) => Ok(admin.to_string()),
+        (None, Some(role)) => Ok(format!("role:{role}")),
+        (None, None) => {
+            let approvers: Vec<&String> = record
+                .requirements
+                .iter()
+                .flat_map(|r| &r.approvers)
+                .collect();
+            let refusal = Refusal::new(
+                Reason::ApproverNotAllowed,
+                format!("this credential is not an approver of approval `{approval_id}`"),
+            )
+            .with_details(json!({ "approval_id": approval_id, "approvers": approvers }));
+            Err(refusal)
+        }
+    }
+}
+
+/// The requester never decides its own approval: not its role, not its JWT subject.
+fn self_approval(
+    record: &ApprovalRecord,
+    principal: &Principal,
+    approver: &str,
+    approval_id: &str,
+) -> Option<Refusal> {
+    let own_role = format!("role:{}", record.requester.role_id);
+    let same_subject = principal.subject().is_some()
+        && principal.subject() == record.requester.subject().as_deref();
+    if approver == own_role || principal.roles().contains(&record.requester.role_id) || same_subject
+    {
+        return Some(
+            Refusal::new(
+                Reason::SelfApprovalRefused,
+                format!("the requester of approval `{approval_id}` may not decide it"),
+            )
+            .with_details(json!({ "approval_id": approval_id, "requester": record.requester })),
+        );
+    }
+    None
+}
+
+/// An approval can be decided only while pending.
+fn still_pending(record: &ApprovalRecord, now: i64, approval_id: &str) -> Result<(), Refusal> {
+    match record.status_at(now) {
+        ApprovalStatus::Pending => Ok(()),
+        ApprovalStatus::Expired => Err(not_usable(record, now)),
+        status => Err(Refusal::new(
+            Reason::ApprovalAlreadyDecided,
+            format!(
+                "approval `{approval_id}` is {}, no longer pending",
+                status.as_str()
+            ),
+        )
+        .with_details(json!({ "approval_id": approval_id, "status": status }))),
+    }
+}
+
+/// The audit event of a decision (`approval_granted` / `approval_denied`).
+fn decision_event(decided: &ApprovalRecord, vote: &Decision) -> NewEvent {
+    let event_type = match vote.decision {
+        Verdict::Approve => EventType::ApprovalGranted,
+        Verdict::Deny => EventType::ApprovalDenied,
+    };
+    let mut event = approval_event(event_type, decided);
+    event.details.insert("by".into(), json!(vote.approver));
+    if let Some(subject) = &vote.subject {
+        event.details.insert("subject".into(), json!(subject));
+    }
+    event.details.insert("reason".into(), json!(vote.reason));
+    event.details.insert(
+        "quorum_met".into(),
+        json!(decided.status == ApprovalStatus::Approved),
+    );
+    event.details.insert("status".into(), json!(decided.status));
+    event
 }
