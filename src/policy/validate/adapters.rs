@@ -13,6 +13,55 @@ pub(super) fn check_adapter(
     let before = report.problems.len();
     let raw = &adapter.value;
     let kind = raw.kind.value;
+    let allowed = check_fields(report, file, owner, adapter);
+    let mut missing = Vec::new();
+    let config = match kind {
+        RawAdapterKind::Builtin => builtin(report, file, owner, raw, &mut missing),
+        RawAdapterKind::Command => command(report, file, owner, raw, tools_dir, &mut missing),
+        RawAdapterKind::Http => http(report, file, owner, raw, &mut missing),
+        RawAdapterKind::Mcp => mcp(
+            report,
+            (file, owner),
+            adapter,
+            servers,
+            tools_dir,
+            &mut missing,
+        ),
+    };
+    if !missing.is_empty() {
+        report.spanned(
+            file,
+            adapter,
+            format!(
+                "{owner}: adapter of kind `{}` is missing {}",
+                kind.as_str(),
+                missing
+                    .iter()
+                    .map(|f| format!("`{f}`"))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
+            format!(
+                "an adapter of kind `{}` takes: {}",
+                kind.as_str(),
+                allowed.join(", ")
+            ),
+        );
+    }
+    (report.problems.len() == before)
+        .then_some(config)
+        .flatten()
+}
+
+/// The fields an adapter of its kind takes; each other field present is a problem.
+fn check_fields(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    adapter: &Spanned<RawAdapter>,
+) -> &'static [&'static str] {
+    let raw = &adapter.value;
+    let kind = raw.kind.value;
     let present: [(&str, Option<Location>); 19] = [
         ("name", raw.name.as_ref().map(|v| v.referenced)),
         ("settings", raw.settings.as_ref().map(|v| v.referenced)),
@@ -46,7 +95,7 @@ pub(super) fn check_adapter(
         ("ca", raw.ca.as_ref().map(|v| v.referenced)),
         ("proxy", raw.proxy.as_ref().map(|v| v.referenced)),
     ];
-    let allowed: &[&str] = match kind {
+    let allowed: &'static [&'static str] = match kind {
         RawAdapterKind::Builtin => &["name", "settings"],
         RawAdapterKind::Command => &["argv", "working_dir", "env_allowlist", "sandbox"],
         RawAdapterKind::Http => &[
@@ -83,239 +132,263 @@ pub(super) fn check_adapter(
             );
         }
     }
-    let mut missing = Vec::new();
-    let non_empty = |report: &mut Report<'_>, field: &str, value: &Spanned<String>| {
-        if value.value.trim().is_empty() {
-            report.spanned(
-                file,
-                value,
-                format!("{owner}: adapter `{field}` is empty"),
-                format!("give the adapter's `{field}`"),
-            );
-        }
-    };
-    let argv_ok = |report: &mut Report<'_>, field: &str, argv: &Spanned<Vec<String>>| {
-        if argv
-            .value
-            .first()
-            .is_none_or(|program| program.trim().is_empty())
-        {
-            report.spanned(
-                file,
-                argv,
-                format!("{owner}: adapter `{field}` has no program"),
-                format!(
-                    "`{field}` is the program and its fixed arguments, e.g. `[python3, tools/x.py]`"
-                ),
-            );
-        }
-    };
-    let config = match kind {
-        RawAdapterKind::Builtin => {
-            let name = raw.name.as_ref();
-            match name {
-                Some(name) => non_empty(report, "name", name),
-                None => missing.push("name"),
-            }
-            name.map(|name| AdapterConfig::Builtin {
-                name: name.value.clone(),
-                settings: raw
-                    .settings
-                    .as_ref()
-                    .map(|s| s.value.clone())
-                    .unwrap_or_default(),
-            })
-        }
-        RawAdapterKind::Command => {
-            match &raw.argv {
-                Some(argv) => argv_ok(report, "argv", argv),
-                None => missing.push("argv"),
-            }
-            let mut env_allowlist = Vec::new();
-            for var in raw.env_allowlist.iter().flat_map(|l| &l.value) {
-                if !is_env_var_name(&var.value) {
-                    report.spanned(
-                        file,
-                        var,
-                        format!(
-                            "{owner}: `{}` is not an environment variable name",
-                            var.value.escape_debug()
-                        ),
-                        "use letters, digits and `_`, not starting with a digit",
-                    );
-                }
-                env_allowlist.push(var.value.clone());
-            }
-            env_allowlist.sort();
-            env_allowlist.dedup();
-            let sandbox = check_sandbox(report, file, owner, raw.sandbox.as_ref(), tools_dir);
-            match (raw.argv.as_ref(), sandbox) {
-                (Some(argv), Some(sandbox)) => Some(AdapterConfig::Command {
-                    argv: argv.value.clone(),
-                    working_dir: raw.working_dir.as_ref().map(|w| w.value.clone()),
-                    env_allowlist,
-                    sandbox,
-                }),
-                _ => None,
-            }
-        }
-        RawAdapterKind::Http => {
-            match &raw.url {
-                Some(url) => non_empty(report, "url", url),
-                None => missing.push("url"),
-            }
-            let hosts: Vec<String> = raw
-                .allowed_hosts
-                .iter()
-                .flat_map(|l| &l.value)
-                .map(|h| h.value.clone())
-                .collect();
-            match &raw.allowed_hosts {
-                Some(list) if list.value.is_empty() => report.spanned(
-                    file,
-                    list,
-                    format!("{owner}: `allowed_hosts` is empty"),
-                    "list the host (or host:port) the adapter may connect to",
-                ),
-                None => missing.push("allowed_hosts"),
-                Some(_) => {}
-            }
-            if let Some(url) = &raw.url
-                && let Err(e) = crate::policy::template::parse_url_template(&url.value)
-            {
-                report.spanned(
-                    file,
-                    url,
-                    format!("{owner}: adapter `url`: {e}"),
-                    "write e.g. `https://fhir.example.org/Patient/{args.patient_id}`; placeholders stand in the path and query only",
-                );
-            }
-            let request = check_http_request(report, file, owner, raw);
-            raw.url.as_ref().map(|url| AdapterConfig::Http {
-                url: url.value.clone(),
-                allowed_hosts: hosts,
-                request,
-            })
-        }
-        RawAdapterKind::Mcp => {
-            match &raw.tool {
-                Some(tool) => non_empty(report, "tool", tool),
-                None => missing.push("tool"),
-            }
-            let upstream = match (&raw.server, &raw.command, &raw.url) {
-                (Some(id), None, None) => match servers.get(&id.value) {
-                    Some(server) => Some((
-                        Some(server.server_id.clone()),
-                        server.command.clone(),
-                        server.url.clone(),
-                        server.max_concurrency,
-                        server.sandbox.clone(),
-                    )),
-                    None => {
-                        let known: Vec<&str> = servers.keys().map(String::as_str).collect();
-                        report.spanned(
-                            file,
-                            id,
-                            format!(
-                                "{owner}: adapter `server` `{}` is not in the registry's `servers:`",
-                                id.value.escape_debug()
-                            ),
-                            if known.is_empty() {
-                                "define it under `servers:` with `server_id`, and `command` or `url`".to_string()
-                            } else {
-                                format!("known servers: {}", known.join(", "))
-                            },
-                        );
-                        None
-                    }
-                },
-                (None, Some(command), None) => {
-                    argv_ok(report, "command", command);
-                    check_sandbox(report, file, owner, raw.sandbox.as_ref(), tools_dir).map(
-                        |sandbox| {
-                            (
-                                None,
-                                Some(command.value.clone()),
-                                None,
-                                DEFAULT_SERVER_CONCURRENCY,
-                                Some(sandbox),
-                            )
-                        },
-                    )
-                }
-                (None, None, Some(url)) => {
-                    non_empty(report, "url", url);
-                    Some((
-                        None,
-                        None,
-                        Some(url.value.clone()),
-                        DEFAULT_SERVER_CONCURRENCY,
-                        None,
-                    ))
-                }
-                _ => {
-                    report.spanned(
-                        file,
-                        adapter,
-                        format!(
-                            "{owner}: adapter of kind `mcp` needs exactly one of `server`, `command` or `url`"
-                        ),
-                        "name the server once under `servers:` and refer to it with `server: <server_id>`",
-                    );
-                    None
-                }
-            };
-            if let Some(sandbox) = &raw.sandbox
-                && raw.command.is_none()
-            {
-                report.spanned(
-                    file,
-                    sandbox,
-                    format!("{owner}: adapter `sandbox` applies only to an inline stdio `command`"),
-                    "give a `servers:` entry's process its `sandbox:` on the entry; an HTTP server runs elsewhere",
-                );
-            }
-            match (raw.tool.as_ref(), upstream) {
-                (Some(tool), Some((server, command, url, max_concurrency, sandbox))) => {
-                    Some(AdapterConfig::Mcp {
-                        server,
-                        command,
-                        url,
-                        tool: tool.value.clone(),
-                        max_concurrency,
-                        sandbox,
-                        env: BTreeMap::new(),
-                        headers: BTreeMap::new(),
-                        outbound: Default::default(),
-                    })
-                }
-                _ => None,
-            }
-        }
-    };
-    if !missing.is_empty() {
+    allowed
+}
+
+/// A field that must not be empty.
+fn non_empty(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    field: &str,
+    value: &Spanned<String>,
+) {
+    if value.value.trim().is_empty() {
         report.spanned(
             file,
-            adapter,
+            value,
+            format!("{owner}: adapter `{field}` is empty"),
+            format!("give the adapter's `{field}`"),
+        );
+    }
+}
+
+/// A program and its fixed arguments: the program must be there.
+fn argv_ok(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    field: &str,
+    argv: &Spanned<Vec<String>>,
+) {
+    if argv
+        .value
+        .first()
+        .is_none_or(|program| program.trim().is_empty())
+    {
+        report.spanned(
+            file,
+            argv,
+            format!("{owner}: adapter `{field}` has no program"),
             format!(
-                "{owner}: adapter of kind `{}` is missing {}",
-                kind.as_str(),
-                missing
-                    .iter()
-                    .map(|f| format!("`{f}`"))
-                    .collect::<Vec<_>>()
-                    .join(" and ")
-            ),
-            format!(
-                "an adapter of kind `{}` takes: {}",
-                kind.as_str(),
-                allowed.join(", ")
+                "`{field}` is the program and its fixed arguments, e.g. `[python3, tools/x.py]`"
             ),
         );
     }
-    (report.problems.len() == before)
-        .then_some(config)
-        .flatten()
+}
+
+fn builtin(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    raw: &RawAdapter,
+    missing: &mut Vec<&'static str>,
+) -> Option<AdapterConfig> {
+    let name = raw.name.as_ref();
+    match name {
+        Some(name) => non_empty(report, file, owner, "name", name),
+        None => missing.push("name"),
+    }
+    name.map(|name| AdapterConfig::Builtin {
+        name: name.value.clone(),
+        settings: raw
+            .settings
+            .as_ref()
+            .map(|s| s.value.clone())
+            .unwrap_or_default(),
+    })
+}
+
+fn command(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    raw: &RawAdapter,
+    tools_dir: &Path,
+    missing: &mut Vec<&'static str>,
+) -> Option<AdapterConfig> {
+    match &raw.argv {
+        Some(argv) => argv_ok(report, file, owner, "argv", argv),
+        None => missing.push("argv"),
+    }
+    let mut env_allowlist = Vec::new();
+    for var in raw.env_allowlist.iter().flat_map(|l| &l.value) {
+        if !is_env_var_name(&var.value) {
+            report.spanned(
+                file,
+                var,
+                format!(
+                    "{owner}: `{}` is not an environment variable name",
+                    var.value.escape_debug()
+                ),
+                "use letters, digits and `_`, not starting with a digit",
+            );
+        }
+        env_allowlist.push(var.value.clone());
+    }
+    env_allowlist.sort();
+    env_allowlist.dedup();
+    let sandbox = check_sandbox(report, file, owner, raw.sandbox.as_ref(), tools_dir);
+    match (raw.argv.as_ref(), sandbox) {
+        (Some(argv), Some(sandbox)) => Some(AdapterConfig::Command {
+            argv: argv.value.clone(),
+            working_dir: raw.working_dir.as_ref().map(|w| w.value.clone()),
+            env_allowlist,
+            sandbox,
+        }),
+        _ => None,
+    }
+}
+
+fn http(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    raw: &RawAdapter,
+    missing: &mut Vec<&'static str>,
+) -> Option<AdapterConfig> {
+    match &raw.url {
+        Some(url) => non_empty(report, file, owner, "url", url),
+        None => missing.push("url"),
+    }
+    let hosts: Vec<String> = raw
+        .allowed_hosts
+        .iter()
+        .flat_map(|l| &l.value)
+        .map(|h| h.value.clone())
+        .collect();
+    match &raw.allowed_hosts {
+        Some(list) if list.value.is_empty() => report.spanned(
+            file,
+            list,
+            format!("{owner}: `allowed_hosts` is empty"),
+            "list the host (or host:port) the adapter may connect to",
+        ),
+        None => missing.push("allowed_hosts"),
+        Some(_) => {}
+    }
+    if let Some(url) = &raw.url
+        && let Err(e) = crate::policy::template::parse_url_template(&url.value)
+    {
+        report.spanned(
+                file,
+                url,
+                format!("{owner}: adapter `url`: {e}"),
+                "write e.g. `https://fhir.example.org/Patient/{args.patient_id}`; placeholders stand in the path and query only",
+            );
+    }
+    let request = check_http_request(report, file, owner, raw);
+    raw.url.as_ref().map(|url| AdapterConfig::Http {
+        url: url.value.clone(),
+        allowed_hosts: hosts,
+        request,
+    })
+}
+
+/// An MCP adapter: its tool and exactly one upstream (a `servers:` entry, an inline
+/// stdio `command` or a `url`); `at` is (file, owner).
+fn mcp(
+    report: &mut Report<'_>,
+    at: (&str, &str),
+    adapter: &Spanned<RawAdapter>,
+    servers: &BTreeMap<String, McpServer>,
+    tools_dir: &Path,
+    missing: &mut Vec<&'static str>,
+) -> Option<AdapterConfig> {
+    let (file, owner) = at;
+    let raw = &adapter.value;
+    match &raw.tool {
+        Some(tool) => non_empty(report, file, owner, "tool", tool),
+        None => missing.push("tool"),
+    }
+    let upstream = match (&raw.server, &raw.command, &raw.url) {
+        (Some(id), None, None) => match servers.get(&id.value) {
+            Some(server) => Some((
+                Some(server.server_id.clone()),
+                server.command.clone(),
+                server.url.clone(),
+                server.max_concurrency,
+                server.sandbox.clone(),
+            )),
+            None => {
+                let known: Vec<&str> = servers.keys().map(String::as_str).collect();
+                report.spanned(
+                    file,
+                    id,
+                    format!(
+                        "{owner}: adapter `server` `{}` is not in the registry's `servers:`",
+                        id.value.escape_debug()
+                    ),
+                    if known.is_empty() {
+                        "define it under `servers:` with `server_id`, and `command` or `url`"
+                            .to_string()
+                    } else {
+                        format!("known servers: {}", known.join(", "))
+                    },
+                );
+                None
+            }
+        },
+        (None, Some(command), None) => {
+            argv_ok(report, file, owner, "command", command);
+            check_sandbox(report, file, owner, raw.sandbox.as_ref(), tools_dir).map(|sandbox| {
+                (
+                    None,
+                    Some(command.value.clone()),
+                    None,
+                    DEFAULT_SERVER_CONCURRENCY,
+                    Some(sandbox),
+                )
+            })
+        }
+        (None, None, Some(url)) => {
+            non_empty(report, file, owner, "url", url);
+            Some((
+                None,
+                None,
+                Some(url.value.clone()),
+                DEFAULT_SERVER_CONCURRENCY,
+                None,
+            ))
+        }
+        _ => {
+            report.spanned(
+                    file,
+                    adapter,
+                    format!(
+                        "{owner}: adapter of kind `mcp` needs exactly one of `server`, `command` or `url`"
+                    ),
+                    "name the server once under `servers:` and refer to it with `server: <server_id>`",
+                );
+            None
+        }
+    };
+    if let Some(sandbox) = &raw.sandbox
+        && raw.command.is_none()
+    {
+        report.spanned(
+                file,
+                sandbox,
+                format!("{owner}: adapter `sandbox` applies only to an inline stdio `command`"),
+                "give a `servers:` entry's process its `sandbox:` on the entry; an HTTP server runs elsewhere",
+            );
+    }
+    match (raw.tool.as_ref(), upstream) {
+        (Some(tool), Some((server, command, url, max_concurrency, sandbox))) => {
+            Some(AdapterConfig::Mcp {
+                server,
+                command,
+                url,
+                tool: tool.value.clone(),
+                max_concurrency,
+                sandbox,
+                env: BTreeMap::new(),
+                headers: BTreeMap::new(),
+                outbound: Default::default(),
+            })
+        }
+        _ => None,
+    }
 }
 
 /// The registry's `servers:` section: ids valid and unique, exactly one of `command`
