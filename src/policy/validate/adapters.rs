@@ -545,7 +545,7 @@ pub(super) fn check_phases(
     tools_dir: &Path,
 ) -> Option<crate::policy::Phases> {
     use crate::policy::{
-        DEFAULT_PHASE_ATTEMPTS, DEFAULT_PHASE_TIMEOUT_MS, DEFAULT_TOKEN_FIELD, PhaseCall, Phases,
+        DEFAULT_PHASE_ATTEMPTS, DEFAULT_PHASE_TIMEOUT_MS, DEFAULT_TOKEN_FIELD, Phases,
     };
     let raw = adapter.value.phases.as_ref()?;
     let before = report.problems.len();
@@ -567,40 +567,8 @@ pub(super) fn check_phases(
             "a tool without side effects has nothing to commit or roll back",
         );
     }
-    let wants_url = kind != RawAdapterKind::Command;
-    let call = |report: &mut Report<'_>,
-                name: &str,
-                call: &Spanned<crate::policy::raw::RawPhaseCall>| {
-        match (&call.value.url, &call.value.argv, wants_url) {
-            (Some(url), None, true) if !url.value.trim().is_empty() => {
-                Some(PhaseCall::Url(url.value.clone()))
-            }
-            (None, Some(argv), false)
-                if argv.value.first().is_some_and(|p| !p.trim().is_empty()) =>
-            {
-                Some(PhaseCall::Argv(argv.value.clone()))
-            }
-            _ => {
-                let want = if wants_url { "`url`" } else { "`argv`" };
-                report.spanned(
-                    file,
-                    call,
-                    format!(
-                        "{owner}: `phases.{name}` of a `{}` adapter needs exactly {want}, not empty",
-                        kind.as_str()
-                    ),
-                    if wants_url {
-                        "e.g. `{url: \"http://127.0.0.1:8799/filings/commit\"}` (a host of the adapter's allowed_hosts)"
-                    } else {
-                        "e.g. `{argv: [python3, tools/x/commit.py]}`"
-                    },
-                );
-                None
-            }
-        }
-    };
-    let commit = call(report, "commit", &raw.value.commit);
-    let rollback = call(report, "rollback", &raw.value.rollback);
+    let commit = phase_call(report, (file, owner), kind, "commit", &raw.value.commit);
+    let rollback = phase_call(report, (file, owner), kind, "rollback", &raw.value.rollback);
     let within = raw.value.commit_within_s.value;
     if !(1..=86_400).contains(&within) {
         report.spanned(
@@ -691,4 +659,43 @@ pub(super) fn check_phases(
         timeout_ms,
         sandbox,
     })
+}
+
+/// One phase call: `url` for an http or builtin adapter, `argv` for a command adapter,
+/// not empty; `at` is (file, owner).
+fn phase_call(
+    report: &mut Report<'_>,
+    at: (&str, &str),
+    kind: RawAdapterKind,
+    name: &str,
+    call: &Spanned<crate::policy::raw::RawPhaseCall>,
+) -> Option<crate::policy::PhaseCall> {
+    use crate::policy::PhaseCall;
+    let (file, owner) = at;
+    let wants_url = kind != RawAdapterKind::Command;
+    match (&call.value.url, &call.value.argv, wants_url) {
+        (Some(url), None, true) if !url.value.trim().is_empty() => {
+            Some(PhaseCall::Url(url.value.clone()))
+        }
+        (None, Some(argv), false) if argv.value.first().is_some_and(|p| !p.trim().is_empty()) => {
+            Some(PhaseCall::Argv(argv.value.clone()))
+        }
+        _ => {
+            let want = if wants_url { "`url`" } else { "`argv`" };
+            report.spanned(
+                file,
+                call,
+                format!(
+                    "{owner}: `phases.{name}` of a `{}` adapter needs exactly {want}, not empty",
+                    kind.as_str()
+                ),
+                if wants_url {
+                    "e.g. `{url: \"http://127.0.0.1:8799/filings/commit\"}` (a host of the adapter's allowed_hosts)"
+                } else {
+                    "e.g. `{argv: [python3, tools/x/commit.py]}`"
+                },
+            );
+            None
+        }
+    }
 }
