@@ -42,6 +42,29 @@ pub struct ExecContext<'a> {
     /// Where a local process's sandbox evidence goes (`details.sandbox`), if the
     /// caller keeps it.
     pub sandbox: Option<&'a crate::sandbox::EvidenceSlot>,
+    /// The caller's bearer JWT as it sent it, only when it verified at step 2 (the
+    /// subject token of a `token_exchange`); None for a run token, a static token or
+    /// no token.
+    pub subject_token: Option<&'a str>,
+    /// The call's `idempotency_key`: with an idempotent tool, an upstream request that
+    /// failed on a refused access token may be sent again (contract: retry rule).
+    pub idempotency_key: Option<&'a str>,
+    /// Where a `token_exchange` records the delegation of the token it sent
+    /// (`details.delegation`), if the caller keeps it.
+    pub delegation: Option<&'a DelegationSlot>,
+}
+
+/// The `details.delegation` of a call whose upstream credential was exchanged for the
+/// caller's JWT: `{sub, act}` of the issued token, never the token.
+pub type DelegationSlot = std::sync::Mutex<Option<Value>>;
+
+impl ExecContext<'_> {
+    /// Records the delegation of the token sent upstream.
+    pub(crate) fn delegated(&self, delegation: Value) {
+        if let Some(slot) = self.delegation {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(delegation);
+        }
+    }
 }
 
 /// How an execution failed, before classification into a reason.
@@ -80,6 +103,9 @@ pub enum ExecError {
     SandboxUnavailable { guarantee: String, detail: String },
     /// The kernel ended the tool at a limit of its sandbox profile.
     ResourceLimit { limit: &'static str, detail: String },
+    /// The tool's upstream credential is exchanged for the caller's verified JWT
+    /// (`token_exchange`), and this call was not made with one; nothing was sent.
+    CallerJwtRequired(String),
 }
 
 impl ExecError {
@@ -92,7 +118,8 @@ impl ExecError {
         match self {
             ExecError::Busy(_)
             | ExecError::Unreachable(_)
-            | ExecError::SandboxUnavailable { .. } => Some(false),
+            | ExecError::SandboxUnavailable { .. }
+            | ExecError::CallerJwtRequired(_) => Some(false),
             ExecError::Timeout
             | ExecError::Cancelled
             | ExecError::DependencyDown(_)
@@ -531,6 +558,13 @@ impl Adapter {
                 format!("tool `{name}` was stopped by the kernel at its `{limit}` limit"),
             )
             .with_details(json!({ "limit": limit, "tool_error": bounded(detail) })),
+            ExecError::CallerJwtRequired(m) => Refusal::new(
+                Reason::CallerJwtRequired,
+                format!(
+                    "tool `{name}` sends the caller's own delegated credential, exchanged for its verified JWT; this call was not made with one, and nothing was sent"
+                ),
+            )
+            .with_details(json!({ "credential_error": bounded(m), "reached_tool": error.reached_tool() })),
         }
     }
 }

@@ -204,6 +204,9 @@ impl PhaseRunner {
                 scope: &scope,
                 deadline: Instant::now() + Duration::from_millis(self.settings.timeout_ms),
                 sandbox: Some(&slot),
+                subject_token: None,
+                idempotency_key: None,
+                delegation: None,
             };
             let result = match target {
                 Target::Http(upstream) => {

@@ -39,13 +39,13 @@ admins:
 
 /// One request as an upstream saw it: its head (request line and headers) and body.
 #[derive(Debug, Clone)]
-struct Seen {
-    head: String,
-    body: Vec<u8>,
+pub(crate) struct Seen {
+    pub(crate) head: String,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Seen {
-    fn header(&self, name: &str) -> Option<String> {
+    pub(crate) fn header(&self, name: &str) -> Option<String> {
         self.head.lines().find_map(|l| {
             let (n, v) = l.split_once(':')?;
             n.trim()
@@ -55,11 +55,11 @@ impl Seen {
     }
 }
 
-type Log = Arc<Mutex<Vec<Seen>>>;
+pub(crate) type Log = Arc<Mutex<Vec<Seen>>>;
 
 /// A plain-TCP HTTP server on 127.0.0.1, one thread per connection, answering each
 /// request with `answer(request)`: (status, content-type, body).
-fn http_server(answer: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static) -> (String, Log) {
+pub(crate) fn http_server(answer: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static) -> (String, Log) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let log: Log = Arc::default();
@@ -98,7 +98,7 @@ fn response(status: u16, body: &str) -> String {
 }
 
 /// A tool entry of kind http (the adapter's fields as a YAML flow mapping body).
-fn tool_entry(name: &str, adapter: &str, timeout_ms: u64) -> String {
+pub(crate) fn tool_entry(name: &str, adapter: &str, timeout_ms: u64) -> String {
     format!(
         r#"  - tool_name: {name}
     description: An outbound test tool.
@@ -121,7 +121,7 @@ fn tool_entry(name: &str, adapter: &str, timeout_ms: u64) -> String {
 
 /// Writes roles, lanes and a registry (`secrets` section text, then `tools`) under
 /// `dir`; returns the policy directory and the registry's path.
-fn write_policy(dir: &Path, secrets: &str, tools: &[(&str, String)]) -> (PathBuf, PathBuf) {
+pub(crate) fn write_policy(dir: &Path, secrets: &str, tools: &[(&str, String)]) -> (PathBuf, PathBuf) {
     let policy_dir = dir.join("policy");
     let tools_dir = dir.join("tools");
     std::fs::create_dir_all(&policy_dir).unwrap();
@@ -152,7 +152,7 @@ fn write_policy(dir: &Path, secrets: &str, tools: &[(&str, String)]) -> (PathBuf
 }
 
 /// A secret file (mode 0600) in `dir/tools`.
-fn secret_file(dir: &Path, name: &str, value: &str) -> PathBuf {
+pub(crate) fn secret_file(dir: &Path, name: &str, value: &str) -> PathBuf {
     let path = dir.join("tools").join(name);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, value).unwrap();
@@ -193,6 +193,9 @@ impl Gate {
             scope: &scope,
             deadline: Instant::now() + Duration::from_millis(tool.timeout_default_ms),
             sandbox: None,
+            subject_token: None,
+            idempotency_key: None,
+            delegation: None,
         };
         adapter
             .execute(tool, &arguments, ctx)
@@ -233,7 +236,7 @@ fn token_endpoint(lifetime_s: u64) -> TokenEndpoint {
     }
 }
 
-fn base64_encode(text: &str) -> String {
+pub(crate) fn base64_encode(text: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(text)
 }
@@ -363,8 +366,86 @@ async fn client_credentials_are_fetched_once_cached_and_refreshed_after_expiry_a
     assert_eq!(endpoint.issued.load(Ordering::SeqCst), 3);
 }
 
+#[test]
+fn after_a_401_a_keyed_idempotent_call_is_sent_again_with_a_new_token_and_an_unkeyed_one_fails_retryable()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = token_endpoint(3600);
+    let revoked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (upstream, seen) = fhir_upstream(revoked.clone());
+    let token_url = format!("http://{}/oauth/token", endpoint.addr);
+    secret_file(dir.path(), "client.secret", "client-secret-value-1");
+    let (policy_dir, tools_file) = write_policy(
+        dir.path(),
+        CLIENT_SECRETS,
+        &[(
+            "read_patient",
+            client_credentials_tool("read_patient", &upstream, &token_url, 5000),
+        )],
+    );
+    let server = Server::start_with(Start {
+        policy_dir,
+        tools: tools_file,
+        ..Start::default()
+    });
+    let run = server.create_run(json!({}));
+    let call = |patient: &str, extra: Value| {
+        crate::common::lab::call(
+            &server,
+            &run,
+            "read_patient",
+            json!({"patient_id": patient}),
+            extra,
+        )
+    };
+    let (status, body) = call("p-1", json!({}));
+    assert_eq!(status, 200, "{body}");
+    let sent = |n: usize| {
+        let seen = seen.lock().unwrap();
+        seen[seen.len() - n..]
+            .iter()
+            .map(|s| s.header("authorization").unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+
+    // The upstream refuses the cached token. Keyed (the tool is idempotent): the
+    // token is dropped, a new one fetched, and the request sent once more.
+    revoked.lock().unwrap().push("tok-1-abcdefgh".to_string());
+    let (status, body) = call("p-2", json!({"idempotency_key": "read-p-2"}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["target"], "/Patient/p-2", "{body}");
+    assert_eq!(
+        sent(2),
+        ["Bearer tok-1-abcdefgh", "Bearer tok-2-abcdefgh"],
+        "sent twice, the second time with the new token"
+    );
+    assert_eq!(endpoint.issued.load(Ordering::SeqCst), 2);
+
+    // Not keyed: the call fails retryable after one request, and the next call uses a
+    // new token.
+    revoked.lock().unwrap().push("tok-2-abcdefgh".to_string());
+    let before = seen.lock().unwrap().len();
+    let (status, body) = call("p-3", json!({}));
+    assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{body}");
+    assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
+    assert!(status >= 500, "{status}");
+    assert_eq!(seen.lock().unwrap().len(), before + 1, "sent once");
+    assert!(!body.to_string().contains("tok-2-abcdefgh"), "{body}");
+    let (status, body) = call("p-3", json!({}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(sent(1), ["Bearer tok-3-abcdefgh"]);
+
+    // A new token refused too: the keyed call is sent twice, never a third time.
+    revoked.lock().unwrap().push("tok-3-abcdefgh".to_string());
+    revoked.lock().unwrap().push("tok-4-abcdefgh".to_string());
+    let before = seen.lock().unwrap().len();
+    let (_, body) = call("p-4", json!({"idempotency_key": "read-p-4"}));
+    assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{body}");
+    assert_eq!(seen.lock().unwrap().len(), before + 2, "{body}");
+}
+
 /// Token endpoints that fail each its own way.
-fn failing_endpoints() -> Vec<(&'static str, String)> {
+pub(crate) fn failing_endpoints() -> Vec<(&'static str, String)> {
     // Down: a port bound, then closed.
     let down = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -574,7 +655,7 @@ fn a_secret_an_upstream_echoes_appears_nowhere_and_a_rotated_one_is_used_after_r
     }
 }
 
-fn files_under(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
