@@ -169,6 +169,7 @@ impl Scrubber {
                 detail: self.text(&detail),
             },
             ExecError::CallerJwtRequired(m) => ExecError::CallerJwtRequired(self.text(&m)),
+            ExecError::CredentialRefused(m) => ExecError::CredentialRefused(self.text(&m)),
             other @ (ExecError::Timeout | ExecError::Cancelled) => other,
         }
     }

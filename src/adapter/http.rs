@@ -740,7 +740,7 @@ impl HttpAdapter {
         }
         self.reject(ctx, &token).await;
         let Some(again) = again else {
-            return Err(ExecError::DependencyDown(format!(
+            return Err(ExecError::CredentialRefused(format!(
                 "upstream `{label}` answered 401 to the access token; a new token is fetched for the next call (this call is sent again only when the tool is idempotent and the call carries an idempotency_key)"
             )));
         };
@@ -751,7 +751,7 @@ impl HttpAdapter {
             .access_token(ctx, call_secrets)
             .await
             .map_err(|e| match e {
-                ExecError::Unreachable(m) => ExecError::DependencyDown(format!(
+                ExecError::Unreachable(m) => ExecError::CredentialRefused(format!(
                     "upstream `{label}` answered 401 to the access token, and no new one could be had: {m}"
                 )),
                 other => other,
@@ -762,7 +762,7 @@ impl HttpAdapter {
             .await?;
         if answer.status == StatusCode::UNAUTHORIZED {
             self.reject(ctx, &token).await;
-            return Err(ExecError::DependencyDown(format!(
+            return Err(ExecError::CredentialRefused(format!(
                 "upstream `{label}` answered 401 to a newly fetched access token too"
             )));
         }

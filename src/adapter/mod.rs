@@ -103,6 +103,10 @@ pub enum ExecError {
     SandboxUnavailable { guarantee: String, detail: String },
     /// The kernel ended the tool at a limit of its sandbox profile.
     ResourceLimit { limit: &'static str, detail: String },
+    /// The upstream answered 401 to the access token it was sent (and no new token
+    /// could be sent again): it refused the request before acting on it (RFC 9110
+    /// 15.5.2), so, as when nothing was sent, no side effect can have happened.
+    CredentialRefused(String),
     /// The tool's upstream credential is exchanged for the caller's verified JWT
     /// (`token_exchange`), and this call was not made with one; nothing was sent.
     CallerJwtRequired(String),
@@ -119,7 +123,8 @@ impl ExecError {
             ExecError::Busy(_)
             | ExecError::Unreachable(_)
             | ExecError::SandboxUnavailable { .. }
-            | ExecError::CallerJwtRequired(_) => Some(false),
+            | ExecError::CallerJwtRequired(_)
+            | ExecError::CredentialRefused(_) => Some(false),
             ExecError::Timeout
             | ExecError::Cancelled
             | ExecError::DependencyDown(_)
@@ -558,6 +563,14 @@ impl Adapter {
                 format!("tool `{name}` was stopped by the kernel at its `{limit}` limit"),
             )
             .with_details(json!({ "limit": limit, "tool_error": bounded(detail) })),
+            ExecError::CredentialRefused(m) => Refusal::new(
+                Reason::DependencyDown,
+                format!(
+                    "the upstream of tool `{name}` refused its access token (401) and did not act on the request"
+                ),
+            )
+            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": error.reached_tool() }))
+            .with_retryable(true),
             ExecError::CallerJwtRequired(m) => Refusal::new(
                 Reason::CallerJwtRequired,
                 format!(

@@ -428,6 +428,8 @@ fn after_a_401_a_keyed_idempotent_call_is_sent_again_with_a_new_token_and_an_unk
     let (status, body) = call("p-3", json!({}));
     assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{body}");
     assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
+    // Refused at the door (401): the upstream did not act on it.
+    assert_eq!(body["diagnostic"]["details"]["reached_tool"], false, "{body}");
     assert!(status >= 500, "{status}");
     assert_eq!(seen.lock().unwrap().len(), before + 1, "sent once");
     assert!(!body.to_string().contains("tok-2-abcdefgh"), "{body}");

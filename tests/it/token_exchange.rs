@@ -264,6 +264,8 @@ fn a_jwt_callers_token_is_exchanged_and_the_closing_event_records_the_delegation
     );
     assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{body}");
     assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
+    // Refused at the door (401): the upstream did not act on it.
+    assert_eq!(body["diagnostic"]["details"]["reached_tool"], false, "{body}");
     assert!(status >= 500, "{status}");
     assert_eq!(seen.lock().unwrap().len(), before + 1, "sent once");
     answers.push(body);
@@ -303,12 +305,17 @@ fn a_jwt_callers_token_is_exchanged_and_the_closing_event_records_the_delegation
     // (before anything was exchanged) do not.
     let (status, events) = server.get(&format!("/v1/runs/{run}/events"), Some(ADMIN));
     assert_eq!(status, 200);
-    let events = events["events"].as_array().unwrap().clone();
+    let events: Vec<Value> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].clone())
+        .collect();
     let closing: Vec<&Value> = events
         .iter()
         .filter(|e| e["type"] == "tool_executed" || e["type"] == "tool_failed")
         .collect();
-    assert_eq!(closing.len(), 6, "{events:?}");
+    assert_eq!(closing.len(), 6);
     let subs: Vec<&Value> = closing
         .iter()
         .map(|e| &e["details"]["delegation"]["sub"])
@@ -338,15 +345,16 @@ fn a_jwt_callers_token_is_exchanged_and_the_closing_event_records_the_delegation
             .all(|e| e["details"].get("delegation").is_none())
     );
     let (_, refused) = server.get(&format!("/v1/runs/{run2}/events"), Some(ADMIN));
-    assert!(
-        refused["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["type"] == "tool_denied" || e["type"] == "tool_failed")
-            .all(|e| e["details"].get("delegation").is_none()),
-        "{refused}"
-    );
+    let refused_closing: Vec<&Value> = refused["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["event"])
+        .filter(|e| e["type"] == "tool_denied" || e["type"] == "tool_failed")
+        .collect();
+    assert_eq!(refused_closing.len(), 1);
+    assert_eq!(refused_closing[0]["reason"], "caller_jwt_required");
+    assert!(refused_closing[0]["details"].get("delegation").is_none());
     answers.push(Value::Array(events));
     answers.push(refused);
 

@@ -128,7 +128,8 @@ pub(super) fn phase_refusal(
         | ExecError::Failed(m)
         | ExecError::OutputNotJson(m)
         | ExecError::NotImplemented(m)
-        | ExecError::CallerJwtRequired(m) => m.clone(),
+        | ExecError::CallerJwtRequired(m)
+        | ExecError::CredentialRefused(m) => m.clone(),
         ExecError::ArgumentUnsafe { problem, .. } => problem.clone(),
         ExecError::RateLimited { message, .. } => message.clone(),
         ExecError::SandboxUnavailable { guarantee, detail } => {
