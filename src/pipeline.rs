@@ -1386,7 +1386,9 @@ impl Call {
                 .insert("sandbox".into(), Value::Object(sandbox.details.clone()));
         }
         if let Some(delegation) = &self.delegation {
-            event.details.insert("delegation".into(), delegation.clone());
+            event
+                .details
+                .insert("delegation".into(), delegation.clone());
         }
         event
     }

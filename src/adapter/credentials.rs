@@ -682,8 +682,7 @@ fn delegation(token: &str, answer: &Value) -> Value {
         && act.is_object()
     {
         if depth(act) > MAX_DELEGATION_ACT_DEPTH
-            || serde_json::to_string(act).map_or(usize::MAX, |s| s.len())
-                > MAX_DELEGATION_ACT_BYTES
+            || serde_json::to_string(act).map_or(usize::MAX, |s| s.len()) > MAX_DELEGATION_ACT_BYTES
         {
             out.insert(
                 "act_omitted".into(),
@@ -734,6 +733,50 @@ fn depth(value: &Value) -> usize {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn jwt(claims: &Value) -> String {
+        let b64 =
+            |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+        format!("{}.{}.sig", b64(&json!({"alg": "RS256"})), b64(claims))
+    }
+
+    #[test]
+    fn the_delegation_is_read_from_the_issued_token_then_the_answer_and_is_bounded() {
+        let token =
+            jwt(&json!({"sub": "dr-alice", "act": {"sub": "sidecar", "act": {"sub": "agent"}}}));
+        assert_eq!(
+            delegation(&token, &json!({"sub": "ignored"})),
+            json!({"sub": "dr-alice", "act": {"sub": "sidecar", "act": {"sub": "agent"}}})
+        );
+        // An opaque token: the answer's own fields, else no subject.
+        assert_eq!(
+            delegation(
+                "opaque-token-1",
+                &json!({"access_token": "x", "sub": "dr-bob"})
+            ),
+            json!({"sub": "dr-bob"})
+        );
+        assert_eq!(
+            delegation("opaque-token-1", &json!({})),
+            json!({"sub": null})
+        );
+        assert_eq!(delegation("a.b.c", &json!({})), json!({"sub": null}));
+        // A hostile issuer: an act too deep or too large is not recorded, a long sub is cut.
+        let mut deep = json!({"sub": "x"});
+        for _ in 0..20 {
+            deep = json!({"sub": "x", "act": deep});
+        }
+        let recorded = delegation(
+            &jwt(&json!({"sub": "s".repeat(5000), "act": deep})),
+            &json!({}),
+        );
+        assert!(recorded.get("act").is_none(), "{recorded}");
+        assert!(recorded["act_omitted"].is_string());
+        assert!(recorded["sub"].as_str().unwrap().len() <= MAX_DELEGATION_SUB_BYTES);
+        let wide = json!({"sub": "y".repeat(5000)});
+        let recorded = delegation(&jwt(&json!({"sub": "z", "act": wide})), &json!({}));
+        assert!(recorded.get("act").is_none(), "{recorded}");
+    }
 
     #[test]
     fn every_form_of_a_secret_is_scrubbed() {

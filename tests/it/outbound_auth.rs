@@ -59,7 +59,9 @@ pub(crate) type Log = Arc<Mutex<Vec<Seen>>>;
 
 /// A plain-TCP HTTP server on 127.0.0.1, one thread per connection, answering each
 /// request with `answer(request)`: (status, content-type, body).
-pub(crate) fn http_server(answer: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static) -> (String, Log) {
+pub(crate) fn http_server(
+    answer: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static,
+) -> (String, Log) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let log: Log = Arc::default();
@@ -121,7 +123,11 @@ pub(crate) fn tool_entry(name: &str, adapter: &str, timeout_ms: u64) -> String {
 
 /// Writes roles, lanes and a registry (`secrets` section text, then `tools`) under
 /// `dir`; returns the policy directory and the registry's path.
-pub(crate) fn write_policy(dir: &Path, secrets: &str, tools: &[(&str, String)]) -> (PathBuf, PathBuf) {
+pub(crate) fn write_policy(
+    dir: &Path,
+    secrets: &str,
+    tools: &[(&str, String)],
+) -> (PathBuf, PathBuf) {
     let policy_dir = dir.join("policy");
     let tools_dir = dir.join("tools");
     std::fs::create_dir_all(&policy_dir).unwrap();
@@ -368,7 +374,7 @@ async fn client_credentials_are_fetched_once_cached_and_refreshed_after_expiry_a
 
 #[test]
 fn after_a_401_a_keyed_idempotent_call_is_sent_again_with_a_new_token_and_an_unkeyed_one_fails_retryable()
-{
+ {
     let dir = tempfile::tempdir().unwrap();
     let endpoint = token_endpoint(3600);
     let revoked: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -429,7 +435,10 @@ fn after_a_401_a_keyed_idempotent_call_is_sent_again_with_a_new_token_and_an_unk
     assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{body}");
     assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
     // Refused at the door (401): the upstream did not act on it.
-    assert_eq!(body["diagnostic"]["details"]["reached_tool"], false, "{body}");
+    assert_eq!(
+        body["diagnostic"]["details"]["reached_tool"], false,
+        "{body}"
+    );
     assert!(status >= 500, "{status}");
     assert_eq!(seen.lock().unwrap().len(), before + 1, "sent once");
     assert!(!body.to_string().contains("tok-2-abcdefgh"), "{body}");

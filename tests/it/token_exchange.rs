@@ -92,7 +92,10 @@ fn exchange_endpoint() -> (String, Arc<Mutex<Vec<String>>>, Log) {
     let counter = Arc::new(AtomicUsize::new(0));
     let kept = issued.clone();
     let (addr, requests) = http_server(move |seen| {
-        let client = format!("Basic {}", base64_encode(&format!("my-client:{CLIENT_SECRET}")));
+        let client = format!(
+            "Basic {}",
+            base64_encode(&format!("my-client:{CLIENT_SECRET}"))
+        );
         if seen.header("authorization").as_deref() != Some(client.as_str()) {
             return (401, json!({"error": "invalid_client"}).to_string());
         }
@@ -118,7 +121,9 @@ fn exchange_endpoint() -> (String, Arc<Mutex<Vec<String>>>, Log) {
             .nth(1)
             .and_then(|p| {
                 use base64::Engine;
-                base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(p).ok()
+                base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(p)
+                    .ok()
             })
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
             .and_then(|c| c["sub"].as_str().map(str::to_string));
@@ -186,8 +191,7 @@ fn user_token(sub: &str) -> String {
 }
 
 #[test]
-fn a_jwt_callers_token_is_exchanged_and_the_closing_event_records_the_delegation_never_a_token()
-{
+fn a_jwt_callers_token_is_exchanged_and_the_closing_event_records_the_delegation_never_a_token() {
     let dir = tempfile::tempdir().unwrap();
     let idp = JwksServer::start(Jwks::Serve(jwks(&[rsa1()])));
     let (endpoint, issued, requests) = exchange_endpoint();
@@ -255,7 +259,10 @@ fn a_jwt_callers_token_is_exchanged_and_the_closing_event_records_the_delegation
     assert_eq!(status, 200, "{body}");
     answers.push(body);
     assert_eq!(issued.lock().unwrap().len(), 3);
-    revoked.lock().unwrap().push(issued.lock().unwrap()[2].clone());
+    revoked
+        .lock()
+        .unwrap()
+        .push(issued.lock().unwrap()[2].clone());
     let before = seen.lock().unwrap().len();
     let (status, body) = server.post(
         "/v1/tool-calls",
@@ -265,7 +272,10 @@ fn a_jwt_callers_token_is_exchanged_and_the_closing_event_records_the_delegation
     assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{body}");
     assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
     // Refused at the door (401): the upstream did not act on it.
-    assert_eq!(body["diagnostic"]["details"]["reached_tool"], false, "{body}");
+    assert_eq!(
+        body["diagnostic"]["details"]["reached_tool"], false,
+        "{body}"
+    );
     assert!(status >= 500, "{status}");
     assert_eq!(seen.lock().unwrap().len(), before + 1, "sent once");
     answers.push(body);
@@ -295,8 +305,14 @@ fn a_jwt_callers_token_is_exchanged_and_the_closing_event_records_the_delegation
         &json!({"tool_name": "read_patient", "arguments": {"patient_id": "p-1"}}),
     );
     assert_eq!(status, 403, "{body}");
-    assert_eq!(body["diagnostic"]["reason"], "caller_jwt_required", "{body}");
-    assert_eq!(body["diagnostic"]["details"]["reached_tool"], false, "{body}");
+    assert_eq!(
+        body["diagnostic"]["reason"], "caller_jwt_required",
+        "{body}"
+    );
+    assert_eq!(
+        body["diagnostic"]["details"]["reached_tool"], false,
+        "{body}"
+    );
     assert_eq!(requests.lock().unwrap().len(), exchanges);
     assert_eq!(seen.lock().unwrap().len(), sends);
     answers.push(body);
@@ -373,10 +389,19 @@ fn a_jwt_callers_token_is_exchanged_and_the_closing_event_records_the_delegation
     needles.extend(issued.lock().unwrap().iter().cloned());
     for needle in &needles {
         for answer in &answers {
-            assert!(!answer.to_string().contains(needle.as_str()), "{needle} in {answer}");
+            assert!(
+                !answer.to_string().contains(needle.as_str()),
+                "{needle} in {answer}"
+            );
         }
-        assert!(!metrics.contains(needle.as_str()), "{needle} in the metrics");
-        assert!(logs.iter().all(|l| !l.contains(needle.as_str())), "{needle} in the logs");
+        assert!(
+            !metrics.contains(needle.as_str()),
+            "{needle} in the metrics"
+        );
+        assert!(
+            logs.iter().all(|l| !l.contains(needle.as_str())),
+            "{needle} in the logs"
+        );
         for file in files_under(&dir.path().join("var")) {
             let bytes = std::fs::read(&file).unwrap();
             assert!(
@@ -407,11 +432,17 @@ fn a_token_exchange_endpoint_down_slow_garbage_or_huge_fails_closed_and_nothing_
     let run = server.create_run(json!({}));
     let alice = user_token("user-alice");
     for (name, _) in &endpoints {
-        let (status, body) =
-            server.post("/v1/tool-calls", Some(&alice), &call_body(&run, name, "p-1"));
+        let (status, body) = server.post(
+            "/v1/tool-calls",
+            Some(&alice),
+            &call_body(&run, name, "p-1"),
+        );
         let diagnostic = &body["diagnostic"];
         assert_eq!(diagnostic["reason"], "dependency_down", "{name}: {body}");
-        assert_eq!(diagnostic["details"]["reached_tool"], false, "{name}: {body}");
+        assert_eq!(
+            diagnostic["details"]["reached_tool"], false,
+            "{name}: {body}"
+        );
         assert!(status >= 500, "{name}: {status}");
         assert!(!body.to_string().contains(&alice), "{name}: {body}");
     }

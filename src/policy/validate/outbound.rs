@@ -605,11 +605,17 @@ fn outbound_settings(
                     format!("{owner}: `actor_token_type` without an `actor_token`"),
                     "give the `actor_token` (a `${secret:ID}`), or remove `actor_token_type`",
                 );
-            } else if !kind.value.starts_with("urn:") || kind.value.len() > 256 || !kind.value.bytes().all(|b| b.is_ascii_graphic()) {
+            } else if !kind.value.starts_with("urn:")
+                || kind.value.len() > 256
+                || !kind.value.bytes().all(|b| b.is_ascii_graphic())
+            {
                 report.spanned(
                     file,
                     kind,
-                    format!("{owner}: `actor_token_type` `{}` is not a token type URN", kind.value.escape_debug()),
+                    format!(
+                        "{owner}: `actor_token_type` `{}` is not a token type URN",
+                        kind.value.escape_debug()
+                    ),
                     "write an RFC 8693 token type, e.g. urn:ietf:params:oauth:token-type:jwt",
                 );
             }
