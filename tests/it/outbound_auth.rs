@@ -734,8 +734,17 @@ fn leaf(
 /// of `clients` when given. Answers JSON naming whether it saw a client certificate;
 /// counts the requests it read.
 fn tls_upstream(server: &Pki, clients: Option<&Pki>) -> (SocketAddr, Arc<AtomicUsize>) {
+    tls_upstream_for(server, clients, &["127.0.0.1", "localhost"])
+}
+
+/// [`tls_upstream`] with a certificate for `names`.
+fn tls_upstream_for(
+    server: &Pki,
+    clients: Option<&Pki>,
+    names: &[&str],
+) -> (SocketAddr, Arc<AtomicUsize>) {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let (_, _, chain, key) = leaf(server, &["127.0.0.1", "localhost"]);
+    let (_, _, chain, key) = leaf(server, names);
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .unwrap();
@@ -1077,6 +1086,14 @@ fn bad_secrets_and_auth_are_refused_at_load_with_a_position() {
             ),
             prepare: fine,
             expected: "roles without a `jwt` credential can reach it: tester",
+        },
+        Case {
+            secrets: secret,
+            adapter: format!(
+                "{ok}, auth: {{token_exchange: {{token_url: \"https://sts.example/token\", client_id: c, client_secret: \"${{secret:key}}\", actor_token_type: \"urn:ietf:params:oauth:token-type:jwt\"}}}}"
+            ),
+            prepare: fine,
+            expected: "`actor_token_type` without an `actor_token`",
         },
         Case {
             secrets: "secrets:\n  - {id: key, from: {file: key.txt, env: KEY}}\n",
@@ -1442,5 +1459,136 @@ fn policy_explain_runs_without_the_secrets_and_policy_check_refuses_them_missing
     assert!(
         out.contains("tool_registry.yaml:3:") && out.contains("`T41_UNSET_SECRET` is not set"),
         "{out}"
+    );
+}
+
+/// A recording proxy on 127.0.0.1: a `CONNECT` (whatever host it names) is tunneled to
+/// `tunnel_to`; a plain request in absolute form is answered by the proxy itself.
+/// Returns its address and the request line of everything it was asked.
+fn recording_proxy(tunnel_to: SocketAddr) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let recorded = lines.clone();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { continue };
+            let recorded = recorded.clone();
+            std::thread::spawn(move || {
+                let (head, _) = read_request(&mut tcp);
+                let line = head.lines().next().unwrap_or_default().to_string();
+                recorded.lock().unwrap().push(line.clone());
+                if !line.starts_with("CONNECT ") {
+                    let body = json!({"via": "env-proxy", "line": line}).to_string();
+                    let _ = tcp.write_all(response(200, &body).as_bytes());
+                    return;
+                }
+                let Ok(upstream) = std::net::TcpStream::connect(tunnel_to) else {
+                    return;
+                };
+                let _ = tcp.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+                let (mut up_read, mut client_write) =
+                    (upstream.try_clone().unwrap(), tcp.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut up_read, &mut client_write);
+                    let _ = client_write.shutdown(std::net::Shutdown::Write);
+                });
+                let (mut client_read, mut up_write) = (tcp, upstream);
+                let _ = std::io::copy(&mut client_read, &mut up_write);
+                let _ = up_write.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    (addr, lines)
+}
+
+#[test]
+fn the_environments_proxies_carry_upstreams_without_their_own_except_no_proxy_and_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools_dir = dir.path().join("tools");
+    std::fs::create_dir_all(&tools_dir).unwrap();
+    let private = pki("proxied");
+    std::fs::write(tools_dir.join("private-ca.pem"), &private.ca_pem).unwrap();
+    // The https upstream is reachable only through the proxy's tunnel: its name does not
+    // resolve, and its certificate (of the private CA) names it.
+    let (tls_addr, tls_requests) = tls_upstream_for(&private, None, &["fhir.proxied.test"]);
+    let (proxy, lines) = recording_proxy(tls_addr);
+    let (direct, direct_seen) = http_server(|_| (200, json!({"via": "direct"}).to_string()));
+    let entry = |name: &str, url: &str, host: &str, extra: &str| {
+        (
+            name.to_string(),
+            tool_entry(
+                name,
+                &format!("url: \"{url}\", allowed_hosts: [\"{host}\"]{extra}"),
+                5000,
+            ),
+        )
+    };
+    let tools = [
+        entry(
+            "secure",
+            "https://fhir.proxied.test/Patient/1",
+            "fhir.proxied.test",
+            ", ca: private-ca.pem",
+        ),
+        entry(
+            "plain",
+            "http://records.proxied.test:8080/x",
+            "records.proxied.test:8080",
+            "",
+        ),
+        entry(
+            "skipped",
+            "http://skip.proxied.test:8080/y",
+            "skip.proxied.test:8080",
+            "",
+        ),
+        entry("local", &format!("http://{direct}/z"), &direct, ""),
+    ];
+    let tools: Vec<(&str, String)> = tools.iter().map(|(n, e)| (n.as_str(), e.clone())).collect();
+    let (policy_dir, tools_file) = write_policy(dir.path(), "", &tools);
+    let server = Server::start_with(Start {
+        policy_dir,
+        tools: tools_file,
+        env: vec![
+            ("HTTPS_PROXY".into(), format!("http://{proxy}")),
+            ("http_proxy".into(), format!("http://{proxy}")),
+            ("NO_PROXY".into(), "skip.proxied.test".into()),
+        ],
+        ..Start::default()
+    });
+    let run = server.create_run(json!({}));
+    let call = |tool: &str| crate::common::lab::call(&server, &run, tool, json!({}), json!({}));
+
+    // https: a CONNECT to the upstream's own name, the certificate verified through the
+    // tunnel against the registry's CA.
+    let (status, body) = call("secure");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["client_cert"], false, "{body}");
+    assert_eq!(tls_requests.load(Ordering::SeqCst), 1);
+    // http: the request in absolute form, to the proxy.
+    let (status, body) = call("plain");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["via"], "env-proxy", "{body}");
+    // NO_PROXY: direct (and the name does not resolve); loopback: direct.
+    let (status, body) = call("skipped");
+    assert_ne!(status, 200, "{body}");
+    assert_eq!(
+        body["diagnostic"]["details"]["reached_tool"], false,
+        "{body}"
+    );
+    let (status, body) = call("local");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["via"], "direct", "{body}");
+    assert_eq!(direct_seen.lock().unwrap().len(), 1);
+
+    let lines = lines.lock().unwrap().clone();
+    assert_eq!(
+        lines,
+        [
+            "CONNECT fhir.proxied.test:443 HTTP/1.1".to_string(),
+            "POST http://records.proxied.test:8080/x HTTP/1.1".to_string(),
+        ],
+        "the proxy saw the two proxied upstreams and nothing else"
     );
 }
