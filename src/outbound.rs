@@ -391,11 +391,11 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
-        let both = [
+        const BOTH: &[(&str, &str)] = &[
             ("https_proxy", "http://127.0.0.1:3128"),
             ("HTTP_PROXY", "http://proxy.internal:3128"),
         ];
-        assert_eq!(environment_proxies(env(&both)).unwrap().len(), 2);
+        assert_eq!(environment_proxies(env(BOTH)).unwrap().len(), 2);
         let bad = environment_proxies(env(&[("HTTPS_PROXY", "http://[::1")])).unwrap_err();
         assert!(bad.to_string().contains("HTTPS_PROXY"), "{bad}");
     }
