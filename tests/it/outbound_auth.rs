@@ -1592,3 +1592,83 @@ fn the_environments_proxies_carry_upstreams_without_their_own_except_no_proxy_an
         "the proxy saw the two proxied upstreams and nothing else"
     );
 }
+
+#[test]
+fn an_https_mcp_server_gets_a_client_credentials_token_fetched_once_and_scrubbed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools_dir = dir.path().join("tools");
+    std::fs::create_dir_all(&tools_dir).unwrap();
+    let private = pki("mcp-oauth");
+    std::fs::write(tools_dir.join("private-ca.pem"), &private.ca_pem).unwrap();
+    let endpoint = token_endpoint(3600);
+    // The Python SDK's server answers 401 to every request without the first token
+    // the endpoint issues.
+    let upstream = https_mcp(dir.path(), &private, "tok-1-abcdefgh");
+    // Connected to once it listens, so no connection of toolgate's is refused.
+    assert!(crate::common::poll_until(Duration::from_secs(15), || {
+        std::net::TcpStream::connect(("127.0.0.1", upstream.port)).is_ok()
+    }));
+    secret_file(dir.path(), "client.secret", "client-secret-value-1");
+    let servers = format!(
+        "{CLIENT_SECRETS}servers:\n  - server_id: hosted\n    url: \"https://127.0.0.1:{}/mcp\"\n    ca: private-ca.pem\n    auth: {{oauth2_client_credentials: {{token_url: \"http://{}/oauth/token\", client_id: my-client, client_secret: \"${{secret:client_secret}}\", scope: mcp.tools}}}}\n",
+        upstream.port, endpoint.addr
+    );
+    let mcp_tool = |name: &str, tool: &str| {
+        tool_entry(name, "", 20000).replace(
+            "adapter: {kind: http, }",
+            &format!("adapter: {{kind: mcp, server: hosted, tool: {tool}}}"),
+        )
+    };
+    let (policy_dir, tools_file) = write_policy(
+        dir.path(),
+        &servers,
+        &[
+            ("hosted_add", mcp_tool("hosted_add", "add")),
+            ("hosted_leak", mcp_tool("hosted_leak", "leak")),
+        ],
+    );
+    let data_dir = dir.path().join("var");
+    let server = Server::start_with(Start {
+        policy_dir,
+        tools: tools_file,
+        data_dir: Some(data_dir.clone()),
+        ..Start::default()
+    });
+    let run = server.create_run(json!({}));
+    let call = |tool: &str, arguments: Value| {
+        crate::common::lab::call(&server, &run, tool, arguments, json!({}))
+    };
+    let (status, body) = call("hosted_add", json!({"a": 2, "b": 3}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["sum"], 5, "{body}");
+    let mut answers = vec![body];
+    // The server echoes the token it got: scrubbed.
+    let (status, body) = call("hosted_leak", json!({}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["value"], "[secret]", "{body}");
+    assert_eq!(body["output"]["length"], "tok-1-abcdefgh".len(), "{body}");
+    answers.push(body);
+    assert_eq!(
+        endpoint.issued.load(Ordering::SeqCst),
+        1,
+        "one token for the connection"
+    );
+    let form = String::from_utf8(endpoint.requests.lock().unwrap()[0].body.clone()).unwrap();
+    assert!(form.contains("grant_type=client_credentials"), "{form}");
+    let (_, events) = server.get(&format!("/v1/runs/{run}/events"), Some("demo-admin"));
+    answers.push(events);
+    let metrics = server.metrics();
+    assert!(server.stop().success());
+    for answer in &answers {
+        assert!(!answer.to_string().contains("tok-1-abcdefgh"), "{answer}");
+    }
+    assert!(!metrics.contains("tok-1-abcdefgh"));
+    for file in files_under(&data_dir) {
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(
+            !bytes.windows(14).any(|w| w == b"tok-1-abcdefgh"),
+            "{}",
+            file.display()
+        );
+    }
+}
