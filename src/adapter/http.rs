@@ -275,6 +275,18 @@ impl Upstream {
         ctx: &ExecContext<'_>,
         cap: usize,
     ) -> Result<Value, ExecError> {
+        self.post_json_with(body, ctx, cap, None).await
+    }
+
+    /// [`Upstream::post_json`] with an `Authorization` value (a two-phase tool's
+    /// credential); a 401 to it is `CredentialRefused`.
+    pub(crate) async fn post_json_with(
+        &self,
+        body: &Value,
+        ctx: &ExecContext<'_>,
+        cap: usize,
+        authorization: Option<HeaderValue>,
+    ) -> Result<Value, ExecError> {
         // INVARIANT: checked at build too; checked again so no code path can send a
         // request elsewhere.
         if !self.allowed.allows(&self.uri) || !self.allowed.allows_url(&self.url) {
@@ -297,9 +309,19 @@ impl Upstream {
                 request = request.header(name, v);
             }
         }
+        let refusable = authorization.is_some();
+        if let Some(value) = authorization {
+            request = request.header(AUTHORIZATION, value);
+        }
         let request = request.body(to_canonical_bytes(body));
 
         let answer = self.exchange(request, ctx, cap).await?;
+        if refusable && answer.status == StatusCode::UNAUTHORIZED {
+            return Err(ExecError::CredentialRefused(format!(
+                "upstream `{}` answered 401 to the credential",
+                self.label
+            )));
+        }
         if answer.status.is_success() {
             // Parsed within the deadline (a large answer on the blocking pool).
             return within(ctx, parse_output(answer.body)).await?.map_err(|e| {
@@ -811,11 +833,16 @@ fn bearer(
     request: reqwest::RequestBuilder,
     token: &str,
 ) -> Result<reqwest::RequestBuilder, ExecError> {
+    Ok(request.header(AUTHORIZATION, bearer_value(token)?))
+}
+
+/// `Bearer <token>` as a header value (marked sensitive).
+pub(crate) fn bearer_value(token: &str) -> Result<HeaderValue, ExecError> {
     let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
         ExecError::Unreachable("the access token is not a header value; nothing was sent".into())
     })?;
     value.set_sensitive(true);
-    Ok(request.header(AUTHORIZATION, value))
+    Ok(value)
 }
 
 /// The placeholder as written (for messages).

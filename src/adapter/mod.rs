@@ -273,16 +273,18 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                         }
                     }
                 }),
-            AdapterConfig::Http { request, .. } if tool.phases.is_some() && request.outbound.auth.is_some() => Err(vec![SettingProblem::new(
-                "`auth` on a two-phase tool: its commit and rollback calls would go without the credential",
-            )
-            .help("call the upstream's commit and rollback through a tool without `phases`, or drop `auth`")]),
             AdapterConfig::Http {
                 url,
                 allowed_hosts,
                 request,
-            } => http::HttpAdapter::build(url, allowed_hosts, request, &policy.secrets, &env.tools_dir)
-                .map(|h| Adapter::Http(Box::new(h))),
+            } => http::HttpAdapter::build(
+                url,
+                allowed_hosts,
+                request,
+                &policy.secrets,
+                &env.tools_dir,
+            )
+            .map(|h| Adapter::Http(Box::new(h))),
             AdapterConfig::Mcp {
                 tool: upstream_tool,
                 sandbox,
@@ -321,8 +323,14 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
             })),
         }
     }
-    let (runners, found) =
-        phases::build_all(&policy.tools, env, &forbidden, &registry, &mut problems);
+    let (runners, found) = phases::build_all(
+        &policy.tools,
+        env,
+        &policy.secrets,
+        &forbidden,
+        &registry,
+        &mut problems,
+    );
     adapters.phases = runners;
     problems.extend(found.into_iter().map(|(name, p)| Problem {
         file: policy.source.tools_file.clone(),

@@ -1672,3 +1672,102 @@ fn an_https_mcp_server_gets_a_client_credentials_token_fetched_once_and_scrubbed
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_phase_tools_commit_and_rollback_carry_its_client_credentials_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = token_endpoint(3600);
+    let revoked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (upstream, seen) = fhir_upstream(revoked.clone());
+    let token_url = format!("http://{}/oauth/token", endpoint.addr);
+    let entry = tool_entry(
+        "file_order",
+        &format!(
+            "url: \"http://{upstream}/prepare\", allowed_hosts: [\"{upstream}\"], auth: {{oauth2_client_credentials: {{token_url: \"{token_url}\", client_id: my-client, client_secret: \"${{secret:client_secret}}\"}}}}, phases: {{commit: {{url: \"http://{upstream}/commit\"}}, rollback: {{url: \"http://{upstream}/rollback\"}}, commit_within_s: 60, max_attempts: 2}}"
+        ),
+        5000,
+    )
+    .replace("determinism: pure", "determinism: side_effectful")
+    .replace(
+        "write_targets: []",
+        &format!("write_targets: [\"http:{upstream}/orders\"]"),
+    );
+    secret_file(dir.path(), "client.secret", "client-secret-value-1\n");
+    let (policy_dir, tools_file) =
+        write_policy(dir.path(), CLIENT_SECRETS, &[("file_order", entry)]);
+    let lanes = policy_dir.join("lanes.yaml");
+    let text = std::fs::read_to_string(&lanes).unwrap();
+    std::fs::write(&lanes, text.replace("write: false", "write: true")).unwrap();
+    let policy = policy::load(&policy_dir, &tools_file).expect("the registry loads");
+    let env = AdapterEnv {
+        tools_dir: dir.path().join("tools"),
+        data_dir: dir.path().join("var"),
+    };
+    let adapters = adapter::build(&policy, &env).expect("adapters build");
+    let gate = Gate { policy, adapters };
+    let tool = &gate.policy.tools["file_order"];
+    let runner = &gate.adapters.phases["file_order"];
+    let outcome = runner
+        .run(
+            tool,
+            adapter::Phase::Commit,
+            "ct-1",
+            "call-1",
+            "commit-1",
+            "run-1",
+        )
+        .await;
+    let output = outcome.result.unwrap();
+    assert_eq!(output["target"], "/commit");
+    assert_eq!(outcome.attempts, 1);
+    let last = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(
+        last.header("authorization").as_deref(),
+        Some("Bearer tok-1-abcdefgh")
+    );
+    assert!(String::from_utf8_lossy(&last.body).contains("\"commit_token\":\"ct-1\""));
+
+    // The token is refused: the attempt is not acted on, so the next one is made, with
+    // a new token.
+    revoked.lock().unwrap().push("tok-1-abcdefgh".to_string());
+    let outcome = runner
+        .run(
+            tool,
+            adapter::Phase::Commit,
+            "ct-1",
+            "call-1",
+            "commit-1",
+            "run-1",
+        )
+        .await;
+    assert_eq!(outcome.result.unwrap()["target"], "/commit");
+    assert_eq!(outcome.attempts, 2);
+    let sent: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .take(2)
+        .map(|s| s.header("authorization").unwrap_or_default())
+        .collect();
+    assert_eq!(sent, ["Bearer tok-2-abcdefgh", "Bearer tok-1-abcdefgh"]);
+    assert_eq!(endpoint.issued.load(Ordering::SeqCst), 2);
+    // The rollback carries the credential too.
+    let outcome = runner
+        .run(
+            tool,
+            adapter::Phase::Rollback,
+            "ct-1",
+            "call-1",
+            "commit-1",
+            "run-1",
+        )
+        .await;
+    assert_eq!(outcome.result.unwrap()["target"], "/rollback");
+    let last = seen.lock().unwrap().last().cloned().unwrap();
+    assert!(
+        last.header("authorization")
+            .is_some_and(|a| a.starts_with("Bearer tok-")),
+        "{last:?}"
+    );
+}
