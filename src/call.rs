@@ -315,31 +315,10 @@ fn check_call(body: CallBody) -> Received {
             body.unknown.len() - MAX_NAMED_UNKNOWN
         ));
     }
-    let id = |name: &str, value: &Option<Value>, problems: &mut Vec<String>| -> Option<String> {
-        match value {
-            None | Some(Value::Null) => {
-                problems.push(format!("missing required field `{name}`"));
-                None
-            }
-            Some(Value::String(s)) if s.is_empty() || s.len() > MAX_ID_LEN => {
-                problems.push(format!("`{name}` must be 1 to {MAX_ID_LEN} bytes"));
-                None
-            }
-            Some(Value::String(s)) if s.chars().any(char::is_control) => {
-                problems.push(format!("`{name}` must not contain control characters"));
-                None
-            }
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(other) => {
-                problems.push(format!("`{name}` must be a string, not {}", kind(other)));
-                None
-            }
-        }
-    };
-    let role_id = id("role_id", &body.role_id, &mut problems);
-    let run_id = id("run_id", &body.run_id, &mut problems);
-    let lane_id = id("lane_id", &body.lane_id, &mut problems);
-    let tool_name = id("tool_name", &body.tool_name, &mut problems);
+    let role_id = required_id("role_id", &body.role_id, &mut problems);
+    let run_id = required_id("run_id", &body.run_id, &mut problems);
+    let lane_id = required_id("lane_id", &body.lane_id, &mut problems);
+    let tool_name = required_id("tool_name", &body.tool_name, &mut problems);
     let mut partial = PartialRequest {
         role_id: role_id.clone(),
         run_id: run_id.clone(),
@@ -347,103 +326,17 @@ fn check_call(body: CallBody) -> Received {
         tool_name: tool_name.clone(),
         received: Map::new(),
     };
-    let arguments = match body.arguments {
-        Some(v @ Value::Object(_)) => Some(v),
-        None | Some(Value::Null) => {
-            problems.push("missing required field `arguments` (use {} for none)".into());
-            None
-        }
-        Some(other) => {
-            problems.push(format!(
-                "`arguments` must be an object, not {}",
-                kind(&other)
-            ));
-            None
-        }
-    };
+    let arguments = required_object("arguments", body.arguments, &mut problems);
     // Kept as the value received until its bounds are checked, then unwrapped.
-    let scope = match body.scope {
-        Some(m @ Value::Object(_)) => Some(m),
-        None | Some(Value::Null) => {
-            problems.push("missing required field `scope` (use {} for none)".into());
-            None
-        }
-        Some(other) => {
-            problems.push(format!("`scope` must be an object, not {}", kind(&other)));
-            None
-        }
-    };
-    let timeout_ms = match &body.timeout_ms {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_u64() {
-            Some(ms) if ms > 0 => Some(ms),
-            _ => {
-                problems.push("`timeout_ms` must be a positive integer".into());
-                None
-            }
-        },
-    };
-    let idempotency_key = match &body.idempotency_key {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_KEY_LEN => Some(s.clone()),
-        Some(_) => {
-            problems.push(format!(
-                "`idempotency_key` must be a string of 1 to {MAX_KEY_LEN} bytes"
-            ));
-            None
-        }
-    };
-    let dry_run = match &body.dry_run {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => {
-            problems.push(format!("`dry_run` must be a boolean, not {}", kind(other)));
-            false
-        }
-    };
-    let approval_id = match &body.approval_id {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if is_approval_id(s) => Some(s.clone()),
-        Some(_) => {
-            problems.push(format!(
-                "`approval_id` must be a string of 1 to {MAX_ID_LEN} letters, digits, `-` or `_`"
-            ));
-            None
-        }
-    };
-    // Bounds: depth and size, so that everything accepted can also be audited.
-    if let Some(scope) = &scope {
-        let (d, size) = (depth(scope), json_size(scope, MAX_SCOPE_BYTES));
-        if d > MAX_DEPTH {
-            problems.push(format!("`scope` is nested deeper than {MAX_DEPTH} levels"));
-        }
-        if size > MAX_SCOPE_BYTES {
-            problems.push(format!("`scope` is larger than {MAX_SCOPE_BYTES} bytes"));
-        }
-        if d > MAX_DEPTH || size > MAX_SCOPE_BYTES {
-            partial
-                .received
-                .insert("scope".into(), digest_value(scope, true));
-        }
-    }
-    if let Some(arguments) = &arguments
-        && depth(arguments) > MAX_DEPTH
-    {
-        problems.push(format!(
-            "`arguments` is nested deeper than {MAX_DEPTH} levels"
-        ));
-        // Hash only: arguments are kept readable only once the tool's redaction is known.
-        partial
-            .received
-            .insert("arguments".into(), digest_value(arguments, false));
-    }
-    for (name, value) in [("arguments", &arguments), ("scope", &scope)] {
-        if value.as_ref().is_some_and(has_inexact_integer) {
-            problems.push(format!(
-                "`{name}` holds an integer beyond +-{MAX_SAFE_INTEGER} (send it as a string)"
-            ));
-        }
-    }
+    let scope = required_object("scope", body.scope, &mut problems);
+    let options = CallOptions::check(
+        &body.timeout_ms,
+        &body.idempotency_key,
+        &body.dry_run,
+        &body.approval_id,
+        &mut problems,
+    );
+    check_bounds(&arguments, &scope, &mut partial, &mut problems);
     let scope = match scope {
         Some(Value::Object(m)) => Some(m),
         _ => None,
@@ -463,12 +356,158 @@ fn check_call(body: CallBody) -> Received {
             tool_name,
             arguments,
             scope,
+            timeout_ms: options.timeout_ms,
+            idempotency_key: options.idempotency_key,
+            dry_run: options.dry_run,
+            approval_id: options.approval_id,
+        }),
+        _ => Err(Box::new((malformed(problems), partial))),
+    }
+}
+
+/// A required id field: a string of 1 to [`MAX_ID_LEN`] bytes without control
+/// characters.
+fn required_id(name: &str, value: &Option<Value>, problems: &mut Vec<String>) -> Option<String> {
+    match value {
+        None | Some(Value::Null) => {
+            problems.push(format!("missing required field `{name}`"));
+            None
+        }
+        Some(Value::String(s)) if s.is_empty() || s.len() > MAX_ID_LEN => {
+            problems.push(format!("`{name}` must be 1 to {MAX_ID_LEN} bytes"));
+            None
+        }
+        Some(Value::String(s)) if s.chars().any(char::is_control) => {
+            problems.push(format!("`{name}` must not contain control characters"));
+            None
+        }
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => {
+            problems.push(format!("`{name}` must be a string, not {}", kind(other)));
+            None
+        }
+    }
+}
+
+/// A required object field (`arguments`, `scope`); `{}` stands for none.
+fn required_object(name: &str, value: Option<Value>, problems: &mut Vec<String>) -> Option<Value> {
+    match value {
+        Some(v @ Value::Object(_)) => Some(v),
+        None | Some(Value::Null) => {
+            problems.push(format!(
+                "missing required field `{name}` (use {{}} for none)"
+            ));
+            None
+        }
+        Some(other) => {
+            problems.push(format!("`{name}` must be an object, not {}", kind(&other)));
+            None
+        }
+    }
+}
+
+/// The optional fields of a call.
+struct CallOptions {
+    timeout_ms: Option<u64>,
+    idempotency_key: Option<String>,
+    dry_run: bool,
+    approval_id: Option<String>,
+}
+
+impl CallOptions {
+    fn check(
+        timeout_ms: &Option<Value>,
+        idempotency_key: &Option<Value>,
+        dry_run: &Option<Value>,
+        approval_id: &Option<Value>,
+        problems: &mut Vec<String>,
+    ) -> CallOptions {
+        let timeout_ms = match timeout_ms {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(ms) if ms > 0 => Some(ms),
+                _ => {
+                    problems.push("`timeout_ms` must be a positive integer".into());
+                    None
+                }
+            },
+        };
+        let idempotency_key = match idempotency_key {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_KEY_LEN => Some(s.clone()),
+            Some(_) => {
+                problems.push(format!(
+                    "`idempotency_key` must be a string of 1 to {MAX_KEY_LEN} bytes"
+                ));
+                None
+            }
+        };
+        let dry_run = match dry_run {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                problems.push(format!("`dry_run` must be a boolean, not {}", kind(other)));
+                false
+            }
+        };
+        let approval_id = match approval_id {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if is_approval_id(s) => Some(s.clone()),
+            Some(_) => {
+                problems.push(format!(
+                    "`approval_id` must be a string of 1 to {MAX_ID_LEN} letters, digits, `-` or `_`"
+                ));
+                None
+            }
+        };
+        CallOptions {
             timeout_ms,
             idempotency_key,
             dry_run,
             approval_id,
-        }),
-        _ => Err(Box::new((malformed(problems), partial))),
+        }
+    }
+}
+
+/// Bounds: depth and size, so that everything accepted can also be audited. What is
+/// beyond them is kept in `partial` as a digest.
+fn check_bounds(
+    arguments: &Option<Value>,
+    scope: &Option<Value>,
+    partial: &mut PartialRequest,
+    problems: &mut Vec<String>,
+) {
+    if let Some(scope) = scope {
+        let (d, size) = (depth(scope), json_size(scope, MAX_SCOPE_BYTES));
+        if d > MAX_DEPTH {
+            problems.push(format!("`scope` is nested deeper than {MAX_DEPTH} levels"));
+        }
+        if size > MAX_SCOPE_BYTES {
+            problems.push(format!("`scope` is larger than {MAX_SCOPE_BYTES} bytes"));
+        }
+        if d > MAX_DEPTH || size > MAX_SCOPE_BYTES {
+            partial
+                .received
+                .insert("scope".into(), digest_value(scope, true));
+        }
+    }
+    if let Some(arguments) = arguments
+        && depth(arguments) > MAX_DEPTH
+    {
+        problems.push(format!(
+            "`arguments` is nested deeper than {MAX_DEPTH} levels"
+        ));
+        // Hash only: arguments are kept readable only once the tool's redaction is known.
+        partial
+            .received
+            .insert("arguments".into(), digest_value(arguments, false));
+    }
+    for (name, value) in [("arguments", arguments), ("scope", scope)] {
+        if value.as_ref().is_some_and(has_inexact_integer) {
+            problems.push(format!(
+                "`{name}` holds an integer beyond +-{MAX_SAFE_INTEGER} (send it as a string)"
+            ));
+        }
     }
 }
 
@@ -505,7 +544,7 @@ fn kind(v: &Value) -> &'static str {
 }
 
 fn truncate(s: &str, max: usize) -> String {
-    s.chars().take(max).collect()
+    crate::text::prefix_chars(s, max)
 }
 
 /// What a caller can do to its call while it runs: give up on it, and hear how far it

@@ -32,8 +32,9 @@
 //! - [`hub`]: the fleet's audit hub in the cluster database.
 //! - [`adapter`]: executes authorized calls (builtin, command, http, mcp).
 //! - [`sandbox`]: the kernel-enforced sandbox of local tool processes.
-//! - [`audit`]: the hash-chained, append-only audit log in SQLite, its checkpoints,
-//!   verification, export and shipping.
+//! - [`audit`]: the hash-chained, append-only audit log (the `toolgate-audit` crate:
+//!   the line, tree, checkpoints, keys, store, writer, reader, verify and export) and
+//!   what the application adds: shipping, witnesses, archiving, webhook sinks.
 //! - [`state`]: durable gateway state beside the audit log (two-phase commits,
 //!   budget and rate counters).
 //! - [`policy`]: loads and validates the three YAML registries into a [`policy::Policy`].
@@ -41,16 +42,19 @@
 //! - [`diagnostic`]: the catalog of refusal reasons and the structured diagnostic block.
 //! - [`outbound`]: the one outgoing HTTP client stack (reqwest over rustls with
 //!   AWS-LC).
-//! - [`canonical`]: RFC 8785 canonical JSON and the sha256 helpers.
-//! - [`localfile`]: the one bounded opener of local files, and owner-only creation.
+//! - [`canonical`]: RFC 8785 canonical JSON and the sha256 helpers (the audit crate's).
+//! - [`localfile`]: the one bounded opener of local files, and owner-only creation (the
+//!   audit crate's).
+//! - [`text`]: bounded text and JSON pointer tokens.
+//! - [`backoff`]: the doubling delay between retries.
 
 pub mod adapter;
 pub mod approvals;
 pub mod artifacts;
 pub mod audit;
 pub mod authz;
+pub mod backoff;
 pub mod call;
-pub mod canonical;
 pub mod capacity;
 pub mod cluster;
 pub mod commands;
@@ -61,7 +65,6 @@ pub mod hub;
 pub mod idempotency;
 pub mod identity;
 pub mod limits;
-pub mod localfile;
 pub mod mcp;
 pub mod observe;
 pub mod outbound;
@@ -74,9 +77,13 @@ pub mod sandbox;
 pub mod server;
 pub mod shadow;
 pub mod state;
+pub mod text;
 pub mod transport;
 pub mod workers;
 
 /// The version of the tool gateway contract this build implements, recorded in every
-/// audit event.
-pub const CONTRACT_VERSION: &str = "v1";
+/// audit event (defined by the audit crate, whose line records it).
+pub use toolgate_audit::CONTRACT_VERSION;
+/// RFC 8785 canonical JSON and the sha256 helpers, and the one bounded opener of local
+/// files: the audit crate's, the application's only copies.
+pub use toolgate_audit::{canonical, localfile};

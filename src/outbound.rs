@@ -360,12 +360,11 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         depth += 1;
     }
     if text.len() > 512 {
-        let mut end = 512;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push_str("...");
+        text = format!(
+            "{}{}",
+            crate::text::prefix_bytes(&text, 512),
+            crate::text::MARK
+        );
     }
     text
 }

@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(gateway.shadow_divergences(), 0);
         let run = gateway
             .create_run(
-                Some("demo-admin"),
+                &gateway.admin(Some("demo-admin")).unwrap(),
                 crate::requests::parse(br#"{"scope": {"case_id": "C-1001"}}"#).unwrap(),
             )
             .await
@@ -312,7 +312,7 @@ mod tests {
         let gateway = Arc::new(gateway);
         let run = gateway
             .create_run(
-                Some("demo-admin"),
+                &gateway.admin(Some("demo-admin")).unwrap(),
                 crate::requests::parse(br#"{"scope": {"case_id": "C-1001"}}"#).unwrap(),
             )
             .await

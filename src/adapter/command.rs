@@ -197,45 +197,8 @@ impl CommandAdapter {
         ctx: ExecContext<'_>,
     ) -> Result<Value, ExecError> {
         let input = to_canonical_bytes(arguments);
-        let mut secrets = Vec::new();
-        let mut vars: Vec<(OsString, OsString)> = Vec::new();
-        for name in &self.env_allowlist {
-            if let Some(value) = std::env::var_os(name) {
-                if is_secret_name(name) && value.len() >= 4 {
-                    secrets.push(value.to_string_lossy().into_owned());
-                }
-                vars.push((name.into(), value));
-            }
-        }
-        vars.push(("TOOLGATE_CALL_ID".into(), ctx.call_id.into()));
-        vars.push(("TOOLGATE_RUN_ID".into(), ctx.run_id.into()));
-        vars.push(("TOOLGATE_SCOPE".into(), scope_json(ctx.scope).into()));
-
-        let (mut command, mut launch, plan) = match &self.confinement {
-            Confinement::Unconfined(reason) => {
-                put(ctx.sandbox, Evidence::unconfined(reason));
-                let mut command = tokio::process::Command::new(&self.program);
-                command.args(&self.args).env_clear().envs(vars);
-                (command, None, None)
-            }
-            Confinement::Confined(plan) => {
-                // Until the launcher reports, the call's evidence is its profile.
-                put(
-                    ctx.sandbox,
-                    crate::sandbox::run::conclude(plan, &[], None).1,
-                );
-                let mut argv = vec![self.argv0.clone()];
-                argv.extend(self.args.iter().cloned());
-                let mut launch = Launch::prepare(plan, &self.program, &argv, vars, ctx.call_id)
-                    .map_err(|u| ExecError::SandboxUnavailable {
-                        guarantee: u.guarantee,
-                        detail: u.detail,
-                    })?;
-                let command =
-                    std::mem::replace(&mut launch.command, tokio::process::Command::new("/"));
-                (command, Some(launch), Some(plan))
-            }
-        };
+        let (vars, secrets) = self.environment(&ctx);
+        let (mut command, mut launch, plan) = self.command(vars, &ctx)?;
         command
             .current_dir(&self.working_dir)
             .stdin(Stdio::piped())
@@ -284,17 +247,14 @@ impl CommandAdapter {
             );
             (out, err, status)
         };
+        let confined = plan.zip(reports);
         let (out, err, status) = match tokio::time::timeout_at(ctx.deadline, work).await {
             Ok(done) => done,
             Err(_) => {
                 group.kill();
                 let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
-                if let (Some(plan), Some(reports)) = (plan, reports) {
-                    let records = tokio::time::timeout(REAP_GRACE, reports)
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
-                        .unwrap_or_default();
+                if let Some((plan, reports)) = confined {
+                    let records = reports_within_grace(reports).await;
                     let traffic = launch.as_ref().and_then(Launch::traffic);
                     put(
                         ctx.sandbox,
@@ -306,33 +266,12 @@ impl CommandAdapter {
         };
         // A confined tool: what the launcher reported decides first.
         let mut killed_by = None;
-        if let (Some(plan), Some(reports)) = (plan, reports) {
-            let records = tokio::time::timeout(REAP_GRACE, reports)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or_default();
+        if let Some((plan, reports)) = confined {
+            let records = reports_within_grace(reports).await;
             let traffic = launch.as_ref().and_then(Launch::traffic);
             let (outcome, evidence) = crate::sandbox::run::conclude(plan, &records, traffic);
             put(ctx.sandbox, evidence);
-            match outcome {
-                Outcome::Unavailable { guarantee, detail } => {
-                    return Err(ExecError::SandboxUnavailable { guarantee, detail });
-                }
-                Outcome::NotStarted(detail) => return Err(ExecError::Unreachable(detail)),
-                Outcome::LimitHit { limit, signal } => {
-                    let tail = redact(&String::from_utf8_lossy(&err), &secrets);
-                    return Err(ExecError::ResourceLimit {
-                        limit,
-                        detail: format!(
-                            "`{}` was killed by signal {signal}; stderr: {}",
-                            self.argv0,
-                            tail_of(tail.trim(), STDERR_MESSAGE_BYTES)
-                        ),
-                    });
-                }
-                Outcome::Exited { signal, .. } => killed_by = signal,
-            }
+            killed_by = self.launcher_outcome(outcome, &err, &secrets)?;
         }
         let stdout = out.map_err(|e| match e {
             ReadError::Overflow => ExecError::Failed(format!(
@@ -346,23 +285,7 @@ impl CommandAdapter {
         let status = status
             .map_err(|e| ExecError::Failed(format!("waiting for `{}` failed: {e}", self.argv0)))?;
         if !status.success() {
-            let how = match (killed_by, status.code(), status.signal()) {
-                (Some(signal), _, _) => format!("was killed by signal {signal}"),
-                (None, Some(code), _) => format!("exited with status {code}"),
-                (None, None, Some(signal)) => format!("was killed by signal {signal}"),
-                (None, None, None) => "failed".to_string(),
-            };
-            let tail = redact(&String::from_utf8_lossy(&err), &secrets);
-            let tail = tail_of(tail.trim(), STDERR_MESSAGE_BYTES);
-            let stderr_part = if tail.is_empty() {
-                "stderr is empty".to_string()
-            } else {
-                format!("stderr: {tail}")
-            };
-            return Err(ExecError::Failed(format!(
-                "`{}` {how}; {stderr_part}",
-                self.argv0
-            )));
+            return Err(self.failed(status, killed_by, &err, &secrets));
         }
         if stdout.iter().all(u8::is_ascii_whitespace) {
             return Err(ExecError::OutputNotJson(format!(
@@ -381,6 +304,123 @@ impl CommandAdapter {
             Err(_) => Err(ExecError::Timeout),
         }
     }
+
+    /// The program's environment: the allowlisted variables of toolgate's own and the
+    /// call's ids and scope; with the values of secret-named ones, kept to redact
+    /// stderr.
+    fn environment(&self, ctx: &ExecContext<'_>) -> (Vec<(OsString, OsString)>, Vec<String>) {
+        let mut secrets = Vec::new();
+        let mut vars: Vec<(OsString, OsString)> = Vec::new();
+        for name in &self.env_allowlist {
+            if let Some(value) = std::env::var_os(name) {
+                if is_secret_name(name) && value.len() >= 4 {
+                    secrets.push(value.to_string_lossy().into_owned());
+                }
+                vars.push((name.into(), value));
+            }
+        }
+        vars.push(("TOOLGATE_CALL_ID".into(), ctx.call_id.into()));
+        vars.push(("TOOLGATE_RUN_ID".into(), ctx.run_id.into()));
+        vars.push(("TOOLGATE_SCOPE".into(), scope_json(ctx.scope).into()));
+        (vars, secrets)
+    }
+
+    /// The process to spawn: the program itself, or the sandbox launcher that confines
+    /// it (with the launch it reports through, and the profile).
+    fn command(
+        &self,
+        vars: Vec<(OsString, OsString)>,
+        ctx: &ExecContext<'_>,
+    ) -> Result<(tokio::process::Command, Option<Launch>, Option<&Plan>), ExecError> {
+        match &self.confinement {
+            Confinement::Unconfined(reason) => {
+                put(ctx.sandbox, Evidence::unconfined(reason));
+                let mut command = tokio::process::Command::new(&self.program);
+                command.args(&self.args).env_clear().envs(vars);
+                Ok((command, None, None))
+            }
+            Confinement::Confined(plan) => {
+                // Until the launcher reports, the call's evidence is its profile.
+                put(
+                    ctx.sandbox,
+                    crate::sandbox::run::conclude(plan, &[], None).1,
+                );
+                let mut argv = vec![self.argv0.clone()];
+                argv.extend(self.args.iter().cloned());
+                let mut launch = Launch::prepare(plan, &self.program, &argv, vars, ctx.call_id)
+                    .map_err(|u| ExecError::SandboxUnavailable {
+                        guarantee: u.guarantee,
+                        detail: u.detail,
+                    })?;
+                let command =
+                    std::mem::replace(&mut launch.command, tokio::process::Command::new("/"));
+                Ok((command, Some(launch), Some(plan)))
+            }
+        }
+    }
+
+    /// What the launcher reported, as the call's failure, or the signal that killed
+    /// the program (None: it exited).
+    fn launcher_outcome(
+        &self,
+        outcome: Outcome,
+        err: &[u8],
+        secrets: &[String],
+    ) -> Result<Option<i32>, ExecError> {
+        match outcome {
+            Outcome::Unavailable { guarantee, detail } => {
+                Err(ExecError::SandboxUnavailable { guarantee, detail })
+            }
+            Outcome::NotStarted(detail) => Err(ExecError::Unreachable(detail)),
+            Outcome::LimitHit { limit, signal } => {
+                let tail = redact(&String::from_utf8_lossy(err), secrets);
+                Err(ExecError::ResourceLimit {
+                    limit,
+                    detail: format!(
+                        "`{}` was killed by signal {signal}; stderr: {}",
+                        self.argv0,
+                        tail_of(tail.trim(), STDERR_MESSAGE_BYTES)
+                    ),
+                })
+            }
+            Outcome::Exited { signal, .. } => Ok(signal),
+        }
+    }
+
+    /// A program that did not succeed: how it ended and the redacted tail of stderr.
+    fn failed(
+        &self,
+        status: std::process::ExitStatus,
+        killed_by: Option<i32>,
+        err: &[u8],
+        secrets: &[String],
+    ) -> ExecError {
+        let how = match (killed_by, status.code(), status.signal()) {
+            (Some(signal), _, _) => format!("was killed by signal {signal}"),
+            (None, Some(code), _) => format!("exited with status {code}"),
+            (None, None, Some(signal)) => format!("was killed by signal {signal}"),
+            (None, None, None) => "failed".to_string(),
+        };
+        let tail = redact(&String::from_utf8_lossy(err), secrets);
+        let tail = tail_of(tail.trim(), STDERR_MESSAGE_BYTES);
+        let stderr_part = if tail.is_empty() {
+            "stderr is empty".to_string()
+        } else {
+            format!("stderr: {tail}")
+        };
+        ExecError::Failed(format!("`{}` {how}; {stderr_part}", self.argv0))
+    }
+}
+
+/// The launcher's reports, waited for at most [`REAP_GRACE`] after the program ended.
+async fn reports_within_grace(
+    reports: tokio::task::JoinHandle<Vec<crate::sandbox::Record>>,
+) -> Vec<crate::sandbox::Record> {
+    tokio::time::timeout(REAP_GRACE, reports)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default()
 }
 
 /// Resolves argv[0]: an absolute path to an executable file, or a bare name found on
@@ -437,14 +477,7 @@ fn redact(text: &str, secrets: &[String]) -> String {
 
 /// The last `max` bytes of `text`, on a character boundary, marked when cut.
 fn tail_of(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut start = text.len() - max;
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("...{}", &text[start..])
+    crate::text::tail_bytes(text, max)
 }
 
 fn scope_json(scope: &Map<String, Value>) -> String {

@@ -24,6 +24,7 @@
 //! cancellation is sent. A stdio server runs without a shell, in its own process
 //! group, with a cleared environment plus [`PASSED_ENV`], in the registry's directory.
 
+use crate::backoff::Backoff;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::path::Path;
@@ -276,20 +277,28 @@ impl Servers {
 }
 
 /// The restart bookkeeping of one upstream.
-#[derive(Default)]
 struct Supervisor {
     current: Option<Arc<Connection>>,
-    /// Failures (failed starts, deaths, timeouts) since the last successful call.
-    failures: u32,
+    /// Failures (failed starts, deaths, timeouts) since the last successful call, and
+    /// the wait they make the next start take.
+    backoff: Backoff,
     /// No restart before this instant.
     retry_at: Option<Instant>,
 }
 
+impl Default for Supervisor {
+    fn default() -> Supervisor {
+        Supervisor {
+            current: None,
+            backoff: Backoff::new(BACKOFF_BASE, BACKOFF_CAP),
+            retry_at: None,
+        }
+    }
+}
+
 impl Supervisor {
     fn note_failure(&mut self) {
-        self.failures = self.failures.saturating_add(1);
-        let exponent = self.failures.saturating_sub(1).min(16);
-        let wait = BACKOFF_BASE.saturating_mul(1 << exponent).min(BACKOFF_CAP);
+        let wait = self.backoff.fail();
         self.retry_at = Some(Instant::now() + wait);
     }
 }
@@ -449,7 +458,7 @@ impl McpAdapter {
         };
         match outcome {
             Ok(ServerResult::CallToolResult(result)) => {
-                session.supervisor.lock().await.failures = 0;
+                session.supervisor.lock().await.backoff.reset();
                 output_of(result)
             }
             Ok(_) => Err(ExecError::Failed(
@@ -534,7 +543,7 @@ impl Session {
                 return Err(ExecError::DependencyDown(format!(
                     "mcp server {} failed {} times in a row and is down; the next restart is in {} ms, after this call's deadline",
                     self.label,
-                    supervisor.failures,
+                    supervisor.backoff.failures(),
                     at.saturating_duration_since(Instant::now()).as_millis()
                 )));
             }

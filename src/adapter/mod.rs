@@ -615,20 +615,12 @@ pub(crate) fn bounded(text: &str) -> String {
 
 /// `text` cut to at most `max` bytes on a character boundary, marked when cut.
 pub(crate) fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    const MARK: &str = "...";
-    let mut end = max.saturating_sub(MARK.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{MARK}", &text[..end])
+    crate::text::cut_bytes(text, max)
 }
 
 /// Appends one JSON pointer token (RFC 6901 escaping) to `base`.
 pub(crate) fn pointer_push(base: &str, token: &str) -> String {
-    format!("{base}/{}", token.replace('~', "~0").replace('/', "~1"))
+    format!("{base}/{}", crate::text::pointer_token(token))
 }
 
 /// Every string in `value` (object keys included) with the JSON pointer of where it

@@ -278,10 +278,10 @@ impl ApprovalRecord {
     }
 
     /// The record as the API shows it at `now_ms` (status as of then).
-    pub fn view(&self, now_ms: i64) -> Value {
-        let mut value = json!(self);
-        value["status"] = json!(self.status_at(now_ms));
-        value
+    pub fn view(&self, now_ms: i64) -> ApprovalRecord {
+        let mut view = self.clone();
+        view.status = self.status_at(now_ms);
+        view
     }
 
     /// Whether every requirement has its quorum of approvals by distinct subjects.

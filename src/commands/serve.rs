@@ -265,35 +265,9 @@ pub fn serve_command(args: &ServeArgs) -> Exit {
 }
 
 async fn run(args: &ServeArgs, workers: Workers) -> Exit {
-    let loaded = match Loaded::load(
-        &args.location.policy_dir,
-        &args.location.tools,
-        &args.data_dir,
-    ) {
-        Ok(loaded) => loaded,
-        Err(problems) => {
-            eprintln!("error: the policy did not load; nothing is served");
-            for problem in &problems {
-                eprintln!("{problem}");
-            }
-            return Exit::InvalidConfig;
-        }
-    };
-    let shadow = match &args.shadow_policy_dir {
-        None => None,
-        Some(dir) => {
-            let tools = args.shadow_tools.as_ref().unwrap_or(&args.location.tools);
-            match Loaded::load(dir, tools, &args.data_dir) {
-                Ok(candidate) => Some(candidate),
-                Err(problems) => {
-                    eprintln!("error: the shadow policy did not load; nothing is served");
-                    for problem in &problems {
-                        eprintln!("{problem}");
-                    }
-                    return Exit::InvalidConfig;
-                }
-            }
-        }
+    let (loaded, shadow) = match load_policies(args) {
+        Ok(policies) => policies,
+        Err(exit) => return exit,
     };
     if let Err(e) = crate::localfile::create_dir_all(&args.data_dir) {
         eprintln!(
@@ -302,86 +276,15 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         );
         return Exit::Failure;
     }
-    let mut options = AuditOptions::new(&args.data_dir);
-    options.durability = match args.durability {
-        DurabilityArg::Full => Durability::Full,
-        DurabilityArg::Normal => Durability::Normal,
-    };
-    if let Some(dir) = &args.key_dir {
-        options.key_dir = dir.clone();
-    }
-    options.checkpoint_every_events = args.checkpoint_every_events;
-    options.origin = args.audit_origin.clone();
-    options.checkpoint_interval = Duration::from_millis(args.checkpoint_interval_ms);
-    options
-        .checkpoint_sinks
-        .extend(args.checkpoint_sinks.iter().cloned());
-    options.checkpoint_sink_ca = args.checkpoint_sink_ca.clone();
-    if options.key_dir.exists()
-        && let Err(e) = crate::audit::keys::check_private(&options.key_dir)
-    {
-        eprintln!("error: refusing the key directory: {e}");
-        return Exit::Signature;
-    }
-    // What an older version, a copy or a `chmod` left readable by others is made
-    // owner-only before anything is opened, each entry named.
-    let found = crate::commands::owner_only(&[&args.data_dir, &options.key_dir]);
-    for (path, mode) in &found.tightened {
-        tracing::warn!(
-            path = %path.display(), mode = format!("{mode:o}"),
-            "a file in the data or key directory was open to group or others; made owner-only"
-        );
-    }
-    for (path, error) in &found.failed {
-        tracing::warn!(
-            path = %path.display(), %error,
-            "a file in the data or key directory could not be checked or made owner-only"
-        );
-    }
-    let fleet_key = match load_fleet_key(args) {
-        Ok(key) => key,
+    let (options, fleet_key) = match audit_options(args) {
+        Ok(prepared) => prepared,
         Err(exit) => return exit,
     };
-    if let Some(socket) = &args.signer_socket {
-        match crate::audit::signer::SocketSigner::connect(socket) {
-            Ok(signer) => options.signer = Some(Arc::new(signer)),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return Exit::Signature;
-            }
-        }
-    }
-    if let Some(max) = args.max_audit_bytes {
-        if max < crate::capacity::MIN_MAX_AUDIT_BYTES {
-            eprintln!(
-                "error: --max-audit-bytes {max} is under the least accepted, {} (the WAL's allowance of {} bytes, twice the {}-byte reserve, and 8 MiB for the database)",
-                crate::capacity::MIN_MAX_AUDIT_BYTES,
-                crate::capacity::WAL_ALLOWANCE,
-                crate::capacity::RESERVE_BYTES,
-            );
-            return Exit::InvalidConfig;
-        }
-        // The hard stop beneath the refusal: SQLite itself refuses to grow the
-        // database past what leaves room for the WAL.
-        options.max_db_bytes = Some(max - crate::capacity::WAL_ALLOWANCE);
-    }
-    options.segment_max_bytes = args.audit_segment_bytes;
-    options.segment_max_age = args.audit_segment_max_age_s.map(Duration::from_secs);
     let options_db_path = options.db_path.clone();
     let audit_origin = options.origin.clone();
-    let audit = match AuditLog::open(options) {
+    let audit = match open_audit(options) {
         Ok(audit) => audit,
-        Err(e) => {
-            eprintln!("error: cannot open the audit log: {e}");
-            if let Some(help) = e.help() {
-                eprintln!("help: {help}");
-            }
-            return match e {
-                AuditError::Diverged { .. } => Exit::Truncated,
-                AuditError::Key { .. } | AuditError::Signer { .. } => Exit::Signature,
-                _ => Exit::Failure,
-            };
-        }
+        Err(exit) => return exit,
     };
     // The cluster database is joined before the gateway starts: a sidecar that cannot
     // reach the fleet's state serves nothing.
@@ -396,90 +299,17 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         },
     };
     let fingerprint = audit.verifier_key().fingerprint();
-    let env = adapter_env(&args.location.tools, &args.data_dir);
-    let source = PolicySourcePaths {
-        policy_dir: args.location.policy_dir.clone(),
-        tools_file: args.location.tools.clone(),
+    let started = Started {
+        audit: &audit,
+        db_path: &options_db_path,
+        origin: &audit_origin,
+        cluster: cluster.as_ref().map(|(db, _)| db),
+        fleet_key,
     };
-    let capacity = AuditCapacity::new(
-        &options_db_path,
-        CapacityOptions {
-            max_audit_bytes: args.max_audit_bytes,
-            min_free_disk_bytes: args.min_free_disk_bytes,
-        },
-    );
-    tokio::spawn(capacity.clone().run());
-    let gateway = match Gateway::start(loaded, audit.clone(), env, source).await {
-        Ok(g) => g
-            .with_capacity(capacity)
-            .with_artifact_limit(args.max_artifact_bytes)
-            .with_public_url(args.public_url.clone()),
-        Err(e) => {
-            eprintln!("error: cannot start the gateway: {e}");
-            return Exit::Failure;
-        }
+    let (gateway, hub_shipper) = match start_gateway(args, loaded, shadow, started).await {
+        Ok(started) => started,
+        Err(exit) => return exit,
     };
-    let gateway = match &cluster {
-        Some((db, _)) => gateway.with_cluster(db.clone()),
-        None => gateway,
-    };
-    let gateway = match (&cluster, &fleet_key) {
-        (Some(_), Some(key)) => gateway.with_fleet_key(Arc::new(key.clone())),
-        _ => gateway,
-    };
-    let mut gateway = match shadow {
-        Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
-        None => gateway,
-    };
-    let mut fleet_witnessed = false;
-    let mut hub_shipper = None;
-    if let Some(url) = cluster_db_url(args) {
-        match start_shipper(
-            &url,
-            args,
-            &audit,
-            &options_db_path,
-            fleet_key,
-            &audit_origin,
-        )
-        .await
-        {
-            Ok(Some((shipper, witnesses, pool))) => {
-                gateway.metrics.watch_shipper(shipper.status());
-                hub_shipper = Some(shipper);
-                // Approvals in this fleet are checked against the hub's evidence of the
-                // other sidecars' decisions and uses.
-                gateway = gateway.with_hub(pool, audit_origin.clone());
-                if let Some(witnesses) = witnesses {
-                    gateway.metrics.watch_witnesses(witnesses);
-                    fleet_witnessed = true;
-                }
-            }
-            Ok(None) => {}
-            Err(exit) => return exit,
-        }
-    }
-    if !args.witnesses.is_empty() && !fleet_witnessed {
-        let options = crate::audit::witness::WitnessOptions {
-            cosignature_file: crate::audit::witness::default_cosignature_file(&options_db_path),
-            db_path: options_db_path.clone(),
-            log_key: audit.verifier_key().clone(),
-            witnesses: args.witnesses.clone(),
-            interval: Duration::from_millis(args.witness_interval_ms),
-        };
-        match crate::audit::witness::start(options) {
-            Ok(statuses) => gateway.metrics.watch_witnesses(statuses),
-            Err(e) => {
-                eprintln!("error: cannot start the witness client: {e}");
-                return Exit::InvalidConfig;
-            }
-        }
-    }
-    let gateway = Arc::new(gateway);
-    gateway.spawn_approval_sweeper();
-    // Two-phase tools: roll back what expired while the gateway was down, then at
-    // each deadline.
-    gateway.spawn_phase_reaper();
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -491,21 +321,12 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    let versions = gateway.current().policy.versions.clone();
     // The handlers are installed before the server says it is listening: a SIGTERM or
     // SIGHUP sent right away then drains or reloads instead of killing the process (the
     // default action of both).
     let signals = Signals::install();
     println!("toolgate listening on http://{addr}");
-    println!(
-        "policy: roles {} ({}), lanes {} ({}), registry {} ({})",
-        versions.roles.version,
-        short(&versions.roles.sha256),
-        versions.lanes.version,
-        short(&versions.lanes.sha256),
-        versions.registry.version,
-        short(&versions.registry.sha256),
-    );
+    print_versions("policy", &gateway.current().policy.versions);
     println!("data dir: {}", args.data_dir.display());
     println!("audit key fingerprint: {fingerprint}");
     if let Some((db, url)) = &cluster {
@@ -537,16 +358,7 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
     };
     raise_open_files_limit();
     if let Some(shadow) = gateway.shadow() {
-        let v = shadow.versions();
-        println!(
-            "shadow policy: roles {} ({}), lanes {} ({}), registry {} ({})",
-            v.roles.version,
-            short(&v.roles.sha256),
-            v.lanes.version,
-            short(&v.lanes.sha256),
-            v.registry.version,
-            short(&v.registry.sha256),
-        );
+        print_versions("shadow policy", shadow.versions());
     }
     let stop_requested = Arc::new(std::sync::OnceLock::new());
     server::serve(
@@ -576,24 +388,267 @@ async fn run(args: &ServeArgs, workers: Workers) -> Exit {
             .unwrap_or_else(tokio::time::Instant::now);
         let deadline =
             (requested + gateway.drain_time()).max(tokio::time::Instant::now() + FINAL_SHIP_FLOOR);
-        let finished = hub_shipper.finish(deadline).await;
-        match &finished.error {
-            None => tracing::info!(
-                origin = %audit_origin, shipped = finished.shipped,
-                "the audit hub holds this sidecar's log up to its last event"
-            ),
-            Some(error) => tracing::error!(
-                origin = %audit_origin,
-                reason = error.reason(),
-                error = %error,
-                first_seq = finished.shipped + 1,
-                last_seq = finished.local,
-                "the audit hub did not take this sidecar's last events before it stopped; they stay in the local log and ship when this sidecar starts again with this data directory, and until then a fleet export of their runs is not complete"
-            ),
-        }
+        finish_hub_shipping(hub_shipper, deadline, &audit_origin).await;
     }
     println!("toolgate stopped");
     exit
+}
+
+/// The enforced policy and the shadow candidate (`--shadow-policy-dir`), each printed
+/// with its problems when it does not load (exit 2).
+fn load_policies(args: &ServeArgs) -> Result<(Loaded, Option<Loaded>), Exit> {
+    let loaded = match Loaded::load(
+        &args.location.policy_dir,
+        &args.location.tools,
+        &args.data_dir,
+    ) {
+        Ok(loaded) => loaded,
+        Err(problems) => {
+            eprintln!("error: the policy did not load; nothing is served");
+            for problem in &problems {
+                eprintln!("{problem}");
+            }
+            return Err(Exit::InvalidConfig);
+        }
+    };
+    let Some(dir) = &args.shadow_policy_dir else {
+        return Ok((loaded, None));
+    };
+    let tools = args.shadow_tools.as_ref().unwrap_or(&args.location.tools);
+    match Loaded::load(dir, tools, &args.data_dir) {
+        Ok(candidate) => Ok((loaded, Some(candidate))),
+        Err(problems) => {
+            eprintln!("error: the shadow policy did not load; nothing is served");
+            for problem in &problems {
+                eprintln!("{problem}");
+            }
+            Err(Exit::InvalidConfig)
+        }
+    }
+}
+
+/// The audit log's options from the flags, after the key directory is checked and the
+/// data and key directories are made owner-only; with the fleet key, loaded in
+/// between (it may live in those directories).
+fn audit_options(
+    args: &ServeArgs,
+) -> Result<(AuditOptions, Option<crate::audit::keys::SignerKey>), Exit> {
+    let mut options = AuditOptions::new(&args.data_dir);
+    options.durability = match args.durability {
+        DurabilityArg::Full => Durability::Full,
+        DurabilityArg::Normal => Durability::Normal,
+    };
+    if let Some(dir) = &args.key_dir {
+        options.key_dir = dir.clone();
+    }
+    options.checkpoint_every_events = args.checkpoint_every_events;
+    options.origin = args.audit_origin.clone();
+    options.checkpoint_interval = Duration::from_millis(args.checkpoint_interval_ms);
+    options
+        .checkpoint_sinks
+        .extend(args.checkpoint_sinks.iter().cloned());
+    options.checkpoint_sink_ca = args.checkpoint_sink_ca.clone();
+    options.webhooks = Some(std::sync::Arc::new(crate::audit::webhook::Webhooks));
+    if options.key_dir.exists()
+        && let Err(e) = crate::audit::keys::check_private(&options.key_dir)
+    {
+        eprintln!("error: refusing the key directory: {e}");
+        return Err(Exit::Signature);
+    }
+    // What an older version, a copy or a `chmod` left readable by others is made
+    // owner-only before anything is opened, each entry named.
+    let found = crate::commands::owner_only(&[&args.data_dir, &options.key_dir]);
+    for (path, mode) in &found.tightened {
+        tracing::warn!(
+            path = %path.display(), mode = format!("{mode:o}"),
+            "a file in the data or key directory was open to group or others; made owner-only"
+        );
+    }
+    for (path, error) in &found.failed {
+        tracing::warn!(
+            path = %path.display(), %error,
+            "a file in the data or key directory could not be checked or made owner-only"
+        );
+    }
+    let fleet_key = load_fleet_key(args)?;
+    if let Some(socket) = &args.signer_socket {
+        match crate::audit::signer::SocketSigner::connect(socket) {
+            Ok(signer) => options.signer = Some(Arc::new(signer)),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Err(Exit::Signature);
+            }
+        }
+    }
+    if let Some(max) = args.max_audit_bytes {
+        if max < crate::capacity::MIN_MAX_AUDIT_BYTES {
+            eprintln!(
+                "error: --max-audit-bytes {max} is under the least accepted, {} (the WAL's allowance of {} bytes, twice the {}-byte reserve, and 8 MiB for the database)",
+                crate::capacity::MIN_MAX_AUDIT_BYTES,
+                crate::capacity::WAL_ALLOWANCE,
+                crate::capacity::RESERVE_BYTES,
+            );
+            return Err(Exit::InvalidConfig);
+        }
+        // The hard stop beneath the refusal: SQLite itself refuses to grow the
+        // database past what leaves room for the WAL.
+        options.max_db_bytes = Some(max - crate::capacity::WAL_ALLOWANCE);
+    }
+    options.segment_max_bytes = args.audit_segment_bytes;
+    options.segment_max_age = args.audit_segment_max_age_s.map(Duration::from_secs);
+    Ok((options, fleet_key))
+}
+
+/// Opens the audit log; a log that diverged from its checkpoint exits 6, a key or
+/// signer problem 3.
+fn open_audit(options: AuditOptions) -> Result<AuditLog, Exit> {
+    AuditLog::open(options).map_err(|e| {
+        eprintln!("error: cannot open the audit log: {e}");
+        if let Some(help) = e.help() {
+            eprintln!("help: {help}");
+        }
+        match e {
+            AuditError::Diverged { .. } => Exit::Truncated,
+            AuditError::Key { .. } | AuditError::Signer { .. } => Exit::Signature,
+            _ => Exit::Failure,
+        }
+    })
+}
+
+/// What the gateway starts with besides its policy: the open log, where it lives,
+/// the fleet's database and key.
+struct Started<'a> {
+    audit: &'a AuditLog,
+    db_path: &'a std::path::Path,
+    origin: &'a str,
+    cluster: Option<&'a Arc<crate::cluster::ClusterDb>>,
+    fleet_key: Option<crate::audit::keys::SignerKey>,
+}
+
+/// Starts the gateway with its capacity watch, fleet state, shadow policy, hub
+/// shipper and witnesses, and its background sweepers.
+async fn start_gateway(
+    args: &ServeArgs,
+    loaded: Loaded,
+    shadow: Option<Loaded>,
+    started: Started<'_>,
+) -> Result<(Arc<Gateway>, Option<crate::hub::ship::HubShipper>), Exit> {
+    let Started {
+        audit,
+        db_path,
+        origin,
+        cluster,
+        fleet_key,
+    } = started;
+    let env = adapter_env(&args.location.tools, &args.data_dir);
+    let source = PolicySourcePaths {
+        policy_dir: args.location.policy_dir.clone(),
+        tools_file: args.location.tools.clone(),
+    };
+    let capacity = AuditCapacity::new(
+        db_path,
+        CapacityOptions {
+            max_audit_bytes: args.max_audit_bytes,
+            min_free_disk_bytes: args.min_free_disk_bytes,
+        },
+    );
+    tokio::spawn(capacity.clone().run());
+    let gateway = match Gateway::start(loaded, audit.clone(), env, source).await {
+        Ok(g) => g
+            .with_capacity(capacity)
+            .with_artifact_limit(args.max_artifact_bytes)
+            .with_public_url(args.public_url.clone()),
+        Err(e) => {
+            eprintln!("error: cannot start the gateway: {e}");
+            return Err(Exit::Failure);
+        }
+    };
+    let gateway = match cluster {
+        Some(db) => gateway.with_cluster(db.clone()),
+        None => gateway,
+    };
+    let gateway = match (cluster, &fleet_key) {
+        (Some(_), Some(key)) => gateway.with_fleet_key(Arc::new(key.clone())),
+        _ => gateway,
+    };
+    let mut gateway = match shadow {
+        Some(candidate) => gateway.with_shadow(crate::shadow::start(candidate, audit.clone())),
+        None => gateway,
+    };
+    let mut fleet_witnessed = false;
+    let mut hub_shipper = None;
+    if let Some(url) = cluster_db_url(args) {
+        let started = start_shipper(&url, args, audit, db_path, fleet_key, origin).await?;
+        if let Some((shipper, witnesses, pool)) = started {
+            gateway.metrics.watch_shipper(shipper.status());
+            hub_shipper = Some(shipper);
+            // Approvals in this fleet are checked against the hub's evidence of the
+            // other sidecars' decisions and uses.
+            gateway = gateway.with_hub(pool, origin.to_string());
+            if let Some(witnesses) = witnesses {
+                gateway.metrics.watch_witnesses(witnesses);
+                fleet_witnessed = true;
+            }
+        }
+    }
+    if !args.witnesses.is_empty() && !fleet_witnessed {
+        let options = crate::audit::witness::WitnessOptions {
+            cosignature_file: crate::audit::witness::default_cosignature_file(db_path),
+            db_path: db_path.to_path_buf(),
+            log_key: audit.verifier_key().clone(),
+            witnesses: args.witnesses.clone(),
+            interval: Duration::from_millis(args.witness_interval_ms),
+        };
+        match crate::audit::witness::start(options) {
+            Ok(statuses) => gateway.metrics.watch_witnesses(statuses),
+            Err(e) => {
+                eprintln!("error: cannot start the witness client: {e}");
+                return Err(Exit::InvalidConfig);
+            }
+        }
+    }
+    let gateway = Arc::new(gateway);
+    gateway.spawn_approval_sweeper();
+    // Two-phase tools: roll back what expired while the gateway was down, then at
+    // each deadline.
+    gateway.spawn_phase_reaper();
+    Ok((gateway, hub_shipper))
+}
+
+/// Prints a policy's versions and short digests on one line.
+fn print_versions(label: &str, v: &crate::policy::PolicyVersions) {
+    println!(
+        "{label}: roles {} ({}), lanes {} ({}), registry {} ({})",
+        v.roles.version,
+        short(&v.roles.sha256),
+        v.lanes.version,
+        short(&v.lanes.sha256),
+        v.registry.version,
+        short(&v.registry.sha256),
+    );
+}
+
+/// Ships what the hub does not hold yet, until `deadline`, and logs how it ended.
+async fn finish_hub_shipping(
+    hub_shipper: crate::hub::ship::HubShipper,
+    deadline: tokio::time::Instant,
+    origin: &str,
+) {
+    let finished = hub_shipper.finish(deadline).await;
+    match &finished.error {
+        None => tracing::info!(
+            origin = %origin, shipped = finished.shipped,
+            "the audit hub holds this sidecar's log up to its last event"
+        ),
+        Some(error) => tracing::error!(
+            origin = %origin,
+            reason = error.reason(),
+            error = %error,
+            first_seq = finished.shipped + 1,
+            last_seq = finished.local,
+            "the audit hub did not take this sidecar's last events before it stopped; they stay in the local log and ship when this sidecar starts again with this data directory, and until then a fleet export of their runs is not complete"
+        ),
+    }
 }
 
 /// The least time a stopping sidecar gives its last shipment to the audit hub, even

@@ -21,9 +21,8 @@ use crate::approvals::{
 use crate::audit::{EventFilter, EventType, NewEvent};
 use crate::call::ApprovalRequirement;
 use crate::diagnostic::{Reason, Refusal};
+use crate::gateway::principal::{Approver, Principal};
 use crate::gateway::{Gateway, audit_refusal};
-use crate::identity::RunBinding;
-use crate::policy::Policy;
 use crate::requests::{DecideApproval, ListApprovals};
 
 /// What the pipeline knows of a call that needs an approval it did not present.
@@ -42,36 +41,12 @@ pub struct ApprovalRequest {
 mod logged;
 pub(crate) use logged::{FleetApprovals, HubLink};
 
-/// Who is reading or deciding: the principals a credential proves.
-struct Principal {
-    /// `admin:<id>` when the credential is an admin's with full access.
-    admin: Option<String>,
-    /// `admin:<id>` when the credential is an `access: audit_read` admin's: it reads
-    /// every approval and decides none.
-    auditor: Option<String>,
-    /// The roles the credential proves.
-    roles: Vec<String>,
-    /// `issuer#subject` of a JWT credential.
-    subject: Option<String>,
-    /// A run token's binding: it reads the approvals its role requested in its run
-    /// (an agent polling its own approval) and decides none.
-    run: Option<RunBinding>,
-}
-
-impl Principal {
-    /// May read this approval: an admin (either access), an eligible approver, the
-    /// requester's role, or a run token of the requester's role in the approval's run.
-    fn may_read(&self, record: &ApprovalRecord) -> bool {
-        self.admin.is_some()
-            || self.auditor.is_some()
-            || self
-                .roles
-                .iter()
-                .any(|r| record.eligible(r) || *r == record.requester.role_id)
-            || self.run.as_ref().is_some_and(|run| {
-                run.role_id == record.requester.role_id && run.run_id == record.binding.run_id
-            })
-    }
+/// `GET /v1/approvals`' answer: a page of the approvals the caller may see.
+#[derive(Debug, serde::Serialize)]
+pub struct ApprovalPage {
+    pub approvals: Vec<ApprovalRecord>,
+    /// Where the next page starts (None: this is the last).
+    pub next_cursor: Option<String>,
 }
 
 fn store_refusal(e: StoreError) -> Refusal {
@@ -328,78 +303,20 @@ impl Gateway {
             .unwrap_or(false)
     }
 
-    /// The principals a credential proves (admin of either access, roles, JWT
-    /// subject, a run token's binding), or why none. In a fleet a run token is read
-    /// from the cluster database first.
-    async fn principal(&self, policy: &Policy, token: Option<&str>) -> Result<Principal, Refusal> {
-        if let Some(t) = token
-            && crate::identity::RunTokenStore::hash_of(t).is_some()
-        {
-            self.fleet_refresh(token, None).await?;
-            return match self.run_binding(t) {
-                Some(Ok(run)) => Ok(Principal {
-                    admin: None,
-                    auditor: None,
-                    roles: Vec::new(),
-                    subject: None,
-                    run: Some(run),
-                }),
-                Some(Err(refusal)) => Err(refusal),
-                None => Err(Refusal::new(
-                    Reason::CredentialInvalid,
-                    "the bearer token is not a valid run token",
-                )),
-            };
-        }
-        let subject = token
-            .and_then(|t| self.jwt.cached(policy, t))
-            .and_then(Result::ok)
-            .and_then(|identity| approvals::subject_of(&identity.caller_json()));
-        let (admin, auditor) = match self.auditor_of(policy, token) {
-            Ok(a) if a.access == crate::policy::AdminAccess::Full => {
-                (Some(format!("admin:{}", a.admin_id)), None)
-            }
-            Ok(a) => (None, Some(format!("admin:{}", a.admin_id))),
-            Err(_) => (None, None),
-        };
-        let roles: Vec<String> = policy
-            .roles
-            .keys()
-            .filter(|role_id| self.role_of(policy, role_id, token).is_ok())
-            .cloned()
-            .collect();
-        if admin.is_none() && auditor.is_none() && roles.is_empty() {
-            self.verify_any(token)?;
-            return Err(Refusal::new(
-                Reason::CredentialInvalid,
-                "the bearer token is not a known credential",
-            ));
-        }
-        Ok(Principal {
-            admin,
-            auditor,
-            roles,
-            subject,
-            run: None,
-        })
-    }
-
     /// `GET /v1/approvals`: a page of the approvals the caller may see (an admin: all;
     /// a role: those it may decide and those it requested).
     pub async fn list_approvals(
         &self,
-        token: Option<&str>,
-        query: Result<ListApprovals, Refusal>,
-    ) -> Result<Value, Refusal> {
-        let loaded = self.current();
-        let principal = self.principal(&loaded.policy, token).await?;
+        principal: &Principal,
+        query: ListApprovals,
+    ) -> Result<ApprovalPage, Refusal> {
         let ListApprovals {
             status,
             run_id,
             limit,
             cursor,
             newest_first,
-        } = query?;
+        } = query;
         let now = approvals::now_ms();
         let mut visible = Vec::new();
         let mut cursor = cursor;
@@ -432,21 +349,19 @@ impl Gateway {
                 break;
             }
         }
-        Ok(json!({
-            "approvals": visible,
-            "next_cursor": next.map(|n| n.to_string()),
-        }))
+        Ok(ApprovalPage {
+            approvals: visible,
+            next_cursor: next.map(|n| n.to_string()),
+        })
     }
 
     /// `GET /v1/approvals/{id}`: the exact call (arguments as the tool's redaction
     /// keeps them), requester, run, policy versions, requirements, decisions, expiry.
     pub async fn get_approval(
         &self,
-        token: Option<&str>,
+        principal: &Principal,
         approval_id: &str,
-    ) -> Result<Value, Refusal> {
-        let loaded = self.current();
-        let principal = self.principal(&loaded.policy, token).await?;
+    ) -> Result<ApprovalRecord, Refusal> {
         if !crate::call::is_approval_id(approval_id) {
             return Err(self.unknown_approval(approval_id));
         }
@@ -473,37 +388,12 @@ impl Gateway {
     /// `approval_denied`) before it takes effect.
     pub async fn decide_approval(
         &self,
-        token: Option<&str>,
+        approver: &Approver,
         approval_id: &str,
-        request: Result<DecideApproval, Refusal>,
-    ) -> Result<Value, Refusal> {
-        let loaded = self.current();
-        let principal = self.principal(&loaded.policy, token).await?;
-        if principal.admin.is_none() && principal.roles.is_empty() {
-            // Authenticated, but a credential that never decides.
-            return Err(match (&principal.auditor, &principal.run) {
-                (Some(auditor), _) => Refusal::new(
-                    Reason::CredentialInvalid,
-                    format!(
-                        "{auditor} has `access: audit_read`: it reads approvals but never decides one; deciding needs an approver's credential (an admin with full access or a role the approval names)"
-                    ),
-                )
-                .with_details(json!({ "access": "audit_read", "needs": "full" })),
-                (None, Some(run)) => Refusal::new(
-                    Reason::CredentialInvalid,
-                    format!(
-                        "run token `{}` may read the approvals its role requested in run `{}` but never decides one; deciding needs an approver's credential",
-                        run.token_id, run.run_id
-                    ),
-                )
-                .with_details(json!({ "credential": "run_token", "needs": "approver" })),
-                (None, None) => Refusal::new(
-                    Reason::CredentialInvalid,
-                    "the bearer token is not a known credential",
-                ),
-            });
-        }
-        let DecideApproval { decision, reason } = request?;
+        request: DecideApproval,
+    ) -> Result<ApprovalRecord, Refusal> {
+        let principal: &Principal = approver;
+        let DecideApproval { decision, reason } = request;
         if !crate::call::is_approval_id(approval_id) {
             return Err(self.unknown_approval(approval_id));
         }
@@ -528,7 +418,7 @@ impl Gateway {
                 }
                 let refusal = self.store_mismatch(approval_id, mismatch);
                 return Err(self
-                    .refused_decision(&about, &principal, decision, refusal)
+                    .refused_decision(&about, principal, decision, refusal)
                     .await);
             }
             (Some(evidence), Ok(_)) => evidence.record(&checked.record, now),
@@ -536,12 +426,11 @@ impl Gateway {
         };
         // Who decides: an eligible admin, else an eligible role the credential proves.
         let admin = principal
-            .admin
-            .as_ref()
+            .admin()
             .filter(|a| record.eligible(a.trim_start_matches("admin:")));
-        let role = principal.roles.iter().find(|r| record.eligible(r));
+        let role = principal.roles().iter().find(|r| record.eligible(r));
         let approver = match (admin, role) {
-            (Some(admin), _) => admin.clone(),
+            (Some(admin), _) => admin.to_string(),
             (None, Some(role)) => format!("role:{role}"),
             (None, None) => {
                 let approvers: Vec<&String> = record
@@ -555,16 +444,16 @@ impl Gateway {
                 )
                 .with_details(json!({ "approval_id": approval_id, "approvers": approvers }));
                 return Err(self
-                    .refused_decision(&record, &principal, decision, refusal)
+                    .refused_decision(&record, principal, decision, refusal)
                     .await);
             }
         };
         // Never the requester: not its role, not its JWT subject.
         let own_role = format!("role:{}", record.requester.role_id);
-        let same_subject =
-            principal.subject.is_some() && principal.subject == record.requester.subject();
+        let same_subject = principal.subject().is_some()
+            && principal.subject() == record.requester.subject().as_deref();
         if approver == own_role
-            || principal.roles.contains(&record.requester.role_id)
+            || principal.roles().contains(&record.requester.role_id)
             || same_subject
         {
             let refusal = Refusal::new(
@@ -573,7 +462,7 @@ impl Gateway {
             )
             .with_details(json!({ "approval_id": approval_id, "requester": record.requester }));
             return Err(self
-                .refused_decision(&record, &principal, decision, refusal)
+                .refused_decision(&record, principal, decision, refusal)
                 .await);
         }
         match record.status_at(now) {
@@ -592,7 +481,7 @@ impl Gateway {
         }
         let vote = Decision {
             approver,
-            subject: principal.subject.clone(),
+            subject: principal.subject().map(str::to_string),
             decision,
             reason,
             at: approvals::rfc3339_ms(now),
@@ -725,9 +614,9 @@ impl Gateway {
         event.details.insert(
             "by".into(),
             json!({
-                "admin": principal.admin,
-                "roles": principal.roles,
-                "subject": principal.subject,
+                "admin": principal.admin(),
+                "roles": principal.roles(),
+                "subject": principal.subject(),
             }),
         );
         event.details.insert("decision".into(), json!(decision));

@@ -1,8 +1,6 @@
 //! The catalog of tools a caller sees on a run: what the MCP front answers to
 //! `tools/list` (and checks before `initialize`, `server/discover` and `ping`).
 
-use serde_json::Value;
-
 use crate::authz;
 use crate::diagnostic::Refusal;
 use crate::gateway::Gateway;
@@ -19,11 +17,12 @@ impl Gateway {
         role_id: &str,
         run_id: &str,
         lane_id: &str,
-    ) -> Result<Value, Refusal> {
+    ) -> Result<super::ToolCatalog, Refusal> {
         if let Some(Ok(binding)) = token.and_then(|t| self.run_binding(t)) {
             authz::check_token_run(&binding, run_id)?;
         }
-        let catalog = self.tool_catalog(token, role_id, lane_id)?;
+        let caller = self.role_caller(token, role_id, lane_id)?;
+        let catalog = self.tool_catalog(&caller)?;
         if self.cluster.is_some() {
             self.fleet_refresh(None, Some(run_id)).await?;
         }

@@ -4,15 +4,16 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::Semaphore;
 
 use super::Gateway;
-use crate::audit::evidence::{Bundle, BundleError, MAX_EVIDENCE_PAGE};
+use super::principal::Auditor;
+use crate::audit::evidence::{Bundle, BundleError, MAX_EVIDENCE_PAGE, RunEvidence};
 use crate::audit::export::ExportError;
 use crate::diagnostic::{Reason, Refusal};
 use crate::requests::malformed;
-use crate::runs::valid_run_id;
+use crate::runs::{RunRecord, valid_run_id};
 
 /// Evidence verifies the whole log (as `audit verify` does), so one request at a time
 /// does it; others wait up to [`EVIDENCE_WAIT`], then get a retryable 429.
@@ -53,18 +54,25 @@ impl EvidencePage {
     }
 }
 
+/// `GET /v1/runs/{run_id}/events`' answer: a page of the run's events with their
+/// verification status, and the run's record (null when it is not known).
+#[derive(Debug, serde::Serialize)]
+pub struct RunEvents {
+    #[serde(flatten)]
+    pub evidence: RunEvidence,
+    pub run: Option<RunRecord>,
+}
+
 impl Gateway {
     /// `GET /v1/runs/{run_id}/events`: one page of the run's events, oldest first,
     /// each with its verification status against the newest signed checkpoint, and the
     /// run's record when it is known.
     pub async fn run_events(
         &self,
-        token: Option<&str>,
+        _auditor: &Auditor,
         run_id: &str,
-        page: Result<EvidencePage, Refusal>,
-    ) -> Result<Value, Refusal> {
-        self.auditor_of(&self.current().policy, token)?;
-        let page = page?;
+        page: EvidencePage,
+    ) -> Result<RunEvents, Refusal> {
         check_run_id(run_id)?;
         let _permit = evidence_permit().await?;
         let evidence = self
@@ -84,16 +92,13 @@ impl Gateway {
                 format!("run `{run_id}` does not exist"),
             ));
         }
-        let mut value = json!(evidence);
-        value["run"] = json!(run);
-        Ok(value)
+        Ok(RunEvents { evidence, run })
     }
 
     /// `GET /v1/runs/{run_id}/export`: the run's verifiable export bundle, made as
     /// `toolgate audit export --run` makes its directory (the whole log verified, a
     /// fresh export checkpoint signed), in one JSON object.
-    pub async fn run_export(&self, token: Option<&str>, run_id: &str) -> Result<Bundle, Refusal> {
-        self.auditor_of(&self.current().policy, token)?;
+    pub async fn run_export(&self, _auditor: &Auditor, run_id: &str) -> Result<Bundle, Refusal> {
         check_run_id(run_id)?;
         if self.runs.get(run_id).is_none() {
             let page = self

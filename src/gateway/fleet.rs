@@ -325,7 +325,7 @@ impl Gateway {
         run_id: &str,
         token_id: &str,
         by: &str,
-    ) -> Result<Value, Refusal> {
+    ) -> Result<crate::identity::run_tokens::Revoked, Refusal> {
         let revoked = cluster
             .revoke_token(run_id, token_id, |role_id| async move {
                 let mut event = NewEvent::new(EventType::RunTokenRevoked);
@@ -351,12 +351,9 @@ impl Gateway {
             )
             .with_details(json!({ "problems": ["no such live run token"] })));
         };
-        Ok(json!({
-            "run_id": run_id,
-            "token_id": token_id,
-            "role_id": role_id,
-            "revoked": true,
-        }))
+        Ok(crate::identity::run_tokens::Revoked::new(
+            run_id, token_id, role_id,
+        ))
     }
 
     /// Engages or releases the lock for the whole fleet, recording the change locally

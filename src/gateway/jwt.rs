@@ -48,7 +48,7 @@ impl Gateway {
 
     /// Admin endpoints: the caller proves it is one of the policy's admins, by a static
     /// token or by a JWT verified for this request (`authenticate`).
-    pub fn admin_of<'p>(
+    pub(super) fn admin_of<'p>(
         &self,
         policy: &'p Policy,
         token: Option<&str>,
@@ -61,7 +61,7 @@ impl Gateway {
 
     /// Read-only audit endpoints: the caller proves it is one of the policy's admins,
     /// `full` or `audit_read`, by a static token or a JWT verified for this request.
-    pub fn auditor_of<'p>(
+    pub(super) fn auditor_of<'p>(
         &self,
         policy: &'p Policy,
         token: Option<&str>,
@@ -74,7 +74,7 @@ impl Gateway {
 
     /// The caller proves it holds `role_id`, by a static token or by a JWT verified for
     /// this request (`authenticate`).
-    pub fn role_of<'p>(
+    pub(super) fn role_of<'p>(
         &self,
         policy: &'p Policy,
         role_id: &str,

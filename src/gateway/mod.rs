@@ -24,9 +24,9 @@ use crate::diagnostic::{Reason, Refusal};
 use crate::idempotency::Idempotency;
 use crate::observe::Metrics;
 use crate::observe::metrics::{AuditCapacityState, ScrapeState};
-use crate::policy::{Policy, Problem, RunStatus, Tool};
-use crate::requests::{CreateRun, ListRuns, Repin, SetRunStatus, SetSafetyLock, malformed};
-use crate::runs::{RunError, RunRecord, RunStore, valid_run_id};
+use crate::policy::{Policy, Problem, Tool};
+use crate::requests::{SetSafetyLock, malformed};
+use crate::runs::{RunError, RunStore, valid_run_id};
 
 mod approvals;
 mod evidence;
@@ -42,8 +42,17 @@ pub(crate) use fleet::{FLEET_CLAIM_SLACK, FLEET_CLAIM_WAIT_MAX};
 pub(crate) use phases::add_refusal;
 mod jwt;
 pub mod phases;
+mod principal;
+pub use principal::{Admin, Approver, Auditor, Authenticated, Principal, Reader, RoleCaller};
+mod responses;
+pub use responses::{
+    AuditEvents, CatalogCondition, CatalogTool, PolicyServed, Reloaded, Repinned, RunPage,
+    ToolCatalog,
+};
 mod run_tokens;
-pub use approvals::ApprovalRequest;
+mod runs;
+pub use approvals::{ApprovalPage, ApprovalRequest};
+pub use evidence::RunEvents;
 pub mod shadow;
 
 /// How long a caller over a tool's concurrency limit is told to wait.
@@ -316,13 +325,26 @@ impl Gateway {
     }
 
     /// `POST /v1/policy/reload` (admin).
-    pub async fn reload_as_admin(&self, token: Option<&str>) -> Result<Value, Refusal> {
-        let admin = self
-            .admin_of(&self.current().policy, token)?
-            .admin_id
-            .clone();
-        let versions = self.reload(&format!("admin:{admin}")).await?;
-        Ok(json!({ "reloaded": true, "policy_versions": versions }))
+    pub async fn reload_as_admin(&self, admin: &Admin) -> Result<Reloaded, Refusal> {
+        let versions = self.reload(&format!("admin:{}", admin.admin_id())).await?;
+        Ok(Reloaded {
+            reloaded: true,
+            policy_versions: versions,
+        })
+    }
+
+    /// `GET /v1/policy`: the versions and the source of the policy served.
+    pub fn policy_served(&self, _reader: &Reader) -> PolicyServed {
+        let loaded = self.current();
+        PolicyServed {
+            policy_versions: loaded.policy.versions.clone(),
+            source: loaded.policy.source.clone(),
+        }
+    }
+
+    /// `GET /v1/safety-lock`: the safety lock as it is enforced now.
+    pub fn safety_lock_for(&self, _reader: &Reader) -> SafetyLock {
+        self.safety_lock()
     }
 
     pub fn safety_lock(&self) -> SafetyLock {
@@ -342,18 +364,14 @@ impl Gateway {
         })
     }
 
-    /// Engages or releases the safety lock (admin). `request` is the body as parsed;
-    /// a malformed one is answered only once the caller is authenticated.
+    /// Engages or releases the safety lock (admin).
     pub async fn set_safety_lock(
         &self,
-        token: Option<&str>,
-        request: Result<SetSafetyLock, Refusal>,
+        admin: &Admin,
+        request: SetSafetyLock,
     ) -> Result<SafetyLock, Refusal> {
-        let admin = self
-            .admin_of(&self.current().policy, token)?
-            .admin_id
-            .clone();
-        let SetSafetyLock { engaged, reason } = request?;
+        let admin = admin.admin_id().to_string();
+        let SetSafetyLock { engaged, reason } = request;
         let event_type = if engaged {
             EventType::SafetyLockEngaged
         } else {
@@ -395,95 +413,11 @@ impl Gateway {
         Ok(new)
     }
 
-    /// Creates a run bound to a scope and pinned to the loaded policy versions (admin).
-    /// Run tokens are issued by [`Gateway::create_run_issuing`].
-    pub async fn create_run(
-        &self,
-        token: Option<&str>,
-        request: CreateRun,
-    ) -> Result<RunRecord, Refusal> {
-        let loaded = self.current();
-        let admin = self.admin_of(&loaded.policy, token)?.admin_id.clone();
-        let run_id = request
-            .run_id
-            .unwrap_or_else(|| format!("run-{}", uuid::Uuid::new_v4()));
-        let scope = request.scope;
-        if self.cluster.is_none() && self.runs.len() >= crate::runs::MAX_RUNS {
-            return Err(Refusal::new(Reason::InternalError, "the run table is full"));
-        }
-        let record = RunRecord {
-            run_id,
-            status: RunStatus::Active,
-            scope,
-            policy_versions: loaded.policy.versions.clone(),
-            created_at: now_rfc3339(),
-            created_by: admin,
-        };
-        if let Some(cluster) = &self.cluster {
-            return self.fleet_create_run(cluster, record).await;
-        }
-        self.runs
-            .create(&self.audit, record)
-            .await
-            .map_err(run_refusal)
-    }
-
-    /// Reads a run (admin or any role credential).
-    pub async fn get_run(&self, token: Option<&str>, run_id: &str) -> Result<RunRecord, Refusal> {
-        self.verify_any(token)?;
-        if self.cluster.is_some() {
-            self.fleet_refresh(None, Some(run_id)).await?;
-        }
-        self.runs.get(run_id).ok_or_else(|| {
-            Refusal::new(
-                Reason::RunNotFound,
-                format!("run `{run_id}` does not exist"),
-            )
-        })
-    }
-
-    /// Changes a run's status (admin).
-    pub async fn set_run_status(
-        &self,
-        token: Option<&str>,
-        run_id: &str,
-        request: Result<SetRunStatus, Refusal>,
-    ) -> Result<RunRecord, Refusal> {
-        let admin = self
-            .admin_of(&self.current().policy, token)?
-            .admin_id
-            .clone();
-        let status = request?.status;
-        if let Some(cluster) = &self.cluster {
-            return self
-                .fleet_set_run_status(cluster, run_id, status, &admin)
-                .await;
-        }
-        self.runs
-            .set_status(&self.audit, run_id, status, &admin)
-            .await
-            .map_err(run_refusal)
-    }
-
     /// The tools a role may use in a lane, with schemas and a prompt-ready description.
-    pub fn tool_catalog(
-        &self,
-        token: Option<&str>,
-        role_id: &str,
-        lane_id: &str,
-    ) -> Result<Value, Refusal> {
-        let loaded = self.current();
-        let policy = &loaded.policy;
-        let role = match token.and_then(|t| self.run_binding(t)) {
-            // A run token: its role, and only its lanes.
-            Some(bound) => {
-                let binding = bound?;
-                let role = authz::verify_run_token(policy, &binding, role_id)?;
-                authz::check_token_lane(&binding, lane_id)?;
-                role
-            }
-            None => self.role_of(policy, role_id, token)?,
-        };
+    pub fn tool_catalog(&self, caller: &RoleCaller) -> Result<ToolCatalog, Refusal> {
+        let (role_id, lane_id) = (caller.role_id(), caller.lane_id());
+        let policy = &caller.loaded().policy;
+        let role = authz::find_role(policy, role_id)?;
         let lane = policy.lanes.get(lane_id).ok_or_else(|| {
             Refusal::new(
                 Reason::LaneUnknown,
@@ -496,23 +430,23 @@ impl Gateway {
                 format!("role `{role_id}` may not act in lane `{lane_id}`"),
             ));
         }
-        let tools: Vec<Value> = lane
+        let tools = lane
             .tools
             .iter()
             .filter_map(|name| policy.tools.get(name))
             .filter(|t| t.enabled)
             .map(|t| tool_entry(t, lane))
             .collect();
-        Ok(json!({
-            "role_id": role_id,
-            "lane_id": lane_id,
-            "required_scope_keys": lane.required_scope_keys,
-            "tools": tools,
-        }))
+        Ok(ToolCatalog {
+            role_id: role_id.to_string(),
+            lane_id: lane_id.to_string(),
+            required_scope_keys: lane.required_scope_keys.clone(),
+            tools,
+        })
     }
 
     /// Accepts any role's or admin's credential (read-only endpoints).
-    pub fn verify_any(&self, token: Option<&str>) -> Result<(), Refusal> {
+    fn verify_any(&self, token: Option<&str>) -> Result<(), Refusal> {
         let loaded = self.current();
         let policy = &loaded.policy;
         if self.auditor_of(policy, token).is_ok() {
@@ -657,94 +591,6 @@ impl Gateway {
         })
     }
 
-    /// `GET /v1/runs` (admin): runs in run-id order, optionally of one status, a page of
-    /// at most `limit` after the run id `cursor`.
-    pub async fn list_runs(
-        &self,
-        token: Option<&str>,
-        query: Result<ListRuns, Refusal>,
-    ) -> Result<Value, Refusal> {
-        self.auditor_of(&self.current().policy, token)?;
-        let ListRuns {
-            status,
-            limit,
-            cursor,
-        } = query?;
-        let (runs, next) = match &self.cluster {
-            Some(cluster) => cluster.list_runs(status, cursor.as_deref(), limit).await?,
-            None => self.runs.list(status, cursor.as_deref(), limit),
-        };
-        Ok(json!({ "runs": runs, "next_cursor": next }))
-    }
-
-    /// `POST /v1/runs/{id}/repin` (admin): re-pins an open run to the loaded policy
-    /// versions after a reviewed change. The run's scope is re-checked against the new
-    /// policy first; the change is audited (`run_repinned`) before it takes effect.
-    pub async fn repin_run(
-        &self,
-        token: Option<&str>,
-        run_id: &str,
-        request: Result<Repin, Refusal>,
-    ) -> Result<Value, Refusal> {
-        let loaded = self.current();
-        let admin = self.admin_of(&loaded.policy, token)?.admin_id.clone();
-        let Repin {} = request?;
-        if self.cluster.is_some() {
-            self.fleet_refresh(None, Some(run_id)).await?;
-        }
-        let Some(run) = self.runs.get(run_id) else {
-            return Err(Refusal::new(
-                Reason::RunNotFound,
-                format!("run `{run_id}` does not exist"),
-            ));
-        };
-        if run.status == RunStatus::Closed {
-            return Err(Refusal::new(
-                Reason::RunNotActive,
-                format!("run `{run_id}` is closed; a closed run is never re-pinned"),
-            ));
-        }
-        let check = authz::check_run_scope(&loaded.policy, &run.scope);
-        let report = json!({ "usable_lanes": check.usable_lanes, "blocked": check.blocked });
-        if run.policy_versions == loaded.policy.versions {
-            return Ok(json!({ "run": run, "repinned": false, "scope_check": report }));
-        }
-        if let Some(cluster) = &self.cluster {
-            let (record, from) = self
-                .fleet_repin(
-                    cluster,
-                    run_id,
-                    loaded.policy.versions.clone(),
-                    &admin,
-                    report.clone(),
-                )
-                .await?;
-            return Ok(json!({
-                "run": record,
-                "repinned": true,
-                "from_policy_versions": from,
-                "scope_check": report,
-            }));
-        }
-        let (record, from) = self
-            .runs
-            .repin(
-                &self.audit,
-                run_id,
-                loaded.policy.versions.clone(),
-                &admin,
-                report.clone(),
-            )
-            .await
-            .map_err(run_refusal)?;
-        Ok(json!({
-            "run": record,
-            "repinned": true,
-            "from_policy_versions": from,
-            "scope_check": report,
-        }))
-    }
-
     /// The metrics in the OpenMetrics text format, with the policy versions, the
     /// safety lock and the audit headroom as they are now (and the server's open
     /// connections, when it counts them).
@@ -772,21 +618,26 @@ impl Gateway {
     /// Audit events for operators (admin).
     pub async fn audit_events(
         &self,
-        token: Option<&str>,
+        _auditor: &Auditor,
         filter: EventFilter,
-    ) -> Result<Vec<Value>, Refusal> {
-        self.auditor_of(&self.current().policy, token)?;
+    ) -> Result<AuditEvents, Refusal> {
         let events = self.audit.events(filter).await.map_err(audit_refusal)?;
-        Ok(events.into_iter().map(|e| e.value).collect())
+        let events: Vec<Value> = events.into_iter().map(|e| e.value).collect();
+        let next_after_seq = events.last().and_then(|e| e["seq"].as_u64());
+        Ok(AuditEvents {
+            events,
+            next_after_seq,
+        })
     }
 }
 
 /// One tool in the catalog.
-fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> Value {
-    let mut scope_keys: Vec<&String> = lane
+fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> CatalogTool {
+    let mut scope_keys: Vec<String> = lane
         .required_scope_keys
         .iter()
         .chain(tool.required_scope_keys.iter())
+        .cloned()
         .collect();
     scope_keys.sort();
     scope_keys.dedup();
@@ -798,11 +649,7 @@ fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> Value {
         if scope_keys.is_empty() {
             "(none)".to_string()
         } else {
-            scope_keys
-                .iter()
-                .map(|k| k.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            scope_keys.join(", ")
         },
         if tool.idempotent {
             "Safe to retry with the same idempotency_key."
@@ -810,26 +657,30 @@ fn tool_entry(tool: &Tool, lane: &crate::policy::Lane) -> Value {
             "Not idempotent: never retry blindly."
         }
     );
-    json!({
-        "tool_name": tool.tool_name,
-        "version": tool.version.to_string(),
-        "description": tool.description,
-        "determinism": tool.determinism,
-        "idempotent": tool.idempotent,
-        "timeout_default_ms": tool.timeout_default_ms,
-        "limits": tool.limits,
-        "required_scope_keys": scope_keys,
+    CatalogTool {
+        tool_name: tool.tool_name.clone(),
+        version: tool.version.to_string(),
+        description: tool.description.clone(),
+        determinism: tool.determinism,
+        idempotent: tool.idempotent,
+        timeout_default_ms: tool.timeout_default_ms,
+        limits: tool.limits.clone(),
+        required_scope_keys: scope_keys,
         // What else a call must satisfy (lane, then tool), for the agent's prompt.
-        "conditions": lane
+        conditions: lane
             .conditions
             .iter()
             .chain(tool.conditions.iter())
-            .map(|c| json!({ "name": c.name, "expr": c.expr, "message": c.message }))
-            .collect::<Vec<Value>>(),
-        "input_schema": *tool.input_schema,
-        "output_schema": *tool.output_schema,
-        "prompt": prompt,
-    })
+            .map(|c| CatalogCondition {
+                name: c.name.clone(),
+                expr: c.expr.clone(),
+                message: c.message.clone(),
+            })
+            .collect(),
+        input_schema: tool.input_schema.clone(),
+        output_schema: tool.output_schema.clone(),
+        prompt,
+    }
 }
 
 async fn record_policy_loaded(

@@ -43,6 +43,21 @@ use events::{
     malformed_event, phase_event, phase_refusal, prepared_details, refusal_event, with_sandbox,
 };
 
+/// `POST /v1/tool-calls/{call_id}/commit`'s answer: the call committed upstream, its
+/// output and the `tool_committed` event that records it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Committed {
+    pub call_id: String,
+    pub commit_id: String,
+    /// Always `success`: a commit that fails is refused (`commit_failed`).
+    pub status: &'static str,
+    /// Always `committed`.
+    pub phase: &'static str,
+    pub attempts: u32,
+    pub output: Value,
+    pub audit_event_id: String,
+}
+
 /// Undecided prepared calls the gateway holds at most; a prepare beyond is refused.
 pub const MAX_PENDING: usize = 10_000;
 /// Decided calls are remembered this long (a late commit is refused with the right
@@ -306,16 +321,8 @@ impl Gateway {
         &self,
         token: Option<&str>,
         call_id: &str,
-        request: Result<Commit, Refusal>,
-    ) -> Result<Value, Refusal> {
-        let request = match request {
-            Ok(r) => r,
-            Err(malformed) => {
-                return Err(self
-                    .refuse_malformed_commit(token, call_id, malformed)
-                    .await);
-            }
-        };
+        request: Commit,
+    ) -> Result<Committed, Refusal> {
         let known = self
             .two_phase
             .lock()?
@@ -399,7 +406,7 @@ impl Gateway {
     /// is refused unrecorded (what it can make the log keep stays bounded: nothing);
     /// an authenticated one's request names a call, so it is audited, once, as
     /// `tool_commit_refused` with the problem.
-    async fn refuse_malformed_commit(
+    pub async fn refuse_malformed_commit(
         &self,
         token: Option<&str>,
         call_id: &str,
@@ -536,7 +543,11 @@ impl Gateway {
 
     /// Runs the claimed commit upstream and records its outcome; a failed commit is
     /// rolled back.
-    async fn finish_commit(&self, entry: PendingCommit, trigger: &str) -> Result<Value, Refusal> {
+    async fn finish_commit(
+        &self,
+        entry: PendingCommit,
+        trigger: &str,
+    ) -> Result<Committed, Refusal> {
         let outcome = self.run_phase(&entry, Phase::Commit).await;
         let attempts = outcome.attempts;
         let sandbox = outcome.sandbox;
@@ -565,15 +576,15 @@ impl Gateway {
                         .at_step(12)
                         .with_retryable(false)
                     })?;
-                Ok(json!({
-                    "call_id": entry.call_id,
-                    "commit_id": entry.commit_id,
-                    "status": "success",
-                    "phase": "committed",
-                    "attempts": attempts,
-                    "output": answer,
-                    "audit_event_id": appended.event_id,
-                }))
+                Ok(Committed {
+                    call_id: entry.call_id,
+                    commit_id: entry.commit_id,
+                    status: "success",
+                    phase: "committed",
+                    attempts,
+                    output: answer,
+                    audit_event_id: appended.event_id,
+                })
             }
             Err(error) => {
                 let mut refusal = phase_refusal(
@@ -848,17 +859,9 @@ fn rfc3339(ms: i64) -> String {
 
 /// A caller-given id, cut to 256 bytes for the audit log.
 fn bounded(s: &str) -> String {
-    let mut end = s.len().min(256);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
+    crate::text::prefix_bytes(s, 256).to_string()
 }
 
 fn bounded_error(s: &str) -> String {
-    let mut end = s.len().min(crate::adapter::MAX_TOOL_ERROR_BYTES);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
+    crate::text::prefix_bytes(s, crate::adapter::MAX_TOOL_ERROR_BYTES).to_string()
 }

@@ -2,11 +2,10 @@
 //! creating a run that issues tokens, revoking one, and reading a call whose ids come
 //! from its run token. The token store itself is `identity::run_tokens`.
 
-use serde_json::Value;
-
 use crate::call::{CallBody, Received};
 use crate::diagnostic::{Reason, Refusal};
 use crate::gateway::Gateway;
+use crate::gateway::principal::Admin;
 use crate::identity::{RunBinding, fill_from_binding, run_tokens};
 use crate::policy::RunStatus;
 use crate::requests::CreateRun;
@@ -48,32 +47,25 @@ impl Gateway {
 
     /// `POST /v1/runs`: creates the run (admin), then, with `issue_tokens`, issues one
     /// run token per entry. Each token is audited (`run_token_issued`, its sha256)
-    /// before it is valid and returned, once. `request` is the body as parsed; a
-    /// malformed one is answered only once the caller is authenticated.
+    /// before it is valid and returned, once.
     pub async fn create_run_issuing(
         &self,
-        token: Option<&str>,
-        request: Result<CreateRun, Refusal>,
+        admin: &Admin,
+        mut request: CreateRun,
     ) -> Result<RunCreated, Refusal> {
-        // Authenticate before reading anything that names roles.
-        let admin = self
-            .admin_of(&self.current().policy, token)?
-            .admin_id
-            .clone();
-        let mut request = request?;
         let Some(issue) = request.issue_tokens.take() else {
-            let run = self.create_run(token, request).await?;
+            let run = self.create_run(admin, request).await?;
             return Ok(RunCreated {
                 run,
                 tokens: Vec::new(),
             });
         };
         // Every token request is checked before the run is created.
-        let requests = run_tokens::parse_requests(&self.current().policy, &issue)?;
-        let run = self.create_run(token, request).await?;
+        let requests = run_tokens::parse_requests(&admin.loaded().policy, &issue)?;
+        let run = self.create_run(admin, request).await?;
         let tokens = self
             .run_tokens
-            .issue(&self.audit, &run.run_id, &requests, &admin)
+            .issue(&self.audit, &run.run_id, &requests, admin.admin_id())
             .await?;
         if let Some(cluster) = &self.cluster {
             self.fleet_publish_tokens(cluster, &tokens).await?;
@@ -85,21 +77,17 @@ impl Gateway {
     /// once `run_token_revoked` is recorded.
     pub async fn revoke_run_token(
         &self,
-        token: Option<&str>,
+        admin: &Admin,
         run_id: &str,
         token_id: &str,
-    ) -> Result<Value, Refusal> {
-        let admin = self
-            .admin_of(&self.current().policy, token)?
-            .admin_id
-            .clone();
+    ) -> Result<run_tokens::Revoked, Refusal> {
         if let Some(cluster) = &self.cluster {
             return self
-                .fleet_revoke_token(cluster, run_id, token_id, &admin)
+                .fleet_revoke_token(cluster, run_id, token_id, admin.admin_id())
                 .await;
         }
         self.run_tokens
-            .revoke(&self.audit, run_id, token_id, &admin)
+            .revoke(&self.audit, run_id, token_id, admin.admin_id())
             .await
     }
 

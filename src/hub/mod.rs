@@ -411,76 +411,18 @@ async fn ingest_inner(
     signer: &dyn Signer,
 ) -> Result<Ingested, HubError> {
     let origin = batch.origin.as_str();
-    if batch.lines.len() > MAX_BATCH_LINES {
-        return Err(HubError::Malformed(format!(
-            "{} lines (at most {MAX_BATCH_LINES})",
-            batch.lines.len()
-        )));
-    }
-    if batch.lines.windows(2).any(|w| w[1].0 != w[0].0 + 1)
-        || batch.lines.first().is_some_and(|l| l.0 == 0)
-    {
-        return Err(HubError::Malformed(
-            "the lines are not consecutive from seq 1 on".into(),
-        ));
-    }
-    let vkey = batch.key.to_vkey();
-    // The checkpoint: signed by the batch's key, for this origin, at the last line.
+    let checkpoint = check_batch(batch)?;
     let bad = |size: u64, what: String| HubError::BadCheckpoint {
         origin: origin.to_string(),
         size,
         what,
     };
-    let checkpoint: Checkpoint = verify_note(&batch.checkpoint, &batch.key)
-        .map_err(|e| bad(0, format!("does not verify with the log's key: {e}")))?;
-    if checkpoint.origin != origin {
-        return Err(bad(
-            checkpoint.size,
-            format!("it is the checkpoint of origin `{}`", checkpoint.origin),
-        ));
-    }
-    let end = batch.lines.last().map_or(checkpoint.size, |l| l.0);
-    if checkpoint.size != end {
-        return Err(bad(
-            checkpoint.size,
-            format!("it does not end at the batch's last seq {end}"),
-        ));
-    }
-
     let mut client = pool.get().await.map_err(|e| pool_error(&e))?;
     let tx = client.transaction().await.map_err(|e| db_error(&e))?;
     let map = |e: tokio_postgres::Error| db_error(&e);
-    // Register the origin on its first shipment; lock its row for this batch.
-    tx.execute(
-        "INSERT INTO hub_logs (origin, vkey, head, frontier) VALUES ($1, $2, $3, '[]'::jsonb) ON CONFLICT (origin) DO NOTHING",
-        &[&origin, &vkey, &GENESIS_PREV],
-    )
-    .await
-    .map_err(map)?;
-    let row = tx
-        .query_one(
-            "SELECT vkey, size, head, frontier, checkpoint_size FROM hub_logs WHERE origin = $1 FOR UPDATE",
-            &[&origin],
-        )
-        .await
-        .map_err(map)?;
-    let size: i64 = row.get(1);
-    let frontier_value: Value = row.get(3);
-    let checkpoint_size: i64 = row.get(4);
-    let mut log = LogRow {
-        vkey: row.get(0),
-        size: size.max(0) as u64,
-        head: row.get(2),
-        frontier: Frontier::new(),
-        checkpoint_size: checkpoint_size.max(0) as u64,
-    };
-    log.frontier = frontier_from(log.size, &frontier_value).ok_or_else(|| HubError::Forged {
-        origin: origin.to_string(),
-        seq: log.size,
-        what: "the hub's stored tree edge is malformed (the hub row was edited)".into(),
-    })?;
+    let log = lock_log(&tx, batch).await?;
     check_fleet_key(&tx, origin, signer.verifier(), false).await?;
-    if log.vkey != vkey {
+    if log.vkey != batch.key.to_vkey() {
         return Err(HubError::OriginKey {
             origin: origin.to_string(),
             registered: match VerifierKey::parse_vkey(&log.vkey) {
@@ -489,40 +431,7 @@ async fn ingest_inner(
             },
         });
     }
-
-    // Re-shipped lines must be byte-identical to the stored ones.
-    let overlap: Vec<&(u64, String)> = batch.lines.iter().filter(|l| l.0 <= log.size).collect();
-    if let (Some(first), Some(last)) = (overlap.first(), overlap.last()) {
-        let rows = tx
-            .query(
-                "SELECT seq, line FROM hub_events WHERE origin = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
-                &[&origin, &(first.0 as i64), &(last.0 as i64)],
-            )
-            .await
-            .map_err(map)?;
-        let stored: std::collections::HashMap<i64, String> =
-            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        for (seq, line) in &overlap {
-            match stored.get(&(*seq as i64)) {
-                Some(have) if have == line => {}
-                Some(_) => {
-                    return Err(HubError::Fork {
-                        origin: origin.to_string(),
-                        seq: *seq,
-                        what: "the line differs from the one the hub holds at this seq".into(),
-                    });
-                }
-                None => {
-                    return Err(HubError::Forged {
-                        origin: origin.to_string(),
-                        seq: *seq,
-                        what: "the hub has no line at a seq below its size (a hub row was removed)"
-                            .into(),
-                    });
-                }
-            }
-        }
-    }
+    check_resent(&tx, batch, log.size).await?;
     // New lines continue the chain and the tree.
     let new: Vec<&(u64, String)> = batch.lines.iter().filter(|l| l.0 > log.size).collect();
     if let Some(first) = new.first()
@@ -567,23 +476,7 @@ async fn ingest_inner(
         }
         fleet_leaf = Some(batch.checkpoint.clone());
     }
-    for (seq, line) in &new {
-        let value: Value = serde_json::from_str(line).unwrap_or_default();
-        let run_id = value.get("run_id").and_then(Value::as_str);
-        tx.execute(
-            "INSERT INTO hub_events (origin, seq, run_id, line) VALUES ($1, $2, $3, $4)",
-            &[&origin, &(*seq as i64), &run_id, line],
-        )
-        .await
-        .map_err(|e| match e.as_db_error() {
-            Some(db) if db.code().code() == "23505" => HubError::Fork {
-                origin: origin.to_string(),
-                seq: *seq,
-                what: "the hub already holds a row at this seq beyond its recorded size (a row was injected)".into(),
-            },
-            _ => db_error(&e),
-        })?;
-    }
+    insert_events(&tx, origin, &new).await?;
     let mut fleet_size = None;
     if let Some(leaf) = fleet_leaf {
         tx.execute(
@@ -613,6 +506,155 @@ async fn ingest_inner(
         size: new_size,
         fleet_size,
     })
+}
+
+/// The checks of a batch that need no database: its size, consecutive seqs, and a
+/// checkpoint signed by its key, for its origin, at its last line.
+fn check_batch(batch: &Batch) -> Result<Checkpoint, HubError> {
+    let origin = batch.origin.as_str();
+    if batch.lines.len() > MAX_BATCH_LINES {
+        return Err(HubError::Malformed(format!(
+            "{} lines (at most {MAX_BATCH_LINES})",
+            batch.lines.len()
+        )));
+    }
+    if batch.lines.windows(2).any(|w| w[1].0 != w[0].0 + 1)
+        || batch.lines.first().is_some_and(|l| l.0 == 0)
+    {
+        return Err(HubError::Malformed(
+            "the lines are not consecutive from seq 1 on".into(),
+        ));
+    }
+    let bad = |size: u64, what: String| HubError::BadCheckpoint {
+        origin: origin.to_string(),
+        size,
+        what,
+    };
+    let checkpoint: Checkpoint = verify_note(&batch.checkpoint, &batch.key)
+        .map_err(|e| bad(0, format!("does not verify with the log's key: {e}")))?;
+    if checkpoint.origin != origin {
+        return Err(bad(
+            checkpoint.size,
+            format!("it is the checkpoint of origin `{}`", checkpoint.origin),
+        ));
+    }
+    let end = batch.lines.last().map_or(checkpoint.size, |l| l.0);
+    if checkpoint.size != end {
+        return Err(bad(
+            checkpoint.size,
+            format!("it does not end at the batch's last seq {end}"),
+        ));
+    }
+    Ok(checkpoint)
+}
+
+/// Registers the origin on its first shipment and locks its row for this batch.
+async fn lock_log(
+    tx: &deadpool_postgres::Transaction<'_>,
+    batch: &Batch,
+) -> Result<LogRow, HubError> {
+    let origin = batch.origin.as_str();
+    let vkey = batch.key.to_vkey();
+    let map = |e: tokio_postgres::Error| db_error(&e);
+    tx.execute(
+        "INSERT INTO hub_logs (origin, vkey, head, frontier) VALUES ($1, $2, $3, '[]'::jsonb) ON CONFLICT (origin) DO NOTHING",
+        &[&origin, &vkey, &GENESIS_PREV],
+    )
+    .await
+    .map_err(map)?;
+    let row = tx
+        .query_one(
+            "SELECT vkey, size, head, frontier, checkpoint_size FROM hub_logs WHERE origin = $1 FOR UPDATE",
+            &[&origin],
+        )
+        .await
+        .map_err(map)?;
+    let size: i64 = row.get(1);
+    let frontier_value: Value = row.get(3);
+    let checkpoint_size: i64 = row.get(4);
+    let mut log = LogRow {
+        vkey: row.get(0),
+        size: size.max(0) as u64,
+        head: row.get(2),
+        frontier: Frontier::new(),
+        checkpoint_size: checkpoint_size.max(0) as u64,
+    };
+    log.frontier = frontier_from(log.size, &frontier_value).ok_or_else(|| HubError::Forged {
+        origin: origin.to_string(),
+        seq: log.size,
+        what: "the hub's stored tree edge is malformed (the hub row was edited)".into(),
+    })?;
+    Ok(log)
+}
+
+/// Lines shipped again (a seq the hub holds) must be byte-identical to the stored ones.
+async fn check_resent(
+    tx: &deadpool_postgres::Transaction<'_>,
+    batch: &Batch,
+    size: u64,
+) -> Result<(), HubError> {
+    let origin = batch.origin.as_str();
+    let map = |e: tokio_postgres::Error| db_error(&e);
+    let overlap: Vec<&(u64, String)> = batch.lines.iter().filter(|l| l.0 <= size).collect();
+    if let (Some(first), Some(last)) = (overlap.first(), overlap.last()) {
+        let rows = tx
+            .query(
+                "SELECT seq, line FROM hub_events WHERE origin = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
+                &[&origin, &(first.0 as i64), &(last.0 as i64)],
+            )
+            .await
+            .map_err(map)?;
+        let stored: std::collections::HashMap<i64, String> =
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        for (seq, line) in &overlap {
+            match stored.get(&(*seq as i64)) {
+                Some(have) if have == line => {}
+                Some(_) => {
+                    return Err(HubError::Fork {
+                        origin: origin.to_string(),
+                        seq: *seq,
+                        what: "the line differs from the one the hub holds at this seq".into(),
+                    });
+                }
+                None => {
+                    return Err(HubError::Forged {
+                        origin: origin.to_string(),
+                        seq: *seq,
+                        what: "the hub has no line at a seq below its size (a hub row was removed)"
+                            .into(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Stores the new lines, each under its run; a row already at a seq beyond the
+/// recorded size was injected.
+async fn insert_events(
+    tx: &deadpool_postgres::Transaction<'_>,
+    origin: &str,
+    new: &[&(u64, String)],
+) -> Result<(), HubError> {
+    for (seq, line) in new {
+        let value: Value = serde_json::from_str(line).unwrap_or_default();
+        let run_id = value.get("run_id").and_then(Value::as_str);
+        tx.execute(
+            "INSERT INTO hub_events (origin, seq, run_id, line) VALUES ($1, $2, $3, $4)",
+            &[&origin, &(*seq as i64), &run_id, line],
+        )
+        .await
+        .map_err(|e| match e.as_db_error() {
+            Some(db) if db.code().code() == "23505" => HubError::Fork {
+                origin: origin.to_string(),
+                seq: *seq,
+                what: "the hub already holds a row at this seq beyond its recorded size (a row was injected)".into(),
+            },
+            _ => db_error(&e),
+        })?;
+    }
+    Ok(())
 }
 
 /// Appends a sidecar checkpoint to the fleet log and stores the fleet checkpoint

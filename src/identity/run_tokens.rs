@@ -73,6 +73,27 @@ pub struct IssuedToken {
     pub expires_utc: String,
 }
 
+/// `POST /v1/runs/{run_id}/tokens/{token_id}/revoke`'s answer: the token revoked.
+#[derive(Debug, Clone, Serialize)]
+pub struct Revoked {
+    pub run_id: String,
+    pub token_id: String,
+    pub role_id: String,
+    /// Always true: a token that is not revoked is refused, never answered.
+    pub revoked: bool,
+}
+
+impl Revoked {
+    pub fn new(run_id: &str, token_id: &str, role_id: String) -> Revoked {
+        Revoked {
+            run_id: run_id.to_string(),
+            token_id: token_id.to_string(),
+            role_id,
+            revoked: true,
+        }
+    }
+}
+
 /// The run tokens by sha256, rebuilt from the audit log.
 #[derive(Debug, Default)]
 pub struct RunTokenStore {
@@ -369,7 +390,7 @@ impl RunTokenStore {
         run_id: &str,
         token_id: &str,
         by: &str,
-    ) -> Result<Value, Refusal> {
+    ) -> Result<Revoked, Refusal> {
         let _writer = self.write.lock().await;
         let not_found = || {
             Refusal::new(
@@ -410,12 +431,7 @@ impl RunTokenStore {
         {
             entry.revoked = true;
         }
-        Ok(json!({
-            "run_id": run_id,
-            "token_id": token_id,
-            "role_id": entry.binding.role_id,
-            "revoked": true,
-        }))
+        Ok(Revoked::new(run_id, token_id, entry.binding.role_id))
     }
 
     /// The binding of `token` if it is a run token: None when it is not one (another

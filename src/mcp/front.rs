@@ -51,7 +51,7 @@ use crate::call::{
     parse_request_value,
 };
 use crate::diagnostic::{Reason, Refusal};
-use crate::gateway::Gateway;
+use crate::gateway::{CatalogTool, Gateway, ToolCatalog};
 use crate::mcp::signals::{self, InFlightCalls, InFlightKey, progress_param};
 
 /// The path the front is served at.
@@ -131,7 +131,7 @@ impl Front {
     /// Checks the headers, the caller's right to the role and lane, and the run (a run
     /// token's own, existing, open for the lane); returns the catalog of tools the role
     /// may use in the lane.
-    async fn admit(&self, context: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
+    async fn admit(&self, context: &RequestContext<RoleServer>) -> Result<ToolCatalog, ErrorData> {
         let headers = headers(context)?;
         let fleet = self.gateway.fleet_token(bearer_token(headers)).await;
         fleet.map_err(|r| refused(&r))?;
@@ -207,10 +207,7 @@ impl ServerHandler for Front {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let catalog = self.admit(&context).await?;
-        let tools = catalog["tools"]
-            .as_array()
-            .map(|tools| tools.iter().map(mcp_tool).collect())
-            .unwrap_or_default();
+        let tools = catalog.tools.iter().map(mcp_tool).collect();
         let mut result = ListToolsResult::with_all_items(tools);
         // The list depends on the caller's role and lane: never shared, never stale.
         result.ttl_ms = Some(0);
@@ -578,13 +575,10 @@ pub(super) fn diagnostic_data(refusal: &Refusal) -> Value {
 
 /// One catalog entry as an MCP tool: the registry's name, description and schemas;
 /// annotations derived from the registry (hints for the client, never trusted by us).
-fn mcp_tool(entry: &Value) -> McpTool {
-    let name = entry["tool_name"].as_str().unwrap_or_default().to_string();
-    let description = entry["description"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let input_schema = match &entry["input_schema"] {
+fn mcp_tool(entry: &CatalogTool) -> McpTool {
+    let name = entry.tool_name.clone();
+    let description = entry.description.clone();
+    let input_schema = match &*entry.input_schema {
         Value::Object(map) => map.clone(),
         _ => json!({ "type": "object" })
             .as_object()
@@ -593,27 +587,23 @@ fn mcp_tool(entry: &Value) -> McpTool {
     };
     let mut tool = McpTool::new(name, description, Arc::new(input_schema));
     // MCP output schemas describe an object (structuredContent is an object).
-    if let Value::Object(schema) = &entry["output_schema"]
-        && advertised_output_schema(&entry["output_schema"])
+    if let Value::Object(schema) = &*entry.output_schema
+        && advertised_output_schema(&entry.output_schema)
     {
         tool = tool.with_raw_output_schema(Arc::new(schema.clone()));
     }
-    let determinism = entry["determinism"].as_str().unwrap_or_default();
-    let idempotent = entry["idempotent"].as_bool().unwrap_or(false);
+    let determinism = json!(entry.determinism);
     tool = tool.with_annotations(
         ToolAnnotations::new()
-            .read_only(determinism == "pure")
-            .idempotent(idempotent),
+            .read_only(determinism.as_str() == Some("pure"))
+            .idempotent(entry.idempotent),
     );
     let mut meta = MetaObject::new();
-    meta.insert("io.toolgate/version".into(), entry["version"].clone());
-    meta.insert(
-        "io.toolgate/determinism".into(),
-        entry["determinism"].clone(),
-    );
+    meta.insert("io.toolgate/version".into(), json!(entry.version));
+    meta.insert("io.toolgate/determinism".into(), determinism);
     meta.insert(
         "io.toolgate/required_scope_keys".into(),
-        entry["required_scope_keys"].clone(),
+        json!(entry.required_scope_keys),
     );
     tool.with_meta(meta)
 }
@@ -933,19 +923,33 @@ mod tests {
 
     #[test]
     fn object_output_schemas_are_advertised_others_are_not() {
-        let entry = json!({
-            "tool_name": "t", "description": "d", "version": "1.0.0",
-            "determinism": "pure", "idempotent": true, "required_scope_keys": [],
-            "input_schema": {"type": "object"},
-            "output_schema": {"type": "object", "properties": {"a": {"type": "string"}}},
-        });
+        let entry = CatalogTool {
+            tool_name: "t".into(),
+            version: "1.0.0".into(),
+            description: "d".into(),
+            determinism: crate::policy::Determinism::Pure,
+            idempotent: true,
+            timeout_default_ms: 1000,
+            limits: crate::policy::Limits {
+                timeout_ms_max: 1000,
+                max_output_bytes: 1024,
+                max_concurrency: 1,
+            },
+            required_scope_keys: Vec::new(),
+            conditions: Vec::new(),
+            input_schema: Arc::new(json!({"type": "object"})),
+            output_schema: Arc::new(
+                json!({"type": "object", "properties": {"a": {"type": "string"}}}),
+            ),
+            prompt: String::new(),
+        };
         let tool = mcp_tool(&entry);
         assert!(tool.output_schema.is_some());
         let annotations = tool.annotations.unwrap();
         assert_eq!(annotations.read_only_hint, Some(true));
         assert_eq!(annotations.idempotent_hint, Some(true));
         let mut entry = entry;
-        entry["output_schema"] = json!({"type": "array"});
+        entry.output_schema = Arc::new(json!({"type": "array"}));
         assert!(mcp_tool(&entry).output_schema.is_none());
     }
 }

@@ -105,7 +105,7 @@ pub fn jsonrpc_error(refusal: &Refusal, body: &[u8]) -> Option<Value> {
 
 /// At most 200 characters of a header value, for messages.
 fn shorten(value: &str) -> String {
-    value.chars().take(200).collect()
+    crate::text::prefix_chars(value, 200)
 }
 
 /// The origins of [`ALLOWED_ORIGINS_ENV`], read once.

@@ -293,11 +293,7 @@ fn dotted(pointer: &str) -> String {
 
 /// At most 300 characters of an evaluator message (it may quote values).
 fn bounded(s: &str) -> String {
-    let mut out: String = s.chars().take(300).collect();
-    if out.len() < s.len() {
-        out.push_str("...");
-    }
-    out
+    crate::text::cut_chars(s, 300)
 }
 
 fn compile(expr: &str) -> Result<Compiled, Vec<CompileError>> {
@@ -578,7 +574,7 @@ impl Walk<'_> {
                     tokens.reverse();
                     let pointer = tokens
                         .iter()
-                        .map(|t| format!("/{}", t.replace('~', "~0").replace('/', "~1")))
+                        .map(|t| format!("/{}", crate::text::pointer_token(t)))
                         .collect();
                     return Some(pointer);
                 }

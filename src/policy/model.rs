@@ -106,21 +106,10 @@ pub struct JwtCredential {
     pub subject: Option<String>,
 }
 
-/// The `version:` an author wrote and the sha256 of the file bytes, for each registry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct PolicyVersions {
-    pub roles: FileVersion,
-    pub lanes: FileVersion,
-    pub registry: FileVersion,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct FileVersion {
-    /// The author's `version:` string.
-    pub version: String,
-    /// Lowercase hex sha256 of the file bytes as read.
-    pub sha256: String,
-}
+/// The policy versions a line records, and what the audit log keeps of a call's
+/// arguments: the audit crate's types (the line format is its).
+pub use toolgate_audit::Redaction;
+pub use toolgate_audit::line::{FileVersion, PolicyVersions};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct PolicySource {
@@ -681,18 +670,6 @@ pub struct McpServer {
 
 /// Requests in flight on one MCP server's session when its entry does not say.
 pub const DEFAULT_SERVER_CONCURRENCY: u32 = 16;
-
-/// What the audit log keeps of a call's arguments as readable text.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "mode", rename_all = "snake_case")]
-pub enum Redaction {
-    /// Keep the canonical arguments.
-    Full,
-    /// Replace the values at these JSON pointers with "[redacted]".
-    Fields { pointers: Vec<String> },
-    /// Keep only the hash and the HMAC commitment.
-    HashOnly,
-}
 
 #[derive(Debug, Clone)]
 pub struct Tool {

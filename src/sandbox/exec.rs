@@ -109,8 +109,9 @@ struct Chosen {
     user_namespace: bool,
 }
 
-fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Box<Record>> {
-    let root = euid() == 0;
+/// What the host offers against what the spec needs: the Landlock ABI, or the
+/// guarantee that cannot hold.
+fn check_host(spec: &LaunchSpec, root: bool) -> Result<u32, Box<Record>> {
     let abi = if spec.landlock_missing {
         0
     } else {
@@ -150,6 +151,12 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Box<Record>> {
     if spec.run_as.is_some_and(|(uid, gid)| uid == 0 || gid == 0) {
         return Err(boxed("privileges", "a tool never runs as root"));
     }
+    Ok(abi)
+}
+
+/// Enters the namespaces the host allows and chooses the mechanism that holds each
+/// guarantee (with whether a network namespace was entered).
+fn choose(spec: &LaunchSpec, root: bool, abi: u32) -> Result<(Chosen, bool), Box<Record>> {
     // 2. namespaces
     let wants_net = matches!(spec.network, NetworkSpec::None | NetworkSpec::Proxy { .. });
     let (pid_namespace, net_namespace, user_namespace) = if spec.namespaces {
@@ -215,6 +222,13 @@ fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Box<Record>> {
         pid_namespace,
         user_namespace,
     };
+    Ok((chosen, net_namespace))
+}
+
+fn launch(spec: &LaunchSpec, report: &mut Report) -> Result<u8, Box<Record>> {
+    let root = euid() == 0;
+    let abi = check_host(spec, root)?;
+    let (chosen, net_namespace) = choose(spec, root, abi)?;
     let forwarder = match (&spec.network, net_namespace) {
         (NetworkSpec::Proxy { socket }, true) => {
             Some(super::proxy::Forwarder::bind(socket).map_err(|e| {

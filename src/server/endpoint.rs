@@ -251,7 +251,7 @@ impl Unrouted<'_> {
     /// Its refusal: 404 `endpoint_not_found`, or 405 `method_not_allowed` with the
     /// methods of its path (`details.allow`, which the response also sends as `Allow`).
     pub fn refusal(&self, method: &Method, path: &str) -> Refusal {
-        let path: String = path.chars().take(200).collect();
+        let path = crate::text::prefix_chars(path, 200);
         match self {
             Unrouted::NotFound => not_found(method, &path),
             Unrouted::MethodNotAllowed { at, allow } => {
@@ -273,7 +273,7 @@ impl Unrouted<'_> {
 
 /// The refusal of a request for a path that is no endpoint.
 pub fn not_found(method: &Method, path: &str) -> Refusal {
-    let path: String = path.chars().take(200).collect();
+    let path = crate::text::prefix_chars(path, 200);
     Refusal::new(
         Reason::EndpointNotFound,
         format!("no endpoint `{method} {path}`"),

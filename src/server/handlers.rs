@@ -1,11 +1,19 @@
-//! One handler per endpoint of the API: each reads its query and body into their
-//! typed requests and calls the gateway's typed method with them.
+//! One handler per endpoint of the API: each authenticates the caller, reads its
+//! query and body into their typed requests, and calls the gateway's typed method
+//! with them.
 //!
 //! A handler runs once its request has passed the checks of `server::handle` (rate
-//! limit, one credential, a JWT verified, the body read within its limits). A query
-//! with a parameter its endpoint does not name is refused (`query`); where the gateway
-//! takes the parsed request, so that it authenticates the caller before it answers a
-//! malformed one, the query's refusal travels with the body's.
+//! limit, one credential, a JWT verified, the body read within its limits). The admin
+//! API's order is the only one that compiles: the gateway's authentication step
+//! (`gateway::principal`) gives a proof, the query and the body are read only with a
+//! proof in hand (`Checked::query`, `Checked::body`), and the gateway method takes
+//! the proof; so a caller that is not authenticated never learns that its request was
+//! malformed. A query with a parameter its endpoint does not name is refused
+//! (`query`). The endpoints that are not the admin API read theirs without a proof
+//! (`Checked::open_query`): the probes and the metrics (no credential), a tool call
+//! and a commit (authenticated and audited by the pipeline), the tool catalog (its
+//! query names the role the credential is checked for) and an artifact read (audited,
+//! allowed or refused).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,11 +27,11 @@ use hyper::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::endpoint::{Endpoint, Route};
-use super::query::{self, NoQuery};
+use super::query::{self, NoQuery, Query};
 use super::respond::{self, HttpResponse};
 use crate::call::{CallBody, CallSignals};
 use crate::diagnostic::{Reason, Refusal};
-use crate::gateway::Gateway;
+use crate::gateway::{Authenticated, Gateway};
 use crate::limits::ClientLimits;
 use crate::observe::trace::TraceParent;
 use crate::requests;
@@ -47,15 +55,26 @@ impl Checked<'_> {
         self.token.as_deref()
     }
 
-    /// The request's body as `T`, refused with the query's problems first when the
-    /// endpoint has no query parameters and one came.
-    fn body<T: requests::Body>(&self) -> Result<T, Refusal> {
-        query::parse::<NoQuery>(self.query).and_then(|_| requests::parse(&self.body))
+    /// The request's query as `Q`, read for an authenticated caller.
+    fn query<Q: Query>(&self, _caller: &impl Authenticated) -> Result<Q, Refusal> {
+        query::parse::<Q>(self.query)
     }
 
-    /// The query of an endpoint that has no parameters.
-    fn no_query(&self) -> Result<(), Refusal> {
-        query::parse::<NoQuery>(self.query).map(|_| ())
+    /// The request's body as `T`, read for an authenticated caller; refused with the
+    /// query's problems first when the endpoint has no query parameters and one came.
+    fn body<T: requests::Body>(&self, caller: &impl Authenticated) -> Result<T, Refusal> {
+        self.query::<NoQuery>(caller)
+            .and_then(|_| requests::parse(&self.body))
+    }
+
+    /// The query of an endpoint that is not the admin API (see the module's doc).
+    fn open_query<Q: Query>(&self) -> Result<Q, Refusal> {
+        query::parse::<Q>(self.query)
+    }
+
+    /// The query of an endpoint outside the admin API that has no parameters.
+    fn no_open_query(&self) -> Result<(), Refusal> {
+        self.open_query::<NoQuery>().map(|_| ())
     }
 }
 
@@ -111,7 +130,7 @@ async fn detached<T: Send + 'static>(
 /// `cancelled`).
 async fn call_tool(cx: Checked<'_>) -> HttpResponse {
     let gateway = cx.gateway.clone();
-    let query = cx.no_query().err();
+    let query = cx.no_open_query().err();
     let Checked {
         token,
         twice,
@@ -174,11 +193,20 @@ pub async fn call_unread(
 /// disconnect cannot cut a commit between its claim and its audit event.
 async fn commit_call(cx: Checked<'_>, call_id: &str) -> HttpResponse {
     let gateway = cx.gateway.clone();
-    let request = cx.body::<requests::Commit>();
+    // A commit names a call: its credential is checked and audited by the commit
+    // itself, a malformed one included (`Gateway::refuse_malformed_commit`).
+    let request = cx
+        .no_open_query()
+        .and_then(|()| requests::parse::<requests::Commit>(&cx.body));
     let token = cx.token;
     let call_id = call_id.to_string();
     let joined = detached("commit", async move {
-        gateway.commit(token.as_deref(), &call_id, request).await
+        match request {
+            Ok(request) => gateway.commit(token.as_deref(), &call_id, request).await,
+            Err(malformed) => Err(gateway
+                .refuse_malformed_commit(token.as_deref(), &call_id, malformed)
+                .await),
+        }
     })
     .await;
     match joined {
@@ -189,67 +217,82 @@ async fn commit_call(cx: Checked<'_>, call_id: &str) -> HttpResponse {
 
 /// `POST /v1/runs`
 async fn create_run(cx: Checked<'_>) -> HttpResponse {
-    let created = cx.gateway.create_run_issuing(cx.token(), cx.body()).await;
-    respond::result(created, StatusCode::CREATED)
+    let created = async {
+        let admin = cx.gateway.admin(cx.token())?;
+        let request = cx.body(&admin)?;
+        cx.gateway.create_run_issuing(&admin, request).await
+    };
+    respond::result(created.await, StatusCode::CREATED)
 }
 
 /// `GET /v1/runs`
 async fn list_runs(cx: Checked<'_>) -> HttpResponse {
-    let request = query::parse::<query::ListRuns>(cx.query).and_then(|q| q.request());
-    respond::result(
-        cx.gateway.list_runs(cx.token(), request).await,
-        StatusCode::OK,
-    )
+    let listed = async {
+        let auditor = cx.gateway.auditor(cx.token())?;
+        let request = cx.query::<query::ListRuns>(&auditor)?.request()?;
+        cx.gateway.list_runs(&auditor, request).await
+    };
+    respond::result(listed.await, StatusCode::OK)
 }
 
 /// `GET /v1/runs/{run_id}`
 async fn get_run(cx: Checked<'_>, run_id: &str) -> HttpResponse {
-    if let Err(refusal) = cx.no_query() {
-        return respond::refusal(&refusal);
-    }
-    respond::result(cx.gateway.get_run(cx.token(), run_id).await, StatusCode::OK)
+    let run = async {
+        let reader = cx.gateway.reader(cx.token())?;
+        cx.query::<NoQuery>(&reader)?;
+        cx.gateway.get_run(&reader, run_id).await
+    };
+    respond::result(run.await, StatusCode::OK)
 }
 
 /// `POST /v1/runs/{run_id}/status`
 async fn set_run_status(cx: Checked<'_>, run_id: &str) -> HttpResponse {
-    let set = cx
-        .gateway
-        .set_run_status(cx.token(), run_id, cx.body())
-        .await;
-    respond::result(set, StatusCode::OK)
+    let set = async {
+        let admin = cx.gateway.admin(cx.token())?;
+        let request = cx.body(&admin)?;
+        cx.gateway.set_run_status(&admin, run_id, request).await
+    };
+    respond::result(set.await, StatusCode::OK)
 }
 
 /// `POST /v1/runs/{run_id}/repin`
 async fn repin_run(cx: Checked<'_>, run_id: &str) -> HttpResponse {
-    let repinned = cx.gateway.repin_run(cx.token(), run_id, cx.body()).await;
-    respond::result(repinned, StatusCode::OK)
+    let repinned = async {
+        let admin = cx.gateway.admin(cx.token())?;
+        let request = cx.body(&admin)?;
+        cx.gateway.repin_run(&admin, run_id, request).await
+    };
+    respond::result(repinned.await, StatusCode::OK)
 }
 
 /// `POST /v1/runs/{run_id}/tokens/{token_id}/revoke` (no body is read).
 async fn revoke_run_token(cx: Checked<'_>, run_id: &str, token_id: &str) -> HttpResponse {
-    if let Err(refusal) = cx.no_query() {
-        return respond::refusal(&refusal);
-    }
-    let revoked = cx
-        .gateway
-        .revoke_run_token(cx.token(), run_id, token_id)
-        .await;
-    respond::result(revoked, StatusCode::OK)
+    let revoked = async {
+        let admin = cx.gateway.admin(cx.token())?;
+        cx.query::<NoQuery>(&admin)?;
+        cx.gateway.revoke_run_token(&admin, run_id, token_id).await
+    };
+    respond::result(revoked.await, StatusCode::OK)
 }
 
 /// `GET /v1/runs/{run_id}/events`
 async fn run_events(cx: Checked<'_>, run_id: &str) -> HttpResponse {
-    let page = query::parse::<query::RunEvents>(cx.query).and_then(|q| q.page());
-    let events = cx.gateway.run_events(cx.token(), run_id, page).await;
-    respond::result(events, StatusCode::OK)
+    let events = async {
+        let auditor = cx.gateway.auditor(cx.token())?;
+        let page = cx.query::<query::RunEvents>(&auditor)?.page()?;
+        cx.gateway.run_events(&auditor, run_id, page).await
+    };
+    respond::result(events.await, StatusCode::OK)
 }
 
 /// `GET /v1/runs/{run_id}/export`: the bundle as a download.
 async fn run_export(cx: Checked<'_>, run_id: &str) -> HttpResponse {
-    if let Err(refusal) = cx.no_query() {
-        return respond::refusal(&refusal);
-    }
-    match cx.gateway.run_export(cx.token(), run_id).await {
+    let bundle = async {
+        let auditor = cx.gateway.auditor(cx.token())?;
+        cx.query::<NoQuery>(&auditor)?;
+        cx.gateway.run_export(&auditor, run_id).await
+    };
+    match bundle.await {
         Ok(bundle) => {
             let mut response = respond::json(StatusCode::OK, &json!(bundle));
             let name = format!("toolgate-run-{run_id}-export.json");
@@ -264,13 +307,15 @@ async fn run_export(cx: Checked<'_>, run_id: &str) -> HttpResponse {
 
 /// `GET /v1/tools`
 async fn list_tools(cx: Checked<'_>) -> HttpResponse {
-    let query = match query::parse::<query::ListTools>(cx.query) {
+    let query = match cx.open_query::<query::ListTools>() {
         Ok(query) => query,
         Err(refusal) => return respond::refusal(&refusal),
     };
     let gateway = cx.gateway;
     let catalog = match gateway.fleet_refresh(cx.token(), None).await {
-        Ok(_) => gateway.tool_catalog(cx.token(), &query.role_id, &query.lane_id),
+        Ok(_) => gateway
+            .role_caller(cx.token(), &query.role_id, &query.lane_id)
+            .and_then(|caller| gateway.tool_catalog(&caller)),
         Err(refusal) => Err(refusal),
     };
     respond::result(catalog, StatusCode::OK)
@@ -278,40 +323,36 @@ async fn list_tools(cx: Checked<'_>) -> HttpResponse {
 
 /// `GET /v1/safety-lock`
 fn get_safety_lock(cx: Checked<'_>) -> HttpResponse {
-    let lock = cx
-        .no_query()
-        .and_then(|()| cx.gateway.verify_any(cx.token()))
-        .map(|()| cx.gateway.safety_lock());
+    let lock = cx.gateway.reader(cx.token()).and_then(|reader| {
+        cx.query::<NoQuery>(&reader)?;
+        Ok(cx.gateway.safety_lock_for(&reader))
+    });
     respond::result(lock, StatusCode::OK)
 }
 
 /// `POST /v1/safety-lock`
 async fn set_safety_lock(cx: Checked<'_>) -> HttpResponse {
-    let set = cx.gateway.set_safety_lock(cx.token(), cx.body()).await;
-    respond::result(set, StatusCode::OK)
+    let set = async {
+        let admin = cx.gateway.admin(cx.token())?;
+        let request = cx.body(&admin)?;
+        cx.gateway.set_safety_lock(&admin, request).await
+    };
+    respond::result(set.await, StatusCode::OK)
 }
 
 /// `GET /v1/audit/events`
 async fn audit_events(cx: Checked<'_>) -> HttpResponse {
-    let filter = match query::parse::<query::AuditEvents>(cx.query).and_then(|q| q.filter()) {
-        Ok(filter) => filter,
-        Err(refusal) => return respond::refusal(&refusal),
+    let events = async {
+        let auditor = cx.gateway.auditor(cx.token())?;
+        let filter = cx.query::<query::AuditEvents>(&auditor)?.filter()?;
+        cx.gateway.audit_events(&auditor, filter).await
     };
-    match cx.gateway.audit_events(cx.token(), filter).await {
-        Ok(events) => {
-            let next = events.last().and_then(|e| e["seq"].as_u64());
-            respond::json(
-                StatusCode::OK,
-                &json!({ "events": events, "next_after_seq": next }),
-            )
-        }
-        Err(r) => respond::refusal(&r),
-    }
+    respond::result(events.await, StatusCode::OK)
 }
 
 /// `GET /v1/artifacts/{sha256}`: the artifact's bytes (stored JSON).
 async fn artifact(cx: Checked<'_>, sha256: &str) -> HttpResponse {
-    let query = match query::parse::<query::Artifact>(cx.query) {
+    let query = match cx.open_query::<query::Artifact>() {
         Ok(query) => query,
         Err(refusal) => return respond::refusal(&refusal),
     };
@@ -329,53 +370,59 @@ async fn artifact(cx: Checked<'_>, sha256: &str) -> HttpResponse {
 
 /// `GET /v1/approvals`
 async fn list_approvals(cx: Checked<'_>) -> HttpResponse {
-    let request = query::parse::<query::ListApprovals>(cx.query).and_then(|q| q.request());
-    let listed = cx.gateway.list_approvals(cx.token(), request).await;
-    respond::result(listed, StatusCode::OK)
+    let listed = async {
+        let principal = cx.gateway.principal(cx.token()).await?;
+        let request = cx.query::<query::ListApprovals>(&principal)?.request()?;
+        cx.gateway.list_approvals(&principal, request).await
+    };
+    respond::result(listed.await, StatusCode::OK)
 }
 
 /// `GET /v1/approvals/{approval_id}`
 async fn get_approval(cx: Checked<'_>, approval_id: &str) -> HttpResponse {
-    if let Err(refusal) = cx.no_query() {
-        return respond::refusal(&refusal);
-    }
-    let approval = cx.gateway.get_approval(cx.token(), approval_id).await;
-    respond::result(approval, StatusCode::OK)
+    let approval = async {
+        let principal = cx.gateway.principal(cx.token()).await?;
+        cx.query::<NoQuery>(&principal)?;
+        cx.gateway.get_approval(&principal, approval_id).await
+    };
+    respond::result(approval.await, StatusCode::OK)
 }
 
 /// `POST /v1/approvals/{approval_id}/decision`
 async fn decide_approval(cx: Checked<'_>, approval_id: &str) -> HttpResponse {
-    let decided = cx
-        .gateway
-        .decide_approval(cx.token(), approval_id, cx.body())
-        .await;
-    respond::result(decided, StatusCode::OK)
+    let decided = async {
+        let approver = cx.gateway.approver(cx.token()).await?;
+        let request = cx.body(&approver)?;
+        cx.gateway
+            .decide_approval(&approver, approval_id, request)
+            .await
+    };
+    respond::result(decided.await, StatusCode::OK)
 }
 
 /// `POST /v1/policy/reload` (no body is read).
 async fn reload_policy(cx: Checked<'_>) -> HttpResponse {
-    if let Err(refusal) = cx.no_query() {
-        return respond::refusal(&refusal);
-    }
-    respond::result(cx.gateway.reload_as_admin(cx.token()).await, StatusCode::OK)
+    let reloaded = async {
+        let admin = cx.gateway.admin(cx.token())?;
+        cx.query::<NoQuery>(&admin)?;
+        cx.gateway.reload_as_admin(&admin).await
+    };
+    respond::result(reloaded.await, StatusCode::OK)
 }
 
 /// `GET /v1/policy`
 fn get_policy(cx: Checked<'_>) -> HttpResponse {
-    let policy = cx
-        .no_query()
-        .and_then(|()| cx.gateway.verify_any(cx.token()))
-        .map(|()| {
-            let loaded = cx.gateway.current();
-            json!({ "policy_versions": loaded.policy.versions, "source": loaded.policy.source })
-        });
+    let policy = cx.gateway.reader(cx.token()).and_then(|reader| {
+        cx.query::<NoQuery>(&reader)?;
+        Ok(cx.gateway.policy_served(&reader))
+    });
     respond::result(policy, StatusCode::OK)
 }
 
 /// `GET /metrics`, in the Prometheus text format. No credential: the listener is
 /// loopback by default; see docs/operations.md.
 fn metrics(cx: Checked<'_>) -> HttpResponse {
-    if let Err(refusal) = cx.no_query() {
+    if let Err(refusal) = cx.no_open_query() {
         return respond::refusal(&refusal);
     }
     let text = cx.gateway.render_metrics(Some(cx.limits.open()));
@@ -389,7 +436,7 @@ fn metrics(cx: Checked<'_>) -> HttpResponse {
 
 /// `GET /healthz` and `GET /readyz`: `answer` as JSON.
 fn probe(cx: Checked<'_>, answer: impl FnOnce(&Gateway) -> Value) -> HttpResponse {
-    let answer = cx.no_query().map(|()| answer(cx.gateway));
+    let answer = cx.no_open_query().map(|()| answer(cx.gateway));
     respond::result(answer, StatusCode::OK)
 }
 

@@ -39,7 +39,7 @@ pub fn parse<T: Query>(query: Option<&str>) -> Result<T, Refusal> {
             }
             Some(_) => {}
             None => {
-                unknown.insert(key.chars().take(64).collect::<String>());
+                unknown.insert(crate::text::prefix_chars(&key, 64));
             }
         }
     }

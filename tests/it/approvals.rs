@@ -10,7 +10,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{ADMIN, BIN, Server, Start, poll_for, repo, token};
+use common::demo::Demo;
+use common::{ADMIN, BIN, Server, Start, poll_for, token};
 use serde_json::{Value, json};
 
 pub(crate) const SUPERVISOR: &str = "demo-supervisor";
@@ -25,29 +26,19 @@ pub(crate) fn approval_policy(dir: &Path, quorum: u32, ttl_s: u64) -> Start {
 /// [`approval_policy`] with `approvers` (a YAML flow list) as `draft_document`'s
 /// approvers.
 pub(crate) fn approval_policy_with(dir: &Path, approvers: &str, quorum: u32, ttl_s: u64) -> Start {
-    let policy = dir.join("policy");
-    let tools = dir.join("tools");
-    common::copy_dir(&repo().join("policy"), &policy);
-    common::copy_dir(&repo().join("tools"), &tools);
-    let registry = tools.join("tool_registry.yaml");
-    let text = fs::read_to_string(&registry).unwrap();
+    let demo = Demo::copy_into(dir);
     let anchor = "    write_targets: [\"data_dir:drafts/{case_id}/\"]\n";
-    assert!(
-        text.contains(anchor),
-        "draft_document's write_targets line moved"
-    );
     let block = format!(
         "    approval: {{required: true, approvers: {approvers}, quorum: {quorum}, ttl_s: {ttl_s}}}\n    redaction: {{mode: fields, pointers: [/body]}}\n"
     );
-    fs::write(
-        &registry,
-        text.replacen(anchor, &format!("{block}{anchor}"), 1),
-    )
-    .unwrap();
+    demo.edit(
+        "tools/tool_registry.yaml",
+        anchor,
+        &format!("{block}{anchor}"),
+    );
     Start {
-        policy_dir: policy,
-        tools: registry,
-        ..Start::default()
+        data_dir: None,
+        ..demo.start()
     }
 }
 

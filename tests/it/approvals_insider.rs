@@ -162,19 +162,9 @@ fn one_jwt_subject_proving_two_approver_roles_meets_a_quorum_of_two_only_once() 
 
 /// The demo policy and tools in `dir`, the court filing pointed at `court`.
 fn demo_with_court(dir: &Path, court: &Court) -> Start {
-    let (policy, tools) = (dir.join("policy"), dir.join("tools"));
-    common::copy_dir(&common::repo().join("policy"), &policy);
-    common::copy_dir(&common::repo().join("tools"), &tools);
-    let registry = tools.join("tool_registry.yaml");
-    let text = std::fs::read_to_string(&registry).unwrap();
-    assert!(text.contains("127.0.0.1:8799"), "the demo court moved");
-    std::fs::write(&registry, text.replace("127.0.0.1:8799", &court.host)).unwrap();
-    Start {
-        policy_dir: policy,
-        tools: registry,
-        data_dir: Some(dir.join("var")),
-        ..Start::default()
-    }
+    let demo = common::demo::Demo::copy_into(dir);
+    demo.edit_all("tools/tool_registry.yaml", "127.0.0.1:8799", &court.host);
+    demo.start()
 }
 
 /// Finding 2: the demo's court filing, approved by the attorney, filed and committed

@@ -252,6 +252,7 @@ fn every_file_over_900_lines_says_why_it_is_one_unit() {
         .collect();
     let mut files = Vec::new();
     rust_files(&root().join("src"), &mut files);
+    rust_files(&root().join(AUDIT_CRATE_SRC), &mut files);
     let unexplained: Vec<String> = files
         .iter()
         .filter(|f| std::fs::read_to_string(f).unwrap().lines().count() > 900)
@@ -268,23 +269,38 @@ fn every_file_over_900_lines_says_why_it_is_one_unit() {
 // the code of `src/` (not `src/bin/`) as the compiler sees it outside tests: comments
 // and `#[cfg(test)] mod ... { }` blocks and `tests.rs` files left out.
 
-/// The library's source files (`src/` without `src/bin/` and test-only files), each
-/// with its path under `src/` and its code outside comments and test modules.
+/// Where the audit crate's sources are, and the prefix its files are named with.
+const AUDIT_CRATE_SRC: &str = "crates/toolgate-audit/src";
+const AUDIT_CRATE: &str = "toolgate-audit/";
+
+/// The library's source files (`src/` without `src/bin/` and test-only files, and the
+/// audit crate's), each with its path under `src/` (the audit crate's prefixed with
+/// `toolgate-audit/`) and its code outside comments and test modules.
 fn library_code() -> Vec<(String, String)> {
-    let src = root().join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files.sort();
-    files
-        .iter()
-        .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
-        .filter(|name| !name.starts_with("bin/") && !name.ends_with("tests.rs"))
-        .map(|name| {
-            let text = std::fs::read_to_string(src.join(&name)).unwrap();
+    let mut out = Vec::new();
+    for (src, prefix) in [
+        (root().join("src"), ""),
+        (root().join(AUDIT_CRATE_SRC), AUDIT_CRATE),
+    ] {
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        files.sort();
+        for file in files {
+            let name = file.strip_prefix(&src).unwrap().display().to_string();
+            if name.starts_with("bin/") || name.ends_with("tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
             let code = without_test_modules(&strip_comments(&text));
-            (name, code)
-        })
-        .collect()
+            out.push((format!("{prefix}{name}"), code));
+        }
+    }
+    assert!(
+        out.iter()
+            .any(|(name, _)| name == "toolgate-audit/localfile.rs"),
+        "the audit crate's sources are not read"
+    );
+    out
 }
 
 /// `source` without its `#[cfg(test)]` modules: from the attribute to the `}` at the
@@ -340,7 +356,7 @@ fn stale<'a>(allowed: &[(&'a str, &str)], offenders: &BTreeSet<String>) -> Vec<&
 /// ARCHITECTURE.md (`audit/`): only these modules use SQLite through rusqlite. Every
 /// other file that names `rusqlite` fails the test (seen failing: a `use
 /// rusqlite::Connection;` added to `src/runs.rs` was named).
-const RUSQLITE_USERS: [&str; 3] = ["audit/", "approvals/store.rs", "state/"];
+const RUSQLITE_USERS: [&str; 4] = [AUDIT_CRATE, "audit/", "approvals/store.rs", "state/"];
 
 #[test]
 fn only_the_listed_modules_use_rusqlite() {
@@ -381,25 +397,25 @@ const OTHER_OPENERS: [(&str, &str); 8] = [
         "opens the artifact directory only to fsync it",
     ),
     (
-        "audit/export.rs",
-        "reads back the events.csv it has just written into the new export directory",
-    ),
-    (
-        "audit/segments.rs",
-        "opens the segment directory only to fsync it",
-    ),
-    (
         "audit/ship/deliver.rs",
         "the kernel's /proc/sys/kernel/hostname",
-    ),
-    (
-        "audit/wal.rs",
-        "opens the WAL and database only to fsync them",
     ),
     ("sandbox/exec.rs", "the kernel's /proc files"),
     (
         "sandbox/plan.rs",
         "the first 256 bytes of a tool's program, for its #! line",
+    ),
+    (
+        "toolgate-audit/export.rs",
+        "reads back the events.csv it has just written into the new export directory",
+    ),
+    (
+        "toolgate-audit/segments.rs",
+        "opens the segment directory only to fsync it",
+    ),
+    (
+        "toolgate-audit/wal.rs",
+        "opens the WAL and database only to fsync them",
     ),
 ];
 
@@ -418,7 +434,7 @@ fn opens_for_reading(code: &str) -> bool {
 fn local_files_are_opened_by_the_one_bounded_opener() {
     let mut openers = BTreeSet::new();
     for (file, code) in library_code() {
-        if file != "localfile.rs" && opens_for_reading(&code) {
+        if file != "toolgate-audit/localfile.rs" && opens_for_reading(&code) {
             openers.insert(file);
         }
     }
@@ -448,24 +464,24 @@ const SHA2_USERS: [(&str, &str); 6] = [
         "a segment's sha256, streamed while it is copied",
     ),
     (
-        "audit/export.rs",
+        "toolgate-audit/cosign.rs",
+        "the tlog-cosignature key ID over name, type byte and key",
+    ),
+    (
+        "toolgate-audit/export.rs",
         "each export file's sha256, streamed as it is written (`Hashed`)",
     ),
     (
-        "audit/keys.rs",
+        "toolgate-audit/keys.rs",
         "the signed-note key ID over name, type byte and key",
     ),
     (
-        "audit/merkle.rs",
-        "RFC 9162 leaf and node hashes over prefixed bytes",
-    ),
-    (
-        "audit/mod.rs",
+        "toolgate-audit/lib.rs",
         "HMAC-SHA256 of the canonical arguments (the hmac crate takes the hash type)",
     ),
     (
-        "audit/witness/mod.rs",
-        "the tlog-cosignature key ID over name, type byte and key",
+        "toolgate-audit/merkle.rs",
+        "RFC 9162 leaf and node hashes over prefixed bytes",
     ),
 ];
 
@@ -526,7 +542,7 @@ fn json_is_hashed_in_its_canonical_form() {
     let mut sha2_users = BTreeSet::new();
     let mut json_hashed = Vec::new();
     for (file, code) in library_code() {
-        if file == "canonical.rs" {
+        if file == "toolgate-audit/canonical.rs" {
             continue;
         }
         if has_word(&code, "sha2") || has_word(&code, "Sha256") {
@@ -563,10 +579,18 @@ fn json_is_hashed_in_its_canonical_form() {
 #[test]
 fn the_lib_layout_names_every_module() {
     let lib = std::fs::read_to_string(root().join("src/lib.rs")).unwrap();
+    // Modules of its own, and those it takes from the audit crate
+    // (`pub use toolgate_audit::{canonical, localfile};`).
     let declared: BTreeSet<&str> = lib
         .lines()
         .filter_map(|l| l.strip_prefix("pub mod "))
         .map(|l| l.trim_end_matches(';'))
+        .chain(
+            lib.lines()
+                .filter_map(|l| l.strip_prefix("pub use toolgate_audit::{"))
+                .flat_map(|l| l.trim_end_matches("};").split(", "))
+                .filter(|name| name.chars().all(|c| c.is_ascii_lowercase() || c == '_')),
+        )
         .collect();
     let named: BTreeSet<&str> = lib
         .lines()
@@ -577,5 +601,98 @@ fn the_lib_layout_names_every_module() {
     assert_eq!(
         declared, named,
         "src/lib.rs: the modules declared and those its `# Layout` names differ"
+    );
+}
+
+/// ARCHITECTURE.md (`gateway/`, "authenticate once"): the public gateway methods that
+/// take the raw bearer token, and why. Every other method of the API takes a proof
+/// from `gateway/principal.rs` (seen failing: `list_runs(token, ...)`, as it was before
+/// the proofs, and an entry taken off the list while its method still takes a token).
+const TAKES_THE_BEARER: [(&str, &str); 14] = [
+    ("admin", "an authentication step (principal.rs)"),
+    ("auditor", "an authentication step (principal.rs)"),
+    ("reader", "an authentication step (principal.rs)"),
+    ("principal", "an authentication step (principal.rs)"),
+    ("approver", "an authentication step (principal.rs)"),
+    ("role_caller", "an authentication step (principal.rs)"),
+    (
+        "authenticate",
+        "verifies a bearer JWT before any check reads it",
+    ),
+    (
+        "credential",
+        "a call's credential, checked and audited by the pipeline",
+    ),
+    (
+        "commit",
+        "a commit names a call: its credential is checked and audited",
+    ),
+    (
+        "refuse_malformed_commit",
+        "the audited refusal of a malformed commit",
+    ),
+    (
+        "artifact",
+        "every artifact read is audited, unauthenticated ones included",
+    ),
+    (
+        "run_catalog",
+        "the MCP front's admission: role_caller, then the run's checks",
+    ),
+    (
+        "parse_call",
+        "fills a call's ids from its run token; the pipeline checks it",
+    ),
+    (
+        "fleet_refresh",
+        "re-reads a run token's binding from the cluster database",
+    ),
+];
+
+/// The `pub` methods of `gateway/` whose signature holds `needle`, by name.
+fn gateway_methods_with(needle: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for (file, code) in library_code() {
+        if !file.starts_with("gateway/") {
+            continue;
+        }
+        for (at, _) in code.match_indices("pub ") {
+            let rest = &code[at + 4..];
+            let rest = rest.strip_prefix("async ").unwrap_or(rest);
+            let Some(rest) = rest.strip_prefix("fn ") else {
+                continue;
+            };
+            let signature = &rest[..rest.find('{').unwrap_or(rest.len())];
+            let name: String = signature.chars().take_while(|c| is_ident(*c)).collect();
+            if signature.contains(needle) {
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn gateway_methods_take_a_proof_not_the_bearer_token() {
+    let takers = gateway_methods_with("token: Option<&");
+    let allowed: BTreeSet<String> = TAKES_THE_BEARER
+        .iter()
+        .map(|(name, _)| name.to_string())
+        .collect();
+    let unlisted: Vec<&String> = takers.difference(&allowed).collect();
+    assert!(
+        unlisted.is_empty(),
+        "gateway methods take the raw bearer token instead of a proof from gateway/principal.rs (see ARCHITECTURE.md): {unlisted:?}"
+    );
+    let stale: Vec<&String> = allowed.difference(&takers).collect();
+    assert!(
+        stale.is_empty(),
+        "no longer take the bearer token: take them off TAKES_THE_BEARER: {stale:?}"
+    );
+    // The typed answers: no method of the API answers an untyped JSON value.
+    let untyped = gateway_methods_with("-> Result<Value, Refusal>");
+    assert!(
+        untyped.is_empty(),
+        "gateway methods answer a serde_json::Value instead of a typed response: {untyped:?}"
     );
 }

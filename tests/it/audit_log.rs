@@ -16,6 +16,8 @@ fn options(dir: &Path) -> AuditOptions {
     let mut options = AuditOptions::new(dir);
     options.checkpoint_interval = Duration::from_secs(3600);
     options.append_timeout = Duration::from_secs(20);
+    // As `serve` does: webhook sinks go through the application's HTTP client.
+    options.webhooks = Some(std::sync::Arc::new(toolgate::audit::webhook::Webhooks));
     options
 }
 

@@ -10,8 +10,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::demo::edit;
 use common::lab::{lab, sha};
-use common::{ADMIN, Server, Start, repo, run, token};
+use common::{ADMIN, Server, Start, run, token};
 use serde_json::{Value, json};
 use sha2::Digest;
 
@@ -547,15 +548,7 @@ fn location_of(file: &str, lanes: &str, tools: &str) -> String {
 }
 
 fn demo_into(root: &Path) {
-    for dir in ["policy", "tools"] {
-        common::copy_dir(&repo().join(dir), &root.join(dir));
-    }
-}
-
-fn edit(file: &Path, from: &str, to: &str) {
-    let text = fs::read_to_string(file).unwrap();
-    assert!(text.contains(from), "{from} not in {}", file.display());
-    fs::write(file, text.replacen(from, to, 1)).unwrap();
+    common::demo::Demo::copy_into(root);
 }
 
 #[test]

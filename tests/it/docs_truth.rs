@@ -178,8 +178,9 @@ fn edits(a: &str, b: &str, bound: usize) -> usize {
     prev[b.len()].min(bound + 1)
 }
 
-/// The names the code knows: words of src/ outside comment lines (CamelCase names
-/// also spelled in snake_case), and the `const`/`static` items it declares.
+/// The names the code knows: words of src/ and of the audit crate's sources
+/// (crates/toolgate-audit/src/) outside comment lines (CamelCase names also spelled in
+/// snake_case), and the `const`/`static` items they declare.
 struct CodeNames {
     words: HashSet<String>,
     consts: BTreeSet<String>,
@@ -189,6 +190,7 @@ impl CodeNames {
     fn read(root: &Path) -> CodeNames {
         let mut files = Vec::new();
         rust_files(&root.join("src"), &mut files);
+        rust_files(&root.join("crates/toolgate-audit/src"), &mut files);
         let texts: Vec<String> = files
             .iter()
             .map(|f| std::fs::read_to_string(f).unwrap())

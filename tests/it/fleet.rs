@@ -11,47 +11,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::common::fleet::{cluster_sidecar as sidecar, fleet, reason, research};
 use crate::common::postgres::Postgres;
-use crate::common::{self, ADMIN, Server, Start, token};
+use crate::common::{self, ADMIN, Server, token};
 
 /// The bound the safety lock reaches every sidecar within (`cluster::LOCK_BOUND`).
 const LOCK_BOUND: Duration = Duration::from_secs(2);
 /// What an HTTP round trip may add to it on a loaded test machine.
 const HTTP_SLACK: Duration = Duration::from_secs(3);
-
-fn sidecar(url: &str) -> Server {
-    Server::start_with(Start {
-        args: vec!["--cluster-db".into(), url.to_string()],
-        ..Start::default()
-    })
-}
-
-/// Three sidecars on `pg`, started at once (they migrate the fresh database together).
-fn fleet(pg: &Postgres) -> Vec<Server> {
-    let url = pg.url();
-    let starts: Vec<_> = (0..3)
-        .map(|_| {
-            let url = url.clone();
-            std::thread::spawn(move || sidecar(&url))
-        })
-        .collect();
-    starts.into_iter().map(|s| s.join().unwrap()).collect()
-}
-
-fn reason(body: &Value) -> &str {
-    body["diagnostic"]["reason"].as_str().unwrap_or_default()
-}
-
-fn research(server: &Server, run: &str) -> (u16, Value) {
-    server.call(
-        "research_agent",
-        run,
-        "research",
-        "legal_search",
-        json!({"query": "duty", "limit": 2}),
-        json!({"case_id": "C-1001"}),
-    )
-}
 
 /// This sidecar's local audit events of `run` (oldest first).
 fn events(server: &Server, run: &str) -> Vec<Value> {
@@ -76,7 +43,7 @@ fn a_run_created_through_one_sidecar_is_used_and_closed_through_the_others() {
 
     let run = a.create_run(json!({"case_id": "C-1001"}));
     for sidecar in [b, c] {
-        let (code, body) = research(sidecar, &run);
+        let (code, body) = research(sidecar, &run, "duty");
         assert_eq!(code, 200, "{body}");
         let (code, got) = sidecar.get(&format!("/v1/runs/{run}"), Some(ADMIN));
         assert_eq!((code, &got["status"]), (200, &json!("active")), "{got}");
@@ -122,7 +89,7 @@ fn a_run_created_through_one_sidecar_is_used_and_closed_through_the_others() {
         &json!({"status": "suspended"}),
     );
     assert_eq!(code, 200);
-    let (code, body) = research(a, &run);
+    let (code, body) = research(a, &run, "duty");
     assert_eq!((code, reason(&body)), (403, "run_not_active"), "{body}");
     // Closed through B: final everywhere.
     let (code, _) = b.post(
@@ -154,7 +121,7 @@ fn a_safety_lock_engaged_on_one_sidecar_denies_on_the_others_within_the_bound() 
     let fleet = fleet(&pg);
     let (a, b, c) = (&fleet[0], &fleet[1], &fleet[2]);
     let run = a.create_run(json!({"case_id": "C-1001"}));
-    assert_eq!(research(c, &run).0, 200);
+    assert_eq!(research(c, &run, "duty").0, 200);
 
     let engaged_at = Instant::now();
     let (code, lock) = a.post(
@@ -165,7 +132,7 @@ fn a_safety_lock_engaged_on_one_sidecar_denies_on_the_others_within_the_bound() 
     assert_eq!(code, 200, "{lock}");
     for sidecar in [b, c] {
         let denied = common::poll_until(LOCK_BOUND + HTTP_SLACK, || {
-            let (_, body) = research(sidecar, &run);
+            let (_, body) = research(sidecar, &run, "duty");
             reason(&body) == "safety_lock_engaged"
         });
         assert!(denied, "not denied within {:?}", engaged_at.elapsed());
@@ -181,7 +148,7 @@ fn a_safety_lock_engaged_on_one_sidecar_denies_on_the_others_within_the_bound() 
     assert_eq!(code, 200);
     for sidecar in [a, c] {
         assert!(common::poll_until(LOCK_BOUND + HTTP_SLACK, || research(
-            sidecar, &run
+            sidecar, &run, "duty"
         )
         .0 == 200));
     }
@@ -328,7 +295,7 @@ fn postgres_down_refuses_calls_with_a_structured_reason_and_they_resume_when_it_
     let run = a.create_run(json!({"case_id": "C-1001"}));
     let mut answers: Vec<(usize, Value)> = Vec::new();
     for (i, sidecar) in [a, b].into_iter().enumerate() {
-        let (code, body) = research(sidecar, &run);
+        let (code, body) = research(sidecar, &run, "duty");
         assert_eq!(code, 200, "{body}");
         answers.push((i, body));
     }
@@ -336,7 +303,7 @@ fn postgres_down_refuses_calls_with_a_structured_reason_and_they_resume_when_it_
     pg.stop();
     for (i, sidecar) in [a, b].into_iter().enumerate() {
         for _ in 0..3 {
-            let (code, body) = research(sidecar, &run);
+            let (code, body) = research(sidecar, &run, "duty");
             assert_eq!(code, 503, "{body}");
             assert_eq!(reason(&body), "cluster_unavailable", "{body}");
             assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
@@ -366,7 +333,7 @@ fn postgres_down_refuses_calls_with_a_structured_reason_and_they_resume_when_it_
     pg.restart();
     for (i, sidecar) in [a, b].into_iter().enumerate() {
         let resumed = common::poll_for(Duration::from_secs(30), || {
-            let (code, body) = research(sidecar, &run);
+            let (code, body) = research(sidecar, &run, "duty");
             let ok = code == 200;
             answers.push((i, body));
             ok.then_some(())
@@ -411,14 +378,14 @@ fn a_safety_lock_that_cannot_be_confirmed_within_the_bound_refuses_calls() {
     let pg = Postgres::start();
     let a = sidecar(&pg.url());
     let run = a.create_run(json!({"case_id": "C-1001"}));
-    assert_eq!(research(&a, &run).0, 200);
+    assert_eq!(research(&a, &run, "duty").0, 200);
     // The lock row is held by another session: the run still reads, the lock does
     // not (each read gives up after the query timeout).
     let mut holder = pg.psql_spawn(
         "BEGIN; LOCK TABLE toolgate_safety_lock IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(8); COMMIT;",
     );
     let refused = common::poll_for(LOCK_BOUND * 3 + HTTP_SLACK, || {
-        let (code, body) = research(&a, &run);
+        let (code, body) = research(&a, &run, "duty");
         (reason(&body) == "safety_lock_unconfirmed").then_some((code, body))
     });
     let (code, body) = refused.expect("calls must be refused while the lock is unconfirmed");
@@ -433,7 +400,7 @@ fn a_safety_lock_that_cannot_be_confirmed_within_the_bound_refuses_calls() {
         .unwrap()
         .is_some()));
     assert!(common::poll_until(LOCK_BOUND + HTTP_SLACK, || research(
-        &a, &run
+        &a, &run, "duty"
     )
     .0 == 200));
 }
@@ -471,11 +438,11 @@ fn the_documented_least_privilege_roles_run_a_fleet() {
     drop(sidecar(&owner));
     let (a, b) = (sidecar(&sidecar_url), sidecar(&sidecar_url));
     let run = a.create_run(json!({"case_id": "C-1001"}));
-    assert_eq!(research(&b, &run).0, 200);
+    assert_eq!(research(&b, &run, "duty").0, 200);
     let (code, _) = b.post("/v1/safety-lock", Some(ADMIN), &json!({"engaged": true}));
     assert_eq!(code, 200);
     assert!(common::poll_until(LOCK_BOUND + HTTP_SLACK, || reason(
-        &research(&a, &run).1
+        &research(&a, &run, "duty").1
     ) == "safety_lock_engaged"));
     // The shared approvals (an identity column) need no sequence grant.
     pg.psql_at(
@@ -604,76 +571,6 @@ fn a_wrong_or_unreachable_cluster_database_stops_the_start_with_a_structured_err
         (6, Some("cluster_db_schema_newer")),
         "{err}"
     );
-}
-
-/// Fleet throughput: 3 sidecars on one PostgreSQL, 64 client threads spread over them,
-/// each making research calls on one shared run for `TOOLGATE_FLEET_BENCH_S` seconds
-/// (default 10). Prints calls/s and latency percentiles; figures are recorded in
-/// docs/performance.md, not checked here. Run with
-/// `cargo test --test it fleet_throughput -- --ignored --nocapture` (set
-/// `TOOLGATE_TEST_BIN` to a release `toolgate` for release figures).
-#[test]
-#[ignore = "a benchmark: run explicitly"]
-fn fleet_throughput_3_sidecars_64_clients() {
-    let seconds: u64 = std::env::var("TOOLGATE_FLEET_BENCH_S")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
-    let pg = Postgres::start();
-    let fleet = Arc::new(fleet(&pg));
-    let run = fleet[0].create_run(json!({"case_id": "C-1001"}));
-    let clients = 64;
-    let barrier = Arc::new(Barrier::new(clients));
-    let workers: Vec<_> = (0..clients)
-        .map(|i| {
-            let (fleet, barrier, run) = (fleet.clone(), barrier.clone(), run.clone());
-            std::thread::spawn(move || {
-                let server = &fleet[i % 3];
-                barrier.wait();
-                let until = Instant::now() + Duration::from_secs(seconds);
-                let mut latencies = Vec::new();
-                let mut errors: HashMap<String, u64> = HashMap::new();
-                while Instant::now() < until {
-                    let started = Instant::now();
-                    let (code, body) = research(server, &run);
-                    latencies.push(started.elapsed());
-                    if code != 200 {
-                        *errors.entry(reason(&body).to_string()).or_default() += 1;
-                    }
-                }
-                (latencies, errors)
-            })
-        })
-        .collect();
-    let mut latencies = Vec::new();
-    let mut errors: HashMap<String, u64> = HashMap::new();
-    for w in workers {
-        let (l, e) = w.join().unwrap();
-        latencies.extend(l);
-        for (reason, n) in e {
-            *errors.entry(reason).or_default() += n;
-        }
-    }
-    latencies.sort();
-    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
-    println!(
-        "fleet: 3 sidecars, {clients} clients, {seconds} s: {} calls ({:.0}/s), refused {errors:?}, p50 {:?}, p99 {:?}",
-        latencies.len(),
-        latencies.len() as f64 / seconds as f64,
-        pct(0.50),
-        pct(0.99)
-    );
-    // Refusals under overload are the retryable, structured ones of an overloaded
-    // machine (fail closed); none may be anything else.
-    let overload = [
-        "concurrency_limit_reached",
-        "cluster_unavailable",
-        "safety_lock_unconfirmed",
-        "tool_timeout",
-    ];
-    for reason in errors.keys() {
-        assert!(overload.contains(&reason.as_str()), "{errors:?}");
-    }
 }
 
 /// Two sidecars on `pg` with the budgets test's policy (budgets and rates).

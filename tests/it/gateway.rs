@@ -7,6 +7,7 @@ use crate::common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use common::demo::Demo;
 use common::golden::{self, Example};
 use common::{ADMIN, Server, Start, assert_subset, repo, token};
 use rstest::rstest;
@@ -29,26 +30,13 @@ fn substitute(value: &Value, run: &str, draft: &str) -> Value {
 
 /// Copies the demo policy to `dir` with the lanes file's version changed.
 fn other_policy(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let policy = dir.join("policy");
-    let tools = dir.join("tools");
-    common::copy_dir(&repo().join("policy"), &policy);
-    common::copy_dir(&repo().join("tools"), &tools);
-    let lanes = fs::read_to_string(policy.join("lanes.yaml")).unwrap();
-    let mut replaced = false;
-    let changed: String = lanes
-        .lines()
-        .map(|l| {
-            if !replaced && l.starts_with("version:") {
-                replaced = true;
-                "version: \"0.0.1-other\"\n".to_string()
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect();
-    assert!(replaced, "lanes.yaml has no top-level version line");
-    fs::write(policy.join("lanes.yaml"), changed).unwrap();
-    (policy, tools.join("tool_registry.yaml"))
+    let demo = Demo::copy_into(dir);
+    demo.edit(
+        "policy/lanes.yaml",
+        "\nversion: \"",
+        "\nversion: \"0.0.1-other-",
+    );
+    (demo.policy, demo.registry)
 }
 
 /// Sends a golden request (an empty token sends no Authorization header).

@@ -109,8 +109,8 @@ mod server_handle;
 mod ship;
 // OCSF records validated against the published schema, and CEF lines.
 mod siem;
-// The soak (ignored by default): WAL and RSS bounded under sustained load.
-mod soak;
+// Whole-output snapshots of `policy check|explain|diff|test` and `audit verify`.
+mod snapshots;
 // RFC 8693 token exchange of a JWT caller's token: delegation audited, no token kept.
 mod token_exchange;
 // OTLP traces within the caller's `traceparent`, and one JSON log line per call.

@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::lab::sha;
-use common::{BIN, Server, Start, repo};
+use common::{BIN, Server, Start};
 use serde_json::{Value, json};
 
 const ROLES: &str = r#"
@@ -470,21 +470,8 @@ fn import(args: &[&str]) -> String {
 
 /// A copy of the demo policy in `dir`.
 fn demo_copy(dir: &Path) -> (PathBuf, PathBuf) {
-    let policy = dir.join("policy");
-    let tools = dir.join("tools");
-    for (from, to) in [
-        (repo().join("policy"), &policy),
-        (repo().join("tools"), &tools),
-    ] {
-        let status = Command::new("cp")
-            .arg("-r")
-            .arg(&from)
-            .arg(to)
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-    (policy, tools.join("tool_registry.yaml"))
+    let demo = crate::common::demo::Demo::copy_into(dir);
+    (demo.policy, demo.registry)
 }
 
 pub(crate) fn policy_check(policy: &Path, registry: &Path) -> (bool, String) {

@@ -64,8 +64,7 @@ fn stdout(output: &Output) -> String {
 /// A temp dir holding a copy of the shipped `policy/` and `tools/`.
 fn demo_copy() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    common::copy_dir(&repo().join("policy"), &dir.path().join("policy"));
-    common::copy_dir(&repo().join("tools"), &dir.path().join("tools"));
+    common::demo::Demo::copy_into(dir.path());
     dir
 }
 

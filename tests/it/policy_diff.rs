@@ -14,6 +14,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
+use common::demo::{Demo, edit};
 use common::{repo, run};
 
 /// Runs git in `dir`; the test needs it to succeed.
@@ -43,18 +44,6 @@ fn git(dir: &Path, args: &[&str]) {
     );
 }
 
-/// Replaces `from` by `to` in `file` (which must contain it exactly once).
-fn edit(file: &Path, from: &str, to: &str) {
-    let text = fs::read_to_string(file).unwrap();
-    assert_eq!(
-        text.matches(from).count(),
-        1,
-        "`{from}` in {}",
-        file.display()
-    );
-    fs::write(file, text.replace(from, to)).unwrap();
-}
-
 /// Edits a JSON schema file.
 fn edit_json(file: &Path, change: impl FnOnce(&mut Value)) {
     let mut value: Value = serde_json::from_str(&fs::read_to_string(file).unwrap()).unwrap();
@@ -78,8 +67,7 @@ fn tool_version(root: &Path, tool: &str, from: &str, to: &str) {
 
 /// Copies the demo policy and tools into `root`.
 fn demo_into(root: &Path) {
-    common::copy_dir(&repo().join("policy"), &root.join("policy"));
-    common::copy_dir(&repo().join("tools"), &root.join("tools"));
+    Demo::copy_into(root);
 }
 
 /// Commit 2: access widened and narrowed; schemas changed compatibly and breakingly,

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use common::demo::edit;
 use common::{ADMIN, Server, Start, repo};
 
 /// A generous bound that only proves "no hang".
@@ -27,18 +28,6 @@ fn policy_copy(dir: &Path) -> PathBuf {
         fs::copy(repo().join("policy").join(file), policy.join(file)).unwrap();
     }
     policy
-}
-
-/// Replaces `from` by `to` in `file` (which must contain it exactly once).
-fn edit(file: &Path, from: &str, to: &str) {
-    let text = fs::read_to_string(file).unwrap();
-    assert_eq!(
-        text.matches(from).count(),
-        1,
-        "`{from}` in {}",
-        file.display()
-    );
-    fs::write(file, text.replace(from, to)).unwrap();
 }
 
 /// Writes `bytes` to `path` atomically (a temporary file renamed over it).

@@ -722,3 +722,116 @@ fn with_identity_provider(policy: &mut Policy) {
         },
     );
 }
+
+/// Authenticate, then parse: on every endpoint of the admin API (and a commit), a
+/// caller without a valid credential is refused for its credential whatever its query
+/// and body hold, and only an authenticated caller learns that its request is
+/// malformed. `good` is a credential the endpoint accepts; `body` is malformed JSON
+/// where the endpoint reads a body (None: it reads none, and its query is the
+/// malformed part).
+#[rstest]
+#[case::commit(Method::POST, "/v1/tool-calls/c-1/commit", "research_agent", Some("{"))]
+#[case::create_run(Method::POST, "/v1/runs", "admin", Some("{"))]
+#[case::list_runs(Method::GET, "/v1/runs", "admin", None)]
+#[case::get_run(Method::GET, "/v1/runs/{run}", "admin", None)]
+#[case::set_run_status(Method::POST, "/v1/runs/{run}/status", "admin", Some("{"))]
+#[case::repin_run(Method::POST, "/v1/runs/{run}/repin", "admin", Some("{"))]
+#[case::revoke_run_token(Method::POST, "/v1/runs/{run}/tokens/t-none/revoke", "admin", None)]
+#[case::run_events(Method::GET, "/v1/runs/{run}/events", "admin", None)]
+#[case::run_export(Method::GET, "/v1/runs/{run}/export", "admin", None)]
+#[case::get_safety_lock(Method::GET, "/v1/safety-lock", "research_agent", None)]
+#[case::set_safety_lock(Method::POST, "/v1/safety-lock", "admin", Some("{"))]
+#[case::audit_events(Method::GET, "/v1/audit/events", "admin", None)]
+#[case::list_approvals(Method::GET, "/v1/approvals", "research_agent", None)]
+#[case::get_approval(Method::GET, "/v1/approvals/a-none", "admin", None)]
+#[case::decide_approval(Method::POST, "/v1/approvals/a-none/decision", "admin", Some("{"))]
+#[case::reload_policy(Method::POST, "/v1/policy/reload", "admin", None)]
+#[case::get_policy(Method::GET, "/v1/policy", "research_agent", None)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_credential_is_checked_before_the_request_is_read(
+    #[case] method: Method,
+    #[case] path: &str,
+    #[case] good: &str,
+    #[case] body: Option<&str>,
+) {
+    let front = Front::demo().await;
+    let path = if path.contains("{run}") {
+        path.replace("{run}", &front.create_run().await)
+    } else {
+        path.to_string()
+    };
+    let good = match good {
+        "admin" => ADMIN.to_string(),
+        role => token(role),
+    };
+    // Malformed both ways where there is a body: an unknown query parameter, and a
+    // body that is not JSON.
+    let (path, body) = match body {
+        Some(body) => (path, body.as_bytes()),
+        None => (format!("{path}?bogus=1"), &b""[..]),
+    };
+    let cases = [
+        (None, 401, "credential_missing"),
+        (Some("not-a-known-credential"), 401, "credential_invalid"),
+        (Some(good.as_str()), 400, "request_malformed"),
+    ];
+    for (bearer, status, reason) in cases {
+        let answer = front.send(method.clone(), &path, bearer, &[], body).await;
+        let text = String::from_utf8_lossy(&answer.bytes).into_owned();
+        let who = bearer.map_or("no credential", |_| "a credential");
+        assert_eq!(answer.status.as_u16(), status, "{path} with {who}: {text}");
+        assert_refusal_shape(&answer);
+        assert_eq!(answer.reason().as_deref(), Some(reason), "{path}: {text}");
+    }
+    front.close().await;
+}
+
+/// The proofs an endpoint asks for, told apart: a role's credential is not an admin's,
+/// an `audit_read` admin reads but never changes, a run token reads its own approvals
+/// but never decides; each refused before its (malformed) request is read.
+#[rstest]
+#[case::role_creates_a_run(Method::POST, "/v1/runs", "research_agent", Some("{"))]
+#[case::role_lists_runs(Method::GET, "/v1/runs", "research_agent", None)]
+#[case::role_reads_the_log(Method::GET, "/v1/audit/events", "research_agent", None)]
+#[case::role_reloads(Method::POST, "/v1/policy/reload", "research_agent", None)]
+#[case::auditor_engages_the_lock(Method::POST, "/v1/safety-lock", "auditor", Some("{"))]
+#[case::auditor_decides(Method::POST, "/v1/approvals/a-none/decision", "auditor", Some("{"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_that_is_not_enough_is_refused_before_the_request_is_read(
+    #[case] method: Method,
+    #[case] path: &str,
+    #[case] who: &str,
+    #[case] body: Option<&str>,
+) {
+    let front = Front::start(with_auditor, ServerOptions::default()).await;
+    let bearer = match who {
+        "auditor" => AUDITOR.to_string(),
+        role => token(role),
+    };
+    let (path, body) = match body {
+        Some(body) => (path.to_string(), body.as_bytes()),
+        None => (format!("{path}?bogus=1"), &b""[..]),
+    };
+    let answer = front.send(method, &path, Some(&bearer), &[], body).await;
+    let text = String::from_utf8_lossy(&answer.bytes).into_owned();
+    assert_eq!(answer.status.as_u16(), 401, "{path}: {text}");
+    assert_eq!(
+        answer.reason().as_deref(),
+        Some("credential_invalid"),
+        "{path}: {text}"
+    );
+    front.close().await;
+}
+
+/// The `audit_read` admin of [`with_auditor`].
+const AUDITOR: &str = "handle-auditor-token";
+
+/// The demo policy with an `access: audit_read` admin whose token is [`AUDITOR`].
+fn with_auditor(policy: &mut Policy) {
+    let mut auditor = policy.admins[0].clone();
+    auditor.admin_id = "auditor".into();
+    auditor.access = toolgate::policy::AdminAccess::AuditRead;
+    auditor.credential =
+        toolgate::policy::Credential::TokenSha256(crate::common::lab::sha(AUDITOR));
+    policy.admins.push(auditor);
+}

@@ -9,7 +9,6 @@
 
 use crate::common::{self, Server, Start, lab};
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::Path;
@@ -17,95 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value;
+use prost::Message as _;
 use serde_json::{Value, json};
-
-/// A protobuf field as the wire format has it.
-#[derive(Debug, Clone)]
-pub enum Pb<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    Fixed,
-}
-
-/// The top-level fields of a protobuf message (None if malformed).
-pub fn pb_fields(data: &[u8]) -> Option<Vec<(u32, Pb<'_>)>> {
-    fn varint(data: &[u8], at: &mut usize) -> Option<u64> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = *data.get(*at)?;
-            *at += 1;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Some(value);
-            }
-        }
-        None
-    }
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at < data.len() {
-        let key = varint(data, &mut at)?;
-        let field = (key >> 3) as u32;
-        let value = match key & 7 {
-            0 => Pb::Varint(varint(data, &mut at)?),
-            1 => {
-                data.get(at..at + 8)?;
-                at += 8;
-                Pb::Fixed
-            }
-            2 => {
-                let len = varint(data, &mut at)? as usize;
-                let v = data.get(at..at.checked_add(len)?)?;
-                at += len;
-                Pb::Bytes(v)
-            }
-            5 => {
-                data.get(at..at + 4)?;
-                at += 4;
-                Pb::Fixed
-            }
-            _ => return None,
-        };
-        out.push((field, value));
-    }
-    Some(out)
-}
-
-/// The length-delimited fields number `field` of `data`.
-pub fn pb_messages(data: &[u8], field: u32) -> Vec<&[u8]> {
-    pb_fields(data)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|(f, v)| match v {
-            Pb::Bytes(b) if f == field => Some(b),
-            _ => None,
-        })
-        .collect()
-}
-
-/// KeyValue attributes (field `field` of `data`) as key -> string or int text.
-pub fn pb_attributes(data: &[u8], field: u32) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for kv in pb_messages(data, field) {
-        let key = pb_messages(kv, 1)
-            .first()
-            .map(|k| String::from_utf8_lossy(k).to_string())
-            .unwrap_or_default();
-        let Some(any) = pb_messages(kv, 2).first().copied() else {
-            continue;
-        };
-        for (f, v) in pb_fields(any).unwrap_or_default() {
-            let text = match (f, v) {
-                (1, Pb::Bytes(s)) => String::from_utf8_lossy(s).to_string(),
-                (2, Pb::Varint(b)) => (b != 0).to_string(),
-                (3, Pb::Varint(i)) => (i as i64).to_string(),
-                _ => continue,
-            };
-            out.insert(key.clone(), text);
-        }
-    }
-    out
-}
 
 /// What one receiver got: seqs in arrival order.
 type Seqs = Arc<Mutex<Vec<u64>>>;
@@ -343,13 +257,20 @@ fn serve_connection(kind: Kind, mut stream: TcpStream, seqs: &Seqs, up: &AtomicB
             }
             Kind::Otlp => {
                 assert!(head.starts_with("POST /v1/logs "), "{head}");
-                for resource in pb_messages(&body, 1) {
-                    for scope in pb_messages(resource, 2) {
-                        for record in pb_messages(scope, 2) {
-                            let attributes = pb_attributes(record, 6);
-                            seqs.lock()
-                                .unwrap()
-                                .push(attributes["toolgate.seq"].parse().unwrap());
+                // Decoded by opentelemetry-proto, as a collector would.
+                let request = ExportLogsServiceRequest::decode(body.as_slice()).unwrap();
+                for resource in &request.resource_logs {
+                    for scope in &resource.scope_logs {
+                        for record in &scope.log_records {
+                            let seq = record
+                                .attributes
+                                .iter()
+                                .find(|kv| kv.key == "toolgate.seq")
+                                .and_then(|kv| kv.value.as_ref()?.value.clone());
+                            let Some(any_value::Value::IntValue(seq)) = seq else {
+                                panic!("a log record without toolgate.seq: {record:?}");
+                            };
+                            seqs.lock().unwrap().push(seq as u64);
                         }
                     }
                 }

@@ -266,19 +266,32 @@ fn every_call_logs_one_json_line_without_arguments_or_credentials() {
     );
 }
 
-/// Every span of every export request: (name, attributes).
+/// Every span of every export request: (name, attributes as text), decoded by
+/// opentelemetry-proto as a collector would.
 fn spans(received: &Received) -> Vec<(String, std::collections::BTreeMap<String, String>)> {
-    use crate::ship::{pb_attributes, pb_messages};
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use prost::Message as _;
     let mut out = Vec::new();
     for (_, body) in received.lock().unwrap().iter() {
-        for resource in pb_messages(body, 1) {
-            for scope in pb_messages(resource, 2) {
-                for span in pb_messages(scope, 2) {
-                    let name = pb_messages(span, 5)
-                        .first()
-                        .map(|n| String::from_utf8_lossy(n).to_string())
-                        .unwrap_or_default();
-                    out.push((name, pb_attributes(span, 9)));
+        let request = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
+        for resource in &request.resource_spans {
+            for scope in &resource.scope_spans {
+                for span in &scope.spans {
+                    let attributes = span
+                        .attributes
+                        .iter()
+                        .filter_map(|kv| {
+                            let text = match kv.value.as_ref()?.value.as_ref()? {
+                                Any::StringValue(s) => s.clone(),
+                                Any::BoolValue(b) => b.to_string(),
+                                Any::IntValue(i) => i.to_string(),
+                                _ => return None,
+                            };
+                            Some((kv.key.clone(), text))
+                        })
+                        .collect();
+                    out.push((span.name.clone(), attributes));
                 }
             }
         }

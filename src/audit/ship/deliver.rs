@@ -135,177 +135,226 @@ impl Delivery {
                 path,
                 max_bytes,
                 keep,
-            } => {
-                let mut bytes = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
-                for record in records {
-                    bytes.extend_from_slice(record.as_bytes());
-                    bytes.push(b'\n');
-                }
-                let (path, max_bytes, keep) = (path.clone(), *max_bytes, *keep);
-                tokio::task::spawn_blocking(move || append_rotated(&path, max_bytes, keep, &bytes))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())
-            }
-            Delivery::Udp { addr, socket } => {
-                if socket.is_none() {
-                    let s = tokio::net::UdpSocket::bind(if addr.starts_with('[') {
-                        "[::]:0"
-                    } else {
-                        "0.0.0.0:0"
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?;
-                    s.connect(addr.as_str()).await.map_err(|e| e.to_string())?;
-                    *socket = Some(s);
-                }
-                let Some(s) = socket else {
-                    return Err("no socket".into());
-                };
-                for (event, record) in events.iter().zip(records) {
-                    let mut message = syslog_message(event, record);
-                    if message.len() > MAX_DATAGRAM_BYTES {
-                        message = syslog_message(event, &stub(event, record.len()).to_string());
-                    }
-                    let sent = tokio::time::timeout(IO_TIMEOUT, s.send(message.as_bytes())).await;
-                    if let Err(e) = sent
-                        .map_err(|_| "timed out".to_string())
-                        .and_then(|r| r.map_err(|e| e.to_string()))
-                    {
-                        *socket = None;
-                        return Err(e);
-                    }
-                }
-                // A receiver that is not listening answers with an ICMP error, kept on
-                // the connected socket: then the batch counts as not delivered. (UDP
-                // cannot confirm more than that: it is best effort.)
-                tokio::task::yield_now().await;
-                if let Ok(Some(e)) | Err(e) = s.take_error() {
-                    *socket = None;
-                    return Err(e.to_string());
-                }
-                Ok(())
-            }
+            } => deliver_file(path, *max_bytes, *keep, records).await,
+            Delivery::Udp { addr, socket } => deliver_udp(addr, socket, events, records).await,
             Delivery::Stream {
                 addr,
                 host,
                 tls,
                 stream,
-            } => {
-                // A connection the receiver closed while we were idle is replaced
-                // before anything is written to it (the write would vanish).
-                if let Some(s) = stream.as_mut()
-                    && peer_closed(s).await
-                {
-                    *stream = None;
-                }
-                if stream.is_none() {
-                    *stream = Some(connect(addr, host, tls.as_ref()).await?);
-                }
-                let Some(s) = stream.as_mut() else {
-                    return Err("no connection".into());
-                };
-                let mut frames = Vec::new();
-                for (event, record) in events.iter().zip(records) {
-                    let message = syslog_message(event, record);
-                    // RFC 6587 octet counting: "LEN SP MSG".
-                    frames.extend_from_slice(format!("{} ", message.len()).as_bytes());
-                    frames.extend_from_slice(message.as_bytes());
-                }
-                let written = tokio::time::timeout(IO_TIMEOUT, async {
-                    s.write_all(&frames).await?;
-                    s.flush().await
-                })
-                .await;
-                match written {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => {
-                        *stream = None;
-                        Err(e.to_string())
-                    }
-                    Err(_) => {
-                        *stream = None;
-                        Err("the receiver did not take the batch in time".into())
-                    }
-                }
-            }
+            } => deliver_stream((addr, host, tls.as_ref()), stream, events, records).await,
             Delivery::Hec { url, token, client } => {
-                let mut body = String::new();
-                for (event, record) in events.iter().zip(records) {
-                    let payload = match format {
-                        ShipFormat::Ocsf => serde_json::from_str(record).unwrap_or(Value::Null),
-                        ShipFormat::Native => Value::String(record.clone()),
-                    };
-                    let item = json!({
-                        "time": time_ms(event) as f64 / 1000.0,
-                        "host": hostname(),
-                        "source": "toolgate",
-                        "sourcetype": match format { ShipFormat::Ocsf => "toolgate:ocsf", ShipFormat::Native => "toolgate:audit" },
-                        "event": payload,
-                        "fields": {"seq": event.seq, "leaf_hash_sha256": leaf_hex(event), "event_type": event_text(event, "type")},
-                    });
-                    body.push_str(&item.to_string());
-                    body.push('\n');
-                }
-                let response = client
-                    .post(url.clone())
-                    .header(reqwest::header::AUTHORIZATION, format!("Splunk {token}"))
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| error_chain(&e.without_url()))?;
-                let status = response.status();
-                let answer = read_bounded(response).await?;
-                if !status.is_success() {
-                    return Err(format!("answered {status}"));
-                }
-                // Splunk answers {"text":"Success","code":0}; anything else is not a
-                // confirmation.
-                let parsed: Value = serde_json::from_slice(&answer)
-                    .map_err(|_| "the answer is not the HEC JSON acknowledgement".to_string())?;
-                if parsed.get("code").and_then(Value::as_i64) != Some(0) {
-                    return Err(format!(
-                        "the answer does not confirm: {}",
-                        truncate(&parsed.to_string())
-                    ));
-                }
-                Ok(())
+                deliver_hec(url, token, client, format, events, records).await
             }
             Delivery::Otlp { url, client } => {
-                let body = otlp::logs_request(events, records, format);
-                let response = client
-                    .post(url.clone())
-                    .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| error_chain(&e.without_url()))?;
-                let status = response.status();
-                let content_type = response
-                    .headers()
-                    .get(reqwest::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_string();
-                let answer = read_bounded(response).await?;
-                if !status.is_success() {
-                    return Err(format!("answered {status}"));
-                }
-                if !answer.is_empty()
-                    && (!content_type.starts_with("application/x-protobuf")
-                        || !otlp::is_wellformed(&answer))
-                {
-                    return Err("the answer is not an OTLP protobuf response".into());
-                }
-                Ok(())
+                deliver_otlp(url, client, format, events, records).await
             }
         }
     }
 }
 
+/// Appends the batch to the file, rotating it past `max_bytes`.
+async fn deliver_file(
+    path: &Path,
+    max_bytes: u64,
+    keep: u32,
+    records: &[String],
+) -> Result<(), String> {
+    let mut bytes = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
+    for record in records {
+        bytes.extend_from_slice(record.as_bytes());
+        bytes.push(b'\n');
+    }
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || append_rotated(&path, max_bytes, keep, &bytes))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// Sends each record as a syslog datagram on the (re)connected socket.
+async fn deliver_udp(
+    addr: &str,
+    socket: &mut Option<tokio::net::UdpSocket>,
+    events: &[StoredEvent],
+    records: &[String],
+) -> Result<(), String> {
+    if socket.is_none() {
+        let s = tokio::net::UdpSocket::bind(if addr.starts_with('[') {
+            "[::]:0"
+        } else {
+            "0.0.0.0:0"
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        s.connect(addr).await.map_err(|e| e.to_string())?;
+        *socket = Some(s);
+    }
+    let Some(s) = socket else {
+        return Err("no socket".into());
+    };
+    for (event, record) in events.iter().zip(records) {
+        let mut message = syslog_message(event, record);
+        if message.len() > MAX_DATAGRAM_BYTES {
+            message = syslog_message(event, &stub(event, record.len()).to_string());
+        }
+        let sent = tokio::time::timeout(IO_TIMEOUT, s.send(message.as_bytes())).await;
+        if let Err(e) = sent
+            .map_err(|_| "timed out".to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            *socket = None;
+            return Err(e);
+        }
+    }
+    // A receiver that is not listening answers with an ICMP error, kept on
+    // the connected socket: then the batch counts as not delivered. (UDP
+    // cannot confirm more than that: it is best effort.)
+    tokio::task::yield_now().await;
+    if let Ok(Some(e)) | Err(e) = s.take_error() {
+        *socket = None;
+        return Err(e.to_string());
+    }
+    Ok(())
+}
+
+/// Writes the batch as octet-counted syslog frames on the (re)connected TCP or TLS
+/// stream; `to` is (address, TLS host name, TLS configuration).
+async fn deliver_stream(
+    to: (&str, &str, Option<&Arc<rustls::ClientConfig>>),
+    stream: &mut Option<Box<dyn Stream>>,
+    events: &[StoredEvent],
+    records: &[String],
+) -> Result<(), String> {
+    let (addr, host, tls) = to;
+    // A connection the receiver closed while we were idle is replaced
+    // before anything is written to it (the write would vanish).
+    if let Some(s) = stream.as_mut()
+        && peer_closed(s).await
+    {
+        *stream = None;
+    }
+    if stream.is_none() {
+        *stream = Some(connect(addr, host, tls).await?);
+    }
+    let Some(s) = stream.as_mut() else {
+        return Err("no connection".into());
+    };
+    let mut frames = Vec::new();
+    for (event, record) in events.iter().zip(records) {
+        let message = syslog_message(event, record);
+        // RFC 6587 octet counting: "LEN SP MSG".
+        frames.extend_from_slice(format!("{} ", message.len()).as_bytes());
+        frames.extend_from_slice(message.as_bytes());
+    }
+    let written = tokio::time::timeout(IO_TIMEOUT, async {
+        s.write_all(&frames).await?;
+        s.flush().await
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            *stream = None;
+            Err(e.to_string())
+        }
+        Err(_) => {
+            *stream = None;
+            Err("the receiver did not take the batch in time".into())
+        }
+    }
+}
+
+/// Posts the batch to a Splunk HTTP Event Collector; only its JSON acknowledgement
+/// confirms it.
+async fn deliver_hec(
+    url: &reqwest::Url,
+    token: &str,
+    client: &reqwest::Client,
+    format: ShipFormat,
+    events: &[StoredEvent],
+    records: &[String],
+) -> Result<(), String> {
+    let mut body = String::new();
+    for (event, record) in events.iter().zip(records) {
+        let payload = match format {
+            ShipFormat::Ocsf => serde_json::from_str(record).unwrap_or(Value::Null),
+            ShipFormat::Native => Value::String(record.clone()),
+        };
+        let item = json!({
+            "time": time_ms(event) as f64 / 1000.0,
+            "host": hostname(),
+            "source": "toolgate",
+            "sourcetype": match format { ShipFormat::Ocsf => "toolgate:ocsf", ShipFormat::Native => "toolgate:audit" },
+            "event": payload,
+            "fields": {"seq": event.seq, "leaf_hash_sha256": leaf_hex(event), "event_type": event_text(event, "type")},
+        });
+        body.push_str(&item.to_string());
+        body.push('\n');
+    }
+    let response = client
+        .post(url.clone())
+        .header(reqwest::header::AUTHORIZATION, format!("Splunk {token}"))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| error_chain(&e.without_url()))?;
+    let status = response.status();
+    let answer = read_bounded(response).await?;
+    if !status.is_success() {
+        return Err(format!("answered {status}"));
+    }
+    // Splunk answers {"text":"Success","code":0}; anything else is not a
+    // confirmation.
+    let parsed: Value = serde_json::from_slice(&answer)
+        .map_err(|_| "the answer is not the HEC JSON acknowledgement".to_string())?;
+    if parsed.get("code").and_then(Value::as_i64) != Some(0) {
+        return Err(format!(
+            "the answer does not confirm: {}",
+            truncate(&parsed.to_string())
+        ));
+    }
+    Ok(())
+}
+
+/// Posts the batch as an OTLP/HTTP protobuf logs request.
+async fn deliver_otlp(
+    url: &reqwest::Url,
+    client: &reqwest::Client,
+    format: ShipFormat,
+    events: &[StoredEvent],
+    records: &[String],
+) -> Result<(), String> {
+    let body = otlp::logs_request(events, records, format);
+    let response = client
+        .post(url.clone())
+        .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| error_chain(&e.without_url()))?;
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let answer = read_bounded(response).await?;
+    if !status.is_success() {
+        return Err(format!("answered {status}"));
+    }
+    if !answer.is_empty()
+        && (!content_type.starts_with("application/x-protobuf") || !otlp::is_wellformed(&answer))
+    {
+        return Err("the answer is not an OTLP protobuf response".into());
+    }
+    Ok(())
+}
+
 fn truncate(s: &str) -> String {
-    s.chars().take(200).collect()
+    crate::text::prefix_chars(s, 200)
 }
 
 async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
@@ -475,172 +524,119 @@ fn syslog_message(event: &StoredEvent, record: &str) -> String {
 /// OTLP/HTTP logs in protobuf, written by hand (the few messages needed; field numbers
 /// from opentelemetry-proto's logs/v1, common/v1, resource/v1 and collector/logs/v1).
 pub(super) mod otlp {
+    use opentelemetry_proto::tonic::collector::logs::v1::{
+        ExportLogsServiceRequest, ExportLogsServiceResponse,
+    };
+    use opentelemetry_proto::tonic::common::v1::{
+        AnyValue, InstrumentationScope, KeyValue, any_value,
+    };
+    use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use prost::Message as _;
+
     use super::*;
 
-    fn varint(mut v: u64, out: &mut Vec<u8>) {
-        while v >= 0x80 {
-            out.push((v as u8) | 0x80);
-            v >>= 7;
+    fn string(s: &str) -> Option<AnyValue> {
+        Some(AnyValue {
+            value: Some(any_value::Value::StringValue(s.to_string())),
+        })
+    }
+
+    fn attribute(key: &str, value: Option<AnyValue>) -> KeyValue {
+        KeyValue {
+            key: key.to_string(),
+            value,
+            ..KeyValue::default()
         }
-        out.push(v as u8);
     }
 
-    fn tag(field: u32, wire: u8, out: &mut Vec<u8>) {
-        varint((u64::from(field) << 3) | u64::from(wire), out);
-    }
-
-    fn bytes(field: u32, value: &[u8], out: &mut Vec<u8>) {
-        tag(field, 2, out);
-        varint(value.len() as u64, out);
-        out.extend_from_slice(value);
-    }
-
-    fn fixed64(field: u32, value: u64, out: &mut Vec<u8>) {
-        tag(field, 1, out);
-        out.extend_from_slice(&value.to_le_bytes());
-    }
-
-    /// An AnyValue holding a string (field 1) or an int (field 3).
-    enum Any<'a> {
-        Str(&'a str),
-        Int(i64),
-    }
-
-    fn key_value(field: u32, key: &str, value: Any, out: &mut Vec<u8>) {
-        let mut any = Vec::new();
-        match value {
-            Any::Str(s) => bytes(1, s.as_bytes(), &mut any),
-            Any::Int(i) => {
-                tag(3, 0, &mut any);
-                varint(i as u64, &mut any);
+    /// One event as a log record: body the record, attributes the seq, event id and
+    /// type, leaf hash, and call and run ids.
+    fn log_record(event: &StoredEvent, record: &str, format: ShipFormat, now: u64) -> LogRecord {
+        let kind = event_text(event, "type");
+        let warn = matches!(
+            kind,
+            "tool_denied" | "tool_failed" | "tool_timeout" | "safety_lock_engaged"
+        );
+        let mut attributes = vec![
+            attribute(
+                "toolgate.seq",
+                Some(AnyValue {
+                    value: Some(any_value::Value::IntValue(event.seq as i64)),
+                }),
+            ),
+            attribute("toolgate.event_id", string(event_text(event, "event_id"))),
+            attribute("toolgate.event_type", string(kind)),
+            attribute("toolgate.leaf_hash_sha256", string(&leaf_hex(event))),
+            attribute(
+                "toolgate.format",
+                string(match format {
+                    ShipFormat::Ocsf => "ocsf",
+                    ShipFormat::Native => "native",
+                }),
+            ),
+        ];
+        for (key, name) in [
+            ("call_id", "gen_ai.tool.call.id"),
+            ("tool_name", "gen_ai.tool.name"),
+            ("run_id", "toolgate.run_id"),
+        ] {
+            if let Some(v) = event.value.get(key).and_then(Value::as_str) {
+                attributes.push(attribute(name, string(v)));
             }
         }
-        let mut kv = Vec::new();
-        bytes(1, key.as_bytes(), &mut kv);
-        bytes(2, &any, &mut kv);
-        bytes(field, &kv, out);
+        LogRecord {
+            time_unix_nano: (time_ms(event).max(0) as u64) * 1_000_000,
+            observed_time_unix_nano: now,
+            // SeverityNumber WARN (13) or INFO (9).
+            severity_number: if warn { 13 } else { 9 },
+            severity_text: if warn { "WARN" } else { "INFO" }.to_string(),
+            body: string(record),
+            attributes,
+            event_name: format!("toolgate.audit.{kind}"),
+            ..LogRecord::default()
+        }
     }
 
-    /// An `ExportLogsServiceRequest` with one log record per event: body the record,
-    /// attributes the seq, event id and type, leaf hash, and call and run ids.
+    /// An `ExportLogsServiceRequest` (opentelemetry-proto's messages, prost's
+    /// encoding) with one log record per event.
     pub(crate) fn logs_request(
         events: &[StoredEvent],
         records: &[String],
         format: ShipFormat,
     ) -> Vec<u8> {
         let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() as u64;
-        let mut scope_logs = Vec::new();
-        let mut scope = Vec::new();
-        bytes(1, b"toolgate.audit", &mut scope);
-        bytes(2, env!("CARGO_PKG_VERSION").as_bytes(), &mut scope);
-        bytes(1, &scope, &mut scope_logs);
-        for (event, record) in events.iter().zip(records) {
-            let kind = event_text(event, "type");
-            let warn = matches!(
-                kind,
-                "tool_denied" | "tool_failed" | "tool_timeout" | "safety_lock_engaged"
-            );
-            let mut log = Vec::new();
-            fixed64(1, (time_ms(event).max(0) as u64) * 1_000_000, &mut log);
-            tag(2, 0, &mut log);
-            varint(if warn { 13 } else { 9 }, &mut log);
-            bytes(3, if warn { b"WARN" } else { b"INFO" }, &mut log);
-            let mut body = Vec::new();
-            bytes(1, record.as_bytes(), &mut body);
-            bytes(5, &body, &mut log);
-            key_value(6, "toolgate.seq", Any::Int(event.seq as i64), &mut log);
-            key_value(
-                6,
-                "toolgate.event_id",
-                Any::Str(event_text(event, "event_id")),
-                &mut log,
-            );
-            key_value(6, "toolgate.event_type", Any::Str(kind), &mut log);
-            key_value(
-                6,
-                "toolgate.leaf_hash_sha256",
-                Any::Str(&leaf_hex(event)),
-                &mut log,
-            );
-            key_value(
-                6,
-                "toolgate.format",
-                Any::Str(match format {
-                    ShipFormat::Ocsf => "ocsf",
-                    ShipFormat::Native => "native",
+        let log_records = events
+            .iter()
+            .zip(records)
+            .map(|(event, record)| log_record(event, record, format, now))
+            .collect();
+        let request = ExportLogsServiceRequest {
+            resource_logs: vec![ResourceLogs {
+                resource: Some(Resource {
+                    attributes: vec![
+                        attribute("service.name", string("toolgate")),
+                        attribute("service.version", string(env!("CARGO_PKG_VERSION"))),
+                    ],
+                    ..Resource::default()
                 }),
-                &mut log,
-            );
-            for (key, attribute) in [
-                ("call_id", "gen_ai.tool.call.id"),
-                ("tool_name", "gen_ai.tool.name"),
-                ("run_id", "toolgate.run_id"),
-            ] {
-                if let Some(v) = event.value.get(key).and_then(Value::as_str) {
-                    key_value(6, attribute, Any::Str(v), &mut log);
-                }
-            }
-            fixed64(11, now, &mut log);
-            bytes(12, format!("toolgate.audit.{kind}").as_bytes(), &mut log);
-            bytes(2, &log, &mut scope_logs);
-        }
-        let mut resource = Vec::new();
-        key_value(1, "service.name", Any::Str("toolgate"), &mut resource);
-        key_value(
-            1,
-            "service.version",
-            Any::Str(env!("CARGO_PKG_VERSION")),
-            &mut resource,
-        );
-        let mut resource_logs = Vec::new();
-        bytes(1, &resource, &mut resource_logs);
-        bytes(2, &scope_logs, &mut resource_logs);
-        let mut request = Vec::new();
-        bytes(1, &resource_logs, &mut request);
-        request
+                scope_logs: vec![ScopeLogs {
+                    scope: Some(InstrumentationScope {
+                        name: "toolgate.audit".to_string(),
+                        version: env!("CARGO_PKG_VERSION").to_string(),
+                        ..InstrumentationScope::default()
+                    }),
+                    log_records,
+                    ..ScopeLogs::default()
+                }],
+                ..ResourceLogs::default()
+            }],
+        };
+        request.encode_to_vec()
     }
 
-    /// Whether `data` is a well-formed protobuf message (every field's tag, wire type
-    /// and length valid, to the last byte).
+    /// Whether `data` is an `ExportLogsServiceResponse` (an empty body is one too).
     pub(crate) fn is_wellformed(data: &[u8]) -> bool {
-        fn read_varint(data: &[u8], at: &mut usize) -> Option<u64> {
-            let mut value = 0u64;
-            for shift in (0..64).step_by(7) {
-                let byte = *data.get(*at)?;
-                *at += 1;
-                value |= u64::from(byte & 0x7f) << shift;
-                if byte & 0x80 == 0 {
-                    return Some(value);
-                }
-            }
-            None
-        }
-        let mut at = 0;
-        while at < data.len() {
-            let Some(key) = read_varint(data, &mut at) else {
-                return false;
-            };
-            if key >> 3 == 0 {
-                return false;
-            }
-            let skip = match key & 7 {
-                0 => match read_varint(data, &mut at) {
-                    Some(_) => 0,
-                    None => return false,
-                },
-                1 => 8,
-                2 => match read_varint(data, &mut at) {
-                    Some(len) => len as usize,
-                    None => return false,
-                },
-                5 => 4,
-                _ => return false,
-            };
-            at = match at.checked_add(skip) {
-                Some(next) if next <= data.len() => next,
-                _ => return false,
-            };
-        }
-        true
+        ExportLogsServiceResponse::decode(data).is_ok()
     }
 }

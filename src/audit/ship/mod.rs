@@ -444,7 +444,7 @@ impl Sink {
 
     async fn run(mut self, mut cursor: u64) {
         let name = self.spec.name.clone();
-        let mut backoff = MIN_BACKOFF;
+        let mut backoff = crate::backoff::Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
         let mut failing = false;
         // The batch waiting to be delivered, kept across retries.
         let mut pending: Option<(Vec<StoredEvent>, Vec<String>)> = None;
@@ -485,10 +485,9 @@ impl Sink {
                     }
                     Err(e) => {
                         tracing::warn!(sink = %name, error = %e, "cannot read the audit log to ship");
-                        if self.pause(backoff).await {
+                        if self.pause(backoff.fail()).await {
                             return;
                         }
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
                         continue;
                     }
                 };
@@ -541,7 +540,7 @@ impl Sink {
                     pending = None;
                     self.metrics.delivered.inc_by(count);
                     self.metrics.lag_events.set((head.max(last) - last) as i64);
-                    backoff = MIN_BACKOFF;
+                    backoff.reset();
                     if failing {
                         failing = false;
                         tracing::info!(sink = %name, seq = last, "ship sink delivers again");
@@ -555,10 +554,9 @@ impl Sink {
                     } else {
                         tracing::debug!(sink = %name, error = %e, "ship sink still failing");
                     }
-                    if self.pause(backoff).await {
+                    if self.pause(backoff.fail()).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
         }
@@ -731,7 +729,10 @@ mod tests {
     }
 
     #[test]
-    fn the_otlp_request_is_wellformed_protobuf() {
+    fn the_otlp_request_decodes_as_the_collector_reads_it() {
+        use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+        use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+        use prost::Message as _;
         let line = r#"{"event_id":"ev-000000000001","seq":1,"timestamp_utc":"2026-01-02T03:04:05.678Z","type":"tool_denied","tool_name":"t"}"#;
         let event = StoredEvent {
             seq: 1,
@@ -739,7 +740,21 @@ mod tests {
             value: serde_json::from_str(line).unwrap(),
         };
         let body = deliver::otlp::logs_request(&[event], &[line.to_string()], ShipFormat::Native);
-        assert!(deliver::otlp::is_wellformed(&body));
+        let request = ExportLogsServiceRequest::decode(body.as_slice()).unwrap();
+        let record = &request.resource_logs[0].scope_logs[0].log_records[0];
+        assert_eq!(record.severity_text, "WARN");
+        assert_eq!(record.time_unix_nano, 1_767_323_045_678_000_000);
+        assert_eq!(record.event_name, "toolgate.audit.tool_denied");
+        let body = record.body.as_ref().and_then(|b| b.value.clone());
+        assert_eq!(body, Some(Any::StringValue(line.to_string())));
+        let seq = record
+            .attributes
+            .iter()
+            .find(|kv| kv.key == "toolgate.seq")
+            .and_then(|kv| kv.value.as_ref()?.value.clone());
+        assert_eq!(seq, Some(Any::IntValue(1)));
+        // A collector's answer: empty or a response message; never an HTML page.
+        assert!(deliver::otlp::is_wellformed(b""));
         assert!(!deliver::otlp::is_wellformed(b"<html>garbage</html>"));
     }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::submit::{self, Unread, WitnessedLog};
-use super::{COSIGNATURE_FILE, WitnessConfig, WitnessKey, WitnessStatus};
+use super::{WitnessConfig, WitnessKey, WitnessStatus};
 use crate::audit::AuditError;
 use crate::audit::checkpoint::{split_notes, verify_note};
 use crate::audit::keys::VerifierKey;
@@ -35,14 +35,6 @@ pub struct WitnessOptions {
     pub interval: Duration,
     /// Where cosigned checkpoints are appended.
     pub cosignature_file: PathBuf,
-}
-
-/// The default cosignature file for a database.
-pub fn default_cosignature_file(db_path: &Path) -> PathBuf {
-    db_path
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join(COSIGNATURE_FILE)
 }
 
 /// Starts one task per witness (on the current tokio runtime); returns their status.

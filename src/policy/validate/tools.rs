@@ -381,7 +381,7 @@ pub(super) fn check_flag_rule(
 pub(crate) fn pointer_fits_schema(pointer: &str, schema: &Value) -> Result<(), String> {
     let mut current = schema;
     for token in pointer.split('/').skip(1) {
-        let token = token.replace("~1", "/").replace("~0", "~");
+        let token = crate::text::pointer_unescape(token);
         let Some(object) = current.as_object() else {
             return Ok(());
         };

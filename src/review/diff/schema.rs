@@ -151,7 +151,7 @@ fn unclassified(out: &mut Vec<SchemaChange>, pointer: &str, what: &str) {
 
 /// Escapes one reference token of a JSON pointer (RFC 6901).
 fn token(name: &str) -> String {
-    name.replace('~', "~0").replace('/', "~1")
+    crate::text::pointer_token(name)
 }
 
 fn child(pointer: &str, parts: &[&str]) -> String {

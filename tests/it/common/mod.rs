@@ -11,10 +11,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+pub mod demo;
+pub mod fleet;
 pub mod golden;
 pub mod lab;
 pub mod postgres;
 pub mod python;
+pub mod snapshot;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_toolgate");
 

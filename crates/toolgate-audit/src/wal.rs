@@ -451,7 +451,7 @@ mod tests {
         let mut wal = WalCheckpointer::start(
             &path,
             Durability::Full,
-            Sinks::open(&[], None).unwrap(),
+            Sinks::open(&[], None, None).unwrap(),
             Arc::default(),
         )
         .unwrap();
@@ -603,7 +603,8 @@ mod tests {
         writer.execute_batch("CREATE TABLE t (x TEXT)").unwrap();
         let sink = dir.path().join("sink.log");
         let sinks = Sinks::open(
-            &[crate::audit::CheckpointSink::File { path: sink.clone() }],
+            &[crate::CheckpointSink::File { path: sink.clone() }],
+            None,
             None,
         )
         .unwrap();

@@ -11,13 +11,17 @@
 //! interval (plus one delivery) behind the acknowledged events. File sinks keep the
 //! periodic checkpoints only (one note per commit would grow them without bound).
 //!
+//! Webhooks are delivered by the application ([`WebhookClient`]: this crate holds no
+//! HTTP client); the mailbox, the ordering and the bounds are here.
+//!
 //! INVARIANT: notes reach a remote sink in signing order (a note never replaces a newer
-//! one); a webhook POST takes at most [`WEBHOOK_TIMEOUT`]; closing waits at most
-//! [`CLOSE_GRACE`] for the last note to go out.
+//! one); closing waits at most [`CLOSE_GRACE`] for the last note to go out.
 
 use std::fs::File;
+use std::future::Future;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::Duration;
@@ -26,14 +30,32 @@ use tokio::sync::watch;
 
 use super::{AuditError, CheckpointSink};
 use crate::localfile::ReadError;
-use crate::outbound::{self, CaBundle, error_chain};
 
-/// The longest one webhook POST may take, connecting included.
-const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
-/// The longest a webhook connection (TCP and TLS) may take to set up.
-const WEBHOOK_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A delivery of one note to a remote sink: Err is what went wrong, for the log.
+pub type Delivery<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+
+/// One remote sink the application delivers to (a webhook).
+pub trait NoteTarget: Send + Sync + 'static {
+    /// How the sink is named in logs (`webhook https://...`).
+    fn name(&self) -> String;
+    /// Sends one signed note; bounded in time by the implementation.
+    fn deliver<'a>(&'a self, note: &'a str) -> Delivery<'a>;
+}
+
+/// Builds the targets of the webhook sinks: the application's HTTP client stack.
+pub trait WebhookClient: Send + Sync + std::fmt::Debug {
+    /// One target per url of `urls`, in order; with `ca`, https trusts only that CA
+    /// bundle. Err: a configuration error (a bad url, an unreadable CA, a CA with no
+    /// https url), refused at open.
+    fn targets(
+        &self,
+        urls: &[String],
+        ca: Option<&Path>,
+    ) -> Result<Vec<Box<dyn NoteTarget>>, String>;
+}
+
 /// How often the WAL thread offers the newest signed head to the remote sinks.
-pub(crate) const HEAD_INTERVAL: Duration = Duration::from_secs(1);
+pub const HEAD_INTERVAL: Duration = Duration::from_secs(1);
 /// How long closing waits for the remote sinks to send the last note.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
@@ -60,37 +82,32 @@ struct Remote {
 
 /// Where a remote sink delivers.
 enum Target {
-    Webhook {
-        url: reqwest::Url,
-        client: reqwest::Client,
-    },
-    Syslog {
-        socket: PathBuf,
-    },
+    Webhook(Box<dyn NoteTarget>),
+    Syslog { socket: PathBuf },
 }
 
 impl Target {
     fn name(&self) -> String {
         match self {
-            Target::Webhook { url, .. } => format!("webhook {url}"),
+            Target::Webhook(target) => target.name(),
             Target::Syslog { socket } => format!("syslog {}", socket.display()),
         }
     }
 }
 
 impl Sinks {
-    /// Opens every file sink (creating it and its directory), checks every webhook url
-    /// (`http://` or `https://`; with `ca`, https trusts only that CA bundle, else the
-    /// system's roots) and starts the helper thread if there is a webhook or syslog sink.
-    pub(crate) fn open(sinks: &[CheckpointSink], ca: Option<&Path>) -> Result<Sinks, AuditError> {
+    /// Opens every file sink (creating it and its directory), has `webhooks` build the
+    /// webhook sinks (with `ca`, https trusts only that CA bundle) and starts the helper
+    /// thread if there is a webhook or syslog sink.
+    pub(crate) fn open(
+        sinks: &[CheckpointSink],
+        ca: Option<&Path>,
+        webhooks: Option<&dyn WebhookClient>,
+    ) -> Result<Sinks, AuditError> {
         let config = |what: String| AuditError::Config { what };
-        let ca = match ca {
-            Some(path) => Some(CaBundle::load(path).map_err(|e| config(e.to_string()))?),
-            None => None,
-        };
         let mut files = Vec::new();
         let mut targets = Vec::new();
-        let mut https = false;
+        let mut urls = Vec::new();
         for sink in sinks {
             match sink {
                 CheckpointSink::File { path } => {
@@ -104,40 +121,22 @@ impl Sinks {
                     let file = crate::localfile::open_append(path).map_err(|e| io(&e))?;
                     files.push((path.clone(), file));
                 }
-                CheckpointSink::Webhook { url } => {
-                    let parsed = webhook_url(url).map_err(config)?;
-                    https |= parsed.scheme() == "https";
-                    let builder = match &ca {
-                        Some(ca) => outbound::builder_trusting(ca),
-                        None => outbound::builder(),
-                    };
-                    let client = builder
-                        .connect_timeout(WEBHOOK_CONNECT_TIMEOUT)
-                        .timeout(WEBHOOK_TIMEOUT)
-                        .build()
-                        .map_err(|e| {
-                            config(format!(
-                                "cannot build the client of webhook `{url}`: {}",
-                                error_chain(&e)
-                            ))
-                        })?;
-                    targets.push(Target::Webhook {
-                        url: parsed,
-                        client,
-                    });
-                }
+                CheckpointSink::Webhook { url } => urls.push(url.clone()),
                 CheckpointSink::Syslog { socket } => targets.push(Target::Syslog {
                     socket: socket.clone(),
                 }),
             }
         }
-        if let Some(ca) = &ca
-            && !https
-        {
-            return Err(config(format!(
-                "a checkpoint sink CA (`{}`) is given but no checkpoint sink is an https:// url",
-                ca.path().display()
-            )));
+        if !urls.is_empty() || ca.is_some() {
+            let Some(webhooks) = webhooks else {
+                return Err(config(
+                    "webhook checkpoint sinks need the application's webhook client \
+                     (AuditOptions::webhooks)"
+                        .into(),
+                ));
+            };
+            let built = webhooks.targets(&urls, ca).map_err(config)?;
+            targets.extend(built.into_iter().map(Target::Webhook));
         }
         let remote = if targets.is_empty() {
             None
@@ -233,26 +232,12 @@ fn note_size(note: &str) -> Option<u64> {
     note.lines().nth(1).and_then(|line| line.parse().ok())
 }
 
-/// A webhook url: absolute `http://` or `https://` with a host and no user info.
-fn webhook_url(url: &str) -> Result<reqwest::Url, String> {
-    let bad = || format!("webhook url `{url}` must be `http(s)://host[:port]/path`");
-    let parsed = reqwest::Url::parse(url).map_err(|_| bad())?;
-    if !matches!(parsed.scheme(), "http" | "https")
-        || parsed.host_str().is_none_or(str::is_empty)
-        || !parsed.username().is_empty()
-        || parsed.password().is_some()
-    {
-        return Err(bad());
-    }
-    Ok(parsed)
-}
-
 /// The most bytes read from the end of a sink file to find its newest note.
 const TAIL_BYTES: u64 = 1024 * 1024;
 
 /// The newest note of a checkpoint sink file (None: no file, or no note yet). Reads at
 /// most the last [`TAIL_BYTES`], so a years-long sink file costs nothing at start.
-pub(crate) fn newest_note(path: &Path) -> Result<Option<String>, AuditError> {
+pub fn newest_note(path: &Path) -> Result<Option<String>, AuditError> {
     use std::io::{Read, Seek, SeekFrom};
     let io = |e: &dyn std::fmt::Display| AuditError::Io {
         path: path.to_path_buf(),
@@ -354,20 +339,7 @@ async fn deliver_loop(mut mailbox: watch::Receiver<Option<Note>>, target: Target
 
 async fn deliver(target: &Target, note: &Note) -> Result<(), String> {
     match target {
-        Target::Webhook { url, client } => {
-            let response = client
-                .post(url.clone())
-                .header(reqwest::header::CONTENT_TYPE, "text/plain; charset=utf-8")
-                .body(note.text.to_string())
-                .send()
-                .await
-                .map_err(|e| error_chain(&e.without_url()))?;
-            if response.status().is_success() {
-                Ok(())
-            } else {
-                Err(format!("answered {}", response.status()))
-            }
-        }
+        Target::Webhook(target) => target.deliver(&note.text).await,
         Target::Syslog { socket } => {
             // One line: facility local0, severity info (<134>).
             let message = format!(
@@ -382,5 +354,30 @@ async fn deliver(target: &Target, note: &Note) -> Result<(), String> {
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// This crate has no HTTP client: a webhook sink, or a CA for one, with no
+    /// [`WebhookClient`] given is refused at open, never silently left out.
+    #[test]
+    fn a_webhook_sink_without_the_applications_client_is_refused() {
+        let webhook = [CheckpointSink::Webhook {
+            url: "https://example.com/checkpoints".into(),
+        }];
+        assert!(matches!(
+            Sinks::open(&webhook, None, None),
+            Err(AuditError::Config { .. })
+        ));
+        assert!(matches!(
+            Sinks::open(&[], Some(Path::new("/etc/ca.pem")), None),
+            Err(AuditError::Config { .. })
+        ));
+        assert!(Sinks::open(&[], None, None).is_ok());
     }
 }

@@ -14,11 +14,28 @@ use time::macros::format_description;
 
 use super::{AuditError, EventType, NewEvent};
 use crate::canonical::{self, Portable, TooDeep, write_portable_u64, write_string};
-use crate::policy::PolicyVersions;
 
 /// The `prev` of the first event: 64 zeros.
 pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 pub use crate::canonical::MAX_SAFE_INTEGER;
+
+/// The `version:` an author wrote and the sha256 of the file bytes, for each of the
+/// policy's three registries: a line's `policy_versions`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PolicyVersions {
+    pub roles: FileVersion,
+    pub lanes: FileVersion,
+    pub registry: FileVersion,
+}
+
+/// One registry file's version in [`PolicyVersions`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileVersion {
+    /// The author's `version:` string.
+    pub version: String,
+    /// Lowercase hex sha256 of the file bytes as read.
+    pub sha256: String,
+}
 /// No event line is longer than this.
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 /// Nesting deeper than this in `arguments` or `details` is refused.
@@ -289,7 +306,6 @@ pub(crate) fn render(prepared: &Prepared, seq: u64, timestamp_utc: &str, prev: &
 mod tests {
     use super::*;
     use crate::canonical::to_canonical_string;
-    use crate::policy::FileVersion;
     use serde_json::json;
 
     #[test]

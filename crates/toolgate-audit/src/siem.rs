@@ -386,107 +386,8 @@ pub fn ocsf(line: &str, evidence: &Evidence) -> Value {
         }
     }
     match class {
-        Class::ApiActivity => {
-            let operation = match kind {
-                "artifact_read" => "read_artifact",
-                "shadow_divergence" => "shadow_decision",
-                _ => "execute_tool",
-            };
-            let mut api = json!({"operation": operation});
-            if let Some(tool) = event.text("tool_name") {
-                api["service"] = json!({"name": tool});
-                if let Some(v) = event.text("tool_version") {
-                    api["service"]["version"] = json!(v);
-                }
-            }
-            if let Some(call) = event.text("call_id") {
-                api["request"] = json!({"uid": call});
-            }
-            if let Some(code) = event.text("error_code") {
-                api["response"] = json!({"error": code});
-                if let Some(reason) = event.text("reason") {
-                    api["response"]["error_message"] = json!(reason);
-                }
-            }
-            if let Some(lane) = event.text("lane_id") {
-                api["group"] = json!({"name": lane, "type": "lane"});
-            }
-            record["api"] = api;
-            let mut actor = Map::new();
-            if let Some(run) = event.text("run_id") {
-                actor.insert("session".into(), json!({"uid": run}));
-            }
-            if let Some(user) = actor_user(&event) {
-                actor.insert("user".into(), user);
-            }
-            if actor.is_empty() {
-                actor.insert(
-                    "user".into(),
-                    json!({"name": "unidentified", "type_id": 0, "type": "Unknown"}),
-                );
-            }
-            record["actor"] = Value::Object(actor);
-            // The log records no network address: the endpoint is the run (or unknown).
-            record["src_endpoint"] = match event.text("run_id") {
-                Some(run) => json!({"uid": run, "type_id": 99, "type": "AI Agent Run"}),
-                None => json!({"name": "unidentified", "type_id": 0, "type": "Unknown"}),
-            };
-            if let Some(ms) = event.number("execution_time_ms") {
-                record["duration"] = json!(ms);
-            }
-            if let Some((action_id, action, disposition_id, disposition)) = out.control {
-                metadata["profiles"] = json!(["security_control"]);
-                record["action_id"] = json!(action_id);
-                record["action"] = json!(action);
-                record["disposition_id"] = json!(disposition_id);
-                record["disposition"] = json!(disposition);
-                if let Some(versions) = parsed.get("policy_versions") {
-                    let v = |k: &str| {
-                        versions
-                            .get(k)
-                            .and_then(|f| f.get("version"))
-                            .and_then(Value::as_str)
-                            .unwrap_or("-")
-                            .to_string()
-                    };
-                    record["policy"] = json!({
-                        "name": "toolgate policy",
-                        "version": format!("roles {}, lanes {}, registry {}", v("roles"), v("lanes"), v("registry")),
-                    });
-                }
-            }
-        }
-        Class::EntityManagement => {
-            let (entity_type, uid) = match kind {
-                "run_token_issued" | "run_token_revoked" => (
-                    "Run Token",
-                    event.detail_text("token_id").or(event.text("run_id")),
-                ),
-                _ => ("Run", event.text("run_id")),
-            };
-            let mut entity = json!({
-                "type_id": 99,
-                "type": entity_type,
-                "name": uid.unwrap_or("unknown"),
-            });
-            if let Some(uid) = uid {
-                entity["uid"] = json!(uid);
-            }
-            if let Some(details) = event.details().filter(|d| !d.is_empty()) {
-                entity["data"] = Value::Object(details.clone());
-            }
-            record["entity"] = entity;
-            let mut actor = Map::new();
-            if let Some(user) = admin_user(&event) {
-                actor.insert("user".into(), user);
-            }
-            if let Some(run) = event.text("run_id") {
-                actor.insert("session".into(), json!({"uid": run}));
-            }
-            if !actor.is_empty() {
-                record["actor"] = Value::Object(actor);
-            }
-        }
+        Class::ApiActivity => api_activity(&event, kind, &out, &mut record, &mut metadata),
+        Class::EntityManagement => entity_management(&event, kind, &mut record),
         Class::ApplicationLifecycle => {
             record["app"] = json!({
                 "name": PRODUCT,
@@ -515,6 +416,119 @@ pub fn ocsf(line: &str, evidence: &Evidence) -> Value {
     record["metadata"] = metadata;
     record["unmapped"] = json!({ "toolgate": Value::Object(extra) });
     record
+}
+
+/// The API Activity fields of a call's event: the tool as the service, the run as the
+/// actor's session and the source endpoint, and a decision as a security control.
+fn api_activity(
+    event: &Event,
+    kind: &str,
+    out: &Outcome,
+    record: &mut Value,
+    metadata: &mut Value,
+) {
+    let parsed = event.value;
+    let operation = match kind {
+        "artifact_read" => "read_artifact",
+        "shadow_divergence" => "shadow_decision",
+        _ => "execute_tool",
+    };
+    let mut api = json!({"operation": operation});
+    if let Some(tool) = event.text("tool_name") {
+        api["service"] = json!({"name": tool});
+        if let Some(v) = event.text("tool_version") {
+            api["service"]["version"] = json!(v);
+        }
+    }
+    if let Some(call) = event.text("call_id") {
+        api["request"] = json!({"uid": call});
+    }
+    if let Some(code) = event.text("error_code") {
+        api["response"] = json!({"error": code});
+        if let Some(reason) = event.text("reason") {
+            api["response"]["error_message"] = json!(reason);
+        }
+    }
+    if let Some(lane) = event.text("lane_id") {
+        api["group"] = json!({"name": lane, "type": "lane"});
+    }
+    record["api"] = api;
+    let mut actor = Map::new();
+    if let Some(run) = event.text("run_id") {
+        actor.insert("session".into(), json!({"uid": run}));
+    }
+    if let Some(user) = actor_user(event) {
+        actor.insert("user".into(), user);
+    }
+    if actor.is_empty() {
+        actor.insert(
+            "user".into(),
+            json!({"name": "unidentified", "type_id": 0, "type": "Unknown"}),
+        );
+    }
+    record["actor"] = Value::Object(actor);
+    // The log records no network address: the endpoint is the run (or unknown).
+    record["src_endpoint"] = match event.text("run_id") {
+        Some(run) => json!({"uid": run, "type_id": 99, "type": "AI Agent Run"}),
+        None => json!({"name": "unidentified", "type_id": 0, "type": "Unknown"}),
+    };
+    if let Some(ms) = event.number("execution_time_ms") {
+        record["duration"] = json!(ms);
+    }
+    if let Some((action_id, action, disposition_id, disposition)) = out.control {
+        metadata["profiles"] = json!(["security_control"]);
+        record["action_id"] = json!(action_id);
+        record["action"] = json!(action);
+        record["disposition_id"] = json!(disposition_id);
+        record["disposition"] = json!(disposition);
+        if let Some(versions) = parsed.get("policy_versions") {
+            let v = |k: &str| {
+                versions
+                    .get(k)
+                    .and_then(|f| f.get("version"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("-")
+                    .to_string()
+            };
+            record["policy"] = json!({
+                "name": "toolgate policy",
+                "version": format!("roles {}, lanes {}, registry {}", v("roles"), v("lanes"), v("registry")),
+            });
+        }
+    }
+}
+
+/// The Entity Management fields of a run's or run token's event.
+fn entity_management(event: &Event, kind: &str, record: &mut Value) {
+    let (entity_type, uid) = match kind {
+        "run_token_issued" | "run_token_revoked" => (
+            "Run Token",
+            event.detail_text("token_id").or(event.text("run_id")),
+        ),
+        _ => ("Run", event.text("run_id")),
+    };
+    let mut entity = json!({
+        "type_id": 99,
+        "type": entity_type,
+        "name": uid.unwrap_or("unknown"),
+    });
+    if let Some(uid) = uid {
+        entity["uid"] = json!(uid);
+    }
+    if let Some(details) = event.details().filter(|d| !d.is_empty()) {
+        entity["data"] = Value::Object(details.clone());
+    }
+    record["entity"] = entity;
+    let mut actor = Map::new();
+    if let Some(user) = admin_user(event) {
+        actor.insert("user".into(), user);
+    }
+    if let Some(run) = event.text("run_id") {
+        actor.insert("session".into(), json!({"uid": run}));
+    }
+    if !actor.is_empty() {
+        record["actor"] = Value::Object(actor);
+    }
 }
 
 /// A CEF header field: `\` and `|` escaped, line breaks replaced by a space.

@@ -30,7 +30,7 @@ pub const HMAC_KEY_FILE: &str = "audit-hmac.key";
 /// The C2SP signed-note signature type byte of Ed25519.
 const ED25519_TYPE: u8 = 0x01;
 /// Key files are tiny; refuse to read anything larger.
-pub(crate) const MAX_KEY_FILE_BYTES: u64 = 4096;
+pub const MAX_KEY_FILE_BYTES: u64 = 4096;
 
 /// key ID = SHA-256(key name || 0x0A || 0x01 || 32-byte public key)[:4].
 pub fn key_id(name: &str, public_key: &[u8; 32]) -> [u8; 4] {

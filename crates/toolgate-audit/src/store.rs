@@ -80,7 +80,7 @@ pub(crate) const INSERT_CHECKPOINT: &str =
     "INSERT INTO checkpoints (size, root, note, created_utc, reason) VALUES (?1, ?2, ?3, ?4, ?5)";
 
 /// Maps an SQLite error to the typed error an operator can act on.
-pub(crate) fn map_sqlite(err: &rusqlite::Error, path: &Path) -> AuditError {
+pub fn map_sqlite(err: &rusqlite::Error, path: &Path) -> AuditError {
     let path = path.to_path_buf();
     match err {
         rusqlite::Error::SqliteFailure(e, _) => match e.code {
@@ -252,7 +252,7 @@ pub(crate) fn open_writer(
 }
 
 /// Opens the database read-only (for reads next to the writer, verify and export).
-pub(crate) fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connection, AuditError> {
+pub fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connection, AuditError> {
     if !path.exists() {
         return Err(AuditError::Io {
             path: path.to_path_buf(),
@@ -308,7 +308,7 @@ pub(crate) struct State {
     pub head: Option<CheckpointRow>,
 }
 
-pub(crate) fn decode_hash(text: &str) -> Option<Hash> {
+pub fn decode_hash(text: &str) -> Option<Hash> {
     let mut out = [0u8; 32];
     hex::decode_to_slice(text, &mut out).ok()?;
     Some(out)

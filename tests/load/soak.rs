@@ -3,9 +3,10 @@
 //! process RSS are sampled every second; TOOLGATE_SOAK_DURABILITY (default `normal`)
 //! picks the durability. One client with NORMAL makes every commit a quiet one
 //! (docs/audit.md), whose WAL is kept bounded by handing the restart to the writer
-//! thread. Ignored by default (not part of CI); run it with
+//! thread. Not part of `cargo test` (the `load` target is built only on request); run it
+//! with
 //!
-//!     TOOLGATE_SOAK_SECONDS=600 cargo test --release --test it soak -- --ignored --nocapture
+//!     TOOLGATE_SOAK_SECONDS=600 cargo test --release --test load soak -- --nocapture
 //!
 //! (`TOOLGATE_TEST_BIN=target/release/toolgate` runs a release server from a debug test
 //! build.)
@@ -36,7 +37,6 @@ fn rss_bytes(pid: u32) -> u64 {
 }
 
 #[test]
-#[ignore = "a 10-minute soak; run it on purpose (see the file's header)"]
 fn soak_keeps_the_wal_bounded_and_rss_flat() {
     let seconds: u64 = std::env::var("TOOLGATE_SOAK_SECONDS")
         .ok()

@@ -273,7 +273,7 @@ pub(crate) fn create(
 }
 
 /// fsyncs the directory holding `path` (so a rename or removal in it is durable).
-pub(crate) fn sync_dir(path: &Path) -> Result<(), AuditError> {
+pub fn sync_dir(path: &Path) -> Result<(), AuditError> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())

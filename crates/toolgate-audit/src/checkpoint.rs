@@ -265,7 +265,7 @@ pub fn split_notes(text: &str) -> Result<Vec<String>, String> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::audit::merkle::leaf_hash;
+    use crate::merkle::leaf_hash;
 
     fn signer(name: &str, seed: u8) -> SignerKey {
         SignerKey::from_seed(name, [seed; 32]).unwrap()

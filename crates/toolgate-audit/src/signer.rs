@@ -280,8 +280,8 @@ fn serve_connection(key: &SignerKey, mut stream: UnixStream) {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::audit::checkpoint::Checkpoint;
-    use crate::audit::merkle::leaf_hash;
+    use crate::checkpoint::Checkpoint;
+    use crate::merkle::leaf_hash;
 
     #[test]
     fn the_socket_signer_signs_checkpoints_and_refuses_anything_else() {
@@ -307,7 +307,7 @@ mod tests {
         };
         let note = cp.sign_with(&signer).unwrap();
         assert_eq!(
-            crate::audit::checkpoint::verify_note(&note, &expected).unwrap(),
+            crate::checkpoint::verify_note(&note, &expected).unwrap(),
             cp
         );
         let err = signer.sign(b"anything else").unwrap_err();

@@ -51,8 +51,9 @@ use super::{AuditError, DEFAULT_ORIGIN};
 /// over [`MANIFEST_DOMAIN`] followed by the bytes of manifest.json.
 pub const MANIFEST_SIGNATURE_FILE: &str = "manifest.sig";
 
-/// The verifier script shipped in every export.
-pub const VERIFY_SCRIPT: &str = include_str!("../../audit/verify_export.py");
+/// The verifier script shipped in every export (`audit/verify_export.py` at the top of
+/// the workspace: the independent second implementation, no part of this crate).
+pub const VERIFY_SCRIPT: &str = include_str!("../../../audit/verify_export.py");
 
 /// Which view to write besides `events.jsonl`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -372,7 +373,7 @@ pub fn export(
         ExportFormat::Jsonl | ExportFormat::Ocsf | ExportFormat::Cef => None,
     };
     // The SIEM view: records that carry their evidence against the export checkpoint.
-    let export_ref = super::siem::CheckpointRef {
+    let export_ref = crate::siem::CheckpointRef {
         size: tree_size,
         root: crate::canonical::to_hex(export_checkpoint.root),
         note: export_note.clone(),
@@ -420,15 +421,15 @@ pub fn export(
             inclusion.write(&serde_json::to_vec(&proof).unwrap_or_default())?;
             inclusion.write(b"\n")?;
             if let Some(file) = &mut siem {
-                let evidence = super::siem::Evidence {
+                let evidence = crate::siem::Evidence {
                     seq,
                     leaf_hash: crate::canonical::to_hex(super::merkle::leaf_hash(line.as_bytes())),
                     checkpoint: Some(&export_ref),
                     inclusion_proof: Some(proof.path.clone()),
                 };
                 let record = match options.format {
-                    ExportFormat::Cef => super::siem::cef(&line, &evidence),
-                    _ => super::siem::ocsf(&line, &evidence).to_string(),
+                    ExportFormat::Cef => crate::siem::cef(&line, &evidence),
+                    _ => crate::siem::ocsf(&line, &evidence).to_string(),
                 };
                 file.write(record.as_bytes())?;
                 file.write(b"\n")?;
@@ -518,7 +519,7 @@ pub fn export(
         consistency.finish()?,
     );
     // The witnesses' cosignatures (`serve --witness`) of the checkpoints above.
-    let cosigned = super::witness::default_cosignature_file(&options.db_path);
+    let cosigned = crate::cosign::default_cosignature_file(&options.db_path);
     if cosigned.exists() {
         let roots: std::collections::HashMap<u64, super::merkle::Hash> = verified
             .checkpoints
@@ -527,7 +528,7 @@ pub fn export(
             .chain(std::iter::once((tree_size, export_checkpoint.root)))
             .collect();
         let mut file = Hashed::create(out, "cosignatures.txt")?;
-        for note in super::witness::read_cosigned(&cosigned)? {
+        for note in crate::cosign::read_cosigned(&cosigned)? {
             let checkpoint = super::checkpoint::verify_note(&note, &key);
             if checkpoint.is_ok_and(|c| roots.get(&c.size) == Some(&c.root)) {
                 file.write(note.as_bytes())?;
