@@ -674,6 +674,12 @@ reasons! {
         "the tool used more CPU time or wrote a larger file than its profile's `limits` allow",
         "call with less work, or raise the limit in the tool's `sandbox.limits` (a policy change that `policy diff` reports as widening)",
     },
+    CallerJwtRequired => "caller_jwt_required" {
+        Denied, Authentication, step 10, retryable false, Error,
+        "the tool's upstream credential is exchanged for the caller's verified JWT (`auth: token_exchange`), and this call was not authenticated with one; nothing was sent",
+        "the call used a run token or a static token; a token exchange needs the caller's own JWT as its subject token",
+        "call this tool with the workload's JWT from its identity provider, not a run token",
+    },
 }
 
 /// A refusal or failure of one call: the reason, a specific message, and details a

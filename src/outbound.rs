@@ -3,10 +3,13 @@
 //! goes through a reqwest client made by [`builder`] or [`builder_trusting`], over rustls
 //! with the AWS-LC crypto provider (docs/decisions.md says why).
 //!
-//! INVARIANT: no redirect is followed and no proxy is used unless the registry names
-//! one for the upstream (never one from the environment), so a request goes to the
-//! host its caller checked and to no other; server certificates are always verified
-//! (against the system's roots, or only the given CA bundle), never skipped.
+//! INVARIANT: no redirect is followed, and a proxy is used only for a tool's upstream
+//! (and its token endpoint): the one the registry names for it, else the environment's
+//! `HTTPS_PROXY`/`HTTP_PROXY` (less `NO_PROXY` and loopback hosts). A proxy is told the
+//! host the caller checked and nothing else, and the other clients (webhooks, shipping,
+//! witnesses, OTLP, key sets) never use one. Server certificates are always verified
+//! (against the system's roots, or only the given CA bundle), never skipped, through a
+//! proxy too (https goes through it with CONNECT).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -130,7 +133,8 @@ impl ClientIdentity {
 /// A client builder for one upstream: trusting only `ca` when given (else the
 /// system's roots), presenting `identity` when given, through `proxy` when given (an
 /// `http://` proxy; https goes through it with CONNECT, and the certificate is still
-/// the upstream's, verified end to end).
+/// the upstream's, verified end to end), else through the environment's proxies
+/// ([`environment_proxies`]).
 pub fn builder_for(
     ca: Option<&CaBundle>,
     identity: Option<&ClientIdentity>,
@@ -142,12 +146,59 @@ pub fn builder_for(
     };
     let tls = tls_with(verifier, identity).map_err(|e| OutboundError::Build(e.to_string()))?;
     let mut builder = base().tls_backend_preconfigured(tls);
-    if let Some(proxy) = proxy {
-        let proxy = reqwest::Proxy::all(proxy)
-            .map_err(|e| OutboundError::Build(format!("proxy: {}", error_chain(&e))))?;
-        builder = builder.proxy(proxy);
+    match proxy {
+        Some(proxy) => {
+            let proxy = reqwest::Proxy::all(proxy)
+                .map_err(|e| OutboundError::Build(format!("proxy: {}", error_chain(&e))))?;
+            builder = builder.proxy(proxy);
+        }
+        None => {
+            for proxy in environment_proxies(|name| std::env::var(name).ok())? {
+                builder = builder.proxy(proxy);
+            }
+        }
     }
     Ok(builder)
+}
+
+/// Hosts that never go through a proxy of the environment (as Go's net/http): a sidecar's
+/// loopback upstreams are on its own host.
+const NEVER_PROXIED: &str = "localhost,127.0.0.0/8,::1";
+
+/// The proxies `var` names (the environment's, read when a policy's adapters are built):
+/// `HTTPS_PROXY` for https upstreams and `HTTP_PROXY` for http ones (either name in lower
+/// case too; an empty value is none), skipping the hosts of `NO_PROXY` (reqwest's
+/// syntax: names match their subdomains, IP ranges in CIDR, `*` all) and loopback hosts.
+/// A value that is not a proxy URL is an error, not ignored.
+pub fn environment_proxies(
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<reqwest::Proxy>, OutboundError> {
+    let read = |upper: &str, lower: &str| {
+        var(upper)
+            .or_else(|| var(lower))
+            .filter(|v| !v.trim().is_empty())
+    };
+    let skipped = match read("NO_PROXY", "no_proxy") {
+        Some(list) => format!("{NEVER_PROXIED},{list}"),
+        None => NEVER_PROXIED.to_string(),
+    };
+    let mut proxies = Vec::new();
+    for (upper, lower, https) in [
+        ("HTTPS_PROXY", "https_proxy", true),
+        ("HTTP_PROXY", "http_proxy", false),
+    ] {
+        let Some(url) = read(upper, lower) else {
+            continue;
+        };
+        let proxy = if https {
+            reqwest::Proxy::https(url.trim())
+        } else {
+            reqwest::Proxy::http(url.trim())
+        }
+        .map_err(|e| OutboundError::Build(format!("`{upper}`: {}", error_chain(&e))))?;
+        proxies.push(proxy.no_proxy(reqwest::NoProxy::from_string(&skipped)));
+    }
+    Ok(proxies)
 }
 
 /// The verifier when the system has no root certificate: refuses every server.
@@ -322,6 +373,31 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_environments_proxies_are_read_and_a_bad_one_is_an_error() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(environment_proxies(env(&[])).unwrap().is_empty());
+        assert!(
+            environment_proxies(env(&[("HTTPS_PROXY", " ")]))
+                .unwrap()
+                .is_empty()
+        );
+        const BOTH: &[(&str, &str)] = &[
+            ("https_proxy", "http://127.0.0.1:3128"),
+            ("HTTP_PROXY", "http://proxy.internal:3128"),
+        ];
+        assert_eq!(environment_proxies(env(BOTH)).unwrap().len(), 2);
+        let bad = environment_proxies(env(&[("HTTPS_PROXY", "http://[::1")])).unwrap_err();
+        assert!(bad.to_string().contains("HTTPS_PROXY"), "{bad}");
+    }
 
     #[test]
     fn clients_build_without_a_runtime_and_without_a_default_provider() {

@@ -126,6 +126,23 @@ struct Call {
     /// The sandbox a local tool process ran in (`details.sandbox`), and its CPU time
     /// and peak memory for the response's `metrics`.
     sandbox: Option<crate::sandbox::Evidence>,
+    /// Whether the caller's bearer token is a JWT that verified at step 2: only then
+    /// is it handed to the adapter (the subject token of a `token_exchange`).
+    jwt_verified: bool,
+    /// `{sub, act}` of a token exchanged for the caller's JWT and sent upstream
+    /// (`details.delegation`).
+    delegation: Option<Value>,
+}
+
+/// What step 10 hands the adapter beyond the call, and where it reports back.
+#[derive(Clone, Copy)]
+struct Reported<'a> {
+    /// The sandbox evidence of a local process (`details.sandbox`).
+    evidence: &'a crate::sandbox::EvidenceSlot,
+    /// The delegation of an exchanged token (`details.delegation`).
+    delegation: &'a crate::adapter::DelegationSlot,
+    /// The caller's verified JWT, as sent.
+    subject_token: Option<&'a str>,
 }
 
 /// What the audit events of a call record about its arguments.
@@ -455,8 +472,10 @@ impl Gateway {
         let captured = async {
             // 10. execute the tool via its adapter (within its concurrency limit and
             //     deadline); a two-phase tool's commit token is taken out of its output
-            let (output, tool_ms, commit_token) =
-                self.execute_step(loaded, &allowed, call, signals).await?;
+            let subject_token = token.filter(|_| call.jwt_verified);
+            let (output, tool_ms, commit_token) = self
+                .execute_step(loaded, &allowed, call, signals, subject_token)
+                .await?;
             call.trace.passed_step = 10;
 
             // 11. capture output and register derived artifacts
@@ -559,6 +578,7 @@ impl Gateway {
         // steps 2-4, which stay pure.
         let credential = self.credential(&loaded.policy, token).await;
         call.caller = credential.caller_json();
+        call.jwt_verified = matches!(credential.jwt, Some(Ok(_)));
         let caller = credential.caller();
         let decided = trace::step_span("authorize", 8)
             .in_scope(|| decide(loaded, caller, request, &runs, &lock, call));
@@ -670,18 +690,26 @@ impl Gateway {
         allowed: &Allowed<'_>,
         call: &mut Call,
         signals: &CallSignals,
+        subject_token: Option<&str>,
     ) -> Result<(Value, u64, Option<String>), Refusal> {
         let executed = {
             let _slot = loaded.acquire(allowed.tool)?;
             call.executed = true;
             let started = Instant::now();
             let evidence = crate::sandbox::EvidenceSlot::default();
+            let delegation = crate::adapter::DelegationSlot::default();
+            let reported = Reported {
+                evidence: &evidence,
+                delegation: &delegation,
+                subject_token,
+            };
             let executed = self
-                .execute(allowed, call, signals, &evidence)
+                .execute(allowed, call, signals, reported)
                 .instrument(trace::step_span("execute", 10))
                 .await;
             call.tool_time = Some(started.elapsed());
             call.sandbox = evidence.into_inner().ok().flatten();
+            call.delegation = delegation.into_inner().ok().flatten();
             executed
         };
         let (mut output, tool_ms) = executed.map_err(|failed| {
@@ -862,7 +890,7 @@ impl Gateway {
         allowed: &Allowed<'_>,
         call: &Call,
         signals: &CallSignals,
-        evidence: &crate::sandbox::EvidenceSlot,
+        reported: Reported<'_>,
     ) -> Result<(Value, u64), ExecFailure> {
         let tool = allowed.tool;
         let (timeout_ms, deadline) = call_deadline(allowed, call);
@@ -872,7 +900,10 @@ impl Gateway {
             run_id: &allowed.run.run_id,
             scope: &allowed.scope.scope,
             deadline,
-            sandbox: Some(evidence),
+            sandbox: Some(reported.evidence),
+            subject_token: reported.subject_token,
+            idempotency_key: allowed.request.idempotency_key.as_deref(),
+            delegation: Some(reported.delegation),
         };
         // INVARIANT: nothing starts once the deadline has passed (e.g. a slow audit
         // append in step 9 used the whole budget).
@@ -1242,6 +1273,8 @@ impl Call {
             caller: None,
             approval: None,
             sandbox: None,
+            jwt_verified: false,
+            delegation: None,
         }
         .traced()
     }
@@ -1351,6 +1384,11 @@ impl Call {
             event
                 .details
                 .insert("sandbox".into(), Value::Object(sandbox.details.clone()));
+        }
+        if let Some(delegation) = &self.delegation {
+            event
+                .details
+                .insert("delegation".into(), delegation.clone());
         }
         event
     }

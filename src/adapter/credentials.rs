@@ -1,6 +1,7 @@
 //! Outbound credentials of http tools and MCP servers: the `Authorization` a tool's
 //! `auth` adds after the call is authorized (bearer, basic, an OAuth 2.0 client
-//! credentials token fetched and cached), and the [`Scrubber`] that keeps every
+//! credentials token fetched and cached, a token exchanged for the caller's verified
+//! JWT per RFC 8693 and cached per caller), and the [`Scrubber`] that keeps every
 //! secret value, and every form derived from one, out of what an upstream answers.
 //!
 //! INVARIANT: a secret value or a fetched token never leaves an adapter except in the
@@ -12,13 +13,14 @@
 //! time left to the call's deadline) and size ([`MAX_TOKEN_RESPONSE_BYTES`]); a failed one sends nothing to
 //! the tool (`Unreachable`: `dependency_down`, `reached_tool: false`).
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use base64::Engine;
 use bytes::BytesMut;
 use hyper::header::HeaderValue;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use super::ExecError;
@@ -166,6 +168,8 @@ impl Scrubber {
                 limit,
                 detail: self.text(&detail),
             },
+            ExecError::CallerJwtRequired(m) => ExecError::CallerJwtRequired(self.text(&m)),
+            ExecError::CredentialRefused(m) => ExecError::CredentialRefused(self.text(&m)),
             other @ (ExecError::Timeout | ExecError::Cancelled) => other,
         }
     }
@@ -199,12 +203,15 @@ pub(crate) enum Credential {
     Header(HeaderValue),
     /// An OAuth 2.0 access token, fetched and cached.
     ClientCredentials(Box<TokenSource>),
+    /// An access token exchanged for the caller's verified JWT (RFC 8693), cached per
+    /// subject token.
+    TokenExchange(Box<ExchangeSource>),
 }
 
 impl Credential {
     /// The credential of `auth` (mTLS is the client's, not a header), with every value
-    /// it sends added to `values` (for the scrubber). `Err` for an auth kind this build
-    /// cannot send, or a reference that does not resolve.
+    /// it sends added to `values` (for the scrubber). `Err` for a reference that does
+    /// not resolve.
     pub(crate) fn build(
         auth: Option<&OutboundAuth>,
         secrets: &Secrets,
@@ -220,18 +227,20 @@ impl Credential {
             | Some(OutboundAuth::Bearer(_))
             | Some(OutboundAuth::Basic { .. }) => Ok(Credential::None),
             Some(OutboundAuth::Oauth2ClientCredentials(grant)) => {
-                let resolved = ResolvedGrant::new(grant, secrets)?;
-                values.push(resolved.client_secret.clone());
-                values.push(resolved.basic.clone());
+                let resolved = ResolvedGrant::new(grant, secrets, values)?;
                 Ok(Credential::ClientCredentials(Box::new(TokenSource::new(
                     resolved,
                     client.clone(),
                 ))))
             }
-            Some(OutboundAuth::TokenExchange(_)) => Err(
-                "`token_exchange` is not available in this build: the caller's verified JWT is not handed to adapters yet"
-                    .to_string(),
-            ),
+            Some(OutboundAuth::TokenExchange(grant)) => {
+                let resolved = ResolvedGrant::new(grant, secrets, values)?;
+                Ok(Credential::TokenExchange(Box::new(ExchangeSource {
+                    grant: resolved,
+                    client: client.clone(),
+                    cache: Mutex::new(HashMap::new()),
+                })))
+            }
         }
     }
 }
@@ -272,21 +281,41 @@ fn header(value: &str) -> Result<HeaderValue, String> {
     Ok(value)
 }
 
-/// A client credentials grant with its references resolved.
+/// RFC 8693's token type of a JWT: the subject token's, and an actor token's unless
+/// the registry names another.
+pub(crate) const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
+/// RFC 8693's grant type.
+const TOKEN_EXCHANGE_GRANT: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+/// How many exchanged tokens one tool keeps (one per subject token).
+const MAX_EXCHANGED: usize = 1024;
+/// The largest `sub` recorded in `details.delegation`.
+const MAX_DELEGATION_SUB_BYTES: usize = 512;
+/// The largest `act` (as JSON) recorded in `details.delegation`, and its deepest nesting.
+const MAX_DELEGATION_ACT_BYTES: usize = 4096;
+const MAX_DELEGATION_ACT_DEPTH: usize = 16;
+
+/// A token grant (client credentials or token exchange) with its references resolved.
 #[derive(Debug)]
 pub(crate) struct ResolvedGrant {
     token_url: reqwest::Url,
     /// `host:port` of the token endpoint, for messages.
     label: String,
-    client_secret: String,
     /// The `Authorization: Basic` value of the client (RFC 6749 2.3.1).
     basic: String,
     scope: Option<String>,
     audience: Option<String>,
+    /// `token_exchange` only: the sidecar's own actor token and its type.
+    actor_token: Option<String>,
+    actor_token_type: String,
 }
 
 impl ResolvedGrant {
-    fn new(grant: &TokenGrant, secrets: &Secrets) -> Result<ResolvedGrant, String> {
+    /// The grant with its secrets resolved; every value it sends is added to `values`.
+    fn new(
+        grant: &TokenGrant,
+        secrets: &Secrets,
+        values: &mut Vec<String>,
+    ) -> Result<ResolvedGrant, String> {
         let resolve = |text: &str| {
             secrets::resolve(text, secrets)
                 .ok_or_else(|| "a `${secret:ID}` of its `auth` does not resolve".to_string())
@@ -307,119 +336,67 @@ impl ResolvedGrant {
             encode(&client_id),
             encode(&client_secret)
         ));
+        let actor_token = grant.actor_token.as_deref().map(resolve).transpose()?;
+        values.push(client_secret);
+        values.push(basic.clone());
+        values.extend(actor_token.clone());
         Ok(ResolvedGrant {
             token_url,
             label,
-            client_secret,
             basic,
             scope: grant.scope.clone(),
             audience: grant.audience.clone(),
+            actor_token,
+            actor_token_type: grant
+                .actor_token_type
+                .clone()
+                .unwrap_or_else(|| JWT_TOKEN_TYPE.to_string()),
         })
     }
-}
 
-/// A cached access token.
-#[derive(Clone)]
-struct Cached {
-    token: String,
-    /// Used until then (its expiry less [`TOKEN_EXPIRY_SKEW`]).
-    fresh_until: Instant,
-}
-
-/// The access tokens of one upstream: fetched when none is fresh (one fetch at a time),
-/// dropped when the upstream answers 401 to it.
-pub(crate) struct TokenSource {
-    grant: ResolvedGrant,
-    client: reqwest::Client,
-    cache: tokio::sync::Mutex<Option<Cached>>,
-}
-
-impl std::fmt::Debug for TokenSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenSource")
-            .field("token_endpoint", &self.grant.label)
-            .finish()
-    }
-}
-
-impl TokenSource {
-    fn new(grant: ResolvedGrant, client: reqwest::Client) -> TokenSource {
-        TokenSource {
-            grant,
-            client,
-            cache: tokio::sync::Mutex::new(None),
-        }
-    }
-
-    /// A fresh token: the cached one, or one fetched now (within `deadline`). Every
-    /// token fetched is added to `scrubber`.
-    pub(crate) async fn token(
+    /// Runs `fetch` within [`TOKEN_FETCH_TIMEOUT`] and half the time left to
+    /// `deadline` (so a token endpoint that hangs fails the call as the dependency it
+    /// is, not as the tool's timeout). A failure sends nothing to the tool.
+    async fn within<T>(
         &self,
         deadline: Instant,
-        scrubber: &Scrubber,
-    ) -> Result<String, ExecError> {
-        let mut cache = tokio::time::timeout_at(deadline, self.cache.lock())
-            .await
-            .map_err(|_| ExecError::Timeout)?;
-        if let Some(cached) = cache.as_ref()
-            && Instant::now() < cached.fresh_until
-        {
-            return Ok(cached.token.clone());
-        }
-        *cache = None;
-        // At most half the time left, so a token endpoint that hangs fails the call as
-        // the dependency it is, not as the tool's timeout.
+        fetch: impl std::future::Future<Output = Result<T, String>>,
+    ) -> Result<T, ExecError> {
         let now = Instant::now();
         let until = now + TOKEN_FETCH_TIMEOUT.min(deadline.saturating_duration_since(now) / 2);
-        let fetched = tokio::time::timeout_at(until, self.fetch())
+        tokio::time::timeout_at(until, fetch)
             .await
             .unwrap_or_else(|_| {
                 Err(format!(
                     "the token endpoint `{}` did not answer in time",
-                    self.grant.label
+                    self.label
                 ))
             })
             .map_err(|e| {
                 ExecError::Unreachable(format!(
                     "could not obtain an access token, so nothing was sent: {e}"
                 ))
-            })?;
-        scrubber.add(&fetched.token);
-        let token = fetched.token.clone();
-        if fetched.fresh_until > Instant::now() {
-            *cache = Some(fetched);
-        }
-        Ok(token)
+            })
     }
 
-    /// Forgets `token` if it is the cached one (the upstream answered 401 to it): the
-    /// next call fetches a new one.
-    pub(crate) async fn reject(&self, token: &str) {
-        let mut cache = self.cache.lock().await;
-        if cache.as_ref().is_some_and(|c| c.token == token) {
-            *cache = None;
-        }
-    }
-
-    async fn fetch(&self) -> Result<Cached, String> {
-        let label = &self.grant.label;
-        let mut form = vec![("grant_type", "client_credentials")];
-        if let Some(scope) = &self.grant.scope {
-            form.push(("scope", scope));
-        }
-        if let Some(audience) = &self.grant.audience {
-            form.push(("audience", audience));
-        }
+    /// POSTs `form` to the token endpoint with the client's credential and reads the
+    /// answer (at most [`MAX_TOKEN_RESPONSE_BYTES`]): the token, how long it is fresh,
+    /// and the whole answer.
+    async fn request(
+        &self,
+        client: &reqwest::Client,
+        form: &[(&str, &str)],
+    ) -> Result<(Cached, Value), String> {
+        let label = &self.label;
         let body: String = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(form)
             .finish();
-        let mut authorization = HeaderValue::from_str(&format!("Basic {}", self.grant.basic))
+        let mut authorization = HeaderValue::from_str(&format!("Basic {}", self.basic))
             .map_err(|_| "the client credential is not a valid header value".to_string())?;
         authorization.set_sensitive(true);
         let started = Instant::now();
-        let mut response = self
-            .client
-            .post(self.grant.token_url.clone())
+        let mut response = client
+            .post(self.token_url.clone())
             .header(hyper::header::AUTHORIZATION, authorization)
             .header(
                 hyper::header::CONTENT_TYPE,
@@ -494,11 +471,261 @@ impl TokenSource {
             .and_then(Value::as_u64)
             .map(|s| Duration::from_secs(s.min(86_400)))
             .unwrap_or(DEFAULT_TOKEN_LIFETIME);
-        Ok(Cached {
+        let cached = Cached {
             token: token.to_string(),
             fresh_until: started + lifetime.saturating_sub(TOKEN_EXPIRY_SKEW),
-        })
+        };
+        Ok((cached, answer))
     }
+}
+
+/// A cached access token.
+#[derive(Clone)]
+struct Cached {
+    token: String,
+    /// Used until then (its expiry less [`TOKEN_EXPIRY_SKEW`]).
+    fresh_until: Instant,
+}
+
+/// The access tokens of one upstream: fetched when none is fresh (one fetch at a time),
+/// dropped when the upstream answers 401 to it.
+pub(crate) struct TokenSource {
+    grant: ResolvedGrant,
+    client: reqwest::Client,
+    cache: tokio::sync::Mutex<Option<Cached>>,
+}
+
+impl std::fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenSource")
+            .field("token_endpoint", &self.grant.label)
+            .finish()
+    }
+}
+
+impl TokenSource {
+    fn new(grant: ResolvedGrant, client: reqwest::Client) -> TokenSource {
+        TokenSource {
+            grant,
+            client,
+            cache: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// A fresh token: the cached one, or one fetched now (within `deadline`). Every
+    /// token fetched is added to `scrubber`.
+    pub(crate) async fn token(
+        &self,
+        deadline: Instant,
+        scrubber: &Scrubber,
+    ) -> Result<String, ExecError> {
+        let mut cache = tokio::time::timeout_at(deadline, self.cache.lock())
+            .await
+            .map_err(|_| ExecError::Timeout)?;
+        if let Some(cached) = cache.as_ref()
+            && Instant::now() < cached.fresh_until
+        {
+            return Ok(cached.token.clone());
+        }
+        *cache = None;
+        let mut form = vec![("grant_type", "client_credentials")];
+        if let Some(scope) = &self.grant.scope {
+            form.push(("scope", scope));
+        }
+        if let Some(audience) = &self.grant.audience {
+            form.push(("audience", audience));
+        }
+        let (fetched, _) = self
+            .grant
+            .within(deadline, self.grant.request(&self.client, &form))
+            .await?;
+        scrubber.add(&fetched.token);
+        let token = fetched.token.clone();
+        if fetched.fresh_until > Instant::now() {
+            *cache = Some(fetched);
+        }
+        Ok(token)
+    }
+
+    /// Forgets `token` if it is the cached one (the upstream answered 401 to it): the
+    /// next call fetches a new one.
+    pub(crate) async fn reject(&self, token: &str) {
+        let mut cache = self.cache.lock().await;
+        if cache.as_ref().is_some_and(|c| c.token == token) {
+            *cache = None;
+        }
+    }
+}
+
+/// An exchanged token and the delegation it carries.
+#[derive(Clone)]
+struct Exchanged {
+    cached: Cached,
+    /// `details.delegation`: `{sub, act}` of the issued token.
+    delegation: Value,
+}
+
+/// The tokens of a `token_exchange` upstream: one per subject token (the caller's
+/// JWT), exchanged at the token endpoint when none is fresh and kept until shortly
+/// before it expires, at most [`MAX_EXCHANGED`] of them. Concurrent first calls with
+/// one subject token may each exchange it (no lock is held across a fetch, so one
+/// caller's slow exchange never holds up another's).
+pub(crate) struct ExchangeSource {
+    grant: ResolvedGrant,
+    client: reqwest::Client,
+    /// By the sha256 of the subject token (the cache keeps no caller's token).
+    cache: Mutex<HashMap<String, Exchanged>>,
+}
+
+impl std::fmt::Debug for ExchangeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExchangeSource")
+            .field("token_endpoint", &self.grant.label)
+            .finish()
+    }
+}
+
+impl ExchangeSource {
+    /// A fresh token exchanged for `subject` and its delegation: the cached one, or
+    /// one exchanged now (within `deadline`). Every token issued is added to
+    /// `scrubber`.
+    pub(crate) async fn token(
+        &self,
+        subject: &str,
+        deadline: Instant,
+        scrubber: &Scrubber,
+    ) -> Result<(String, Value), ExecError> {
+        let key = crate::canonical::sha256_hex(subject.as_bytes());
+        let now = Instant::now();
+        if let Some(found) = self.lock().get(&key)
+            && now < found.cached.fresh_until
+        {
+            scrubber.add(&found.cached.token);
+            return Ok((found.cached.token.clone(), found.delegation.clone()));
+        }
+        let mut form = vec![
+            ("grant_type", TOKEN_EXCHANGE_GRANT),
+            ("subject_token", subject),
+            ("subject_token_type", JWT_TOKEN_TYPE),
+        ];
+        if let Some(audience) = &self.grant.audience {
+            form.push(("audience", audience));
+        }
+        if let Some(scope) = &self.grant.scope {
+            form.push(("scope", scope));
+        }
+        if let Some(actor) = &self.grant.actor_token {
+            form.push(("actor_token", actor));
+            form.push(("actor_token_type", &self.grant.actor_token_type));
+        }
+        let (cached, answer) = self
+            .grant
+            .within(deadline, self.grant.request(&self.client, &form))
+            .await?;
+        scrubber.add(&cached.token);
+        let delegation = scrubber.value(delegation(&cached.token, &answer));
+        let token = cached.token.clone();
+        if cached.fresh_until > Instant::now() {
+            let mut cache = self.lock();
+            if cache.len() >= MAX_EXCHANGED {
+                let now = Instant::now();
+                cache.retain(|_, e| e.cached.fresh_until > now);
+            }
+            if cache.len() >= MAX_EXCHANGED
+                && let Some(oldest) = cache
+                    .iter()
+                    .min_by_key(|(_, e)| e.cached.fresh_until)
+                    .map(|(k, _)| k.clone())
+            {
+                cache.remove(&oldest);
+            }
+            cache.insert(
+                key,
+                Exchanged {
+                    cached,
+                    delegation: delegation.clone(),
+                },
+            );
+        }
+        Ok((token, delegation))
+    }
+
+    /// Forgets the token exchanged for `subject` if it is `token` (the upstream
+    /// answered 401 to it): the next call exchanges again.
+    pub(crate) fn reject(&self, subject: &str, token: &str) {
+        let key = crate::canonical::sha256_hex(subject.as_bytes());
+        let mut cache = self.lock();
+        if cache.get(&key).is_some_and(|e| e.cached.token == token) {
+            cache.remove(&key);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Exchanged>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// `details.delegation` of an issued token: its `sub` and `act` (RFC 8693 4.1) read
+/// from its payload when it is a JWT (not verified: the token endpoint that issued it
+/// is trusted for what it issued), else from the token answer's own fields, else
+/// `{"sub": null}`. Never the token.
+fn delegation(token: &str, answer: &Value) -> Value {
+    let claims = jwt_payload(token).or_else(|| answer.as_object().cloned());
+    let mut out = Map::new();
+    let sub = claims
+        .as_ref()
+        .and_then(|c| c.get("sub"))
+        .and_then(Value::as_str)
+        .map(|s| Value::String(super::truncate(s, MAX_DELEGATION_SUB_BYTES)));
+    out.insert("sub".into(), sub.unwrap_or(Value::Null));
+    if let Some(act) = claims.as_ref().and_then(|c| c.get("act"))
+        && act.is_object()
+    {
+        if depth(act) > MAX_DELEGATION_ACT_DEPTH
+            || serde_json::to_string(act).map_or(usize::MAX, |s| s.len()) > MAX_DELEGATION_ACT_BYTES
+        {
+            out.insert(
+                "act_omitted".into(),
+                Value::String(format!(
+                    "larger than {MAX_DELEGATION_ACT_BYTES} bytes or nested deeper than {MAX_DELEGATION_ACT_DEPTH}"
+                )),
+            );
+        } else {
+            out.insert("act".into(), act.clone());
+        }
+    }
+    Value::Object(out)
+}
+
+/// The claims of a compact JWS, if `token` is one whose payload is a JSON object.
+fn jwt_payload(token: &str) -> Option<Map<String, Value>> {
+    let mut parts = token.split('.');
+    let (_header, payload, _signature) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    match serde_json::from_slice::<Value>(&bytes).ok()? {
+        Value::Object(claims) => Some(claims),
+        _ => None,
+    }
+}
+
+/// How deeply `value` nests (a scalar is 0). Iterative.
+fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        match v {
+            Value::Array(items) => stack.extend(items.iter().map(|i| (i, d + 1))),
+            Value::Object(map) => stack.extend(map.values().map(|i| (i, d + 1))),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 #[cfg(test)]
@@ -506,6 +733,50 @@ impl TokenSource {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn jwt(claims: &Value) -> String {
+        let b64 =
+            |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+        format!("{}.{}.sig", b64(&json!({"alg": "RS256"})), b64(claims))
+    }
+
+    #[test]
+    fn the_delegation_is_read_from_the_issued_token_then_the_answer_and_is_bounded() {
+        let token =
+            jwt(&json!({"sub": "dr-alice", "act": {"sub": "sidecar", "act": {"sub": "agent"}}}));
+        assert_eq!(
+            delegation(&token, &json!({"sub": "ignored"})),
+            json!({"sub": "dr-alice", "act": {"sub": "sidecar", "act": {"sub": "agent"}}})
+        );
+        // An opaque token: the answer's own fields, else no subject.
+        assert_eq!(
+            delegation(
+                "opaque-token-1",
+                &json!({"access_token": "x", "sub": "dr-bob"})
+            ),
+            json!({"sub": "dr-bob"})
+        );
+        assert_eq!(
+            delegation("opaque-token-1", &json!({})),
+            json!({"sub": null})
+        );
+        assert_eq!(delegation("a.b.c", &json!({})), json!({"sub": null}));
+        // A hostile issuer: an act too deep or too large is not recorded, a long sub is cut.
+        let mut deep = json!({"sub": "x"});
+        for _ in 0..20 {
+            deep = json!({"sub": "x", "act": deep});
+        }
+        let recorded = delegation(
+            &jwt(&json!({"sub": "s".repeat(5000), "act": deep})),
+            &json!({}),
+        );
+        assert!(recorded.get("act").is_none(), "{recorded}");
+        assert!(recorded["act_omitted"].is_string());
+        assert!(recorded["sub"].as_str().unwrap().len() <= MAX_DELEGATION_SUB_BYTES);
+        let wide = json!({"sub": "y".repeat(5000)});
+        let recorded = delegation(&jwt(&json!({"sub": "z", "act": wide})), &json!({}));
+        assert!(recorded.get("act").is_none(), "{recorded}");
+    }
 
     #[test]
     fn every_form_of_a_secret_is_scrubbed() {

@@ -275,6 +275,18 @@ impl Upstream {
         ctx: &ExecContext<'_>,
         cap: usize,
     ) -> Result<Value, ExecError> {
+        self.post_json_with(body, ctx, cap, None).await
+    }
+
+    /// [`Upstream::post_json`] with an `Authorization` value (a two-phase tool's
+    /// credential); a 401 to it is `CredentialRefused`.
+    pub(crate) async fn post_json_with(
+        &self,
+        body: &Value,
+        ctx: &ExecContext<'_>,
+        cap: usize,
+        authorization: Option<HeaderValue>,
+    ) -> Result<Value, ExecError> {
         // INVARIANT: checked at build too; checked again so no code path can send a
         // request elsewhere.
         if !self.allowed.allows(&self.uri) || !self.allowed.allows_url(&self.url) {
@@ -297,9 +309,19 @@ impl Upstream {
                 request = request.header(name, v);
             }
         }
+        let refusable = authorization.is_some();
+        if let Some(value) = authorization {
+            request = request.header(AUTHORIZATION, value);
+        }
         let request = request.body(to_canonical_bytes(body));
 
         let answer = self.exchange(request, ctx, cap).await?;
+        if refusable && answer.status == StatusCode::UNAUTHORIZED {
+            return Err(ExecError::CredentialRefused(format!(
+                "upstream `{}` answered 401 to the credential",
+                self.label
+            )));
+        }
         if answer.status.is_success() {
             // Parsed within the deadline (a large answer on the blocking pool).
             return within(ctx, parse_output(answer.body)).await?.map_err(|e| {
@@ -629,15 +651,20 @@ impl HttpAdapter {
         arguments: &Value,
         ctx: ExecContext<'_>,
     ) -> Result<Value, ExecError> {
-        let result = self.send(tool, arguments, ctx).await;
-        if self.scrubber.is_empty() {
+        // The caller's JWT and the token exchanged for it are this call's own secrets.
+        let call_secrets = match (&self.credential, ctx.subject_token) {
+            (Credential::TokenExchange(_), Some(subject)) => Scrubber::new([subject.to_string()]),
+            _ => Scrubber::default(),
+        };
+        let result = self.send(tool, arguments, ctx, &call_secrets).await;
+        if self.scrubber.is_empty() && call_secrets.is_empty() {
             return result;
         }
         // INVARIANT: nothing an upstream of a tool with secrets answered leaves the
         // adapter unscrubbed.
         match result {
-            Ok(value) => Ok(self.scrubber.value(value)),
-            Err(e) => Err(self.scrubber.error(e)),
+            Ok(value) => Ok(call_secrets.value(self.scrubber.value(value))),
+            Err(e) => Err(call_secrets.error(self.scrubber.error(e))),
         }
     }
 
@@ -646,6 +673,7 @@ impl HttpAdapter {
         tool: &Tool,
         arguments: &Value,
         ctx: ExecContext<'_>,
+        call_secrets: &Scrubber,
     ) -> Result<Value, ExecError> {
         if self.request.is_default() && !self.template.has_placeholders() {
             // Today's adapter: a JSON POST of the arguments to a fixed URL.
@@ -688,47 +716,133 @@ impl HttpAdapter {
         }
         // The registry's headers last: they may set `accept` and `content-type`.
         request = request.headers(self.headers.clone());
+        let cap = output_hard_cap(tool);
         // The credential after everything else: nothing may replace it.
-        let token = match &self.credential {
-            Credential::None => None,
+        let mut answer = match &self.credential {
+            Credential::None => self.upstream.exchange(request, &ctx, cap).await?,
             Credential::Header(value) => {
-                request = request.header(AUTHORIZATION, value.clone());
-                None
+                let request = request.header(AUTHORIZATION, value.clone());
+                self.upstream.exchange(request, &ctx, cap).await?
             }
-            Credential::ClientCredentials(source) => {
-                let token = source.token(ctx.deadline, &self.scrubber).await?;
-                let mut value =
-                    HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-                        ExecError::Unreachable(
-                            "the access token is not a header value; nothing was sent".into(),
-                        )
-                    })?;
-                value.set_sensitive(true);
-                request = request.header(AUTHORIZATION, value);
-                Some((source, token))
+            Credential::ClientCredentials(_) | Credential::TokenExchange(_) => {
+                self.send_with_token(tool, request, &ctx, cap, call_secrets)
+                    .await?
             }
         };
-        let mut answer = self
-            .upstream
-            .exchange(request, &ctx, output_hard_cap(tool))
-            .await?;
-        if answer.status == StatusCode::UNAUTHORIZED
-            && let Some((source, token)) = token
-        {
-            // The token was refused (revoked, rotated): the next call fetches a new
-            // one. This call is not sent again: the contract retries only an
-            // idempotent call the caller keyed, which the adapter cannot tell here.
-            source.reject(&token).await;
-            return Err(ExecError::DependencyDown(format!(
-                "upstream `{label}` answered 401 to the access token; a new token is fetched for the next call"
-            )));
-        }
-        if !self.scrubber.is_empty() {
+        if !self.scrubber.is_empty() || !call_secrets.is_empty() {
             // Before any excerpt is cut from it, so no part of a secret survives.
-            answer.body = self.scrubber.bytes(answer.body);
+            answer.body = call_secrets.bytes(self.scrubber.bytes(answer.body));
         }
         map_answer(label, answer, &ctx).await
     }
+
+    /// Sends `request` with an access token (fetched, or exchanged for the caller's
+    /// JWT). When the upstream answers 401 the token is dropped, and the request is
+    /// sent once more with a new token only under the contract's retry rule (an
+    /// idempotent tool called with an `idempotency_key`); otherwise the call fails
+    /// `dependency_down`, retryable, and the next call uses a new token.
+    async fn send_with_token(
+        &self,
+        tool: &Tool,
+        request: reqwest::RequestBuilder,
+        ctx: &ExecContext<'_>,
+        cap: usize,
+        call_secrets: &Scrubber,
+    ) -> Result<Answer, ExecError> {
+        let label = &self.upstream.label;
+        let resend = tool.idempotent && ctx.idempotency_key.is_some();
+        let again = if resend { request.try_clone() } else { None };
+        let token = self.access_token(ctx, call_secrets).await?;
+        let answer = self
+            .upstream
+            .exchange(bearer(request, &token)?, ctx, cap)
+            .await?;
+        if answer.status != StatusCode::UNAUTHORIZED {
+            return Ok(answer);
+        }
+        self.reject(ctx, &token).await;
+        let Some(again) = again else {
+            return Err(ExecError::CredentialRefused(format!(
+                "upstream `{label}` answered 401 to the access token; a new token is fetched for the next call (this call is sent again only when the tool is idempotent and the call carries an idempotency_key)"
+            )));
+        };
+        // The upstream refused the request, so it had no effect: sent again once,
+        // with a new token. A token that cannot be had now fails the call as one that
+        // reached the upstream.
+        let token = self
+            .access_token(ctx, call_secrets)
+            .await
+            .map_err(|e| match e {
+                ExecError::Unreachable(m) => ExecError::CredentialRefused(format!(
+                    "upstream `{label}` answered 401 to the access token, and no new one could be had: {m}"
+                )),
+                other => other,
+            })?;
+        let answer = self
+            .upstream
+            .exchange(bearer(again, &token)?, ctx, cap)
+            .await?;
+        if answer.status == StatusCode::UNAUTHORIZED {
+            self.reject(ctx, &token).await;
+            return Err(ExecError::CredentialRefused(format!(
+                "upstream `{label}` answered 401 to a newly fetched access token too"
+            )));
+        }
+        Ok(answer)
+    }
+
+    /// The access token of this call: the client's own (client credentials), or one
+    /// exchanged for the caller's verified JWT, whose delegation is recorded.
+    async fn access_token(
+        &self,
+        ctx: &ExecContext<'_>,
+        call_secrets: &Scrubber,
+    ) -> Result<String, ExecError> {
+        match &self.credential {
+            Credential::ClientCredentials(source) => {
+                source.token(ctx.deadline, &self.scrubber).await
+            }
+            Credential::TokenExchange(source) => {
+                let Some(subject) = ctx.subject_token else {
+                    return Err(ExecError::CallerJwtRequired(
+                        "the call was not authenticated with a verified JWT (a run token or a static token carries no subject to exchange)".to_string(),
+                    ));
+                };
+                let (token, delegation) = source.token(subject, ctx.deadline, call_secrets).await?;
+                ctx.delegated(delegation);
+                Ok(token)
+            }
+            Credential::None | Credential::Header(_) => Err(ExecError::Unreachable(
+                "the tool has no token credential; nothing was sent".to_string(),
+            )),
+        }
+    }
+
+    /// Drops `token` after the upstream refused it.
+    async fn reject(&self, ctx: &ExecContext<'_>, token: &str) {
+        match (&self.credential, ctx.subject_token) {
+            (Credential::ClientCredentials(source), _) => source.reject(token).await,
+            (Credential::TokenExchange(source), Some(subject)) => source.reject(subject, token),
+            _ => {}
+        }
+    }
+}
+
+/// `request` with `Authorization: Bearer <token>` (marked sensitive).
+fn bearer(
+    request: reqwest::RequestBuilder,
+    token: &str,
+) -> Result<reqwest::RequestBuilder, ExecError> {
+    Ok(request.header(AUTHORIZATION, bearer_value(token)?))
+}
+
+/// `Bearer <token>` as a header value (marked sensitive).
+pub(crate) fn bearer_value(token: &str) -> Result<HeaderValue, ExecError> {
+    let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+        ExecError::Unreachable("the access token is not a header value; nothing was sent".into())
+    })?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 /// The placeholder as written (for messages).

@@ -311,6 +311,8 @@ struct Connection {
     process: Option<Arc<Process>>,
     /// The bound on the upstream's own requests; tripped, the connection is closed.
     wire: Arc<Tripwire>,
+    /// The access token it was opened with (`auth: oauth2_client_credentials`).
+    token: Option<String>,
 }
 
 impl Connection {
@@ -513,10 +515,20 @@ impl Session {
         else {
             return Err(ExecError::Timeout);
         };
+        // The connection's access token, fresh: a connection opened with another (it
+        // expired, or was refused) is replaced.
+        let token = match &self.reach.token {
+            Some(source) => Some(source.token(deadline, &self.reach.scrubber).await?),
+            None => None,
+        };
         if let Some(current) = &supervisor.current {
-            if !current.client.peer().is_transport_closed() && !current.exited() {
+            if current.token != token {
+                supervisor.current = None;
+            } else if !current.client.peer().is_transport_closed() && !current.exited() {
                 return Ok(current.clone());
             }
+        }
+        if let Some(current) = &supervisor.current {
             if let Some(why) = current.wire.why() {
                 tracing::info!(server = %self.label, "opening a new connection: {why}");
             }
@@ -539,7 +551,7 @@ impl Session {
         }
         let opened = open(
             &self.upstream,
-            (&self.reach, self.confinement.as_ref()),
+            (&self.reach, self.confinement.as_ref(), token.clone()),
             &self.label,
             self.bounds,
             deadline,
@@ -554,6 +566,9 @@ impl Session {
             }
             Ok(Err(e)) => {
                 supervisor.note_failure();
+                // The handshake may have failed on the token (a 401): the next
+                // attempt fetches a new one.
+                self.forget_token(token.as_deref()).await;
                 Err(e)
             }
             Err(_) => {
@@ -563,8 +578,18 @@ impl Session {
         }
     }
 
-    /// Drops `connection` if it is still the current one, and counts a failure.
+    /// Drops `token` from the server's token cache, if it has one.
+    async fn forget_token(&self, token: Option<&str>) {
+        if let (Some(source), Some(token)) = (&self.reach.token, token) {
+            source.reject(token).await;
+        }
+    }
+
+    /// Drops `connection` if it is still the current one, and counts a failure; its
+    /// access token is dropped too (an upstream closes a connection whose token it
+    /// refuses), so the next connection is opened with a new one.
     async fn retire(&self, connection: &Arc<Connection>) {
+        self.forget_token(connection.token.as_deref()).await;
         let mut supervisor = self.supervisor.lock().await;
         if let Some(process) = &connection.process {
             process.kill();
@@ -583,7 +608,7 @@ impl Session {
 /// Starts the server (stdio) or connects (HTTP) and runs the MCP handshake.
 async fn open(
     upstream: &Upstream,
-    (reach, confinement): (&Reach, Option<&Confinement>),
+    (reach, confinement, token): (&Reach, Option<&Confinement>, Option<String>),
     label: &str,
     bounds: Bounds,
     deadline: Instant,
@@ -621,6 +646,7 @@ async fn open(
                     client,
                     process: Some(process),
                     wire,
+                    token: None,
                 }),
                 Err(e) => {
                     let tail = process.stderr_tail(deadline).await;
@@ -646,6 +672,7 @@ async fn open(
                 })?;
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
             config.custom_headers = reach.headers.iter().cloned().collect();
+            config.auth_header = token.clone();
             config.max_json_response_size = bounds.hard_cap;
             config.max_sse_event_size = bounds.hard_cap;
             let served = match tap {
@@ -666,6 +693,7 @@ async fn open(
                 client,
                 process: None,
                 wire,
+                token,
             })
         }
     }

@@ -42,6 +42,29 @@ pub struct ExecContext<'a> {
     /// Where a local process's sandbox evidence goes (`details.sandbox`), if the
     /// caller keeps it.
     pub sandbox: Option<&'a crate::sandbox::EvidenceSlot>,
+    /// The caller's bearer JWT as it sent it, only when it verified at step 2 (the
+    /// subject token of a `token_exchange`); None for a run token, a static token or
+    /// no token.
+    pub subject_token: Option<&'a str>,
+    /// The call's `idempotency_key`: with an idempotent tool, an upstream request that
+    /// failed on a refused access token may be sent again (contract: retry rule).
+    pub idempotency_key: Option<&'a str>,
+    /// Where a `token_exchange` records the delegation of the token it sent
+    /// (`details.delegation`), if the caller keeps it.
+    pub delegation: Option<&'a DelegationSlot>,
+}
+
+/// The `details.delegation` of a call whose upstream credential was exchanged for the
+/// caller's JWT: `{sub, act}` of the issued token, never the token.
+pub type DelegationSlot = std::sync::Mutex<Option<Value>>;
+
+impl ExecContext<'_> {
+    /// Records the delegation of the token sent upstream.
+    pub(crate) fn delegated(&self, delegation: Value) {
+        if let Some(slot) = self.delegation {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(delegation);
+        }
+    }
 }
 
 /// How an execution failed, before classification into a reason.
@@ -80,6 +103,13 @@ pub enum ExecError {
     SandboxUnavailable { guarantee: String, detail: String },
     /// The kernel ended the tool at a limit of its sandbox profile.
     ResourceLimit { limit: &'static str, detail: String },
+    /// The upstream answered 401 to the access token it was sent (and no new token
+    /// could be sent again): it refused the request before acting on it (RFC 9110
+    /// 15.5.2), so, as when nothing was sent, no side effect can have happened.
+    CredentialRefused(String),
+    /// The tool's upstream credential is exchanged for the caller's verified JWT
+    /// (`token_exchange`), and this call was not made with one; nothing was sent.
+    CallerJwtRequired(String),
 }
 
 impl ExecError {
@@ -92,7 +122,9 @@ impl ExecError {
         match self {
             ExecError::Busy(_)
             | ExecError::Unreachable(_)
-            | ExecError::SandboxUnavailable { .. } => Some(false),
+            | ExecError::SandboxUnavailable { .. }
+            | ExecError::CallerJwtRequired(_)
+            | ExecError::CredentialRefused(_) => Some(false),
             ExecError::Timeout
             | ExecError::Cancelled
             | ExecError::DependencyDown(_)
@@ -241,16 +273,18 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
                         }
                     }
                 }),
-            AdapterConfig::Http { request, .. } if tool.phases.is_some() && request.outbound.auth.is_some() => Err(vec![SettingProblem::new(
-                "`auth` on a two-phase tool: its commit and rollback calls would go without the credential",
-            )
-            .help("call the upstream's commit and rollback through a tool without `phases`, or drop `auth`")]),
             AdapterConfig::Http {
                 url,
                 allowed_hosts,
                 request,
-            } => http::HttpAdapter::build(url, allowed_hosts, request, &policy.secrets, &env.tools_dir)
-                .map(|h| Adapter::Http(Box::new(h))),
+            } => http::HttpAdapter::build(
+                url,
+                allowed_hosts,
+                request,
+                &policy.secrets,
+                &env.tools_dir,
+            )
+            .map(|h| Adapter::Http(Box::new(h))),
             AdapterConfig::Mcp {
                 tool: upstream_tool,
                 sandbox,
@@ -289,8 +323,14 @@ pub fn build(policy: &Policy, env: &AdapterEnv) -> Result<Adapters, Vec<Problem>
             })),
         }
     }
-    let (runners, found) =
-        phases::build_all(&policy.tools, env, &forbidden, &registry, &mut problems);
+    let (runners, found) = phases::build_all(
+        &policy.tools,
+        env,
+        &policy.secrets,
+        &forbidden,
+        &registry,
+        &mut problems,
+    );
     adapters.phases = runners;
     problems.extend(found.into_iter().map(|(name, p)| Problem {
         file: policy.source.tools_file.clone(),
@@ -531,6 +571,21 @@ impl Adapter {
                 format!("tool `{name}` was stopped by the kernel at its `{limit}` limit"),
             )
             .with_details(json!({ "limit": limit, "tool_error": bounded(detail) })),
+            ExecError::CredentialRefused(m) => Refusal::new(
+                Reason::DependencyDown,
+                format!(
+                    "the upstream of tool `{name}` refused its access token (401) and did not act on the request"
+                ),
+            )
+            .with_details(json!({ "dependency_error": bounded(m), "reached_tool": error.reached_tool() }))
+            .with_retryable(true),
+            ExecError::CallerJwtRequired(m) => Refusal::new(
+                Reason::CallerJwtRequired,
+                format!(
+                    "tool `{name}` sends the caller's own delegated credential, exchanged for its verified JWT; this call was not made with one, and nothing was sent"
+                ),
+            )
+            .with_details(json!({ "credential_error": bounded(m), "reached_tool": error.reached_tool() })),
         }
     }
 }

@@ -6,11 +6,14 @@
 //! `{"commit_token", "call_id", "commit_id", "phase"}` as JSON: POSTed to the phase's
 //! `url` (http and builtin adapters; only hosts of the adapter's allowlist) or on the
 //! stdin of the phase's `argv` (command adapters). A 2xx answer (exit status 0) with a
-//! JSON body confirms the phase.
+//! JSON body confirms the phase. An http tool's phase calls carry its `auth` (bearer,
+//! basic, client credentials; not `token_exchange`: there is no caller's JWT then).
 //!
 //! INVARIANT: an attempt is retried only when the upstream could not be reached, was
-//! busy, answered 5xx or did not answer in time, at most `phases.max_attempts` in all;
-//! an upstream that answered a refusal (4xx, non-zero exit) is never retried. The
+//! busy, answered 5xx, refused the access token (401: it did not act, and the next
+//! attempt has a new token) or did not answer in time, at most `phases.max_attempts`
+//! in all; an upstream that answered another refusal (4xx, non-zero exit) is never
+//! retried. The
 //! upstream must treat a repeated commit or rollback of one token as the same request
 //! (the retry rule of the contract for side effects).
 
@@ -21,8 +24,10 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
 use super::command::CommandAdapter;
+use super::credentials::{Credential, Scrubber};
 use super::http::Upstream;
 use super::{AdapterEnv, ExecContext, ExecError, SettingProblem};
+use crate::policy::secrets::Secrets;
 use crate::policy::{AdapterConfig, PhaseCall, Phases, Tool};
 
 /// The first retry waits this long; each next one twice as long, up to the cap.
@@ -48,8 +53,56 @@ impl Phase {
 /// Where one phase call goes.
 #[derive(Debug)]
 enum Target {
-    Http(Box<Upstream>),
+    Http(Box<Upstream>, Box<PhaseAuth>),
     Command(CommandAdapter),
+}
+
+/// The credential of an http phase call: the tool's own `auth` (bearer, basic, client
+/// credentials), and the scrubber of every value it sends.
+#[derive(Debug, Default)]
+struct PhaseAuth {
+    credential: Option<Credential>,
+    scrubber: Scrubber,
+}
+
+impl PhaseAuth {
+    /// POSTs `body` with the credential; a refused access token is dropped (the next
+    /// attempt fetches a new one). What the upstream answers is scrubbed.
+    async fn post(
+        &self,
+        upstream: &Upstream,
+        body: &Value,
+        ctx: &ExecContext<'_>,
+        cap: usize,
+    ) -> Result<Value, ExecError> {
+        let (authorization, token) = match &self.credential {
+            None | Some(Credential::None) => (None, None),
+            Some(Credential::Header(value)) => (Some(value.clone()), None),
+            Some(Credential::ClientCredentials(source)) => {
+                let token = source.token(ctx.deadline, &self.scrubber).await?;
+                (
+                    Some(super::http::bearer_value(&token)?),
+                    Some((source, token)),
+                )
+            }
+            Some(Credential::TokenExchange(_)) => {
+                return Err(ExecError::Unreachable(
+                    "a phase call has no caller's JWT to exchange; nothing was sent".into(),
+                ));
+            }
+        };
+        let result = upstream.post_json_with(body, ctx, cap, authorization).await;
+        if let (Err(ExecError::CredentialRefused(_)), Some((source, token))) = (&result, token) {
+            source.reject(&token).await;
+        }
+        if self.scrubber.is_empty() {
+            return result;
+        }
+        match result {
+            Ok(value) => Ok(self.scrubber.value(value)),
+            Err(e) => Err(self.scrubber.error(e)),
+        }
+    }
 }
 
 /// The commit and rollback calls of one two-phase tool.
@@ -76,6 +129,7 @@ impl PhaseRunner {
     pub(super) fn build(
         tool: &Tool,
         env: &AdapterEnv,
+        secrets: &Secrets,
         forbidden: &crate::sandbox::plan::Forbidden,
         registry: &str,
         located: &mut Vec<crate::policy::Problem>,
@@ -106,15 +160,35 @@ impl PhaseRunner {
         let mut target = |call: &PhaseCall, name: &str| -> Option<Target> {
             let built = match (call, &tool.adapter) {
                 (PhaseCall::Url(url), AdapterConfig::Http { request, .. }) => {
-                    // The tool's own CA and proxy (its `auth` is refused with `phases`).
+                    // The tool's own CA, proxy and credential.
                     super::outbound_client(&request.outbound, &env.tools_dir)
                         .and_then(super::http::new_client)
                         .map_err(|e| vec![SettingProblem::new(e)])
-                        .and_then(|client| Upstream::build_with(url, &hosts, client))
-                        .map(|u| Target::Http(Box::new(u)))
+                        .and_then(|client| {
+                            let upstream = Upstream::build_with(url, &hosts, client.clone())?;
+                            let mut values = Vec::new();
+                            let credential = Credential::build(
+                                request.outbound.auth.as_ref(),
+                                secrets,
+                                &client,
+                                &mut values,
+                            )
+                            .map_err(|e| vec![SettingProblem::new(e)])?;
+                            if matches!(credential, Credential::TokenExchange(_)) {
+                                return Err(vec![SettingProblem::new(
+                                    "`auth: token_exchange` on a two-phase tool: its commit and rollback come later, without the caller's JWT",
+                                )
+                                .help("use the sidecar's own credential (`oauth2_client_credentials`, `bearer`, `basic`) for a two-phase tool")]);
+                            }
+                            let auth = PhaseAuth {
+                                credential: Some(credential),
+                                scrubber: Scrubber::new(values),
+                            };
+                            Ok(Target::Http(Box::new(upstream), Box::new(auth)))
+                        })
                 }
                 (PhaseCall::Url(url), _) => {
-                    Upstream::build(url, &hosts).map(|u| Target::Http(Box::new(u)))
+                    Upstream::build(url, &hosts).map(|u| Target::Http(Box::new(u), Box::default()))
                 }
                 (
                     PhaseCall::Argv(argv),
@@ -204,11 +278,13 @@ impl PhaseRunner {
                 scope: &scope,
                 deadline: Instant::now() + Duration::from_millis(self.settings.timeout_ms),
                 sandbox: Some(&slot),
+                subject_token: None,
+                idempotency_key: None,
+                delegation: None,
             };
             let result = match target {
-                Target::Http(upstream) => {
-                    upstream
-                        .post_json(&body, &ctx, super::output_hard_cap(tool))
+                Target::Http(upstream, auth) => {
+                    auth.post(upstream, &body, &ctx, super::output_hard_cap(tool))
                         .await
                 }
                 Target::Command(command) => command.execute(tool, &body, ctx).await,
@@ -218,6 +294,7 @@ impl PhaseRunner {
                 Err(ExecError::Timeout
                     | ExecError::DependencyDown(_)
                     | ExecError::Unreachable(_)
+                    | ExecError::CredentialRefused(_)
                     | ExecError::Busy(_))
             );
             if !retry || attempts >= max {
@@ -240,6 +317,7 @@ impl PhaseRunner {
 pub(super) fn build_all(
     tools: &BTreeMap<String, Tool>,
     env: &AdapterEnv,
+    secrets: &Secrets,
     forbidden: &crate::sandbox::plan::Forbidden,
     registry: &str,
     located: &mut Vec<crate::policy::Problem>,
@@ -247,7 +325,7 @@ pub(super) fn build_all(
     let mut runners = BTreeMap::new();
     let mut problems = Vec::new();
     for (name, tool) in tools {
-        match PhaseRunner::build(tool, env, forbidden, registry, located) {
+        match PhaseRunner::build(tool, env, secrets, forbidden, registry, located) {
             None => {}
             Some(Ok(runner)) => {
                 runners.insert(name.clone(), runner);

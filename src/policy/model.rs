@@ -557,6 +557,10 @@ pub struct TokenGrant {
     /// `token_exchange` only: the sidecar's own actor token.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub actor_token: Option<String>,
+    /// `token_exchange` only: the RFC 8693 type of `actor_token` (a JWT's when not
+    /// given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor_token_type: Option<String>,
 }
 
 impl HttpRequestModel {

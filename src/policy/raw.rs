@@ -231,8 +231,8 @@ pub(crate) struct RawBasicAuth {
     pub password: Spanned<String>,
 }
 
-/// `{token_url, client_id, client_secret, scope, audience}` (and `actor_token` for
-/// `token_exchange`, checked in validation).
+/// `{token_url, client_id, client_secret, scope, audience}` (and `actor_token`,
+/// `actor_token_type` for `token_exchange`, checked in validation).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawTokenGrant {
@@ -242,6 +242,7 @@ pub(crate) struct RawTokenGrant {
     pub scope: Option<Spanned<String>>,
     pub audience: Option<Spanned<String>>,
     pub actor_token: Option<Spanned<String>>,
+    pub actor_token_type: Option<Spanned<String>>,
 }
 
 /// `mtls: {cert, key, ca}`: PEM files.

@@ -174,6 +174,7 @@ pub fn http_status(reason: Reason) -> StatusCode {
         | Reason::ArtifactStoreFailed
         | Reason::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
         Reason::SafetyLockEngaged
+        | Reason::CallerJwtRequired
         | Reason::RoleDisabled
         | Reason::RunTokenRequired
         | Reason::CredentialNotForRun

@@ -298,6 +298,9 @@ impl Gate {
             scope: &scope,
             deadline: Instant::now() + Duration::from_millis(deadline_ms),
             sandbox: None,
+            subject_token: None,
+            idempotency_key: None,
+            delegation: None,
         };
         let output = adapter
             .execute(tool, &normalized, ctx)
@@ -325,6 +328,9 @@ impl Gate {
             scope: &scope,
             deadline: Instant::now() + Duration::from_millis(deadline_ms),
             sandbox: None,
+            subject_token: None,
+            idempotency_key: None,
+            delegation: None,
         };
         adapter.execute(tool, &arguments, ctx).await
     }

@@ -213,6 +213,9 @@ impl Gate {
             scope: &scope,
             deadline: Instant::now() + Duration::from_secs(5),
             sandbox: None,
+            subject_token: None,
+            idempotency_key: None,
+            delegation: None,
         };
         adapter
             .execute(tool, &arguments, ctx)

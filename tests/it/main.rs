@@ -111,6 +111,8 @@ mod ship;
 mod siem;
 // Whole-output snapshots of `policy check|explain|diff|test` and `audit verify`.
 mod snapshots;
+// RFC 8693 token exchange of a JWT caller's token: delegation audited, no token kept.
+mod token_exchange;
 // OTLP traces within the caller's `traceparent`, and one JSON log line per call.
 mod traces;
 // Two-phase tools with the stand-in court: prepare, commit, rollback, refusals.

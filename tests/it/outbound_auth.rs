@@ -39,13 +39,13 @@ admins:
 
 /// One request as an upstream saw it: its head (request line and headers) and body.
 #[derive(Debug, Clone)]
-struct Seen {
-    head: String,
-    body: Vec<u8>,
+pub(crate) struct Seen {
+    pub(crate) head: String,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Seen {
-    fn header(&self, name: &str) -> Option<String> {
+    pub(crate) fn header(&self, name: &str) -> Option<String> {
         self.head.lines().find_map(|l| {
             let (n, v) = l.split_once(':')?;
             n.trim()
@@ -55,11 +55,13 @@ impl Seen {
     }
 }
 
-type Log = Arc<Mutex<Vec<Seen>>>;
+pub(crate) type Log = Arc<Mutex<Vec<Seen>>>;
 
 /// A plain-TCP HTTP server on 127.0.0.1, one thread per connection, answering each
 /// request with `answer(request)`: (status, content-type, body).
-fn http_server(answer: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static) -> (String, Log) {
+pub(crate) fn http_server(
+    answer: impl Fn(&Seen) -> (u16, String) + Send + Sync + 'static,
+) -> (String, Log) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let log: Log = Arc::default();
@@ -98,7 +100,7 @@ fn response(status: u16, body: &str) -> String {
 }
 
 /// A tool entry of kind http (the adapter's fields as a YAML flow mapping body).
-fn tool_entry(name: &str, adapter: &str, timeout_ms: u64) -> String {
+pub(crate) fn tool_entry(name: &str, adapter: &str, timeout_ms: u64) -> String {
     format!(
         r#"  - tool_name: {name}
     description: An outbound test tool.
@@ -121,7 +123,11 @@ fn tool_entry(name: &str, adapter: &str, timeout_ms: u64) -> String {
 
 /// Writes roles, lanes and a registry (`secrets` section text, then `tools`) under
 /// `dir`; returns the policy directory and the registry's path.
-fn write_policy(dir: &Path, secrets: &str, tools: &[(&str, String)]) -> (PathBuf, PathBuf) {
+pub(crate) fn write_policy(
+    dir: &Path,
+    secrets: &str,
+    tools: &[(&str, String)],
+) -> (PathBuf, PathBuf) {
     let policy_dir = dir.join("policy");
     let tools_dir = dir.join("tools");
     std::fs::create_dir_all(&policy_dir).unwrap();
@@ -152,7 +158,7 @@ fn write_policy(dir: &Path, secrets: &str, tools: &[(&str, String)]) -> (PathBuf
 }
 
 /// A secret file (mode 0600) in `dir/tools`.
-fn secret_file(dir: &Path, name: &str, value: &str) -> PathBuf {
+pub(crate) fn secret_file(dir: &Path, name: &str, value: &str) -> PathBuf {
     let path = dir.join("tools").join(name);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, value).unwrap();
@@ -193,6 +199,9 @@ impl Gate {
             scope: &scope,
             deadline: Instant::now() + Duration::from_millis(tool.timeout_default_ms),
             sandbox: None,
+            subject_token: None,
+            idempotency_key: None,
+            delegation: None,
         };
         adapter
             .execute(tool, &arguments, ctx)
@@ -233,7 +242,7 @@ fn token_endpoint(lifetime_s: u64) -> TokenEndpoint {
     }
 }
 
-fn base64_encode(text: &str) -> String {
+pub(crate) fn base64_encode(text: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(text)
 }
@@ -363,8 +372,91 @@ async fn client_credentials_are_fetched_once_cached_and_refreshed_after_expiry_a
     assert_eq!(endpoint.issued.load(Ordering::SeqCst), 3);
 }
 
+#[test]
+fn after_a_401_a_keyed_idempotent_call_is_sent_again_with_a_new_token_and_an_unkeyed_one_fails_retryable()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = token_endpoint(3600);
+    let revoked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (upstream, seen) = fhir_upstream(revoked.clone());
+    let token_url = format!("http://{}/oauth/token", endpoint.addr);
+    secret_file(dir.path(), "client.secret", "client-secret-value-1");
+    let (policy_dir, tools_file) = write_policy(
+        dir.path(),
+        CLIENT_SECRETS,
+        &[(
+            "read_patient",
+            client_credentials_tool("read_patient", &upstream, &token_url, 5000),
+        )],
+    );
+    let server = Server::start_with(Start {
+        policy_dir,
+        tools: tools_file,
+        ..Start::default()
+    });
+    let run = server.create_run(json!({}));
+    let call = |patient: &str, extra: Value| {
+        crate::common::lab::call(
+            &server,
+            &run,
+            "read_patient",
+            json!({"patient_id": patient}),
+            extra,
+        )
+    };
+    let (status, body) = call("p-1", json!({}));
+    assert_eq!(status, 200, "{body}");
+    let sent = |n: usize| {
+        let seen = seen.lock().unwrap();
+        seen[seen.len() - n..]
+            .iter()
+            .map(|s| s.header("authorization").unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+
+    // The upstream refuses the cached token. Keyed (the tool is idempotent): the
+    // token is dropped, a new one fetched, and the request sent once more.
+    revoked.lock().unwrap().push("tok-1-abcdefgh".to_string());
+    let (status, body) = call("p-2", json!({"idempotency_key": "read-p-2"}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["target"], "/Patient/p-2", "{body}");
+    assert_eq!(
+        sent(2),
+        ["Bearer tok-1-abcdefgh", "Bearer tok-2-abcdefgh"],
+        "sent twice, the second time with the new token"
+    );
+    assert_eq!(endpoint.issued.load(Ordering::SeqCst), 2);
+
+    // Not keyed: the call fails retryable after one request, and the next call uses a
+    // new token.
+    revoked.lock().unwrap().push("tok-2-abcdefgh".to_string());
+    let before = seen.lock().unwrap().len();
+    let (status, body) = call("p-3", json!({}));
+    assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{body}");
+    assert_eq!(body["diagnostic"]["retryable"], true, "{body}");
+    // Refused at the door (401): the upstream did not act on it.
+    assert_eq!(
+        body["diagnostic"]["details"]["reached_tool"], false,
+        "{body}"
+    );
+    assert!(status >= 500, "{status}");
+    assert_eq!(seen.lock().unwrap().len(), before + 1, "sent once");
+    assert!(!body.to_string().contains("tok-2-abcdefgh"), "{body}");
+    let (status, body) = call("p-3", json!({}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(sent(1), ["Bearer tok-3-abcdefgh"]);
+
+    // A new token refused too: the keyed call is sent twice, never a third time.
+    revoked.lock().unwrap().push("tok-3-abcdefgh".to_string());
+    revoked.lock().unwrap().push("tok-4-abcdefgh".to_string());
+    let before = seen.lock().unwrap().len();
+    let (_, body) = call("p-4", json!({"idempotency_key": "read-p-4"}));
+    assert_eq!(body["diagnostic"]["reason"], "dependency_down", "{body}");
+    assert_eq!(seen.lock().unwrap().len(), before + 2, "{body}");
+}
+
 /// Token endpoints that fail each its own way.
-fn failing_endpoints() -> Vec<(&'static str, String)> {
+pub(crate) fn failing_endpoints() -> Vec<(&'static str, String)> {
     // Down: a port bound, then closed.
     let down = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -574,7 +666,7 @@ fn a_secret_an_upstream_echoes_appears_nowhere_and_a_rotated_one_is_used_after_r
     }
 }
 
-fn files_under(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -642,8 +734,17 @@ fn leaf(
 /// of `clients` when given. Answers JSON naming whether it saw a client certificate;
 /// counts the requests it read.
 fn tls_upstream(server: &Pki, clients: Option<&Pki>) -> (SocketAddr, Arc<AtomicUsize>) {
+    tls_upstream_for(server, clients, &["127.0.0.1", "localhost"])
+}
+
+/// [`tls_upstream`] with a certificate for `names`.
+fn tls_upstream_for(
+    server: &Pki,
+    clients: Option<&Pki>,
+    names: &[&str],
+) -> (SocketAddr, Arc<AtomicUsize>) {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let (_, _, chain, key) = leaf(server, &["127.0.0.1", "localhost"]);
+    let (_, _, chain, key) = leaf(server, names);
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .unwrap();
@@ -985,6 +1086,14 @@ fn bad_secrets_and_auth_are_refused_at_load_with_a_position() {
             ),
             prepare: fine,
             expected: "roles without a `jwt` credential can reach it: tester",
+        },
+        Case {
+            secrets: secret,
+            adapter: format!(
+                "{ok}, auth: {{token_exchange: {{token_url: \"https://sts.example/token\", client_id: c, client_secret: \"${{secret:key}}\", actor_token_type: \"urn:ietf:params:oauth:token-type:jwt\"}}}}"
+            ),
+            prepare: fine,
+            expected: "`actor_token_type` without an `actor_token`",
         },
         Case {
             secrets: "secrets:\n  - {id: key, from: {file: key.txt, env: KEY}}\n",
@@ -1350,5 +1459,315 @@ fn policy_explain_runs_without_the_secrets_and_policy_check_refuses_them_missing
     assert!(
         out.contains("tool_registry.yaml:3:") && out.contains("`T41_UNSET_SECRET` is not set"),
         "{out}"
+    );
+}
+
+/// A recording proxy on 127.0.0.1: a `CONNECT` (whatever host it names) is tunneled to
+/// `tunnel_to`; a plain request in absolute form is answered by the proxy itself.
+/// Returns its address and the request line of everything it was asked.
+fn recording_proxy(tunnel_to: SocketAddr) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let recorded = lines.clone();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { continue };
+            let recorded = recorded.clone();
+            std::thread::spawn(move || {
+                let (head, _) = read_request(&mut tcp);
+                let line = head.lines().next().unwrap_or_default().to_string();
+                recorded.lock().unwrap().push(line.clone());
+                if !line.starts_with("CONNECT ") {
+                    let body = json!({"via": "env-proxy", "line": line}).to_string();
+                    let _ = tcp.write_all(response(200, &body).as_bytes());
+                    return;
+                }
+                let Ok(upstream) = std::net::TcpStream::connect(tunnel_to) else {
+                    return;
+                };
+                let _ = tcp.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+                let (mut up_read, mut client_write) =
+                    (upstream.try_clone().unwrap(), tcp.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut up_read, &mut client_write);
+                    let _ = client_write.shutdown(std::net::Shutdown::Write);
+                });
+                let (mut client_read, mut up_write) = (tcp, upstream);
+                let _ = std::io::copy(&mut client_read, &mut up_write);
+                let _ = up_write.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    (addr, lines)
+}
+
+#[test]
+fn the_environments_proxies_carry_upstreams_without_their_own_except_no_proxy_and_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools_dir = dir.path().join("tools");
+    std::fs::create_dir_all(&tools_dir).unwrap();
+    let private = pki("proxied");
+    std::fs::write(tools_dir.join("private-ca.pem"), &private.ca_pem).unwrap();
+    // The https upstream is reachable only through the proxy's tunnel: its name does not
+    // resolve, and its certificate (of the private CA) names it.
+    let (tls_addr, tls_requests) = tls_upstream_for(&private, None, &["fhir.proxied.test"]);
+    let (proxy, lines) = recording_proxy(tls_addr);
+    let (direct, direct_seen) = http_server(|_| (200, json!({"via": "direct"}).to_string()));
+    let entry = |name: &str, url: &str, host: &str, extra: &str| {
+        (
+            name.to_string(),
+            tool_entry(
+                name,
+                &format!("url: \"{url}\", allowed_hosts: [\"{host}\"]{extra}"),
+                5000,
+            ),
+        )
+    };
+    let tools = [
+        entry(
+            "secure",
+            "https://fhir.proxied.test/Patient/1",
+            "fhir.proxied.test",
+            ", ca: private-ca.pem",
+        ),
+        entry(
+            "plain",
+            "http://records.proxied.test:8080/x",
+            "records.proxied.test:8080",
+            "",
+        ),
+        entry(
+            "skipped",
+            "http://skip.proxied.test:8080/y",
+            "skip.proxied.test:8080",
+            "",
+        ),
+        entry("local", &format!("http://{direct}/z"), &direct, ""),
+    ];
+    let tools: Vec<(&str, String)> = tools.iter().map(|(n, e)| (n.as_str(), e.clone())).collect();
+    let (policy_dir, tools_file) = write_policy(dir.path(), "", &tools);
+    let server = Server::start_with(Start {
+        policy_dir,
+        tools: tools_file,
+        env: vec![
+            ("HTTPS_PROXY".into(), format!("http://{proxy}")),
+            ("http_proxy".into(), format!("http://{proxy}")),
+            ("NO_PROXY".into(), "skip.proxied.test".into()),
+        ],
+        ..Start::default()
+    });
+    let run = server.create_run(json!({}));
+    let call = |tool: &str| crate::common::lab::call(&server, &run, tool, json!({}), json!({}));
+
+    // https: a CONNECT to the upstream's own name, the certificate verified through the
+    // tunnel against the registry's CA.
+    let (status, body) = call("secure");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["client_cert"], false, "{body}");
+    assert_eq!(tls_requests.load(Ordering::SeqCst), 1);
+    // http: the request in absolute form, to the proxy.
+    let (status, body) = call("plain");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["via"], "env-proxy", "{body}");
+    // NO_PROXY: direct (and the name does not resolve); loopback: direct.
+    let (status, body) = call("skipped");
+    assert_ne!(status, 200, "{body}");
+    assert_eq!(
+        body["diagnostic"]["details"]["reached_tool"], false,
+        "{body}"
+    );
+    let (status, body) = call("local");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["via"], "direct", "{body}");
+    assert_eq!(direct_seen.lock().unwrap().len(), 1);
+
+    let lines = lines.lock().unwrap().clone();
+    assert_eq!(
+        lines,
+        [
+            "CONNECT fhir.proxied.test:443 HTTP/1.1".to_string(),
+            "POST http://records.proxied.test:8080/x HTTP/1.1".to_string(),
+        ],
+        "the proxy saw the two proxied upstreams and nothing else"
+    );
+}
+
+#[test]
+fn an_https_mcp_server_gets_a_client_credentials_token_fetched_once_and_scrubbed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools_dir = dir.path().join("tools");
+    std::fs::create_dir_all(&tools_dir).unwrap();
+    let private = pki("mcp-oauth");
+    std::fs::write(tools_dir.join("private-ca.pem"), &private.ca_pem).unwrap();
+    let endpoint = token_endpoint(3600);
+    // The Python SDK's server answers 401 to every request without the first token
+    // the endpoint issues.
+    let upstream = https_mcp(dir.path(), &private, "tok-1-abcdefgh");
+    // Connected to once it listens, so no connection of toolgate's is refused.
+    assert!(crate::common::poll_until(Duration::from_secs(15), || {
+        std::net::TcpStream::connect(("127.0.0.1", upstream.port)).is_ok()
+    }));
+    secret_file(dir.path(), "client.secret", "client-secret-value-1");
+    let servers = format!(
+        "{CLIENT_SECRETS}servers:\n  - server_id: hosted\n    url: \"https://127.0.0.1:{}/mcp\"\n    ca: private-ca.pem\n    auth: {{oauth2_client_credentials: {{token_url: \"http://{}/oauth/token\", client_id: my-client, client_secret: \"${{secret:client_secret}}\", scope: mcp.tools}}}}\n",
+        upstream.port, endpoint.addr
+    );
+    let mcp_tool = |name: &str, tool: &str| {
+        tool_entry(name, "", 20000).replace(
+            "adapter: {kind: http, }",
+            &format!("adapter: {{kind: mcp, server: hosted, tool: {tool}}}"),
+        )
+    };
+    let (policy_dir, tools_file) = write_policy(
+        dir.path(),
+        &servers,
+        &[
+            ("hosted_add", mcp_tool("hosted_add", "add")),
+            ("hosted_leak", mcp_tool("hosted_leak", "leak")),
+        ],
+    );
+    let data_dir = dir.path().join("var");
+    let server = Server::start_with(Start {
+        policy_dir,
+        tools: tools_file,
+        data_dir: Some(data_dir.clone()),
+        ..Start::default()
+    });
+    let run = server.create_run(json!({}));
+    let call = |tool: &str, arguments: Value| {
+        crate::common::lab::call(&server, &run, tool, arguments, json!({}))
+    };
+    let (status, body) = call("hosted_add", json!({"a": 2, "b": 3}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["sum"], 5, "{body}");
+    let mut answers = vec![body];
+    // The server echoes the token it got: scrubbed.
+    let (status, body) = call("hosted_leak", json!({}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["value"], "[secret]", "{body}");
+    assert_eq!(body["output"]["length"], "tok-1-abcdefgh".len(), "{body}");
+    answers.push(body);
+    assert_eq!(
+        endpoint.issued.load(Ordering::SeqCst),
+        1,
+        "one token for the connection"
+    );
+    let form = String::from_utf8(endpoint.requests.lock().unwrap()[0].body.clone()).unwrap();
+    assert!(form.contains("grant_type=client_credentials"), "{form}");
+    let (_, events) = server.get(&format!("/v1/runs/{run}/events"), Some("demo-admin"));
+    answers.push(events);
+    let metrics = server.metrics();
+    assert!(server.stop().success());
+    for answer in &answers {
+        assert!(!answer.to_string().contains("tok-1-abcdefgh"), "{answer}");
+    }
+    assert!(!metrics.contains("tok-1-abcdefgh"));
+    for file in files_under(&data_dir) {
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(
+            !bytes.windows(14).any(|w| w == b"tok-1-abcdefgh"),
+            "{}",
+            file.display()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_phase_tools_commit_and_rollback_carry_its_client_credentials_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = token_endpoint(3600);
+    let revoked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (upstream, seen) = fhir_upstream(revoked.clone());
+    let token_url = format!("http://{}/oauth/token", endpoint.addr);
+    let entry = tool_entry(
+        "file_order",
+        &format!(
+            "url: \"http://{upstream}/prepare\", allowed_hosts: [\"{upstream}\"], auth: {{oauth2_client_credentials: {{token_url: \"{token_url}\", client_id: my-client, client_secret: \"${{secret:client_secret}}\"}}}}, phases: {{commit: {{url: \"http://{upstream}/commit\"}}, rollback: {{url: \"http://{upstream}/rollback\"}}, commit_within_s: 60, max_attempts: 2}}"
+        ),
+        5000,
+    )
+    .replace("determinism: pure", "determinism: side_effectful")
+    .replace(
+        "write_targets: []",
+        &format!("write_targets: [\"http:{upstream}/orders\"]"),
+    );
+    secret_file(dir.path(), "client.secret", "client-secret-value-1\n");
+    let (policy_dir, tools_file) =
+        write_policy(dir.path(), CLIENT_SECRETS, &[("file_order", entry)]);
+    let lanes = policy_dir.join("lanes.yaml");
+    let text = std::fs::read_to_string(&lanes).unwrap();
+    std::fs::write(&lanes, text.replace("write: false", "write: true")).unwrap();
+    let policy = policy::load(&policy_dir, &tools_file).expect("the registry loads");
+    let env = AdapterEnv {
+        tools_dir: dir.path().join("tools"),
+        data_dir: dir.path().join("var"),
+    };
+    let adapters = adapter::build(&policy, &env).expect("adapters build");
+    let gate = Gate { policy, adapters };
+    let tool = &gate.policy.tools["file_order"];
+    let runner = &gate.adapters.phases["file_order"];
+    let outcome = runner
+        .run(
+            tool,
+            adapter::Phase::Commit,
+            "ct-1",
+            "call-1",
+            "commit-1",
+            "run-1",
+        )
+        .await;
+    let output = outcome.result.unwrap();
+    assert_eq!(output["target"], "/commit");
+    assert_eq!(outcome.attempts, 1);
+    let last = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(
+        last.header("authorization").as_deref(),
+        Some("Bearer tok-1-abcdefgh")
+    );
+    assert!(String::from_utf8_lossy(&last.body).contains("\"commit_token\":\"ct-1\""));
+
+    // The token is refused: the attempt is not acted on, so the next one is made, with
+    // a new token.
+    revoked.lock().unwrap().push("tok-1-abcdefgh".to_string());
+    let outcome = runner
+        .run(
+            tool,
+            adapter::Phase::Commit,
+            "ct-1",
+            "call-1",
+            "commit-1",
+            "run-1",
+        )
+        .await;
+    assert_eq!(outcome.result.unwrap()["target"], "/commit");
+    assert_eq!(outcome.attempts, 2);
+    let sent: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .take(2)
+        .map(|s| s.header("authorization").unwrap_or_default())
+        .collect();
+    assert_eq!(sent, ["Bearer tok-2-abcdefgh", "Bearer tok-1-abcdefgh"]);
+    assert_eq!(endpoint.issued.load(Ordering::SeqCst), 2);
+    // The rollback carries the credential too.
+    let outcome = runner
+        .run(
+            tool,
+            adapter::Phase::Rollback,
+            "ct-1",
+            "call-1",
+            "commit-1",
+            "run-1",
+        )
+        .await;
+    assert_eq!(outcome.result.unwrap()["target"], "/rollback");
+    let last = seen.lock().unwrap().last().cloned().unwrap();
+    assert!(
+        last.header("authorization")
+            .is_some_and(|a| a.starts_with("Bearer tok-")),
+        "{last:?}"
     );
 }

@@ -38,7 +38,7 @@ pub async fn list_tools(upstream: &Upstream, deadline: Instant) -> Result<Listin
         // as the operator started it, unconfined.
         let connection = open(
             upstream,
-            (&Reach::default(), None),
+            (&Reach::default(), None, None),
             &upstream.describe(),
             Bounds {
                 hard_cap: usize::MAX,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use reqwest::header::{HeaderName, HeaderValue};
 
-use crate::adapter::credentials::{Scrubber, fixed_authorization};
+use crate::adapter::credentials::{Credential, Scrubber, TokenSource, fixed_authorization};
 use crate::adapter::{AdapterEnv, SettingProblem, resolve_program};
 use crate::policy::secrets::{self, SecretValue, Secrets};
 use crate::policy::{AdapterConfig, OutboundSettings};
@@ -23,11 +23,14 @@ pub(crate) struct Reach {
     pub(super) outbound: OutboundSettings,
     pub(super) tools_dir: PathBuf,
     pub(super) scrubber: Scrubber,
+    /// The access tokens of `auth: oauth2_client_credentials`, sent as the
+    /// connection's bearer token.
+    pub(super) token: Option<Box<TokenSource>>,
 }
 
 impl Reach {
-    /// Resolves the entry's `env`, `headers` and `auth` (bearer, basic, mTLS) with the
-    /// policy's secrets.
+    /// Resolves the entry's `env`, `headers` and `auth` (bearer, basic, client
+    /// credentials, mTLS) with the policy's secrets.
     pub(super) fn build(
         config: &AdapterConfig,
         secrets: &Secrets,
@@ -86,8 +89,25 @@ impl Reach {
                 ))),
             }
         }
+        let mut token = None;
         match &outbound.auth {
             None | Some(crate::policy::OutboundAuth::Mtls { .. }) => {}
+            Some(auth @ crate::policy::OutboundAuth::Oauth2ClientCredentials(_)) => {
+                // The token endpoint is reached like the server: its CA and proxy.
+                let built = crate::adapter::outbound_client(outbound, &env.tools_dir)
+                    .and_then(|b| {
+                        b.build()
+                            .map_err(|e| format!("cannot build the http client: {e}"))
+                    })
+                    .and_then(|client| {
+                        Credential::build(Some(auth), secrets, &client, &mut values)
+                    });
+                match built {
+                    Ok(Credential::ClientCredentials(source)) => token = Some(source),
+                    Ok(_) => {}
+                    Err(e) => problems.push(SettingProblem::new(e)),
+                }
+            }
             Some(
                 auth @ (crate::policy::OutboundAuth::Bearer(_)
                 | crate::policy::OutboundAuth::Basic { .. }),
@@ -101,7 +121,7 @@ impl Reach {
                     "`auth: {}` is not available for an MCP server in this build",
                     other.kind()
                 ))
-                .help("use `bearer` or `basic` with a secret, or `mtls`"),
+                .help("use `bearer`, `basic` or `oauth2_client_credentials` with a secret, or `mtls`; `token_exchange` needs one caller per connection, and a server's connection is shared"),
             ),
         }
         if !problems.is_empty() {
@@ -113,6 +133,7 @@ impl Reach {
             outbound: outbound.clone(),
             tools_dir: env.tools_dir.clone(),
             scrubber: Scrubber::new(values),
+            token,
         })
     }
 }

@@ -215,6 +215,9 @@ pub(crate) async fn call_builtin(
         scope,
         deadline: Instant::now() + REQUEST_TIMEOUT,
         sandbox: None,
+        subject_token: None,
+        idempotency_key: None,
+        delegation: None,
     };
     adapter.execute(tool, arguments, ctx).await.is_ok()
 }

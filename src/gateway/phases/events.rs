@@ -127,7 +127,9 @@ pub(super) fn phase_refusal(
         | ExecError::Unreachable(m)
         | ExecError::Failed(m)
         | ExecError::OutputNotJson(m)
-        | ExecError::NotImplemented(m) => m.clone(),
+        | ExecError::NotImplemented(m)
+        | ExecError::CallerJwtRequired(m)
+        | ExecError::CredentialRefused(m) => m.clone(),
         ExecError::ArgumentUnsafe { problem, .. } => problem.clone(),
         ExecError::RateLimited { message, .. } => message.clone(),
         ExecError::SandboxUnavailable { guarantee, detail } => {

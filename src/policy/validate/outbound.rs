@@ -597,6 +597,29 @@ fn outbound_settings(
                 "remove it",
             );
         }
+        if let Some(kind) = &g.actor_token_type {
+            if g.actor_token.is_none() {
+                report.spanned(
+                    file,
+                    kind,
+                    format!("{owner}: `actor_token_type` without an `actor_token`"),
+                    "give the `actor_token` (a `${secret:ID}`), or remove `actor_token_type`",
+                );
+            } else if !kind.value.starts_with("urn:")
+                || kind.value.len() > 256
+                || !kind.value.bytes().all(|b| b.is_ascii_graphic())
+            {
+                report.spanned(
+                    file,
+                    kind,
+                    format!(
+                        "{owner}: `actor_token_type` `{}` is not a token type URN",
+                        kind.value.escape_debug()
+                    ),
+                    "write an RFC 8693 token type, e.g. urn:ietf:params:oauth:token-type:jwt",
+                );
+            }
+        }
         let grant = TokenGrant {
             token_url: g.token_url.value.clone(),
             client_id: secret_field(report, "client_id", &g.client_id, false),
@@ -607,6 +630,7 @@ fn outbound_settings(
                 .actor_token
                 .as_ref()
                 .map(|a| secret_field(report, "actor_token", a, true)),
+            actor_token_type: g.actor_token_type.as_ref().map(|t| t.value.clone()),
         };
         Some(if exchange {
             OutboundAuth::TokenExchange(grant)
