@@ -511,23 +511,7 @@ fn outbound_settings(
         proxy: None,
     };
     if let Some(proxy) = proxy {
-        match reqwest::Url::parse(&proxy.value) {
-            Ok(url)
-                if url.scheme() == "http"
-                    && url.host_str().is_some()
-                    && url.username().is_empty()
-                    && url.password().is_none()
-                    && matches!(url.path(), "" | "/") =>
-            {
-                settings.proxy = Some(proxy.value.clone());
-            }
-            _ => report.spanned(
-                file,
-                proxy,
-                format!("{owner}: `proxy` `{}` is not an `http://host:port` url", proxy.value.escape_debug()),
-                "give the proxy as `http://proxy.internal:3128` (https upstreams go through it with CONNECT)",
-            ),
-        }
+        settings.proxy = check_proxy(report, file, owner, proxy);
     }
     let Some(auth) = auth else {
         return settings;
@@ -589,37 +573,7 @@ fn outbound_settings(
             );
         }
         let exchange = raw.token_exchange.is_some();
-        if let (false, Some(actor)) = (exchange, &g.actor_token) {
-            report.spanned(
-                file,
-                actor,
-                format!("{owner}: `actor_token` applies only to `token_exchange`"),
-                "remove it",
-            );
-        }
-        if let Some(kind) = &g.actor_token_type {
-            if g.actor_token.is_none() {
-                report.spanned(
-                    file,
-                    kind,
-                    format!("{owner}: `actor_token_type` without an `actor_token`"),
-                    "give the `actor_token` (a `${secret:ID}`), or remove `actor_token_type`",
-                );
-            } else if !kind.value.starts_with("urn:")
-                || kind.value.len() > 256
-                || !kind.value.bytes().all(|b| b.is_ascii_graphic())
-            {
-                report.spanned(
-                    file,
-                    kind,
-                    format!(
-                        "{owner}: `actor_token_type` `{}` is not a token type URN",
-                        kind.value.escape_debug()
-                    ),
-                    "write an RFC 8693 token type, e.g. urn:ietf:params:oauth:token-type:jwt",
-                );
-            }
-        }
+        check_actor(report, (file, owner), g, exchange);
         let grant = TokenGrant {
             token_url: g.token_url.value.clone(),
             client_id: secret_field(report, "client_id", &g.client_id, false),
@@ -657,6 +611,77 @@ fn outbound_settings(
         None
     };
     settings
+}
+
+/// A `proxy:`: an `http://host:port` url without credentials or path.
+fn check_proxy(
+    report: &mut Report<'_>,
+    file: &str,
+    owner: &str,
+    proxy: &Spanned<String>,
+) -> Option<String> {
+    match reqwest::Url::parse(&proxy.value) {
+        Ok(url)
+            if url.scheme() == "http"
+                && url.host_str().is_some()
+                && url.username().is_empty()
+                && url.password().is_none()
+                && matches!(url.path(), "" | "/") =>
+        {
+            Some(proxy.value.clone())
+        }
+        _ => {
+            report.spanned(
+                file,
+                proxy,
+                format!("{owner}: `proxy` `{}` is not an `http://host:port` url", proxy.value.escape_debug()),
+                "give the proxy as `http://proxy.internal:3128` (https upstreams go through it with CONNECT)",
+            );
+            None
+        }
+    }
+}
+
+/// `actor_token` only on `token_exchange`, and `actor_token_type` only beside an
+/// `actor_token`, as a token type URN; `at` is (file, owner).
+fn check_actor(
+    report: &mut Report<'_>,
+    at: (&str, &str),
+    g: &crate::policy::raw::RawTokenGrant,
+    exchange: bool,
+) {
+    let (file, owner) = at;
+    if let (false, Some(actor)) = (exchange, &g.actor_token) {
+        report.spanned(
+            file,
+            actor,
+            format!("{owner}: `actor_token` applies only to `token_exchange`"),
+            "remove it",
+        );
+    }
+    if let Some(kind) = &g.actor_token_type {
+        if g.actor_token.is_none() {
+            report.spanned(
+                file,
+                kind,
+                format!("{owner}: `actor_token_type` without an `actor_token`"),
+                "give the `actor_token` (a `${secret:ID}`), or remove `actor_token_type`",
+            );
+        } else if !kind.value.starts_with("urn:")
+            || kind.value.len() > 256
+            || !kind.value.bytes().all(|b| b.is_ascii_graphic())
+        {
+            report.spanned(
+                file,
+                kind,
+                format!(
+                    "{owner}: `actor_token_type` `{}` is not a token type URN",
+                    kind.value.escape_debug()
+                ),
+                "write an RFC 8693 token type, e.g. urn:ietf:params:oauth:token-type:jwt",
+            );
+        }
+    }
 }
 
 /// A token endpoint: an absolute `https` url, or `http` to a loopback address.
