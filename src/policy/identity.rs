@@ -54,15 +54,7 @@ pub(crate) fn check_jwks_uri(uri: &str) -> Result<(), (String, String)> {
             ));
         }
     };
-    let loopback = match url.host_str() {
-        Some("localhost") => true,
-        Some(host) => host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback()),
-        None => false,
-    };
+    let loopback = is_loopback_url(&url);
     match url.scheme() {
         "https" if url.host().is_some() => Ok(()),
         "http" if loopback => Ok(()),
@@ -176,5 +168,19 @@ pub(crate) fn run_tokens_only(
         Ok(RunTokensOnly::Alone)
     } else {
         Ok(RunTokensOnly::WithStatic)
+    }
+}
+
+/// Whether a url's host is `localhost` or a loopback address (IPv4 or IPv6): the one
+/// place plain `http` is accepted for a key set or a token endpoint.
+pub(crate) fn is_loopback_url(url: &reqwest::Url) -> bool {
+    match url.host_str() {
+        Some("localhost") => true,
+        Some(host) => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
     }
 }

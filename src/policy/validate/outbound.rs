@@ -688,15 +688,7 @@ fn check_actor(
 fn check_token_url(text: &str) -> Result<(), String> {
     let url = reqwest::Url::parse(text)
         .map_err(|e| format!("`{}` is not a url: {e}", text.escape_debug()))?;
-    let loopback = match url.host_str() {
-        Some("localhost") => true,
-        Some(host) => host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback()),
-        None => false,
-    };
+    let loopback = crate::policy::identity::is_loopback_url(&url);
     if !url.username().is_empty() || url.password().is_some() {
         return Err("it carries user info".to_string());
     }
